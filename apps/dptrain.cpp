@@ -1,0 +1,183 @@
+// dptrain: trains an MLP on synthetic data. A thin layer over dpt::Trainer: parse the
+// flags (CLI11), report progress, write metrics, print a summary. Exit status: 0 done,
+// 1 runtime error, 2 bad input, 3 out of memory.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include "../kernels/error.hpp"
+#include "../optim/trainer.hpp"
+
+namespace {
+
+constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3;
+
+// 35200 -> "35.2k"
+std::string si(double v) {
+  char buf[32];
+  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+std::string duration(double s) {
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
+  else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%.1fs", s);
+  return buf;
+}
+
+const char* precision_name(dpt::Precision p) {
+  return p == dpt::Precision::fp32 ? "fp32" : p == dpt::Precision::tf32 ? "tf32" : "bf16";
+}
+
+struct Options {
+  dpt::TrainConfig cfg;
+  std::string task = "regression", act = "relu", precision = "fp32", gemm = "cublas", devices;
+  std::string metrics;
+};
+
+void add_flags(CLI::App& app, Options& o) {
+  auto& c = o.cfg;
+  app.add_option("--model", c.model, "MLP spec (widths, e.g. 1024-4096x3-1024) or preset: seed, mlp")
+      ->capture_default_str();
+  app.add_option("--act", o.act, "Hidden activation: relu, gelu, tanh")->capture_default_str();
+  app.add_option("--task", o.task, "Synthetic task: regression or classification")->capture_default_str();
+  app.add_option("--batch", c.batch, "Global batch size")->capture_default_str();
+  app.add_option("--steps", c.steps, "Total optimizer steps")->capture_default_str();
+  app.add_option("--epochs", c.epochs, "Epochs over --samples (sets the number of steps)");
+  app.add_option("--samples", c.samples, "Dataset size (default: an endless stream of new samples)");
+  app.add_option("--lr", c.lr, "Learning rate")->capture_default_str();
+  app.add_option("--optimizer", c.optimizer, "sgd or adamw")->capture_default_str();
+  app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  app.add_flag("--nesterov", c.nesterov, "Nesterov momentum (SGD)");
+  app.add_option("--weight-decay", c.weight_decay, "Weight decay (L2 for SGD, decoupled for AdamW)")
+      ->capture_default_str();
+  app.add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--schedule", c.schedule, "Learning-rate schedule: constant, warmup, cosine")->capture_default_str();
+  app.add_option("--warmup", c.warmup, "Linear warm-up steps (warmup, cosine)")->capture_default_str();
+  app.add_option("--clip", c.clip, "Clip the global gradient norm to this value (0: off)")->capture_default_str();
+  app.add_option("--precision", o.precision, "GEMM precision: fp32, tf32, bf16")->capture_default_str();
+  app.add_option("--gemm", o.gemm, "GEMM implementation: cublas or native (hand-written, fp32)")
+      ->capture_default_str();
+  app.add_option("--devices", o.devices, "Device to train on: cuda:0, cpu (default: cuda:0 if there is a GPU, else cpu)");
+  app.add_option("--seed", c.seed, "Seed of the data, the teacher and the initial weights")->capture_default_str();
+  app.add_option("--log-every", c.log_every, "Read the loss back and log every N steps")->capture_default_str();
+  app.add_option("--metrics", o.metrics, "Write one JSON object per logged step to this file (JSONL)");
+  app.set_config("--config", "", "Read flags from a TOML/INI config file");
+  app.set_version_flag("--version", std::string("dptrain ") + DPT_VERSION);
+}
+
+// Turns the string flags into the config; throws dpt::UsageError on bad values.
+void resolve(Options& o) {
+  auto& c = o.cfg;
+  c.task = dpt::data::parse_task(o.task);
+  c.act = dpt::nn::parse_act(o.act);
+  if (o.precision == "fp32") c.precision = dpt::Precision::fp32;
+  else if (o.precision == "tf32") c.precision = dpt::Precision::tf32;
+  else if (o.precision == "bf16") c.precision = dpt::Precision::bf16;
+  else throw dpt::UsageError("unknown precision '" + o.precision + "': expected fp32, tf32 or bf16");
+  if (o.gemm == "cublas") c.gemm = dpt::GemmImpl::cublas;
+  else if (o.gemm == "native") c.gemm = dpt::GemmImpl::native;
+  else throw dpt::UsageError("unknown GEMM '" + o.gemm + "': expected cublas or native");
+  const auto devices = o.devices.empty() ? dpt::default_devices() : dpt::parse_devices(o.devices);
+  if (devices.size() != 1)
+    throw dpt::UsageError("--devices lists " + std::to_string(devices.size()) +
+                          " devices; this build trains on one device");
+  c.device = devices.front();
+  dpt::validate(c);
+}
+
+std::string json_line(const dpt::StepLog& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"samples_per_s\": %.6g, \"step_ms\": %.6g, "
+                "\"elapsed_s\": %.6g}",
+                static_cast<long long>(s.step), s.loss, s.lr, s.samples_per_s, s.step_ms, s.elapsed_s);
+  return buf;
+}
+
+int train(Options& o) {
+  resolve(o);
+  std::ofstream metrics;
+  if (!o.metrics.empty()) {
+    metrics.open(o.metrics, std::ios::out | std::ios::trunc);
+    if (!metrics) throw dpt::UsageError("cannot write the metrics file '" + o.metrics + "'");
+  }
+  const auto& c = o.cfg;
+  dpt::Trainer trainer(c);
+  const bool tty = isatty(STDOUT_FILENO);
+  std::printf("dptrain %s: %s, %lld parameters on %s\n", DPT_VERSION, trainer.model().describe().c_str(),
+              static_cast<long long>(trainer.model().num_parameters()), dpt::describe_device(c.device).c_str());
+  std::printf("  %s, batch %lld, %lld steps, %s, %s, gemm %s\n", dpt::data::task_name(c.task),
+              static_cast<long long>(c.batch), static_cast<long long>(c.steps),
+              trainer.optimizer().describe().c_str(), precision_name(c.precision),
+              c.device.is_cpu() ? "cpu" : o.gemm.c_str());
+  std::fflush(stdout);
+
+  auto on_log = [&](const dpt::StepLog& s) {
+    if (metrics.is_open()) {
+      metrics << json_line(s) << '\n';
+      metrics.flush();
+      if (!metrics) throw dpt::Error("writing the metrics file '" + o.metrics + "' failed");
+    }
+    const double eta = s.step_ms * 1e-3 * static_cast<double>(s.total - s.step);
+    if (tty) {
+      std::printf("\r\x1b[Kstep %lld/%lld | loss %.6g | %s samples/s | ETA %s", static_cast<long long>(s.step),
+                  static_cast<long long>(s.total), s.loss, si(s.samples_per_s).c_str(), duration(eta).c_str());
+      if (s.step == s.total) std::printf("\n");
+    } else {
+      std::printf("step %lld/%lld loss %.6g lr %.4g samples/s %s step_ms %.3f\n", static_cast<long long>(s.step),
+                  static_cast<long long>(s.total), s.loss, s.lr, si(s.samples_per_s).c_str(), s.step_ms);
+    }
+    std::fflush(stdout);
+  };
+  const dpt::TrainResult r = trainer.run(on_log);
+  const double ratio = r.first_loss != 0.0f ? 100.0 * r.final_loss / r.first_loss : 0.0;
+  std::printf("done: %lld steps in %s; loss %.6g -> %.6g (%.1f%% of the first); %s samples/s; %.3f ms/step\n",
+              static_cast<long long>(r.steps), duration(r.seconds).c_str(), r.first_loss, r.final_loss, ratio,
+              si(r.samples_per_s).c_str(), r.step_ms);
+  std::printf("memory %s: peak %s allocated, %s reserved, %lld system allocations\n", c.device.str().c_str(),
+              dpt::format_bytes(r.memory.peak_allocated).c_str(), dpt::format_bytes(r.memory.peak_reserved).c_str(),
+              static_cast<long long>(r.memory.system_allocs));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dptrain: data-parallel training of MLPs on synthetic data, on GPUs or the CPU"};
+  Options o;
+  add_flags(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "dptrain: error: %s (see --help)\n", e.what());
+    return kExitUsage;
+  }
+  try {
+    return train(o);
+  } catch (const dpt::UsageError& e) {
+    std::fprintf(stderr, "\ndptrain: error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const dpt::OutOfMemory& e) {
+    std::fprintf(stderr, "\ndptrain: error: %s\n", e.what());
+    return kExitOom;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "\ndptrain: error: %s\n", e.what());
+    return kExitError;
+  }
+}

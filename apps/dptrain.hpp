@@ -1,0 +1,16 @@
+// dptrain's public API in one include: <dptrain/dptrain.hpp> once installed.
+#pragma once
+#include "kernels/error.hpp"
+#include "kernels/types.hpp"
+#include "layers/layers.hpp"
+#include "layers/loss.hpp"
+#include "layers/module.hpp"
+#include "layers/synthetic.hpp"
+#include "optim/optim.hpp"
+#include "optim/trainer.hpp"
+#include "runtime/allocator.hpp"
+#include "runtime/autograd.hpp"
+#include "runtime/context.hpp"
+#include "runtime/device.hpp"
+#include "runtime/ops.hpp"
+#include "runtime/tensor.hpp"

@@ -1,0 +1,56 @@
+// Bias + activation forward, activation backward and the bias gradient on the CPU.
+#include <cmath>
+
+#include "cpu.hpp"
+
+namespace dpt::cpu {
+
+namespace {
+float activate(Act act, float z) {
+  switch (act) {
+    case Act::relu: return z > 0.0f ? z : 0.0f;
+    case Act::gelu: return 0.5f * z * (1.0f + std::erf(z * 0.70710678118654752f));
+    case Act::tanh: return std::tanh(z);
+    case Act::none: break;
+  }
+  return z;
+}
+
+// Derivative from what the forward saved: the output y (relu, tanh, none) or z (gelu).
+float derivative(Act act, float saved) {
+  switch (act) {
+    case Act::relu: return saved > 0.0f ? 1.0f : 0.0f;
+    case Act::gelu:
+      return 0.5f * (1.0f + std::erf(saved * 0.70710678118654752f)) +
+             saved * std::exp(-0.5f * saved * saved) * 0.3989422804014327f;
+    case Act::tanh: return 1.0f - saved * saved;
+    case Act::none: break;
+  }
+  return 1.0f;
+}
+}  // namespace
+
+void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols,
+                      float* z, float* y) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t e = i * cols + j;
+      const float v = x[e] + (bias ? bias[j] : 0.0f);
+      if (z) z[e] = v;
+      y[e] = activate(act, v);
+    }
+}
+
+void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * derivative(act, saved[i]);
+}
+
+void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db) {
+  for (int64_t j = 0; j < cols; ++j) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < rows; ++i) s += dy[i * cols + j];
+    db[j] = beta == 0.0f ? s : beta * db[j] + s;
+  }
+}
+
+}  // namespace dpt::cpu

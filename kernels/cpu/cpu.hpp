@@ -1,0 +1,56 @@
+// The CPU kernels: the oracle every CUDA kernel is tested against. Written for clarity;
+// each function is the plain definition of the op. All matrices are row-major and
+// contiguous. Scalars that the CUDA twins keep on the device (losses, norms) are plain
+// floats in host memory here.
+#pragma once
+#include <cstdint>
+
+#include "../types.hpp"
+
+namespace dpt::cpu {
+
+// gemm.cpp — C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C.
+// A is stored k x m when ta, else m x k; B is stored n x k when tb, else k x n.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
+          const float* B, float beta, float* C);
+
+// activation.cpp — y = act(x + bias) row by row (bias may be null; x may equal y).
+// When z is not null it receives x + bias (the pre-activation that GELU's backward needs).
+void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols,
+                      float* z, float* y);
+// dx = dy * act'(.), where `saved` is the output y for relu/tanh/none and the
+// pre-activation z for gelu. dx may equal dy.
+void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx);
+// db = beta * db + sum over rows of dy.
+void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db);
+
+// loss.cpp — mean squared error over n elements and its gradient scaled by *dloss.
+void mse_forward(const float* y, const float* t, int64_t n, float* loss);
+void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float* dy);
+// Softmax cross-entropy, mean over rows; labels in [0, cols).
+void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                           float* loss);
+void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows,
+                            int64_t cols, const float* dloss, float* dlogits);
+
+// optim.cpp — fused updates over a flat buffer of n parameters. grad_scale (may be null)
+// multiplies every gradient first (gradient clipping).
+void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a,
+              const float* grad_scale);
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
+                const float* grad_scale);
+// out = min(1, max_norm / (sqrt(*norm_sq) + 1e-6)): the clipping coefficient.
+void clip_coef(const float* norm_sq, float max_norm, float* out);
+
+// elementwise.cpp
+void fill(float* x, int64_t n, float value);
+void axpy(int64_t n, float alpha, const float* x, float* y);  // y += alpha * x
+void sum_squares(const float* x, int64_t n, float* out);      // out = sum x^2
+void cast_f32_bf16(const float* x, uint16_t* y, int64_t n);   // round to nearest even
+void cast_bf16_f32(const uint16_t* x, float* y, int64_t n);
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out);
+void normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float std);
+void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float lo,
+             float hi);
+
+}  // namespace dpt::cpu

@@ -1,0 +1,64 @@
+// Fill, axpy, norms, casts, argmax and the Philox random fills on the CPU.
+#include <cstring>
+
+#include "../philox.hpp"
+#include "cpu.hpp"
+
+namespace dpt::cpu {
+
+void fill(float* x, int64_t n, float value) {
+  for (int64_t i = 0; i < n; ++i) x[i] = value;
+}
+
+void axpy(int64_t n, float alpha, const float* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void sum_squares(const float* x, int64_t n, float* out) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  *out = static_cast<float>(s);
+}
+
+void cast_f32_bf16(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, &x[i], 4);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+      y[i] = static_cast<uint16_t>((b >> 16) | 0x40u);  // NaN stays a (quiet) NaN
+    } else {
+      b += 0x7fffu + ((b >> 16) & 1u);  // round to nearest, ties to even
+      y[i] = static_cast<uint16_t>(b >> 16);
+    }
+  }
+}
+
+void cast_bf16_f32(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = static_cast<uint32_t>(x[i]) << 16;
+    std::memcpy(&y[i], &b, 4);
+  }
+}
+
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* r = x + i * cols;
+    int64_t best = 0;
+    for (int64_t j = 1; j < cols; ++j)
+      if (r[j] > r[best]) best = j;  // the first maximum wins ties
+    out[i] = static_cast<int32_t>(best);
+  }
+}
+
+void normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float std) {
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = std * philox::normal(seed, stream, offset + static_cast<uint64_t>(i));
+}
+
+void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float lo,
+             float hi) {
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = philox::uniform(seed, stream, offset + static_cast<uint64_t>(i), lo, hi);
+}
+
+}  // namespace dpt::cpu

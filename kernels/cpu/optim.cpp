@@ -1,0 +1,40 @@
+// Fused optimizer updates over a flat parameter buffer, with PyTorch's semantics
+// (torch.optim.SGD and torch.optim.AdamW), so results can be compared with it.
+#include <algorithm>
+#include <cmath>
+
+#include "cpu.hpp"
+
+namespace dpt::cpu {
+
+void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a,
+              const float* grad_scale) {
+  const float scale = grad_scale ? *grad_scale : 1.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    float d = g[i] * scale + a.weight_decay * p[i];
+    if (a.momentum != 0.0f) {
+      // buf starts at zero, so the first step leaves buf = (1 - dampening) * d.
+      buf[i] = a.momentum * buf[i] + (1.0f - a.dampening) * d;
+      d = a.nesterov ? d + a.momentum * buf[i] : buf[i];
+    }
+    p[i] -= a.lr * d;
+  }
+}
+
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
+                const float* grad_scale) {
+  const float scale = grad_scale ? *grad_scale : 1.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = g[i] * scale;
+    p[i] -= a.lr * a.weight_decay * p[i];
+    m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * d;
+    v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * d * d;
+    p[i] -= a.lr * (m[i] / a.bias_correction1) / (std::sqrt(v[i] / a.bias_correction2) + a.eps);
+  }
+}
+
+void clip_coef(const float* norm_sq, float max_norm, float* out) {
+  *out = std::min(1.0f, max_norm / (std::sqrt(*norm_sq) + 1e-6f));
+}
+
+}  // namespace dpt::cpu

@@ -1,0 +1,210 @@
+// activation.cu — fused bias + activation forward, the activation's backward, and the bias
+// gradient; twins of kernels/cpu activation.cpp.
+//
+// All three are memory-bound: float4 accesses where the shapes and pointers allow it,
+// scalar ones otherwise, one instantiation per activation so the inner loop has no switch.
+// bias_grad is deterministic (no atomics): each block owns 32 columns and reduces them
+// in a fixed order.
+#include <cstdint>
+
+#include "check.hpp"
+#include "cuda.hpp"
+
+namespace dpt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Grid-stride loops: enough blocks to fill any current GPU, few enough to amortise the
+// per-thread setup over many elements.
+constexpr int64_t kMaxBlocks = 8192;
+
+unsigned blocks_for(int64_t items) {
+  const int64_t b = (items + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : b < kMaxBlocks ? b : kMaxBlocks);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+
+template <Act A>
+__device__ __forceinline__ float act_forward(float v) {
+  if constexpr (A == Act::relu) return v > 0.f ? v : 0.f;
+  if constexpr (A == Act::gelu) return 0.5f * v * (1.f + erff(v * kInvSqrt2));
+  if constexpr (A == Act::tanh) return tanhf(v);
+  return v;
+}
+
+// act'(.) from what the forward saved: y for relu/tanh/none, the pre-activation z for gelu.
+template <Act A>
+__device__ __forceinline__ float act_derivative(float s) {
+  if constexpr (A == Act::relu) return s > 0.f ? 1.f : 0.f;
+  if constexpr (A == Act::gelu)
+    return 0.5f * (1.f + erff(s * kInvSqrt2)) + s * expf(-0.5f * s * s) * kInvSqrt2Pi;
+  if constexpr (A == Act::tanh) return 1.f - s * s;
+  return 1.f;
+}
+
+// ---- bias_act_forward -------------------------------------------------------------------
+
+// n elements of rows x cols; x may be y (each element is read before it is written).
+template <Act A>
+static __global__ void bias_act_forward_kernel(const float* x, const float* bias, int64_t n,
+                                               int64_t cols, float* z, float* y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = bias ? x[i] + bias[i % cols] : x[i];
+    if (z) z[i] = v;
+    y[i] = act_forward<A>(v);
+  }
+}
+
+// The same over float4s: n4 = n / 4 vectors, cols4 = cols / 4 per row.
+template <Act A>
+static __global__ void bias_act_forward_vec_kernel(const float4* x, const float4* bias,
+                                                   int64_t n4, int64_t cols4, float4* z,
+                                                   float4* y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float4 v = x[i];
+    if (bias) {
+      const float4 b = bias[i % cols4];
+      v.x += b.x;
+      v.y += b.y;
+      v.z += b.z;
+      v.w += b.w;
+    }
+    if (z) z[i] = v;
+    y[i] = make_float4(act_forward<A>(v.x), act_forward<A>(v.y), act_forward<A>(v.z),
+                       act_forward<A>(v.w));
+  }
+}
+
+template <Act A>
+void bias_act_forward_launch(const float* x, const float* bias, int64_t rows, int64_t cols,
+                             float* z, float* y, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  const bool vec = cols % 4 == 0 && aligned16(x) && aligned16(y) && (!z || aligned16(z)) &&
+                   (!bias || aligned16(bias));
+  if (vec) {
+    bias_act_forward_vec_kernel<A><<<blocks_for(n / 4), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(bias), n / 4,
+        cols / 4, reinterpret_cast<float4*>(z), reinterpret_cast<float4*>(y));
+  } else {
+    bias_act_forward_kernel<A><<<blocks_for(n), kThreads, 0, stream>>>(x, bias, n, cols, z, y);
+  }
+}
+
+// ---- act_backward -----------------------------------------------------------------------
+
+// dx may be dy.
+template <Act A>
+static __global__ void act_backward_kernel(const float* dy, const float* saved, int64_t n,
+                                           float* dx) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dx[i] = dy[i] * act_derivative<A>(saved[i]);
+}
+
+template <Act A>
+static __global__ void act_backward_vec_kernel(const float4* dy, const float4* saved, int64_t n4,
+                                               float4* dx) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 g = dy[i];
+    const float4 s = saved[i];
+    dx[i] = make_float4(g.x * act_derivative<A>(s.x), g.y * act_derivative<A>(s.y),
+                        g.z * act_derivative<A>(s.z), g.w * act_derivative<A>(s.w));
+  }
+}
+
+template <Act A>
+void act_backward_launch(const float* dy, const float* saved, int64_t n, float* dx,
+                         cudaStream_t stream) {
+  if (n % 4 == 0 && aligned16(dy) && aligned16(saved) && aligned16(dx)) {
+    act_backward_vec_kernel<A><<<blocks_for(n / 4), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(dy), reinterpret_cast<const float4*>(saved), n / 4,
+        reinterpret_cast<float4*>(dx));
+  } else {
+    act_backward_kernel<A><<<blocks_for(n), kThreads, 0, stream>>>(dy, saved, n, dx);
+  }
+}
+
+// ---- bias_grad --------------------------------------------------------------------------
+
+constexpr int kGradCols = 32;  // columns per block, one per lane: a warp reads 128 B of a row
+constexpr int kGradRows = 32;  // warps per block, each striding over the rows
+
+// db[c] = beta * db[c] + sum_r dy[r][c]. Thread (tx, ty) sums rows ty, ty + 32, ... of
+// column c0 + tx; the 32 partial sums of a column are then added in a fixed order, so the
+// result does not depend on scheduling.
+static __global__ void bias_grad_kernel(const float* dy, int64_t rows, int64_t cols, float beta,
+                                        float* db) {
+  __shared__ float part[kGradRows][kGradCols + 1];  // +1: the column reads below hit 32 banks
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = blockIdx.x * static_cast<int64_t>(kGradCols) + tx;
+  float s = 0.f;
+  if (c < cols) {
+    // Unrolled so that several loads are in flight; the adds stay in row order.
+#pragma unroll 4
+    for (int64_t r = ty; r < rows; r += kGradRows) s += dy[r * cols + c];
+  }
+  part[ty][tx] = s;
+  __syncthreads();
+  // Warp 0 finishes: lane tx adds up column tx's partials in order.
+  if (ty == 0 && c < cols) {
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < kGradRows; ++k) t += part[k][tx];
+    // beta == 0 never reads db (it may hold garbage).
+    db[c] = beta != 0.f ? beta * db[c] + t : t;
+  }
+}
+
+}  // namespace
+
+void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols,
+                      float* z, float* y, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols >= 0, "bias_act_forward: negative shape");
+  if (rows == 0 || cols == 0) return;
+  DPT_CHECK(x != nullptr && y != nullptr, "bias_act_forward: null x or y");
+  switch (act) {
+    case Act::none: bias_act_forward_launch<Act::none>(x, bias, rows, cols, z, y, stream); break;
+    case Act::relu: bias_act_forward_launch<Act::relu>(x, bias, rows, cols, z, y, stream); break;
+    case Act::gelu: bias_act_forward_launch<Act::gelu>(x, bias, rows, cols, z, y, stream); break;
+    case Act::tanh: bias_act_forward_launch<Act::tanh>(x, bias, rows, cols, z, y, stream); break;
+    default: DPT_CHECK(false, "bias_act_forward: unknown activation");
+  }
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx,
+                  cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "act_backward: negative size");
+  if (n == 0) return;
+  DPT_CHECK(dy != nullptr && saved != nullptr && dx != nullptr, "act_backward: null pointer");
+  switch (act) {
+    case Act::none: act_backward_launch<Act::none>(dy, saved, n, dx, stream); break;
+    case Act::relu: act_backward_launch<Act::relu>(dy, saved, n, dx, stream); break;
+    case Act::gelu: act_backward_launch<Act::gelu>(dy, saved, n, dx, stream); break;
+    case Act::tanh: act_backward_launch<Act::tanh>(dy, saved, n, dx, stream); break;
+    default: DPT_CHECK(false, "act_backward: unknown activation");
+  }
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db,
+               cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols >= 0, "bias_grad: negative shape");
+  if (cols == 0) return;
+  DPT_CHECK(db != nullptr && (rows == 0 || dy != nullptr), "bias_grad: null pointer");
+  const int64_t blocks = (cols + kGradCols - 1) / kGradCols;
+  DPT_CHECK(blocks <= 0x7fffffff, "bias_grad: too many columns");
+  // rows == 0 still runs: db = beta * db + 0.
+  bias_grad_kernel<<<static_cast<unsigned>(blocks), dim3(kGradCols, kGradRows), 0, stream>>>(
+      dy, rows, cols, beta, db);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dpt::cuda

@@ -1,0 +1,51 @@
+// Checked CUDA, cuBLAS and NCCL calls: a failure throws dpt::Error naming the call, the
+// device, file:line and the library's own text for the code. Destructors use the
+// DPT_*_WARN variants, which print instead of throwing.
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "../error.hpp"
+
+namespace dpt::cuda {
+
+inline std::string current_device_name() {
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) return "cuda:?";
+  return "cuda:" + std::to_string(d);
+}
+
+[[noreturn]] inline void fail(const char* what, const char* call, const std::string& text,
+                              const char* file, int line) {
+  throw ::dpt::Error(std::string(what) + " failed on " + current_device_name() + ": " + call +
+                     ": " + text + " (" + file + ":" + std::to_string(line) + ")");
+}
+
+}  // namespace dpt::cuda
+
+#define DPT_CUDA_CHECK(call)                                                              \
+  do {                                                                                    \
+    cudaError_t dpt_err_ = (call);                                                        \
+    if (dpt_err_ != cudaSuccess)                                                          \
+      ::dpt::cuda::fail("CUDA", #call, cudaGetErrorString(dpt_err_), __FILE__, __LINE__); \
+  } while (0)
+
+#define DPT_CUBLAS_CHECK(call)                                                                \
+  do {                                                                                        \
+    cublasStatus_t dpt_st_ = (call);                                                          \
+    if (dpt_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
+      ::dpt::cuda::fail("cuBLAS", #call, cublasGetStatusString(dpt_st_), __FILE__, __LINE__); \
+  } while (0)
+
+// After every kernel launch: catches bad launch configurations at once.
+#define DPT_CUDA_CHECK_LAUNCH() DPT_CUDA_CHECK(cudaGetLastError())
+
+#define DPT_CUDA_WARN(call)                                                                  \
+  do {                                                                                       \
+    cudaError_t dpt_err_ = (call);                                                           \
+    if (dpt_err_ != cudaSuccess)                                                             \
+      std::fprintf(stderr, "dptrain: warning: %s: %s\n", #call, cudaGetErrorString(dpt_err_)); \
+  } while (0)

@@ -1,0 +1,68 @@
+// The CUDA kernels: each one is the twin of the CPU kernel of the same name
+// (kernels/cpu/cpu.hpp) and is tested against it. Every launcher takes the stream it runs
+// on, checks its launch, and never synchronizes. Pointers are device pointers; scalars
+// such as losses and norms stay on the device (only scalars cross to the host, and
+// only when the caller reads them).
+#pragma once
+#include <cstdint>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "../types.hpp"
+
+namespace dpt::cuda {
+
+// Scalar reductions are deterministic (no float atomics): a fixed grid writes partial
+// sums into `work`, then one block adds them in order. `work` is device memory of at
+// least kReduceWork floats (cross_entropy_forward: at least max(rows, kReduceWork)).
+constexpr int64_t kReduceWork = 1024;
+
+// gemm_native.cu — hand-written tiled SGEMM (shared-memory tiles, register blocking,
+// vectorized loads); strict fp32. Same contract as cpu::gemm.
+void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
+                 const float* B, float beta, float* C, cudaStream_t stream);
+// gemm_cublas.cu — the same through cuBLAS; `precision` picks fp32, TF32 or bf16 tensor
+// cores (fp32 storage and accumulation). The handle must already be bound to its stream.
+void gemm_cublas(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m,
+                 int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta,
+                 float* C);
+
+// activation.cu
+void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols,
+                      float* z, float* y, cudaStream_t stream);
+void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx,
+                  cudaStream_t stream);
+void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db,
+               cudaStream_t stream);
+
+// loss.cu
+void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* work,
+                 cudaStream_t stream);
+void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float* dy,
+                  cudaStream_t stream);
+void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                           float* loss, float* work, cudaStream_t stream);
+void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows,
+                            int64_t cols, const float* dloss, float* dlogits, cudaStream_t stream);
+
+// optim.cu
+void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a,
+              const float* grad_scale, cudaStream_t stream);
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
+                const float* grad_scale, cudaStream_t stream);
+void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t stream);
+
+// elementwise.cu
+void fill(float* x, int64_t n, float value, cudaStream_t stream);
+void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream);
+void sum_squares(const float* x, int64_t n, float* out, float* work, cudaStream_t stream);
+void cast_f32_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+void cast_bf16_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
+void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std,
+            cudaStream_t stream);
+void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float lo,
+             float hi, cudaStream_t stream);
+
+}  // namespace dpt::cuda

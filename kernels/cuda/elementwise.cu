@@ -1,0 +1,319 @@
+// elementwise.cu — fill, axpy, the sum of squares (gradient norms), fp32 <-> bf16 casts,
+// row argmax and the Philox random fills; twins of kernels/cpu elementwise.cpp.
+//
+// Memory-bound loops use float4 where the pointers are aligned, with a scalar tail.
+// sum_squares is deterministic: a grid sized by n alone writes one partial per block to
+// `work`, then one block adds them in order, in double. The random fills call the same
+// philox functions as the CPU, element by element, so the streams agree bit for bit
+// (normals up to the last bits of logf/sinf/cosf).
+#include <cmath>
+#include <cstdint>
+
+#include "../philox.hpp"
+#include "check.hpp"
+#include "cuda.hpp"
+
+namespace dpt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kFinishThreads = 1024;
+constexpr int64_t kMaxBlocks = 8192;
+
+unsigned blocks_for(int64_t items) {
+  const int64_t b = (items + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : b < kMaxBlocks ? b : kMaxBlocks);
+}
+
+bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+__device__ __forceinline__ int64_t global_tid() {
+  return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_stride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// ---- fill, axpy -------------------------------------------------------------------------
+
+// The float4 part covers [0, 4 * (n / 4)) when Vec; the rest is scalar.
+template <bool Vec>
+static __global__ void fill_kernel(float* x, int64_t n, float value) {
+  int64_t done = 0;
+  if constexpr (Vec) {
+    float4* x4 = reinterpret_cast<float4*>(x);
+    const float4 v = make_float4(value, value, value, value);
+    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) x4[i] = v;
+    done = n / 4 * 4;
+  }
+  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) x[i] = value;
+}
+
+template <bool Vec>
+static __global__ void axpy_kernel(int64_t n, float alpha, const float* x, float* y) {
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    float4* y4 = reinterpret_cast<float4*>(y);
+    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
+      const float4 a = x4[i];
+      float4 b = y4[i];
+      b.x += alpha * a.x;
+      b.y += alpha * a.y;
+      b.z += alpha * a.z;
+      b.w += alpha * a.w;
+      y4[i] = b;
+    }
+    done = n / 4 * 4;
+  }
+  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) y[i] += alpha * x[i];
+}
+
+// ---- sum_squares ------------------------------------------------------------------------
+
+// Butterfly reductions: float addition is commutative, so every lane ends with the same
+// bits.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block, valid in thread 0. blockDim.x must be a multiple of 32, <= 1024.
+template <typename T>
+__device__ T block_sum(T v) {
+  __shared__ T warp_part[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum(v);
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  T t = 0;
+  if (warp == 0) {
+    t = lane < static_cast<int>(blockDim.x / 32) ? warp_part[lane] : T(0);
+    t = warp_sum(t);
+  }
+  return t;
+}
+
+// Stage-one blocks for n elements: about 16 per thread, at most kReduceWork blocks. A
+// function of n alone, so the order of the additions never depends on the device.
+unsigned reduce_blocks(int64_t n) {
+  const int64_t per_block = static_cast<int64_t>(kThreads) * 16;
+  const int64_t b = (n + per_block - 1) / per_block;
+  return static_cast<unsigned>(b < 1 ? 1 : b < kReduceWork ? b : kReduceWork);
+}
+
+template <bool Vec>
+static __global__ void sum_squares_partial_kernel(const float* x, int64_t n, float* part) {
+  float s = 0.f;
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
+      const float4 a = x4[i];
+      s += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }
+    done = n / 4 * 4;
+  }
+  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) s += x[i] * x[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+static __global__ void finish_sum_kernel(const float* part, int64_t count, float* out) {
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += part[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *out = static_cast<float>(s);
+}
+
+// ---- casts ------------------------------------------------------------------------------
+
+// Round to nearest even; a NaN stays a (quiet) NaN, the sign and top payload bits kept.
+// Bit for bit the CPU twin's arithmetic.
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
+  const uint32_t b = __float_as_uint(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40u);
+  return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) {
+  return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
+
+// Vec: 4 elements per step, float4 in and 8 bytes out.
+template <bool Vec>
+static __global__ void cast_f32_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    ushort4* y4 = reinterpret_cast<ushort4*>(y);
+    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
+      const float4 a = x4[i];
+      y4[i] = make_ushort4(f32_to_bf16(a.x), f32_to_bf16(a.y), f32_to_bf16(a.z), f32_to_bf16(a.w));
+    }
+    done = n / 4 * 4;
+  }
+  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) y[i] = f32_to_bf16(x[i]);
+}
+
+template <bool Vec>
+static __global__ void cast_bf16_f32_kernel(const uint16_t* x, float* y, int64_t n) {
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const ushort4* x4 = reinterpret_cast<const ushort4*>(x);
+    float4* y4 = reinterpret_cast<float4*>(y);
+    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
+      const ushort4 a = x4[i];
+      y4[i] = make_float4(bf16_to_f32(a.x), bf16_to_f32(a.y), bf16_to_f32(a.z), bf16_to_f32(a.w));
+    }
+    done = n / 4 * 4;
+  }
+  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) y[i] = bf16_to_f32(x[i]);
+}
+
+// ---- argmax_rows ------------------------------------------------------------------------
+
+// One warp per row. The CPU scans left to right keeping the first strict maximum, starting
+// from element 0; so NaNs never win, except a NaN at element 0, which nothing beats. Each
+// lane keeps the first maximum of its columns (NaNs skipped), and the warp merges by
+// (larger value, then smaller index), which is the same answer in any merge order.
+static __global__ void argmax_rows_kernel(const float* x, int64_t rows, int64_t cols,
+                                          int32_t* out) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const float* row = x + r * cols;
+  float best = -INFINITY;
+  int idx = -1;  // none yet; cols fits int (checked by the launcher)
+  for (int c = lane; c < cols; c += 32) {
+    const float v = row[c];
+    if (v > best || (idx < 0 && v == best)) {  // the second term admits a leading -inf
+      best = v;
+      idx = c;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (oi >= 0 && (idx < 0 || ov > best || (ov == best && oi < idx))) {
+      best = ov;
+      idx = oi;
+    }
+  }
+  if (lane == 0) out[r] = isnan(row[0]) || idx < 0 ? 0 : idx;
+}
+
+// ---- random fills -----------------------------------------------------------------------
+
+static __global__ void normal_kernel(float* out, int64_t n, uint64_t seed, uint64_t stream_id,
+                                     uint64_t offset, float std) {
+  for (int64_t i = global_tid(); i < n; i += grid_stride())
+    out[i] = std * philox::normal(seed, stream_id, offset + static_cast<uint64_t>(i));
+}
+
+static __global__ void uniform_kernel(float* out, int64_t n, uint64_t seed, uint64_t stream_id,
+                                      uint64_t offset, float lo, float hi) {
+  for (int64_t i = global_tid(); i < n; i += grid_stride())
+    out[i] = philox::uniform(seed, stream_id, offset + static_cast<uint64_t>(i), lo, hi);
+}
+
+}  // namespace
+
+void fill(float* x, int64_t n, float value, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "fill: negative size");
+  if (n == 0) return;
+  DPT_CHECK(x != nullptr, "fill: null pointer");
+  if (aligned(x, 16))
+    fill_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, n, value);
+  else
+    fill_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, value);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "axpy: negative size");
+  if (n == 0) return;
+  DPT_CHECK(x != nullptr && y != nullptr, "axpy: null pointer");
+  if (aligned(x, 16) && aligned(y, 16))
+    axpy_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(n, alpha, x, y);
+  else
+    axpy_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(n, alpha, x, y);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void sum_squares(const float* x, int64_t n, float* out, float* work, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "sum_squares: negative size");
+  DPT_CHECK(out != nullptr && work != nullptr && (n == 0 || x != nullptr),
+            "sum_squares: null pointer");
+  if (n == 0) {  // the empty sum: finish with no partials writes 0
+    finish_sum_kernel<<<1, kFinishThreads, 0, stream>>>(work, 0, out);
+    DPT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const unsigned blocks = reduce_blocks(n);
+  if (aligned(x, 16))
+    sum_squares_partial_kernel<true><<<blocks, kThreads, 0, stream>>>(x, n, work);
+  else
+    sum_squares_partial_kernel<false><<<blocks, kThreads, 0, stream>>>(x, n, work);
+  DPT_CUDA_CHECK_LAUNCH();
+  finish_sum_kernel<<<1, kFinishThreads, 0, stream>>>(work, blocks, out);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void cast_f32_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "cast_f32_bf16: negative size");
+  if (n == 0) return;
+  DPT_CHECK(x != nullptr && y != nullptr, "cast_f32_bf16: null pointer");
+  if (aligned(x, 16) && aligned(y, 8))
+    cast_f32_bf16_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
+  else
+    cast_f32_bf16_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void cast_bf16_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "cast_bf16_f32: negative size");
+  if (n == 0) return;
+  DPT_CHECK(x != nullptr && y != nullptr, "cast_bf16_f32: null pointer");
+  if (aligned(x, 8) && aligned(y, 16))
+    cast_bf16_f32_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
+  else
+    cast_bf16_f32_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols >= 0, "argmax_rows: negative shape");
+  if (rows == 0) return;
+  DPT_CHECK(cols > 0, "argmax_rows: rows with no columns");
+  DPT_CHECK(cols <= 0x7fffffff, "argmax_rows: column index does not fit int32");
+  DPT_CHECK(x != nullptr && out != nullptr, "argmax_rows: null pointer");
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  DPT_CHECK(blocks <= 0x7fffffff, "argmax_rows: too many rows");
+  argmax_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, rows, cols, out);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std,
+            cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "normal: negative size");
+  if (n == 0) return;
+  DPT_CHECK(out != nullptr, "normal: null pointer");
+  normal_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, n, seed, stream_id, offset, std);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float lo,
+             float hi, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "uniform: negative size");
+  if (n == 0) return;
+  DPT_CHECK(out != nullptr, "uniform: null pointer");
+  uniform_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, n, seed, stream_id, offset, lo, hi);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dpt::cuda

@@ -1,0 +1,238 @@
+// loss.cu — mean squared error and softmax cross-entropy, forward and backward; twins of
+// kernels/cpu loss.cpp.
+//
+// The forwards reduce to one scalar on the device, deterministically: a grid whose size
+// depends only on the problem writes one partial per block into `work`, then a single
+// block adds the partials in a fixed order (in double) and writes the scalar. Same
+// inputs, same bits, on any GPU and any run; no float atomics.
+#include <cmath>
+#include <cstdint>
+
+#include "check.hpp"
+#include "cuda.hpp"
+
+namespace dpt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kFinishThreads = 1024;
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Stage-one blocks for n elements: about 16 per thread, at most kReduceWork blocks. A
+// function of n alone, so the order of the additions never depends on the device.
+unsigned reduce_blocks(int64_t n) {
+  const int64_t per_block = static_cast<int64_t>(kThreads) * 16;
+  const int64_t b = (n + per_block - 1) / per_block;
+  return static_cast<unsigned>(b < 1 ? 1 : b < kReduceWork ? b : kReduceWork);
+}
+
+// Butterfly reductions: float addition is commutative, so every lane ends with the same
+// bits.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block, valid in thread 0. blockDim.x must be a multiple of 32, <= 1024.
+template <typename T>
+__device__ T block_sum(T v) {
+  __shared__ T warp_part[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum(v);
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  T t = 0;
+  if (warp == 0) {
+    t = lane < static_cast<int>(blockDim.x / 32) ? warp_part[lane] : T(0);
+    t = warp_sum(t);
+  }
+  return t;
+}
+
+// Stage two: *out = scale * sum(part[0 .. count)), one block, fixed order.
+static __global__ void finish_sum_kernel(const float* part, int64_t count, double scale,
+                                         float* out) {
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += part[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *out = static_cast<float>(s * scale);
+}
+
+void finish_sum(const float* part, int64_t count, double scale, float* out,
+                cudaStream_t stream) {
+  finish_sum_kernel<<<1, kFinishThreads, 0, stream>>>(part, count, scale, out);
+}
+
+// ---- mse --------------------------------------------------------------------------------
+
+// Stage one of sum((y - t)^2): block b writes its partial to part[b]. The float4 part
+// covers [0, 4 * (n / 4)) when Vec; the rest is scalar.
+template <bool Vec>
+static __global__ void mse_partial_kernel(const float* y, const float* t, int64_t n,
+                                          float* part) {
+  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  float s = 0.f;
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const int64_t n4 = n / 4;
+    const float4* y4 = reinterpret_cast<const float4*>(y);
+    const float4* t4 = reinterpret_cast<const float4*>(t);
+    for (int64_t i = tid; i < n4; i += stride) {
+      const float4 a = y4[i], b = t4[i];
+      const float d0 = a.x - b.x, d1 = a.y - b.y, d2 = a.z - b.z, d3 = a.w - b.w;
+      s += d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3;
+    }
+    done = 4 * n4;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) {
+    const float d = y[i] - t[i];
+    s += d * d;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+// dy = (*dloss) * 2 (y - t) / n.
+static __global__ void mse_backward_kernel(const float* y, const float* t, int64_t n,
+                                           const float* dloss, float* dy) {
+  const float g = 2.f * *dloss / static_cast<float>(n);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dy[i] = g * (y[i] - t[i]);
+}
+
+// ---- cross-entropy ----------------------------------------------------------------------
+
+// One warp per row: max, then the sum of exp(x - max), both in a fixed order.
+struct RowStats {
+  float max, sum;
+};
+
+__device__ __forceinline__ RowStats row_stats(const float* x, int64_t cols, int lane) {
+  float m = -INFINITY;
+  for (int64_t c = lane; c < cols; c += 32) m = fmaxf(m, x[c]);
+  m = warp_max(m);
+  float s = 0.f;
+  for (int64_t c = lane; c < cols; c += 32) s += expf(x[c] - m);
+  return {m, warp_sum(s)};
+}
+
+// work[r] = logsumexp(row r) - row r [label r]. A label outside [0, cols) gives NaN, so a
+// bad label shows in the loss instead of reading out of bounds.
+static __global__ void cross_entropy_rows_kernel(const float* logits, const int32_t* labels,
+                                                 int64_t rows, int64_t cols, float* work) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const float* x = logits + r * cols;
+  const RowStats st = row_stats(x, cols, lane);
+  if (lane == 0) {
+    const int32_t label = labels[r];
+    work[r] = label >= 0 && label < cols ? logf(st.sum) + st.max - x[label] : NAN;
+  }
+}
+
+// dlogits = (*dloss / rows) (softmax(row) - onehot(label)). dlogits may be logits: each
+// element is read by the lane that then overwrites it, after the row's stats are known.
+static __global__ void cross_entropy_backward_kernel(const float* logits, const int32_t* labels,
+                                                     int64_t rows, int64_t cols,
+                                                     const float* dloss, float* dlogits) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const float* x = logits + r * cols;
+  float* dx = dlogits + r * cols;
+  const RowStats st = row_stats(x, cols, lane);
+  const float g = *dloss / static_cast<float>(rows);
+  const float inv_sum = 1.f / st.sum;
+  const int64_t label = labels[r];
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float p = expf(x[c] - st.max) * inv_sum;
+    dx[c] = g * (c == label ? p - 1.f : p);
+  }
+}
+
+}  // namespace
+
+void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* work,
+                 cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "mse_forward: negative size");
+  DPT_CHECK(loss != nullptr && work != nullptr && (n == 0 || (y != nullptr && t != nullptr)),
+            "mse_forward: null pointer");
+  if (n == 0) {  // the mean of nothing is NaN (0/0), as on the CPU
+    finish_sum(work, 0, NAN, loss, stream);
+    DPT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const unsigned blocks = reduce_blocks(n);
+  if (aligned16(y) && aligned16(t))
+    mse_partial_kernel<true><<<blocks, kThreads, 0, stream>>>(y, t, n, work);
+  else
+    mse_partial_kernel<false><<<blocks, kThreads, 0, stream>>>(y, t, n, work);
+  DPT_CUDA_CHECK_LAUNCH();
+  finish_sum(work, blocks, 1.0 / static_cast<double>(n), loss, stream);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float* dy,
+                  cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "mse_backward: negative size");
+  if (n == 0) return;
+  DPT_CHECK(y != nullptr && t != nullptr && dloss != nullptr && dy != nullptr,
+            "mse_backward: null pointer");
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  mse_backward_kernel<<<static_cast<unsigned>(blocks < 8192 ? blocks : 8192), kThreads, 0,
+                        stream>>>(y, t, n, dloss, dy);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                           float* loss, float* work, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols > 0, "cross_entropy_forward: bad shape (cols must be > 0)");
+  DPT_CHECK(loss != nullptr && work != nullptr &&
+                (rows == 0 || (logits != nullptr && labels != nullptr)),
+            "cross_entropy_forward: null pointer");
+  if (rows == 0) {  // the mean over no rows is NaN (0/0), as on the CPU
+    finish_sum(work, 0, NAN, loss, stream);
+    DPT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  DPT_CHECK(blocks <= 0x7fffffff, "cross_entropy_forward: too many rows");
+  cross_entropy_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      logits, labels, rows, cols, work);
+  DPT_CUDA_CHECK_LAUNCH();
+  finish_sum(work, rows, 1.0 / static_cast<double>(rows), loss, stream);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows,
+                            int64_t cols, const float* dloss, float* dlogits, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols >= 0, "cross_entropy_backward: negative shape");
+  if (rows == 0 || cols == 0) return;
+  DPT_CHECK(logits != nullptr && labels != nullptr && dloss != nullptr && dlogits != nullptr,
+            "cross_entropy_backward: null pointer");
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  DPT_CHECK(blocks <= 0x7fffffff, "cross_entropy_backward: too many rows");
+  cross_entropy_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      logits, labels, rows, cols, dloss, dlogits);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dpt::cuda

@@ -1,0 +1,164 @@
+// optim.cu — fused SGD and AdamW updates over a flat parameter buffer, and the gradient
+// clipping coefficient; twins of kernels/cpu optim.cpp (PyTorch's semantics).
+//
+// One pass reads each parameter, gradient and state once and writes them once, float4 at a
+// time when every buffer is 16-byte aligned (the last n % 4 elements go scalar). The
+// gradient scale stays on the device (clip_coef writes it), so clipping needs no host
+// round trip.
+#include <cstdint>
+
+#include "check.hpp"
+#include "cuda.hpp"
+
+namespace dpt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 8192;
+
+unsigned blocks_for(int64_t items) {
+  const int64_t b = (items + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : b < kMaxBlocks ? b : kMaxBlocks);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The same expressions, in the same order, as the CPU twin.
+__device__ __forceinline__ void sgd_update(float& p, float g, float& buf, const SgdArgs& a,
+                                           float scale) {
+  float d = g * scale + a.weight_decay * p;
+  if (a.momentum != 0.f) {
+    buf = a.momentum * buf + (1.f - a.dampening) * d;
+    d = a.nesterov ? d + a.momentum * buf : buf;
+  }
+  p -= a.lr * d;
+}
+
+__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v,
+                                             const AdamArgs& a, float scale) {
+  const float d = g * scale;
+  p -= a.lr * a.weight_decay * p;
+  m = a.beta1 * m + (1.f - a.beta1) * d;
+  v = a.beta2 * v + (1.f - a.beta2) * d * d;
+  p -= a.lr * (m / a.bias_correction1) / (sqrtf(v / a.bias_correction2) + a.eps);
+}
+
+// buf is read and written only with momentum (it may be null without).
+template <bool Vec>
+static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int64_t n, SgdArgs a,
+                                       const float* grad_scale) {
+  const float scale = grad_scale ? *grad_scale : 1.f;
+  const bool mom = a.momentum != 0.f;
+  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if constexpr (Vec) {
+    float4* p4 = reinterpret_cast<float4*>(p);
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    float4* b4 = reinterpret_cast<float4*>(buf);
+    const int64_t n4 = n / 4;
+    for (int64_t i = tid; i < n4; i += stride) {
+      float4 pv = p4[i];
+      const float4 gv = g4[i];
+      float4 bv = mom ? b4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+      sgd_update(pv.x, gv.x, bv.x, a, scale);
+      sgd_update(pv.y, gv.y, bv.y, a, scale);
+      sgd_update(pv.z, gv.z, bv.z, a, scale);
+      sgd_update(pv.w, gv.w, bv.w, a, scale);
+      p4[i] = pv;
+      if (mom) b4[i] = bv;
+    }
+    done = 4 * n4;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) {
+    float pv = p[i];
+    float bv = mom ? buf[i] : 0.f;
+    sgd_update(pv, g[i], bv, a, scale);
+    p[i] = pv;
+    if (mom) buf[i] = bv;
+  }
+}
+
+template <bool Vec>
+static __global__ void adamw_step_kernel(float* p, const float* g, float* m, float* v, int64_t n,
+                                         AdamArgs a, const float* grad_scale) {
+  const float scale = grad_scale ? *grad_scale : 1.f;
+  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if constexpr (Vec) {
+    float4* p4 = reinterpret_cast<float4*>(p);
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    float4* m4 = reinterpret_cast<float4*>(m);
+    float4* v4 = reinterpret_cast<float4*>(v);
+    const int64_t n4 = n / 4;
+    for (int64_t i = tid; i < n4; i += stride) {
+      float4 pv = p4[i], mv = m4[i], vv = v4[i];
+      const float4 gv = g4[i];
+      adamw_update(pv.x, gv.x, mv.x, vv.x, a, scale);
+      adamw_update(pv.y, gv.y, mv.y, vv.y, a, scale);
+      adamw_update(pv.z, gv.z, mv.z, vv.z, a, scale);
+      adamw_update(pv.w, gv.w, mv.w, vv.w, a, scale);
+      p4[i] = pv;
+      m4[i] = mv;
+      v4[i] = vv;
+    }
+    done = 4 * n4;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) {
+    float pv = p[i], mv = m[i], vv = v[i];
+    adamw_update(pv, g[i], mv, vv, a, scale);
+    p[i] = pv;
+    m[i] = mv;
+    v[i] = vv;
+  }
+}
+
+// std::min(1, c) as the CPU writes it: a NaN norm gives 1 there, and so here.
+static __global__ void clip_coef_kernel(const float* norm_sq, float max_norm, float* out) {
+  const float c = max_norm / (sqrtf(*norm_sq) + 1e-6f);
+  *out = c < 1.f ? c : 1.f;
+}
+
+}  // namespace
+
+void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a,
+              const float* grad_scale, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "sgd_step: negative size");
+  if (n == 0) return;
+  DPT_CHECK(p != nullptr && g != nullptr, "sgd_step: null parameters or gradients");
+  const bool mom = a.momentum != 0.f;
+  DPT_CHECK(!mom || momentum_buf != nullptr, "sgd_step: momentum without a momentum buffer");
+  const bool vec = aligned16(p) && aligned16(g) && (!mom || aligned16(momentum_buf));
+  if (vec)
+    sgd_step_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(p, g, momentum_buf, n, a,
+                                                                      grad_scale);
+  else
+    sgd_step_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(p, g, momentum_buf, n, a,
+                                                                   grad_scale);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
+                const float* grad_scale, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "adamw_step: negative size");
+  if (n == 0) return;
+  DPT_CHECK(p != nullptr && g != nullptr && m != nullptr && v != nullptr,
+            "adamw_step: null pointer");
+  const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
+  if (vec)
+    adamw_step_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(p, g, m, v, n, a,
+                                                                        grad_scale);
+  else
+    adamw_step_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(p, g, m, v, n, a,
+                                                                     grad_scale);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t stream) {
+  DPT_CHECK(norm_sq != nullptr && out != nullptr, "clip_coef: null pointer");
+  clip_coef_kernel<<<1, 1, 0, stream>>>(norm_sq, max_norm, out);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dpt::cuda

@@ -1,0 +1,35 @@
+// Error types shared by every layer of dptrain. Errors are values with context: each
+// carries a one-line message that names the call, the device and the cause, so the CLI
+// can print it as it is and exit non-zero.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace dpt {
+
+// Any failure inside dptrain (a CUDA/cuBLAS call, a bad shape, a bad file).
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A device ran out of memory; the message names the device, the sizes and what to change.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
+// The user asked for something invalid (flag value, model spec, device list): exit 2.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Throws dpt::Error with file:line when cond is false. For internal invariants and shapes.
+#define DPT_CHECK(cond, msg)                                                          \
+  do {                                                                                \
+    if (!(cond))                                                                      \
+      throw ::dpt::Error(std::string(msg) + " (" __FILE__ ":" + std::to_string(__LINE__) + ")"); \
+  } while (0)
+
+}  // namespace dpt

@@ -1,0 +1,68 @@
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"): a
+// counter-based generator, so element i of a stream is a pure function of (seed, i).
+// The same code runs on the host and on the device; integer and uniform outputs are
+// bitwise equal on both, normals equal up to the last bits of logf/sincosf.
+#pragma once
+#include <cstdint>
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define DPT_HD __host__ __device__ __forceinline__
+#else
+#define DPT_HD inline
+#endif
+
+namespace dpt::philox {
+
+struct U4 {
+  uint32_t x, y, z, w;
+};
+
+DPT_HD uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t* hi) {
+  uint64_t p = static_cast<uint64_t>(a) * b;
+  *hi = static_cast<uint32_t>(p >> 32);
+  return static_cast<uint32_t>(p);
+}
+
+// Four 32-bit outputs for counter block `block` of stream (seed, stream).
+DPT_HD U4 philox4x32(uint64_t seed, uint64_t stream, uint64_t block) {
+  U4 c{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+       static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)};
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    uint32_t hi0, hi1;
+    uint32_t lo0 = mulhilo(0xD2511F53u, c.x, &hi0);
+    uint32_t lo1 = mulhilo(0xCD9E8D57u, c.z, &hi1);
+    c = U4{hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0};
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c;
+}
+
+DPT_HD uint32_t lane(const U4& u, int i) {
+  return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
+}
+
+// Uniform in (0, 1], exactly representable, identical on host and device.
+DPT_HD float to_unit(uint32_t x) { return static_cast<float>((x >> 8) + 1u) * (1.0f / 16777216.0f); }
+
+// Element i of the uniform stream (seed, stream), in [lo, hi).
+DPT_HD float uniform(uint64_t seed, uint64_t stream, uint64_t i, float lo, float hi) {
+  U4 u = philox4x32(seed, stream, i >> 2);
+  return lo + (hi - lo) * (1.0f - to_unit(lane(u, static_cast<int>(i & 3))));
+}
+
+// Element i of the standard-normal stream (seed, stream): Box-Muller on lanes (0,1)
+// and (2,3) of block i/4.
+DPT_HD float normal(uint64_t seed, uint64_t stream, uint64_t i) {
+  U4 u = philox4x32(seed, stream, i >> 2);
+  int l = static_cast<int>(i & 3);
+  float u0 = to_unit(l < 2 ? u.x : u.z);
+  float u1 = to_unit(l < 2 ? u.y : u.w);
+  float r = sqrtf(-2.0f * logf(u0));
+  float t = 6.283185307179586f * u1;
+  return (l & 1) ? r * sinf(t) : r * cosf(t);
+}
+
+}  // namespace dpt::philox

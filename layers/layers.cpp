@@ -1,0 +1,103 @@
+#include "layers.hpp"
+
+#include <charconv>
+#include <cmath>
+
+#include "../kernels/error.hpp"
+#include "../runtime/ops.hpp"
+
+namespace dpt::nn {
+
+const char* act_name(Act act) {
+  switch (act) {
+    case Act::relu: return "relu";
+    case Act::gelu: return "gelu";
+    case Act::tanh: return "tanh";
+    case Act::none: break;
+  }
+  return "none";
+}
+
+Act parse_act(const std::string& name) {
+  for (Act a : {Act::relu, Act::gelu, Act::tanh, Act::none})
+    if (name == act_name(a)) return a;
+  throw UsageError("unknown activation '" + name + "': expected relu, gelu, tanh or none");
+}
+
+Linear::Linear(int64_t in, int64_t out, Act act, bool bias)
+    : in_(in), out_(out), act_(act),
+      W_(register_parameter("weight", {out, in}, 1.0f / std::sqrt(static_cast<float>(in)))) {
+  DPT_CHECK(in > 0 && out > 0, "Linear needs positive sizes");
+  if (bias) b_ = &register_parameter("bias", {out}, 1.0f / std::sqrt(static_cast<float>(in)));
+}
+
+Tensor Linear::forward(const Tensor& x) { return linear(x, W_.value, bias(), act_); }
+
+std::string Linear::describe() const {
+  return "Linear(" + std::to_string(in_) + ", " + std::to_string(out_) +
+         (act_ != Act::none ? std::string(", ") + act_name(act_) : "") + ")";
+}
+
+Tensor Activation::forward(const Tensor& x) { return activation(x, act_); }
+std::string Activation::describe() const { return act_name(act_); }
+
+Sequential& Sequential::add(std::shared_ptr<Module> m) {
+  register_module(std::move(m));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
+  for (auto& m : children()) h = m->forward(h);
+  return h;
+}
+
+std::string Sequential::describe() const {
+  std::string s = "Sequential(";
+  for (size_t i = 0; i < children().size(); ++i) s += (i ? ", " : "") + children()[i]->describe();
+  return s + ")";
+}
+
+std::vector<int64_t> parse_mlp_spec(const std::string& spec_in) {
+  const std::string spec = spec_in == "seed" ? "1000-1000" : spec_in == "mlp" ? "1024-4096x3-1024" : spec_in;
+  auto bad = [&](const std::string& why) {
+    return UsageError("invalid model spec '" + spec_in + "': " + why +
+                      " (expected widths like 1024-4096x3-1024, or seed, mlp)");
+  };
+  auto number = [&](std::string_view s, const char* what) {
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size())
+      throw bad(std::string("'") + std::string(s) + "' is not a " + what);
+    return v;
+  };
+  std::vector<int64_t> widths;
+  std::string_view rest = spec;
+  while (true) {
+    const size_t dash = rest.find('-');
+    std::string_view tok = rest.substr(0, dash);
+    int64_t repeat = 1;
+    if (const size_t x = tok.find('x'); x != std::string_view::npos) {
+      repeat = number(tok.substr(x + 1), "repeat count");
+      tok = tok.substr(0, x);
+      if (repeat < 1 || repeat > 1000) throw bad("a repeat count must be 1..1000");
+    }
+    const int64_t w = number(tok, "width");
+    if (w < 1 || w > (int64_t(1) << 20)) throw bad("a width must be 1..1048576");
+    for (int64_t i = 0; i < repeat; ++i) widths.push_back(w);
+    if (dash == std::string_view::npos) break;
+    rest = rest.substr(dash + 1);
+  }
+  if (widths.size() < 2) throw bad("it needs at least an input and an output width");
+  return widths;
+}
+
+std::shared_ptr<Sequential> mlp(const std::string& spec, Act act) {
+  const auto w = parse_mlp_spec(spec);
+  auto seq = std::make_shared<Sequential>();
+  for (size_t i = 0; i + 1 < w.size(); ++i)
+    seq->add(std::make_shared<Linear>(w[i], w[i + 1], i + 2 < w.size() ? act : Act::none));
+  return seq;
+}
+
+}  // namespace dpt::nn

@@ -1,0 +1,61 @@
+// The layers: Linear (with an optional fused activation), activations, Sequential and
+// an MLP built from a spec string.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../kernels/types.hpp"
+#include "module.hpp"
+
+namespace dpt::nn {
+
+const char* act_name(Act act);
+Act parse_act(const std::string& name);  // relu|gelu|tanh|none; UsageError otherwise
+
+// y = act(x W^T + b), W [out, in], b [out]; initialized like torch.nn.Linear:
+// uniform in +-1/sqrt(in).
+class Linear : public Module {
+ public:
+  Linear(int64_t in, int64_t out, Act act = Act::none, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  const Tensor& weight() const { return W_.value; }
+  const Tensor& bias() const { return b_ ? b_->value : none_; }
+
+ private:
+  int64_t in_, out_;
+  Act act_;
+  Parameter& W_;
+  Parameter* b_ = nullptr;
+  Tensor none_;
+};
+
+class Activation : public Module {
+ public:
+  explicit Activation(Act act) : act_(act) {}
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+ private:
+  Act act_;
+};
+
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential& add(std::shared_ptr<Module> m);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+  size_t size() const { return children().size(); }
+};
+
+// Layer widths of an MLP spec: "1024-4096x3-1024" is 1024, 4096, 4096, 4096, 1024
+// (x3 repeats a width). Presets: "seed" = 1000-1000, "mlp" = 1024-4096x3-1024.
+// Throws UsageError naming the problem.
+std::vector<int64_t> parse_mlp_spec(const std::string& spec);
+
+// Linear layers between consecutive widths, `act` fused into every one but the last.
+std::shared_ptr<Sequential> mlp(const std::string& spec, Act act = Act::relu);
+
+}  // namespace dpt::nn

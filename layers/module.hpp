@@ -1,0 +1,59 @@
+// Module: a layer or a stack of layers. Its parameters and their gradients live in one
+// flat buffer per device (each parameter a view into it), so gradient reduction is one
+// collective over one buffer and the optimizer is one fused launch.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../runtime/tensor.hpp"
+
+namespace dpt::nn {
+
+struct Parameter {
+  std::string name;
+  Shape shape;
+  float init_bound;  // initialized uniform in [-init_bound, init_bound]
+  Tensor value;      // a view into the flat parameter buffer once materialized
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  virtual Tensor forward(const Tensor& x) = 0;
+  // One line, e.g. "Linear(1024, 4096, relu)".
+  virtual std::string describe() const = 0;
+
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  // Every parameter of this module and its children, depth-first in registration order.
+  std::vector<Parameter*> parameters();
+  int64_t num_parameters();
+
+  // Places every parameter on `device` as a view into one flat parameter buffer (and
+  // its gradient into one flat gradient buffer), initialized from `seed` the same way
+  // on any device: the values are made on the host by the Philox generator.
+  void to(const Device& device, uint64_t seed);
+  bool materialized() const { return flat_params_.defined(); }
+  const Tensor& flat_params() const { return flat_params_; }
+  const Tensor& flat_grads() const { return flat_grads_; }
+  Device device() const { return flat_params_.device(); }
+  // Zeroes every gradient: one memset over the flat gradient buffer.
+  void zero_grad();
+
+  // Parameters start at multiples of this many floats (256 bytes) for vector loads.
+  static constexpr int64_t kAlign = 64;
+
+ protected:
+  Parameter& register_parameter(std::string name, Shape shape, float init_bound);
+  void register_module(std::shared_ptr<Module> child);
+  const std::vector<std::shared_ptr<Module>>& children() const { return children_; }
+
+ private:
+  std::vector<std::unique_ptr<Parameter>> params_;
+  std::vector<std::shared_ptr<Module>> children_;
+  Tensor flat_params_, flat_grads_;
+};
+
+}  // namespace dpt::nn

@@ -1,0 +1,89 @@
+#include "synthetic.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../kernels/cpu/cpu.hpp"
+#include "../kernels/error.hpp"
+#include "../runtime/autograd.hpp"
+#include "../runtime/ops.hpp"
+
+namespace dpt::data {
+
+namespace {
+// Philox streams of a seed: one per kind of value, far from the parameter streams.
+constexpr uint64_t kInputs = 1u << 20, kNoise = kInputs + 1, kTeacher1 = kInputs + 2, kTeacher2 = kInputs + 3;
+
+Tensor teacher_weight(int64_t rows, int64_t cols, float gain, uint64_t seed, uint64_t stream,
+                      const Device& d) {
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  cpu::normal(w.data(), rows * cols, seed, stream, 0, gain / std::sqrt(static_cast<float>(cols)));
+  return Tensor::from_host(w, {rows, cols}, d);
+}
+}  // namespace
+
+const char* task_name(Task t) { return t == Task::regression ? "regression" : "classification"; }
+
+Task parse_task(const std::string& name) {
+  if (name == "regression") return Task::regression;
+  if (name == "classification") return Task::classification;
+  throw UsageError("unknown task '" + name + "': expected regression or classification");
+}
+
+Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_(config), device_(device) {
+  DPT_CHECK(cfg_.in > 0 && cfg_.out > 0 && cfg_.teacher_hidden > 0, "Synthetic: widths must be positive");
+  DPT_CHECK(cfg_.samples >= 0, "Synthetic: negative sample count");
+  // Scaled so the teacher's outputs have a variance near 1 whatever the widths: W1 x is
+  // standard normal, tanh of it has a variance of about 0.39, which the gain 1.6 undoes.
+  w1_ = teacher_weight(cfg_.teacher_hidden, cfg_.in, 1.0f, cfg_.seed, kTeacher1, device);
+  w2_ = teacher_weight(cfg_.out, cfg_.teacher_hidden, 1.6f, cfg_.seed, kTeacher2, device);
+}
+
+void Synthetic::fill_inputs(const Tensor& x, int64_t first) const {
+  // Sample i's features are elements i*in .. i*in+in-1 of the input stream.
+  const int64_t n = x.size(0), in = cfg_.in;
+  if (cfg_.samples == 0) {
+    normal_(x, cfg_.seed, kInputs, static_cast<uint64_t>(first * in));
+    return;
+  }
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t idx = (first + done) % cfg_.samples;
+    const int64_t run = std::min(n - done, cfg_.samples - idx);
+    normal_(x.view(done * in, {run, in}), cfg_.seed, kInputs, static_cast<uint64_t>(idx * in));
+    done += run;
+  }
+}
+
+Batch Synthetic::batch(int64_t first, int64_t count) const {
+  DPT_CHECK(first >= 0 && count > 0, "Synthetic::batch: bad range");
+  NoGradGuard no_grad;
+  Batch b;
+  b.x = Tensor::empty({count, cfg_.in}, DType::f32, device_);
+  fill_inputs(b.x, first);
+  Tensor h = linear(b.x, w1_, Tensor(), Act::tanh);
+  Tensor out = linear(h, w2_, Tensor(), Act::none);
+  if (cfg_.task == Task::classification) {
+    b.y = argmax_rows(out);
+    return b;
+  }
+  if (cfg_.noise > 0.0f) {
+    // Noise for sample i is elements i*out .. of the noise stream (one piece per
+    // contiguous run of indices, as for the inputs).
+    Tensor noise = Tensor::empty(out.shape(), DType::f32, device_);
+    int64_t done = 0;
+    while (done < count) {
+      const int64_t idx = cfg_.samples ? (first + done) % cfg_.samples : first + done;
+      const int64_t run = cfg_.samples ? std::min(count - done, cfg_.samples - idx) : count;
+      normal_(noise.view(done * cfg_.out, {run, cfg_.out}), cfg_.seed, kNoise,
+              static_cast<uint64_t>(idx * cfg_.out), cfg_.noise);
+      done += run;
+    }
+    axpy_(1.0f, noise, out);
+  }
+  b.y = out;
+  return b;
+}
+
+}  // namespace dpt::data

@@ -1,0 +1,47 @@
+// Synthetic data: every sample is a pure function of (seed, sample index), made on any
+// device with the counter-based Philox generator, so a run's data does not depend on
+// how many devices share it. Inputs are standard normal; targets come from a fixed
+// random teacher network x -> W2 tanh(W1 x): regression adds Gaussian noise to its
+// output, classification takes its argmax as the label.
+#pragma once
+#include <cstdint>
+
+#include "../runtime/tensor.hpp"
+
+namespace dpt::data {
+
+enum class Task { regression, classification };
+const char* task_name(Task t);
+Task parse_task(const std::string& name);  // UsageError when unknown
+
+struct SyntheticConfig {
+  Task task = Task::regression;
+  int64_t in = 0;             // input width
+  int64_t out = 0;            // output width (number of classes for classification)
+  uint64_t seed = 1;
+  int64_t samples = 0;        // dataset size; 0 = an endless stream of new samples
+  float noise = 0.05f;        // regression target noise (standard deviation)
+  int64_t teacher_hidden = 64;
+};
+
+struct Batch {
+  Tensor x;  // f32 [n, in]
+  Tensor y;  // f32 [n, out] (regression) or i32 [n] (classification)
+};
+
+class Synthetic {
+ public:
+  // The teacher's weights are made on the host from the seed and copied to `device`.
+  Synthetic(const SyntheticConfig& config, const Device& device);
+  // Samples first .. first + count - 1 (wrapping around a finite dataset), on the device.
+  Batch batch(int64_t first, int64_t count) const;
+  const SyntheticConfig& config() const { return cfg_; }
+
+ private:
+  void fill_inputs(const Tensor& x, int64_t first) const;
+  SyntheticConfig cfg_;
+  Device device_;
+  Tensor w1_, w2_;
+};
+
+}  // namespace dpt::data

@@ -1,0 +1,77 @@
+#include "optim.hpp"
+
+#include <cmath>
+#include <numbers>
+
+#include "../kernels/error.hpp"
+#include "../runtime/ops.hpp"
+
+namespace dpt::optim {
+
+Optimizer::Optimizer(nn::Module& model, float lr) : lr_(lr) {
+  DPT_CHECK(model.materialized(), "an optimizer needs a module placed on a device (Module::to)");
+  params_ = model.flat_params();
+  grads_ = model.flat_grads();
+}
+
+SGD::SGD(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
+  if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f))
+    throw UsageError("nesterov momentum needs a momentum > 0 and no dampening");
+  if (o.momentum != 0.0f) buf_ = Tensor::zeros(params_.shape(), DType::f32, params_.device());
+}
+
+void SGD::step(const Tensor& grad_scale) {
+  SgdArgs a{lr_, o_.momentum, o_.dampening, o_.weight_decay, o_.nesterov};
+  sgd_step(params_, grads_, buf_, a, grad_scale);
+  ++t_;
+}
+
+std::string SGD::describe() const {
+  return "SGD(lr=" + std::to_string(lr_) + ", momentum=" + std::to_string(o_.momentum) +
+         (o_.nesterov ? ", nesterov" : "") + ", weight_decay=" + std::to_string(o_.weight_decay) + ")";
+}
+
+AdamW::AdamW(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
+  m_ = Tensor::zeros(params_.shape(), DType::f32, params_.device());
+  v_ = Tensor::zeros(params_.shape(), DType::f32, params_.device());
+}
+
+void AdamW::step(const Tensor& grad_scale) {
+  ++t_;
+  AdamArgs a{lr_, o_.beta1, o_.beta2, o_.eps, o_.weight_decay,
+             1.0f - std::pow(o_.beta1, static_cast<float>(t_)),
+             1.0f - std::pow(o_.beta2, static_cast<float>(t_))};
+  adamw_step(params_, grads_, m_, v_, a, grad_scale);
+}
+
+std::string AdamW::describe() const {
+  return "AdamW(lr=" + std::to_string(lr_) + ", betas=(" + std::to_string(o_.beta1) + ", " +
+         std::to_string(o_.beta2) + "), weight_decay=" + std::to_string(o_.weight_decay) + ")";
+}
+
+float Schedule::at(int64_t step) const {
+  if (kind != Kind::constant && step < warmup)
+    return base_lr * static_cast<float>(step + 1) / static_cast<float>(warmup);
+  if (kind == Kind::cosine) {
+    const double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
+    const double t = std::min(1.0, static_cast<double>(step - warmup) / span);
+    return static_cast<float>(0.5 * base_lr * (1.0 + std::cos(std::numbers::pi * t)));
+  }
+  return base_lr;
+}
+
+Schedule::Kind parse_schedule(const std::string& name) {
+  if (name == "constant") return Schedule::Kind::constant;
+  if (name == "warmup") return Schedule::Kind::warmup;
+  if (name == "cosine") return Schedule::Kind::cosine;
+  throw UsageError("unknown schedule '" + name + "': expected constant, warmup or cosine");
+}
+
+Tensor clip_grad_norm(nn::Module& model, float max_norm, Tensor* norm_sq) {
+  DPT_CHECK(max_norm > 0.0f, "clip_grad_norm needs max_norm > 0");
+  Tensor sq = sum_squares(model.flat_grads());
+  if (norm_sq) *norm_sq = sq;
+  return clip_coef(sq, max_norm);
+}
+
+}  // namespace dpt::optim

@@ -1,0 +1,85 @@
+// Optimizers over a module's flat parameter buffer: one fused launch per step, whatever
+// the number of parameters. Semantics follow torch.optim.SGD and torch.optim.AdamW.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "../kernels/types.hpp"
+#include "../layers/module.hpp"
+
+namespace dpt::optim {
+
+class Optimizer {
+ public:
+  Optimizer(nn::Module& model, float lr);
+  virtual ~Optimizer() = default;
+  // One update from the module's gradients; grad_scale (a device scalar, may be
+  // undefined) multiplies them first, as gradient clipping asks.
+  virtual void step(const Tensor& grad_scale = {}) = 0;
+  virtual std::string describe() const = 0;
+  void set_lr(float lr) { lr_ = lr; }
+  float lr() const { return lr_; }
+  int64_t steps_taken() const { return t_; }
+
+ protected:
+  Tensor params_, grads_;
+  float lr_;
+  int64_t t_ = 0;
+};
+
+class SGD : public Optimizer {
+ public:
+  struct Options {
+    float lr = 0.01f;
+    float momentum = 0.0f;
+    float dampening = 0.0f;
+    float weight_decay = 0.0f;
+    bool nesterov = false;
+  };
+  SGD(nn::Module& model, const Options& o);
+  void step(const Tensor& grad_scale = {}) override;
+  std::string describe() const override;
+  const Tensor& momentum_buffer() const { return buf_; }
+
+ private:
+  Options o_;
+  Tensor buf_;
+};
+
+class AdamW : public Optimizer {
+ public:
+  struct Options {
+    float lr = 1e-3f;
+    float beta1 = 0.9f;
+    float beta2 = 0.999f;
+    float eps = 1e-8f;
+    float weight_decay = 0.01f;
+  };
+  AdamW(nn::Module& model, const Options& o);
+  void step(const Tensor& grad_scale = {}) override;
+  std::string describe() const override;
+  const Tensor& exp_avg() const { return m_; }
+  const Tensor& exp_avg_sq() const { return v_; }
+
+ private:
+  Options o_;
+  Tensor m_, v_;
+};
+
+// Learning rate as a function of the step (0-based): constant; linear warm-up from 0
+// over `warmup` steps then constant; or warm-up then cosine decay to 0 at `total`.
+struct Schedule {
+  enum class Kind { constant, warmup, cosine };
+  Kind kind = Kind::constant;
+  float base_lr = 0.01f;
+  int64_t warmup = 0;
+  int64_t total = 1;
+  float at(int64_t step) const;
+};
+Schedule::Kind parse_schedule(const std::string& name);  // UsageError when unknown
+
+// Global gradient-norm clipping: returns the device scalar min(1, max_norm / ||g||)
+// that Optimizer::step applies (no host synchronization), and ||g||^2 in norm_sq.
+Tensor clip_grad_norm(nn::Module& model, float max_norm, Tensor* norm_sq = nullptr);
+
+}  // namespace dpt::optim

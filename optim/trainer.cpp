@@ -1,0 +1,120 @@
+#include "trainer.hpp"
+
+#include <chrono>
+#include <cmath>
+
+#include "../kernels/error.hpp"
+#include "../layers/loss.hpp"
+#include "../runtime/ops.hpp"
+
+namespace dpt {
+
+void validate(TrainConfig& cfg) {
+  if (cfg.batch < 1) throw UsageError("--batch must be at least 1, got " + std::to_string(cfg.batch));
+  if (cfg.epochs < 0) throw UsageError("--epochs must be positive");
+  if (cfg.epochs > 0) {
+    if (cfg.samples < 1) throw UsageError("--epochs needs --samples N (the dataset size)");
+    cfg.steps = (cfg.epochs * cfg.samples + cfg.batch - 1) / cfg.batch;
+  }
+  if (cfg.steps < 1) throw UsageError("--steps must be at least 1, got " + std::to_string(cfg.steps));
+  if (cfg.samples < 0) throw UsageError("--samples must be positive");
+  if (!(cfg.lr > 0.0f) || !std::isfinite(cfg.lr)) throw UsageError("--lr must be a positive number");
+  if (cfg.momentum < 0.0f || cfg.momentum >= 1.0f) throw UsageError("--momentum must be in [0, 1)");
+  if (cfg.weight_decay < 0.0f) throw UsageError("--weight-decay must be >= 0");
+  if (cfg.clip < 0.0f) throw UsageError("--clip must be >= 0");
+  if (cfg.log_every < 1) throw UsageError("--log-every must be at least 1");
+  if (cfg.warmup < 0) throw UsageError("--warmup must be >= 0");
+  if (cfg.optimizer != "sgd" && cfg.optimizer != "adamw")
+    throw UsageError("unknown optimizer '" + cfg.optimizer + "': expected sgd or adamw");
+  (void)optim::parse_schedule(cfg.schedule);
+  const auto widths = nn::parse_mlp_spec(cfg.model);
+  if (cfg.task == data::Task::classification && widths.back() < 2)
+    throw UsageError("classification needs at least 2 output classes, the model has " +
+                     std::to_string(widths.back()));
+  check_device(cfg.device);
+  if (cfg.device.is_cpu() && cfg.gemm == GemmImpl::native)
+    throw UsageError("--gemm native is a CUDA kernel; the CPU has one GEMM");
+  if (cfg.gemm == GemmImpl::native && cfg.precision != Precision::fp32)
+    throw UsageError("--gemm native computes in fp32 only; use --gemm cublas for tf32 or bf16");
+}
+
+Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
+  validate(cfg_);
+  Context& ctx = context(cfg_.device);
+  ctx.precision = cfg_.precision;
+  ctx.gemm = cfg_.gemm;
+  model_ = nn::mlp(cfg_.model, cfg_.act);
+  model_->to(cfg_.device, cfg_.seed);
+  const auto widths = nn::parse_mlp_spec(cfg_.model);
+  data::SyntheticConfig dc;
+  dc.task = cfg_.task;
+  dc.in = widths.front();
+  dc.out = widths.back();
+  dc.seed = cfg_.seed;
+  dc.samples = cfg_.samples;
+  data_ = std::make_unique<data::Synthetic>(dc, cfg_.device);
+  if (cfg_.optimizer == "sgd")
+    opt_ = std::make_unique<optim::SGD>(*model_, optim::SGD::Options{cfg_.lr, cfg_.momentum, 0.0f,
+                                                                     cfg_.weight_decay, cfg_.nesterov});
+  else
+    opt_ = std::make_unique<optim::AdamW>(
+        *model_, optim::AdamW::Options{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
+  sched_ = {optim::parse_schedule(cfg_.schedule), cfg_.lr, cfg_.warmup, cfg_.steps};
+}
+
+Tensor Trainer::step(int64_t s) {
+  data::Batch b = data_->batch(s * cfg_.batch, cfg_.batch);
+  model_->zero_grad();
+  Tensor out = model_->forward(b.x);
+  Tensor loss = cfg_.task == data::Task::regression ? nn::MSELoss()(out, b.y)
+                                                    : nn::CrossEntropyLoss()(out, b.y);
+  loss.backward();
+  Tensor scale = cfg_.clip > 0.0f ? optim::clip_grad_norm(*model_, cfg_.clip) : Tensor();
+  opt_->set_lr(sched_.at(s));
+  opt_->step(scale);
+  return loss.detach();
+}
+
+TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log) {
+  using clock = std::chrono::steady_clock;
+  Context& ctx = context(cfg_.device);
+  TrainResult r;
+  const auto start = clock::now();
+  auto last = start, after_first = start;
+  const int64_t begin = opt_->steps_taken();
+  int64_t last_step = begin;
+  for (int64_t s = begin; s < cfg_.steps; ++s) {
+    Tensor loss = step(s);
+    const int64_t done = s + 1;
+    const bool first = s == begin;
+    if (first || done % cfg_.log_every == 0 || done == cfg_.steps) {
+      const float value = loss.item();  // the only host synchronization of a step
+      const auto now = clock::now();
+      if (first) {
+        r.first_loss = value;
+        after_first = now;
+      }
+      const double dt = std::chrono::duration<double>(now - last).count();
+      const int64_t n = done - last_step;
+      if (on_log)
+        on_log({done, cfg_.steps, value, opt_->lr(), dt > 0 ? static_cast<double>(n * cfg_.batch) / dt : 0.0,
+                1e3 * dt / static_cast<double>(n), std::chrono::duration<double>(now - start).count()});
+      r.final_loss = value;
+      last = now;
+      last_step = done;
+    }
+  }
+  ctx.synchronize();
+  const auto end = clock::now();
+  r.steps = cfg_.steps - begin;
+  r.seconds = std::chrono::duration<double>(end - start).count();
+  const double timed = std::chrono::duration<double>(end - after_first).count();
+  if (r.steps > 1 && timed > 0) {
+    r.samples_per_s = static_cast<double>((r.steps - 1) * cfg_.batch) / timed;
+    r.step_ms = 1e3 * timed / static_cast<double>(r.steps - 1);
+  }
+  r.memory = allocator(cfg_.device).stats();
+  return r;
+}
+
+}  // namespace dpt

@@ -1,0 +1,85 @@
+// The training loop on one device: synthetic data, model, loss, optimizer, schedule and
+// clipping wired together. dptrain's CLI is a thin layer over it, and tests use it to
+// compare whole runs across devices.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "../layers/layers.hpp"
+#include "../layers/synthetic.hpp"
+#include "../runtime/allocator.hpp"
+#include "../runtime/context.hpp"
+#include "optim.hpp"
+
+namespace dpt {
+
+struct TrainConfig {
+  std::string model = "16-128x2-4";  // MLP spec or preset (seed, mlp)
+  Act act = Act::relu;
+  data::Task task = data::Task::regression;
+  int64_t batch = 256;     // global batch
+  int64_t steps = 500;     // total optimizer steps (derived from epochs when epochs > 0)
+  int64_t epochs = 0;
+  int64_t samples = 0;     // dataset size; 0 = endless stream of samples
+  std::string optimizer = "sgd";  // sgd | adamw
+  float lr = 0.05f;
+  float momentum = 0.9f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  std::string schedule = "constant";
+  int64_t warmup = 0;
+  float clip = 0.0f;       // global gradient-norm clipping; 0 = off
+  Precision precision = Precision::fp32;
+  GemmImpl gemm = GemmImpl::cublas;
+  Device device;
+  uint64_t seed = 1;
+  int64_t log_every = 10;  // read the loss back every N steps (and at the last step)
+};
+
+// Checks the configuration; throws UsageError with a one-line reason.
+void validate(TrainConfig& cfg);
+
+struct StepLog {
+  int64_t step;           // 1-based, the number of steps done
+  int64_t total;
+  float loss;             // loss of this step's batch
+  float lr;
+  double samples_per_s;   // since the previous log line
+  double step_ms;         // mean wall time per step since the previous log line
+  double elapsed_s;
+};
+
+struct TrainResult {
+  float first_loss = 0.0f;
+  float final_loss = 0.0f;
+  int64_t steps = 0;
+  double seconds = 0.0;
+  double samples_per_s = 0.0;   // over all steps after the first
+  double step_ms = 0.0;         // mean over all steps after the first
+  AllocatorStats memory;        // of the training device
+};
+
+class Trainer {
+ public:
+  explicit Trainer(TrainConfig cfg);
+  // Trains cfg.steps steps, calling on_log at every logged step.
+  TrainResult run(const std::function<void(const StepLog&)>& on_log = {});
+  // One step on samples [first, first + batch): returns the loss as a device scalar.
+  Tensor step(int64_t step_index);
+
+  const TrainConfig& config() const { return cfg_; }
+  nn::Module& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *opt_; }
+
+ private:
+  TrainConfig cfg_;
+  std::shared_ptr<nn::Sequential> model_;
+  std::unique_ptr<data::Synthetic> data_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  optim::Schedule sched_;
+};
+
+}  // namespace dpt

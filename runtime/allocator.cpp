@@ -1,0 +1,185 @@
+#include "allocator.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <unistd.h>
+
+#include "../kernels/error.hpp"
+
+#if DPT_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "../kernels/cuda/check.hpp"
+#endif
+
+namespace dpt {
+
+namespace {
+constexpr size_t kSmall = 1 << 20;      // below this, 512-byte granularity
+constexpr size_t kLargeRound = 2 << 20;  // above it, 2 MiB granularity
+
+size_t total_memory(const Device& d) {
+#if DPT_WITH_CUDA
+  if (d.is_cuda()) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) return total_b;
+    cudaGetLastError();
+    return 0;
+  }
+#endif
+  (void)d;
+  return static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+}  // namespace
+
+std::string format_bytes(size_t bytes) {
+  char buf[32];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (size_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  else if (bytes >= (size_t(1) << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
+  else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
+  else std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  return buf;
+}
+
+size_t CachingAllocator::round_size(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  const size_t g = bytes < kSmall ? 512 : kLargeRound;
+  return (bytes + g - 1) / g * g;
+}
+
+CachingAllocator::~CachingAllocator() {
+  // Blocks still handed out belong to tensors that outlive the allocator (static
+  // objects at exit); only the cache is returned.
+  std::lock_guard<std::mutex> lock(mu_);
+  release_cached();
+}
+
+void* CachingAllocator::system_alloc(size_t bytes) {
+#if DPT_WITH_CUDA
+  if (device_.is_cuda()) {
+    void* p = nullptr;
+    DPT_CUDA_CHECK(cudaSetDevice(device_.index));
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear it: the caller empties the cache and retries
+      return nullptr;
+    }
+    DPT_CUDA_CHECK(e);
+    return p;
+  }
+#endif
+  return std::aligned_alloc(256, bytes);
+}
+
+void CachingAllocator::system_free(void* ptr) {
+#if DPT_WITH_CUDA
+  if (device_.is_cuda()) {
+    int prev = 0;
+    DPT_CUDA_WARN(cudaGetDevice(&prev));
+    DPT_CUDA_WARN(cudaSetDevice(device_.index));
+    DPT_CUDA_WARN(cudaFree(ptr));
+    DPT_CUDA_WARN(cudaSetDevice(prev));
+    return;
+  }
+#endif
+  std::free(ptr);
+}
+
+void* CachingAllocator::allocate(size_t bytes, void* stream) {
+  const size_t size = round_size(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& pool = free_[stream];
+  // Best fit within 1/8 slack, so a large cached block is not wasted on a small tensor.
+  if (auto it = pool.lower_bound(size); it != pool.end() && it->first <= size + size / 8) {
+    void* p = it->second;
+    pool.erase(it);
+    Block& b = blocks_.at(p);
+    b.in_use = true;
+    stats_.allocated += b.size;
+    stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+    return p;
+  }
+  void* p = system_alloc(size);
+  if (!p) {
+    release_cached();
+    p = system_alloc(size);
+  }
+  if (!p) {
+    throw OutOfMemory("out of memory on " + device_.str() + ": asked " + format_bytes(bytes) +
+                      ", allocated " + format_bytes(stats_.allocated) + ", reserved " +
+                      format_bytes(stats_.reserved) + ", total " +
+                      format_bytes(total_memory(device_)) +
+                      "; use a smaller --batch, more devices, or --precision bf16");
+  }
+  blocks_[p] = Block{size, stream, true};
+  stats_.system_allocs += 1;
+  stats_.allocated += size;
+  stats_.reserved += size;
+  stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  return p;
+}
+
+void CachingAllocator::free(void* ptr) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = blocks_.find(ptr);
+  if (it == blocks_.end() || !it->second.in_use) {
+    std::fprintf(stderr, "dptrain: warning: freeing a pointer %p not handed out on %s\n", ptr,
+                 device_.str().c_str());
+    return;
+  }
+  it->second.in_use = false;
+  stats_.allocated -= it->second.size;
+  free_[it->second.stream].emplace(it->second.size, ptr);
+}
+
+void CachingAllocator::release_cached() {
+#if DPT_WITH_CUDA
+  // A cached block may still be read by work queued before it was freed.
+  if (device_.is_cuda() && !free_.empty()) {
+    DPT_CUDA_WARN(cudaSetDevice(device_.index));
+    DPT_CUDA_WARN(cudaDeviceSynchronize());
+  }
+#endif
+  for (auto& [stream, pool] : free_) {
+    for (auto& [size, p] : pool) {
+      system_free(p);
+      blocks_.erase(p);
+      stats_.reserved -= size;
+      stats_.system_frees += 1;
+    }
+  }
+  free_.clear();
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_cached();
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_allocated = stats_.allocated;
+  stats_.peak_reserved = stats_.reserved;
+}
+
+CachingAllocator& allocator(const Device& device) {
+  // One per device, never destroyed (tensors in static objects may outlive main).
+  static std::mutex mu;
+  static auto* table = new std::map<std::pair<int, int>, std::unique_ptr<CachingAllocator>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = (*table)[{static_cast<int>(device.type), device.index}];
+  if (!slot) slot = std::make_unique<CachingAllocator>(device);
+  return *slot;
+}
+
+}  // namespace dpt

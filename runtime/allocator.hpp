@@ -1,0 +1,70 @@
+// A caching allocator per device. Freed blocks go back to a per-stream pool and are
+// handed out again for requests of about the same size, so a training step after the
+// first one makes no cudaMalloc/cudaFree (which would synchronize the device and break
+// CUDA-graph capture). The same logic serves virtual CPU devices, with aligned malloc.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "device.hpp"
+
+namespace dpt {
+
+struct AllocatorStats {
+  size_t allocated = 0;       // bytes in blocks handed out now
+  size_t reserved = 0;        // bytes held from the system (handed out + cached)
+  size_t peak_allocated = 0;  // high-water mark of `allocated` since the last reset
+  size_t peak_reserved = 0;
+  int64_t system_allocs = 0;  // cudaMalloc (or malloc) calls
+  int64_t system_frees = 0;
+};
+
+class CachingAllocator {
+ public:
+  explicit CachingAllocator(Device device) : device_(device) {}
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // A block of at least `bytes` for use on `stream` (nullptr: the CPU or the default
+  // stream). On failure it empties the cache and retries once, then throws OutOfMemory.
+  void* allocate(size_t bytes, void* stream);
+  void free(void* ptr);
+  // Returns every cached (free) block to the system.
+  void empty_cache();
+  AllocatorStats stats() const;
+  void reset_peak();
+  Device device() const { return device_; }
+
+  // Size classes: small requests round up to 512 B, large ones to 2 MiB, so the
+  // same tensors in every step land in the same bins.
+  static size_t round_size(size_t bytes);
+
+ private:
+  struct Block {
+    size_t size;
+    void* stream;
+    bool in_use;
+  };
+  void* system_alloc(size_t bytes);
+  void system_free(void* ptr);
+  void release_cached();  // caller holds mu_
+
+  Device device_;
+  mutable std::mutex mu_;
+  std::unordered_map<void*, Block> blocks_;             // every block held
+  std::map<void*, std::multimap<size_t, void*>> free_;  // stream -> size -> free block
+  AllocatorStats stats_;
+};
+
+// The allocator of a device, made on first use and kept for the life of the program.
+CachingAllocator& allocator(const Device& device);
+
+// "1.50 GiB", "12.0 MiB", "512 B".
+std::string format_bytes(size_t bytes);
+
+}  // namespace dpt

@@ -1,0 +1,89 @@
+#include "autograd.hpp"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "../kernels/error.hpp"
+#include "ops.hpp"
+
+namespace dpt {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+
+// Adds g to slot, or makes g the slot's value when it is empty.
+void accumulate(Tensor& slot, const Tensor& g) {
+  if (!slot.defined()) slot = g;
+  else axpy_(1.0f, g, slot);
+}
+}  // namespace
+
+bool grad_enabled() { return t_grad_enabled; }
+NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
+
+bool any_requires_grad(std::initializer_list<const Tensor*> ts) {
+  if (!t_grad_enabled) return false;
+  for (const Tensor* t : ts)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+Tensor Grads::accumulator(size_t i) const {
+  const Tensor& in = inputs_[i];
+  return in.is_leaf() ? in.grad() : Tensor();
+}
+
+void run_backward(const Tensor& root, Tensor seed) {
+  DPT_CHECK(root.requires_grad(), "backward() on a tensor that does not require a gradient");
+  DPT_CHECK(seed.shape() == root.shape(), "backward(): seed " + shape_str(seed.shape()) +
+                                              " for a tensor of shape " + shape_str(root.shape()));
+  NoGradGuard no_grad;  // the backward pass records no history of its own
+  if (root.is_leaf()) {
+    Tensor g = root.grad();
+    accumulate(g, seed);
+    const_cast<Tensor&>(root).set_grad(g);
+    return;
+  }
+  // Reverse topological order: a node runs only after every node that consumes its
+  // output has handed it a gradient.
+  std::vector<Node*> order;
+  std::unordered_set<Node*> seen;
+  std::vector<std::pair<Node*, size_t>> stack{{root.grad_fn().get(), 0}};
+  seen.insert(root.grad_fn().get());
+  while (!stack.empty()) {
+    auto& [node, next] = stack.back();
+    if (next < node->inputs.size()) {
+      const Tensor& in = node->inputs[next++];
+      Node* child = in.grad_fn().get();
+      if (child && seen.insert(child).second) stack.push_back({child, 0});
+    } else {
+      order.push_back(node);
+      stack.pop_back();
+    }
+  }
+  std::unordered_map<Node*, Tensor> pending{{root.grad_fn().get(), std::move(seed)}};
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* node = *it;
+    auto found = pending.find(node);
+    if (found == pending.end()) continue;  // no gradient flows through this node
+    Tensor g = std::move(found->second);
+    pending.erase(found);
+    Grads grads(node->inputs);
+    node->backward(g, grads);
+    for (size_t i = 0; i < node->inputs.size(); ++i) {
+      const Tensor& gi = grads.taken(i);
+      Tensor& in = node->inputs[i];
+      if (!gi.defined() || !in.requires_grad()) continue;
+      if (in.is_leaf()) {
+        Tensor acc = in.grad();
+        accumulate(acc, gi);
+        in.set_grad(acc);
+      } else {
+        accumulate(pending[in.grad_fn().get()], gi);
+      }
+    }
+  }
+}
+
+}  // namespace dpt

@@ -1,0 +1,70 @@
+// Reverse-mode autograd: every op that has an input requiring a gradient records a
+// Node on a tape (the graph of grad_fn links); backward() visits the nodes in reverse
+// topological order and accumulates each gradient where it belongs. Leaf gradients
+// that already exist (parameters' views into the flat gradient buffer) are written in
+// place, so a GEMM can accumulate straight into them with beta = 1.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "tensor.hpp"
+
+namespace dpt {
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;
+};
+
+// What a node's backward hands back for its inputs.
+class Grads {
+ public:
+  explicit Grads(const std::vector<Tensor>& inputs) : inputs_(inputs), out_(inputs.size()) {}
+  // Whether input i needs a gradient at all.
+  bool needed(size_t i) const { return inputs_[i].requires_grad(); }
+  // The existing gradient of leaf input i, to accumulate into in place (e.g. a GEMM
+  // with beta = 1); undefined when there is none, and then put() must be used.
+  Tensor accumulator(size_t i) const;
+  // A new gradient for input i; the engine adds it to what is there.
+  void put(size_t i, Tensor g) { out_[i] = std::move(g); }
+  const Tensor& taken(size_t i) const { return out_[i]; }
+
+ private:
+  const std::vector<Tensor>& inputs_;
+  std::vector<Tensor> out_;
+};
+
+class Node {
+ public:
+  virtual ~Node() = default;
+  virtual const char* name() const = 0;
+  // grad_out belongs to this call alone: a node may overwrite it.
+  virtual void backward(Tensor& grad_out, Grads& grads) = 0;
+  // The op's inputs: the edges of the graph. Tensors the backward needs are kept as
+  // detached copies in the node, so a node never holds its own output's history.
+  std::vector<Tensor> inputs;
+};
+
+// Runs backward from `root` with the seed gradient `seed` (same shape as root).
+void run_backward(const Tensor& root, Tensor seed);
+
+// Whether ops record autograd history in this thread.
+bool grad_enabled();
+
+// Turns autograd recording off in this thread until the guard ends.
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// True when recording is on and one of the tensors requires a gradient.
+bool any_requires_grad(std::initializer_list<const Tensor*> ts);
+
+}  // namespace dpt

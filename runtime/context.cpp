@@ -1,0 +1,85 @@
+#include "context.hpp"
+
+#include <map>
+#include <mutex>
+
+#if DPT_WITH_CUDA
+#include "../kernels/cuda/check.hpp"
+#endif
+
+namespace dpt {
+
+namespace {
+thread_local Context* t_current = nullptr;
+
+struct Defaults {
+  std::mutex mu;
+  std::map<std::pair<int, int>, std::unique_ptr<Context>> table;
+  Precision precision = Precision::fp32;
+  GemmImpl gemm = GemmImpl::cublas;
+};
+Defaults& defaults() {
+  static auto* d = new Defaults();  // never destroyed: contexts outlive static tensors
+  return *d;
+}
+}  // namespace
+
+Context::Context(Device device) : device_(device) {
+#if DPT_WITH_CUDA
+  if (device.is_cuda()) {
+    DPT_CUDA_CHECK(cudaSetDevice(device.index));
+    cudaStream_t s = nullptr;
+    DPT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    stream_ = s;
+    cublasHandle_t h = nullptr;
+    DPT_CUBLAS_CHECK(cublasCreate(&h));
+    DPT_CUBLAS_CHECK(cublasSetStream(h, s));
+    blas_ = h;
+  }
+#endif
+}
+
+Context::~Context() {
+#if DPT_WITH_CUDA
+  if (blas_) cublasDestroy(static_cast<cublasHandle_t>(blas_));
+  if (stream_) DPT_CUDA_WARN(cudaStreamDestroy(static_cast<cudaStream_t>(stream_)));
+#endif
+}
+
+void Context::synchronize() const {
+#if DPT_WITH_CUDA
+  if (stream_) {
+    DPT_CUDA_CHECK(cudaSetDevice(device_.index));
+    DPT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  }
+#endif
+}
+
+Context& context(const Device& device) {
+  if (t_current && t_current->device() == device) return *t_current;
+  auto& d = defaults();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto& slot = d.table[{static_cast<int>(device.type), device.index}];
+  if (!slot) {
+    slot = std::make_unique<Context>(device);
+    slot->precision = d.precision;
+    slot->gemm = d.gemm;
+  }
+  return *slot;
+}
+
+ContextGuard::ContextGuard(Context& ctx) : prev_(t_current) { t_current = &ctx; }
+ContextGuard::~ContextGuard() { t_current = prev_; }
+
+void set_default_gemm(Precision precision, GemmImpl impl) {
+  auto& d = defaults();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.precision = precision;
+  d.gemm = impl;
+  for (auto& [key, ctx] : d.table) {
+    ctx->precision = precision;
+    ctx->gemm = impl;
+  }
+}
+
+}  // namespace dpt

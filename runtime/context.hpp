@@ -1,0 +1,57 @@
+// Execution context: where a thread's ops run on a device. For a GPU that is a stream
+// and a cuBLAS handle bound to it, plus the GEMM settings (precision, cuBLAS or the
+// hand-written kernel). Each device has a default context; a thread can make its own
+// current (data parallelism gives each replica its own stream).
+#pragma once
+#include <memory>
+
+#include "../kernels/types.hpp"
+#include "device.hpp"
+
+namespace dpt {
+
+enum class GemmImpl { cublas, native };
+
+class Context {
+ public:
+  explicit Context(Device device);  // makes a stream and a cuBLAS handle on a GPU
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  Device device() const { return device_; }
+  void* stream() const { return stream_; }        // cudaStream_t; nullptr on the CPU
+  void* blas() const { return blas_; }            // cublasHandle_t; nullptr on the CPU
+  // Waits until every op queued in this context has finished.
+  void synchronize() const;
+
+  Precision precision = Precision::fp32;
+  GemmImpl gemm = GemmImpl::cublas;
+
+ private:
+  Device device_;
+  void* stream_ = nullptr;
+  void* blas_ = nullptr;
+};
+
+// The context ops on `device` use in this thread: the thread's current one when it is
+// on that device, else the device's default context.
+Context& context(const Device& device);
+
+// Makes `ctx` the current context of this thread until the guard ends.
+class ContextGuard {
+ public:
+  explicit ContextGuard(Context& ctx);
+  ~ContextGuard();
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
+
+ private:
+  Context* prev_;
+};
+
+// Applies GEMM settings to the default context of every device used from now on and
+// to those made already.
+void set_default_gemm(Precision precision, GemmImpl impl);
+
+}  // namespace dpt

@@ -1,0 +1,112 @@
+#include "device.hpp"
+
+#include <charconv>
+#include <cstdio>
+
+#include "../kernels/error.hpp"
+
+#if DPT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dpt {
+
+std::string Device::str() const { return (is_cuda() ? "cuda:" : "cpu:") + std::to_string(index); }
+
+bool built_with_cuda() { return DPT_WITH_CUDA != 0; }
+
+int cuda_device_count() {
+#if DPT_WITH_CUDA
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // no driver or no device: clear the sticky error, report none
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+#else
+  return 0;
+#endif
+}
+
+Device parse_device(std::string_view text) {
+  const std::string shown(text);
+  auto bad = [&](const std::string& why) {
+    return UsageError("invalid device '" + shown + "': " + why);
+  };
+  std::string_view kind = text, idx;
+  if (auto colon = text.find(':'); colon != std::string_view::npos) {
+    kind = text.substr(0, colon);
+    idx = text.substr(colon + 1);
+    if (idx.empty()) throw bad("missing index after ':'");
+  }
+  Device d;
+  if (kind == "cpu") d.type = DeviceType::cpu;
+  else if (kind == "cuda") d.type = DeviceType::cuda;
+  else throw bad("expected cpu, cpu:N or cuda:N");
+  if (!idx.empty()) {
+    auto [end, ec] = std::from_chars(idx.data(), idx.data() + idx.size(), d.index);
+    if (ec != std::errc() || end != idx.data() + idx.size() || d.index < 0)
+      throw bad("the index must be a non-negative integer");
+  } else if (d.is_cuda()) {
+    d.index = 0;
+  }
+  return d;
+}
+
+void check_device(const Device& d) {
+  if (d.is_cpu()) {
+    if (d.index >= 1024) throw UsageError("invalid device '" + d.str() + "': at most 1024 CPU devices");
+    return;
+  }
+  if (!built_with_cuda())
+    throw UsageError("device " + d.str() + " is not available: this dptrain was built without CUDA");
+  const int n = cuda_device_count();
+  if (d.index >= n)
+    throw UsageError("device " + d.str() + " is not available: this machine has " +
+                     (n == 0 ? std::string("no GPU") : std::to_string(n) + " GPU(s), cuda:0..cuda:" + std::to_string(n - 1)));
+}
+
+std::vector<Device> parse_devices(std::string_view list) {
+  std::vector<Device> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string_view::npos) comma = list.size();
+    auto item = list.substr(start, comma - start);
+    if (item.empty()) throw UsageError("invalid device list '" + std::string(list) + "': empty entry");
+    Device d = parse_device(item);
+    check_device(d);
+    if (!out.empty() && out.front().type != d.type)
+      throw UsageError("invalid device list '" + std::string(list) + "': CPU and CUDA devices cannot be mixed");
+    out.push_back(d);
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string describe_device(const Device& d) {
+#if DPT_WITH_CUDA
+  if (d.is_cuda()) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d.index) == cudaSuccess) {
+      char mem[32];
+      std::snprintf(mem, sizeof mem, "%.1f GiB", static_cast<double>(prop.totalGlobalMem) / (1 << 30));
+      return d.str() + " (" + prop.name + ", " + mem + ")";
+    }
+    cudaGetLastError();
+  }
+#endif
+  return d.str() + (d.is_cpu() ? " (host)" : "");
+}
+
+std::vector<Device> default_devices() {
+  std::vector<Device> out;
+  for (int i = 0; i < cuda_device_count(); ++i) out.push_back({DeviceType::cuda, i});
+  if (out.empty()) out.push_back({DeviceType::cpu, 0});
+  return out;
+}
+
+}  // namespace dpt

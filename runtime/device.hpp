@@ -1,0 +1,40 @@
+// Devices: `cuda:i` for GPU i and `cpu:i` for virtual CPU devices (`cpu` = `cpu:0`).
+// Several cpu:i let data parallelism run, and be tested, on a machine without a GPU.
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dpt {
+
+enum class DeviceType { cpu, cuda };
+
+struct Device {
+  DeviceType type = DeviceType::cpu;
+  int index = 0;
+
+  bool is_cuda() const { return type == DeviceType::cuda; }
+  bool is_cpu() const { return type == DeviceType::cpu; }
+  std::string str() const;
+  bool operator==(const Device&) const = default;
+};
+
+// True when this build has CUDA support compiled in.
+bool built_with_cuda();
+// Number of usable GPUs; 0 when the build has no CUDA or the driver is missing (on a
+// machine without a GPU cudaGetDeviceCount returns an error, not 0).
+int cuda_device_count();
+
+// Parses `cuda:0`, `cpu`, `cpu:3`; throws UsageError with a one-line reason.
+Device parse_device(std::string_view text);
+// Parses a comma-separated list and checks that every device exists and that CPU and
+// CUDA devices are not mixed.
+std::vector<Device> parse_devices(std::string_view list);
+// Throws UsageError when `d` does not exist on this machine (e.g. cuda:7 with one GPU).
+void check_device(const Device& d);
+// "cuda:0 (NVIDIA H200, 140.4 GiB)" or "cpu:0 (host)".
+std::string describe_device(const Device& d);
+// Every GPU there is, else {cpu}.
+std::vector<Device> default_devices();
+
+}  // namespace dpt

@@ -1,0 +1,411 @@
+#include "ops.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "../kernels/cpu/cpu.hpp"
+#include "../kernels/error.hpp"
+#include "autograd.hpp"
+#include "context.hpp"
+
+#if DPT_WITH_CUDA
+#include "../kernels/cuda/check.hpp"
+#include "../kernels/cuda/cuda.hpp"
+#endif
+
+namespace dpt {
+
+namespace {
+
+#if DPT_WITH_CUDA
+// The stream of the device's current context, with the device made current.
+cudaStream_t stream_of(const Device& d) {
+  DPT_CUDA_CHECK(cudaSetDevice(d.index));
+  return static_cast<cudaStream_t>(context(d).stream());
+}
+// Scratch space for the deterministic two-stage reductions.
+Tensor reduce_work(const Device& d, int64_t at_least) {
+  return Tensor::empty({std::max<int64_t>(at_least, cuda::kReduceWork)}, DType::f32, d);
+}
+#define DPT_CUDA_OR_CPU(dev, cuda_call, cpu_call) \
+  do {                                            \
+    if ((dev).is_cuda()) {                        \
+      cuda_call;                                  \
+    } else {                                      \
+      cpu_call;                                   \
+    }                                             \
+  } while (0)
+#else
+#define DPT_CUDA_OR_CPU(dev, cuda_call, cpu_call) \
+  do {                                            \
+    (void)(dev);                                  \
+    cpu_call;                                     \
+  } while (0)
+#endif
+
+void same_device(const Tensor& a, const Tensor& b, const char* op) {
+  DPT_CHECK(a.device() == b.device(), std::string(op) + ": tensors on " + a.device().str() +
+                                          " and " + b.device().str());
+}
+
+void need_f32(const Tensor& t, const char* op) {
+  DPT_CHECK(t.defined() && t.dtype() == DType::f32,
+            std::string(op) + ": expected a defined f32 tensor");
+}
+
+// Records `node` as the history of `out` when autograd is on for these inputs.
+void record(Tensor& out, std::shared_ptr<Node> node, std::vector<Tensor> inputs) {
+  node->inputs = std::move(inputs);
+  out.set_grad_fn(std::move(node));
+}
+
+// Adds a fresh gradient `g` for input i: in place into its accumulator when it has one.
+void give(Grads& grads, size_t i, Tensor g) {
+  if (Tensor acc = grads.accumulator(i); acc.defined()) axpy_(1.0f, g, acc);
+  else grads.put(i, std::move(g));
+}
+
+}  // namespace
+
+// ---- Plain ops -----------------------------------------------------------------------
+
+void zero_(const Tensor& t) {
+  if (t.numel() == 0) return;
+  DPT_CUDA_OR_CPU(t.device(),
+                  DPT_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream_of(t.device()))),
+                  std::memset(t.data(), 0, t.nbytes()));
+}
+
+void fill_(const Tensor& t, float value) {
+  need_f32(t, "fill_");
+  DPT_CUDA_OR_CPU(t.device(), cuda::fill(t.f32(), t.numel(), value, stream_of(t.device())),
+                  cpu::fill(t.f32(), t.numel(), value));
+}
+
+void axpy_(float alpha, const Tensor& x, const Tensor& y) {
+  need_f32(x, "axpy_");
+  need_f32(y, "axpy_");
+  same_device(x, y, "axpy_");
+  DPT_CHECK(x.numel() == y.numel(), "axpy_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
+  DPT_CUDA_OR_CPU(y.device(), cuda::axpy(x.numel(), alpha, x.f32(), y.f32(), stream_of(y.device())),
+                  cpu::axpy(x.numel(), alpha, x.f32(), y.f32()));
+}
+
+void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C) {
+  need_f32(A, "gemm");
+  need_f32(B, "gemm");
+  need_f32(C, "gemm");
+  same_device(A, B, "gemm");
+  same_device(A, C, "gemm");
+  DPT_CHECK(A.dim() == 2 && B.dim() == 2 && C.dim() == 2, "gemm: operands must be matrices");
+  const int64_t m = ta ? A.size(1) : A.size(0), k = ta ? A.size(0) : A.size(1);
+  const int64_t kb = tb ? B.size(1) : B.size(0), n = tb ? B.size(0) : B.size(1);
+  DPT_CHECK(k == kb && C.size(0) == m && C.size(1) == n,
+            "gemm: shapes " + shape_str(A.shape()) + (ta ? "^T" : "") + " x " + shape_str(B.shape()) +
+                (tb ? "^T" : "") + " -> " + shape_str(C.shape()) + " do not match");
+  if (m == 0 || n == 0) return;
+#if DPT_WITH_CUDA
+  if (const Device d = C.device(); d.is_cuda()) {
+    Context& ctx = context(d);
+    cudaStream_t s = stream_of(d);
+    if (ctx.gemm == GemmImpl::native)
+      cuda::gemm_native(ta, tb, m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
+    else
+      cuda::gemm_cublas(static_cast<cublasHandle_t>(ctx.blas()), ctx.precision, ta, tb, m, n, k,
+                        alpha, A.f32(), B.f32(), beta, C.f32());
+    return;
+  }
+#endif
+  cpu::gemm(ta, tb, m, n, k, alpha, A.f32(), B.f32(), beta, C.f32());
+}
+
+Tensor cast(const Tensor& t, DType to) {
+  if (t.dtype() == to) return t.detach();
+  Tensor out = Tensor::empty(t.shape(), to, t.device());
+  if (t.dtype() == DType::f32 && to == DType::bf16) {
+    DPT_CUDA_OR_CPU(t.device(), cuda::cast_f32_bf16(t.f32(), out.bf16(), t.numel(), stream_of(t.device())),
+                    cpu::cast_f32_bf16(t.f32(), out.bf16(), t.numel()));
+  } else if (t.dtype() == DType::bf16 && to == DType::f32) {
+    DPT_CUDA_OR_CPU(t.device(), cuda::cast_bf16_f32(t.bf16(), out.f32(), t.numel(), stream_of(t.device())),
+                    cpu::cast_bf16_f32(t.bf16(), out.f32(), t.numel()));
+  } else {
+    throw Error(std::string("cast from ") + dtype_name(t.dtype()) + " to " + dtype_name(to) +
+                " is not supported");
+  }
+  return out;
+}
+
+Tensor sum_squares(const Tensor& x) {
+  need_f32(x, "sum_squares");
+  Tensor out = Tensor::empty({1}, DType::f32, x.device());
+  DPT_CUDA_OR_CPU(x.device(),
+                  cuda::sum_squares(x.f32(), x.numel(), out.f32(), reduce_work(x.device(), 0).f32(),
+                                    stream_of(x.device())),
+                  cpu::sum_squares(x.f32(), x.numel(), out.f32()));
+  return out;
+}
+
+Tensor argmax_rows(const Tensor& x) {
+  need_f32(x, "argmax_rows");
+  DPT_CHECK(x.dim() == 2 && x.size(1) > 0, "argmax_rows: expected a matrix, got " + shape_str(x.shape()));
+  Tensor out = Tensor::empty({x.size(0)}, DType::i32, x.device());
+  DPT_CUDA_OR_CPU(x.device(),
+                  cuda::argmax_rows(x.f32(), x.size(0), x.size(1), out.i32(), stream_of(x.device())),
+                  cpu::argmax_rows(x.f32(), x.size(0), x.size(1), out.i32()));
+  return out;
+}
+
+void normal_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float std) {
+  need_f32(t, "normal_");
+  DPT_CUDA_OR_CPU(t.device(),
+                  cuda::normal(t.f32(), t.numel(), seed, stream, offset, std, stream_of(t.device())),
+                  cpu::normal(t.f32(), t.numel(), seed, stream, offset, std));
+}
+
+void uniform_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi) {
+  need_f32(t, "uniform_");
+  DPT_CUDA_OR_CPU(t.device(),
+                  cuda::uniform(t.f32(), t.numel(), seed, stream, offset, lo, hi, stream_of(t.device())),
+                  cpu::uniform(t.f32(), t.numel(), seed, stream, offset, lo, hi));
+}
+
+Tensor clip_coef(const Tensor& norm_sq, float max_norm) {
+  need_f32(norm_sq, "clip_coef");
+  Tensor out = Tensor::empty({1}, DType::f32, norm_sq.device());
+  DPT_CUDA_OR_CPU(norm_sq.device(),
+                  cuda::clip_coef(norm_sq.f32(), max_norm, out.f32(), stream_of(norm_sq.device())),
+                  cpu::clip_coef(norm_sq.f32(), max_norm, out.f32()));
+  return out;
+}
+
+void sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs& a,
+              const Tensor& grad_scale) {
+  need_f32(p, "sgd_step");
+  need_f32(g, "sgd_step");
+  DPT_CHECK(p.numel() == g.numel() && (!buf.defined() || buf.numel() == p.numel()),
+            "sgd_step: buffer sizes differ");
+  DPT_CHECK(a.momentum == 0.0f || buf.defined(), "sgd_step: momentum needs a momentum buffer");
+  float* b = buf.defined() ? buf.f32() : nullptr;
+  const float* sc = grad_scale.defined() ? grad_scale.f32() : nullptr;
+  DPT_CUDA_OR_CPU(p.device(), cuda::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc, stream_of(p.device())),
+                  cpu::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc));
+}
+
+void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                const AdamArgs& a, const Tensor& grad_scale) {
+  need_f32(p, "adamw_step");
+  need_f32(g, "adamw_step");
+  DPT_CHECK(p.numel() == g.numel() && m.numel() == p.numel() && v.numel() == p.numel(),
+            "adamw_step: buffer sizes differ");
+  const float* sc = grad_scale.defined() ? grad_scale.f32() : nullptr;
+  DPT_CUDA_OR_CPU(p.device(),
+                  cuda::adamw_step(p.f32(), g.f32(), m.f32(), v.f32(), p.numel(), a, sc, stream_of(p.device())),
+                  cpu::adamw_step(p.f32(), g.f32(), m.f32(), v.f32(), p.numel(), a, sc));
+}
+
+// ---- Differentiable ops ----------------------------------------------------------
+
+namespace {
+
+class MatmulNode : public Node {
+ public:
+  MatmulNode(Tensor a, Tensor b, bool ta, bool tb) : a_(a.detach()), b_(b.detach()), ta_(ta), tb_(tb) {}
+  const char* name() const override { return "matmul"; }
+  void backward(Tensor& dc, Grads& grads) override {
+    // C = op(A) op(B): dop(A) = dC op(B)^T, dop(B) = op(A)^T dC, then undo each op.
+    if (grads.needed(0)) {
+      Tensor acc = grads.accumulator(0);
+      Tensor da = acc.defined() ? acc : Tensor::empty(a_.shape(), DType::f32, a_.device());
+      if (ta_) gemm(tb_, true, 1.0f, b_, dc, acc.defined() ? 1.0f : 0.0f, da);   // dA = op(B) dC^T
+      else gemm(false, !tb_, 1.0f, dc, b_, acc.defined() ? 1.0f : 0.0f, da);     // dA = dC op(B)^T
+      if (!acc.defined()) grads.put(0, da);
+    }
+    if (grads.needed(1)) {
+      Tensor acc = grads.accumulator(1);
+      Tensor db = acc.defined() ? acc : Tensor::empty(b_.shape(), DType::f32, b_.device());
+      if (tb_) gemm(true, ta_, 1.0f, dc, a_, acc.defined() ? 1.0f : 0.0f, db);  // dB = dC^T op(A)
+      else gemm(!ta_, false, 1.0f, a_, dc, acc.defined() ? 1.0f : 0.0f, db);     // dB = op(A)^T dC
+      if (!acc.defined()) grads.put(1, db);
+    }
+  }
+
+ private:
+  Tensor a_, b_;
+  bool ta_, tb_;
+};
+
+class LinearNode : public Node {
+ public:
+  LinearNode(Tensor x, Tensor W, Tensor saved, Act act)
+      : x_(x.detach()), W_(W.detach()), saved_(saved.detach()), act_(act) {}
+  const char* name() const override { return "linear"; }
+  void backward(Tensor& dy, Grads& grads) override {
+    const int64_t rows = x_.size(0), out = W_.size(0);
+    const Device d = dy.device();
+    // dz = dy * act'(.), in place: dy is ours to overwrite.
+    if (act_ != Act::none) {
+      DPT_CUDA_OR_CPU(d, cuda::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32(), stream_of(d)),
+                      cpu::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32()));
+    }
+    if (grads.needed(0)) {  // dx = dz W
+      Tensor dx = Tensor::empty(x_.shape(), DType::f32, d);
+      gemm(false, false, 1.0f, dy, W_, 0.0f, dx);
+      give(grads, 0, dx);
+    }
+    if (grads.needed(1)) {  // dW (+)= dz^T x, straight into the flat gradient buffer
+      Tensor acc = grads.accumulator(1);
+      Tensor dW = acc.defined() ? acc : Tensor::empty(W_.shape(), DType::f32, d);
+      gemm(true, false, 1.0f, dy, x_, acc.defined() ? 1.0f : 0.0f, dW);
+      if (!acc.defined()) grads.put(1, dW);
+    }
+    if (inputs.size() > 2 && grads.needed(2)) {  // db (+)= column sums of dz
+      Tensor acc = grads.accumulator(2);
+      Tensor db = acc.defined() ? acc : Tensor::empty({out}, DType::f32, d);
+      const float beta = acc.defined() ? 1.0f : 0.0f;
+      DPT_CUDA_OR_CPU(d, cuda::bias_grad(dy.f32(), rows, out, beta, db.f32(), stream_of(d)),
+                      cpu::bias_grad(dy.f32(), rows, out, beta, db.f32()));
+      if (!acc.defined()) grads.put(2, db);
+    }
+  }
+
+ private:
+  Tensor x_, W_, saved_;
+  Act act_;
+};
+
+class ActivationNode : public Node {
+ public:
+  ActivationNode(Tensor saved, Act act) : saved_(saved.detach()), act_(act) {}
+  const char* name() const override { return "activation"; }
+  void backward(Tensor& dy, Grads& grads) override {
+    const Device d = dy.device();
+    DPT_CUDA_OR_CPU(d, cuda::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32(), stream_of(d)),
+                    cpu::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32()));
+    give(grads, 0, dy);
+  }
+
+ private:
+  Tensor saved_;
+  Act act_;
+};
+
+class MseNode : public Node {
+ public:
+  MseNode(Tensor y, Tensor t) : y_(y.detach()), t_(t.detach()) {}
+  const char* name() const override { return "mse_loss"; }
+  void backward(Tensor& dloss, Grads& grads) override {
+    const Device d = y_.device();
+    Tensor dy = Tensor::empty(y_.shape(), DType::f32, d);
+    DPT_CUDA_OR_CPU(d, cuda::mse_backward(y_.f32(), t_.f32(), y_.numel(), dloss.f32(), dy.f32(), stream_of(d)),
+                    cpu::mse_backward(y_.f32(), t_.f32(), y_.numel(), dloss.f32(), dy.f32()));
+    give(grads, 0, dy);
+  }
+
+ private:
+  Tensor y_, t_;
+};
+
+class CrossEntropyNode : public Node {
+ public:
+  CrossEntropyNode(Tensor logits, Tensor labels) : logits_(logits.detach()), labels_(labels.detach()) {}
+  const char* name() const override { return "cross_entropy"; }
+  void backward(Tensor& dloss, Grads& grads) override {
+    const Device d = logits_.device();
+    const int64_t rows = logits_.size(0), cols = logits_.size(1);
+    Tensor dl = Tensor::empty(logits_.shape(), DType::f32, d);
+    DPT_CUDA_OR_CPU(d,
+                    cuda::cross_entropy_backward(logits_.f32(), labels_.i32(), rows, cols, dloss.f32(),
+                                                 dl.f32(), stream_of(d)),
+                    cpu::cross_entropy_backward(logits_.f32(), labels_.i32(), rows, cols, dloss.f32(), dl.f32()));
+    give(grads, 0, dl);
+  }
+
+ private:
+  Tensor logits_, labels_;
+};
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  DPT_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: operands must be matrices");
+  Tensor c = Tensor::empty({ta ? a.size(1) : a.size(0), tb ? b.size(0) : b.size(1)}, DType::f32, a.device());
+  gemm(ta, tb, 1.0f, a, b, 0.0f, c);
+  if (any_requires_grad({&a, &b})) record(c, std::make_shared<MatmulNode>(a, b, ta, tb), {a, b});
+  return c;
+}
+
+Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
+  need_f32(x, "linear");
+  need_f32(W, "linear");
+  DPT_CHECK(x.dim() == 2 && W.dim() == 2 && x.size(1) == W.size(1),
+            "linear: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()));
+  DPT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == W.size(0)),
+            "linear: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(W.shape()));
+  const Device d = x.device();
+  const int64_t rows = x.size(0), out = W.size(0);
+  Tensor y = Tensor::empty({rows, out}, DType::f32, d);
+  gemm(false, true, 1.0f, x, W, 0.0f, y);
+  const bool grad = any_requires_grad({&x, &W, &b});
+  // GELU's backward needs the pre-activation; the others can work from the output.
+  Tensor z = (grad && act == Act::gelu) ? Tensor::empty({rows, out}, DType::f32, d) : Tensor();
+  if (b.defined() || act != Act::none) {
+    const float* bias = b.defined() ? b.f32() : nullptr;
+    float* zp = z.defined() ? z.f32() : nullptr;
+    DPT_CUDA_OR_CPU(d, cuda::bias_act_forward(y.f32(), bias, act, rows, out, zp, y.f32(), stream_of(d)),
+                    cpu::bias_act_forward(y.f32(), bias, act, rows, out, zp, y.f32()));
+  }
+  if (grad) {
+    std::vector<Tensor> in{x, W};
+    if (b.defined()) in.push_back(b);
+    record(y, std::make_shared<LinearNode>(x, W, act == Act::gelu ? z : y, act), std::move(in));
+  }
+  return y;
+}
+
+Tensor activation(const Tensor& x, Act act) {
+  need_f32(x, "activation");
+  const Device d = x.device();
+  Tensor y = Tensor::empty(x.shape(), DType::f32, d);
+  const bool grad = any_requires_grad({&x});
+  Tensor z = (grad && act == Act::gelu) ? x.detach() : Tensor();
+  DPT_CUDA_OR_CPU(d, cuda::bias_act_forward(x.f32(), nullptr, act, 1, x.numel(), nullptr, y.f32(), stream_of(d)),
+                  cpu::bias_act_forward(x.f32(), nullptr, act, 1, x.numel(), nullptr, y.f32()));
+  if (grad) record(y, std::make_shared<ActivationNode>(act == Act::gelu ? z : y, act), {x});
+  return y;
+}
+
+Tensor mse_loss(const Tensor& y, const Tensor& target) {
+  need_f32(y, "mse_loss");
+  need_f32(target, "mse_loss");
+  same_device(y, target, "mse_loss");
+  DPT_CHECK(y.shape() == target.shape(),
+            "mse_loss: prediction " + shape_str(y.shape()) + " and target " + shape_str(target.shape()));
+  DPT_CHECK(y.numel() > 0, "mse_loss of an empty tensor");
+  const Device d = y.device();
+  Tensor loss = Tensor::empty({1}, DType::f32, d);
+  DPT_CUDA_OR_CPU(d,
+                  cuda::mse_forward(y.f32(), target.f32(), y.numel(), loss.f32(),
+                                    reduce_work(d, 0).f32(), stream_of(d)),
+                  cpu::mse_forward(y.f32(), target.f32(), y.numel(), loss.f32()));
+  if (any_requires_grad({&y})) record(loss, std::make_shared<MseNode>(y, target), {y});
+  return loss;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
+  need_f32(logits, "cross_entropy");
+  DPT_CHECK(labels.defined() && labels.dtype() == DType::i32, "cross_entropy: labels must be i32");
+  same_device(logits, labels, "cross_entropy");
+  DPT_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0,
+            "cross_entropy: logits " + shape_str(logits.shape()) + " and labels " + shape_str(labels.shape()));
+  const Device d = logits.device();
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  Tensor loss = Tensor::empty({1}, DType::f32, d);
+  DPT_CUDA_OR_CPU(d,
+                  cuda::cross_entropy_forward(logits.f32(), labels.i32(), rows, cols, loss.f32(),
+                                              reduce_work(d, rows).f32(), stream_of(d)),
+                  cpu::cross_entropy_forward(logits.f32(), labels.i32(), rows, cols, loss.f32()));
+  if (any_requires_grad({&logits})) record(loss, std::make_shared<CrossEntropyNode>(logits, labels), {logits});
+  return loss;
+}
+
+}  // namespace dpt

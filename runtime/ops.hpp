@@ -1,0 +1,43 @@
+// Ops on tensors: each checks shapes, picks the CPU or CUDA kernel by the tensors'
+// device and, for the differentiable ones, records a Node so backward() reaches its
+// inputs. Ops run on the stream of the device's current context and never wait for it.
+#pragma once
+#include <cstdint>
+
+#include "../kernels/types.hpp"
+#include "tensor.hpp"
+
+namespace dpt {
+
+// ---- Differentiable ops ----------------------------------------------------------
+// a [m, k] @ b [k, n] (with transposes: a stored [k, m] when ta, b stored [n, k] when tb).
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta = false, bool tb = false);
+// y = act(x W^T + b): x [batch, in], W [out, in], b [out] (may be undefined).
+Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act = Act::none);
+Tensor activation(const Tensor& x, Act act);
+// Mean squared error over all elements: a scalar tensor (shape [1]).
+Tensor mse_loss(const Tensor& y, const Tensor& target);
+// Softmax cross-entropy, mean over rows: logits [batch, classes], labels i32 [batch].
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
+
+// ---- Plain ops (no autograd) -------------------------------------------------------
+void zero_(const Tensor& t);
+void fill_(const Tensor& t, float value);
+void axpy_(float alpha, const Tensor& x, const Tensor& y);  // y += alpha * x
+// C = alpha * op(A) op(B) + beta * C with the GEMM chosen by the device's context.
+void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C);
+Tensor cast(const Tensor& t, DType to);                      // f32 <-> bf16
+Tensor sum_squares(const Tensor& x);                         // scalar sum of x^2
+Tensor argmax_rows(const Tensor& x);                         // i32 [rows]
+// Philox fills: element i gets the value of index offset + i of stream (seed, stream).
+void normal_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float std = 1.0f);
+void uniform_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi);
+// The gradient-clipping coefficient min(1, max_norm / (||g|| + 1e-6)) from ||g||^2.
+Tensor clip_coef(const Tensor& norm_sq, float max_norm);
+// Fused optimizer updates over flat buffers; grad_scale may be undefined.
+void sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const SgdArgs& a,
+              const Tensor& grad_scale);
+void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                const AdamArgs& a, const Tensor& grad_scale);
+
+}  // namespace dpt

@@ -1,0 +1,242 @@
+#include "tensor.hpp"
+
+#include <cstring>
+
+#include "../kernels/error.hpp"
+#include "allocator.hpp"
+#include "autograd.hpp"
+#include "context.hpp"
+#include "ops.hpp"
+
+#if DPT_WITH_CUDA
+#include "../kernels/cuda/check.hpp"
+#endif
+
+namespace dpt {
+
+size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::i32: return "i32";
+  }
+  return "?";
+}
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+Storage::Storage(Device d, size_t b)
+    : device(d), bytes(b), ptr(allocator(d).allocate(b, context(d).stream())) {}
+
+Storage::~Storage() { allocator(device).free(ptr); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
+  for (int64_t d : shape)
+    DPT_CHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(device, static_cast<size_t>(dpt::numel(shape)) * dtype_size(dtype));
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.meta_ = std::make_shared<AutogradMeta>();  // shared by every copy of this tensor
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, const Device& device) {
+  Tensor t = empty(shape, dtype, device);
+  zero_(t);
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, float value, const Device& device) {
+  Tensor t = empty(shape, DType::f32, device);
+  fill_(t, value);
+  return t;
+}
+
+namespace {
+// Copies `bytes` from host memory into a tensor, synchronously.
+void upload(const Tensor& t, const void* src, size_t bytes) {
+  if (t.device().is_cpu()) {
+    std::memcpy(t.data(), src, bytes);
+    return;
+  }
+#if DPT_WITH_CUDA
+  auto& ctx = context(t.device());
+  DPT_CUDA_CHECK(cudaSetDevice(t.device().index));
+  auto s = static_cast<cudaStream_t>(ctx.stream());
+  DPT_CUDA_CHECK(cudaMemcpyAsync(t.data(), src, bytes, cudaMemcpyHostToDevice, s));
+  DPT_CUDA_CHECK(cudaStreamSynchronize(s));  // src is pageable host memory owned by the caller
+#endif
+}
+
+void download(const Tensor& t, void* dst, size_t bytes) {
+  if (t.device().is_cpu()) {
+    std::memcpy(dst, t.data(), bytes);
+    return;
+  }
+#if DPT_WITH_CUDA
+  auto& ctx = context(t.device());
+  DPT_CUDA_CHECK(cudaSetDevice(t.device().index));
+  auto s = static_cast<cudaStream_t>(ctx.stream());
+  DPT_CUDA_CHECK(cudaMemcpyAsync(dst, t.data(), bytes, cudaMemcpyDeviceToHost, s));
+  DPT_CUDA_CHECK(cudaStreamSynchronize(s));
+#endif
+}
+}  // namespace
+
+Tensor Tensor::from_host(const std::vector<float>& values, const Shape& shape, const Device& device) {
+  DPT_CHECK(static_cast<int64_t>(values.size()) == dpt::numel(shape),
+            "from_host: " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
+  Tensor t = empty(shape, DType::f32, device);
+  upload(t, values.data(), t.nbytes());
+  return t;
+}
+
+Tensor Tensor::from_host_i32(const std::vector<int32_t>& values, const Shape& shape,
+                             const Device& device) {
+  DPT_CHECK(static_cast<int64_t>(values.size()) == dpt::numel(shape),
+            "from_host_i32: " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
+  Tensor t = empty(shape, DType::i32, device);
+  upload(t, values.data(), t.nbytes());
+  return t;
+}
+
+Device Tensor::device() const {
+  DPT_CHECK(defined(), "device() of an undefined tensor");
+  return storage_->device;
+}
+
+void* Tensor::data() const {
+  DPT_CHECK(defined(), "data() of an undefined tensor");
+  return static_cast<char*>(storage_->ptr) + offset_ * static_cast<int64_t>(dtype_size(dtype_));
+}
+
+float* Tensor::f32() const {
+  DPT_CHECK(dtype_ == DType::f32, std::string("expected an f32 tensor, got ") + dtype_name(dtype_));
+  return static_cast<float*>(data());
+}
+uint16_t* Tensor::bf16() const {
+  DPT_CHECK(dtype_ == DType::bf16, std::string("expected a bf16 tensor, got ") + dtype_name(dtype_));
+  return static_cast<uint16_t*>(data());
+}
+int32_t* Tensor::i32() const {
+  DPT_CHECK(dtype_ == DType::i32, std::string("expected an i32 tensor, got ") + dtype_name(dtype_));
+  return static_cast<int32_t*>(data());
+}
+
+Tensor Tensor::view(int64_t offset, const Shape& shape) const {
+  DPT_CHECK(defined(), "view of an undefined tensor");
+  DPT_CHECK(offset >= 0 && offset + dpt::numel(shape) <= numel(),
+            "view " + shape_str(shape) + " at " + std::to_string(offset) + " outside " + shape_str(shape_));
+  Tensor t;
+  t.storage_ = storage_;
+  t.offset_ = offset_ + offset;
+  t.shape_ = shape;
+  t.dtype_ = dtype_;
+  t.meta_ = std::make_shared<AutogradMeta>();  // a view starts with no autograd history
+  return t;
+}
+
+Tensor Tensor::detach() const { return view(0, shape_); }
+
+std::vector<float> Tensor::to_host() const {
+  if (dtype_ == DType::bf16) return cast(*this, DType::f32).to_host();
+  DPT_CHECK(dtype_ == DType::f32, "to_host() needs an f32 or bf16 tensor");
+  std::vector<float> out(static_cast<size_t>(numel()));
+  download(*this, out.data(), nbytes());
+  return out;
+}
+
+std::vector<int32_t> Tensor::to_host_i32() const {
+  DPT_CHECK(dtype_ == DType::i32, "to_host_i32() needs an i32 tensor");
+  std::vector<int32_t> out(static_cast<size_t>(numel()));
+  download(*this, out.data(), nbytes());
+  return out;
+}
+
+float Tensor::item() const {
+  DPT_CHECK(numel() == 1, "item() of a tensor with " + std::to_string(numel()) + " elements");
+  return to_host()[0];
+}
+
+AutogradMeta& Tensor::meta() {
+  if (!meta_) meta_ = std::make_shared<AutogradMeta>();
+  return *meta_;
+}
+
+bool Tensor::requires_grad() const { return meta_ && meta_->requires_grad; }
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  DPT_CHECK(!on || dtype_ != DType::i32, "an integer tensor cannot require a gradient");
+  meta().requires_grad = on;
+  return *this;
+}
+
+const Tensor& Tensor::grad() const {
+  static const Tensor none;
+  return meta_ ? meta_->grad : none;
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  DPT_CHECK(!g.defined() || g.shape() == shape_, "set_grad: shape " + shape_str(g.shape()) +
+                                                     " for a tensor of shape " + shape_str(shape_));
+  meta().grad = g;
+}
+
+const std::shared_ptr<Node>& Tensor::grad_fn() const {
+  static const std::shared_ptr<Node> none;
+  return meta_ ? meta_->grad_fn : none;
+}
+
+void Tensor::set_grad_fn(std::shared_ptr<Node> fn) {
+  meta().grad_fn = std::move(fn);
+  meta().requires_grad = true;
+}
+
+void Tensor::backward() const {
+  DPT_CHECK(numel() == 1, "backward() without a gradient needs a scalar, got shape " + shape_str(shape_));
+  run_backward(*this, Tensor::full(shape_, 1.0f, device()));
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  DPT_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(),
+            "copy: " + std::string(dtype_name(src.dtype())) + shape_str(src.shape()) + " into " +
+                dtype_name(dst.dtype()) + shape_str(dst.shape()));
+  const size_t bytes = src.nbytes();
+  if (bytes == 0) return;
+  const Device d = dst.device(), s = src.device();
+  if (d.is_cpu() && s.is_cpu()) {
+    std::memmove(dst.data(), src.data(), bytes);
+    return;
+  }
+#if DPT_WITH_CUDA
+  if (d.is_cuda() && s.is_cuda()) {
+    auto stream = static_cast<cudaStream_t>(context(d).stream());
+    DPT_CUDA_CHECK(cudaSetDevice(d.index));
+    if (d.index == s.index)
+      DPT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+    else
+      DPT_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data(), d.index, src.data(), s.index, bytes, stream));
+    return;
+  }
+  if (d.is_cuda()) {
+    upload(dst, src.data(), bytes);
+    return;
+  }
+  download(src, dst.data(), bytes);
+#endif
+}
+
+}  // namespace dpt

@@ -1,0 +1,103 @@
+// Tensor: a typed, contiguous, row-major view into device memory from the caching
+// allocator. Copies of a Tensor share storage (like torch.Tensor); `view` makes a
+// tensor over part of another's storage (parameters are views into one flat buffer).
+// A tensor that takes part in autograd also carries an AutogradMeta (autograd.hpp).
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device.hpp"
+
+namespace dpt {
+
+enum class DType { f32, bf16, i32 };
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+
+using Shape = std::vector<int64_t>;
+int64_t numel(const Shape& s);
+std::string shape_str(const Shape& s);
+
+// Memory from a device's caching allocator, handed back when the last tensor using it
+// goes away.
+struct Storage {
+  Storage(Device device, size_t bytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  Device device;
+  size_t bytes;
+  void* ptr;
+};
+
+struct AutogradMeta;
+class Node;
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // Uninitialized memory on `device`, allocated on the stream of its current context.
+  static Tensor empty(const Shape& shape, DType dtype, const Device& device);
+  static Tensor zeros(const Shape& shape, DType dtype, const Device& device);
+  static Tensor full(const Shape& shape, float value, const Device& device);
+  static Tensor from_host(const std::vector<float>& values, const Shape& shape, const Device& device);
+  static Tensor from_host_i32(const std::vector<int32_t>& values, const Shape& shape,
+                              const Device& device);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t size(int64_t d) const { return shape_.at(static_cast<size_t>(d < 0 ? d + dim() : d)); }
+  int64_t numel() const { return dpt::numel(shape_); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const;
+
+  void* data() const;
+  float* f32() const;
+  uint16_t* bf16() const;
+  int32_t* i32() const;
+
+  // `shape` elements starting `offset` elements into this tensor, sharing its storage.
+  Tensor view(int64_t offset, const Shape& shape) const;
+  Tensor reshape(const Shape& shape) const { return view(0, shape); }
+  // The same data without autograd history.
+  Tensor detach() const;
+
+  // Synchronous copies to the host (f32 or bf16 read as floats; i32 as ints).
+  std::vector<float> to_host() const;
+  std::vector<int32_t> to_host_i32() const;
+  float item() const;
+
+  // Autograd (autograd.hpp has the engine).
+  bool requires_grad() const;
+  Tensor& set_requires_grad(bool on);
+  // The accumulated gradient of a leaf (undefined until backward reaches it, unless
+  // set beforehand, as parameters do with views into the flat gradient buffer).
+  const Tensor& grad() const;
+  void set_grad(const Tensor& g);
+  const std::shared_ptr<Node>& grad_fn() const;
+  void set_grad_fn(std::shared_ptr<Node> fn);
+  bool is_leaf() const { return !grad_fn(); }
+  // Backpropagates from this scalar with a seed gradient of 1.
+  void backward() const;
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  int64_t offset_ = 0;  // in elements
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  std::shared_ptr<AutogradMeta> meta_;
+
+  AutogradMeta& meta();
+};
+
+// Copies src into dst (same dtype and element count, any devices), queued on dst's
+// context stream (or src's for a GPU-to-host copy, which then waits for it).
+void copy(const Tensor& dst, const Tensor& src);
+
+}  // namespace dpt

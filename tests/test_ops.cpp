@@ -1,0 +1,216 @@
+// CPU ops: gradients from autograd against central finite differences, and the
+// optimizer, cast and random kernels against their definitions.
+#include <cmath>
+#include <cstring>
+
+#include "../kernels/philox.hpp"
+#include "catch.hpp"
+#include "common.hpp"
+
+using namespace dpt;
+using test::numeric_grad;
+using test::randn_tensor;
+using test::rel_error;
+
+namespace {
+const Device host{DeviceType::cpu, 0};
+
+// Checks d loss / d t for every tensor in `wrt` against finite differences, where
+// loss = mse(f(), target) is rebuilt from the (perturbed) tensors each time.
+void check_gradients(const std::function<Tensor()>& f, std::vector<Tensor> wrt, double tol = 2e-3) {
+  Tensor out0;
+  {
+    NoGradGuard g;
+    out0 = f();
+  }
+  Tensor target = randn_tensor(out0.shape(), 99, host);
+  for (auto& t : wrt) {
+    t.set_requires_grad(true);
+    t.set_grad(Tensor());
+  }
+  mse_loss(f(), target).backward();
+  auto loss = [&] {
+    NoGradGuard g;
+    return mse_loss(f(), target).item();
+  };
+  for (size_t i = 0; i < wrt.size(); ++i) {
+    INFO("input " << i << " shape " << shape_str(wrt[i].shape()));
+    REQUIRE(wrt[i].grad().defined());
+    const double err = rel_error(wrt[i].grad().to_host(), numeric_grad(wrt[i], loss));
+    INFO("relative error " << err);
+    CHECK(err < tol);
+  }
+}
+}  // namespace
+
+TEST_CASE("matmul gradients match finite differences for every transpose", "[ops][grad]") {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      INFO("ta " << ta << " tb " << tb);
+      Tensor a = randn_tensor(ta ? Shape{5, 3} : Shape{3, 5}, 1, host);
+      Tensor b = randn_tensor(tb ? Shape{4, 5} : Shape{5, 4}, 2, host);
+      check_gradients([&] { return matmul(a, b, ta, tb); }, {a, b});
+    }
+}
+
+TEST_CASE("linear gradients match finite differences for every activation", "[ops][grad]") {
+  for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh}) {
+    INFO("act " << static_cast<int>(act));
+    Tensor x = randn_tensor({6, 5}, 3, host);
+    Tensor W = randn_tensor({4, 5}, 4, host, 0.5f);
+    Tensor b = randn_tensor({4}, 5, host, 0.5f);
+    check_gradients([&] { return linear(x, W, b, act); }, {x, W, b});
+  }
+}
+
+TEST_CASE("activation gradients match finite differences", "[ops][grad]") {
+  for (Act act : {Act::relu, Act::gelu, Act::tanh}) {
+    INFO("act " << static_cast<int>(act));
+    auto v = test::randn(24, 6);
+    for (float& e : v) e += e >= 0 ? 0.1f : -0.1f;  // keep relu's kink out of eps's reach
+    Tensor x = Tensor::from_host(v, {4, 6}, host);
+    check_gradients([&] { return activation(x, act); }, {x});
+  }
+}
+
+TEST_CASE("cross-entropy gradient matches finite differences", "[ops][grad]") {
+  Tensor logits = randn_tensor({5, 7}, 7, host, 2.0f);
+  Tensor labels = Tensor::from_host_i32({0, 6, 3, 3, 1}, {5}, host);
+  logits.set_requires_grad(true);
+  cross_entropy(logits, labels).backward();
+  auto loss = [&] {
+    NoGradGuard g;
+    return cross_entropy(logits, labels).item();
+  };
+  CHECK(rel_error(logits.grad().to_host(), numeric_grad(logits, loss)) < 2e-3);
+}
+
+TEST_CASE("cross-entropy is stable for large logits and matches its definition", "[ops]") {
+  Tensor logits = Tensor::from_host({1000.0f, 0.0f, -1000.0f, 3.0f, 3.0f, 3.0f}, {2, 3}, host);
+  Tensor labels = Tensor::from_host_i32({0, 2}, {2}, host);
+  const float l = cross_entropy(logits, labels).item();
+  CHECK(std::fabs(l - 0.5 * std::log(3.0)) < 1e-6);
+}
+
+TEST_CASE("mse loss and its gradient match the definition", "[ops]") {
+  Tensor y = Tensor::from_host({1, 2, 3, 4}, {2, 2}, host).set_requires_grad(true);
+  Tensor t = Tensor::from_host({0, 2, 5, 4}, {2, 2}, host);
+  Tensor l = mse_loss(y, t);
+  CHECK(l.item() == 1.25f);  // (1 + 0 + 4 + 0) / 4, exact in binary
+  l.backward();
+  CHECK(y.grad().to_host() == std::vector<float>{0.5f, 0.0f, -1.0f, 0.0f});
+}
+
+TEST_CASE("gradients accumulate across backward calls and no-grad records nothing", "[autograd]") {
+  Tensor W = randn_tensor({3, 4}, 8, host).set_requires_grad(true);
+  Tensor x = randn_tensor({2, 4}, 9, host);
+  Tensor t = randn_tensor({2, 3}, 10, host);
+  mse_loss(linear(x, W, Tensor()), t).backward();
+  const auto once = W.grad().to_host();
+  mse_loss(linear(x, W, Tensor()), t).backward();
+  auto twice = W.grad().to_host();
+  for (auto& v : twice) v *= 0.5f;
+  CHECK(rel_error(twice, once) < 1e-6);
+  {
+    NoGradGuard g;
+    CHECK_FALSE(linear(x, W, Tensor()).requires_grad());
+  }
+  CHECK(linear(x, W, Tensor()).requires_grad());
+}
+
+TEST_CASE("a tensor used twice gets the sum of both gradients", "[autograd]") {
+  // loss = mse(x @ W1 + (x @ W1) @ W2 ...) exercises a node whose output feeds two consumers.
+  Tensor x = randn_tensor({3, 4}, 11, host);
+  Tensor W = randn_tensor({4, 4}, 12, host, 0.5f);
+  check_gradients([&] {
+    Tensor h = matmul(x, W);
+    return matmul(h, h, false, true);  // h h^T: h feeds both operands
+  }, {x, W});
+}
+
+TEST_CASE("SGD matches torch.optim.SGD's update rule", "[optim]") {
+  for (bool nesterov : {false, true}) {
+    SgdArgs a{0.1f, 0.9f, 0.0f, 0.01f, nesterov};
+    std::vector<float> p{1.0f, -2.0f}, g{0.5f, 0.25f}, buf{0.0f, 0.0f};
+    std::vector<double> rp{1.0, -2.0}, rb{0.0, 0.0};
+    for (int step = 0; step < 3; ++step) {
+      cpu::sgd_step(p.data(), g.data(), buf.data(), 2, a, nullptr);
+      for (size_t i = 0; i < 2; ++i) {
+        double d = g[i] + 0.01 * rp[i];
+        rb[i] = step == 0 ? d : 0.9 * rb[i] + d;
+        d = nesterov ? d + 0.9 * rb[i] : rb[i];
+        rp[i] -= 0.1 * d;
+      }
+    }
+    for (size_t i = 0; i < 2; ++i) CHECK(std::fabs(p[i] - rp[i]) < 1e-6);
+  }
+}
+
+TEST_CASE("AdamW matches torch.optim.AdamW's update rule", "[optim]") {
+  std::vector<float> p{1.0f, -2.0f}, g{0.5f, -0.25f}, m{0, 0}, v{0, 0};
+  std::vector<double> rp{1.0, -2.0}, rm{0, 0}, rv{0, 0};
+  for (int t = 1; t <= 3; ++t) {
+    AdamArgs a{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f - std::pow(0.9f, float(t)), 1.0f - std::pow(0.999f, float(t))};
+    cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), 2, a, nullptr);
+    for (size_t i = 0; i < 2; ++i) {
+      rp[i] *= 1.0 - 0.01 * 0.1;
+      rm[i] = 0.9 * rm[i] + 0.1 * g[i];
+      rv[i] = 0.999 * rv[i] + 0.001 * g[i] * g[i];
+      rp[i] -= 0.01 * (rm[i] / (1 - std::pow(0.9, t))) / (std::sqrt(rv[i] / (1 - std::pow(0.999, t))) + 1e-8);
+    }
+  }
+  for (size_t i = 0; i < 2; ++i) CHECK(std::fabs(p[i] - rp[i]) < 1e-6);
+}
+
+TEST_CASE("gradient clipping scales the update to the norm asked", "[optim]") {
+  std::vector<float> g{3.0f, 4.0f};  // norm 5
+  float sq = 0, coef = 0;
+  cpu::sum_squares(g.data(), 2, &sq);
+  CHECK(sq == 25.0f);
+  cpu::clip_coef(&sq, 1.0f, &coef);
+  CHECK(std::fabs(coef - 0.2f) < 1e-6f);
+  cpu::clip_coef(&sq, 10.0f, &coef);
+  CHECK(coef == 1.0f);
+}
+
+TEST_CASE("bf16 casts round to nearest even and keep NaN", "[ops]") {
+  const float in[] = {1.0f, 1.00390625f /* tie: rounds to even 1.0 */, 1.01171875f /* tie: up */, -2.5f, NAN, INFINITY};
+  uint16_t h[6];
+  float back[6];
+  cpu::cast_f32_bf16(in, h, 6);
+  cpu::cast_bf16_f32(h, back, 6);
+  CHECK(back[0] == 1.0f);
+  CHECK(back[1] == 1.0f);
+  CHECK(back[2] == 1.015625f);
+  CHECK(back[3] == -2.5f);
+  CHECK(std::isnan(back[4]));
+  CHECK(std::isinf(back[5]));
+}
+
+TEST_CASE("Philox: known answer, counter-based, and plausible statistics", "[random]") {
+  // Known-answer test from the Random123 distribution (philox4x32_10, zero key and counter).
+  auto r = philox::philox4x32(0, 0, 0);
+  CHECK(r.x == 0x6627e8d5u);
+  CHECK(r.y == 0xe169c58du);
+  CHECK(r.z == 0xbc57ac4cu);
+  CHECK(r.w == 0x9b00dbd8u);
+  // A slice of a stream equals the same slice made from its offset.
+  std::vector<float> whole(1000), part(100);
+  cpu::normal(whole.data(), 1000, 42, 3, 0, 1.0f);
+  cpu::normal(part.data(), 100, 42, 3, 517, 1.0f);
+  CHECK(std::memcmp(part.data(), whole.data() + 517, 100 * sizeof(float)) == 0);
+  std::vector<float> big(200000);
+  cpu::normal(big.data(), 200000, 5, 0, 0, 1.0f);
+  double mean = 0, var = 0;
+  for (float v : big) mean += v;
+  mean /= static_cast<double>(big.size());
+  for (float v : big) var += (v - mean) * (v - mean);
+  var /= static_cast<double>(big.size());
+  CHECK(std::fabs(mean) < 0.01);
+  CHECK(std::fabs(var - 1.0) < 0.02);
+}
+
+TEST_CASE("argmax takes the first maximum", "[ops]") {
+  Tensor x = Tensor::from_host({1, 3, 3, 0, -1, -2, 5, 5, 5}, {3, 3}, host);
+  CHECK(argmax_rows(x).to_host_i32() == std::vector<int32_t>{1, 0, 0});
+}

@@ -1,0 +1,177 @@
+// Devices, the caching allocator, model specs, schedules, synthetic data and training
+// on the CPU.
+#include <cmath>
+
+#include "../kernels/error.hpp"
+#include "../layers/layers.hpp"
+#include "../layers/synthetic.hpp"
+#include "../optim/trainer.hpp"
+#include "../runtime/allocator.hpp"
+#include "catch.hpp"
+#include "common.hpp"
+
+using namespace dpt;
+
+TEST_CASE("device strings parse and bad ones are refused with a reason", "[device]") {
+  CHECK(parse_device("cpu") == Device{DeviceType::cpu, 0});
+  CHECK(parse_device("cpu:3") == Device{DeviceType::cpu, 3});
+  CHECK(parse_device("cuda:1") == Device{DeviceType::cuda, 1});
+  CHECK(parse_devices("cpu:0,cpu:1,cpu:2").size() == 3);
+  for (const char* bad : {"gpu:0", "cuda:", "cpu:-1", "cpu:x", "cuda:0x", ""})
+    CHECK_THROWS_AS(parse_device(bad), UsageError);
+  CHECK_THROWS_AS(parse_devices("cpu:0,,cpu:1"), UsageError);
+  const int gpus = cuda_device_count();
+  CHECK_THROWS_AS(check_device({DeviceType::cuda, gpus}), UsageError);  // one past the last GPU
+  if (gpus > 0) CHECK_THROWS_AS(parse_devices("cpu:0,cuda:0"), UsageError);
+  CHECK(default_devices().size() == static_cast<size_t>(std::max(gpus, 1)));
+}
+
+TEST_CASE("the caching allocator reuses blocks and keeps exact stats", "[allocator]") {
+  CachingAllocator a({DeviceType::cpu, 7});
+  void* p = a.allocate(1000, nullptr);
+  CHECK(a.stats().allocated == 1024);
+  CHECK(a.stats().system_allocs == 1);
+  a.free(p);
+  CHECK(a.stats().allocated == 0);
+  CHECK(a.stats().reserved == 1024);
+  void* q = a.allocate(900, nullptr);  // same size class: served from the cache
+  CHECK(q == p);
+  CHECK(a.stats().system_allocs == 1);
+  void* r = a.allocate(3 << 20, nullptr);  // large: rounded to 2 MiB
+  CHECK(a.stats().allocated == 1024 + (4 << 20));
+  CHECK(a.stats().peak_allocated == 1024 + (4 << 20));
+  a.free(q);
+  a.free(r);
+  a.empty_cache();
+  CHECK(a.stats().reserved == 0);
+  CHECK(a.stats().system_frees == 2);
+}
+
+TEST_CASE("MLP specs parse; malformed ones are refused", "[layers]") {
+  CHECK(nn::parse_mlp_spec("1024-4096x3-1024") == std::vector<int64_t>{1024, 4096, 4096, 4096, 1024});
+  CHECK(nn::parse_mlp_spec("seed") == std::vector<int64_t>{1000, 1000});
+  CHECK(nn::parse_mlp_spec("mlp").size() == 5);
+  for (const char* bad : {"", "10", "10-", "-10", "10-x3", "10-0", "a-b", "10-5x0", "10--5", "10-5x"})
+    CHECK_THROWS_AS(nn::parse_mlp_spec(bad), UsageError);
+  auto m = nn::mlp("8-16x2-4");
+  CHECK(m->size() == 3);
+  CHECK(m->num_parameters() == 8 * 16 + 16 + 16 * 16 + 16 + 16 * 4 + 4);
+}
+
+TEST_CASE("parameters are views into one flat buffer, initialized like torch.nn.Linear", "[layers]") {
+  auto m = nn::mlp("8-16-4");
+  m->to({DeviceType::cpu, 0}, 3);
+  auto params = m->parameters();
+  REQUIRE(params.size() == 4);
+  const float* base = m->flat_params().f32();
+  for (auto* p : params) {
+    const float* at = p->value.f32();
+    CHECK(at >= base);
+    CHECK((at - base) % nn::Module::kAlign == 0);
+    CHECK(p->value.grad().defined());
+    for (float v : p->value.to_host()) CHECK(std::fabs(v) <= p->init_bound);
+  }
+  CHECK(params[0]->init_bound == 1.0f / std::sqrt(8.0f));
+  // The same seed gives the same weights.
+  auto m2 = nn::mlp("8-16-4");
+  m2->to({DeviceType::cpu, 1}, 3);
+  CHECK(m2->flat_params().to_host() == m->flat_params().to_host());
+}
+
+TEST_CASE("learning-rate schedules", "[optim]") {
+  optim::Schedule c{optim::Schedule::Kind::constant, 0.1f, 0, 100};
+  CHECK(c.at(0) == 0.1f);
+  CHECK(c.at(99) == 0.1f);
+  optim::Schedule w{optim::Schedule::Kind::warmup, 0.1f, 10, 100};
+  CHECK(std::fabs(w.at(0) - 0.01f) < 1e-7f);
+  CHECK(std::fabs(w.at(4) - 0.05f) < 1e-7f);
+  CHECK(w.at(50) == 0.1f);
+  optim::Schedule k{optim::Schedule::Kind::cosine, 0.1f, 10, 110};
+  CHECK(std::fabs(k.at(10) - 0.1f) < 1e-7f);
+  CHECK(std::fabs(k.at(60) - 0.05f) < 1e-6f);
+  CHECK(k.at(110) < 1e-7f);
+  CHECK_THROWS_AS(optim::parse_schedule("linear"), UsageError);
+}
+
+TEST_CASE("synthetic samples are a pure function of (seed, index)", "[data]") {
+  const Device cpu{DeviceType::cpu, 0};
+  for (auto task : {data::Task::regression, data::Task::classification}) {
+    data::Synthetic d({.task = task, .in = 6, .out = 3, .seed = 9}, cpu);
+    auto whole = d.batch(10, 8);
+    auto part = d.batch(13, 3);
+    auto xs = whole.x.to_host(), xp = part.x.to_host();
+    CHECK(std::vector<float>(xs.begin() + 3 * 6, xs.begin() + 6 * 6) == xp);
+    if (task == data::Task::regression) {
+      auto ys = whole.y.to_host(), yp = part.y.to_host();
+      CHECK(test::rel_error(std::vector<float>(ys.begin() + 9, ys.begin() + 18), yp) < 1e-6);
+    } else {
+      auto ys = whole.y.to_host_i32(), yp = part.y.to_host_i32();
+      CHECK(std::vector<int32_t>(ys.begin() + 3, ys.begin() + 6) == yp);
+    }
+  }
+  // A finite dataset wraps: sample samples+i is sample i.
+  data::Synthetic f({.task = data::Task::regression, .in = 4, .out = 2, .seed = 9, .samples = 5}, cpu);
+  CHECK(f.batch(5, 5).x.to_host() == f.batch(0, 5).x.to_host());
+  CHECK(f.batch(3, 4).x.to_host() == f.batch(8, 4).x.to_host());
+}
+
+TEST_CASE("training on the CPU is deterministic, reduces the loss and allocates only in step 1", "[train]") {
+  TrainConfig cfg;
+  cfg.model = "16-64x2-4";
+  cfg.batch = 64;
+  cfg.steps = 150;
+  cfg.log_every = 1000;
+  cfg.device = {DeviceType::cpu, 5};
+  for (auto task : {data::Task::regression, data::Task::classification})
+    for (std::string opt : {"sgd", "adamw"}) {
+      INFO(data::task_name(task) << " " << opt);
+      cfg.task = task;
+      cfg.optimizer = opt;
+      cfg.lr = opt == "sgd" ? 0.05f : 0.003f;
+      Trainer a(cfg);
+      a.step(0);
+      const int64_t after_first = allocator(cfg.device).stats().system_allocs;
+      const TrainResult r = a.run();
+      CHECK(allocator(cfg.device).stats().system_allocs == after_first);
+      CHECK(r.final_loss < 0.5f * r.first_loss);
+      Trainer b(cfg);
+      b.run();
+      CHECK(a.model().flat_params().to_host() == b.model().flat_params().to_host());
+    }
+}
+
+TEST_CASE("the default job brings the loss below 10% of its first value", "[train]") {
+  TrainConfig cfg;
+  cfg.device = {DeviceType::cpu, 0};
+  cfg.log_every = 1000;
+  const TrainResult r = Trainer(cfg).run();
+  CHECK(r.final_loss < 0.1f * r.first_loss);
+}
+
+TEST_CASE("bad training configurations are refused", "[train]") {
+  auto refused = [](auto change) {
+    TrainConfig cfg;
+    change(cfg);
+    CHECK_THROWS_AS(validate(cfg), UsageError);
+  };
+  refused([](TrainConfig& c) { c.batch = 0; });
+  refused([](TrainConfig& c) { c.batch = -3; });
+  refused([](TrainConfig& c) { c.steps = 0; });
+  refused([](TrainConfig& c) { c.epochs = 2; });  // without --samples
+  refused([](TrainConfig& c) { c.lr = -1; });
+  refused([](TrainConfig& c) { c.lr = NAN; });
+  refused([](TrainConfig& c) { c.momentum = 1.5f; });
+  refused([](TrainConfig& c) { c.optimizer = "lion"; });
+  refused([](TrainConfig& c) { c.model = "3"; });
+  refused([](TrainConfig& c) { c.gemm = GemmImpl::native; });  // on the CPU
+  refused([](TrainConfig& c) {
+    c.task = data::Task::classification;
+    c.model = "4-1";
+  });
+  TrainConfig e;
+  e.epochs = 3;
+  e.samples = 1000;
+  e.batch = 300;
+  validate(e);
+  CHECK(e.steps == 10);
+}
