@@ -13,6 +13,8 @@
 
 namespace {
 
+bool g_progress_open = false;  // a live progress line is on the terminal, not yet ended
+
 constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3;
 
 // 35200 -> "35.2k"
@@ -72,6 +74,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--log-every", c.log_every, "Read the loss back and log every N steps")->capture_default_str();
   app.add_option("--metrics", o.metrics, "Write one JSON object per logged step to this file (JSONL)");
   app.set_config("--config", "", "Read flags from a TOML/INI config file");
+  app.allow_config_extras(CLI::config_extras_mode::error);  // a misspelt key is an error, not ignored
   app.set_version_flag("--version", std::string("dptrain ") + DPT_VERSION);
 }
 
@@ -132,7 +135,8 @@ int train(Options& o) {
     if (tty) {
       std::printf("\r\x1b[Kstep %lld/%lld | loss %.6g | %s samples/s | ETA %s", static_cast<long long>(s.step),
                   static_cast<long long>(s.total), s.loss, si(s.samples_per_s).c_str(), duration(eta).c_str());
-      if (s.step == s.total) std::printf("\n");
+      g_progress_open = s.step != s.total;
+      if (!g_progress_open) std::printf("\n");
     } else {
       std::printf("step %lld/%lld loss %.6g lr %.4g samples/s %s step_ms %.3f\n", static_cast<long long>(s.step),
                   static_cast<long long>(s.total), s.loss, s.lr, si(s.samples_per_s).c_str(), s.step_ms);
@@ -148,6 +152,12 @@ int train(Options& o) {
               dpt::format_bytes(r.memory.peak_allocated).c_str(), dpt::format_bytes(r.memory.peak_reserved).c_str(),
               static_cast<long long>(r.memory.system_allocs));
   return 0;
+}
+
+// One line on stderr, after ending a live progress line if one is open.
+int fail(int status, const char* what) {
+  std::fprintf(stderr, "%sdptrain: error: %s\n", g_progress_open ? "\n" : "", what);
+  return status;
 }
 
 }  // namespace
@@ -171,13 +181,10 @@ int main(int argc, char** argv) {
   try {
     return train(o);
   } catch (const dpt::UsageError& e) {
-    std::fprintf(stderr, "\ndptrain: error: %s\n", e.what());
-    return kExitUsage;
+    return fail(kExitUsage, e.what());
   } catch (const dpt::OutOfMemory& e) {
-    std::fprintf(stderr, "\ndptrain: error: %s\n", e.what());
-    return kExitOom;
+    return fail(kExitOom, e.what());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\ndptrain: error: %s\n", e.what());
-    return kExitError;
+    return fail(kExitError, e.what());
   }
 }

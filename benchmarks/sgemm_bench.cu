@@ -166,7 +166,10 @@ int run(int64_t size) {
                 flop / ms_native * 1e-9);
     std::printf("sgemm cublas%s %s %.3f ms %.2f TFLOP/s\n", tag, dims.c_str(), ms_cublas,
                 flop / ms_cublas * 1e-9);
-    if (t == 0) native_nn = ms_native, cublas_nn = ms_cublas;
+    if (t == 0) {
+      native_nn = ms_native;
+      cublas_nn = ms_cublas;
+    }
   }
   std::printf("native/cublas = %.3f\n", cublas_nn / native_nn);
 

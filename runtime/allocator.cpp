@@ -37,7 +37,8 @@ size_t total_memory(const Device& d) {
 std::string format_bytes(size_t bytes) {
   char buf[32];
   const double b = static_cast<double>(bytes);
-  if (bytes >= (size_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  if (bytes >= (size_t(1) << 40)) std::snprintf(buf, sizeof buf, "%.2f TiB", b / double(size_t(1) << 40));
+  else if (bytes >= (size_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
   else if (bytes >= (size_t(1) << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
   else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
   else std::snprintf(buf, sizeof buf, "%zu B", bytes);

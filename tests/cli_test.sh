@@ -1,1 +1,76 @@
-exit 0
+#!/usr/bin/env bash
+# dptrain as a user meets it: good runs, metrics and config files, and bad input, which
+# must give exactly one line on stderr and exit status 2 (never a crash).
+set -u
+exe=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# bad input: exit 2 and one line on stderr
+refuse() {
+  "$exe" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$? lines
+  lines=$(wc -l <"$tmp/err")
+  if [ "$rc" -ne 2 ]; then bad "dptrain $* exited $rc, not 2: $(cat "$tmp/err")"
+  elif [ "$lines" -ne 1 ]; then bad "dptrain $* wrote $lines lines on stderr: $(cat "$tmp/err")"
+  elif ! grep -q '^dptrain: error: ' "$tmp/err"; then bad "dptrain $*: stderr is not an error line: $(cat "$tmp/err")"
+  else ok; fi
+}
+refuse --bogus
+refuse --batch 0
+refuse --batch -5
+refuse --batch many
+refuse --steps 0
+refuse --lr -1
+refuse --lr abc
+refuse --model 10-
+refuse --model 0-4
+refuse --model x
+refuse --task ranking
+refuse --optimizer lion
+refuse --precision fp8
+refuse --gemm magic
+refuse --schedule linear
+refuse --devices gpu:0
+refuse --devices cuda:7
+refuse --devices cpu:0,
+refuse --devices cpu:0,cuda:0
+refuse --epochs 2
+refuse --config "$tmp/missing.toml"
+refuse --metrics "$tmp/no/such/dir/m.jsonl"
+refuse --task classification --model 4-1
+printf 'bogus-key = 3\n' >"$tmp/extra.toml"
+refuse --config "$tmp/extra.toml"
+printf 'batch = abc\n' >"$tmp/badvalue.toml"
+refuse --config "$tmp/badvalue.toml"
+
+# --version and --help
+if "$exe" --version | grep -q '^dptrain [0-9]'; then ok; else bad "--version"; fi
+if "$exe" --help | grep -q -- '--metrics'; then ok; else bad "--help"; fi
+
+# a good run on the CPU with metrics
+if "$exe" --devices cpu --steps 20 --batch 32 --log-every 5 --metrics "$tmp/m.jsonl" >"$tmp/out" 2>"$tmp/err"; then ok
+else bad "training run failed: $(cat "$tmp/err")"; fi
+[ "$(wc -l <"$tmp/m.jsonl")" -eq 5 ] && ok || bad "metrics: expected 5 lines (steps 1,5,10,15,20), got $(wc -l <"$tmp/m.jsonl")"
+if command -v python3 >/dev/null; then
+  python3 - "$tmp/m.jsonl" <<'PY' && ok || bad "metrics lines are not the JSON asked for"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == [1, 5, 10, 15, 20], rows
+for r in rows:
+    assert {"step", "loss", "lr", "samples_per_s"} <= r.keys(), r
+PY
+fi
+grep -q '^done: 20 steps' "$tmp/out" && ok || bad "no summary line: $(cat "$tmp/out")"
+grep -q '^memory cpu:0: peak' "$tmp/out" && ok || bad "no memory line"
+
+# a config file sets flags; the command line still wins
+printf 'steps = 7\nbatch = 32\nlog-every = 7\n' >"$tmp/run.toml"
+"$exe" --devices cpu --config "$tmp/run.toml" --batch 16 >"$tmp/out" 2>&1
+grep -q 'batch 16, 7 steps' "$tmp/out" && ok || bad "config file not applied: $(cat "$tmp/out")"
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]

@@ -30,21 +30,10 @@ unsigned reduce_blocks(int64_t n) {
 
 // Butterfly reductions: float addition is commutative, so every lane ends with the same
 // bits.
-__device__ __forceinline__ float warp_sum(float v) {
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ __forceinline__ double warp_sum(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
@@ -119,18 +108,53 @@ static __global__ void mse_backward_kernel(const float* y, const float* t, int64
 
 // ---- cross-entropy ----------------------------------------------------------------------
 
-// One warp per row: max, then the sum of exp(x - max), both in a fixed order.
+// One warp per row, one pass over it (online softmax, Milakov & Gimelshein 2018): each
+// lane keeps the running max of its columns and the sum of exp(x - max), rescaled when
+// the max grows; the lanes then merge pairwise. -inf terms contribute 0 explicitly, since
+// exp(-inf - -inf) would be NaN; a row of only -inf still ends as log(0) - -inf = NaN,
+// as on the CPU, and a NaN anywhere makes the sum NaN, as on the CPU.
 struct RowStats {
   float max, sum;
 };
 
+// s (a sum taken against max m) rescaled to the max `to` >= m. While m is still -inf, s
+// is 0, or NaN if a NaN came first: it passes through as it is, the NaN included.
+__device__ __forceinline__ float scaled(float s, float m, float to) {
+  return m == -INFINITY ? s : s * expf(m - to);
+}
+
+__device__ __forceinline__ void online_add(float v, float& m, float& s) {
+  if (v > m) {
+    s = scaled(s, m, v) + 1.f;
+    m = v;
+  } else if (v != -INFINITY) {
+    s += expf(v - m);
+  }
+}
+
 __device__ __forceinline__ RowStats row_stats(const float* x, int64_t cols, int lane) {
-  float m = -INFINITY;
-  for (int64_t c = lane; c < cols; c += 32) m = fmaxf(m, x[c]);
-  m = warp_max(m);
-  float s = 0.f;
-  for (int64_t c = lane; c < cols; c += 32) s += expf(x[c] - m);
-  return {m, warp_sum(s)};
+  float m = -INFINITY, s = 0.f;
+  int64_t c = lane;
+  // Four loads in flight before the (branchy) updates, which stay in column order.
+  for (; c + 96 < cols; c += 128) {
+    const float v0 = x[c], v1 = x[c + 32], v2 = x[c + 64], v3 = x[c + 96];
+    online_add(v0, m, s);
+    online_add(v1, m, s);
+    online_add(v2, m, s);
+    online_add(v3, m, s);
+  }
+  for (; c < cols; c += 32) online_add(x[c], m, s);
+  // Butterfly merge: the two terms of the sum swap between partners, and float addition
+  // is commutative, so all lanes end with the same bits.
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o);
+    const float os = __shfl_xor_sync(0xffffffffu, s, o);
+    const float nm = fmaxf(m, om);
+    s = scaled(s, m, nm) + scaled(os, om, nm);
+    m = nm;
+  }
+  return {m, s};
 }
 
 // work[r] = logsumexp(row r) - row r [label r]. A label outside [0, cols) gives NaN, so a
@@ -162,6 +186,7 @@ static __global__ void cross_entropy_backward_kernel(const float* logits, const 
   const float g = *dloss / static_cast<float>(rows);
   const float inv_sum = 1.f / st.sum;
   const int64_t label = labels[r];
+#pragma unroll 4
   for (int64_t c = lane; c < cols; c += 32) {
     const float p = expf(x[c] - st.max) * inv_sum;
     dx[c] = g * (c == label ? p - 1.f : p);

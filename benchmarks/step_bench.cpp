@@ -1,0 +1,80 @@
+// step_bench: times dptrain's training step on one device for a reference workload of
+// BENCHMARKS.md (seed, mlp, or any MLP spec), with a fixed random batch so only the
+// step is timed (forward, MSE, backward, SGD), as the PyTorch twin (torch_bench.py) does.
+// Prints one line: workload, precision, gemm, ms/step (median of timed blocks),
+// samples/s, peak memory, and the loss before and after as a sanity check.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "../layers/layers.hpp"
+#include "../layers/loss.hpp"
+#include "../optim/optim.hpp"
+#include "../runtime/allocator.hpp"
+#include "../runtime/context.hpp"
+#include "../runtime/ops.hpp"
+
+using namespace dpt;
+
+int main(int argc, char** argv) {
+  CLI::App app{"step_bench: time one training step of dptrain"};
+  std::string model = "seed", precision = "fp32", gemm = "cublas", device = "cuda:0";
+  int64_t batch = 64, warmup = 20, blocks = 7, per_block = 20;
+  app.add_option("--model", model, "seed, mlp or an MLP spec");
+  app.add_option("--batch", batch, "Batch size");
+  app.add_option("--precision", precision, "fp32, tf32, bf16");
+  app.add_option("--gemm", gemm, "cublas or native");
+  app.add_option("--devices", device, "Device");
+  app.add_option("--warmup", warmup, "Untimed steps");
+  app.add_option("--blocks", blocks, "Timed blocks (the median is reported)");
+  app.add_option("--steps", per_block, "Steps per timed block");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const Device d = parse_devices(device).front();
+    Context& ctx = context(d);
+    ctx.precision = precision == "tf32" ? Precision::tf32 : precision == "bf16" ? Precision::bf16 : Precision::fp32;
+    ctx.gemm = gemm == "native" ? GemmImpl::native : GemmImpl::cublas;
+    const auto widths = nn::parse_mlp_spec(model);
+    auto net = nn::mlp(model, Act::relu);
+    net->to(d, 1);
+    optim::SGD opt(*net, {.lr = 0.01f});
+    Tensor x = Tensor::empty({batch, widths.front()}, DType::f32, d);
+    Tensor y = Tensor::empty({batch, widths.back()}, DType::f32, d);
+    normal_(x, 1, 1, 0);
+    normal_(y, 1, 2, 0);
+    auto step = [&] {
+      net->zero_grad();
+      Tensor loss = nn::MSELoss()(net->forward(x), y);
+      loss.backward();
+      opt.step();
+      return loss;
+    };
+    const float first = step().item();
+    for (int64_t i = 1; i < warmup; ++i) step();
+    ctx.synchronize();
+    std::vector<double> ms;
+    Tensor loss;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < per_block; ++i) loss = step();
+      ctx.synchronize();
+      const auto t1 = std::chrono::steady_clock::now();
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(per_block));
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    const auto st = allocator(d).stats();
+    std::printf("dptrain %s batch %lld %s %s: %.4f ms/step, %.4g samples/s, peak %.1f MiB, loss %.5g -> %.5g\n",
+                model.c_str(), static_cast<long long>(batch), precision.c_str(), gemm.c_str(), med,
+                1e3 * static_cast<double>(batch) / med, static_cast<double>(st.peak_allocated) / (1 << 20), first,
+                loss.item());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "step_bench: error: %s\n", e.what());
+    return 1;
+  }
+}
