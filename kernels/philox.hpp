@@ -47,10 +47,17 @@ DPT_HD uint32_t lane(const U4& u, int i) {
 // Uniform in (0, 1], exactly representable, identical on host and device.
 DPT_HD float to_unit(uint32_t x) { return static_cast<float>((x >> 8) + 1u) * (1.0f / 16777216.0f); }
 
-// Element i of the uniform stream (seed, stream), in [lo, hi).
+// Element i of the uniform stream (seed, stream), in [lo, hi). The rounding is pinned on
+// the device: nvcc would contract lo + (hi - lo) * u into one FMA, which the host
+// compiler does not, and the two must agree bit for bit.
 DPT_HD float uniform(uint64_t seed, uint64_t stream, uint64_t i, float lo, float hi) {
   U4 u = philox4x32(seed, stream, i >> 2);
-  return lo + (hi - lo) * (1.0f - to_unit(lane(u, static_cast<int>(i & 3))));
+  const float unit = 1.0f - to_unit(lane(u, static_cast<int>(i & 3)));
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(lo, __fmul_rn(hi - lo, unit));
+#else
+  return lo + (hi - lo) * unit;
+#endif
 }
 
 // Element i of the standard-normal stream (seed, stream): Box-Muller on lanes (0,1)

@@ -33,6 +33,8 @@ Linear::Linear(int64_t in, int64_t out, Act act, bool bias)
 
 Tensor Linear::forward(const Tensor& x) { return linear(x, W_.value, bias(), act_); }
 
+std::shared_ptr<Module> Linear::clone() const { return std::make_shared<Linear>(in_, out_, act_, b_ != nullptr); }
+
 std::string Linear::describe() const {
   return "Linear(" + std::to_string(in_) + ", " + std::to_string(out_) +
          (act_ != Act::none ? std::string(", ") + act_name(act_) : "") + ")";
@@ -50,6 +52,12 @@ Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   for (auto& m : children()) h = m->forward(h);
   return h;
+}
+
+std::shared_ptr<Module> Sequential::clone() const {
+  auto s = std::make_shared<Sequential>();
+  for (auto& m : children()) s->add(m->clone());
+  return s;
 }
 
 std::string Sequential::describe() const {

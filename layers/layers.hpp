@@ -19,6 +19,7 @@ class Linear : public Module {
  public:
   Linear(int64_t in, int64_t out, Act act = Act::none, bool bias = true);
   Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Module> clone() const override;
   std::string describe() const override;
   const Tensor& weight() const { return W_.value; }
   const Tensor& bias() const { return b_ ? b_->value : none_; }
@@ -35,6 +36,7 @@ class Activation : public Module {
  public:
   explicit Activation(Act act) : act_(act) {}
   Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Module> clone() const override { return std::make_shared<Activation>(act_); }
   std::string describe() const override;
 
  private:
@@ -46,6 +48,7 @@ class Sequential : public Module {
   Sequential() = default;
   Sequential& add(std::shared_ptr<Module> m);
   Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Module> clone() const override;
   std::string describe() const override;
   size_t size() const { return children().size(); }
 };

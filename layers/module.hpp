@@ -26,6 +26,8 @@ class Module {
   virtual std::string describe() const = 0;
 
   Tensor operator()(const Tensor& x) { return forward(x); }
+  // The same structure with parameters not yet placed on any device.
+  virtual std::shared_ptr<Module> clone() const = 0;
 
   // Every parameter of this module and its children, depth-first in registration order.
   std::vector<Parameter*> parameters();
@@ -35,6 +37,9 @@ class Module {
   // its gradient into one flat gradient buffer), initialized from `seed` the same way
   // on any device: the values are made on the host by the Philox generator.
   void to(const Device& device, uint64_t seed);
+  // A replica on `device`: the same structure with its own flat buffers, holding this
+  // module's current parameters (one device-to-device copy of the flat buffer).
+  std::shared_ptr<Module> replicate(const Device& device) const;
   bool materialized() const { return flat_params_.defined(); }
   const Tensor& flat_params() const { return flat_params_; }
   const Tensor& flat_grads() const { return flat_grads_; }
@@ -48,6 +53,10 @@ class Module {
  protected:
   Parameter& register_parameter(std::string name, Shape shape, float init_bound);
   void register_module(std::shared_ptr<Module> child);
+  // Makes `flat` (laid out by layout()) the parameter buffer, with a zeroed gradient buffer.
+  void bind(Tensor flat);
+  // Offsets of every parameter in the flat buffer, and its total size.
+  std::vector<int64_t> layout(int64_t* total);
   const std::vector<std::shared_ptr<Module>>& children() const { return children_; }
 
  private:

@@ -34,7 +34,7 @@ Tensor Grads::accumulator(size_t i) const {
   return in.is_leaf() ? in.grad() : Tensor();
 }
 
-void run_backward(const Tensor& root, Tensor seed) {
+void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done) {
   DPT_CHECK(root.requires_grad(), "backward() on a tensor that does not require a gradient");
   DPT_CHECK(seed.shape() == root.shape(), "backward(): seed " + shape_str(seed.shape()) +
                                               " for a tensor of shape " + shape_str(root.shape()));
@@ -43,6 +43,7 @@ void run_backward(const Tensor& root, Tensor seed) {
     Tensor g = root.grad();
     accumulate(g, seed);
     const_cast<Tensor&>(root).set_grad(g);
+    if (on_leaf_done) on_leaf_done(root);
     return;
   }
   // Reverse topological order: a node runs only after every node that consumes its
@@ -83,6 +84,9 @@ void run_backward(const Tensor& root, Tensor seed) {
         accumulate(pending[in.grad_fn().get()], gi);
       }
     }
+    if (on_leaf_done)
+      for (const Tensor& in : node->inputs)
+        if (in.is_leaf() && in.requires_grad()) on_leaf_done(in);
   }
 }
 

@@ -4,6 +4,7 @@
 // that already exist (parameters' views into the flat gradient buffer) are written in
 // place, so a GEMM can accumulate straight into them with beta = 1.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -46,8 +47,13 @@ class Node {
   std::vector<Tensor> inputs;
 };
 
+// Called for a leaf input of a node once that node's backward has run: the leaf's
+// gradient from that use is then complete (queued). Data parallelism uses it to reduce
+// gradient buckets while the rest of backward still runs.
+using LeafHook = std::function<void(const Tensor& leaf)>;
+
 // Runs backward from `root` with the seed gradient `seed` (same shape as root).
-void run_backward(const Tensor& root, Tensor seed);
+void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done = {});
 
 // Whether ops record autograd history in this thread.
 bool grad_enabled();

@@ -1,5 +1,6 @@
 #include "context.hpp"
 
+#include <chrono>
 #include <map>
 #include <mutex>
 
@@ -53,6 +54,62 @@ void Context::synchronize() const {
     DPT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
   }
 #endif
+}
+
+Event::Event(Device device) : device_(device) {
+#if DPT_WITH_CUDA
+  if (device.is_cuda()) {
+    DPT_CUDA_CHECK(cudaSetDevice(device.index));
+    cudaEvent_t e = nullptr;
+    DPT_CUDA_CHECK(cudaEventCreate(&e));
+    event_ = e;
+  }
+#endif
+}
+
+Event::~Event() {
+#if DPT_WITH_CUDA
+  if (event_) DPT_CUDA_WARN(cudaEventDestroy(static_cast<cudaEvent_t>(event_)));
+#endif
+}
+
+void Event::record(const Context& ctx) {
+#if DPT_WITH_CUDA
+  if (event_) {
+    DPT_CUDA_CHECK(cudaSetDevice(ctx.device().index));
+    DPT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(ctx.stream())));
+    return;
+  }
+#endif
+  (void)ctx;
+  host_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void Event::wait_in(const Context& ctx) const {
+#if DPT_WITH_CUDA
+  if (event_ && ctx.stream()) {
+    DPT_CUDA_CHECK(cudaSetDevice(ctx.device().index));
+    DPT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(ctx.stream()), static_cast<cudaEvent_t>(event_), 0));
+  }
+#endif
+  (void)ctx;
+}
+
+void Event::synchronize() const {
+#if DPT_WITH_CUDA
+  if (event_) DPT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+#endif
+}
+
+double Event::ms_since(const Event& start) const {
+#if DPT_WITH_CUDA
+  if (event_ && start.event_) {
+    float ms = 0.0f;
+    DPT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.event_), static_cast<cudaEvent_t>(event_)));
+    return ms;
+  }
+#endif
+  return host_ms_ - start.host_ms_;
 }
 
 Context& context(const Device& device) {

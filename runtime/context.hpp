@@ -34,6 +34,30 @@ class Context {
   void* blas_ = nullptr;
 };
 
+// A point in a context's queue of work: a CUDA event on a GPU, a host timestamp on the
+// CPU (where work is done by the time it is queued). Made once and recorded again and
+// again, so a training step creates none.
+class Event {
+ public:
+  explicit Event(Device device);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  // Marks the current end of ctx's queue.
+  void record(const Context& ctx);
+  // Makes ctx's later work wait until this event has happened (no host wait).
+  void wait_in(const Context& ctx) const;
+  // Blocks the host until the event has happened.
+  void synchronize() const;
+  // Milliseconds from `start` to this event; both must have happened.
+  double ms_since(const Event& start) const;
+
+ private:
+  Device device_;
+  void* event_ = nullptr;  // cudaEvent_t
+  double host_ms_ = 0.0;   // CPU: when it was recorded
+};
+
 // The context ops on `device` use in this thread: the thread's current one when it is
 // on that device, else the device's default context.
 Context& context(const Device& device);

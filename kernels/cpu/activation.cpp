@@ -9,7 +9,7 @@ namespace {
 float activate(Act act, float z) {
   switch (act) {
     case Act::relu: return z > 0.0f ? z : 0.0f;
-    case Act::gelu: return 0.5f * z * (1.0f + std::erf(z * 0.70710678118654752f));
+    case Act::gelu: return 0.5f * z * std::erfc(-z * 0.70710678118654752f);  // erfc: no cancellation for z << 0
     case Act::tanh: return std::tanh(z);
     case Act::none: break;
   }
@@ -21,7 +21,7 @@ float derivative(Act act, float saved) {
   switch (act) {
     case Act::relu: return saved > 0.0f ? 1.0f : 0.0f;
     case Act::gelu:
-      return 0.5f * (1.0f + std::erf(saved * 0.70710678118654752f)) +
+      return 0.5f * std::erfc(-saved * 0.70710678118654752f) +
              saved * std::exp(-0.5f * saved * saved) * 0.3989422804014327f;
     case Act::tanh: return 1.0f - saved * saved;
     case Act::none: break;

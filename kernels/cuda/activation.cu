@@ -31,7 +31,7 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 template <Act A>
 __device__ __forceinline__ float act_forward(float v) {
   if constexpr (A == Act::relu) return v > 0.f ? v : 0.f;
-  if constexpr (A == Act::gelu) return 0.5f * v * (1.f + erff(v * kInvSqrt2));
+  if constexpr (A == Act::gelu) return 0.5f * v * erfcf(-v * kInvSqrt2);  // erfc: no cancellation for z << 0
   if constexpr (A == Act::tanh) return tanhf(v);
   return v;
 }
@@ -41,7 +41,7 @@ template <Act A>
 __device__ __forceinline__ float act_derivative(float s) {
   if constexpr (A == Act::relu) return s > 0.f ? 1.f : 0.f;
   if constexpr (A == Act::gelu)
-    return 0.5f * (1.f + erff(s * kInvSqrt2)) + s * expf(-0.5f * s * s) * kInvSqrt2Pi;
+    return 0.5f * erfcf(-s * kInvSqrt2) + s * expf(-0.5f * s * s) * kInvSqrt2Pi;
   if constexpr (A == Act::tanh) return 1.f - s * s;
   return 1.f;
 }

@@ -215,17 +215,11 @@ static __global__ void normal_kernel(float* out, int64_t n, uint64_t seed, uint6
     out[i] = std * philox::normal(seed, stream_id, offset + static_cast<uint64_t>(i));
 }
 
-// philox::uniform's formula with its rounding pinned: nvcc contracts lo + (hi - lo) * u
-// into one FMA, which the CPU build (ISO C++, no contraction) does not, and the two
-// streams must agree bit for bit. The integer part and to_unit are exact on both sides.
+// philox::uniform pins its rounding on the device, so both streams agree bit for bit.
 static __global__ void uniform_kernel(float* out, int64_t n, uint64_t seed, uint64_t stream_id,
                                       uint64_t offset, float lo, float hi) {
-  for (int64_t i = global_tid(); i < n; i += grid_stride()) {
-    const uint64_t e = offset + static_cast<uint64_t>(i);
-    const philox::U4 u = philox::philox4x32(seed, stream_id, e >> 2);
-    const float unit = philox::to_unit(philox::lane(u, static_cast<int>(e & 3)));
-    out[i] = __fadd_rn(lo, __fmul_rn(hi - lo, 1.0f - unit));
-  }
+  for (int64_t i = global_tid(); i < n; i += grid_stride())
+    out[i] = philox::uniform(seed, stream_id, offset + static_cast<uint64_t>(i), lo, hi);
 }
 
 }  // namespace
