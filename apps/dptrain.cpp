@@ -41,7 +41,9 @@ const char* precision_name(dpt::Precision p) {
 
 struct Options {
   dpt::TrainConfig cfg;
-  std::string task = "regression", act = "relu", precision = "fp32", gemm = "cublas", devices;
+  std::string task = "regression", act = "relu", precision = "fp32", gemm = "cublas", devices, reduce = "auto";
+  int gpus = 0, cpus = 0;
+  bool gpus_given = false, cpus_given = false;
   std::string metrics;
 };
 
@@ -69,7 +71,17 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--precision", o.precision, "GEMM precision: fp32, tf32, bf16")->capture_default_str();
   app.add_option("--gemm", o.gemm, "GEMM implementation: cublas or native (hand-written, fp32)")
       ->capture_default_str();
-  app.add_option("--devices", o.devices, "Device to train on: cuda:0, cpu (default: cuda:0 if there is a GPU, else cpu)");
+  auto* devices = app.add_option("--devices", o.devices,
+                                 "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
+                                 "a GPU listed twice holds two replicas");
+  auto* gpus = app.add_option("--gpus", o.gpus, "Train on the first N GPUs (cuda:0..cuda:N-1)");
+  auto* cpus = app.add_option("--cpus", o.cpus, "Train on N virtual CPU devices (cpu:0..cpu:N-1)");
+  devices->excludes(gpus)->excludes(cpus);
+  gpus->excludes(cpus);
+  app.add_option("--reduce", o.reduce, "Gradient reduction: auto, nccl, p2p (to the master), host (CPU devices)")
+      ->capture_default_str();
+  app.add_option("--bucket-mb", o.cfg.bucket_mb, "Gradient bucket size in MiB, reduced as soon as it is ready")
+      ->capture_default_str();
   app.add_option("--seed", c.seed, "Seed of the data, the teacher and the initial weights")->capture_default_str();
   app.add_option("--log-every", c.log_every, "Read the loss back and log every N steps")->capture_default_str();
   app.add_option("--metrics", o.metrics, "Write one JSON object per logged step to this file (JSONL)");
@@ -90,11 +102,16 @@ void resolve(Options& o) {
   if (o.gemm == "cublas") c.gemm = dpt::GemmImpl::cublas;
   else if (o.gemm == "native") c.gemm = dpt::GemmImpl::native;
   else throw dpt::UsageError("unknown GEMM '" + o.gemm + "': expected cublas or native");
-  const auto devices = o.devices.empty() ? dpt::default_devices() : dpt::parse_devices(o.devices);
-  if (devices.size() != 1)
-    throw dpt::UsageError("--devices lists " + std::to_string(devices.size()) +
-                          " devices; this build trains on one device");
-  c.device = devices.front();
+  auto first_n = [](const char* kind, int n) {
+    if (n < 1) throw dpt::UsageError(std::string("--") + kind + "s must be at least 1, got " + std::to_string(n));
+    std::string list;
+    for (int i = 0; i < n; ++i) list += (i ? "," : "") + std::string(kind == std::string("gpu") ? "cuda:" : "cpu:") + std::to_string(i);
+    return dpt::parse_devices(list);
+  };
+  if (!o.devices.empty()) c.devices = dpt::parse_devices(o.devices);
+  else if (o.gpus_given) c.devices = first_n("gpu", o.gpus);
+  else if (o.cpus_given) c.devices = first_n("cpu", o.cpus);
+  c.reduce = dpt::parse_reduce(o.reduce);
   dpt::validate(c);
 }
 
@@ -117,12 +134,19 @@ int train(Options& o) {
   const auto& c = o.cfg;
   dpt::Trainer trainer(c);
   const bool tty = isatty(STDOUT_FILENO);
+  std::string where = dpt::describe_device(c.devices.front());
+  if (c.devices.size() > 1) {
+    where = std::to_string(c.devices.size()) + " replicas on";
+    for (const auto& d : c.devices) where += " " + d.str();
+    where += std::string(", reduce ") + dpt::reduce_name(trainer.parallel().reduce());
+    if (trainer.parallel().buckets() > 0) where += " in " + std::to_string(trainer.parallel().buckets()) + " bucket(s)";
+  }
   std::printf("dptrain %s: %s, %lld parameters on %s\n", DPT_VERSION, trainer.model().describe().c_str(),
-              static_cast<long long>(trainer.model().num_parameters()), dpt::describe_device(c.device).c_str());
+              static_cast<long long>(trainer.model().num_parameters()), where.c_str());
   std::printf("  %s, batch %lld, %lld steps, %s, %s, gemm %s\n", dpt::data::task_name(c.task),
               static_cast<long long>(c.batch), static_cast<long long>(c.steps),
               trainer.optimizer().describe().c_str(), precision_name(c.precision),
-              c.device.is_cpu() ? "cpu" : o.gemm.c_str());
+              c.devices.front().is_cpu() ? "cpu" : o.gemm.c_str());
   std::fflush(stdout);
 
   auto on_log = [&](const dpt::StepLog& s) {
@@ -148,9 +172,12 @@ int train(Options& o) {
   std::printf("done: %lld steps in %s; loss %.6g -> %.6g (%.1f%% of the first); %s samples/s; %.3f ms/step\n",
               static_cast<long long>(r.steps), duration(r.seconds).c_str(), r.first_loss, r.final_loss, ratio,
               si(r.samples_per_s).c_str(), r.step_ms);
-  std::printf("memory %s: peak %s allocated, %s reserved, %lld system allocations\n", c.device.str().c_str(),
-              dpt::format_bytes(r.memory.peak_allocated).c_str(), dpt::format_bytes(r.memory.peak_reserved).c_str(),
-              static_cast<long long>(r.memory.system_allocs));
+  std::printf("step time (last step, master): compute %.3f ms, reduce %.3f ms, update %.3f ms\n", r.times.compute,
+              r.times.reduce, r.times.update);
+  for (const auto& [dev, m] : r.memory)
+    std::printf("memory %s: peak %s allocated, %s reserved, %lld system allocations\n", dev.str().c_str(),
+                dpt::format_bytes(m.peak_allocated).c_str(), dpt::format_bytes(m.peak_reserved).c_str(),
+                static_cast<long long>(m.system_allocs));
   return 0;
 }
 
@@ -168,6 +195,8 @@ int main(int argc, char** argv) {
   add_flags(app, o);
   try {
     app.parse(argc, argv);
+    o.gpus_given = app.count("--gpus") > 0;
+    o.cpus_given = app.count("--cpus") > 0;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

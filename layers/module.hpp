@@ -44,6 +44,8 @@ class Module {
   const Tensor& flat_params() const { return flat_params_; }
   const Tensor& flat_grads() const { return flat_grads_; }
   Device device() const { return flat_params_.device(); }
+  // Offsets of every parameter in the flat buffer, and its total size.
+  std::vector<int64_t> layout(int64_t* total);
   // Zeroes every gradient: one memset over the flat gradient buffer.
   void zero_grad();
 
@@ -55,8 +57,7 @@ class Module {
   void register_module(std::shared_ptr<Module> child);
   // Makes `flat` (laid out by layout()) the parameter buffer, with a zeroed gradient buffer.
   void bind(Tensor flat);
-  // Offsets of every parameter in the flat buffer, and its total size.
-  std::vector<int64_t> layout(int64_t* total);
+
   const std::vector<std::shared_ptr<Module>>& children() const { return children_; }
 
  private:

@@ -1,10 +1,12 @@
 #include "trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "../kernels/error.hpp"
 #include "../layers/loss.hpp"
+#include "../runtime/allocator.hpp"
 #include "../runtime/ops.hpp"
 
 namespace dpt {
@@ -31,8 +33,14 @@ void validate(TrainConfig& cfg) {
   if (cfg.task == data::Task::classification && widths.back() < 2)
     throw UsageError("classification needs at least 2 output classes, the model has " +
                      std::to_string(widths.back()));
-  check_device(cfg.device);
-  if (cfg.device.is_cpu() && cfg.gemm == GemmImpl::native)
+  if (cfg.devices.empty()) cfg.devices = default_devices();
+  for (const Device& d : cfg.devices) {
+    check_device(d);
+    if (d.type != cfg.devices.front().type) throw UsageError("CPU and CUDA devices cannot be mixed");
+  }
+  (void)resolve_reduce(cfg.reduce, cfg.devices);
+  if (!(cfg.bucket_mb > 0.0)) throw UsageError("--bucket-mb must be positive");
+  if (cfg.devices.front().is_cpu() && cfg.gemm == GemmImpl::native)
     throw UsageError("--gemm native is a CUDA kernel; the CPU has one GEMM");
   if (cfg.gemm == GemmImpl::native && cfg.precision != Precision::fp32)
     throw UsageError("--gemm native computes in fp32 only; use --gemm cublas for tf32 or bf16");
@@ -40,11 +48,9 @@ void validate(TrainConfig& cfg) {
 
 Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
   validate(cfg_);
-  Context& ctx = context(cfg_.device);
-  ctx.precision = cfg_.precision;
-  ctx.gemm = cfg_.gemm;
+  const Device master = cfg_.devices.front();
   model_ = nn::mlp(cfg_.model, cfg_.act);
-  model_->to(cfg_.device, cfg_.seed);
+  model_->to(master, cfg_.seed);
   const auto widths = nn::parse_mlp_spec(cfg_.model);
   data::SyntheticConfig dc;
   dc.task = cfg_.task;
@@ -52,43 +58,46 @@ Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
   dc.out = widths.back();
   dc.seed = cfg_.seed;
   dc.samples = cfg_.samples;
-  data_ = std::make_unique<data::Synthetic>(dc, cfg_.device);
-  if (cfg_.optimizer == "sgd")
-    opt_ = std::make_unique<optim::SGD>(*model_, optim::SGD::Options{cfg_.lr, cfg_.momentum, 0.0f,
-                                                                     cfg_.weight_decay, cfg_.nesterov});
-  else
-    opt_ = std::make_unique<optim::AdamW>(
-        *model_, optim::AdamW::Options{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
+  for (const Device& d : cfg_.devices) data_.push_back(std::make_unique<data::Synthetic>(dc, d));
+  OptimizerFactory make_opt = [this](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+    if (cfg_.optimizer == "sgd")
+      return std::make_unique<optim::SGD>(m, optim::SGD::Options{cfg_.lr, cfg_.momentum, 0.0f, cfg_.weight_decay,
+                                                                  cfg_.nesterov});
+    return std::make_unique<optim::AdamW>(
+        m, optim::AdamW::Options{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
+  };
+  DataParallelOptions o;
+  o.reduce = cfg_.reduce;
+  o.bucket_mb = cfg_.bucket_mb;
+  o.precision = cfg_.precision;
+  o.gemm = cfg_.gemm;
+  o.clip = cfg_.clip;
+  dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, make_opt, o);
   sched_ = {optim::parse_schedule(cfg_.schedule), cfg_.lr, cfg_.warmup, cfg_.steps};
 }
 
-Tensor Trainer::step(int64_t s) {
-  data::Batch b = data_->batch(s * cfg_.batch, cfg_.batch);
-  model_->zero_grad();
-  Tensor out = model_->forward(b.x);
-  Tensor loss = cfg_.task == data::Task::regression ? nn::MSELoss()(out, b.y)
-                                                    : nn::CrossEntropyLoss()(out, b.y);
-  loss.backward();
-  Tensor scale = cfg_.clip > 0.0f ? optim::clip_grad_norm(*model_, cfg_.clip) : Tensor();
-  opt_->set_lr(sched_.at(s));
-  opt_->step(scale);
-  return loss.detach();
+StepLoss Trainer::step(int64_t s) {
+  dp_->set_lr(sched_.at(s));
+  const LossFn loss = cfg_.task == data::Task::regression ? LossFn(nn::MSELoss()) : LossFn(nn::CrossEntropyLoss());
+  StepLoss l = dp_->train_step(s * cfg_.batch, cfg_.batch,
+                               [this](size_t r, int64_t first, int64_t n) { return data_[r]->batch(first, n); }, loss);
+  steps_done_ = s + 1;
+  return l;
 }
 
 TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log) {
   using clock = std::chrono::steady_clock;
-  Context& ctx = context(cfg_.device);
   TrainResult r;
   const auto start = clock::now();
   auto last = start, after_first = start;
-  const int64_t begin = opt_->steps_taken();
+  const int64_t begin = steps_done_;
   int64_t last_step = begin;
   for (int64_t s = begin; s < cfg_.steps; ++s) {
-    Tensor loss = step(s);
+    const StepLoss loss = step(s);
     const int64_t done = s + 1;
     const bool first = s == begin;
     if (first || done % cfg_.log_every == 0 || done == cfg_.steps) {
-      const float value = loss.item();  // the only host synchronization of a step
+      const float value = loss.value();  // the only host synchronization of a step
       const auto now = clock::now();
       if (first) {
         r.first_loss = value;
@@ -97,14 +106,14 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log) {
       const double dt = std::chrono::duration<double>(now - last).count();
       const int64_t n = done - last_step;
       if (on_log)
-        on_log({done, cfg_.steps, value, opt_->lr(), dt > 0 ? static_cast<double>(n * cfg_.batch) / dt : 0.0,
+        on_log({done, cfg_.steps, value, sched_.at(s), dt > 0 ? static_cast<double>(n * cfg_.batch) / dt : 0.0,
                 1e3 * dt / static_cast<double>(n), std::chrono::duration<double>(now - start).count()});
       r.final_loss = value;
       last = now;
       last_step = done;
     }
   }
-  ctx.synchronize();
+  dp_->synchronize();
   const auto end = clock::now();
   r.steps = cfg_.steps - begin;
   r.seconds = std::chrono::duration<double>(end - start).count();
@@ -113,7 +122,13 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log) {
     r.samples_per_s = static_cast<double>((r.steps - 1) * cfg_.batch) / timed;
     r.step_ms = 1e3 * timed / static_cast<double>(r.steps - 1);
   }
-  r.memory = allocator(cfg_.device).stats();
+  r.times = dp_->last_times();
+  std::vector<Device> seen;
+  for (const Device& d : cfg_.devices)
+    if (std::find(seen.begin(), seen.end(), d) == seen.end()) {
+      seen.push_back(d);
+      r.memory.push_back({d, allocator(d).stats()});
+    }
   return r;
 }
 

@@ -11,6 +11,7 @@
 #include "../layers/synthetic.hpp"
 #include "../runtime/allocator.hpp"
 #include "../runtime/context.hpp"
+#include "data_parallel.hpp"
 #include "optim.hpp"
 
 namespace dpt {
@@ -34,12 +35,15 @@ struct TrainConfig {
   float clip = 0.0f;       // global gradient-norm clipping; 0 = off
   Precision precision = Precision::fp32;
   GemmImpl gemm = GemmImpl::cublas;
-  Device device;
+  std::vector<Device> devices;  // empty: every GPU there is, else the CPU
+  Reduce reduce = Reduce::automatic;
+  double bucket_mb = 25.0;
   uint64_t seed = 1;
   int64_t log_every = 10;  // read the loss back every N steps (and at the last step)
 };
 
-// Checks the configuration; throws UsageError with a one-line reason.
+// Checks the configuration (and fills in the default devices); throws UsageError with a
+// one-line reason.
 void validate(TrainConfig& cfg);
 
 struct StepLog {
@@ -59,7 +63,8 @@ struct TrainResult {
   double seconds = 0.0;
   double samples_per_s = 0.0;   // over all steps after the first
   double step_ms = 0.0;         // mean over all steps after the first
-  AllocatorStats memory;        // of the training device
+  std::vector<std::pair<Device, AllocatorStats>> memory;  // every device used
+  StepTimes times;              // the last step's phases on the master
 };
 
 class Trainer {
@@ -67,19 +72,22 @@ class Trainer {
   explicit Trainer(TrainConfig cfg);
   // Trains cfg.steps steps, calling on_log at every logged step.
   TrainResult run(const std::function<void(const StepLog&)>& on_log = {});
-  // One step on samples [first, first + batch): returns the loss as a device scalar.
-  Tensor step(int64_t step_index);
+  // One step on samples [step * batch, (step + 1) * batch); reading the loss waits for it.
+  StepLoss step(int64_t step_index);
 
   const TrainConfig& config() const { return cfg_; }
-  nn::Module& model() { return *model_; }
-  optim::Optimizer& optimizer() { return *opt_; }
+  nn::Module& model() { return *model_; }  // the master replica
+  DataParallel& parallel() { return *dp_; }
+  optim::Optimizer& optimizer() { return dp_->optimizer(); }
+  int64_t steps_done() const { return steps_done_; }
 
  private:
   TrainConfig cfg_;
   std::shared_ptr<nn::Sequential> model_;
-  std::unique_ptr<data::Synthetic> data_;
-  std::unique_ptr<optim::Optimizer> opt_;
+  std::vector<std::unique_ptr<data::Synthetic>> data_;  // one per replica, on its device
+  std::unique_ptr<DataParallel> dp_;
   optim::Schedule sched_;
+  int64_t steps_done_ = 0;
 };
 
 }  // namespace dpt

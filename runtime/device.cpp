@@ -102,6 +102,21 @@ std::string describe_device(const Device& d) {
   return d.str() + (d.is_cpu() ? " (host)" : "");
 }
 
+void enable_peer_access(const std::vector<Device>& devices) {
+#if DPT_WITH_CUDA
+  for (const Device& a : devices)
+    for (const Device& b : devices) {
+      if (!a.is_cuda() || !b.is_cuda() || a.index == b.index) continue;
+      int can = 0;
+      if (cudaDeviceCanAccessPeer(&can, a.index, b.index) != cudaSuccess || !can) continue;
+      if (cudaSetDevice(a.index) != cudaSuccess) continue;
+      if (cudaDeviceEnablePeerAccess(b.index, 0) != cudaSuccess) cudaGetLastError();  // already on: fine
+    }
+#else
+  (void)devices;
+#endif
+}
+
 std::vector<Device> default_devices() {
   std::vector<Device> out;
   for (int i = 0; i < cuda_device_count(); ++i) out.push_back({DeviceType::cuda, i});

@@ -34,6 +34,9 @@ std::vector<Device> parse_devices(std::string_view list);
 void check_device(const Device& d);
 // "cuda:0 (NVIDIA H200, 140.4 GiB)" or "cpu:0 (host)".
 std::string describe_device(const Device& d);
+// Lets every pair of distinct GPUs in `devices` read each other's memory directly where
+// the hardware allows (copies between the others are staged by the driver).
+void enable_peer_access(const std::vector<Device>& devices);
 // Every GPU there is, else {cpu}.
 std::vector<Device> default_devices();
 

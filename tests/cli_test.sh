@@ -42,6 +42,14 @@ refuse --epochs 2
 refuse --config "$tmp/missing.toml"
 refuse --metrics "$tmp/no/such/dir/m.jsonl"
 refuse --task classification --model 4-1
+refuse --gpus 0
+refuse --cpus 0
+refuse --cpus -2
+refuse --cpus 2 --gpus 1
+refuse --devices cpu:0 --cpus 2
+refuse --reduce allgather
+refuse --cpus 2 --reduce nccl
+refuse --bucket-mb 0
 printf 'bogus-key = 3\n' >"$tmp/extra.toml"
 refuse --config "$tmp/extra.toml"
 printf 'batch = abc\n' >"$tmp/badvalue.toml"
@@ -66,6 +74,15 @@ PY
 fi
 grep -q '^done: 20 steps' "$tmp/out" && ok || bad "no summary line: $(cat "$tmp/out")"
 grep -q '^memory cpu:0: peak' "$tmp/out" && ok || bad "no memory line"
+
+# data parallelism on virtual CPU devices: 4 replicas, uneven shards, per-device memory
+if "$exe" --cpus 3 --batch 10 --steps 5 --log-every 5 >"$tmp/out" 2>"$tmp/err"; then ok
+else bad "--cpus 3 failed: $(cat "$tmp/err")"; fi
+grep -q '3 replicas on cpu:0 cpu:1 cpu:2, reduce host' "$tmp/out" && ok || bad "no replica line: $(cat "$tmp/out")"
+[ "$(grep -c '^memory cpu:' "$tmp/out")" -eq 3 ] && ok || bad "expected a memory line per device"
+grep -q '^step time' "$tmp/out" && ok || bad "no step-time split"
+"$exe" --cpus 4 --batch 2 --steps 2 >"$tmp/out" 2>"$tmp/err" && grep -q 'smaller than the 4 devices' "$tmp/err" && ok ||
+  bad "a batch smaller than the device count is not reported: $(cat "$tmp/err")"
 
 # a config file sets flags; the command line still wins
 printf 'steps = 7\nbatch = 32\nlog-every = 7\n' >"$tmp/run.toml"

@@ -164,10 +164,10 @@ TEST_CASE("50 training steps on CUDA match the same run on the CPU", "[gpu][trai
       cfg.batch = 128;
       cfg.steps = 50;
       cfg.log_every = 1000;
-      cfg.device = host;
+      cfg.devices = {host};
       Trainer a(cfg);
       const TrainResult ra = a.run();
-      cfg.device = gpu;
+      cfg.devices = {gpu};
       Trainer b(cfg);
       const TrainResult rb = b.run();
       const double err = rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host());
@@ -185,7 +185,7 @@ TEST_CASE("the GPU allocator makes no cudaMalloc after the first training step",
     cfg.steps = 30;
     cfg.log_every = 7;
     cfg.gemm = impl;
-    cfg.device = gpu;
+    cfg.devices = {gpu};
     Trainer t(cfg);
     t.step(0);
     const int64_t after_first = allocator(gpu).stats().system_allocs;
@@ -217,5 +217,108 @@ TEST_CASE("a failing CUDA call names the call and the device", "[gpu][errors]") 
     FAIL("cuda:99 accepted");
   } catch (const UsageError& e) {
     CHECK(std::string(e.what()).find("cuda:99") != std::string::npos);
+  }
+}
+
+// ---- Data parallelism on the GPU ------------------------------------------------------
+
+namespace {
+TrainConfig dp_config(data::Task task, const std::string& opt) {
+  TrainConfig c;
+  c.model = "24-48x2-6";
+  c.task = task;
+  c.optimizer = opt;
+  c.lr = opt == "sgd" ? 0.05f : 0.003f;
+  c.batch = 10;  // uneven on 3 and 4 replicas
+  c.steps = 20;
+  c.log_every = 1000;
+  c.bucket_mb = 0.002;  // several buckets
+  return c;
+}
+
+// Trains `c` on `devices` step by step, asserting that the replicas stay bitwise
+// identical, and returns the master's weights.
+std::vector<float> train_dp(TrainConfig c, std::vector<Device> devices, Reduce path) {
+  c.devices = std::move(devices);
+  c.reduce = path;
+  Trainer t(c);
+  for (int64_t s = 0; s < c.steps; ++s) {
+    t.step(s);
+    REQUIRE(t.parallel().replicas_identical());
+  }
+  return t.model().flat_params().to_host();
+}
+}  // namespace
+
+TEST_CASE("logical replicas on one GPU (p2p) and NCCL with one rank equal one-GPU training", "[gpu][parallel]") {
+  for (auto task : {data::Task::regression, data::Task::classification})
+    for (std::string opt : {"sgd", "adamw"}) {
+      INFO(data::task_name(task) << " " << opt);
+      TrainConfig c = dp_config(task, opt);
+      const auto want = train_dp(c, {gpu}, Reduce::automatic);
+      for (int n : {2, 3, 4}) {
+        INFO(n << " logical replicas on cuda:0");
+        CHECK(rel_error(train_dp(c, std::vector<Device>(static_cast<size_t>(n), gpu), Reduce::p2p), want) <= 1e-5);
+      }
+      if (built_with_nccl()) {
+        INFO("NCCL, one rank");
+        CHECK(rel_error(train_dp(c, {gpu}, Reduce::nccl), want) <= 1e-5);
+      }
+    }
+}
+
+TEST_CASE("data-parallel steps make no cudaMalloc after the first", "[gpu][parallel][allocator]") {
+  TrainConfig c = dp_config(data::Task::regression, "sgd");
+  c.devices = {gpu, gpu, gpu};
+  c.reduce = Reduce::p2p;
+  c.steps = 15;
+  Trainer t(c);
+  t.step(0);
+  const int64_t after_first = allocator(gpu).stats().system_allocs;
+  t.run();
+  CHECK(allocator(gpu).stats().system_allocs == after_first);
+}
+
+TEST_CASE("N GPUs equal one GPU on both paths, with balanced memory", "[gpu][parallel][multigpu]") {
+  const int gpus = cuda_device_count();
+  if (gpus < 2) {
+    WARN("one GPU here: the multi-GPU data-parallel tests need 2 or more");
+    return;
+  }
+  for (std::string opt : {"sgd", "adamw"}) {
+    TrainConfig c = dp_config(data::Task::regression, opt);
+    const auto want = train_dp(c, {gpu}, Reduce::automatic);
+    for (int n = 2; n <= std::min(gpus, 8); ++n) {
+      std::vector<Device> devs;
+      for (int i = 0; i < n; ++i) devs.push_back({DeviceType::cuda, i});
+      for (Reduce path : {Reduce::p2p, Reduce::nccl}) {
+        if (path == Reduce::nccl && !built_with_nccl()) continue;
+        INFO(opt << " on " << n << " GPUs, reduce " << reduce_name(path));
+        CHECK(rel_error(train_dp(c, devs, path), want) <= 1e-5);
+      }
+    }
+  }
+  // Memory: a model large enough that N-1 gradient copies would show.
+  std::vector<Device> devs;
+  for (int i = 0; i < gpus; ++i) devs.push_back({DeviceType::cuda, i});
+  TrainConfig c = dp_config(data::Task::regression, "sgd");
+  c.model = "256-1024x2-64";
+  c.momentum = 0.0f;
+  c.batch = 256 * gpus;
+  c.steps = 3;
+  c.bucket_mb = 1.0;
+  for (Reduce path : {Reduce::nccl, Reduce::p2p}) {
+    if (path == Reduce::nccl && !built_with_nccl()) continue;
+    for (const Device& d : devs) allocator(d).reset_peak();
+    c.devices = devs;
+    c.reduce = path;
+    TrainResult r = Trainer(c).run();
+    const double master = static_cast<double>(r.memory[0].second.peak_allocated);
+    for (size_t i = 1; i < r.memory.size(); ++i) {
+      const double other = static_cast<double>(r.memory[i].second.peak_allocated);
+      INFO(reduce_name(path) << ": master " << master << " B, " << r.memory[i].first.str() << " " << other << " B");
+      if (path == Reduce::nccl) CHECK(std::fabs(master - other) <= 0.05 * other);
+      else CHECK(master - other <= static_cast<double>(CachingAllocator::round_size(1 << 20)) + 4096);
+    }
   }
 }

@@ -121,7 +121,8 @@ TEST_CASE("training on the CPU is deterministic, reduces the loss and allocates 
   cfg.batch = 64;
   cfg.steps = 150;
   cfg.log_every = 1000;
-  cfg.device = {DeviceType::cpu, 5};
+  const Device dev{DeviceType::cpu, 5};
+  cfg.devices = {dev};
   for (auto task : {data::Task::regression, data::Task::classification})
     for (std::string opt : {"sgd", "adamw"}) {
       INFO(data::task_name(task) << " " << opt);
@@ -130,9 +131,9 @@ TEST_CASE("training on the CPU is deterministic, reduces the loss and allocates 
       cfg.lr = opt == "sgd" ? 0.05f : 0.003f;
       Trainer a(cfg);
       a.step(0);
-      const int64_t after_first = allocator(cfg.device).stats().system_allocs;
+      const int64_t after_first = allocator(dev).stats().system_allocs;
       const TrainResult r = a.run();
-      CHECK(allocator(cfg.device).stats().system_allocs == after_first);
+      CHECK(allocator(dev).stats().system_allocs == after_first);
       CHECK(r.final_loss < 0.5f * r.first_loss);
       Trainer b(cfg);
       b.run();
@@ -142,7 +143,7 @@ TEST_CASE("training on the CPU is deterministic, reduces the loss and allocates 
 
 TEST_CASE("the default job brings the loss below 10% of its first value", "[train]") {
   TrainConfig cfg;
-  cfg.device = {DeviceType::cpu, 0};
+  cfg.devices = {{DeviceType::cpu, 0}};
   cfg.log_every = 1000;
   const TrainResult r = Trainer(cfg).run();
   CHECK(r.final_loss < 0.1f * r.first_loss);

@@ -1,0 +1,360 @@
+#include "data_parallel.hpp"
+
+#include <condition_variable>
+#include <cstring>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "../kernels/error.hpp"
+#include "../runtime/autograd.hpp"
+#include "../runtime/ops.hpp"
+
+namespace dpt {
+
+const char* reduce_name(Reduce r) {
+  switch (r) {
+    case Reduce::nccl: return "nccl";
+    case Reduce::p2p: return "p2p";
+    case Reduce::host: return "host";
+    case Reduce::automatic: break;
+  }
+  return "auto";
+}
+
+Reduce parse_reduce(const std::string& name) {
+  for (Reduce r : {Reduce::automatic, Reduce::nccl, Reduce::p2p, Reduce::host})
+    if (name == reduce_name(r)) return r;
+  throw UsageError("unknown reduction '" + name + "': expected auto, nccl, p2p or host");
+}
+
+Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices) {
+  DPT_CHECK(!devices.empty(), "no devices");
+  const bool cpu = devices.front().is_cpu();
+  std::set<int> distinct;
+  for (const Device& d : devices) distinct.insert(d.index);
+  const bool shared = distinct.size() < devices.size();
+  switch (asked) {
+    case Reduce::automatic:
+      if (cpu) return Reduce::host;
+      return shared || !built_with_nccl() ? Reduce::p2p : Reduce::nccl;
+    case Reduce::nccl:
+      if (cpu) throw UsageError("--reduce nccl needs CUDA devices; use --reduce host on CPU devices");
+      if (shared)
+        throw UsageError("--reduce nccl cannot put two replicas on one GPU (NCCL refuses two ranks on one "
+                         "device); use --reduce p2p");
+      if (!built_with_nccl()) throw UsageError("--reduce nccl needs a build with NCCL; use --reduce p2p");
+      return asked;
+    case Reduce::host:
+      if (!cpu) throw UsageError("--reduce host is for CPU devices; use --reduce nccl or p2p on GPUs");
+      return asked;
+    case Reduce::p2p: return asked;
+  }
+  return asked;
+}
+
+float StepLoss::value() const {
+  double v = 0.0;
+  for (size_t i = 0; i < losses.size(); ++i)
+    if (losses[i].defined()) v += weights[i] * losses[i].item();
+  return static_cast<float>(v);
+}
+
+// ---- Worker threads: one per replica, alive as long as the DataParallel -------------
+
+struct DataParallel::Pool {
+  struct Worker {
+    std::thread thread;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::function<void()> job;
+    bool busy = false, stop = false;
+    std::exception_ptr error;
+  };
+  std::vector<std::unique_ptr<Worker>> workers;
+
+  explicit Pool(size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      auto w = std::make_unique<Worker>();
+      Worker* self = w.get();
+      w->thread = std::thread([self] {
+        std::unique_lock<std::mutex> lock(self->mu);
+        while (true) {
+          self->cv.wait(lock, [self] { return self->busy || self->stop; });
+          if (self->stop) return;
+          lock.unlock();
+          try {
+            self->job();
+          } catch (...) {
+            self->error = std::current_exception();
+          }
+          lock.lock();
+          self->busy = false;
+          self->cv.notify_all();
+        }
+      });
+      workers.push_back(std::move(w));
+    }
+  }
+
+  ~Pool() {
+    for (auto& w : workers) {
+      {
+        std::lock_guard<std::mutex> lock(w->mu);
+        w->stop = true;
+      }
+      w->cv.notify_all();
+      w->thread.join();
+    }
+  }
+
+  // Runs job(i) on worker i for every i at once; rethrows the first error.
+  void run(const std::function<void(size_t)>& job) {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      Worker& w = *workers[i];
+      std::lock_guard<std::mutex> lock(w.mu);
+      w.job = [&job, i] { job(i); };
+      w.error = nullptr;
+      w.busy = true;
+      w.cv.notify_all();
+    }
+    std::exception_ptr first;
+    for (auto& w : workers) {
+      std::unique_lock<std::mutex> lock(w->mu);
+      w->cv.wait(lock, [&w] { return !w->busy; });
+      if (w->error && !first) first = w->error;
+    }
+    if (first) std::rethrow_exception(first);
+  }
+};
+
+// ---- Replicas -------------------------------------------------------------------------
+
+struct DataParallel::Replica {
+  Device device;
+  std::unique_ptr<Context> own_ctx;  // several replicas: a stream each
+  Context* ctx = nullptr;
+  std::shared_ptr<nn::Module> model;
+  std::unique_ptr<optim::Optimizer> opt;                // null where the master updates alone
+  std::unordered_map<const void*, int> param_index;    // parameter data -> its index
+  std::vector<int> pending;                             // per bucket: parameters still to come
+  size_t next_bucket = 0;                               // buckets are handed over in order
+  std::unique_ptr<Event> t_start, t_backward, t_reduced, t_updated;
+};
+
+DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device> devices,
+                           const OptimizerFactory& make_optimizer, DataParallelOptions options)
+    : devices_(std::move(devices)) {
+  DPT_CHECK(!devices_.empty(), "DataParallel needs at least one device");
+  DPT_CHECK(model && model->materialized() && model->device() == devices_[0],
+            "DataParallel: the model must be on the first device, " + devices_[0].str());
+  for (const Device& d : devices_) check_device(d);
+  reduce_ = resolve_reduce(options.reduce, devices_);
+  clip_ = options.clip;
+  enable_peer_access(devices_);
+  const size_t n = devices_.size();
+  replicas_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    Replica& r = replicas_[i];
+    r.device = devices_[i];
+    if (n == 1) {
+      r.ctx = &context(r.device);
+    } else {
+      r.own_ctx = std::make_unique<Context>(r.device);
+      r.ctx = r.own_ctx.get();
+    }
+    r.ctx->precision = options.precision;
+    r.ctx->gemm = options.gemm;
+    {
+      ContextGuard g(*r.ctx);
+      r.model = i == 0 ? model : model->replicate(r.device);  // made once, copied from the master
+    }
+    auto params = r.model->parameters();
+    for (size_t k = 0; k < params.size(); ++k) r.param_index[params[k]->value.data()] = static_cast<int>(k);
+    for (auto* e : {&r.t_start, &r.t_backward, &r.t_reduced, &r.t_updated}) *e = std::make_unique<Event>(r.device);
+  }
+
+  const bool explicit_path = options.reduce != Reduce::automatic;
+  if (n > 1 || explicit_path) {
+    int64_t total = 0;
+    const auto offsets = model->layout(&total);
+    buckets_ = make_buckets(total, options.bucket_mb * 1024.0 * 1024.0);
+    auto params = model->parameters();
+    buckets_of_param_.assign(offsets.size(), {});
+    for (size_t k = 0; k < offsets.size(); ++k) {
+      const int64_t begin = offsets[k], end = begin + numel(params[k]->shape);
+      for (size_t b = 0; b < buckets_.size(); ++b)
+        if (begin < buckets_[b].offset + buckets_[b].count && buckets_[b].offset < end)
+          buckets_of_param_[k].push_back(static_cast<int>(b));
+    }
+    std::vector<ReplicaBuffers> bufs;
+    for (auto& r : replicas_) bufs.push_back({r.ctx, r.model->flat_params(), r.model->flat_grads()});
+    reducer_ = reduce_ == Reduce::nccl ? make_nccl_reducer(std::move(bufs), buckets_)
+                                       : make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p);
+  }
+  const bool every = !reducer_ || reducer_->every_replica_updates();
+  for (size_t i = 0; i < n; ++i)
+    if (i == 0 || every) {
+      ContextGuard g(*replicas_[i].ctx);
+      replicas_[i].opt = make_optimizer(*replicas_[i].model);
+    }
+  if (n > 1) pool_ = std::make_unique<Pool>(n);
+}
+
+DataParallel::~DataParallel() = default;
+
+std::vector<int64_t> DataParallel::split(int64_t batch, size_t n) {
+  std::vector<int64_t> sizes(n, 0);
+  const int64_t base = batch / static_cast<int64_t>(n), extra = batch % static_cast<int64_t>(n);
+  for (size_t i = 0; i < n; ++i) sizes[i] = base + (static_cast<int64_t>(i) < extra ? 1 : 0);
+  return sizes;
+}
+
+void DataParallel::run_on_all(const std::function<void(size_t)>& fn) {
+  auto guarded = [&](size_t i) {
+    ContextGuard g(*replicas_[i].ctx);
+    try {
+      fn(i);
+    } catch (const OutOfMemory&) {
+      throw;  // names its device already
+    } catch (const UsageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(std::string(e.what()) + " [replica " + std::to_string(i) + " on " + replicas_[i].device.str() + "]");
+    }
+  };
+  if (pool_) pool_->run(guarded);
+  else guarded(0);
+}
+
+void DataParallel::forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss_fn,
+                                    StepLoss& out) {
+  Replica& rep = replicas_[r];
+  if (r == 0) rep.t_start->record(*rep.ctx);
+  rep.model->zero_grad();
+  rep.pending.assign(buckets_.size(), 0);
+  for (const auto& bs : buckets_of_param_)
+    for (int b : bs) rep.pending[static_cast<size_t>(b)] += 1;
+  rep.next_bucket = 0;
+  std::vector<bool> complete(buckets_.size(), false);
+  // Hands buckets to the reducer in bucket order only, so that every replica issues
+  // its collectives in the same order whatever order backward finishes them in.
+  auto hand_over = [&] {
+    while (rep.next_bucket < buckets_.size() && complete[rep.next_bucket]) reducer_->bucket_ready(r, rep.next_bucket++);
+  };
+  if (shard.x.defined()) {
+    Tensor loss = loss_fn(rep.model->forward(shard.x), shard.y);
+    // The gradient of weight * loss_r: summed over replicas, the full batch's gradient.
+    Tensor seed = Tensor::full({1}, static_cast<float>(weight), rep.device);
+    LeafHook hook;
+    if (reducer_)
+      hook = [&](const Tensor& leaf) {
+        auto it = rep.param_index.find(leaf.data());
+        if (it == rep.param_index.end()) return;
+        for (int bi : buckets_of_param_[static_cast<size_t>(it->second)]) {
+          const size_t b = static_cast<size_t>(bi);
+          if (--rep.pending[b] < 0)
+            throw Error("a parameter received its gradient twice in one step (used twice in forward): "
+                        "data parallelism needs each parameter used once");
+          if (rep.pending[b] == 0) complete[b] = true;
+        }
+        hand_over();
+      };
+    run_backward(loss, seed, hook);
+    out.losses[r] = loss.detach();
+  }
+  if (reducer_) {  // buckets no gradient reached (an empty shard, unused parameters)
+    std::fill(complete.begin(), complete.end(), true);
+    hand_over();
+  }
+  if (r == 0) rep.t_backward->record(*rep.ctx);
+}
+
+void DataParallel::update(size_t r) {
+  Replica& rep = replicas_[r];
+  if (!rep.opt) return;
+  if (reducer_) reducer_->wait(r);
+  if (r == 0) rep.t_reduced->record(*rep.ctx);
+  // Every replica clips the same reduced gradient, so all make the same update.
+  rep.opt->step(clip_ > 0.0f ? optim::clip_grad_norm(*rep.model, clip_) : Tensor());
+  if (r == 0) rep.t_updated->record(*rep.ctx);
+}
+
+StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss) {
+  if (count < 1) throw UsageError("the batch must hold at least one sample, got " + std::to_string(count));
+  const auto sizes = split(count, replicas_.size());
+  if (count < static_cast<int64_t>(replicas_.size()) && !warned_small_batch_) {
+    std::fprintf(stderr, "dptrain: note: batch %lld is smaller than the %zu devices; only %lld of them get samples\n",
+                 static_cast<long long>(count), replicas_.size(), static_cast<long long>(count));
+    warned_small_batch_ = true;
+  }
+  std::vector<int64_t> starts(sizes.size(), first);
+  for (size_t i = 1; i < sizes.size(); ++i) starts[i] = starts[i - 1] + sizes[i - 1];
+  StepLoss out;
+  out.losses.resize(replicas_.size());
+  out.weights.resize(replicas_.size());
+  run_on_all([&](size_t r) {
+    const double w = static_cast<double>(sizes[r]) / static_cast<double>(count);
+    out.weights[r] = w;
+    data::Batch shard = sizes[r] > 0 ? source(r, starts[r], sizes[r]) : data::Batch{};
+    forward_backward(r, shard, w, loss, out);
+  });
+  if (reducer_) reducer_->reduce();
+  run_on_all([&](size_t r) { update(r); });
+  if (reducer_ && !reducer_->every_replica_updates()) reducer_->broadcast_params();
+  return out;
+}
+
+StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss) {
+  DPT_CHECK(batch.x.defined() && batch.y.defined() && batch.x.dim() >= 1 && batch.y.dim() >= 1 &&
+                batch.x.size(0) == batch.y.size(0),
+            "train_step: inputs and targets must have the same number of rows");
+  // A shard is a view of the batch where it already lies on the replica's device,
+  // else a copy (queued on the replica's stream).
+  auto rows = [](const Tensor& t, int64_t first, int64_t n, const Device& d) {
+    Shape s = t.shape();
+    const int64_t row = t.numel() / t.size(0);
+    s[0] = n;
+    Tensor v = t.view(first * row, s);
+    if (t.device() == d) return v;
+    Tensor c = Tensor::empty(s, t.dtype(), d);
+    copy(c, v);
+    return c;
+  };
+  return train_step(0, batch.x.size(0), [&](size_t r, int64_t first, int64_t n) {
+    return data::Batch{rows(batch.x, first, n, replicas_[r].device), rows(batch.y, first, n, replicas_[r].device)};
+  }, loss);
+}
+
+nn::Module& DataParallel::replica(size_t i) { return *replicas_.at(i).model; }
+optim::Optimizer& DataParallel::optimizer() { return *replicas_[0].opt; }
+
+void DataParallel::set_lr(float lr) {
+  for (auto& r : replicas_)
+    if (r.opt) r.opt->set_lr(lr);
+}
+
+void DataParallel::synchronize() {
+  for (auto& r : replicas_) r.ctx->synchronize();
+}
+
+StepTimes DataParallel::last_times() {
+  synchronize();
+  Replica& m = replicas_[0];
+  return {m.t_backward->ms_since(*m.t_start), m.t_reduced->ms_since(*m.t_backward),
+          m.t_updated->ms_since(*m.t_reduced)};
+}
+
+bool DataParallel::replicas_identical() {
+  synchronize();
+  const auto master = replicas_[0].model->flat_params().to_host();
+  for (size_t i = 1; i < replicas_.size(); ++i) {
+    const auto other = replicas_[i].model->flat_params().to_host();
+    if (std::memcmp(other.data(), master.data(), master.size() * sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace dpt

@@ -1,0 +1,109 @@
+// DataParallel: what torch.nn.DataParallel does, done right. A replica of the model on
+// every device (made once, weights copied from the master = the first device), a
+// persistent worker thread and a stream per replica. Each step splits the global batch
+// into contiguous shards whose sizes differ by at most one, runs forward, loss and
+// backward on every replica at once, reduces the gradients (each weighted by its shard's
+// share of the batch, so the result is exactly the full-batch gradient) and updates.
+// Outputs are never gathered: each replica computes its loss on its own shard and only
+// scalars travel, when the caller reads them.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../layers/module.hpp"
+#include "../layers/synthetic.hpp"
+#include "../runtime/comm.hpp"
+#include "../runtime/context.hpp"
+#include "optim.hpp"
+
+namespace dpt {
+
+enum class Reduce { automatic, nccl, p2p, host };
+const char* reduce_name(Reduce r);
+Reduce parse_reduce(const std::string& name);  // auto|nccl|p2p|host; UsageError otherwise
+// What `automatic` means for these devices: host on CPUs, p2p when a GPU is listed more
+// than once, else nccl (p2p when the build has no NCCL). Throws UsageError for a path
+// that cannot serve them (nccl on CPUs or on a shared GPU, host on GPUs).
+Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices);
+
+struct DataParallelOptions {
+  Reduce reduce = Reduce::automatic;
+  double bucket_mb = 25.0;  // gradient bucket size (MiB), reduced as soon as it is ready
+  Precision precision = Precision::fp32;
+  GemmImpl gemm = GemmImpl::cublas;
+  float clip = 0.0f;        // clip the global gradient norm (after reduction); 0 = off
+};
+
+using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>;
+using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+// Makes samples [first, first + count) on replica r's device.
+using ShardSource = std::function<data::Batch(size_t replica, int64_t first, int64_t count)>;
+
+// The loss of one step: per-replica device scalars, weighted by shard share. Reading
+// value() waits for the step; nothing else in a step does.
+struct StepLoss {
+  std::vector<Tensor> losses;
+  std::vector<double> weights;
+  float value() const;
+};
+
+// Wall time of one step's phases on the master, in ms (CUDA events on a GPU).
+struct StepTimes {
+  double compute = 0, reduce = 0, update = 0;
+};
+
+class DataParallel {
+ public:
+  // `model` must already be on devices[0]; the replicas are copies of it.
+  DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device> devices,
+               const OptimizerFactory& make_optimizer, DataParallelOptions options = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Shard sizes of a batch over n replicas: contiguous, differing by at most one, the
+  // first ones larger (10 over 3 = 4, 3, 3); zeros when the batch is smaller than n.
+  static std::vector<int64_t> split(int64_t batch, size_t n);
+
+  // One step on samples [first, first + count), each replica making its own shard.
+  StepLoss train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss);
+  // One step on a batch held anywhere (host or a device): shards are copied to their
+  // replicas asynchronously.
+  StepLoss train_step(const data::Batch& batch, const LossFn& loss);
+
+  void set_lr(float lr);
+  size_t size() const { return devices_.size(); }
+  nn::Module& replica(size_t i);
+  const Device& device(size_t i) const { return devices_[i]; }
+  optim::Optimizer& optimizer();  // the master's
+  Reduce reduce() const { return reduce_; }
+  size_t buckets() const { return buckets_.size(); }
+  // The phases of the last step (waits for it).
+  StepTimes last_times();
+  // Whether every replica holds bitwise the master's parameters (waits; for tests).
+  bool replicas_identical();
+  // Waits for every replica's queued work.
+  void synchronize();
+
+ private:
+  struct Replica;
+  void run_on_all(const std::function<void(size_t)>& fn);
+  void forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss, StepLoss& out);
+  void update(size_t r);
+
+  std::vector<Device> devices_;
+  Reduce reduce_;
+  std::vector<Replica> replicas_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<int>> buckets_of_param_;  // parameter index -> the buckets it overlaps
+  std::unique_ptr<Reducer> reducer_;
+  float clip_ = 0.0f;
+  bool warned_small_batch_ = false;
+  struct Pool;
+  std::unique_ptr<Pool> pool_;
+};
+
+}  // namespace dpt

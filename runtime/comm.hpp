@@ -1,0 +1,69 @@
+// Gradient reduction across the replicas of one process, behind one interface:
+//   nccl - in-place all-reduce of each bucket on a communication stream per device,
+//          launched as soon as backward has produced the bucket; every replica then
+//          steps its own optimizer on the same summed gradient.
+//   p2p  - the classic DataParallel scheme: every replica's buckets are copied to the
+//          master (peer copies, or staged by the driver where peers cannot reach each
+//          other) through one reused staging bucket, summed there, the master steps,
+//          and its parameters are copied back to the replicas.
+//   host - for virtual CPU devices: the sum is made in the master's buffer and copied
+//          to every replica, which steps its own optimizer.
+// Replica gradients arrive already weighted by their share of the batch, so a plain
+// sum is the full-batch gradient.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "context.hpp"
+#include "tensor.hpp"
+
+namespace dpt {
+
+struct ReplicaBuffers {
+  Context* ctx;   // the replica's compute context
+  Tensor params;  // its flat parameter buffer
+  Tensor grads;   // its flat gradient buffer
+};
+
+// A contiguous range of the flat gradient buffer that is reduced in one piece.
+struct Bucket {
+  int64_t offset;
+  int64_t count;
+};
+
+class Reducer {
+ public:
+  virtual ~Reducer() = default;
+  virtual const char* name() const = 0;
+  // True: every replica ends with the summed gradient and steps its own optimizer.
+  // False: only the master (replica 0) does; broadcast_params() then copies its
+  // parameters to the others.
+  virtual bool every_replica_updates() const = 0;
+  // From replica r's thread, in the same bucket order on every replica: bucket b of r's
+  // gradients has been queued on r's compute context.
+  virtual void bucket_ready(size_t r, size_t b) = 0;
+  // From the driving thread once every replica's backward is queued.
+  virtual void reduce() = 0;
+  // From replica r's thread: r's later work waits for the reduced gradients.
+  virtual void wait(size_t r) = 0;
+  // From the driving thread after the master's update (when !every_replica_updates()).
+  virtual void broadcast_params() {}
+};
+
+// p2p (master_updates = true) and host (false) reduction through the master.
+std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replicas,
+                                             std::vector<Bucket> buckets, bool master_updates);
+
+// NCCL all-reduce, one communicator per device (ncclCommInitAll); the devices must be
+// distinct GPUs. Throws UsageError when this build has no NCCL.
+std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets);
+bool built_with_nccl();
+
+// Splits a flat buffer of `total` floats into buckets of at most bucket_bytes (rounded
+// to 64 floats), in the order backward produces them: from the end of the buffer, where
+// the last layer's parameters lie. A large parameter spans several buckets, so the
+// p2p staging bucket is exactly the configured size.
+std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes);
+
+}  // namespace dpt

@@ -1,0 +1,169 @@
+// Data parallelism on virtual CPU devices: N replicas equal one device training on the
+// whole batch (any N, uneven splits, every reduction path), replicas stay bitwise
+// identical after every step, and no device is a dumping ground for memory.
+#include <cmath>
+
+#include "../kernels/error.hpp"
+#include "../layers/loss.hpp"
+#include "../optim/trainer.hpp"
+#include "catch.hpp"
+#include "common.hpp"
+
+using namespace dpt;
+
+namespace {
+std::vector<Device> cpus(int n, int first = 0) {
+  std::vector<Device> d;
+  for (int i = 0; i < n; ++i) d.push_back({DeviceType::cpu, first + i});
+  return d;
+}
+
+TrainConfig small(data::Task task, const std::string& opt, int64_t batch) {
+  TrainConfig c;
+  c.model = "12-24x2-5";
+  c.task = task;
+  c.optimizer = opt;
+  c.lr = opt == "sgd" ? 0.05f : 0.003f;
+  c.momentum = 0.9f;
+  c.batch = batch;
+  c.steps = 20;
+  c.log_every = 1000;
+  c.bucket_mb = 0.001;  // about 1 KB: the parameters span several buckets
+  return c;
+}
+}  // namespace
+
+TEST_CASE("shards are contiguous and differ by at most one", "[parallel]") {
+  CHECK(DataParallel::split(10, 3) == std::vector<int64_t>{4, 3, 3});
+  CHECK(DataParallel::split(12, 4) == std::vector<int64_t>{3, 3, 3, 3});
+  CHECK(DataParallel::split(2, 4) == std::vector<int64_t>{1, 1, 0, 0});
+  CHECK(DataParallel::split(7, 1) == std::vector<int64_t>{7});
+}
+
+TEST_CASE("buckets tile the flat buffer from its end, at most the size asked", "[parallel]") {
+  auto b = make_buckets(2000, 4 * 600.0);  // 600 floats, rounded down to 576
+  REQUIRE(b.size() == 4);
+  CHECK(b[0].offset == 2000 - 576);
+  CHECK(b[0].count == 576);
+  CHECK(b[3].offset == 0);
+  CHECK(b[3].count == 2000 - 3 * 576);
+  CHECK(make_buckets(128, 1e9).size() == 1);
+  CHECK(make_buckets(128, 1.0).size() == 2);  // at least 64 floats a bucket
+}
+
+TEST_CASE("N CPU replicas train exactly like one device on the whole batch", "[parallel]") {
+  for (auto task : {data::Task::regression, data::Task::classification})
+    for (std::string opt : {"sgd", "adamw"})
+      for (int64_t batch : {12, 10}) {
+        TrainConfig one = small(task, opt, batch);
+        one.devices = cpus(1);
+        Trainer ref(one);
+        ref.run();
+        const auto want = ref.model().flat_params().to_host();
+        for (Reduce path : {Reduce::host, Reduce::p2p})
+          for (int n = 1; n <= 5; ++n) {
+            INFO(data::task_name(task) << " " << opt << " batch " << batch << " on " << n << " devices, reduce "
+                                       << reduce_name(path));
+            TrainConfig c = one;
+            c.devices = cpus(n);
+            c.reduce = path;
+            Trainer t(c);
+            REQUIRE(t.parallel().buckets() > 1);
+            for (int64_t s = 0; s < c.steps; ++s) {
+              t.step(s);
+              REQUIRE(t.parallel().replicas_identical());
+            }
+            CHECK(test::rel_error(t.model().flat_params().to_host(), want) <= 1e-5);
+          }
+      }
+}
+
+TEST_CASE("a batch smaller than the device count uses fewer replicas and stays exact", "[parallel]") {
+  TrainConfig one = small(data::Task::regression, "sgd", 3);
+  one.devices = cpus(1);
+  Trainer ref(one);
+  ref.run();
+  TrainConfig c = one;
+  c.devices = cpus(5);
+  Trainer t(c);
+  t.run();
+  CHECK(t.parallel().replicas_identical());
+  CHECK(test::rel_error(t.model().flat_params().to_host(), ref.model().flat_params().to_host()) <= 1e-5);
+}
+
+TEST_CASE("the reported loss is the shard-weighted mean", "[parallel]") {
+  TrainConfig one = small(data::Task::regression, "sgd", 10);
+  one.devices = cpus(1);
+  TrainConfig three = one;
+  three.devices = cpus(3);
+  Trainer a(one), b(three);
+  const float la = a.step(0).value(), lb = b.step(0).value();
+  CHECK(std::fabs(la - lb) <= 1e-6f * std::fabs(la));
+}
+
+TEST_CASE("a batch given from the host is split and copied to the replicas", "[parallel]") {
+  const Device host{DeviceType::cpu, 0};
+  auto make = [&](int n) {
+    auto m = nn::mlp("6-8-3");
+    m->to(host, 4);
+    return std::make_unique<DataParallel>(
+        m, cpus(n), [](nn::Module& r) { return std::make_unique<optim::SGD>(r, optim::SGD::Options{.lr = 0.1f}); });
+  };
+  data::Synthetic d({.task = data::Task::regression, .in = 6, .out = 3, .seed = 2}, host);
+  auto single = make(1), multi = make(3);
+  for (int s = 0; s < 5; ++s) {
+    data::Batch b = d.batch(s * 7, 7);
+    single->train_step(b, nn::MSELoss());
+    multi->train_step(b, nn::MSELoss());
+  }
+  CHECK(multi->replicas_identical());
+  CHECK(test::rel_error(multi->replica(0).flat_params().to_host(), single->replica(0).flat_params().to_host()) <= 1e-5);
+}
+
+TEST_CASE("memory: no device is a dumping ground", "[parallel][memory]") {
+  // Fresh device numbers, so each allocator's peak belongs to this test alone.
+  auto peaks = [](const TrainResult& r) {
+    std::vector<double> p;
+    for (auto& [d, m] : r.memory) p.push_back(static_cast<double>(m.peak_allocated));
+    return p;
+  };
+  TrainConfig c = small(data::Task::regression, "sgd", 64);
+  c.model = "64-256x2-16";
+  c.momentum = 0.0f;  // no optimizer state: the master's extra on p2p is the staging bucket alone
+  c.steps = 3;
+  c.bucket_mb = 0.05;
+  SECTION("host: every replica within 5% of the master") {
+    c.devices = cpus(4, 100);
+    c.reduce = Reduce::host;
+    auto p = peaks(Trainer(c).run());
+    for (size_t i = 1; i < p.size(); ++i) CHECK(std::fabs(p[0] - p[i]) <= 0.05 * p[i]);
+  }
+  SECTION("p2p: the master's extra is one reused staging bucket, not N-1 gradient copies") {
+    c.devices = cpus(4, 200);
+    c.reduce = Reduce::p2p;
+    Trainer t(c);
+    const double grads = static_cast<double>(t.model().flat_grads().nbytes());
+    auto p = peaks(t.run());
+    const double bucket = static_cast<double>(CachingAllocator::round_size(size_t(0.05 * 1024 * 1024)));
+    for (size_t i = 1; i < p.size(); ++i) {
+      INFO("master " << p[0] << " replica " << p[i] << " bucket " << bucket << " grads " << grads);
+      CHECK(p[0] - p[i] <= bucket + 4096);
+      CHECK(p[0] - p[i] < grads);
+    }
+  }
+}
+
+TEST_CASE("reduction paths that cannot serve the devices are refused", "[parallel]") {
+  CHECK(resolve_reduce(Reduce::automatic, cpus(3)) == Reduce::host);
+  CHECK_THROWS_AS(resolve_reduce(Reduce::nccl, cpus(2)), UsageError);
+  if (cuda_device_count() > 0) {
+    const Device g{DeviceType::cuda, 0};
+    CHECK_THROWS_AS(resolve_reduce(Reduce::nccl, {g, g}), UsageError);
+    CHECK_THROWS_AS(resolve_reduce(Reduce::host, {g}), UsageError);
+    CHECK(resolve_reduce(Reduce::automatic, {g, g}) == Reduce::p2p);
+  }
+  CHECK_THROWS_AS(parse_reduce("allgather"), UsageError);
+  TrainConfig c;
+  c.devices = {{DeviceType::cpu, 0}, {DeviceType::cuda, 0}};
+  CHECK_THROWS_AS(validate(c), UsageError);
+}
