@@ -15,6 +15,18 @@ cmake --build build >"$out/build.log" 2>&1 || { grep -E 'error|warning' "$out/bu
 ctest --test-dir build --output-on-failure >"$out/ctest.log" 2>&1
 grep -E 'tests passed|Passed|Failed|Skipped|\*\*\*' "$out/ctest.log"
 build/apps/dptrain --log-every 100 | tee "$out/default_job.log" | tail -4
+# Data parallelism: logical replicas on one GPU, NCCL with one rank, and every GPU there is.
+{
+  build/apps/dptrain --devices cuda:0,cuda:0 --reduce p2p --log-every 250
+  build/apps/dptrain --devices cuda:0 --reduce nccl --log-every 250
+  gpus=$(nvidia-smi -L | wc -l)
+  if [ "$gpus" -ge 2 ]; then
+    for r in nccl p2p; do
+      build/apps/dptrain --gpus "$gpus" --reduce $r --model mlp --batch $((4096 * gpus)) --steps 30 --log-every 10
+    done
+    build/apps/dptrain --gpus 1 --model mlp --batch 4096 --steps 30 --log-every 10
+  fi
+} 2>&1 | tee "$out/parallel.log" | grep -E '^dptrain|^done|^step time|^memory'
 
 build/benchmarks/sgemm_bench | tee "$out/sgemm.log"
 {
