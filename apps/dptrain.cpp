@@ -135,8 +135,8 @@ int train(Options& o) {
   dpt::Trainer trainer(c);
   const bool tty = isatty(STDOUT_FILENO);
   std::string where = dpt::describe_device(c.devices.front());
-  if (c.devices.size() > 1) {
-    where = std::to_string(c.devices.size()) + " replicas on";
+  if (c.devices.size() > 1 || trainer.parallel().buckets() > 0) {
+    where = std::to_string(c.devices.size()) + " replica(s) on";
     for (const auto& d : c.devices) where += " " + d.str();
     where += std::string(", reduce ") + dpt::reduce_name(trainer.parallel().reduce());
     if (trainer.parallel().buckets() > 0) where += " in " + std::to_string(trainer.parallel().buckets()) + " bucket(s)";

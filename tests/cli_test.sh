@@ -78,7 +78,7 @@ grep -q '^memory cpu:0: peak' "$tmp/out" && ok || bad "no memory line"
 # data parallelism on virtual CPU devices: 4 replicas, uneven shards, per-device memory
 if "$exe" --cpus 3 --batch 10 --steps 5 --log-every 5 >"$tmp/out" 2>"$tmp/err"; then ok
 else bad "--cpus 3 failed: $(cat "$tmp/err")"; fi
-grep -q '3 replicas on cpu:0 cpu:1 cpu:2, reduce host' "$tmp/out" && ok || bad "no replica line: $(cat "$tmp/out")"
+grep -q '3 replica(s) on cpu:0 cpu:1 cpu:2, reduce host' "$tmp/out" && ok || bad "no replica line: $(cat "$tmp/out")"
 [ "$(grep -c '^memory cpu:' "$tmp/out")" -eq 3 ] && ok || bad "expected a memory line per device"
 grep -q '^step time' "$tmp/out" && ok || bad "no step-time split"
 "$exe" --cpus 4 --batch 2 --steps 2 >"$tmp/out" 2>"$tmp/err" && grep -q 'smaller than the 4 devices' "$tmp/err" && ok ||

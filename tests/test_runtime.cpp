@@ -164,7 +164,10 @@ TEST_CASE("bad training configurations are refused", "[train]") {
   refused([](TrainConfig& c) { c.momentum = 1.5f; });
   refused([](TrainConfig& c) { c.optimizer = "lion"; });
   refused([](TrainConfig& c) { c.model = "3"; });
-  refused([](TrainConfig& c) { c.gemm = GemmImpl::native; });  // on the CPU
+  refused([](TrainConfig& c) {  // the hand-written GEMM is a CUDA kernel
+    c.devices = {{DeviceType::cpu, 0}};
+    c.gemm = GemmImpl::native;
+  });
   refused([](TrainConfig& c) {
     c.task = data::Task::classification;
     c.model = "4-1";
