@@ -1,6 +1,7 @@
 #include "tensor.hpp"
 
 #include <cstring>
+#include <map>
 
 #include "../kernels/error.hpp"
 #include "allocator.hpp"
@@ -66,7 +67,26 @@ Tensor Tensor::full(const Shape& shape, float value, const Device& device) {
 }
 
 namespace {
-// Copies `bytes` from host memory into a tensor, synchronously.
+#if DPT_WITH_CUDA
+// Pinned (page-locked) staging for host-to-device copies, one per thread and device:
+// the caller's bytes are copied into it and the transfer to the device is queued
+// asynchronously, so the caller's memory is free at once and the host never waits for
+// the transfer (only, at the next upload, for the previous one from the same buffer).
+struct PinnedStage {
+  void* ptr = nullptr;
+  size_t capacity = 0;
+  cudaEvent_t done = nullptr;
+  ~PinnedStage() {
+    // At process exit the CUDA runtime may already be gone; there is nothing to report.
+    if (done) cudaEventDestroy(done);
+    if (ptr) cudaFreeHost(ptr);
+  }
+};
+thread_local std::map<int, PinnedStage> t_pinned;
+#endif
+
+// Copies `bytes` from host memory into a tensor; on a GPU through pinned staging,
+// asynchronously on the tensor's context stream.
 void upload(const Tensor& t, const void* src, size_t bytes) {
   if (t.device().is_cpu()) {
     std::memcpy(t.data(), src, bytes);
@@ -76,8 +96,18 @@ void upload(const Tensor& t, const void* src, size_t bytes) {
   auto& ctx = context(t.device());
   DPT_CUDA_CHECK(cudaSetDevice(t.device().index));
   auto s = static_cast<cudaStream_t>(ctx.stream());
-  DPT_CUDA_CHECK(cudaMemcpyAsync(t.data(), src, bytes, cudaMemcpyHostToDevice, s));
-  DPT_CUDA_CHECK(cudaStreamSynchronize(s));  // src is pageable host memory owned by the caller
+  PinnedStage& st = t_pinned[t.device().index];
+  if (!st.done) DPT_CUDA_CHECK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming));
+  DPT_CUDA_CHECK(cudaEventSynchronize(st.done));  // the last transfer out of this buffer is over
+  if (st.capacity < bytes) {
+    if (st.ptr) DPT_CUDA_CHECK(cudaFreeHost(st.ptr));
+    st.ptr = nullptr;
+    DPT_CUDA_CHECK(cudaHostAlloc(&st.ptr, bytes, cudaHostAllocDefault));
+    st.capacity = bytes;
+  }
+  std::memcpy(st.ptr, src, bytes);
+  DPT_CUDA_CHECK(cudaMemcpyAsync(t.data(), st.ptr, bytes, cudaMemcpyHostToDevice, s));
+  DPT_CUDA_CHECK(cudaEventRecord(st.done, s));
 #endif
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "../kernels/error.hpp"
+#include "../layers/loss.hpp"
 #include "../optim/trainer.hpp"
 #include "../runtime/allocator.hpp"
 #include "../runtime/context.hpp"
@@ -321,4 +322,23 @@ TEST_CASE("N GPUs equal one GPU on both paths, with balanced memory", "[gpu][par
       else CHECK(master - other <= static_cast<double>(CachingAllocator::round_size(1 << 20)) + 4096);
     }
   }
+}
+
+TEST_CASE("a host batch is split, staged through pinned memory and trained exactly", "[gpu][parallel]") {
+  data::Synthetic d({.task = data::Task::regression, .in = 6, .out = 3, .seed = 2}, host);
+  auto make = [&](std::vector<Device> devs) {
+    auto m = nn::mlp("6-16-3");
+    m->to(gpu, 4);
+    return std::make_unique<DataParallel>(
+        m, std::move(devs), [](nn::Module& r) { return std::make_unique<optim::SGD>(r, optim::SGD::Options{.lr = 0.1f}); },
+        DataParallelOptions{.reduce = Reduce::p2p});
+  };
+  auto single = make({gpu}), multi = make({gpu, gpu, gpu});
+  for (int s = 0; s < 5; ++s) {
+    data::Batch b = d.batch(s * 7, 7);  // on the host
+    single->train_step(b, nn::MSELoss());
+    multi->train_step(b, nn::MSELoss());
+  }
+  CHECK(multi->replicas_identical());
+  CHECK(rel_error(multi->replica(0).flat_params().to_host(), single->replica(0).flat_params().to_host()) <= 1e-5);
 }
