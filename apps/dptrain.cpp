@@ -2,6 +2,7 @@
 // flags (CLI11), report progress, write metrics, print a summary. Exit status: 0 done,
 // 1 runtime error, 2 bad input, 3 out of memory.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <unistd.h>
@@ -10,10 +11,20 @@
 
 #include "../kernels/error.hpp"
 #include "../optim/trainer.hpp"
+#include "../runtime/process_group.hpp"
 
 namespace {
 
-bool g_progress_open = false;  // a live progress line is on the terminal, not yet ended
+bool g_progress_open = false;          // a live progress line is on the terminal, not yet ended
+dpt::ProcessGroup* g_group = nullptr;  // set once a --ddp run has joined its process group
+
+// The rank the launcher gave this process, known before MPI starts (0 when not under
+// mpirun): errors every rank would report alike are printed by rank 0 alone.
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  return 0;
+}
 
 constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3;
 
@@ -82,6 +93,12 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--bucket-mb", o.cfg.bucket_mb, "Gradient bucket size in MiB, reduced as soon as it is ready")
       ->capture_default_str();
+  app.add_option("--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
+      ->capture_default_str();
+  app.add_flag("--ddp", o.cfg.ddp, "One process per device under mpirun (MPI bootstrap, NCCL or MPI reduction)");
+  app.add_option("--comm-timeout", o.cfg.comm_timeout,
+                 "Seconds a --ddp rank waits for the others before the job is ended")
+      ->capture_default_str();
   app.add_option("--seed", c.seed, "Seed of the data, the teacher and the initial weights")->capture_default_str();
   app.add_option("--log-every", c.log_every, "Read the loss back and log every N steps")->capture_default_str();
   app.add_option("--metrics", o.metrics, "Write one JSON object per logged step to this file (JSONL)");
@@ -126,30 +143,41 @@ std::string json_line(const dpt::StepLog& s) {
 
 int train(Options& o) {
   resolve(o);
+  dpt::Trainer trainer(o.cfg);
+  g_group = trainer.group();
+  const auto& c = trainer.config();  // with --ddp: this rank's device
+  // Rank 0 alone prints and writes metrics; every rank trains and checks.
+  const bool lead = !g_group || g_group->rank() == 0;
   std::ofstream metrics;
-  if (!o.metrics.empty()) {
+  if (lead && !o.metrics.empty()) {
     metrics.open(o.metrics, std::ios::out | std::ios::trunc);
     if (!metrics) throw dpt::UsageError("cannot write the metrics file '" + o.metrics + "'");
   }
-  const auto& c = o.cfg;
-  dpt::Trainer trainer(c);
-  const bool tty = isatty(STDOUT_FILENO);
+  const bool tty = lead && isatty(STDOUT_FILENO);
   std::string where = dpt::describe_device(c.devices.front());
-  if (c.devices.size() > 1 || trainer.parallel().buckets() > 0) {
+  if (g_group) {
+    where = std::to_string(g_group->size()) + " processes (rank 0 on " + c.devices.front().str() + "), reduce " +
+            (c.devices.front().is_cuda() ? "nccl" : "mpi") + " in " + std::to_string(trainer.parallel().buckets()) +
+            " bucket(s)";
+  } else if (c.devices.size() > 1 || trainer.parallel().buckets() > 0) {
     where = std::to_string(c.devices.size()) + " replica(s) on";
     for (const auto& d : c.devices) where += " " + d.str();
     where += std::string(", reduce ") + dpt::reduce_name(trainer.parallel().reduce());
     if (trainer.parallel().buckets() > 0) where += " in " + std::to_string(trainer.parallel().buckets()) + " bucket(s)";
   }
+  if (lead) {
   std::printf("dptrain %s: %s, %lld parameters on %s\n", DPT_VERSION, trainer.model().describe().c_str(),
               static_cast<long long>(trainer.model().num_parameters()), where.c_str());
   std::printf("  %s, batch %lld, %lld steps, %s, %s, gemm %s\n", dpt::data::task_name(c.task),
               static_cast<long long>(c.batch), static_cast<long long>(c.steps),
               trainer.optimizer().describe().c_str(), precision_name(c.precision),
               c.devices.front().is_cpu() ? "cpu" : o.gemm.c_str());
+  if (c.grad_accum > 1) std::printf("  gradient accumulation: %d micro-batches per step\n", c.grad_accum);
   std::fflush(stdout);
+  }
 
   auto on_log = [&](const dpt::StepLog& s) {
+    if (!lead) return;
     if (metrics.is_open()) {
       metrics << json_line(s) << '\n';
       metrics.flush();
@@ -168,6 +196,8 @@ int train(Options& o) {
     std::fflush(stdout);
   };
   const dpt::TrainResult r = trainer.run(on_log);
+  const uint64_t hash = trainer.parameter_hash();  // with --ddp: compared across every rank
+  if (!lead) return 0;
   const double ratio = r.first_loss != 0.0f ? 100.0 * r.final_loss / r.first_loss : 0.0;
   std::printf("done: %lld steps in %s; loss %.6g -> %.6g (%.1f%% of the first); %s samples/s; %.3f ms/step\n",
               static_cast<long long>(r.steps), duration(r.seconds).c_str(), r.first_loss, r.final_loss, ratio,
@@ -178,11 +208,17 @@ int train(Options& o) {
     std::printf("memory %s: peak %s allocated, %s reserved, %lld system allocations\n", dev.str().c_str(),
                 dpt::format_bytes(m.peak_allocated).c_str(), dpt::format_bytes(m.peak_reserved).c_str(),
                 static_cast<long long>(m.system_allocs));
+  std::printf("parameters: hash %016llx%s\n", static_cast<unsigned long long>(hash),
+              g_group ? (", identical on all " + std::to_string(g_group->size()) + " ranks").c_str() : "");
   return 0;
 }
 
-// One line on stderr, after ending a live progress line if one is open.
+// One line on stderr, after ending a live progress line if one is open. In a --ddp
+// job the line names the rank and the whole job is ended at once (MPI_Abort), so the
+// other ranks do not wait for a peer that is gone.
 int fail(int status, const char* what) {
+  if (g_group && g_group->size() > 1) g_group->abort(what, status);
+  if (!g_group && launcher_rank() != 0) return status;  // rank 0 reports what every rank found
   std::fprintf(stderr, "%sdptrain: error: %s\n", g_progress_open ? "\n" : "", what);
   return status;
 }
@@ -204,7 +240,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "dptrain: error: %s (see --help)\n", e.what());
+    if (launcher_rank() == 0) std::fprintf(stderr, "dptrain: error: %s (see --help)\n", e.what());
     return kExitUsage;
   }
   try {

@@ -59,7 +59,7 @@ float StepLoss::value() const {
   double v = 0.0;
   for (size_t i = 0; i < losses.size(); ++i)
     if (losses[i].defined()) v += weights[i] * losses[i].item();
-  return static_cast<float>(v);
+  return static_cast<float>(group ? group->sum(v) : v);
 }
 
 // ---- Worker threads: one per replica, alive as long as the DataParallel -------------
@@ -151,8 +151,16 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   DPT_CHECK(model && model->materialized() && model->device() == devices_[0],
             "DataParallel: the model must be on the first device, " + devices_[0].str());
   for (const Device& d : devices_) check_device(d);
-  reduce_ = resolve_reduce(options.reduce, devices_);
+  if (options.grad_accum < 1)
+    throw UsageError("--grad-accum must be at least 1, got " + std::to_string(options.grad_accum));
+  group_ = options.group;
+  if (group_ && devices_.size() != 1)
+    throw UsageError("with --ddp each process trains on one device, got " + std::to_string(devices_.size()));
+  if (group_ && options.reduce == Reduce::p2p)
+    throw UsageError("--ddp reduces with NCCL (GPUs) or MPI (CPUs); --reduce p2p is for one process");
+  reduce_ = group_ ? (devices_[0].is_cuda() ? Reduce::nccl : Reduce::host) : resolve_reduce(options.reduce, devices_);
   clip_ = options.clip;
+  grad_accum_ = options.grad_accum;
   enable_peer_access(devices_);
   const size_t n = devices_.size();
   replicas_.resize(n);
@@ -176,8 +184,14 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     for (auto* e : {&r.t_start, &r.t_backward, &r.t_reduced, &r.t_updated}) *e = std::make_unique<Event>(r.device);
   }
 
+  if (group_) {
+    // Every rank starts from rank 0's parameters.
+    auto host = model->flat_params().to_host();
+    group_->broadcast(host.data(), host.size() * sizeof(float), 0);
+    copy(model->flat_params(), Tensor::from_host(host, model->flat_params().shape(), devices_[0]));
+  }
   const bool explicit_path = options.reduce != Reduce::automatic;
-  if (n > 1 || explicit_path) {
+  if (n > 1 || explicit_path || group_) {
     int64_t total = 0;
     const auto offsets = model->layout(&total);
     buckets_ = make_buckets(total, options.bucket_mb * 1024.0 * 1024.0);
@@ -191,8 +205,13 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     }
     std::vector<ReplicaBuffers> bufs;
     for (auto& r : replicas_) bufs.push_back({r.ctx, r.model->flat_params(), r.model->flat_grads()});
-    reducer_ = reduce_ == Reduce::nccl ? make_nccl_reducer(std::move(bufs), buckets_)
-                                       : make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p);
+    if (group_)
+      reducer_ = reduce_ == Reduce::nccl ? make_nccl_rank_reducer(*group_, bufs[0], buckets_)
+                                         : make_mpi_reducer(*group_, bufs[0], buckets_);
+    else if (reduce_ == Reduce::nccl)
+      reducer_ = make_nccl_reducer(std::move(bufs), buckets_);
+    else
+      reducer_ = make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p);
   }
   const bool every = !reducer_ || reducer_->every_replica_updates();
   for (size_t i = 0; i < n; ++i)
@@ -230,26 +249,34 @@ void DataParallel::run_on_all(const std::function<void(size_t)>& fn) {
 }
 
 void DataParallel::forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss_fn,
-                                    StepLoss& out) {
+                                    Tensor& loss_out, bool first_micro, bool last_micro) {
   Replica& rep = replicas_[r];
-  if (r == 0) rep.t_start->record(*rep.ctx);
-  rep.model->zero_grad();
-  rep.pending.assign(buckets_.size(), 0);
-  for (const auto& bs : buckets_of_param_)
-    for (int b : bs) rep.pending[static_cast<size_t>(b)] += 1;
-  rep.next_bucket = 0;
+  if (first_micro) {
+    if (r == 0) rep.t_start->record(*rep.ctx);
+    rep.model->zero_grad();  // micro-batches after the first accumulate into the buffer
+  }
+  // Only the last micro-batch communicates; its backward hands each bucket over as soon
+  // as every parameter in it has its gradient.
+  const bool communicate = reducer_ && last_micro;
   std::vector<bool> complete(buckets_.size(), false);
-  // Hands buckets to the reducer in bucket order only, so that every replica issues
-  // its collectives in the same order whatever order backward finishes them in.
+  if (communicate) {
+    rep.pending.assign(buckets_.size(), 0);
+    for (const auto& bs : buckets_of_param_)
+      for (int b : bs) rep.pending[static_cast<size_t>(b)] += 1;
+    rep.next_bucket = 0;
+  }
+  // Buckets go to the reducer in bucket order only, so that every replica (and rank)
+  // issues its collectives in the same order whatever order backward finishes them in.
   auto hand_over = [&] {
     while (rep.next_bucket < buckets_.size() && complete[rep.next_bucket]) reducer_->bucket_ready(r, rep.next_bucket++);
   };
   if (shard.x.defined()) {
     Tensor loss = loss_fn(rep.model->forward(shard.x), shard.y);
-    // The gradient of weight * loss_r: summed over replicas, the full batch's gradient.
+    // The gradient of weight * loss: summed over replicas, ranks and micro-batches, the
+    // full batch's gradient.
     Tensor seed = Tensor::full({1}, static_cast<float>(weight), rep.device);
     LeafHook hook;
-    if (reducer_)
+    if (communicate)
       hook = [&](const Tensor& leaf) {
         auto it = rep.param_index.find(leaf.data());
         if (it == rep.param_index.end()) return;
@@ -263,13 +290,13 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
         hand_over();
       };
     run_backward(loss, seed, hook);
-    out.losses[r] = loss.detach();
+    loss_out = loss.detach();
   }
-  if (reducer_) {  // buckets no gradient reached (an empty shard, unused parameters)
+  if (communicate) {  // buckets no gradient reached (an empty shard, unused parameters)
     std::fill(complete.begin(), complete.end(), true);
     hand_over();
   }
-  if (r == 0) rep.t_backward->record(*rep.ctx);
+  if (r == 0 && last_micro) rep.t_backward->record(*rep.ctx);
 }
 
 void DataParallel::update(size_t r) {
@@ -284,22 +311,40 @@ void DataParallel::update(size_t r) {
 
 StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss) {
   if (count < 1) throw UsageError("the batch must hold at least one sample, got " + std::to_string(count));
-  const auto sizes = split(count, replicas_.size());
-  if (count < static_cast<int64_t>(replicas_.size()) && !warned_small_batch_) {
-    std::fprintf(stderr, "dptrain: note: batch %lld is smaller than the %zu devices; only %lld of them get samples\n",
-                 static_cast<long long>(count), replicas_.size(), static_cast<long long>(count));
+  // With several processes, this one trains its rank's contiguous part of the batch.
+  int64_t mine_first = first, mine = count;
+  int64_t workers = static_cast<int64_t>(replicas_.size());
+  if (group_) {
+    const auto per_rank = split(count, static_cast<size_t>(group_->size()));
+    for (int i = 0; i < group_->rank(); ++i) mine_first += per_rank[static_cast<size_t>(i)];
+    mine = per_rank[static_cast<size_t>(group_->rank())];
+    workers *= group_->size();
+  }
+  if (count < workers && !warned_small_batch_) {
+    if (!group_ || group_->rank() == 0)
+      std::fprintf(stderr, "dptrain: note: batch %lld is smaller than the %lld replicas; only %lld of them get samples\n",
+                   static_cast<long long>(count), static_cast<long long>(workers), static_cast<long long>(count));
     warned_small_batch_ = true;
   }
-  std::vector<int64_t> starts(sizes.size(), first);
+  const auto sizes = split(mine, replicas_.size());
+  std::vector<int64_t> starts(sizes.size(), mine_first);
   for (size_t i = 1; i < sizes.size(); ++i) starts[i] = starts[i - 1] + sizes[i - 1];
+  const size_t k_total = static_cast<size_t>(grad_accum_);
   StepLoss out;
-  out.losses.resize(replicas_.size());
-  out.weights.resize(replicas_.size());
+  out.group = group_;
+  out.losses.resize(replicas_.size() * k_total);
+  out.weights.resize(replicas_.size() * k_total);
   run_on_all([&](size_t r) {
-    const double w = static_cast<double>(sizes[r]) / static_cast<double>(count);
-    out.weights[r] = w;
-    data::Batch shard = sizes[r] > 0 ? source(r, starts[r], sizes[r]) : data::Batch{};
-    forward_backward(r, shard, w, loss, out);
+    // Gradient accumulation: the shard is trained as K contiguous micro-batches.
+    const auto micro = split(sizes[r], k_total);
+    int64_t at = starts[r];
+    for (size_t k = 0; k < k_total; ++k) {
+      const double w = static_cast<double>(micro[k]) / static_cast<double>(count);
+      out.weights[r * k_total + k] = w;
+      data::Batch shard = micro[k] > 0 ? source(r, at, micro[k]) : data::Batch{};
+      forward_backward(r, shard, w, loss, out.losses[r * k_total + k], k == 0, k + 1 == k_total);
+      at += micro[k];
+    }
   });
   if (reducer_) reducer_->reduce();
   run_on_all([&](size_t r) { update(r); });
@@ -337,7 +382,10 @@ void DataParallel::set_lr(float lr) {
 }
 
 void DataParallel::synchronize() {
-  for (auto& r : replicas_) r.ctx->synchronize();
+  for (auto& r : replicas_) {
+    if (reducer_) reducer_->synchronize(*r.ctx);  // bounded by the timeout where ranks are involved
+    else r.ctx->synchronize();
+  }
 }
 
 StepTimes DataParallel::last_times() {

@@ -17,6 +17,7 @@
 #include "../layers/synthetic.hpp"
 #include "../runtime/comm.hpp"
 #include "../runtime/context.hpp"
+#include "../runtime/process_group.hpp"
 #include "optim.hpp"
 
 namespace dpt {
@@ -35,6 +36,10 @@ struct DataParallelOptions {
   Precision precision = Precision::fp32;
   GemmImpl gemm = GemmImpl::cublas;
   float clip = 0.0f;        // clip the global gradient norm (after reduction); 0 = off
+  int grad_accum = 1;       // micro-batches per step; only the last one communicates
+  // Several processes (DDP): this process trains its rank's part of every batch on its
+  // one device, and gradients are summed over every rank (NCCL on GPUs, MPI on CPUs).
+  ProcessGroup* group = nullptr;
 };
 
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>;
@@ -47,6 +52,7 @@ using ShardSource = std::function<data::Batch(size_t replica, int64_t first, int
 struct StepLoss {
   std::vector<Tensor> losses;
   std::vector<double> weights;
+  ProcessGroup* group = nullptr;  // when set, value() sums over every rank (collective)
   float value() const;
 };
 
@@ -91,7 +97,8 @@ class DataParallel {
  private:
   struct Replica;
   void run_on_all(const std::function<void(size_t)>& fn);
-  void forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss, StepLoss& out);
+  void forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss, Tensor& loss_out,
+                        bool first_micro, bool last_micro);
   void update(size_t r);
 
   std::vector<Device> devices_;
@@ -101,6 +108,8 @@ class DataParallel {
   std::vector<std::vector<int>> buckets_of_param_;  // parameter index -> the buckets it overlaps
   std::unique_ptr<Reducer> reducer_;
   float clip_ = 0.0f;
+  int grad_accum_ = 1;
+  ProcessGroup* group_ = nullptr;
   bool warned_small_batch_ = false;
   struct Pool;
   std::unique_ptr<Pool> pool_;

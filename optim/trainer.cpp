@@ -33,12 +33,15 @@ void validate(TrainConfig& cfg) {
   if (cfg.task == data::Task::classification && widths.back() < 2)
     throw UsageError("classification needs at least 2 output classes, the model has " +
                      std::to_string(widths.back()));
+  if (cfg.grad_accum < 1) throw UsageError("--grad-accum must be at least 1");
+  if (!(cfg.comm_timeout > 0.0)) throw UsageError("--comm-timeout must be positive");
   if (cfg.devices.empty()) cfg.devices = default_devices();
+  if (cfg.ddp && !built_with_mpi()) throw UsageError("--ddp needs a build with MPI (install libopenmpi-dev and rebuild)");
   for (const Device& d : cfg.devices) {
     check_device(d);
     if (d.type != cfg.devices.front().type) throw UsageError("CPU and CUDA devices cannot be mixed");
   }
-  (void)resolve_reduce(cfg.reduce, cfg.devices);
+  if (!cfg.ddp) (void)resolve_reduce(cfg.reduce, cfg.devices);
   if (!(cfg.bucket_mb > 0.0)) throw UsageError("--bucket-mb must be positive");
   if (cfg.devices.front().is_cpu() && cfg.gemm == GemmImpl::native)
     throw UsageError("--gemm native is a CUDA kernel; the CPU has one GEMM");
@@ -48,6 +51,13 @@ void validate(TrainConfig& cfg) {
 
 Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
   validate(cfg_);
+  if (cfg_.ddp) {
+    // One device per process: the local rank picks it from the node's device list.
+    group_ = &ProcessGroup::world();
+    group_->set_timeout(cfg_.comm_timeout);
+    const Device mine = cfg_.devices[static_cast<size_t>(group_->local_rank()) % cfg_.devices.size()];
+    cfg_.devices = {mine};
+  }
   const Device master = cfg_.devices.front();
   model_ = nn::mlp(cfg_.model, cfg_.act);
   model_->to(master, cfg_.seed);
@@ -72,6 +82,8 @@ Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
   o.precision = cfg_.precision;
   o.gemm = cfg_.gemm;
   o.clip = cfg_.clip;
+  o.grad_accum = cfg_.grad_accum;
+  o.group = group_;
   dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, make_opt, o);
   sched_ = {optim::parse_schedule(cfg_.schedule), cfg_.lr, cfg_.warmup, cfg_.steps};
 }
@@ -83,6 +95,22 @@ StepLoss Trainer::step(int64_t s) {
                                [this](size_t r, int64_t first, int64_t n) { return data_[r]->batch(first, n); }, loss);
   steps_done_ = s + 1;
   return l;
+}
+
+uint64_t Trainer::parameter_hash() {
+  dp_->synchronize();
+  const auto p = model_->flat_params().to_host();
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes
+  const auto* bytes = reinterpret_cast<const unsigned char*>(p.data());
+  for (size_t i = 0; i < p.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  if (group_) {
+    const auto all = group_->gather_all(h);
+    for (size_t r = 0; r < all.size(); ++r)
+      if (all[r] != h)
+        throw Error("the parameters differ between ranks: rank " + std::to_string(group_->rank()) + " and rank " +
+                    std::to_string(r) + " hash differently");
+  }
+  return h;
 }
 
 TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log) {
@@ -97,6 +125,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log) {
     const int64_t done = s + 1;
     const bool first = s == begin;
     if (first || done % cfg_.log_every == 0 || done == cfg_.steps) {
+      dp_->synchronize();                 // bounded by --comm-timeout across ranks
       const float value = loss.value();  // the only host synchronization of a step
       const auto now = clock::now();
       if (first) {

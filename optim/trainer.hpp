@@ -38,6 +38,9 @@ struct TrainConfig {
   std::vector<Device> devices;  // empty: every GPU there is, else the CPU
   Reduce reduce = Reduce::automatic;
   double bucket_mb = 25.0;
+  int grad_accum = 1;           // micro-batches per optimizer step
+  bool ddp = false;             // one process per device under mpirun (devices: the node's list)
+  double comm_timeout = 300.0;  // seconds a rank may wait for the others
   uint64_t seed = 1;
   int64_t log_every = 10;  // read the loss back every N steps (and at the last step)
 };
@@ -80,6 +83,11 @@ class Trainer {
   DataParallel& parallel() { return *dp_; }
   optim::Optimizer& optimizer() { return dp_->optimizer(); }
   int64_t steps_done() const { return steps_done_; }
+  // The process group of a DDP run, else null.
+  ProcessGroup* group() const { return group_; }
+  // FNV-1a hash of the master's parameters; in a DDP run every rank's hash is compared
+  // and a disagreement throws.
+  uint64_t parameter_hash();
 
  private:
   TrainConfig cfg_;
@@ -88,6 +96,7 @@ class Trainer {
   std::unique_ptr<DataParallel> dp_;
   optim::Schedule sched_;
   int64_t steps_done_ = 0;
+  ProcessGroup* group_ = nullptr;
 };
 
 }  // namespace dpt

@@ -5,6 +5,7 @@
 #include "../kernels/cpu/cpu.hpp"
 #include "../kernels/error.hpp"
 #include "ops.hpp"
+#include "process_group.hpp"
 
 namespace dpt {
 
@@ -98,7 +99,33 @@ class MasterReducer : public Reducer {
   Tensor staging_;
 };
 
+// CPU processes: each bucket is summed over every rank by MPI as soon as backward has
+// produced it (CPU work is complete when queued, so the sum can start at once).
+class MpiReducer : public Reducer {
+ public:
+  MpiReducer(ProcessGroup& g, ReplicaBuffers r, std::vector<Bucket> buckets)
+      : g_(g), r_(std::move(r)), buckets_(std::move(buckets)) {
+    DPT_CHECK(r_.ctx->device().is_cpu(), "the MPI reduction is for CPU tensors");
+  }
+  const char* name() const override { return "mpi"; }
+  bool every_replica_updates() const override { return true; }
+  void bucket_ready(size_t, size_t b) override {
+    g_.start_sum(r_.grads.f32() + buckets_[b].offset, buckets_[b].count);
+  }
+  void reduce() override {}
+  void wait(size_t) override { g_.wait_all(); }
+
+ private:
+  ProcessGroup& g_;
+  ReplicaBuffers r_;
+  std::vector<Bucket> buckets_;
+};
+
 }  // namespace
+
+std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets) {
+  return std::make_unique<MpiReducer>(group, std::move(replica), std::move(buckets));
+}
 
 std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
                                              bool master_updates) {
@@ -110,6 +137,9 @@ std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replica
 bool built_with_nccl() { return false; }
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers>, std::vector<Bucket>) {
   throw UsageError("--reduce nccl needs a build with NCCL; this one has none (use --reduce p2p)");
+}
+std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup&, ReplicaBuffers, std::vector<Bucket>) {
+  throw UsageError("--ddp on GPUs needs a build with NCCL; this one has none");
 }
 #endif
 

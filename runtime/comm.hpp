@@ -49,6 +49,9 @@ class Reducer {
   virtual void wait(size_t r) = 0;
   // From the driving thread after the master's update (when !every_replica_updates()).
   virtual void broadcast_params() {}
+  // Waits for ctx's queued work; reducers that talk to other processes bound the wait
+  // by the communication timeout and end the job when it passes.
+  virtual void synchronize(Context& ctx) { ctx.synchronize(); }
 };
 
 // p2p (master_updates = true) and host (false) reduction through the master.
@@ -59,6 +62,13 @@ std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replica
 // distinct GPUs. Throws UsageError when this build has no NCCL.
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets);
 bool built_with_nccl();
+
+class ProcessGroup;
+// Across processes (DDP), one replica per process: NCCL between GPUs (the unique id
+// travels over MPI; non-blocking communicators, so a dead peer ends in an abort rather
+// than a hang) or MPI_Iallreduce between CPU processes.
+std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets);
+std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets);
 
 // Splits a flat buffer of `total` floats into buckets of at most bucket_bytes (rounded
 // to 64 floats), in the order backward produces them: from the end of the buffer, where

@@ -1,0 +1,162 @@
+#include "process_group.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <cstdio>
+#include <thread>
+
+#include "../kernels/error.hpp"
+
+#if DPT_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace dpt {
+
+#if !DPT_WITH_MPI
+
+bool built_with_mpi() { return false; }
+ProcessGroup& ProcessGroup::world() {
+  throw UsageError("--ddp needs a build with MPI (install libopenmpi-dev and rebuild)");
+}
+ProcessGroup::ProcessGroup() = default;
+ProcessGroup::~ProcessGroup() = default;
+void ProcessGroup::broadcast(void*, size_t, int) {}
+double ProcessGroup::sum(double v) { return v; }
+std::vector<uint64_t> ProcessGroup::gather_all(uint64_t v) { return {v}; }
+void ProcessGroup::barrier() {}
+void ProcessGroup::start_sum(float*, int64_t) {}
+void ProcessGroup::wait_all() {}
+void ProcessGroup::wait(void*, int, const char*) {}
+void ProcessGroup::abort(const std::string& why, int status) {
+  std::fprintf(stderr, "dptrain: error: %s\n", why.c_str());
+  std::_Exit(status);
+}
+
+#else
+
+static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request must fit the handle slots");
+
+bool built_with_mpi() { return true; }
+
+namespace {
+void check(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  throw Error(std::string("MPI failed: ") + call + ": " + std::string(text, static_cast<size_t>(len)));
+}
+#define DPT_MPI_CHECK(call) check((call), #call)
+}  // namespace
+
+ProcessGroup& ProcessGroup::world() {
+  static ProcessGroup* pg = new ProcessGroup();  // finalized by the atexit handler below
+  return *pg;
+}
+
+ProcessGroup::ProcessGroup() {
+  int ready = 0;
+  MPI_Initialized(&ready);
+  if (!ready) {
+    int provided = 0;
+    // Every MPI call comes from the thread that drives training.
+    DPT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+    std::atexit([] {
+      int done = 0;
+      MPI_Finalized(&done);
+      if (!done) MPI_Finalize();
+    });
+  }
+  // Errors come back as codes (and become exceptions) instead of killing the process
+  // without a word.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  DPT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  DPT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  MPI_Comm node;
+  DPT_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  DPT_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
+  MPI_Comm_free(&node);
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+void ProcessGroup::wait(void* requests, int count, const char* what) {
+  // Poll rather than block: a blocking MPI call cannot be given a deadline.
+  auto* reqs = static_cast<MPI_Request*>(requests);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  auto nap = std::chrono::microseconds(1);
+  while (true) {
+    int done = 0;
+    DPT_MPI_CHECK(MPI_Testall(count, reqs, &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      char msg[256];
+      std::snprintf(msg, sizeof msg,
+                    "%s did not complete within %.0f s (--comm-timeout): another rank died or stopped answering",
+                    what, timeout_s_);
+      abort(msg);
+    }
+    std::this_thread::sleep_for(nap);
+    if (nap < std::chrono::microseconds(1000)) nap *= 2;
+  }
+}
+
+void ProcessGroup::broadcast(void* data, size_t bytes, int root) {
+  DPT_CHECK(bytes <= static_cast<size_t>(INT32_MAX), "broadcast larger than 2 GiB");
+  MPI_Request r;
+  DPT_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &r));
+  wait(&r, 1, "a broadcast");
+}
+
+double ProcessGroup::sum(double v) {
+  double out = 0;
+  MPI_Request r;
+  DPT_MPI_CHECK(MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &r));
+  wait(&r, 1, "a loss all-reduce");
+  return out;
+}
+
+std::vector<uint64_t> ProcessGroup::gather_all(uint64_t v) {
+  std::vector<uint64_t> out(static_cast<size_t>(size_));
+  MPI_Request r;
+  DPT_MPI_CHECK(MPI_Iallgather(&v, 1, MPI_UINT64_T, out.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD, &r));
+  wait(&r, 1, "an all-gather");
+  return out;
+}
+
+void ProcessGroup::barrier() {
+  MPI_Request r;
+  DPT_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &r));
+  wait(&r, 1, "a barrier");
+}
+
+void ProcessGroup::start_sum(float* data, int64_t n) {
+  DPT_CHECK(n <= INT32_MAX, "all-reduce of more than 2^31 floats in one bucket");
+  MPI_Request r;
+  DPT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r));
+  uint64_t slot = 0;
+  static_assert(sizeof(r) <= sizeof(slot));
+  std::memcpy(&slot, &r, sizeof r);
+  pending_.push_back(slot);
+}
+
+void ProcessGroup::wait_all() {
+  if (pending_.empty()) return;
+  std::vector<MPI_Request> reqs(pending_.size());
+  for (size_t i = 0; i < reqs.size(); ++i) std::memcpy(&reqs[i], &pending_[i], sizeof(MPI_Request));
+  pending_.clear();
+  wait(reqs.data(), static_cast<int>(reqs.size()), "a gradient all-reduce");
+}
+
+void ProcessGroup::abort(const std::string& why, int status) {
+  std::fprintf(stderr, "dptrain: error: rank %d: %s\n", rank_, why.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, status);
+  std::_Exit(status);
+}
+
+#endif
+
+}  // namespace dpt

@@ -1,0 +1,54 @@
+// The processes of a multi-process run (DDP): rank and size from MPI_COMM_WORLD, the
+// local rank (which picks the GPU) from the ranks sharing this node. MPI (Open MPI) is
+// the launcher and bootstrap: it carries host buffers (CPU training, the NCCL unique
+// id, losses, hashes); NCCL carries GPU gradients (comm_nccl.cpp). Every wait is
+// bounded by the communication timeout: a rank that dies or stops answering makes the
+// others end with a clear message instead of hanging.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dpt {
+
+bool built_with_mpi();
+
+class ProcessGroup {
+ public:
+  // Initializes MPI once per process (later calls return the same group). Throws
+  // UsageError when this build has no MPI.
+  static ProcessGroup& world();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  // Seconds any wait for the other ranks may take before the job is aborted.
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+
+  // Host-memory collectives, all bounded by the timeout.
+  void broadcast(void* data, size_t bytes, int root);
+  double sum(double v);
+  std::vector<uint64_t> gather_all(uint64_t v);
+  void barrier();
+  // Starts an in-place sum of host floats over every rank; wait_all() completes them.
+  void start_sum(float* data, int64_t n);
+  void wait_all();
+
+  // Ends every rank of the job: prints `why` (with this rank's number) and aborts.
+  [[noreturn]] void abort(const std::string& why, int status = 1);
+
+ private:
+  ProcessGroup();
+  ~ProcessGroup();
+  // Waits for request handles (MPI_Request) until done or the timeout.
+  void wait(void* requests, int count, const char* what);
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  double timeout_s_ = 300.0;
+  std::vector<uint64_t> pending_;  // outstanding MPI_Request handles of start_sum
+};
+
+}  // namespace dpt

@@ -1,0 +1,68 @@
+// Run under mpirun: DDP training over the ranks must give the weights of one process
+// training on the whole batch (<= 1e-5), with several buckets, uneven rank shards and
+// gradient accumulation, and every rank must end with bitwise the same parameters.
+// Exit status 0 when every check passes on every rank, 1 otherwise.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "../optim/trainer.hpp"
+#include "../runtime/process_group.hpp"
+#include "common.hpp"
+
+using namespace dpt;
+
+int main(int argc, char** argv) {
+  int64_t batch = 10;
+  int accum = 1;
+  std::string device = "cpu";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--batch")) batch = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--grad-accum")) accum = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
+  }
+  try {
+    ProcessGroup& g = ProcessGroup::world();
+    g.set_timeout(120);
+    int failures = 0;
+    for (auto task : {data::Task::regression, data::Task::classification})
+      for (std::string opt : {"sgd", "adamw"}) {
+        TrainConfig c;
+        c.model = "12-24x2-5";
+        c.task = task;
+        c.optimizer = opt;
+        c.lr = opt == "sgd" ? 0.05f : 0.003f;
+        c.batch = batch;
+        c.steps = 20;
+        c.log_every = 5;
+        c.bucket_mb = 0.001;  // about 1 KB: several buckets
+        c.devices = {parse_device(device)};
+        TrainConfig d = c;
+        d.ddp = true;
+        d.grad_accum = accum;
+        Trainer ddp(d);
+        if (ddp.parallel().buckets() < 2) ++failures;
+        const TrainResult r = ddp.run();
+        const uint64_t hash = ddp.parameter_hash();  // throws if the ranks disagree
+        if (g.rank() == 0) {
+          Trainer one(c);  // one process, the whole batch, no accumulation
+          const TrainResult r1 = one.run();
+          const double err = test::rel_error(ddp.model().flat_params().to_host(), one.model().flat_params().to_host());
+          const bool ok = err <= 1e-5 && std::fabs(r.final_loss - r1.final_loss) <= 1e-5 * std::fabs(r1.final_loss);
+          std::printf("%s %s, %d ranks, batch %lld, grad-accum %d: weights rel. error %.3g, loss %.6g vs %.6g, "
+                      "hash %016llx: %s\n",
+                      data::task_name(task), opt.c_str(), g.size(), static_cast<long long>(batch), accum, err,
+                      r.final_loss, r1.final_loss, static_cast<unsigned long long>(hash), ok ? "ok" : "FAILED");
+          if (!ok) ++failures;
+        }
+      }
+    double total = g.sum(failures);
+    if (g.rank() == 0) std::printf("%s\n", total == 0 ? "all checks passed" : "some checks FAILED");
+    return total == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp_check: error: %s\n", e.what());
+    return 1;
+  }
+}

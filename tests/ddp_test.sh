@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# dptrain --ddp under mpirun, as users run it: rank 0 alone reports, the ranks agree on
+# the parameters, an error names its rank, and a rank that dies or stops answering ends
+# the whole job with a non-zero status within --comm-timeout instead of hanging it.
+set -u
+exe=$1 mpirun=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; kill -9 $(jobs -p) 2>/dev/null' EXIT
+run=("$mpirun" --oversubscribe)
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# A good run: one report, metrics from rank 0 only, the hash agreed by both ranks.
+if "${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 20 --batch 32 --log-every 10 --bucket-mb 0.01 \
+    --metrics "$tmp/m.jsonl" >"$tmp/out" 2>"$tmp/err"; then ok; else bad "ddp run failed: $(cat "$tmp/err")"; fi
+[ "$(grep -c '^done:' "$tmp/out")" -eq 1 ] && ok || bad "expected one summary (rank 0): $(cat "$tmp/out")"
+grep -q 'identical on all 2 ranks' "$tmp/out" && ok || bad "no agreed parameter hash: $(cat "$tmp/out")"
+grep -q '2 processes' "$tmp/out" && ok || bad "no process count in the header"
+[ "$(wc -l <"$tmp/m.jsonl")" -eq 3 ] && ok || bad "metrics: expected 3 lines from rank 0 alone"
+
+# Gradient accumulation through the CLI.
+"${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 5 --batch 32 --grad-accum 4 >"$tmp/out" 2>&1 &&
+  grep -q 'gradient accumulation: 4' "$tmp/out" && ok || bad "--grad-accum: $(cat "$tmp/out")"
+
+# An error on one rank reaches the user with that rank's number, and the job ends.
+"${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 5 --metrics "$tmp/no/dir/m.jsonl" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -ne 0 ] && grep -q 'dptrain: error: rank 0: cannot write the metrics file' "$tmp/err" && ok ||
+  bad "error without its rank (rc $rc): $(cat "$tmp/err")"
+
+# Bad input under mpirun: one line (from rank 0), exit 2.
+"${run[@]}" -np 2 "$exe" --ddp --batch 0 >"$tmp/out" 2>"$tmp/err"
+[ "$(grep -c 'dptrain: error' "$tmp/err")" -eq 1 ] && ok || bad "bad input: expected one error line: $(cat "$tmp/err")"
+
+# Faults: kill (-9) or stop (-STOP) one rank mid-run; the job must end non-zero within
+# --comm-timeout (plus the launcher's own grace).
+fault() {
+  local sig=$1 timeout=5 limit=40
+  "${run[@]}" -np 3 "$exe" --ddp --devices cpu --steps 100000000 --batch 64 --log-every 1000 \
+    --comm-timeout $timeout >"$tmp/fault.out" 2>"$tmp/fault.err" &
+  local launcher=$! victim="" i
+  for i in $(seq 50); do  # wait for the ranks to be training
+    sleep 0.2
+    victim=$(pgrep -P $launcher -f dptrain | sed -n 2p)
+    [ -n "$victim" ] && grep -q '^step' "$tmp/fault.out" && break
+  done
+  if [ -z "$victim" ]; then bad "SIG$sig: no rank found to fault"; kill -9 $launcher; return; fi
+  local start=$SECONDS
+  kill -"$sig" "$victim"
+  local waited=0
+  while kill -0 $launcher 2>/dev/null && [ $waited -lt $limit ]; do sleep 1; waited=$((waited + 1)); done
+  if kill -0 $launcher 2>/dev/null; then
+    bad "SIG$sig: the job still runs ${limit}s after a rank was faulted (a hang)"
+    pkill -9 -P $launcher; kill -9 $launcher
+    return
+  fi
+  wait $launcher
+  local rc=$?
+  [ $rc -ne 0 ] && ok || bad "SIG$sig: the job ended with status 0"
+  echo "SIG$sig on rank $victim: job ended after $((SECONDS - start)) s with status $rc"
+  [ "$sig" = STOP ] && { grep -q 'did not complete within 5 s' "$tmp/fault.err" && ok ||
+    bad "SIGSTOP: no timeout message: $(cat "$tmp/fault.err")"; }
+}
+fault KILL
+fault STOP
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
