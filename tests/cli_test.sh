@@ -81,7 +81,7 @@ else bad "--cpus 3 failed: $(cat "$tmp/err")"; fi
 grep -q '3 replica(s) on cpu:0 cpu:1 cpu:2, reduce host' "$tmp/out" && ok || bad "no replica line: $(cat "$tmp/out")"
 [ "$(grep -c '^memory cpu:' "$tmp/out")" -eq 3 ] && ok || bad "expected a memory line per device"
 grep -q '^step time' "$tmp/out" && ok || bad "no step-time split"
-"$exe" --cpus 4 --batch 2 --steps 2 >"$tmp/out" 2>"$tmp/err" && grep -q 'smaller than the 4 devices' "$tmp/err" && ok ||
+"$exe" --cpus 4 --batch 2 --steps 2 >"$tmp/out" 2>"$tmp/err" && grep -q 'smaller than the 4 replicas' "$tmp/err" && ok ||
   bad "a batch smaller than the device count is not reported: $(cat "$tmp/err")"
 
 # a config file sets flags; the command line still wins
