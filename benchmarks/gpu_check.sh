@@ -19,6 +19,9 @@ build/apps/dptrain --log-every 100 | tee "$out/default_job.log" | tail -4
 {
   build/apps/dptrain --devices cuda:0,cuda:0 --reduce p2p --log-every 250
   build/apps/dptrain --devices cuda:0 --reduce nccl --log-every 250
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  mpirun -np 1 -x NCCL_NVLS_ENABLE build/apps/dptrain --ddp --log-every 250
+  mpirun -np 1 -x NCCL_NVLS_ENABLE build/tests/ddp_check --device cuda:0 --batch 10
   gpus=$(nvidia-smi -L | wc -l)
   if [ "$gpus" -ge 2 ]; then
     for r in nccl p2p; do
