@@ -95,6 +95,7 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
       ->capture_default_str();
+  app.add_flag("!--no-overlap", o.cfg.overlap, "Reduce gradients only after backward (to measure what overlap gains)");
   app.add_flag("--ddp", o.cfg.ddp, "One process per device under mpirun (MPI bootstrap, NCCL or MPI reduction)");
   app.add_option("--comm-timeout", o.cfg.comm_timeout,
                  "Seconds a --ddp rank waits for the others before the job is ended")

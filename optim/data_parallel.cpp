@@ -10,6 +10,7 @@
 
 #include "../kernels/error.hpp"
 #include "../runtime/autograd.hpp"
+#include "../runtime/nvtx.hpp"
 #include "../runtime/ops.hpp"
 
 namespace dpt {
@@ -142,6 +143,7 @@ struct DataParallel::Replica {
   std::vector<int> pending;                             // per bucket: parameters still to come
   size_t next_bucket = 0;                               // buckets are handed over in order
   std::unique_ptr<Event> t_start, t_backward, t_reduced, t_updated;
+  std::string nvtx_forward, nvtx_backward, nvtx_update;  // "forward cuda:1", made once
 };
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device> devices,
@@ -161,6 +163,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   reduce_ = group_ ? (devices_[0].is_cuda() ? Reduce::nccl : Reduce::host) : resolve_reduce(options.reduce, devices_);
   clip_ = options.clip;
   grad_accum_ = options.grad_accum;
+  overlap_ = options.overlap;
   enable_peer_access(devices_);
   const size_t n = devices_.size();
   replicas_.resize(n);
@@ -182,6 +185,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     auto params = r.model->parameters();
     for (size_t k = 0; k < params.size(); ++k) r.param_index[params[k]->value.data()] = static_cast<int>(k);
     for (auto* e : {&r.t_start, &r.t_backward, &r.t_reduced, &r.t_updated}) *e = std::make_unique<Event>(r.device);
+    r.nvtx_forward = "forward " + r.device.str();
+    r.nvtx_backward = "backward " + r.device.str();
+    r.nvtx_update = "update " + r.device.str();
   }
 
   if (group_) {
@@ -271,12 +277,16 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     while (rep.next_bucket < buckets_.size() && complete[rep.next_bucket]) reducer_->bucket_ready(r, rep.next_bucket++);
   };
   if (shard.x.defined()) {
-    Tensor loss = loss_fn(rep.model->forward(shard.x), shard.y);
+    Tensor loss;
+    {
+      NvtxRange range(rep.nvtx_forward.c_str());
+      loss = loss_fn(rep.model->forward(shard.x), shard.y);
+    }
     // The gradient of weight * loss: summed over replicas, ranks and micro-batches, the
     // full batch's gradient.
     Tensor seed = Tensor::full({1}, static_cast<float>(weight), rep.device);
     LeafHook hook;
-    if (communicate)
+    if (communicate && overlap_)
       hook = [&](const Tensor& leaf) {
         auto it = rep.param_index.find(leaf.data());
         if (it == rep.param_index.end()) return;
@@ -289,6 +299,7 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
         }
         hand_over();
       };
+    NvtxRange range(rep.nvtx_backward.c_str());
     run_backward(loss, seed, hook);
     loss_out = loss.detach();
   }
@@ -305,6 +316,7 @@ void DataParallel::update(size_t r) {
   if (reducer_) reducer_->wait(r);
   if (r == 0) rep.t_reduced->record(*rep.ctx);
   // Every replica clips the same reduced gradient, so all make the same update.
+  NvtxRange range(rep.nvtx_update.c_str());
   rep.opt->step(clip_ > 0.0f ? optim::clip_grad_norm(*rep.model, clip_) : Tensor());
   if (r == 0) rep.t_updated->record(*rep.ctx);
 }
@@ -346,7 +358,10 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
       at += micro[k];
     }
   });
-  if (reducer_) reducer_->reduce();
+  if (reducer_) {
+    NvtxRange range("reduce");
+    reducer_->reduce();
+  }
   run_on_all([&](size_t r) { update(r); });
   if (reducer_ && !reducer_->every_replica_updates()) reducer_->broadcast_params();
   return out;

@@ -37,6 +37,7 @@ struct DataParallelOptions {
   GemmImpl gemm = GemmImpl::cublas;
   float clip = 0.0f;        // clip the global gradient norm (after reduction); 0 = off
   int grad_accum = 1;       // micro-batches per step; only the last one communicates
+  bool overlap = true;      // reduce buckets during backward (false: all after it, to measure the gain)
   // Several processes (DDP): this process trains its rank's part of every batch on its
   // one device, and gradients are summed over every rank (NCCL on GPUs, MPI on CPUs).
   ProcessGroup* group = nullptr;
@@ -109,6 +110,7 @@ class DataParallel {
   std::unique_ptr<Reducer> reducer_;
   float clip_ = 0.0f;
   int grad_accum_ = 1;
+  bool overlap_ = true;
   ProcessGroup* group_ = nullptr;
   bool warned_small_batch_ = false;
   struct Pool;

@@ -83,6 +83,7 @@ Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
   o.gemm = cfg_.gemm;
   o.clip = cfg_.clip;
   o.grad_accum = cfg_.grad_accum;
+  o.overlap = cfg_.overlap;
   o.group = group_;
   dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, make_opt, o);
   sched_ = {optim::parse_schedule(cfg_.schedule), cfg_.lr, cfg_.warmup, cfg_.steps};

@@ -39,6 +39,7 @@ struct TrainConfig {
   Reduce reduce = Reduce::automatic;
   double bucket_mb = 25.0;
   int grad_accum = 1;           // micro-batches per optimizer step
+  bool overlap = true;          // reduce gradient buckets while backward runs
   bool ddp = false;             // one process per device under mpirun (devices: the node's list)
   double comm_timeout = 300.0;  // seconds a rank may wait for the others
   uint64_t seed = 1;

@@ -167,3 +167,23 @@ TEST_CASE("reduction paths that cannot serve the devices are refused", "[paralle
   c.devices = {{DeviceType::cpu, 0}, {DeviceType::cuda, 0}};
   CHECK_THROWS_AS(validate(c), UsageError);
 }
+
+TEST_CASE("reducing after backward (no overlap) and with gradient accumulation gives the same weights", "[parallel]") {
+  TrainConfig one = small(data::Task::regression, "sgd", 12);
+  one.devices = cpus(1);
+  Trainer ref(one);
+  ref.run();
+  const auto want = ref.model().flat_params().to_host();
+  for (bool overlap : {true, false})
+    for (int accum : {1, 3}) {
+      INFO("overlap " << overlap << " grad-accum " << accum);
+      TrainConfig c = one;
+      c.devices = cpus(3);
+      c.overlap = overlap;
+      c.grad_accum = accum;
+      Trainer t(c);
+      t.run();
+      CHECK(t.parallel().replicas_identical());
+      CHECK(test::rel_error(t.model().flat_params().to_host(), want) <= 1e-5);
+    }
+}
