@@ -1,7 +1,11 @@
 // dptrain: trains an MLP on synthetic data. A thin layer over dpt::Trainer: parse the
 // flags (CLI11), report progress, write metrics, print a summary. Exit status: 0 done,
-// 1 runtime error, 2 bad input, 3 out of memory.
+// 1 runtime error, 2 bad input, 3 out of memory, 4 non-finite loss or gradients,
+// 130/143 stopped by SIGINT/SIGTERM (after saving when --save is given).
+#include <csignal>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -11,6 +15,7 @@
 
 #include "../kernels/error.hpp"
 #include "../optim/trainer.hpp"
+#include "plot.hpp"
 #include "../runtime/process_group.hpp"
 
 namespace {
@@ -26,7 +31,20 @@ int launcher_rank() {
   return 0;
 }
 
-constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3;
+constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3, kExitNonFinite = 4;
+
+// SIGINT/SIGTERM ask the run to stop after the current step (and to save); a second
+// signal ends it at once (SA_RESETHAND restores the default action).
+volatile std::sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+void install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 // 35200 -> "35.2k"
 std::string si(double v) {
@@ -55,7 +73,7 @@ struct Options {
   std::string task = "regression", act = "relu", precision = "fp32", gemm = "cublas", devices, reduce = "auto";
   int gpus = 0, cpus = 0;
   bool gpus_given = false, cpus_given = false;
-  std::string metrics;
+  std::string metrics, plot;
 };
 
 void add_flags(CLI::App& app, Options& o) {
@@ -95,6 +113,12 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
       ->capture_default_str();
+  app.add_option("--save", o.cfg.save, "Write a checkpoint (safetensors) here at the end, on SIGINT/SIGTERM and every --save-every steps");
+  app.add_option("--save-every", o.cfg.save_every, "Also write the checkpoint every N steps");
+  app.add_option("--resume", o.cfg.resume, "Continue from this checkpoint (--steps stays the total)");
+  app.add_option("--on-nonfinite", o.cfg.on_nonfinite,
+                 "When a loss or gradient is not finite: stop (exit 4) or skip-step (the update is never applied)")
+      ->capture_default_str();
   app.add_flag("!--no-overlap", o.cfg.overlap, "Reduce gradients only after backward (to measure what overlap gains)");
   app.add_flag("--ddp", o.cfg.ddp, "One process per device under mpirun (MPI bootstrap, NCCL or MPI reduction)");
   app.add_option("--comm-timeout", o.cfg.comm_timeout,
@@ -103,6 +127,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--seed", c.seed, "Seed of the data, the teacher and the initial weights")->capture_default_str();
   app.add_option("--log-every", c.log_every, "Read the loss back and log every N steps")->capture_default_str();
   app.add_option("--metrics", o.metrics, "Write one JSON object per logged step to this file (JSONL)");
+  app.add_option("--plot", o.plot, "Draw the loss curve and samples/s of the run into this SVG file");
   app.set_config("--config", "", "Read flags from a TOML/INI config file");
   app.allow_config_extras(CLI::config_extras_mode::error);  // a misspelt key is an error, not ignored
   app.set_version_flag("--version", std::string("dptrain ") + DPT_VERSION);
@@ -142,8 +167,21 @@ std::string json_line(const dpt::StepLog& s) {
   return buf;
 }
 
+// Refuses, before any training, an output file whose folder cannot be written: a run of
+// hours must not end in a failed save.
+void check_writable(const std::string& path, const char* flag) {
+  if (path.empty()) return;
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (access(dir.c_str(), W_OK | X_OK) != 0)
+    throw dpt::UsageError(std::string(flag) + " '" + path + "': folder '" + dir + "' is not writable (" +
+                          std::strerror(errno) + ")");
+}
+
 int train(Options& o) {
   resolve(o);
+  check_writable(o.plot, "--plot");
+  check_writable(o.cfg.save, "--save");
   dpt::Trainer trainer(o.cfg);
   g_group = trainer.group();
   const auto& c = trainer.config();  // with --ddp: this rank's device
@@ -177,8 +215,15 @@ int train(Options& o) {
   std::fflush(stdout);
   }
 
+  dpt::plot::Series loss_curve{"loss", {}, {}, false}, speed{"samples/s", {}, {}, false};
   auto on_log = [&](const dpt::StepLog& s) {
     if (!lead) return;
+    loss_curve.x.push_back(static_cast<double>(s.step));
+    loss_curve.y.push_back(s.loss);
+    if (s.step > 1) {  // the first step's speed includes warm-up
+      speed.x.push_back(static_cast<double>(s.step));
+      speed.y.push_back(s.samples_per_s);
+    }
     if (metrics.is_open()) {
       metrics << json_line(s) << '\n';
       metrics.flush();
@@ -196,9 +241,16 @@ int train(Options& o) {
     }
     std::fflush(stdout);
   };
-  const dpt::TrainResult r = trainer.run(on_log);
+  install_signal_handlers();
+  const dpt::TrainResult r = trainer.run(on_log, [] { return g_signal != 0; });
   const uint64_t hash = trainer.parameter_hash();  // with --ddp: compared across every rank
-  if (!lead) return 0;
+  if (!lead) return r.stopped ? 128 + g_signal : 0;
+  if (!o.plot.empty()) {
+    dpt::plot::Chart lc{"dptrain " + c.model + ": loss", "step", "loss (log scale)", {loss_curve}, {}};
+    lc.options.log_y = true;
+    dpt::plot::Chart sc{"throughput", "step", "samples/s", {speed}, {}};
+    dpt::plot::write_line_charts(o.plot, {lc, sc});
+  }
   const double ratio = r.first_loss != 0.0f ? 100.0 * r.final_loss / r.first_loss : 0.0;
   std::printf("done: %lld steps in %s; loss %.6g -> %.6g (%.1f%% of the first); %s samples/s; %.3f ms/step\n",
               static_cast<long long>(r.steps), duration(r.seconds).c_str(), r.first_loss, r.final_loss, ratio,
@@ -211,6 +263,13 @@ int train(Options& o) {
                 static_cast<long long>(m.system_allocs));
   std::printf("parameters: hash %016llx%s\n", static_cast<unsigned long long>(hash),
               g_group ? (", identical on all " + std::to_string(g_group->size()) + " ranks").c_str() : "");
+  if (r.skipped > 0) std::printf("skipped %lld step(s) with non-finite gradients\n", static_cast<long long>(r.skipped));
+  if (!c.save.empty()) std::printf("checkpoint: %s (step %lld)\n", c.save.c_str(), static_cast<long long>(trainer.steps_done()));
+  if (r.stopped) {
+    std::printf("stopped by %s after step %lld\n", g_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                static_cast<long long>(trainer.steps_done()));
+    return 128 + g_signal;  // 130 for SIGINT, 143 for SIGTERM, as shells expect
+  }
   return 0;
 }
 
@@ -250,6 +309,8 @@ int main(int argc, char** argv) {
     return fail(kExitUsage, e.what());
   } catch (const dpt::OutOfMemory& e) {
     return fail(kExitOom, e.what());
+  } catch (const dpt::NonFiniteError& e) {
+    return fail(kExitNonFinite, e.what());
   } catch (const std::exception& e) {
     return fail(kExitError, e.what());
   }

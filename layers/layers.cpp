@@ -60,6 +60,18 @@ std::shared_ptr<Module> Sequential::clone() const {
   return s;
 }
 
+std::vector<std::pair<std::string, Parameter*>> Sequential::named_parameters(const std::string& prefix) {
+  std::vector<std::pair<std::string, Parameter*>> out;
+  int index = 0;  // numbered like torch.nn.Sequential, fused activations counted
+  for (auto& m : children()) {
+    for (auto& np : m->named_parameters(prefix + std::to_string(index) + ".")) out.push_back(np);
+    index += m->torch_modules();
+  }
+  return out;
+}
+
+int Sequential::torch_modules() const { return 1; }
+
 std::string Sequential::describe() const {
   std::string s = "Sequential(";
   for (size_t i = 0; i < children().size(); ++i) s += (i ? ", " : "") + children()[i]->describe();

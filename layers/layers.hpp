@@ -21,6 +21,7 @@ class Linear : public Module {
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Module> clone() const override;
   std::string describe() const override;
+  int torch_modules() const override { return act_ == Act::none ? 1 : 2; }
   const Tensor& weight() const { return W_.value; }
   const Tensor& bias() const { return b_ ? b_->value : none_; }
 
@@ -49,6 +50,8 @@ class Sequential : public Module {
   Sequential& add(std::shared_ptr<Module> m);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Module> clone() const override;
+  std::vector<std::pair<std::string, Parameter*>> named_parameters(const std::string& prefix = "") override;
+  int torch_modules() const override;
   std::string describe() const override;
   size_t size() const { return children().size(); }
 };

@@ -14,6 +14,14 @@ std::vector<Parameter*> Module::parameters() {
   return out;
 }
 
+std::vector<std::pair<std::string, Parameter*>> Module::named_parameters(const std::string& prefix) {
+  std::vector<std::pair<std::string, Parameter*>> out;
+  for (auto& p : params_) out.push_back({prefix + p->name, p.get()});
+  for (auto& c : children_)
+    for (auto& np : c->named_parameters(prefix)) out.push_back(np);
+  return out;
+}
+
 int64_t Module::num_parameters() {
   int64_t n = 0;
   for (Parameter* p : parameters()) n += numel(p->shape);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../runtime/tensor.hpp"
@@ -31,6 +32,12 @@ class Module {
 
   // Every parameter of this module and its children, depth-first in registration order.
   std::vector<Parameter*> parameters();
+  // The same with names as the equivalent torch.nn.Sequential gives them ("0.weight",
+  // "2.bias", ...), so checkpoints load into PyTorch as they are.
+  virtual std::vector<std::pair<std::string, Parameter*>> named_parameters(const std::string& prefix = "");
+  // How many torch.nn modules this one stands for (a Linear with a fused activation is
+  // Linear + the activation: 2).
+  virtual int torch_modules() const { return 1; }
   int64_t num_parameters();
 
   // Places every parameter on `device` as a view into one flat parameter buffer (and

@@ -144,6 +144,7 @@ struct DataParallel::Replica {
   size_t next_bucket = 0;                               // buckets are handed over in order
   std::unique_ptr<Event> t_start, t_backward, t_reduced, t_updated;
   std::string nvtx_forward, nvtx_backward, nvtx_update;  // "forward cuda:1", made once
+  Tensor scale;                                          // the last step's gradient scale
 };
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device> devices,
@@ -164,6 +165,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   clip_ = options.clip;
   grad_accum_ = options.grad_accum;
   overlap_ = options.overlap;
+  check_finite_ = options.check_finite;
   enable_peer_access(devices_);
   const size_t n = devices_.size();
   replicas_.resize(n);
@@ -317,7 +319,11 @@ void DataParallel::update(size_t r) {
   if (r == 0) rep.t_reduced->record(*rep.ctx);
   // Every replica clips the same reduced gradient, so all make the same update.
   NvtxRange range(rep.nvtx_update.c_str());
-  rep.opt->step(clip_ > 0.0f ? optim::clip_grad_norm(*rep.model, clip_) : Tensor());
+  // Every replica scales (clips) the same reduced gradient, so all make the same update;
+  // a non-finite norm gives a NaN scale, on which the optimizer skips the step.
+  rep.scale = Tensor();  // its block serves this step's scale: no second block in the steady state
+  rep.scale = clip_ > 0.0f || check_finite_ ? clip_coef(sum_squares(rep.model->flat_grads()), clip_) : Tensor();
+  rep.opt->step(rep.scale);
   if (r == 0) rep.t_updated->record(*rep.ctx);
 }
 
@@ -391,6 +397,13 @@ StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss) 
 nn::Module& DataParallel::replica(size_t i) { return *replicas_.at(i).model; }
 optim::Optimizer& DataParallel::optimizer() { return *replicas_[0].opt; }
 
+std::vector<optim::Optimizer*> DataParallel::optimizers() {
+  std::vector<optim::Optimizer*> out;
+  for (auto& r : replicas_)
+    if (r.opt) out.push_back(r.opt.get());
+  return out;
+}
+
 void DataParallel::set_lr(float lr) {
   for (auto& r : replicas_)
     if (r.opt) r.opt->set_lr(lr);
@@ -408,6 +421,13 @@ StepTimes DataParallel::last_times() {
   Replica& m = replicas_[0];
   return {m.t_backward->ms_since(*m.t_start), m.t_reduced->ms_since(*m.t_backward),
           m.t_updated->ms_since(*m.t_reduced)};
+}
+
+float DataParallel::last_scale() {
+  const Tensor& s = replicas_[0].scale;
+  if (!s.defined()) return 1.0f;
+  synchronize();
+  return s.item();
 }
 
 bool DataParallel::replicas_identical() {

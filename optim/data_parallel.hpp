@@ -38,6 +38,9 @@ struct DataParallelOptions {
   float clip = 0.0f;        // clip the global gradient norm (after reduction); 0 = off
   int grad_accum = 1;       // micro-batches per step; only the last one communicates
   bool overlap = true;      // reduce buckets during backward (false: all after it, to measure the gain)
+  // Computes the gradient norm every step: a non-finite one makes the optimizer skip the
+  // update (on the device), and last_scale() tells the caller.
+  bool check_finite = false;
   // Several processes (DDP): this process trains its rank's part of every batch on its
   // one device, and gradients are summed over every rank (NCCL on GPUs, MPI on CPUs).
   ProcessGroup* group = nullptr;
@@ -86,10 +89,16 @@ class DataParallel {
   nn::Module& replica(size_t i);
   const Device& device(size_t i) const { return devices_[i]; }
   optim::Optimizer& optimizer();  // the master's
+  // Every optimizer there is: one per replica, or the master's alone on the p2p path.
+  std::vector<optim::Optimizer*> optimizers();
   Reduce reduce() const { return reduce_; }
   size_t buckets() const { return buckets_.size(); }
   // The phases of the last step (waits for it).
   StepTimes last_times();
+  // The last step's gradient scale on the master (waits for it): 1, the clipping
+  // factor, or NaN when the gradients were not finite and the update was skipped.
+  // Always 1 without clipping or check_finite.
+  float last_scale();
   // Whether every replica holds bitwise the master's parameters (waits; for tests).
   bool replicas_identical();
   // Waits for every replica's queued work.
@@ -111,6 +120,7 @@ class DataParallel {
   float clip_ = 0.0f;
   int grad_accum_ = 1;
   bool overlap_ = true;
+  bool check_finite_ = false;
   ProcessGroup* group_ = nullptr;
   bool warned_small_batch_ = false;
   struct Pool;

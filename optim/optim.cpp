@@ -26,6 +26,11 @@ void SGD::step(const Tensor& grad_scale) {
   ++t_;
 }
 
+std::vector<std::pair<std::string, Tensor>> SGD::state() const {
+  if (!buf_.defined()) return {};
+  return {{"optimizer.momentum_buffer", buf_}};
+}
+
 std::string SGD::describe() const {
   return "SGD(lr=" + std::to_string(lr_) + ", momentum=" + std::to_string(o_.momentum) +
          (o_.nesterov ? ", nesterov" : "") + ", weight_decay=" + std::to_string(o_.weight_decay) + ")";
@@ -42,6 +47,10 @@ void AdamW::step(const Tensor& grad_scale) {
              1.0f - std::pow(o_.beta1, static_cast<float>(t_)),
              1.0f - std::pow(o_.beta2, static_cast<float>(t_))};
   adamw_step(params_, grads_, m_, v_, a, grad_scale);
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
+  return {{"optimizer.exp_avg", m_}, {"optimizer.exp_avg_sq", v_}};
 }
 
 std::string AdamW::describe() const {

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../kernels/types.hpp"
 #include "../layers/module.hpp"
@@ -20,6 +22,11 @@ class Optimizer {
   void set_lr(float lr) { lr_ = lr; }
   float lr() const { return lr_; }
   int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+  // "sgd" or "adamw", and the optimizer's state as named flat buffers (what a
+  // checkpoint saves and a resume restores).
+  virtual const char* kind() const = 0;
+  virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
 
  protected:
   Tensor params_, grads_;
@@ -39,6 +46,8 @@ class SGD : public Optimizer {
   SGD(nn::Module& model, const Options& o);
   void step(const Tensor& grad_scale = {}) override;
   std::string describe() const override;
+  const char* kind() const override { return "sgd"; }
+  std::vector<std::pair<std::string, Tensor>> state() const override;
   const Tensor& momentum_buffer() const { return buf_; }
 
  private:
@@ -58,6 +67,8 @@ class AdamW : public Optimizer {
   AdamW(nn::Module& model, const Options& o);
   void step(const Tensor& grad_scale = {}) override;
   std::string describe() const override;
+  const char* kind() const override { return "adamw"; }
+  std::vector<std::pair<std::string, Tensor>> state() const override;
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
 

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 
 #include "../kernels/error.hpp"
 #include "../layers/loss.hpp"
+#include "checkpoint.hpp"
 #include "../runtime/allocator.hpp"
 #include "../runtime/ops.hpp"
 
@@ -34,6 +37,10 @@ void validate(TrainConfig& cfg) {
     throw UsageError("classification needs at least 2 output classes, the model has " +
                      std::to_string(widths.back()));
   if (cfg.grad_accum < 1) throw UsageError("--grad-accum must be at least 1");
+  if (cfg.on_nonfinite != "stop" && cfg.on_nonfinite != "skip-step")
+    throw UsageError("unknown --on-nonfinite '" + cfg.on_nonfinite + "': expected stop or skip-step");
+  if (cfg.save_every < 0) throw UsageError("--save-every must be >= 0");
+  if (cfg.save_every > 0 && cfg.save.empty()) throw UsageError("--save-every needs --save PATH");
   if (!(cfg.comm_timeout > 0.0)) throw UsageError("--comm-timeout must be positive");
   if (cfg.devices.empty()) cfg.devices = default_devices();
   if (cfg.ddp && !built_with_mpi()) throw UsageError("--ddp needs a build with MPI (install libopenmpi-dev and rebuild)");
@@ -84,9 +91,113 @@ Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
   o.clip = cfg_.clip;
   o.grad_accum = cfg_.grad_accum;
   o.overlap = cfg_.overlap;
+  o.check_finite = true;
   o.group = group_;
   dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, make_opt, o);
   sched_ = {optim::parse_schedule(cfg_.schedule), cfg_.lr, cfg_.warmup, cfg_.steps};
+  if (!cfg_.resume.empty()) resume(cfg_.resume);
+}
+
+namespace {
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+ckpt::HostTensor host_tensor(const Tensor& t) {
+  const auto v = t.to_host();
+  return ckpt::make_tensor(ckpt::DType::f32, t.shape(), v.data());
+}
+}  // namespace
+
+void Trainer::save(const std::string& path) {
+  dp_->synchronize();
+  if (group_ && group_->rank() != 0) return;
+  ckpt::Checkpoint c;
+  c.metadata = {{"format", "dptrain-1"},
+                {"step", std::to_string(steps_done_)},
+                {"model", cfg_.model},
+                {"act", nn::act_name(cfg_.act)},
+                {"task", data::task_name(cfg_.task)},
+                {"optimizer", optimizer().kind()},
+                {"optimizer_steps", std::to_string(optimizer().steps_taken())},
+                {"lr", fmt(cfg_.lr)},
+                {"momentum", fmt(cfg_.momentum)},
+                {"nesterov", cfg_.nesterov ? "true" : "false"},
+                {"weight_decay", fmt(cfg_.weight_decay)},
+                {"beta1", fmt(cfg_.beta1)},
+                {"beta2", fmt(cfg_.beta2)},
+                {"eps", fmt(cfg_.eps)},
+                {"schedule", cfg_.schedule},
+                {"warmup", std::to_string(cfg_.warmup)},
+                {"seed", std::to_string(cfg_.seed)},
+                {"batch", std::to_string(cfg_.batch)},
+                {"samples", std::to_string(cfg_.samples)},
+                // Data and randomness are counter-based: the next sample index is the
+                // whole of their state.
+                {"rng", "philox4x32-10, seed " + std::to_string(cfg_.seed)},
+                {"data_position", std::to_string(steps_done_ * cfg_.batch)}};
+  for (auto& [name, p] : model_->named_parameters()) c.tensors.push_back({name, host_tensor(p->value)});
+  for (auto& [name, t] : optimizer().state()) c.tensors.push_back({name, host_tensor(t)});
+  ckpt::save(path, c);
+}
+
+void Trainer::resume(const std::string& path) {
+  ckpt::Checkpoint c;
+  try {
+    c = ckpt::load(path);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());  // a missing or broken file to resume from is bad input
+  }
+  auto meta = [&](const std::string& key) {
+    auto it = c.metadata.find(key);
+    if (it == c.metadata.end()) throw UsageError("checkpoint '" + path + "' has no '" + key + "' in its metadata");
+    return it->second;
+  };
+  auto must_match = [&](const std::string& key, const std::string& ours, const char* flag) {
+    if (meta(key) != ours)
+      throw UsageError("checkpoint '" + path + "' was made with " + flag + " " + meta(key) + ", this run has " + ours);
+  };
+  if (meta("format") != "dptrain-1") throw UsageError("checkpoint '" + path + "' is not a dptrain checkpoint");
+  must_match("model", cfg_.model, "--model");
+  must_match("act", nn::act_name(cfg_.act), "--act");
+  must_match("task", data::task_name(cfg_.task), "--task");
+  must_match("optimizer", optimizer().kind(), "--optimizer");
+  must_match("seed", std::to_string(cfg_.seed), "--seed");  // the data and teacher follow from it
+  must_match("batch", std::to_string(cfg_.batch), "--batch");
+  must_match("samples", std::to_string(cfg_.samples), "--samples");
+  const int64_t step = std::stoll(meta("step"));
+  if (step < 0 || step > cfg_.steps)
+    throw UsageError("checkpoint '" + path + "' is at step " + std::to_string(step) + ", past --steps " +
+                     std::to_string(cfg_.steps));
+  auto fetch = [&](const std::string& name, const Tensor& into) {
+    const ckpt::HostTensor* t = c.find(name);
+    if (!t) throw UsageError("checkpoint '" + path + "' has no tensor '" + name + "'");
+    if (t->dtype != ckpt::DType::f32 || t->shape != into.shape())
+      throw UsageError("checkpoint '" + path + "': tensor '" + name + "' has shape " + shape_str(t->shape) +
+                       ", the model needs " + shape_str(into.shape()));
+    std::vector<float> v(static_cast<size_t>(into.numel()));
+    std::memcpy(v.data(), t->data.data(), t->data.size());
+    copy(into, Tensor::from_host(v, into.shape(), into.device()));
+  };
+  for (size_t r = 0; r < dp_->size(); ++r)
+    for (auto& [name, p] : dp_->replica(r).named_parameters()) fetch(name, p->value);
+  for (optim::Optimizer* o : dp_->optimizers()) {
+    for (auto& [name, t] : o->state()) fetch(name, t);
+    o->set_steps_taken(std::stoll(meta("optimizer_steps")));
+  }
+  dp_->synchronize();
+  steps_done_ = step;
+}
+
+std::string Trainer::nonfinite_parameter() {
+  for (auto& [name, p] : model_->named_parameters())
+    for (float g : p->value.grad().to_host())
+      if (!std::isfinite(g)) return name;
+  return "";
 }
 
 StepLoss Trainer::step(int64_t s) {
@@ -114,7 +225,7 @@ uint64_t Trainer::parameter_hash() {
   return h;
 }
 
-TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log) {
+TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, const std::function<bool()>& stop) {
   using clock = std::chrono::steady_clock;
   TrainResult r;
   const auto start = clock::now();
@@ -122,8 +233,26 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log) {
   const int64_t begin = steps_done_;
   int64_t last_step = begin;
   for (int64_t s = begin; s < cfg_.steps; ++s) {
+    if (stop) {
+      // Every rank must stop at the same step: the decision is shared.
+      const bool asked = stop();
+      if (group_ ? group_->sum(asked ? 1.0 : 0.0) > 0 : asked) {
+        r.stopped = true;
+        break;
+      }
+    }
     const StepLoss loss = step(s);
     const int64_t done = s + 1;
+    if (const float scale = dp_->last_scale(); !std::isfinite(scale)) {
+      const std::string where = nonfinite_parameter();
+      const std::string what = "step " + std::to_string(done) + ": the gradient of " +
+                               (where.empty() ? std::string("the loss") : "parameter " + where) +
+                               " is not finite (the loss is " + fmt(loss.value()) + "); the update was not applied";
+      if (cfg_.on_nonfinite == "stop")
+        throw NonFiniteError(what + "; run stopped" + (cfg_.save.empty() ? "" : ", the last checkpoint is intact"));
+      if (!group_ || group_->rank() == 0) std::fprintf(stderr, "dptrain: warning: %s\n", what.c_str());
+      ++r.skipped;
+    }
     const bool first = s == begin;
     if (first || done % cfg_.log_every == 0 || done == cfg_.steps) {
       dp_->synchronize();                 // bounded by --comm-timeout across ranks
@@ -142,17 +271,19 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log) {
       last = now;
       last_step = done;
     }
+    if (cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps) save(cfg_.save);
   }
+  if (!cfg_.save.empty()) save(cfg_.save);
   dp_->synchronize();
   const auto end = clock::now();
-  r.steps = cfg_.steps - begin;
+  r.steps = steps_done_ - begin;
   r.seconds = std::chrono::duration<double>(end - start).count();
   const double timed = std::chrono::duration<double>(end - after_first).count();
   if (r.steps > 1 && timed > 0) {
     r.samples_per_s = static_cast<double>((r.steps - 1) * cfg_.batch) / timed;
     r.step_ms = 1e3 * timed / static_cast<double>(r.steps - 1);
   }
-  r.times = dp_->last_times();
+  if (r.steps > 0) r.times = dp_->last_times();
   std::vector<Device> seen;
   for (const Device& d : cfg_.devices)
     if (std::find(seen.begin(), seen.end(), d) == seen.end()) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "../kernels/error.hpp"
 #include "../layers/layers.hpp"
 #include "../layers/synthetic.hpp"
 #include "../runtime/allocator.hpp"
@@ -40,10 +41,22 @@ struct TrainConfig {
   double bucket_mb = 25.0;
   int grad_accum = 1;           // micro-batches per optimizer step
   bool overlap = true;          // reduce gradient buckets while backward runs
+  // A step whose gradients are not finite is never applied; then "stop" ends the run
+  // (NonFiniteError) and "skip-step" goes on. Costs one scalar read per step.
+  std::string on_nonfinite = "stop";
+  std::string save;             // checkpoint path ("" = none), written at the end
+  int64_t save_every = 0;       // and every N steps
+  std::string resume;           // checkpoint to continue from
   bool ddp = false;             // one process per device under mpirun (devices: the node's list)
   double comm_timeout = 300.0;  // seconds a rank may wait for the others
   uint64_t seed = 1;
   int64_t log_every = 10;  // read the loss back every N steps (and at the last step)
+};
+
+// A step's loss or gradients were not finite and the run was asked to stop.
+class NonFiniteError : public Error {
+ public:
+  using Error::Error;
 };
 
 // Checks the configuration (and fills in the default devices); throws UsageError with a
@@ -69,13 +82,24 @@ struct TrainResult {
   double step_ms = 0.0;         // mean over all steps after the first
   std::vector<std::pair<Device, AllocatorStats>> memory;  // every device used
   StepTimes times;              // the last step's phases on the master
+  int64_t skipped = 0;          // steps skipped for non-finite gradients
+  bool stopped = false;         // ended early because stop() asked so
 };
 
 class Trainer {
  public:
   explicit Trainer(TrainConfig cfg);
-  // Trains cfg.steps steps, calling on_log at every logged step.
-  TrainResult run(const std::function<void(const StepLog&)>& on_log = {});
+  // Trains up to cfg.steps steps, calling on_log at every logged step. `stop` (may be
+  // empty) is asked before every step; when it says yes (on any rank of a DDP run) the
+  // run ends after the current step, with a checkpoint when cfg.save is set.
+  TrainResult run(const std::function<void(const StepLog&)>& on_log = {},
+                  const std::function<bool()>& stop = {});
+  // Writes a checkpoint of the weights, the optimizer state and the position in the
+  // run (safetensors; atomically). In a DDP run only rank 0 writes.
+  void save(const std::string& path);
+  // Continues from a checkpoint: weights and optimizer state on every replica, and the
+  // step count. Throws UsageError when it does not fit this configuration.
+  void resume(const std::string& path);
   // One step on samples [step * batch, (step + 1) * batch); reading the loss waits for it.
   StepLoss step(int64_t step_index);
 
@@ -98,6 +122,8 @@ class Trainer {
   optim::Schedule sched_;
   int64_t steps_done_ = 0;
   ProcessGroup* group_ = nullptr;
+  // The name of the first parameter whose gradient is not finite ("" if none).
+  std::string nonfinite_parameter();
 };
 
 }  // namespace dpt

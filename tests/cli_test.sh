@@ -84,6 +84,57 @@ grep -q '^step time' "$tmp/out" && ok || bad "no step-time split"
 "$exe" --cpus 4 --batch 2 --steps 2 >"$tmp/out" 2>"$tmp/err" && grep -q 'smaller than the 4 replicas' "$tmp/err" && ok ||
   bad "a batch smaller than the device count is not reported: $(cat "$tmp/err")"
 
+# checkpoints: a resumed run continues bit-identically (same parameter hash), on one
+# device and on three replicas
+hash_of() { grep '^parameters: hash' "$1" | awk '{print $3}'; }
+for devs in "--devices cpu" "--cpus 3"; do
+  for opt in "--optimizer sgd" "--optimizer adamw --lr 0.003"; do
+    "$exe" $devs $opt --batch 30 --steps 20 --log-every 20 >"$tmp/full.out" 2>&1
+    "$exe" $devs $opt --batch 30 --steps 10 --log-every 20 --save "$tmp/ck.safetensors" >/dev/null 2>&1
+    "$exe" $devs $opt --batch 30 --steps 20 --log-every 20 --resume "$tmp/ck.safetensors" >"$tmp/resumed.out" 2>&1
+    [ -n "$(hash_of "$tmp/full.out")" ] && [ "$(hash_of "$tmp/full.out")" = "$(hash_of "$tmp/resumed.out")" ] && ok ||
+      bad "resume ($devs $opt) is not bit-identical: $(hash_of "$tmp/full.out") vs $(hash_of "$tmp/resumed.out")"
+  done
+done
+refuse --resume "$tmp/missing.safetensors"
+printf 'garbage' >"$tmp/garbage.safetensors"
+refuse --resume "$tmp/garbage.safetensors"
+refuse --resume "$tmp/ck.safetensors" --model 16-64-4
+refuse --resume "$tmp/ck.safetensors" --batch 31
+refuse --save-every 5
+refuse --save "$tmp/no/dir/ck.safetensors"
+refuse --on-nonfinite ignore
+
+# non-finite gradients: stop names the step and the parameter (exit 4); skip-step goes on
+"$exe" --devices cpu --lr 1e30 --steps 50 --save "$tmp/nan.safetensors" --save-every 1000 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 4 ] && grep -q 'step [0-9]*: the gradient of parameter [0-9]*\.\(weight\|bias\) is not finite' "$tmp/err" &&
+  [ "$(wc -l <"$tmp/err")" -eq 1 ] && ok || bad "non-finite stop: rc $rc: $(cat "$tmp/err")"
+[ ! -e "$tmp/nan.safetensors" ] && ok || bad "a stopped non-finite run wrote a checkpoint"
+"$exe" --devices cpu --lr 1e30 --steps 20 --on-nonfinite skip-step >"$tmp/out" 2>"$tmp/err" &&
+  grep -q 'skipped [0-9]* step' "$tmp/out" && ok || bad "skip-step: $(cat "$tmp/err")"
+
+# signals: the current step finishes, the checkpoint is written, status 128 + signal
+for sig in INT TERM; do
+  rm -f "$tmp/sig.safetensors"
+  "$exe" --devices cpu --steps 100000000 --log-every 1000 --save "$tmp/sig.safetensors" >"$tmp/out" 2>&1 &
+  pid=$!
+  sleep 1
+  kill -s $sig $pid
+  wait $pid
+  rc=$?
+  want=$([ $sig = INT ] && echo 130 || echo 143)
+  [ $rc -eq "$want" ] && grep -q "stopped by SIG$sig" "$tmp/out" && ok || bad "SIG$sig: status $rc, want $want: $(tail -2 "$tmp/out")"
+  "$exe" --devices cpu --resume "$tmp/sig.safetensors" --steps 1 >/dev/null 2>"$tmp/err"
+  grep -q 'past --steps' "$tmp/err" && ok || bad "SIG$sig: the checkpoint does not load: $(cat "$tmp/err")"
+done
+
+# --plot draws the loss curve and samples/s as SVG
+"$exe" --devices cpu --steps 30 --log-every 5 --plot "$tmp/run.svg" >/dev/null 2>&1 &&
+  python3 -c 'import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); assert r.tag.endswith("svg")' \
+    "$tmp/run.svg" && ok || bad "--plot did not write an SVG"
+refuse --plot "$tmp/no/dir/run.svg" --steps 2
+
 # a config file sets flags; the command line still wins
 printf 'steps = 7\nbatch = 32\nlog-every = 7\n' >"$tmp/run.toml"
 "$exe" --devices cpu --config "$tmp/run.toml" --batch 16 >"$tmp/out" 2>&1

@@ -34,12 +34,14 @@ void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t 
                             int64_t cols, const float* dloss, float* dlogits);
 
 // optim.cpp — fused updates over a flat buffer of n parameters. grad_scale (may be null)
-// multiplies every gradient first (gradient clipping).
+// multiplies every gradient first (gradient clipping); when it is not finite the update
+// is skipped altogether (the gradients were not finite).
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a,
               const float* grad_scale);
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
                 const float* grad_scale);
-// out = min(1, max_norm / (sqrt(*norm_sq) + 1e-6)): the clipping coefficient.
+// The step's gradient scale from ||g||^2: min(1, max_norm / (||g|| + 1e-6)), or 1 when
+// max_norm <= 0 (no clipping), or NaN when ||g||^2 is not finite (skip the step).
 void clip_coef(const float* norm_sq, float max_norm, float* out);
 
 // elementwise.cpp

@@ -2,6 +2,7 @@
 // (torch.optim.SGD and torch.optim.AdamW), so results can be compared with it.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "cpu.hpp"
 
@@ -10,6 +11,7 @@ namespace dpt::cpu {
 void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a,
               const float* grad_scale) {
   const float scale = grad_scale ? *grad_scale : 1.0f;
+  if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   for (int64_t i = 0; i < n; ++i) {
     float d = g[i] * scale + a.weight_decay * p[i];
     if (a.momentum != 0.0f) {
@@ -24,6 +26,7 @@ void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a,
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
                 const float* grad_scale) {
   const float scale = grad_scale ? *grad_scale : 1.0f;
+  if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   for (int64_t i = 0; i < n; ++i) {
     const float d = g[i] * scale;
     p[i] -= a.lr * a.weight_decay * p[i];
@@ -34,7 +37,11 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
 }
 
 void clip_coef(const float* norm_sq, float max_norm, float* out) {
-  *out = std::min(1.0f, max_norm / (std::sqrt(*norm_sq) + 1e-6f));
+  if (!std::isfinite(*norm_sq)) {
+    *out = std::numeric_limits<float>::quiet_NaN();  // tells the optimizer to skip the step
+    return;
+  }
+  *out = max_norm > 0.0f ? std::min(1.0f, max_norm / (std::sqrt(*norm_sq) + 1e-6f)) : 1.0f;
 }
 
 }  // namespace dpt::cpu

@@ -48,6 +48,7 @@ template <bool Vec>
 static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int64_t n, SgdArgs a,
                                        const float* grad_scale) {
   const float scale = grad_scale ? *grad_scale : 1.f;
+  if (!isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   const bool mom = a.momentum != 0.f;
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -83,6 +84,7 @@ template <bool Vec>
 static __global__ void adamw_step_kernel(float* p, const float* g, float* m, float* v, int64_t n,
                                          AdamArgs a, const float* grad_scale) {
   const float scale = grad_scale ? *grad_scale : 1.f;
+  if (!isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   int64_t done = 0;
@@ -116,7 +118,12 @@ static __global__ void adamw_step_kernel(float* p, const float* g, float* m, flo
 
 // std::min(1, c) as the CPU writes it: a NaN norm gives 1 there, and so here.
 static __global__ void clip_coef_kernel(const float* norm_sq, float max_norm, float* out) {
-  const float c = max_norm / (sqrtf(*norm_sq) + 1e-6f);
+  const float sq = *norm_sq;
+  if (!isfinite(sq)) {
+    *out = __int_as_float(0x7fc00000);  // NaN: tells the optimizer to skip the step
+    return;
+  }
+  const float c = max_norm > 0.f ? max_norm / (sqrtf(sq) + 1e-6f) : 1.f;
   *out = c < 1.f ? c : 1.f;
 }
 

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# dptrain against PyTorch on the GPU machine, in one call: builds dptrain (if needed), runs
+# dpbench and torch_bench.py on the same workloads (BENCHMARKS.md: MSE + SGD lr 0.01 on a
+# fixed random batch, the same number of steps on both sides) and prints one table.
+#   single: one GPU, seed (batch 64) and mlp (batch 4096), fp32/tf32/bf16; dptrain's
+#           plain step against PyTorch eager, and PyTorch's CUDA-graph step against
+#           dptrain's where dpbench has --cuda-graph
+#   multi:  (more than one GPU) mlp fp32 on 1, 2, 4, ... N GPUs, weak scaling (4096 per
+#           GPU) and strong scaling (4096 x N in all): dptrain nccl against DDP, dptrain
+#           p2p against nn.DataParallel; efficiency against each side's plain 1-GPU step
+# Usage: compare.sh [single|multi|all] (all). Logs and dpbench's files go to $OUT (the
+# device tool's folder) or /tmp/dpt_compare.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+what=${1:-all}
+case $what in single | multi | all) ;; *) echo "usage: $0 [single|multi|all]" >&2; exit 2 ;; esac
+out=${OUT:-/tmp/dpt_compare}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0  # NVLink multicast can take a shared host's GPUs down (GPU.md)
+
+if [ ! -f build/build.ninja ]; then
+  bash .ci/deps
+  cmake -S . -B build -G Ninja -DDPT_WERROR=ON >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+fi
+cmake --build build --target dpbench >"$out/build.log" 2>&1 || { grep -E 'error' "$out/build.log" | head -40; exit 1; }
+dpbench=build/benchmarks/dpbench
+gpus=$(nvidia-smi -L | wc -l)
+graph=0
+"$dpbench" --help | grep -q -- '--cuda-graph' && graph=1
+
+# Steps on both sides: dpbench's warm-up + timed steps = torch_bench's warm-up + blocks x steps.
+# dpbench NAME ARGS...: a dpbench run into $out/NAME; a failure ends the script.
+run_dpbench() {
+  local name=$1
+  shift
+  "$dpbench" "$@" --out "$out/$name" >"$out/$name.log" 2>&1 || { tail -5 "$out/$name.log"; exit 1; }
+}
+
+if [ "$what" != multi ]; then
+  for w in "seed 64" "mlp 4096"; do
+    read -r model batch <<<"$w"
+    args=(--gpus 1 --model "$model" --batch "$batch" --precision "fp32,tf32,bf16" --scaling weak
+      --warmup 20 --steps 140)
+    run_dpbench "single-$model" "${args[@]}"
+    [ "$graph" = 1 ] && run_dpbench "single-$model-graph" "${args[@]}" --cuda-graph
+  done
+  for w in "seed 64" "mlp 4096"; do
+    read -r model batch <<<"$w"
+    for p in fp32 tf32 bf16; do
+      for mode in eager graph; do
+        python3 benchmarks/torch_bench.py --model "$model" --batch "$batch" --precision "$p" --mode "$mode" \
+          --warmup 20 --blocks 7 --steps 20
+      done
+    done
+  done 2>&1 | tee "$out/torch-single.log"
+fi
+
+if [ "$what" != single ] && [ "$gpus" -gt 1 ]; then
+  run_dpbench multi --gpus "$gpus" --model mlp --batch 4096 --precision fp32 --reduce nccl,p2p \
+    --scaling weak,strong --warmup 10 --steps 49
+  counts=()
+  for ((n = 1; n < gpus; n *= 2)); do counts+=("$n"); done
+  counts+=("$gpus")
+  declare -A done_runs=()
+  torch_run() {  # mode gpus global-batch, each distinct run once
+    local key="$1 $2 $3"
+    [ -n "${done_runs[$key]:-}" ] && return
+    done_runs[$key]=1
+    python3 benchmarks/torch_bench.py --model mlp --precision fp32 --mode "$1" --gpus "$2" --batch "$3" \
+      --warmup 10 --blocks 7 --steps 7
+  }
+  {
+    for b in 4096 $((4096 * gpus)); do torch_run eager 1 "$b"; done  # the 1-GPU baselines
+    for n in "${counts[@]}"; do
+      for mode in ddp dp; do
+        torch_run "$mode" "$n" $((4096 * n))     # weak
+        torch_run "$mode" "$n" $((4096 * gpus))  # strong
+      done
+    done
+  } 2>&1 | tee "$out/torch-multi.log"
+fi
+
+echo
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "== dptrain vs PyTorch, same run ($(date -u +%F), ${gpus}x $gpu_name) =="
+python3 - "$out" "$gpus" <<'PY'
+import csv, os, re, sys
+
+out, gpus = sys.argv[1], int(sys.argv[2])
+LINE = re.compile(r"torch (\S+) batch (\d+) (\S+) (\S+): ([\d.]+) ms/step, \S+ samples/s, peak ([\d.]+) MiB, "
+                  r"loss (\S+) -> ([^,\s]+)(?:, per-GPU MiB (.*))?")
+torch = {}  # (model, batch, precision, impl) -> dict
+for name in ("torch-single.log", "torch-multi.log"):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        continue
+    for line in open(path):
+        m = LINE.match(line)
+        if m:
+            model, batch, prec, impl, ms, peak, l0, l1, per_gpu = m.groups()
+            torch[(model, int(batch), prec, impl)] = dict(
+                ms=float(ms), peak=float(peak), loss=f"{float(l0):.4g} -> {float(l1):.4g}",
+                peaks=[float(p) for p in per_gpu.split()] if per_gpu else [float(peak)])
+
+
+def dpbench(folder):
+    path = os.path.join(out, folder, "dpbench.csv")
+    return list(csv.DictReader(open(path))) if os.path.exists(path) else []
+
+
+def peaks(row):  # "cuda:0=900.000;cuda:1=899.000" -> [900.0, 899.0]
+    return [float(p.split("=")[1]) for p in row["peak_mib"].split(";")]
+
+
+def loss(row):
+    return f"{float(row['loss_first']):.4g} -> {float(row['loss_last']):.4g}"
+
+
+def ratio(slow, fast):
+    return f"{slow / fast:.2f}x" if slow and fast else "-"
+
+
+def cell(v, f="{:.4f}"):
+    return f.format(v) if v is not None else "-"
+
+
+single = [(m, b) for m, b in (("seed", 64), ("mlp", 4096)) if dpbench(f"single-{m}")]
+if single:
+    print("single GPU; speed-up = PyTorch ms / dptrain ms; peak = most memory allocated on the GPU")
+    print(f"{'workload':<9}{'prec':<6}{'step':<7}{'dptrain ms':>11}{'torch ms':>10}{'speed-up':>10}"
+          f"{'dptrain MiB':>13}{'torch MiB':>11}   {'dptrain loss':<20}{'torch loss':<20}")
+    for model, batch in single:
+        for impl, folder in (("eager", f"single-{model}"), ("graph", f"single-{model}-graph")):
+            rows = {r["precision"]: r for r in dpbench(folder) if r["devices"] == "1"}
+            for prec in ("fp32", "tf32", "bf16"):
+                d, t = rows.get(prec), torch.get((model, batch, prec, impl))
+                if not d and not t:
+                    continue
+                dms = float(d["step_ms"]) if d else None
+                print(f"{model:<9}{prec:<6}{impl:<7}{cell(dms):>11}{cell(t and t['ms']):>10}"
+                      f"{ratio(t and t['ms'], dms):>10}{cell(d and peaks(d)[0], '{:.1f}'):>13}"
+                      f"{cell(t and t['peak'], '{:.1f}'):>11}   {d and loss(d) or '-':<20}{t and t['loss'] or '-':<20}")
+    print()
+
+multi = dpbench("multi")
+if multi:
+    print("N GPUs, mlp fp32; ratio = PyTorch ms / dptrain ms; eff = samples/s / (N x the plain 1-GPU step's), "
+          "each side against its own; MiB = master / most of the others")
+    print(f"{'scaling':<8}{'gpus':>5}{'batch':>7}{'nccl ms':>10}{'DDP ms':>10}{'ratio':>8}{'eff':>6}{'DDP':>6}"
+          f"{'p2p ms':>10}{'DP ms':>10}{'ratio':>8}{'eff':>6}{'DP':>6}  {'nccl MiB':<15}{'DDP MiB':<15}"
+          f"{'p2p MiB':<15}{'DP MiB':<15}")
+
+    def mib(p):
+        return f"{p[0]:.0f}/{max(p[1:]):.0f}" if len(p) > 1 else f"{p[0]:.0f}"
+
+    for scaling in ("weak", "strong"):
+        by = {(r["reduce"], int(r["devices"])): r for r in multi if r["scaling"] == scaling}
+        for n in sorted({n for _, n in by}):
+            batch = 4096 * (n if scaling == "weak" else gpus)
+            batch1 = 4096 if scaling == "weak" else batch  # the batch of the 1-GPU run
+            base = torch.get(("mlp", batch1, "fp32", "eager"))
+            cols = []
+            for path, mode in (("nccl", "ddp"), ("p2p", "dp")):
+                d, t = by.get((path, n)), torch.get(("mlp", batch, "fp32", f"{mode}:{n}"))
+                dms = float(d["step_ms"]) if d else None
+                # samples/s on n GPUs over n x samples/s of PyTorch's eager step on one
+                teff = (batch / t["ms"]) / (n * batch1 / base["ms"]) if base and t else None
+                cols.append(f"{cell(dms):>10}{cell(t and t['ms']):>10}{ratio(t and t['ms'], dms):>8}"
+                            f"{cell(d and float(d['efficiency']), '{:.0%}'):>6}{cell(teff, '{:.0%}'):>6}")
+                cols.append((mib(peaks(d)) if d else "-", mib(t["peaks"]) if t else "-"))
+            print(f"{scaling:<8}{n:>5}{batch:>7}{cols[0]}{cols[2]}  {cols[1][0]:<15}{cols[1][1]:<15}"
+                  f"{cols[3][0]:<15}{cols[3][1]:<15}")
+    print("(1-GPU rows: dptrain runs one device without reduction; PyTorch runs DDP world size 1 and "
+          "nn.DataParallel(device_ids=[0]))")
+PY

@@ -1,0 +1,498 @@
+// dpbench: one workload on 1, 2, 4, ... devices (and on all of them), in weak scaling
+// (a fixed batch per device) and strong scaling (a fixed global batch), for each
+// reduction path and precision asked. Each run times dpt::DataParallel training steps
+// (MSE + SGD, lr 0.01, as in BENCHMARKS.md) on a fixed random batch made beforehand on
+// the replicas' devices, so only the step is timed. It prints a table and writes
+// dpbench.csv, dpbench.json and speedup.svg. Exit status: 0 done, 1 runtime error,
+// 2 bad input, 3 out of memory.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unistd.h>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "../apps/plot.hpp"
+#include "../kernels/error.hpp"
+#include "../layers/layers.hpp"
+#include "../layers/loss.hpp"
+#include "../optim/data_parallel.hpp"
+#include "../runtime/allocator.hpp"
+#include "../runtime/context.hpp"
+#include "../runtime/ops.hpp"
+
+namespace {
+
+using dpt::Device;
+using dpt::Precision;
+using dpt::Reduce;
+
+constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3;
+constexpr uint64_t kSeed = 1;   // initial weights and the fixed batch
+constexpr float kLr = 0.01f;    // BENCHMARKS.md: SGD, lr 0.01, no momentum
+// Timed steps are split into this many blocks, each bracketed by a synchronization; the
+// median block is reported, so one slow block (a page fault, another process) does not
+// move the figure, and steps inside a block queue up as they do in training.
+constexpr size_t kBlocks = 7;
+
+enum class Scaling { weak, strong };
+
+const char* scaling_name(Scaling s) { return s == Scaling::weak ? "weak" : "strong"; }
+
+Scaling parse_scaling(const std::string& name) {
+  if (name == "weak") return Scaling::weak;
+  if (name == "strong") return Scaling::strong;
+  throw dpt::UsageError("unknown scaling '" + name + "': expected weak or strong");
+}
+
+const char* precision_name(Precision p) {
+  return p == Precision::fp32 ? "fp32" : p == Precision::tf32 ? "tf32" : "bf16";
+}
+
+Precision parse_precision(const std::string& name) {
+  for (Precision p : {Precision::fp32, Precision::tf32, Precision::bf16})
+    if (name == precision_name(p)) return p;
+  throw dpt::UsageError("unknown precision '" + name + "': expected fp32, tf32 or bf16");
+}
+
+// Keeps the first of equal values, in order.
+template <class T>
+std::vector<T> unique_in_order(const std::vector<T>& v) {
+  std::vector<T> out;
+  for (const T& x : v)
+    if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(x);
+  return out;
+}
+
+struct Flags {
+  std::string model = "mlp", devices, out = "dpbench-out";
+  int gpus = 0, cpus = 0;
+  int64_t batch = 0;  // when not given: the workload's reference batch
+  int64_t steps = 100, warmup = 10;
+  double bucket_mb = 25.0;
+  std::vector<std::string> precision{"fp32"}, reduce{"auto"}, scaling{"weak", "strong"};
+};
+
+// What the flags ask for, checked.
+struct Plan {
+  std::string model;
+  std::vector<int64_t> widths;
+  std::vector<Device> devices;
+  std::vector<size_t> counts;  // device counts to run: 1, 2, 4, ... and all of them
+  int64_t batch = 0;           // per device in weak scaling; times devices.size() in strong
+  int64_t steps = 0, warmup = 0;
+  double bucket_mb = 0;
+  std::vector<Precision> precisions;
+  std::vector<Reduce> reduces;  // resolved paths: what `auto` means for these devices
+  std::vector<Scaling> scalings;
+  std::string out;
+};
+
+void add_flags(CLI::App& app, Flags& f) {
+  app.add_option("--model", f.model, "MLP spec (widths, e.g. 1024-4096x3-1024) or preset: seed, mlp")
+      ->capture_default_str();
+  auto* devices = app.add_option("--devices", f.devices,
+                                 "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
+                                 "runs use the first 1, 2, 4, ... of them");
+  auto* gpus = app.add_option("--gpus", f.gpus, "Use the first N GPUs (cuda:0..cuda:N-1)");
+  auto* cpus = app.add_option("--cpus", f.cpus, "Use N virtual CPU devices (cpu:0..cpu:N-1)");
+  devices->excludes(gpus)->excludes(cpus);
+  gpus->excludes(cpus);
+  app.add_option("--batch", f.batch,
+                 "Batch per device in weak scaling; strong scaling splits batch x (most devices) "
+                 "(default: 64 for seed, 4096 for mlp, 256 otherwise)");
+  app.add_option("--steps", f.steps, "Timed steps per run")->capture_default_str();
+  app.add_option("--warmup", f.warmup, "Untimed steps before them (at least 1: the first step allocates)")
+      ->capture_default_str();
+  app.add_option("--precision", f.precision,
+                 "GEMM precisions, a comma list of fp32, tf32, bf16 (CPU devices compute in fp32 whatever is asked)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--reduce", f.reduce, "Gradient reductions, a comma list of auto, nccl, p2p, host")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--scaling", f.scaling, "Scaling modes, a comma list of weak, strong")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket size in MiB")->capture_default_str();
+  app.add_option("--out", f.out, "Folder for dpbench.csv, dpbench.json and speedup.svg (made if missing)")
+      ->capture_default_str();
+  app.set_version_flag("--version", std::string("dpbench ") + DPT_VERSION);
+}
+
+// Checks every flag before any run, so bad input never costs a benchmark; throws
+// dpt::UsageError with a one-line reason.
+Plan make_plan(const Flags& f, const CLI::App& app) {
+  const bool gpus_given = app.count("--gpus") > 0, cpus_given = app.count("--cpus") > 0;
+  Plan p;
+  p.model = f.model;
+  p.widths = dpt::nn::parse_mlp_spec(f.model);
+  auto first_n = [](dpt::DeviceType type, int n, const char* flag) {
+    if (n < 1) throw dpt::UsageError(std::string(flag) + " must be at least 1, got " + std::to_string(n));
+    std::vector<Device> d;
+    for (int i = 0; i < n; ++i) d.push_back({type, i});
+    return d;
+  };
+  if (!f.devices.empty()) p.devices = dpt::parse_devices(f.devices);
+  else if (gpus_given) p.devices = first_n(dpt::DeviceType::cuda, f.gpus, "--gpus");
+  else if (cpus_given) p.devices = first_n(dpt::DeviceType::cpu, f.cpus, "--cpus");
+  else p.devices = dpt::default_devices();
+  for (const Device& d : p.devices) dpt::check_device(d);
+  for (size_t n = 1; n < p.devices.size(); n *= 2) p.counts.push_back(n);
+  p.counts.push_back(p.devices.size());
+
+  p.batch = app.count("--batch") > 0 ? f.batch : f.model == "seed" ? 64 : f.model == "mlp" ? 4096 : 256;
+  if (p.batch < 1) throw dpt::UsageError("--batch must be at least 1, got " + std::to_string(p.batch));
+  if (f.steps < 1) throw dpt::UsageError("--steps must be at least 1, got " + std::to_string(f.steps));
+  if (f.warmup < 1)
+    throw dpt::UsageError("--warmup must be at least 1 (the first step allocates memory), got " +
+                          std::to_string(f.warmup));
+  if (!(f.bucket_mb > 0.0)) throw dpt::UsageError("--bucket-mb must be positive");
+  p.steps = f.steps;
+  p.warmup = f.warmup;
+  p.bucket_mb = f.bucket_mb;
+
+  for (const auto& s : f.precision) p.precisions.push_back(parse_precision(s));
+  for (const auto& s : f.scaling) p.scalings.push_back(parse_scaling(s));
+  // A path is resolved once, for all the devices, and then asked for by name at every
+  // count, so a series keeps one path; each count is checked here so that a path that
+  // cannot serve some subset (nccl over cuda:0,cuda:1,cuda:0) fails before any run.
+  for (const auto& s : f.reduce) {
+    const Reduce r = dpt::resolve_reduce(dpt::parse_reduce(s), p.devices);
+    for (size_t n : p.counts)
+      if (n > 1) dpt::resolve_reduce(r, {p.devices.begin(), p.devices.begin() + static_cast<std::ptrdiff_t>(n)});
+    p.reduces.push_back(r);
+  }
+  p.precisions = unique_in_order(p.precisions);
+  p.reduces = unique_in_order(p.reduces);
+  p.scalings = unique_in_order(p.scalings);
+
+  p.out = f.out;
+  std::error_code ec;
+  std::filesystem::create_directories(p.out, ec);
+  if (ec || !std::filesystem::is_directory(p.out) || ::access(p.out.c_str(), W_OK) != 0)
+    throw dpt::UsageError("cannot write to the output folder '" + p.out + "'" + (ec ? ": " + ec.message() : ""));
+  return p;
+}
+
+// One timed run: `n` devices, one global batch, one path, one precision.
+struct Measurement {
+  std::vector<Device> devices;
+  int64_t global = 0;
+  double step_ms = 0, samples_per_s = 0, compute_ms = 0, reduce_ms = 0, update_ms = 0, idle_ms = 0;
+  std::vector<std::pair<Device, size_t>> peak;  // peak bytes allocated, per distinct device
+  float loss_first = 0, loss_last = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// reduce = automatic runs one device with no gradient reduction at all (the baseline).
+Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Precision precision) {
+  Measurement m;
+  m.global = global;
+  m.devices.assign(p.devices.begin(), p.devices.begin() + static_cast<std::ptrdiff_t>(n));
+  const auto places = unique_in_order(m.devices);
+  // Freed blocks of the previous run go back to the system, so each run starts alike and
+  // its peak counts only what it allocates.
+  for (const Device& d : places) {
+    dpt::allocator(d).empty_cache();
+    dpt::allocator(d).reset_peak();
+  }
+  auto model = dpt::nn::mlp(p.model, dpt::Act::relu);
+  model->to(m.devices.front(), kSeed);
+  dpt::DataParallelOptions o;
+  o.reduce = reduce;
+  o.bucket_mb = p.bucket_mb;
+  o.precision = precision;
+  dpt::DataParallel dp(
+      model, m.devices,
+      [](dpt::nn::Module& replica) -> std::unique_ptr<dpt::optim::Optimizer> {
+        return std::make_unique<dpt::optim::SGD>(replica, dpt::optim::SGD::Options{.lr = kLr});
+      },
+      o);
+
+  // The fixed batch: each replica's shard made once on its device. Sample i's values
+  // depend on i alone (Philox offset), so a strong-scaling batch is the same data
+  // whatever the number of devices, and the losses of its runs agree. No shard is
+  // empty: the global batch is at least batch x n.
+  const auto sizes = dpt::DataParallel::split(global, n);
+  std::vector<dpt::data::Batch> shards(n);
+  const int64_t in = p.widths.front(), out = p.widths.back();
+  int64_t first = 0;
+  for (size_t r = 0; r < n; ++r) {
+    auto& s = shards[r];
+    s.x = dpt::Tensor::empty({sizes[r], in}, dpt::DType::f32, m.devices[r]);
+    s.y = dpt::Tensor::empty({sizes[r], out}, dpt::DType::f32, m.devices[r]);
+    dpt::normal_(s.x, kSeed, 1, static_cast<uint64_t>(first * in));
+    dpt::normal_(s.y, kSeed, 2, static_cast<uint64_t>(first * out));
+    first += sizes[r];
+  }
+  for (const Device& d : places) dpt::context(d).synchronize();  // made on the default streams
+  const dpt::ShardSource source = [&shards](size_t r, int64_t, int64_t count) {
+    DPT_CHECK(shards[r].x.size(0) == count, "dpbench: shard size differs from DataParallel::split");
+    return shards[r];
+  };
+  const dpt::LossFn loss = dpt::nn::MSELoss();
+
+  m.loss_first = dp.train_step(0, global, source, loss).value();
+  for (int64_t i = 1; i < p.warmup; ++i) dp.train_step(0, global, source, loss);
+  dp.synchronize();
+
+  std::vector<double> step, compute, red, update;
+  dpt::StepLoss last;
+  // Blocks as even as the steps allow: the same split DataParallel gives a batch.
+  for (int64_t steps : dpt::DataParallel::split(p.steps, std::min(static_cast<size_t>(p.steps), kBlocks))) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < steps; ++i) last = dp.train_step(0, global, source, loss);
+    dp.synchronize();
+    const auto t1 = std::chrono::steady_clock::now();
+    step.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(steps));
+    // The phases of the block's last step, on the master: CUDA events on a GPU, read
+    // after the block so that no step waits for them.
+    const dpt::StepTimes t = dp.last_times();
+    compute.push_back(t.compute);
+    red.push_back(t.reduce);
+    update.push_back(t.update);
+  }
+  m.loss_last = last.value();
+  m.step_ms = median(step);
+  m.compute_ms = median(compute);
+  m.reduce_ms = median(red);
+  m.update_ms = median(update);
+  m.idle_ms = std::max(0.0, m.step_ms - m.compute_ms - m.reduce_ms - m.update_ms);
+  m.samples_per_s = 1e3 * static_cast<double>(global) / m.step_ms;
+  for (const Device& d : places) m.peak.push_back({d, dpt::allocator(d).stats().peak_allocated});
+  return m;
+}
+
+struct Row {
+  Scaling scaling;
+  Reduce reduce;  // the series' path (its 1-device point runs without reduction)
+  Precision precision;
+  size_t n;
+  int64_t global;
+  const Measurement* m;
+  double speedup, efficiency;
+};
+
+// 35200 -> "35.2k": samples/s span six orders of magnitude between workloads.
+std::string si(double v) {
+  char buf[32];
+  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i) s += (i ? sep : "") + parts[i];
+  return s;
+}
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+      o += buf;
+    } else {
+      o += c;
+    }
+  }
+  return o + "\"";
+}
+
+void print_header(const Plan& p, int64_t parameters) {
+  std::printf("dpbench %s: MLP %s (%lld parameters, ReLU), MSE + SGD lr %g, fixed random batch\n", DPT_VERSION,
+              p.model.c_str(), static_cast<long long>(parameters), static_cast<double>(kLr));
+  for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
+  std::printf("  weak: batch %lld per device; strong: global batch %lld; %lld timed steps (median of %zu blocks) "
+              "after %lld warm-up\n",
+              static_cast<long long>(p.batch), static_cast<long long>(p.batch * static_cast<int64_t>(p.devices.size())),
+              static_cast<long long>(p.steps), std::min(static_cast<size_t>(p.steps), kBlocks),
+              static_cast<long long>(p.warmup));
+  std::printf("  speed-up = samples/s against 1 device (which runs without reduction); efficiency = speed-up / "
+              "devices; times in ms on the master\n\n");
+  std::printf("%-7s %-6s %-5s %3s %8s %10s %10s %8s %5s %9s %9s %9s %9s %11s %11s\n", "scaling", "reduce", "prec",
+              "dev", "batch", "ms/step", "samples/s", "speed-up", "eff", "compute", "reduce", "update", "idle",
+              "master MiB", "others MiB");
+  std::fflush(stdout);
+}
+
+void print_row(const Row& r) {
+  const Measurement& m = *r.m;
+  double others = 0;
+  for (size_t i = 1; i < m.peak.size(); ++i) others = std::max(others, mib(m.peak[i].second));
+  std::printf("%-7s %-6s %-5s %3zu %8lld %10.4f %10s %7.2fx %4.0f%% %9.4f %9.4f %9.4f %9.4f %11.2f %11s\n",
+              scaling_name(r.scaling), dpt::reduce_name(r.reduce), precision_name(r.precision), r.n,
+              static_cast<long long>(r.global), m.step_ms, si(m.samples_per_s).c_str(), r.speedup, 100.0 * r.efficiency,
+              m.compute_ms, m.reduce_ms, m.update_ms, m.idle_ms, mib(m.peak.front().second),
+              m.peak.size() > 1 ? fmt("%.2f", others).c_str() : "-");
+  std::fflush(stdout);
+}
+
+std::string csv(const std::vector<Row>& rows) {
+  std::string o =
+      "scaling,reduce,precision,devices,device_list,global_batch,step_ms,samples_per_s,speedup,efficiency,"
+      "compute_ms,reduce_ms,update_ms,idle_ms,peak_mib,loss_first,loss_last\n";
+  for (const Row& r : rows) {
+    const Measurement& m = *r.m;
+    std::vector<std::string> devs, peaks;
+    for (const Device& d : m.devices) devs.push_back(d.str());
+    for (const auto& [d, b] : m.peak) peaks.push_back(d.str() + "=" + fmt("%.3f", mib(b)));
+    o += std::string(scaling_name(r.scaling)) + "," + dpt::reduce_name(r.reduce) + "," + precision_name(r.precision) +
+         "," + std::to_string(r.n) + "," + join(devs, ";") + "," + std::to_string(r.global);
+    for (double v : {m.step_ms, m.samples_per_s, r.speedup, r.efficiency, m.compute_ms, m.reduce_ms, m.update_ms,
+                     m.idle_ms})
+      o += "," + fmt("%.6g", v);
+    o += "," + join(peaks, ";") + "," + fmt("%.6g", m.loss_first) + "," + fmt("%.6g", m.loss_last) + "\n";
+  }
+  return o;
+}
+
+std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows) {
+  std::vector<std::string> devs, names;
+  for (const Device& d : p.devices) devs.push_back(json_string(d.str()));
+  for (const Device& d : unique_in_order(p.devices)) names.push_back(json_string(dpt::describe_device(d)));
+  std::string o = "{\n  \"dpbench\": " + json_string(DPT_VERSION) + ",\n  \"model\": " + json_string(p.model) +
+                  ",\n  \"parameters\": " + std::to_string(parameters) +
+                  ",\n  \"loss\": \"mse\",\n  \"optimizer\": {\"name\": \"sgd\", \"lr\": " + fmt("%g", kLr) +
+                  "},\n  \"devices\": [" + join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
+                  "],\n  \"batch_per_device\": " + std::to_string(p.batch) + ",\n  \"strong_global_batch\": " +
+                  std::to_string(p.batch * static_cast<int64_t>(p.devices.size())) + ",\n  \"steps\": " +
+                  std::to_string(p.steps) + ",\n  \"warmup\": " + std::to_string(p.warmup) +
+                  ",\n  \"blocks\": " + std::to_string(std::min(static_cast<size_t>(p.steps), kBlocks)) +
+                  ",\n  \"runs\": [";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const Measurement& m = *r.m;
+    std::vector<std::string> list, peaks;
+    for (const Device& d : m.devices) list.push_back(json_string(d.str()));
+    for (const auto& [d, b] : m.peak) peaks.push_back(json_string(d.str()) + ": " + std::to_string(b));
+    o += std::string(i ? "," : "") + "\n    {\"scaling\": " + json_string(scaling_name(r.scaling)) +
+         ", \"reduce\": " + json_string(dpt::reduce_name(r.reduce)) +
+         ", \"precision\": " + json_string(precision_name(r.precision)) + ", \"devices\": " + std::to_string(r.n) +
+         ", \"device_list\": [" + join(list, ", ") + "], \"global_batch\": " + std::to_string(r.global) +
+         ", \"step_ms\": " + fmt("%.6g", m.step_ms) + ", \"samples_per_s\": " + fmt("%.6g", m.samples_per_s) +
+         ", \"speedup\": " + fmt("%.6g", r.speedup) + ", \"efficiency\": " + fmt("%.6g", r.efficiency) +
+         ", \"compute_ms\": " + fmt("%.6g", m.compute_ms) + ", \"reduce_ms\": " + fmt("%.6g", m.reduce_ms) +
+         ", \"update_ms\": " + fmt("%.6g", m.update_ms) + ", \"idle_ms\": " + fmt("%.6g", m.idle_ms) +
+         ", \"peak_bytes\": {" + join(peaks, ", ") + "}, \"loss_first\": " + fmt("%.6g", m.loss_first) +
+         ", \"loss_last\": " + fmt("%.6g", m.loss_last) + "}";
+  }
+  return o + "\n  ]\n}\n";
+}
+
+void chart(const Plan& p, const std::vector<Row>& rows, const std::string& path) {
+  std::vector<dpt::plot::Series> series;
+  dpt::plot::Series ideal{"ideal", {}, {}, true};
+  for (size_t n : p.counts) {
+    ideal.x.push_back(static_cast<double>(n));
+    ideal.y.push_back(static_cast<double>(n));
+  }
+  series.push_back(ideal);
+  for (const Row& r : rows) {
+    const std::string name = std::string(scaling_name(r.scaling)) + ", " + dpt::reduce_name(r.reduce) + ", " +
+                             precision_name(r.precision);
+    if (series.back().name != name) series.push_back({name, {}, {}});
+    series.back().x.push_back(static_cast<double>(r.n));
+    series.back().y.push_back(r.speedup);
+  }
+  std::vector<std::string> devs;
+  for (const Device& d : p.devices) devs.push_back(d.str());
+  dpt::plot::write_line_chart(path, "dpbench: speed-up of MLP " + p.model + " on " + join(devs, ","), "devices",
+                              "speed-up (samples/s against 1 device)", series);
+}
+
+int run(const Plan& p) {
+  // Counts the layers' shapes; the model is never placed on a device.
+  const int64_t parameters = dpt::nn::mlp(p.model, dpt::Act::relu)->num_parameters();
+  print_header(p, parameters);
+  // One measurement per distinct (devices, global batch, path, precision): the 1-device
+  // baseline serves every path, and weak equals strong when there is one device.
+  std::map<std::tuple<size_t, int64_t, Reduce, Precision>, Measurement> done;
+  std::vector<Row> rows;
+  for (Scaling s : p.scalings)
+    for (Reduce red : p.reduces)
+      for (Precision prec : p.precisions) {
+        const Measurement* base = nullptr;
+        for (size_t n : p.counts) {
+          const int64_t global = p.batch * static_cast<int64_t>(s == Scaling::weak ? n : p.devices.size());
+          const auto key = std::make_tuple(n, global, n == 1 ? Reduce::automatic : red, prec);
+          auto it = done.find(key);
+          if (it == done.end()) it = done.emplace(key, measure(p, n, global, std::get<2>(key), prec)).first;
+          const Measurement& m = it->second;
+          if (n == 1) base = &m;
+          // Weak: throughput against one device's; strong (one global batch): t1 / tn,
+          // the same ratio. Efficiency is then speed-up / n in both.
+          const double speedup = m.samples_per_s / base->samples_per_s;
+          const Row r{s, red, prec, n, global, &m, speedup, speedup / static_cast<double>(n)};
+          print_row(r);
+          rows.push_back(r);
+        }
+      }
+  const std::string dir = p.out + "/";
+  dpt::plot::write_file_atomic(dir + "dpbench.csv", csv(rows));
+  dpt::plot::write_file_atomic(dir + "dpbench.json", json(p, parameters, rows));
+  chart(p, rows, dir + "speedup.svg");
+  std::printf("\nwrote %sdpbench.csv, %sdpbench.json, %sspeedup.svg\n", dir.c_str(), dir.c_str(), dir.c_str());
+  return 0;
+}
+
+int fail(int status, const char* what) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "dpbench: error: %s\n", what);
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dpbench: one workload on 1, 2, 4, ... devices, weak and strong scaling, every reduction path "
+               "and precision asked; a table, CSV, JSON and an SVG chart of the speed-up"};
+  Flags f;
+  add_flags(app, f);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "dpbench: error: %s (see --help)\n", e.what());
+    return kExitUsage;
+  }
+  try {
+    return run(make_plan(f, app));
+  } catch (const dpt::UsageError& e) {
+    return fail(kExitUsage, e.what());
+  } catch (const dpt::OutOfMemory& e) {
+    return fail(kExitOom, e.what());
+  } catch (const std::exception& e) {
+    return fail(kExitError, e.what());
+  }
+}

@@ -1,0 +1,84 @@
+// The helper of tests/safetensors_interop.py: `write PATH` saves the fixed checkpoint
+// that the script expects Python's safetensors to read back; `dump PATH` loads any
+// checkpoint and prints it as one JSON object (metadata, then each tensor's name, dtype,
+// shape and bytes in hex) for the script to compare with what it wrote.
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "../kernels/error.hpp"
+#include "../optim/checkpoint.hpp"
+
+namespace {
+
+using dpt::ckpt::DType;
+
+dpt::ckpt::Checkpoint fixed() {
+  dpt::ckpt::Checkpoint c;
+  c.metadata = {{"step", "10"}, {"model", "16-128x2-4"}, {"note", "\xc3\xa9 \"quoted\"\n"}};
+  const std::vector<float> w = {-0.5f, -0.25f, 0.0f, 0.25f, 0.5f, 0.75f};
+  const std::vector<uint16_t> b = {0x3f80, 0xc000, 0x3f00, 0x4040};  // bf16 1, -2, 0.5, 3
+  const std::vector<int32_t> idx = {-1, 0, 2147483647};
+  const int32_t step = 7;
+  c.tensors.emplace_back("layers.0.weight", dpt::ckpt::make_tensor(DType::f32, {2, 3}, w.data()));
+  c.tensors.emplace_back("layers.0.bias", dpt::ckpt::make_tensor(DType::bf16, {4}, b.data()));
+  c.tensors.emplace_back("idx", dpt::ckpt::make_tensor(DType::i32, {3}, idx.data()));
+  c.tensors.emplace_back("step", dpt::ckpt::make_tensor(DType::i32, {}, &step));
+  c.tensors.emplace_back("empty", dpt::ckpt::make_tensor(DType::f32, {0, 4}, nullptr));
+  return c;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\', out += ch;
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+void dump(const dpt::ckpt::Checkpoint& c) {
+  std::string out = "{\"metadata\":{";
+  for (const auto& [k, v] : c.metadata) out += (out.back() == '{' ? "" : ",") + json_string(k) + ":" + json_string(v);
+  out += "},\"tensors\":[";
+  for (const auto& [name, t] : c.tensors) {
+    if (out.back() != '[') out += ',';
+    out += "{\"name\":" + json_string(name) + ",\"dtype\":\"" + dpt::ckpt::dtype_name(t.dtype) + "\",\"shape\":[";
+    for (size_t i = 0; i < t.shape.size(); ++i) out += (i ? "," : "") + std::to_string(t.shape[i]);
+    out += "],\"hex\":\"";
+    for (uint8_t byte : t.data) {
+      char buf[3];
+      std::snprintf(buf, sizeof buf, "%02x", byte);
+      out += buf;
+    }
+    out += "\"}";
+  }
+  std::printf("%s]}\n", out.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string verb = argc == 3 ? argv[1] : "";
+  if (verb != "write" && verb != "dump") {
+    std::fprintf(stderr, "usage: checkpoint_tool write|dump PATH\n");
+    return 2;
+  }
+  try {
+    if (verb == "write") dpt::ckpt::save(argv[2], fixed());
+    else dump(dpt::ckpt::load(argv[2]));
+  } catch (const dpt::Error& e) {
+    std::fprintf(stderr, "checkpoint_tool: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

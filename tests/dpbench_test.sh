@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# dpbench on virtual CPU devices: a small weak- and strong-scaling run whose table, CSV,
+# JSON and SVG are checked, then bad input, which must give exactly one line on stderr
+# and exit status 2 before any run.
+# shellcheck disable=SC2015  # `check && ok || bad`: ok never fails
+set -u
+exe=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+small=(--model 16-32-4 --batch 8 --steps 3 --warmup 1)
+if "$exe" --cpus 3 "${small[@]}" --out "$tmp/out" >"$tmp/stdout" 2>"$tmp/stderr"; then ok
+else bad "dpbench --cpus 3 failed: $(cat "$tmp/stderr")"; fi
+[ -s "$tmp/stderr" ] && bad "a good run wrote on stderr: $(cat "$tmp/stderr")"
+grep -q '^scaling *reduce *prec *dev' "$tmp/stdout" && ok || bad "no table header: $(cat "$tmp/stdout")"
+[ "$(grep -cE '^(weak|strong) +host +fp32 +[123] ' "$tmp/stdout")" -eq 6 ] && ok ||
+  bad "expected 6 table rows: $(cat "$tmp/stdout")"
+
+python3 - "$tmp/out" <<'PY' && ok || bad "dpbench.csv, dpbench.json or speedup.svg is not what was asked for"
+import csv, json, math, sys
+import xml.etree.ElementTree as ET
+out = sys.argv[1]
+rows = list(csv.DictReader(open(f"{out}/dpbench.csv")))
+got = sorted((r["scaling"], int(r["devices"]), int(r["global_batch"])) for r in rows)
+assert got == sorted([("weak", 1, 8), ("weak", 2, 16), ("weak", 3, 24),
+                      ("strong", 1, 24), ("strong", 2, 24), ("strong", 3, 24)]), got
+for r in rows:
+    n = int(r["devices"])
+    assert r["reduce"] == "host" and r["precision"] == "fp32", r
+    assert r["device_list"] == ";".join(f"cpu:{i}" for i in range(n)), r
+    assert len(r["peak_mib"].split(";")) == n, r  # one figure per distinct device
+    step = float(r["step_ms"])
+    assert step > 0 and math.isclose(float(r["samples_per_s"]), 1e3 * int(r["global_batch"]) / step, rel_tol=1e-4), r
+    assert math.isclose(float(r["efficiency"]), float(r["speedup"]) / n, rel_tol=1e-4), r
+    if n == 1:
+        assert float(r["speedup"]) == 1.0, r
+    parts = [float(r[k]) for k in ("compute_ms", "reduce_ms", "update_ms", "idle_ms")]
+    assert min(parts) >= 0, r
+    assert float(r["loss_last"]) < float(r["loss_first"]), r  # it trains
+# Strong scaling runs one batch on any number of devices: the same losses (N == 1).
+strong = [r for r in rows if r["scaling"] == "strong"]
+for r in strong:
+    assert math.isclose(float(r["loss_first"]), float(strong[0]["loss_first"]), rel_tol=1e-5), strong
+    assert math.isclose(float(r["loss_last"]), float(strong[0]["loss_last"]), rel_tol=1e-4), strong
+doc = json.load(open(f"{out}/dpbench.json"))
+assert doc["model"] == "16-32-4" and doc["devices"] == ["cpu:0", "cpu:1", "cpu:2"], doc
+assert len(doc["runs"]) == 6 and all(len(r["peak_bytes"]) == r["devices"] for r in doc["runs"]), doc
+svg = ET.parse(f"{out}/speedup.svg").getroot()
+ns = "{http://www.w3.org/2000/svg}"
+assert svg.tag == f"{ns}svg", svg.tag
+assert len(svg.findall(f".//{ns}polyline")) == 3  # ideal, weak, strong
+texts = {t.text for t in svg.iter(f"{ns}text")}
+assert {"ideal", "weak, host, fp32", "strong, host, fp32", "devices"} <= texts, texts
+PY
+
+# Logical replicas on one device share its allocator (one memory figure); repeated
+# list entries and `auto` meaning `host` make one series, not two.
+if "$exe" --devices cpu:0,cpu:0 "${small[@]}" --precision fp32,fp32 --reduce auto,host --scaling strong \
+  --out "$tmp/shared" >"$tmp/stdout" 2>"$tmp/stderr"; then ok
+else bad "dpbench --devices cpu:0,cpu:0 failed: $(cat "$tmp/stderr")"; fi
+python3 - "$tmp/shared/dpbench.csv" <<'PY' && ok || bad "shared-device CSV: $(cat "$tmp/shared/dpbench.csv")"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert [(r["scaling"], r["reduce"], r["devices"]) for r in rows] == [("strong", "host", "1"), ("strong", "host", "2")]
+assert rows[1]["device_list"] == "cpu:0;cpu:0" and rows[1]["peak_mib"].count("=") == 1, rows
+PY
+
+"$exe" --version | grep -q '^dpbench [0-9]' && ok || bad "--version"
+"$exe" --help | grep -q -- '--scaling' && ok || bad "--help"
+
+# bad input: exit 2, one line on stderr, nothing written
+refuse() {
+  "$exe" "$@" --out "$tmp/refused" >"$tmp/stdout" 2>"$tmp/stderr"
+  local rc=$? lines
+  lines=$(wc -l <"$tmp/stderr")
+  if [ "$rc" -ne 2 ]; then bad "dpbench $* exited $rc, not 2: $(cat "$tmp/stderr")"
+  elif [ "$lines" -ne 1 ]; then bad "dpbench $* wrote $lines lines on stderr: $(cat "$tmp/stderr")"
+  elif ! grep -q '^dpbench: error: ' "$tmp/stderr"; then bad "dpbench $*: not an error line: $(cat "$tmp/stderr")"
+  elif [ -e "$tmp/refused/dpbench.csv" ]; then bad "dpbench $* wrote results"
+  else ok; fi
+}
+refuse --cpus 0
+refuse --cpus -1
+refuse --cpus 2 --gpus 1
+refuse --devices cpu:0 --cpus 2
+refuse --devices cpu:0,
+refuse --scaling sideways
+refuse --precision fp8
+refuse --precision fp32,fp8
+refuse --reduce allgather
+refuse --cpus 2 --reduce nccl
+refuse --cpus 2 --batch 0
+refuse --cpus 2 --steps 0
+refuse --cpus 2 --warmup 0
+refuse --cpus 2 --bucket-mb 0
+refuse --model 10-
+refuse --bogus
+touch "$tmp/file"
+refuse --cpus 2 --model 16-32-4 --out "$tmp/file/sub"
+
+echo "dpbench: $passes passed, $fails failed"
+[ "$fails" -eq 0 ]

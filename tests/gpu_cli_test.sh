@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# dptrain on the GPU as users run it: checkpoints resume bit-identically on one GPU and
+# on logical replicas, out of memory ends with its message and status 3 (no core dump,
+# no checkpoint), and DDP with NCCL runs under mpirun. Exits 77 (skipped) without a GPU.
+set -u
+exe=$1
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU: skipped"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+hash_of() { grep '^parameters: hash' "$1" | awk '{print $3}'; }
+
+for devs in "--devices cuda:0" "--devices cuda:0,cuda:0 --reduce p2p"; do
+  for opt in "--optimizer sgd" "--optimizer adamw --lr 0.003"; do
+    "$exe" $devs $opt --batch 30 --steps 20 --log-every 20 >"$tmp/full.out" 2>&1
+    "$exe" $devs $opt --batch 30 --steps 10 --log-every 20 --save "$tmp/ck.safetensors" >/dev/null 2>&1
+    "$exe" $devs $opt --batch 30 --steps 20 --log-every 20 --resume "$tmp/ck.safetensors" >"$tmp/resumed.out" 2>&1
+    [ -n "$(hash_of "$tmp/full.out")" ] && [ "$(hash_of "$tmp/full.out")" = "$(hash_of "$tmp/resumed.out")" ] && ok ||
+      bad "GPU resume ($devs $opt) is not bit-identical: $(hash_of "$tmp/full.out") vs $(hash_of "$tmp/resumed.out")"
+  done
+done
+
+ulimit -c 0
+"$exe" --devices cuda:0 --model mlp --batch 10000000 --steps 2 --save "$tmp/oom.safetensors" \
+  >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 3 ] && grep -q 'out of memory on cuda:0: asked .* total .*--batch' "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] &&
+  ok || bad "out of memory: status $rc: $(cat "$tmp/err")"
+[ ! -e "$tmp/oom.safetensors" ] && ok || bad "out of memory left a checkpoint"
+ls "$tmp"/*.tmp* >/dev/null 2>&1 && bad "a temporary checkpoint file was left behind" || ok
+
+if command -v mpirun >/dev/null; then
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 -x NCCL_NVLS_ENABLE=0 \
+    "$exe" --ddp --steps 50 --log-every 50 >"$tmp/out" 2>&1 && grep -q 'reduce nccl' "$tmp/out" &&
+    grep -q 'identical on all 1 ranks' "$tmp/out" && ok || bad "mpirun -np 1 dptrain --ddp: $(cat "$tmp/out")"
+fi
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
