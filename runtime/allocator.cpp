@@ -93,8 +93,9 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
   const size_t size = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   auto& pool = free_[stream];
-  // Best fit within 1/8 slack, so a large cached block is not wasted on a small tensor.
-  if (auto it = pool.lower_bound(size); it != pool.end() && it->first <= size + size / 8) {
+  // Only a block of exactly this size class: a request never takes the block that
+  // another tensor of the same step needs, so the step after the first allocates nothing.
+  if (auto it = pool.find(size); it != pool.end()) {
     void* p = it->second;
     pool.erase(it);
     Block& b = blocks_.at(p);

@@ -1,5 +1,5 @@
 // A caching allocator per device. Freed blocks go back to a per-stream pool and are
-// handed out again for requests of about the same size, so a training step after the
+// handed out again for requests of the same size class, so a training step after the
 // first one makes no cudaMalloc/cudaFree (which would synchronize the device and break
 // CUDA-graph capture). The same logic serves virtual CPU devices, with aligned malloc.
 #pragma once

@@ -7,8 +7,13 @@
 #include <string>
 #include <vector>
 
+#include <cstring>
+
 #include "../kernels/error.hpp"
+#include "../layers/layers.hpp"
 #include "../optim/checkpoint.hpp"
+#include "../runtime/autograd.hpp"
+#include "../runtime/ops.hpp"
 
 namespace {
 
@@ -67,14 +72,43 @@ void dump(const dpt::ckpt::Checkpoint& c) {
 
 }  // namespace
 
+// `forward CKPT OUT`: the model a dptrain checkpoint describes (its metadata's model
+// and act), with the checkpoint's weights, applied on the CPU to a fixed input; writes
+// {"x", "y"} to OUT for tests/torch_interop.py to compare with PyTorch.
+void forward(const std::string& path, const std::string& out) {
+  const dpt::ckpt::Checkpoint c = dpt::ckpt::load(path);
+  const auto spec = c.metadata.at("model");
+  auto model = dpt::nn::mlp(spec, dpt::nn::parse_act(c.metadata.at("act")));
+  const dpt::Device cpu{dpt::DeviceType::cpu, 0};
+  model->to(cpu, 0);
+  for (auto& [name, p] : model->named_parameters()) {
+    const dpt::ckpt::HostTensor* t = c.find(name);
+    if (!t) throw dpt::Error("no tensor " + name);
+    std::vector<float> v(static_cast<size_t>(p->value.numel()));
+    std::memcpy(v.data(), t->data.data(), v.size() * sizeof(float));
+    dpt::copy(p->value, dpt::Tensor::from_host(v, p->shape, cpu));
+  }
+  const auto widths = dpt::nn::parse_mlp_spec(spec);
+  dpt::Tensor x = dpt::Tensor::empty({8, widths.front()}, dpt::DType::f32, cpu);
+  dpt::normal_(x, 123, 0, 0);
+  dpt::NoGradGuard g;
+  const dpt::Tensor y = model->forward(x);
+  dpt::ckpt::Checkpoint o;
+  const auto xs = x.to_host(), ys = y.to_host();
+  o.tensors.emplace_back("x", dpt::ckpt::make_tensor(DType::f32, x.shape(), xs.data()));
+  o.tensors.emplace_back("y", dpt::ckpt::make_tensor(DType::f32, y.shape(), ys.data()));
+  dpt::ckpt::save(out, o);
+}
+
 int main(int argc, char** argv) {
-  const std::string verb = argc == 3 ? argv[1] : "";
-  if (verb != "write" && verb != "dump") {
-    std::fprintf(stderr, "usage: checkpoint_tool write|dump PATH\n");
+  const std::string verb = argc >= 3 ? argv[1] : "";
+  if (!((verb == "write" || verb == "dump") && argc == 3) && !(verb == "forward" && argc == 4)) {
+    std::fprintf(stderr, "usage: checkpoint_tool write|dump PATH | forward CKPT OUT\n");
     return 2;
   }
   try {
     if (verb == "write") dpt::ckpt::save(argv[2], fixed());
+    else if (verb == "forward") forward(argv[2], argv[3]);
     else dump(dpt::ckpt::load(argv[2]));
   } catch (const dpt::Error& e) {
     std::fprintf(stderr, "checkpoint_tool: error: %s\n", e.what());
