@@ -38,8 +38,11 @@ int main(int argc, char** argv) {
         c.steps = 20;
         c.log_every = 5;
         c.bucket_mb = 0.001;  // about 1 KB: several buckets
-        c.devices = {parse_device(device)};
+        // "cuda": every GPU here, the local rank picks one; the reference uses the first.
+        const std::vector<Device> devs = device == "cuda" ? default_devices() : std::vector<Device>{parse_device(device)};
+        c.devices = {devs.front()};
         TrainConfig d = c;
+        d.devices = devs;
         d.ddp = true;
         d.grad_accum = accum;
         Trainer ddp(d);
