@@ -46,26 +46,12 @@ void install_signal_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-// 35200 -> "35.2k"
-std::string si(double v) {
-  char buf[32];
-  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
-  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.1f", v);
-  return buf;
-}
-
 std::string duration(double s) {
   char buf[32];
   if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
   else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(s) % 60);
   else std::snprintf(buf, sizeof buf, "%.1fs", s);
   return buf;
-}
-
-const char* precision_name(dpt::Precision p) {
-  return p == dpt::Precision::fp32 ? "fp32" : p == dpt::Precision::tf32 ? "tf32" : "bf16";
 }
 
 struct Options {
@@ -138,22 +124,11 @@ void resolve(Options& o) {
   auto& c = o.cfg;
   c.task = dpt::data::parse_task(o.task);
   c.act = dpt::nn::parse_act(o.act);
-  if (o.precision == "fp32") c.precision = dpt::Precision::fp32;
-  else if (o.precision == "tf32") c.precision = dpt::Precision::tf32;
-  else if (o.precision == "bf16") c.precision = dpt::Precision::bf16;
-  else throw dpt::UsageError("unknown precision '" + o.precision + "': expected fp32, tf32 or bf16");
-  if (o.gemm == "cublas") c.gemm = dpt::GemmImpl::cublas;
-  else if (o.gemm == "native") c.gemm = dpt::GemmImpl::native;
-  else throw dpt::UsageError("unknown GEMM '" + o.gemm + "': expected cublas or native");
-  auto first_n = [](const char* kind, int n) {
-    if (n < 1) throw dpt::UsageError(std::string("--") + kind + "s must be at least 1, got " + std::to_string(n));
-    std::string list;
-    for (int i = 0; i < n; ++i) list += (i ? "," : "") + std::string(kind == std::string("gpu") ? "cuda:" : "cpu:") + std::to_string(i);
-    return dpt::parse_devices(list);
-  };
+  c.precision = dpt::parse_precision(o.precision);
+  c.gemm = dpt::parse_gemm(o.gemm);
   if (!o.devices.empty()) c.devices = dpt::parse_devices(o.devices);
-  else if (o.gpus_given) c.devices = first_n("gpu", o.gpus);
-  else if (o.cpus_given) c.devices = first_n("cpu", o.cpus);
+  else if (o.gpus_given) c.devices = dpt::first_devices(dpt::DeviceType::cuda, o.gpus, "--gpus");
+  else if (o.cpus_given) c.devices = dpt::first_devices(dpt::DeviceType::cpu, o.cpus, "--cpus");
   c.reduce = dpt::parse_reduce(o.reduce);
   dpt::validate(c);
 }
@@ -209,7 +184,7 @@ int train(Options& o) {
               static_cast<long long>(trainer.model().num_parameters()), where.c_str());
   std::printf("  %s, batch %lld, %lld steps, %s, %s, gemm %s\n", dpt::data::task_name(c.task),
               static_cast<long long>(c.batch), static_cast<long long>(c.steps),
-              trainer.optimizer().describe().c_str(), precision_name(c.precision),
+              trainer.optimizer().describe().c_str(), dpt::precision_name(c.precision),
               c.devices.front().is_cpu() ? "cpu" : o.gemm.c_str());
   if (c.grad_accum > 1) std::printf("  gradient accumulation: %d micro-batches per step\n", c.grad_accum);
   std::fflush(stdout);
@@ -232,12 +207,12 @@ int train(Options& o) {
     const double eta = s.step_ms * 1e-3 * static_cast<double>(s.total - s.step);
     if (tty) {
       std::printf("\r\x1b[Kstep %lld/%lld | loss %.6g | %s samples/s | ETA %s", static_cast<long long>(s.step),
-                  static_cast<long long>(s.total), s.loss, si(s.samples_per_s).c_str(), duration(eta).c_str());
+                  static_cast<long long>(s.total), s.loss, dpt::format_si(s.samples_per_s).c_str(), duration(eta).c_str());
       g_progress_open = s.step != s.total;
       if (!g_progress_open) std::printf("\n");
     } else {
       std::printf("step %lld/%lld loss %.6g lr %.4g samples/s %s step_ms %.3f\n", static_cast<long long>(s.step),
-                  static_cast<long long>(s.total), s.loss, s.lr, si(s.samples_per_s).c_str(), s.step_ms);
+                  static_cast<long long>(s.total), s.loss, s.lr, dpt::format_si(s.samples_per_s).c_str(), s.step_ms);
     }
     std::fflush(stdout);
   };
@@ -254,7 +229,7 @@ int train(Options& o) {
   const double ratio = r.first_loss != 0.0f ? 100.0 * r.final_loss / r.first_loss : 0.0;
   std::printf("done: %lld steps in %s; loss %.6g -> %.6g (%.1f%% of the first); %s samples/s; %.3f ms/step\n",
               static_cast<long long>(r.steps), duration(r.seconds).c_str(), r.first_loss, r.final_loss, ratio,
-              si(r.samples_per_s).c_str(), r.step_ms);
+              dpt::format_si(r.samples_per_s).c_str(), r.step_ms);
   std::printf("step time (last step, master): compute %.3f ms, reduce %.3f ms, update %.3f ms\n", r.times.compute,
               r.times.reduce, r.times.update);
   for (const auto& [dev, m] : r.memory)

@@ -51,16 +51,6 @@ Scaling parse_scaling(const std::string& name) {
   throw dpt::UsageError("unknown scaling '" + name + "': expected weak or strong");
 }
 
-const char* precision_name(Precision p) {
-  return p == Precision::fp32 ? "fp32" : p == Precision::tf32 ? "tf32" : "bf16";
-}
-
-Precision parse_precision(const std::string& name) {
-  for (Precision p : {Precision::fp32, Precision::tf32, Precision::bf16})
-    if (name == precision_name(p)) return p;
-  throw dpt::UsageError("unknown precision '" + name + "': expected fp32, tf32 or bf16");
-}
-
 // Keeps the first of equal values, in order.
 template <class T>
 std::vector<T> unique_in_order(const std::vector<T>& v) {
@@ -133,15 +123,9 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   Plan p;
   p.model = f.model;
   p.widths = dpt::nn::parse_mlp_spec(f.model);
-  auto first_n = [](dpt::DeviceType type, int n, const char* flag) {
-    if (n < 1) throw dpt::UsageError(std::string(flag) + " must be at least 1, got " + std::to_string(n));
-    std::vector<Device> d;
-    for (int i = 0; i < n; ++i) d.push_back({type, i});
-    return d;
-  };
   if (!f.devices.empty()) p.devices = dpt::parse_devices(f.devices);
-  else if (gpus_given) p.devices = first_n(dpt::DeviceType::cuda, f.gpus, "--gpus");
-  else if (cpus_given) p.devices = first_n(dpt::DeviceType::cpu, f.cpus, "--cpus");
+  else if (gpus_given) p.devices = dpt::first_devices(dpt::DeviceType::cuda, f.gpus, "--gpus");
+  else if (cpus_given) p.devices = dpt::first_devices(dpt::DeviceType::cpu, f.cpus, "--cpus");
   else p.devices = dpt::default_devices();
   for (const Device& d : p.devices) dpt::check_device(d);
   for (size_t n = 1; n < p.devices.size(); n *= 2) p.counts.push_back(n);
@@ -158,7 +142,7 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   p.warmup = f.warmup;
   p.bucket_mb = f.bucket_mb;
 
-  for (const auto& s : f.precision) p.precisions.push_back(parse_precision(s));
+  for (const auto& s : f.precision) p.precisions.push_back(dpt::parse_precision(s));
   for (const auto& s : f.scaling) p.scalings.push_back(parse_scaling(s));
   // A path is resolved once, for all the devices, and then asked for by name at every
   // count, so a series keeps one path; each count is checked here so that a path that
@@ -285,16 +269,6 @@ struct Row {
   double speedup, efficiency;
 };
 
-// 35200 -> "35.2k": samples/s span six orders of magnitude between workloads.
-std::string si(double v) {
-  char buf[32];
-  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
-  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.1f", v);
-  return buf;
-}
-
 double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 std::string join(const std::vector<std::string>& parts, const char* sep) {
@@ -346,8 +320,8 @@ void print_row(const Row& r) {
   double others = 0;
   for (size_t i = 1; i < m.peak.size(); ++i) others = std::max(others, mib(m.peak[i].second));
   std::printf("%-7s %-6s %-5s %3zu %8lld %10.4f %10s %7.2fx %4.0f%% %9.4f %9.4f %9.4f %9.4f %11.2f %11s\n",
-              scaling_name(r.scaling), dpt::reduce_name(r.reduce), precision_name(r.precision), r.n,
-              static_cast<long long>(r.global), m.step_ms, si(m.samples_per_s).c_str(), r.speedup, 100.0 * r.efficiency,
+              scaling_name(r.scaling), dpt::reduce_name(r.reduce), dpt::precision_name(r.precision), r.n,
+              static_cast<long long>(r.global), m.step_ms, dpt::format_si(m.samples_per_s).c_str(), r.speedup, 100.0 * r.efficiency,
               m.compute_ms, m.reduce_ms, m.update_ms, m.idle_ms, mib(m.peak.front().second),
               m.peak.size() > 1 ? fmt("%.2f", others).c_str() : "-");
   std::fflush(stdout);
@@ -362,7 +336,7 @@ std::string csv(const std::vector<Row>& rows) {
     std::vector<std::string> devs, peaks;
     for (const Device& d : m.devices) devs.push_back(d.str());
     for (const auto& [d, b] : m.peak) peaks.push_back(d.str() + "=" + fmt("%.3f", mib(b)));
-    o += std::string(scaling_name(r.scaling)) + "," + dpt::reduce_name(r.reduce) + "," + precision_name(r.precision) +
+    o += std::string(scaling_name(r.scaling)) + "," + dpt::reduce_name(r.reduce) + "," + dpt::precision_name(r.precision) +
          "," + std::to_string(r.n) + "," + join(devs, ";") + "," + std::to_string(r.global);
     for (double v : {m.step_ms, m.samples_per_s, r.speedup, r.efficiency, m.compute_ms, m.reduce_ms, m.update_ms,
                      m.idle_ms})
@@ -393,7 +367,7 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
     for (const auto& [d, b] : m.peak) peaks.push_back(json_string(d.str()) + ": " + std::to_string(b));
     o += std::string(i ? "," : "") + "\n    {\"scaling\": " + json_string(scaling_name(r.scaling)) +
          ", \"reduce\": " + json_string(dpt::reduce_name(r.reduce)) +
-         ", \"precision\": " + json_string(precision_name(r.precision)) + ", \"devices\": " + std::to_string(r.n) +
+         ", \"precision\": " + json_string(dpt::precision_name(r.precision)) + ", \"devices\": " + std::to_string(r.n) +
          ", \"device_list\": [" + join(list, ", ") + "], \"global_batch\": " + std::to_string(r.global) +
          ", \"step_ms\": " + fmt("%.6g", m.step_ms) + ", \"samples_per_s\": " + fmt("%.6g", m.samples_per_s) +
          ", \"speedup\": " + fmt("%.6g", r.speedup) + ", \"efficiency\": " + fmt("%.6g", r.efficiency) +
@@ -415,7 +389,7 @@ void chart(const Plan& p, const std::vector<Row>& rows, const std::string& path)
   series.push_back(ideal);
   for (const Row& r : rows) {
     const std::string name = std::string(scaling_name(r.scaling)) + ", " + dpt::reduce_name(r.reduce) + ", " +
-                             precision_name(r.precision);
+                             dpt::precision_name(r.precision);
     if (series.back().name != name) series.push_back({name, {}, {}});
     series.back().x.push_back(static_cast<double>(r.n));
     series.back().y.push_back(r.speedup);

@@ -36,8 +36,8 @@ int main(int argc, char** argv) {
   try {
     const Device d = parse_devices(device).front();
     Context& ctx = context(d);
-    ctx.precision = precision == "tf32" ? Precision::tf32 : precision == "bf16" ? Precision::bf16 : Precision::fp32;
-    ctx.gemm = gemm == "native" ? GemmImpl::native : GemmImpl::cublas;
+    ctx.precision = parse_precision(precision);
+    ctx.gemm = parse_gemm(gemm);
     const auto widths = nn::parse_mlp_spec(model);
     auto net = nn::mlp(model, Act::relu);
     net->to(d, 1);

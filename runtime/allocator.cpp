@@ -45,6 +45,15 @@ std::string format_bytes(size_t bytes) {
   return buf;
 }
 
+std::string format_si(double v) {
+  char buf[32];
+  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
 size_t CachingAllocator::round_size(size_t bytes) {
   if (bytes == 0) bytes = 1;
   const size_t g = bytes < kSmall ? 512 : kLargeRound;

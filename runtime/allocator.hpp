@@ -66,5 +66,7 @@ CachingAllocator& allocator(const Device& device);
 
 // "1.50 GiB", "12.0 MiB", "512 B".
 std::string format_bytes(size_t bytes);
+// 35200 -> "35.2k", 1.2e6 -> "1.20M": rates that span six orders of magnitude.
+std::string format_si(double v);
 
 }  // namespace dpt

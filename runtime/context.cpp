@@ -4,11 +4,31 @@
 #include <map>
 #include <mutex>
 
+#include "../kernels/error.hpp"
+
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/check.hpp"
 #endif
 
 namespace dpt {
+
+const char* precision_name(Precision p) {
+  return p == Precision::fp32 ? "fp32" : p == Precision::tf32 ? "tf32" : "bf16";
+}
+
+Precision parse_precision(const std::string& name) {
+  for (Precision p : {Precision::fp32, Precision::tf32, Precision::bf16})
+    if (name == precision_name(p)) return p;
+  throw UsageError("unknown precision '" + name + "': expected fp32, tf32 or bf16");
+}
+
+const char* gemm_name(GemmImpl g) { return g == GemmImpl::cublas ? "cublas" : "native"; }
+
+GemmImpl parse_gemm(const std::string& name) {
+  if (name == "cublas") return GemmImpl::cublas;
+  if (name == "native") return GemmImpl::native;
+  throw UsageError("unknown GEMM '" + name + "': expected cublas or native");
+}
 
 namespace {
 thread_local Context* t_current = nullptr;

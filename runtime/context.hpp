@@ -4,6 +4,7 @@
 // current (data parallelism gives each replica its own stream).
 #pragma once
 #include <memory>
+#include <string>
 
 #include "../kernels/types.hpp"
 #include "device.hpp"
@@ -11,6 +12,11 @@
 namespace dpt {
 
 enum class GemmImpl { cublas, native };
+
+const char* precision_name(Precision p);       // "fp32", "tf32", "bf16"
+Precision parse_precision(const std::string& name);  // UsageError when unknown
+const char* gemm_name(GemmImpl g);              // "cublas", "native"
+GemmImpl parse_gemm(const std::string& name);   // UsageError when unknown
 
 class Context {
  public:
