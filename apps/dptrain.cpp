@@ -105,6 +105,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--on-nonfinite", o.cfg.on_nonfinite,
                  "When a loss or gradient is not finite: stop (exit 4) or skip-step (the update is never applied)")
       ->capture_default_str();
+  app.add_flag("--cuda-graph", o.cfg.cuda_graph,
+               "Record the whole step as a CUDA graph and replay it (one GPU, SGD; re-recorded when the lr changes)");
   app.add_flag("!--no-overlap", o.cfg.overlap, "Reduce gradients only after backward (to measure what overlap gains)");
   app.add_flag("--ddp", o.cfg.ddp, "One process per device under mpirun (MPI bootstrap, NCCL or MPI reduction)");
   app.add_option("--comm-timeout", o.cfg.comm_timeout,

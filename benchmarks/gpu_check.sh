@@ -34,6 +34,9 @@ build/benchmarks/sgemm_bench >"$out/sgemm.log" 2>&1
   done
   build/benchmarks/step_bench --model mlp --batch 4096 --precision fp32 --gemm native
   python3 benchmarks/torch_bench.py --model seed --batch 64 --mode graph
+  build/benchmarks/step_bench --model seed --batch 64 --cuda-graph
+  build/apps/dptrain --devices cuda:0 --cuda-graph --log-every 100 | grep -E '^done'
+  build/apps/dptrain --devices cuda:0 --log-every 100 | grep -E '^done' 
 } 2>&1 | tee "$out/steps.log" >/dev/null
 
 # The replicator's own overhead: N logical replicas share cuda:0, so any slow-down in
@@ -64,7 +67,7 @@ n = rows.get(("dptrain", "mlp", "fp32", "native"))
 if n:
     print(f"mlp fp32 with --gemm native: {n[0]:.3f} ms/step")
 PY
-grep -E '^torch .*graph' "$out/steps.log"
+grep -E 'graph|^done' "$out/steps.log"
 grep -E 'native/cublas|^sgemm' "$out/sgemm.log"
 echo "== replicator overhead: 1..4 logical replicas on cuda:0 (strong scaling, p2p) =="
 cat "$out"/dpbench_seed.log "$out"/dpbench_mlp.log | grep -vE '^\s*$' | tail -24

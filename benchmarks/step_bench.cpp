@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   CLI::App app{"step_bench: time one training step of dptrain"};
   std::string model = "seed", precision = "fp32", gemm = "cublas", device = "cuda:0";
   int64_t batch = 64, warmup = 20, blocks = 7, per_block = 20;
+  bool graph = false;
   app.add_option("--model", model, "seed, mlp or an MLP spec");
   app.add_option("--batch", batch, "Batch size");
   app.add_option("--precision", precision, "fp32, tf32, bf16");
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "Untimed steps");
   app.add_option("--blocks", blocks, "Timed blocks (the median is reported)");
   app.add_option("--steps", per_block, "Steps per timed block");
+  app.add_flag("--cuda-graph", graph, "Record the step as a CUDA graph after warm-up and time its replays");
   CLI11_PARSE(app, argc, argv);
   try {
     const Device d = parse_devices(device).front();
@@ -56,11 +58,26 @@ int main(int argc, char** argv) {
     const float first = step().item();
     for (int64_t i = 1; i < warmup; ++i) step();
     ctx.synchronize();
+    // With a graph, the timed "step" is one replay of a recorded step; its loss tensor
+    // is the one the graph writes.
+    std::unique_ptr<Graph> recorded;
+    Tensor graph_loss;
+    if (graph) {
+      recorded = std::make_unique<Graph>(ctx);
+      recorded->begin();
+      graph_loss = step();
+      recorded->end();
+    }
+    auto timed_step = [&] {
+      if (!recorded) return step();
+      recorded->launch();
+      return graph_loss;
+    };
     std::vector<double> ms;
     Tensor loss;
     for (int64_t b = 0; b < blocks; ++b) {
       const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < per_block; ++i) loss = step();
+      for (int64_t i = 0; i < per_block; ++i) loss = timed_step();
       ctx.synchronize();
       const auto t1 = std::chrono::steady_clock::now();
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(per_block));
@@ -68,8 +85,8 @@ int main(int argc, char** argv) {
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];
     const auto st = allocator(d).stats();
-    std::printf("dptrain %s batch %lld %s %s: %.4f ms/step, %.4g samples/s, peak %.1f MiB, loss %.5g -> %.5g\n",
-                model.c_str(), static_cast<long long>(batch), precision.c_str(), gemm.c_str(), med,
+    std::printf("dptrain %s batch %lld %s %s%s: %.4f ms/step, %.4g samples/s, peak %.1f MiB, loss %.5g -> %.5g\n",
+                model.c_str(), static_cast<long long>(batch), precision.c_str(), gemm.c_str(), graph ? "-graph" : "", med,
                 1e3 * static_cast<double>(batch) / med, static_cast<double>(st.peak_allocated) / (1 << 20), first,
                 loss.item());
     return 0;

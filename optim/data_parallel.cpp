@@ -57,6 +57,9 @@ Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices) {
 }
 
 float StepLoss::value() const {
+  // The losses were written on the replicas' streams; reading them from another thread's
+  // stream must wait for those first.
+  if (owner) owner->synchronize();
   double v = 0.0;
   for (size_t i = 0; i < losses.size(); ++i)
     if (losses[i].defined()) v += weights[i] * losses[i].item();
@@ -166,6 +169,10 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   grad_accum_ = options.grad_accum;
   overlap_ = options.overlap;
   check_finite_ = options.check_finite;
+  use_graph_ = options.cuda_graph;
+  if (use_graph_ && (devices_.size() != 1 || !devices_[0].is_cuda() || group_ || options.grad_accum != 1 ||
+                     options.reduce != Reduce::automatic))
+    throw UsageError("--cuda-graph records one replica on one GPU (no --ddp, --grad-accum or --reduce)");
   enable_peer_access(devices_);
   const size_t n = devices_.size();
   replicas_.resize(n);
@@ -227,6 +234,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       ContextGuard g(*replicas_[i].ctx);
       replicas_[i].opt = make_optimizer(*replicas_[i].model);
     }
+  if (use_graph_ && std::string(replicas_[0].opt->kind()) != "sgd")
+    throw UsageError("--cuda-graph needs --optimizer sgd (AdamW's bias correction changes every step)");
   if (n > 1) pool_ = std::make_unique<Pool>(n);
 }
 
@@ -260,7 +269,7 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
                                     Tensor& loss_out, bool first_micro, bool last_micro) {
   Replica& rep = replicas_[r];
   if (first_micro) {
-    if (r == 0) rep.t_start->record(*rep.ctx);
+    if (r == 0 && !recording_) rep.t_start->record(*rep.ctx);
     rep.model->zero_grad();  // micro-batches after the first accumulate into the buffer
   }
   // Only the last micro-batch communicates; its backward hands each bucket over as soon
@@ -309,14 +318,14 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     std::fill(complete.begin(), complete.end(), true);
     hand_over();
   }
-  if (r == 0 && last_micro) rep.t_backward->record(*rep.ctx);
+  if (r == 0 && last_micro && !recording_) rep.t_backward->record(*rep.ctx);
 }
 
 void DataParallel::update(size_t r) {
   Replica& rep = replicas_[r];
   if (!rep.opt) return;
   if (reducer_) reducer_->wait(r);
-  if (r == 0) rep.t_reduced->record(*rep.ctx);
+  if (r == 0 && !recording_) rep.t_reduced->record(*rep.ctx);
   // Every replica clips the same reduced gradient, so all make the same update.
   NvtxRange range(rep.nvtx_update.c_str());
   // Every replica scales (clips) the same reduced gradient, so all make the same update;
@@ -324,11 +333,58 @@ void DataParallel::update(size_t r) {
   rep.scale = Tensor();  // its block serves this step's scale: no second block in the steady state
   rep.scale = clip_ > 0.0f || check_finite_ ? clip_coef(sum_squares(rep.model->flat_grads()), clip_) : Tensor();
   rep.opt->step(rep.scale);
-  if (r == 0) rep.t_updated->record(*rep.ctx);
+  if (r == 0 && !recording_) rep.t_updated->record(*rep.ctx);
+}
+
+StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss) {
+  Replica& rep = replicas_[0];
+  ContextGuard g(*rep.ctx);
+  const data::Batch batch = source(0, first, count);
+  StepLoss out;
+  out.owner = this;
+  out.weights = {1.0};
+  out.losses.resize(1);
+  const bool fits = graph_x_.defined() && graph_x_.shape() == batch.x.shape() && graph_y_.shape() == batch.y.shape();
+  if (!fits) {
+    graph_.reset();
+    graph_x_ = Tensor::empty(batch.x.shape(), batch.x.dtype(), rep.device);
+    graph_y_ = Tensor::empty(batch.y.shape(), batch.y.dtype(), rep.device);
+    graph_warm_ = false;
+  }
+  copy(graph_x_, batch.x);
+  copy(graph_y_, batch.y);
+  const data::Batch fixed{graph_x_, graph_y_};
+  if (!graph_warm_) {  // an eager step first: cuBLAS and the allocator set up outside the graph
+    forward_backward(0, fixed, 1.0, loss, out.losses[0], true, true);
+    update(0);
+    graph_warm_ = true;
+    return out;
+  }
+  if (!graph_ || graph_lr_ != rep.opt->lr()) {
+    // Record once; the optimizer's host step count must not move while recording.
+    graph_ = std::make_unique<Graph>(*rep.ctx);
+    const int64_t t = rep.opt->steps_taken();
+    recording_ = true;
+    graph_->begin();
+    forward_backward(0, fixed, 1.0, loss, graph_loss_, true, true);
+    update(0);
+    graph_->end();
+    recording_ = false;
+    rep.opt->set_steps_taken(t);
+    graph_lr_ = rep.opt->lr();
+  }
+  // The whole replay counts as compute: the phases inside a graph are not timed apart.
+  rep.t_start->record(*rep.ctx);
+  graph_->launch();
+  for (auto* e : {rep.t_backward.get(), rep.t_reduced.get(), rep.t_updated.get()}) e->record(*rep.ctx);
+  rep.opt->set_steps_taken(rep.opt->steps_taken() + 1);
+  out.losses[0] = graph_loss_;
+  return out;
 }
 
 StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss) {
   if (count < 1) throw UsageError("the batch must hold at least one sample, got " + std::to_string(count));
+  if (use_graph_) return graph_step(first, count, source, loss);
   // With several processes, this one trains its rank's contiguous part of the batch.
   int64_t mine_first = first, mine = count;
   int64_t workers = static_cast<int64_t>(replicas_.size());
@@ -350,6 +406,7 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
   const size_t k_total = static_cast<size_t>(grad_accum_);
   StepLoss out;
   out.group = group_;
+  out.owner = this;
   out.losses.resize(replicas_.size() * k_total);
   out.weights.resize(replicas_.size() * k_total);
   run_on_all([&](size_t r) {

@@ -41,6 +41,9 @@ struct DataParallelOptions {
   // Computes the gradient norm every step: a non-finite one makes the optimizer skip the
   // update (on the device), and last_scale() tells the caller.
   bool check_finite = false;
+  // Records the whole step (forward, backward, update) as a CUDA graph and replays it:
+  // one GPU, one replica, SGD; the graph is recorded again when the learning rate changes.
+  bool cuda_graph = false;
   // Several processes (DDP): this process trains its rank's part of every batch on its
   // one device, and gradients are summed over every rank (NCCL on GPUs, MPI on CPUs).
   ProcessGroup* group = nullptr;
@@ -53,10 +56,12 @@ using ShardSource = std::function<data::Batch(size_t replica, int64_t first, int
 
 // The loss of one step: per-replica device scalars, weighted by shard share. Reading
 // value() waits for the step; nothing else in a step does.
+class DataParallel;
 struct StepLoss {
   std::vector<Tensor> losses;
   std::vector<double> weights;
   ProcessGroup* group = nullptr;  // when set, value() sums over every rank (collective)
+  DataParallel* owner = nullptr;  // value() waits for its replicas' streams first
   float value() const;
 };
 
@@ -121,6 +126,14 @@ class DataParallel {
   int grad_accum_ = 1;
   bool overlap_ = true;
   bool check_finite_ = false;
+  // CUDA-graph mode: the batch is copied into fixed buffers that the graph reads.
+  bool use_graph_ = false;
+  std::unique_ptr<Graph> graph_;
+  float graph_lr_ = 0.0f;
+  bool graph_warm_ = false;
+  bool recording_ = false;  // timing events cannot be recorded into a graph
+  Tensor graph_x_, graph_y_, graph_loss_;
+  StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss);
   ProcessGroup* group_ = nullptr;
   bool warned_small_batch_ = false;
   struct Pool;

@@ -50,6 +50,9 @@ void validate(TrainConfig& cfg) {
   }
   if (!cfg.ddp) (void)resolve_reduce(cfg.reduce, cfg.devices);
   if (!(cfg.bucket_mb > 0.0)) throw UsageError("--bucket-mb must be positive");
+  if (cfg.cuda_graph && (cfg.devices.size() != 1 || !cfg.devices.front().is_cuda() || cfg.ddp ||
+                         cfg.grad_accum != 1 || cfg.optimizer != "sgd"))
+    throw UsageError("--cuda-graph records one replica on one GPU with --optimizer sgd (no --ddp or --grad-accum)");
   if (cfg.devices.front().is_cpu() && cfg.gemm == GemmImpl::native)
     throw UsageError("--gemm native is a CUDA kernel; the CPU has one GEMM");
   if (cfg.gemm == GemmImpl::native && cfg.precision != Precision::fp32)
@@ -92,6 +95,7 @@ Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
   o.grad_accum = cfg_.grad_accum;
   o.overlap = cfg_.overlap;
   o.check_finite = true;
+  o.cuda_graph = cfg_.cuda_graph;
   o.group = group_;
   dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, make_opt, o);
   sched_ = {optim::parse_schedule(cfg_.schedule), cfg_.lr, cfg_.warmup, cfg_.steps};

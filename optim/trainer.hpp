@@ -44,6 +44,7 @@ struct TrainConfig {
   // A step whose gradients are not finite is never applied; then "stop" ends the run
   // (NonFiniteError) and "skip-step" goes on. Costs one scalar read per step.
   std::string on_nonfinite = "stop";
+  bool cuda_graph = false;      // record the step as a CUDA graph and replay it (one GPU, SGD)
   std::string save;             // checkpoint path ("" = none), written at the end
   int64_t save_every = 0;       // and every N steps
   std::string resume;           // checkpoint to continue from

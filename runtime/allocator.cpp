@@ -143,9 +143,31 @@ void CachingAllocator::free(void* ptr) {
                  device_.str().c_str());
     return;
   }
+  if (capturing_ && it->second.stream == capture_stream_) {
+    captured_.push_back(ptr);  // still in use: by the graph being recorded
+    return;
+  }
   it->second.in_use = false;
   stats_.allocated -= it->second.size;
   free_[it->second.stream].emplace(it->second.size, ptr);
+}
+
+void CachingAllocator::begin_capture(void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DPT_CHECK(!capturing_, "a CUDA graph is already being recorded on " + device_.str());
+  capturing_ = true;
+  capture_stream_ = stream;
+  captured_.clear();
+}
+
+std::vector<void*> CachingAllocator::end_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  capturing_ = false;
+  return std::move(captured_);
+}
+
+void CachingAllocator::release(const std::vector<void*>& blocks) {
+  for (void* p : blocks) free(p);
 }
 
 void CachingAllocator::release_cached() {

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "device.hpp"
 
@@ -36,6 +37,12 @@ class CachingAllocator {
   void free(void* ptr);
   // Returns every cached (free) block to the system.
   void empty_cache();
+  // While a CUDA graph is recorded on `stream`, blocks freed on it stay out of the pool:
+  // they hold the graph's temporaries, which every replay writes again. end_capture()
+  // hands them to the graph; release() returns them once the graph is gone.
+  void begin_capture(void* stream);
+  std::vector<void*> end_capture();
+  void release(const std::vector<void*>& blocks);
   AllocatorStats stats() const;
   void reset_peak();
   Device device() const { return device_; }
@@ -59,6 +66,9 @@ class CachingAllocator {
   std::unordered_map<void*, Block> blocks_;             // every block held
   std::map<void*, std::multimap<size_t, void*>> free_;  // stream -> size -> free block
   AllocatorStats stats_;
+  void* capture_stream_ = nullptr;
+  bool capturing_ = false;
+  std::vector<void*> captured_;
 };
 
 // The allocator of a device, made on first use and kept for the life of the program.

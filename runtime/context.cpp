@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "../kernels/error.hpp"
+#include "allocator.hpp"
 
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/check.hpp"
@@ -130,6 +131,52 @@ double Event::ms_since(const Event& start) const {
   }
 #endif
   return host_ms_ - start.host_ms_;
+}
+
+Graph::Graph(Context& ctx) : ctx_(ctx) {
+  if (!ctx.device().is_cuda()) throw UsageError("CUDA graphs need a CUDA device, not " + ctx.device().str());
+}
+
+Graph::~Graph() {
+#if DPT_WITH_CUDA
+  if (exec_) DPT_CUDA_WARN(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)));
+  if (graph_) DPT_CUDA_WARN(cudaGraphDestroy(static_cast<cudaGraph_t>(graph_)));
+  if (!held_.empty()) {
+    DPT_CUDA_WARN(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.stream())));  // no replay still runs
+    allocator(ctx_.device()).release(held_);
+  }
+#endif
+}
+
+void Graph::begin() {
+#if DPT_WITH_CUDA
+  DPT_CHECK(!graph_, "Graph::begin() on a graph already recorded");
+  DPT_CUDA_CHECK(cudaSetDevice(ctx_.device().index));
+  allocator(ctx_.device()).begin_capture(ctx_.stream());
+  // Relaxed: the allocator may still need a new block (cudaMalloc) while recording.
+  DPT_CUDA_CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(ctx_.stream()), cudaStreamCaptureModeRelaxed));
+#endif
+}
+
+void Graph::end() {
+#if DPT_WITH_CUDA
+  cudaGraph_t g = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(ctx_.stream()), &g);
+  held_ = allocator(ctx_.device()).end_capture();
+  DPT_CUDA_CHECK(e);
+  graph_ = g;
+  cudaGraphExec_t exec = nullptr;
+  DPT_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  exec_ = exec;
+#endif
+}
+
+void Graph::launch() {
+#if DPT_WITH_CUDA
+  DPT_CHECK(exec_, "Graph::launch() before end()");
+  DPT_CUDA_CHECK(cudaSetDevice(ctx_.device().index));
+  DPT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(ctx_.stream())));
+#endif
 }
 
 Context& context(const Device& device) {

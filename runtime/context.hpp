@@ -5,6 +5,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "../kernels/types.hpp"
 #include "device.hpp"
@@ -62,6 +63,28 @@ class Event {
   Device device_;
   void* event_ = nullptr;  // cudaEvent_t
   double host_ms_ = 0.0;   // CPU: when it was recorded
+};
+
+// A CUDA graph: the work one thread queues on a GPU context between begin() and end(),
+// recorded once and replayed by launch() with a single launch, so a step of many small
+// kernels costs one launch of host time. Temporaries freed while recording stay with the
+// graph (every replay writes them again) until it is destroyed.
+class Graph {
+ public:
+  explicit Graph(Context& ctx);
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void begin();
+  void end();
+  void launch();
+  bool ready() const { return exec_ != nullptr; }
+
+ private:
+  Context& ctx_;
+  void* graph_ = nullptr;  // cudaGraph_t
+  void* exec_ = nullptr;   // cudaGraphExec_t
+  std::vector<void*> held_;
 };
 
 // The context ops on `device` use in this thread: the thread's current one when it is

@@ -104,6 +104,8 @@ refuse --resume "$tmp/ck.safetensors" --batch 31
 refuse --save-every 5
 refuse --save "$tmp/no/dir/ck.safetensors"
 refuse --on-nonfinite ignore
+refuse --cuda-graph --devices cpu
+refuse --cuda-graph --cpus 2
 
 # non-finite gradients: stop names the step and the parameter (exit 4); skip-step goes on
 "$exe" --devices cpu --lr 1e30 --steps 50 --save "$tmp/nan.safetensors" --save-every 1000 >"$tmp/out" 2>"$tmp/err"
