@@ -330,7 +330,6 @@ void DataParallel::update(size_t r) {
   NvtxRange range(rep.nvtx_update.c_str());
   // Every replica scales (clips) the same reduced gradient, so all make the same update;
   // a non-finite norm gives a NaN scale, on which the optimizer skips the step.
-  rep.scale = Tensor();  // its block serves this step's scale: no second block in the steady state
   rep.scale = clip_ > 0.0f || check_finite_ ? clip_coef(sum_squares(rep.model->flat_grads()), clip_) : Tensor();
   rep.opt->step(rep.scale);
   if (r == 0 && !recording_) rep.t_updated->record(*rep.ctx);
@@ -410,6 +409,9 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
   out.losses.resize(replicas_.size() * k_total);
   out.weights.resize(replicas_.size() * k_total);
   run_on_all([&](size_t r) {
+    // The last step's gradient scale is not needed any more: freed now, its block serves
+    // this step's backward, and steps after the first allocate nothing.
+    replicas_[r].scale = Tensor();
     // Gradient accumulation: the shard is trained as K contiguous micro-batches.
     const auto micro = split(sizes[r], k_total);
     int64_t at = starts[r];

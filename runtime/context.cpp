@@ -152,7 +152,7 @@ void Graph::begin() {
 #if DPT_WITH_CUDA
   DPT_CHECK(!graph_, "Graph::begin() on a graph already recorded");
   DPT_CUDA_CHECK(cudaSetDevice(ctx_.device().index));
-  allocator(ctx_.device()).begin_capture(ctx_.stream());
+  allocator(ctx_.device()).begin_capture(ctx_.pool());
   // Relaxed: the allocator may still need a new block (cudaMalloc) while recording.
   DPT_CUDA_CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(ctx_.stream()), cudaStreamCaptureModeRelaxed));
 #endif

@@ -28,6 +28,11 @@ class Context {
 
   Device device() const { return device_; }
   void* stream() const { return stream_; }        // cudaStream_t; nullptr on the CPU
+  // What the caching allocator keys its pools by: the stream on a GPU (work on it is
+  // ordered, so its freed blocks can be reused at once); the context itself on the CPU,
+  // so that replicas sharing a CPU device, which run in threads at once, never hand
+  // blocks to each other.
+  void* pool() const { return stream_ ? stream_ : const_cast<Context*>(this); }
   void* blas() const { return blas_; }            // cublasHandle_t; nullptr on the CPU
   // Waits until every op queued in this context has finished.
   void synchronize() const;

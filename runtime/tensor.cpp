@@ -39,7 +39,7 @@ std::string shape_str(const Shape& s) {
 }
 
 Storage::Storage(Device d, size_t b)
-    : device(d), bytes(b), ptr(allocator(d).allocate(b, context(d).stream())) {}
+    : device(d), bytes(b), ptr(allocator(d).allocate(b, context(d).pool())) {}
 
 Storage::~Storage() { allocator(device).free(ptr); }
 

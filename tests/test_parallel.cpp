@@ -187,3 +187,28 @@ TEST_CASE("reducing after backward (no overlap) and with gradient accumulation g
       CHECK(test::rel_error(t.model().flat_params().to_host(), want) <= 1e-5);
     }
 }
+
+TEST_CASE("data-parallel steps allocate nothing after the first, replicas sharing a device or not", "[parallel][memory]") {
+  int next = 400;  // fresh devices: each allocator's count belongs to this test alone
+  for (Reduce path : {Reduce::host, Reduce::p2p})
+    for (bool shared : {false, true}) {
+      INFO(reduce_name(path) << (shared ? ", three replicas on one CPU device" : ", three CPU devices"));
+      TrainConfig c = small(data::Task::regression, "sgd", 10);
+      c.steps = 15;
+      c.log_every = 7;
+      const Device d{DeviceType::cpu, next};
+      c.devices = shared ? std::vector<Device>{d, d, d} : cpus(3, next);
+      next += 3;
+      c.reduce = path;
+      Trainer t(c);
+      t.step(0);
+      auto allocs = [&] {
+        int64_t n = 0;
+        for (const Device& dev : c.devices) n += allocator(dev).stats().system_allocs;
+        return n;
+      };
+      const int64_t after_first = allocs();
+      t.run();
+      CHECK(allocs() == after_first);
+    }
+}
