@@ -31,9 +31,10 @@ class CachingAllocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // A block of at least `bytes` for use on `stream` (nullptr: the CPU or the default
-  // stream). On failure it empties the cache and retries once, then throws OutOfMemory.
-  void* allocate(size_t bytes, void* stream);
+  // A block of at least `bytes` for use in `pool` (the CUDA stream, or a CPU context:
+  // see Context::pool). On failure it empties its cache and retries once, then throws
+  // OutOfMemory.
+  void* allocate(size_t bytes, void* pool);
   void free(void* ptr);
   // Returns every cached (free) block to the system.
   void empty_cache();
