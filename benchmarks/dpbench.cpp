@@ -22,6 +22,7 @@
 #include "../kernels/error.hpp"
 #include "../layers/layers.hpp"
 #include "../layers/loss.hpp"
+#include "../optim/checkpoint.hpp"
 #include "../optim/data_parallel.hpp"
 #include "../runtime/allocator.hpp"
 #include "../runtime/context.hpp"
@@ -283,21 +284,6 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
-std::string json_string(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
-      o += buf;
-    } else {
-      o += c;
-    }
-  }
-  return o + "\"";
-}
-
 void print_header(const Plan& p, int64_t parameters) {
   std::printf("dpbench %s: MLP %s (%lld parameters, ReLU), MSE + SGD lr %g, fixed random batch\n", DPT_VERSION,
               p.model.c_str(), static_cast<long long>(parameters), static_cast<double>(kLr));
@@ -348,9 +334,9 @@ std::string csv(const std::vector<Row>& rows) {
 
 std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows) {
   std::vector<std::string> devs, names;
-  for (const Device& d : p.devices) devs.push_back(json_string(d.str()));
-  for (const Device& d : unique_in_order(p.devices)) names.push_back(json_string(dpt::describe_device(d)));
-  std::string o = "{\n  \"dpbench\": " + json_string(DPT_VERSION) + ",\n  \"model\": " + json_string(p.model) +
+  for (const Device& d : p.devices) devs.push_back(dpt::ckpt::json_quote(d.str()));
+  for (const Device& d : unique_in_order(p.devices)) names.push_back(dpt::ckpt::json_quote(dpt::describe_device(d)));
+  std::string o = "{\n  \"dpbench\": " + dpt::ckpt::json_quote(DPT_VERSION) + ",\n  \"model\": " + dpt::ckpt::json_quote(p.model) +
                   ",\n  \"parameters\": " + std::to_string(parameters) +
                   ",\n  \"loss\": \"mse\",\n  \"optimizer\": {\"name\": \"sgd\", \"lr\": " + fmt("%g", kLr) +
                   "},\n  \"devices\": [" + join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
@@ -363,11 +349,11 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
     const Row& r = rows[i];
     const Measurement& m = *r.m;
     std::vector<std::string> list, peaks;
-    for (const Device& d : m.devices) list.push_back(json_string(d.str()));
-    for (const auto& [d, b] : m.peak) peaks.push_back(json_string(d.str()) + ": " + std::to_string(b));
-    o += std::string(i ? "," : "") + "\n    {\"scaling\": " + json_string(scaling_name(r.scaling)) +
-         ", \"reduce\": " + json_string(dpt::reduce_name(r.reduce)) +
-         ", \"precision\": " + json_string(dpt::precision_name(r.precision)) + ", \"devices\": " + std::to_string(r.n) +
+    for (const Device& d : m.devices) list.push_back(dpt::ckpt::json_quote(d.str()));
+    for (const auto& [d, b] : m.peak) peaks.push_back(dpt::ckpt::json_quote(d.str()) + ": " + std::to_string(b));
+    o += std::string(i ? "," : "") + "\n    {\"scaling\": " + dpt::ckpt::json_quote(scaling_name(r.scaling)) +
+         ", \"reduce\": " + dpt::ckpt::json_quote(dpt::reduce_name(r.reduce)) +
+         ", \"precision\": " + dpt::ckpt::json_quote(dpt::precision_name(r.precision)) + ", \"devices\": " + std::to_string(r.n) +
          ", \"device_list\": [" + join(list, ", ") + "], \"global_batch\": " + std::to_string(r.global) +
          ", \"step_ms\": " + fmt("%.6g", m.step_ms) + ", \"samples_per_s\": " + fmt("%.6g", m.samples_per_s) +
          ", \"speedup\": " + fmt("%.6g", r.speedup) + ", \"efficiency\": " + fmt("%.6g", r.efficiency) +

@@ -460,22 +460,7 @@ void read_at(int fd, uint8_t* p, uint64_t n, uint64_t offset, const std::string&
 
 // ---- Writing ------------------------------------------------------------------------
 
-void put_string(std::string& out, const std::string& s) {
-  out += '"';
-  for (char ch : s) {
-    const auto c = static_cast<uint8_t>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\', out += ch;
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  out += '"';
-}
+void put_string(std::string& out, const std::string& s) { out += json_quote(s); }
 
 // The JSON header for `c`, padded with spaces to a multiple of 8 bytes so that the data
 // starts 8-byte aligned (as the reference writer does). Refuses what load() would refuse.
@@ -653,6 +638,23 @@ void save(const std::string& path, const Checkpoint& c) {
   for (const auto& named : c.tensors) tmp.write(named.second.data.data(), named.second.data.size(), room, total);
   tmp.commit();
   sync_folder(path);
+}
+
+std::string json_quote(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    const auto c = static_cast<uint8_t>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\', out += ch;
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
 }
 
 Checkpoint parse(const uint8_t* data, size_t size, const std::string& name_for_errors) {

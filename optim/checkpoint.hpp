@@ -53,6 +53,9 @@ void save(const std::string& path, const Checkpoint& c);
 // F32, BF16 or I32. Throws dpt::Error "checkpoint 'PATH': <problem>".
 Checkpoint load(const std::string& path);
 
+// `s` as a JSON string literal, quotes and escapes included (for JSON this project writes).
+std::string json_quote(const std::string& s);
+
 // The loader's core on a whole file in memory; errors name `name_for_errors`.
 Checkpoint parse(const uint8_t* data, size_t size, const std::string& name_for_errors);
 

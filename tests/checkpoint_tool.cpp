@@ -34,30 +34,13 @@ dpt::ckpt::Checkpoint fixed() {
   return c;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\', out += ch;
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
 void dump(const dpt::ckpt::Checkpoint& c) {
   std::string out = "{\"metadata\":{";
-  for (const auto& [k, v] : c.metadata) out += (out.back() == '{' ? "" : ",") + json_string(k) + ":" + json_string(v);
+  for (const auto& [k, v] : c.metadata) out += (out.back() == '{' ? "" : ",") + dpt::ckpt::json_quote(k) + ":" + dpt::ckpt::json_quote(v);
   out += "},\"tensors\":[";
   for (const auto& [name, t] : c.tensors) {
     if (out.back() != '[') out += ',';
-    out += "{\"name\":" + json_string(name) + ",\"dtype\":\"" + dpt::ckpt::dtype_name(t.dtype) + "\",\"shape\":[";
+    out += "{\"name\":" + dpt::ckpt::json_quote(name) + ",\"dtype\":\"" + dpt::ckpt::dtype_name(t.dtype) + "\",\"shape\":[";
     for (size_t i = 0; i < t.shape.size(); ++i) out += (i ? "," : "") + std::to_string(t.shape[i]);
     out += "],\"hex\":\"";
     for (uint8_t byte : t.data) {
