@@ -29,4 +29,35 @@ struct AdamArgs {
   float bias_correction2 = 1.0f;
 };
 
+// A 2-D convolution over NCHW tensors: x [n, c, h, w] * weight [k, c, r, s] (+ bias [k])
+// -> y [n, k, p, q], as torch.nn.Conv2d. Stride, padding and dilation are the same along
+// both axes.
+struct ConvShape {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // input
+  int64_t k = 0, r = 0, s = 0;         // output channels, kernel height, kernel width
+  int64_t stride = 1, pad = 0, dilation = 1;
+  int64_t p() const { return (h + 2 * pad - dilation * (r - 1) - 1) / stride + 1; }
+  int64_t q() const { return (w + 2 * pad - dilation * (s - 1) - 1) / stride + 1; }
+};
+
+// Pooling over NCHW: x [n, c, h, w] -> y [n, c, p, q] with a kh x kw window, as
+// torch.nn.MaxPool2d / AvgPool2d (padding counts as -inf for max and as zeros that are
+// counted for average, torch's count_include_pad=True). Global average pooling is the
+// window kh = h, kw = w.
+enum class Pool : int { max = 0, avg };
+struct PoolShape {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t kh = 0, kw = 0, stride = 1, pad = 0;
+  int64_t p() const { return (h + 2 * pad - kh) / stride + 1; }
+  int64_t q() const { return (w + 2 * pad - kw) / stride + 1; }
+};
+
+// Batch norm over NCHW, per channel, as torch.nn.BatchNorm2d: training normalizes with
+// the batch's mean and (biased) variance and moves the running statistics by
+// `momentum` toward the batch's mean and unbiased variance.
+struct BatchNormArgs {
+  float eps = 1e-5f;
+  float momentum = 0.1f;
+};
+
 }  // namespace dpt

@@ -55,4 +55,28 @@ void normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offs
 void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float lo,
              float hi);
 
+// conv.cpp — convolution, pooling and batch norm over NCHW (shapes in types.hpp), written
+// as direct loops. beta = 1 accumulates into existing gradients (the flat buffer), 0
+// overwrites them; bias / db may be null (no bias).
+void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
+                    float* y);
+void conv2d_backward_data(const ConvShape& s, const float* dy, const float* w, float* dx);
+void conv2d_backward_filter(const ConvShape& s, const float* x, const float* dy, float beta,
+                            float* dw, float* db);
+void pool2d_forward(const PoolShape& s, Pool kind, const float* x, float* y);
+// dx is overwritten; max pooling sends each dy to the first maximum of its window.
+void pool2d_backward(const PoolShape& s, Pool kind, const float* x, const float* y,
+                     const float* dy, float* dx);
+// x, y [n, c, hw]; gamma, beta, running statistics and saved statistics [c].
+void batchnorm_forward_train(int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma,
+                             const float* beta, const BatchNormArgs& a, float* running_mean,
+                             float* running_var, float* y, float* save_mean, float* save_invstd);
+void batchnorm_forward_eval(int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma,
+                            const float* beta, const BatchNormArgs& a, const float* running_mean,
+                            const float* running_var, float* y);
+// dx is overwritten; dgamma and dbeta get param_beta * old + the new gradient.
+void batchnorm_backward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy,
+                        const float* gamma, const float* save_mean, const float* save_invstd,
+                        float* dx, float param_beta, float* dgamma, float* dbeta);
+
 }  // namespace dpt::cpu
