@@ -295,7 +295,6 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     }
     // The gradient of weight * loss: summed over replicas, ranks and micro-batches, the
     // full batch's gradient.
-    Tensor seed = Tensor::full({1}, static_cast<float>(weight), rep.device);
     LeafHook hook;
     if (communicate && overlap_)
       hook = [&](const Tensor& leaf) {
@@ -311,7 +310,7 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
         hand_over();
       };
     NvtxRange range(rep.nvtx_backward.c_str());
-    run_backward(loss, seed, hook);
+    run_backward(loss, static_cast<float>(weight), hook);
     loss_out = loss.detach();
   }
   if (communicate) {  // buckets no gradient reached (an empty shard, unused parameters)

@@ -34,11 +34,12 @@ Tensor Grads::accumulator(size_t i) const {
   return in.is_leaf() ? in.grad() : Tensor();
 }
 
-void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done) {
-  DPT_CHECK(root.requires_grad(), "backward() on a tensor that does not require a gradient");
-  DPT_CHECK(seed.shape() == root.shape(), "backward(): seed " + shape_str(seed.shape()) +
-                                              " for a tensor of shape " + shape_str(root.shape()));
+namespace {
+// The engine: `seed` is the root's gradient, or undefined when it is the host number
+// `host_seed` (then the root's node may take it as a number: Node::backward_scalar).
+void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafHook& on_leaf_done) {
   NoGradGuard no_grad;  // the backward pass records no history of its own
+  if (!seed.defined() && root.is_leaf()) seed = Tensor::full(root.shape(), host_seed, root.device());
   if (root.is_leaf()) {
     Tensor g = root.grad();
     accumulate(g, seed);
@@ -71,7 +72,12 @@ void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done)
     Tensor g = std::move(found->second);
     pending.erase(found);
     Grads grads(node->inputs);
-    node->backward(g, grads);
+    if (g.defined()) {
+      node->backward(g, grads);
+    } else if (!node->backward_scalar(host_seed, grads)) {  // the root, seeded from the host
+      Tensor s = Tensor::full(root.shape(), host_seed, root.device());
+      node->backward(s, grads);
+    }
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const Tensor& gi = grads.taken(i);
       Tensor& in = node->inputs[i];
@@ -88,6 +94,21 @@ void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done)
       for (const Tensor& in : node->inputs)
         if (in.is_leaf() && in.requires_grad()) on_leaf_done(in);
   }
+}
+
+}  // namespace
+
+void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done) {
+  DPT_CHECK(root.requires_grad(), "backward() on a tensor that does not require a gradient");
+  DPT_CHECK(seed.defined() && seed.shape() == root.shape(),
+            "backward(): seed " + shape_str(seed.shape()) + " for a tensor of shape " + shape_str(root.shape()));
+  backward_from(root, std::move(seed), 0.0f, on_leaf_done);
+}
+
+void run_backward(const Tensor& root, float seed, const LeafHook& on_leaf_done) {
+  DPT_CHECK(root.requires_grad(), "backward() on a tensor that does not require a gradient");
+  DPT_CHECK(root.numel() == 1, "backward() from a number needs a scalar, got shape " + shape_str(root.shape()));
+  backward_from(root, Tensor(), seed, on_leaf_done);
 }
 
 }  // namespace dpt

@@ -42,6 +42,15 @@ class Node {
   virtual const char* name() const = 0;
   // grad_out belongs to this call alone: a node may overwrite it.
   virtual void backward(Tensor& grad_out, Grads& grads) = 0;
+  // The backward of a scalar root whose seed gradient is a number known on the host
+  // (1 for loss.backward(), a replica's share of the batch in data parallelism), so the
+  // seed never has to be written to the device. False when the node has no such shortcut:
+  // the engine then makes the seed tensor and calls backward().
+  virtual bool backward_scalar(float seed, Grads& grads) {
+    (void)seed;
+    (void)grads;
+    return false;
+  }
   // The op's inputs: the edges of the graph. Tensors the backward needs are kept as
   // detached copies in the node, so a node never holds its own output's history.
   std::vector<Tensor> inputs;
@@ -54,6 +63,8 @@ using LeafHook = std::function<void(const Tensor& leaf)>;
 
 // Runs backward from `root` with the seed gradient `seed` (same shape as root).
 void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done = {});
+// The same from a scalar root with the seed gradient `seed` given on the host.
+void run_backward(const Tensor& root, float seed, const LeafHook& on_leaf_done = {});
 
 // Whether ops record autograd history in this thread.
 bool grad_enabled();

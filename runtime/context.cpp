@@ -57,6 +57,8 @@ Context::Context(Device device) : device_(device) {
     DPT_CUBLAS_CHECK(cublasCreate(&h));
     DPT_CUBLAS_CHECK(cublasSetStream(h, s));
     blas_ = h;
+    DPT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counter_), sizeof(unsigned)));
+    DPT_CUDA_CHECK(cudaMemset(counter_, 0, sizeof(unsigned)));
   }
 #endif
 }
@@ -64,6 +66,7 @@ Context::Context(Device device) : device_(device) {
 Context::~Context() {
 #if DPT_WITH_CUDA
   if (blas_) cublasDestroy(static_cast<cublasHandle_t>(blas_));
+  if (counter_) DPT_CUDA_WARN(cudaFree(counter_));
   if (stream_) DPT_CUDA_WARN(cudaStreamDestroy(static_cast<cudaStream_t>(stream_)));
 #endif
 }

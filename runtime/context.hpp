@@ -34,6 +34,10 @@ class Context {
   // blocks to each other.
   void* pool() const { return stream_ ? stream_ : const_cast<Context*>(this); }
   void* blas() const { return blas_; }            // cublasHandle_t; nullptr on the CPU
+  // A device counter that holds 0 and that every kernel using it leaves at 0: it lets a
+  // reduction finish in one kernel (the last block to finish adds the partials). Work on
+  // one stream never overlaps, so one counter per context is enough. nullptr on the CPU.
+  unsigned* counter() const { return counter_; }
   // Waits until every op queued in this context has finished.
   void synchronize() const;
 
@@ -44,6 +48,7 @@ class Context {
   Device device_;
   void* stream_ = nullptr;
   void* blas_ = nullptr;
+  unsigned* counter_ = nullptr;
 };
 
 // A point in a context's queue of work: a CUDA event on a GPU, a host timestamp on the

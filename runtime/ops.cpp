@@ -291,18 +291,27 @@ class ActivationNode : public Node {
 
 class MseNode : public Node {
  public:
-  MseNode(Tensor y, Tensor t) : y_(y.detach()), t_(t.detach()) {}
+  // dy_unit: the gradient for a seed of 1, which the forward kernel wrote alongside the loss.
+  MseNode(Tensor y, Tensor t, Tensor dy_unit) : y_(y.detach()), t_(t.detach()), dy_unit_(std::move(dy_unit)) {}
   const char* name() const override { return "mse_loss"; }
-  void backward(Tensor& dloss, Grads& grads) override {
-    const Device d = y_.device();
-    Tensor dy = Tensor::empty(y_.shape(), DType::f32, d);
-    DPT_CUDA_OR_CPU(d, cuda::mse_backward(y_.f32(), t_.f32(), y_.numel(), dloss.f32(), dy.f32(), stream_of(d)),
-                    cpu::mse_backward(y_.f32(), t_.f32(), y_.numel(), dloss.f32(), dy.f32()));
-    give(grads, 0, dy);
+  void backward(Tensor& dloss, Grads& grads) override { give(grads, 0, gradient(dloss.f32(), 1.0f)); }
+  bool backward_scalar(float seed, Grads& grads) override {
+    // The precomputed gradient is handed over (the next node may overwrite it), once.
+    Tensor g = seed == 1.0f && dy_unit_.defined() ? std::move(dy_unit_) : gradient(nullptr, seed);
+    dy_unit_ = Tensor();
+    give(grads, 0, std::move(g));
+    return true;
   }
 
  private:
-  Tensor y_, t_;
+  Tensor gradient(const float* dloss, float scale) const {
+    const Device d = y_.device();
+    Tensor dy = Tensor::empty(y_.shape(), DType::f32, d);
+    DPT_CUDA_OR_CPU(d, cuda::mse_backward(y_.f32(), t_.f32(), y_.numel(), dloss, scale, dy.f32(), stream_of(d)),
+                    cpu::mse_backward(y_.f32(), t_.f32(), y_.numel(), dloss, scale, dy.f32()));
+    return dy;
+  }
+  Tensor y_, t_, dy_unit_;
 };
 
 class CrossEntropyNode : public Node {
@@ -344,11 +353,22 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
   const Device d = x.device();
   const int64_t rows = x.size(0), out = W.size(0);
   Tensor y = Tensor::empty({rows, out}, DType::f32, d);
-  gemm(false, true, 1.0f, x, W, 0.0f, y);
   const bool grad = any_requires_grad({&x, &W, &b});
+  bool fused = false;  // bias and activation done in the GEMM's epilogue
+#if DPT_WITH_CUDA
+  if (Context& ctx = context(d); d.is_cuda() && ctx.gemm == GemmImpl::cublas &&
+                                 (act == Act::none || act == Act::relu) && rows > 0 && out > 0 && x.size(1) > 0) {
+    Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
+    cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, false, true, rows, out,
+                  x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(), b.defined() ? b.f32() : nullptr, act,
+                  ws.data(), cuda::kLtWorkspaceBytes);
+    fused = true;
+  }
+#endif
+  if (!fused) gemm(false, true, 1.0f, x, W, 0.0f, y);
   // GELU's backward needs the pre-activation; the others can work from the output.
   Tensor z = (grad && act == Act::gelu) ? Tensor::empty({rows, out}, DType::f32, d) : Tensor();
-  if (b.defined() || act != Act::none) {
+  if (!fused && (b.defined() || act != Act::none)) {
     const float* bias = b.defined() ? b.f32() : nullptr;
     float* zp = z.defined() ? z.f32() : nullptr;
     DPT_CUDA_OR_CPU(d, cuda::bias_act_forward(y.f32(), bias, act, rows, out, zp, y.f32(), stream_of(d)),
@@ -383,11 +403,14 @@ Tensor mse_loss(const Tensor& y, const Tensor& target) {
   DPT_CHECK(y.numel() > 0, "mse_loss of an empty tensor");
   const Device d = y.device();
   Tensor loss = Tensor::empty({1}, DType::f32, d);
+  const bool grad = any_requires_grad({&y});
+  Tensor dy = grad ? Tensor::empty(y.shape(), DType::f32, d) : Tensor();
+  float* dyp = grad ? dy.f32() : nullptr;
   DPT_CUDA_OR_CPU(d,
-                  cuda::mse_forward(y.f32(), target.f32(), y.numel(), loss.f32(),
-                                    reduce_work(d, 0).f32(), stream_of(d)),
-                  cpu::mse_forward(y.f32(), target.f32(), y.numel(), loss.f32()));
-  if (any_requires_grad({&y})) record(loss, std::make_shared<MseNode>(y, target), {y});
+                  cuda::mse_forward(y.f32(), target.f32(), y.numel(), loss.f32(), dyp, reduce_work(d, 0).f32(),
+                                    context(d).counter(), stream_of(d)),
+                  cpu::mse_forward(y.f32(), target.f32(), y.numel(), loss.f32(), dyp));
+  if (grad) record(loss, std::make_shared<MseNode>(y, target, dy), {y});
   return loss;
 }
 

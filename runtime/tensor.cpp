@@ -237,7 +237,7 @@ void Tensor::set_grad_fn(std::shared_ptr<Node> fn) {
 
 void Tensor::backward() const {
   DPT_CHECK(numel() == 1, "backward() without a gradient needs a scalar, got shape " + shape_str(shape_));
-  run_backward(*this, Tensor::full(shape_, 1.0f, device()));
+  run_backward(*this, 1.0f);
 }
 
 void copy(const Tensor& dst, const Tensor& src) {

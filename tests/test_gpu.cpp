@@ -195,7 +195,7 @@ TEST_CASE("the GPU allocator makes no cudaMalloc after the first training step",
   }
 }
 
-TEST_CASE("out of memory names the device and the sizes and says what to change", "[gpu][allocator]") {
+TEST_CASE("out of memory names the device and the sizes and says what to change", "[gpu][allocator][faults]") {
   try {
     Tensor::empty({int64_t(1) << 40}, DType::f32, gpu);  // 4 TiB
     FAIL("no out-of-memory error");
@@ -210,7 +210,7 @@ TEST_CASE("out of memory names the device and the sizes and says what to change"
   CHECK(ok.to_host()[1023] == 0.0f);
 }
 
-TEST_CASE("a failing CUDA call names the call and the device", "[gpu][errors]") {
+TEST_CASE("a failing CUDA call names the call and the device", "[gpu][errors][faults]") {
   Tensor a = Tensor::empty({4}, DType::f32, gpu), b = Tensor::empty({8}, DType::f32, gpu);
   CHECK_THROWS_AS(copy(a, b), Error);  // shape mismatch caught before CUDA
   try {

@@ -24,9 +24,12 @@ void act_backward(const float* dy, const float* saved, Act act, int64_t n, float
 // db = beta * db + sum over rows of dy.
 void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db);
 
-// loss.cpp — mean squared error over n elements and its gradient scaled by *dloss.
-void mse_forward(const float* y, const float* t, int64_t n, float* loss);
-void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float* dy);
+// loss.cpp — mean squared error over n elements, and with dy not null its gradient for a
+// seed of 1, 2 (y - t) / n; mse_backward scales that gradient by scale and by *dloss
+// (dloss may be null).
+void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy);
+void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale,
+                  float* dy);
 // Softmax cross-entropy, mean over rows; labels in [0, cols).
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
                            float* loss);

@@ -6,17 +6,19 @@
 
 namespace dpt::cpu {
 
-void mse_forward(const float* y, const float* t, int64_t n, float* loss) {
+void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy) {
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const double d = static_cast<double>(y[i]) - t[i];
     s += d * d;
   }
   *loss = static_cast<float>(s / static_cast<double>(n));
+  if (dy) mse_backward(y, t, n, nullptr, 1.0f, dy);
 }
 
-void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float* dy) {
-  const float s = *dloss * 2.0f / static_cast<float>(n);
+void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale,
+                  float* dy) {
+  const float s = 2.0f * scale * (dloss ? *dloss : 1.0f) / static_cast<float>(n);
   for (int64_t i = 0; i < n; ++i) dy[i] = s * (y[i] - t[i]);
 }
 

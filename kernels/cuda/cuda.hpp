@@ -28,6 +28,16 @@ void gemm_cublas(cublasHandle_t handle, Precision precision, bool ta, bool tb, i
                  int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta,
                  float* C);
 
+// gemm_lt.cu — C = act(alpha op(A) op(B) + beta C + bias) through cuBLASLt, the bias [n]
+// (may be null) and the activation (none or relu) fused into the GEMM's epilogue. Same
+// layout contract as gemm_cublas; m, n, k >= 1. `workspace` is device memory of
+// `workspace_bytes` (kLtWorkspaceBytes is enough) that no other stream uses meanwhile.
+constexpr size_t kLtWorkspaceBytes = size_t(4) << 20;
+void gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bool ta, bool tb,
+             int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B,
+             float beta, float* C, const float* bias, Act act, void* workspace,
+             size_t workspace_bytes);
+
 // activation.cu
 void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols,
                       float* z, float* y, cudaStream_t stream);
@@ -36,11 +46,14 @@ void act_backward(const float* dy, const float* saved, Act act, int64_t n, float
 void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db,
                cudaStream_t stream);
 
-// loss.cu
-void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* work,
-                 cudaStream_t stream);
-void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float* dy,
-                  cudaStream_t stream);
+// loss.cu — mse_forward also writes dy = 2 (y - t) / n when dy is not null, and finishes
+// its reduction in one kernel through `counter`: device memory holding 0 that the kernel
+// leaves at 0 (Context::counter()), used by one stream. mse_backward's dloss (device, may
+// be null) and scale (host) multiply the gradient.
+void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy, float* work,
+                 unsigned* counter, cudaStream_t stream);
+void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale,
+                  float* dy, cudaStream_t stream);
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
                            float* loss, float* work, cudaStream_t stream);
 void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows,

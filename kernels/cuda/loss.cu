@@ -69,13 +69,17 @@ void finish_sum(const float* part, int64_t count, double scale, float* out,
 
 // ---- mse --------------------------------------------------------------------------------
 
-// Stage one of sum((y - t)^2): block b writes its partial to part[b]. The float4 part
-// covers [0, 4 * (n / 4)) when Vec; the rest is scalar.
+// sum((y - t)^2) / n in one kernel, and dy = 2 (y - t) / n alongside when dy is not null
+// (the gradient for a seed of 1, so a training step needs no separate backward pass).
+// Each block writes its partial to part[block]; the last block to finish (the counter
+// says which) adds the partials in block order, in double, and leaves the counter at 0.
+// The float4 part covers [0, 4 * (n / 4)) when Vec; the rest is scalar.
 template <bool Vec>
-static __global__ void mse_partial_kernel(const float* y, const float* t, int64_t n,
-                                          float* part) {
+static __global__ void mse_kernel(const float* y, const float* t, int64_t n, float* dy,
+                                  float* part, unsigned* counter, float* loss) {
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const float g = 2.f / static_cast<float>(n);
   float s = 0.f;
   int64_t done = 0;
   if constexpr (Vec) {
@@ -86,21 +90,37 @@ static __global__ void mse_partial_kernel(const float* y, const float* t, int64_
       const float4 a = y4[i], b = t4[i];
       const float d0 = a.x - b.x, d1 = a.y - b.y, d2 = a.z - b.z, d3 = a.w - b.w;
       s += d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3;
+      if (dy) reinterpret_cast<float4*>(dy)[i] = make_float4(g * d0, g * d1, g * d2, g * d3);
     }
     done = 4 * n4;
   }
   for (int64_t i = done + tid; i < n; i += stride) {
     const float d = y[i] - t[i];
     s += d * d;
+    if (dy) dy[i] = g * d;
   }
   s = block_sum(s);
-  if (threadIdx.x == 0) part[blockIdx.x] = s;
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    part[blockIdx.x] = s;
+    __threadfence();  // the partial is visible to every block before the count says so
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  double total = 0;
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(part + b);
+  total = block_sum(total);
+  if (threadIdx.x == 0) {
+    *loss = static_cast<float>(total / static_cast<double>(n));
+    *counter = 0;
+  }
 }
 
-// dy = (*dloss) * 2 (y - t) / n.
+// dy = scale * (*dloss when given) * 2 (y - t) / n.
 static __global__ void mse_backward_kernel(const float* y, const float* t, int64_t n,
-                                           const float* dloss, float* dy) {
-  const float g = 2.f * *dloss / static_cast<float>(n);
+                                           const float* dloss, float scale, float* dy) {
+  const float g = 2.f * scale * (dloss ? *dloss : 1.f) / static_cast<float>(n);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     dy[i] = g * (y[i] - t[i]);
@@ -195,10 +215,11 @@ static __global__ void cross_entropy_backward_kernel(const float* logits, const 
 
 }  // namespace
 
-void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* work,
-                 cudaStream_t stream) {
+void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy, float* work,
+                 unsigned* counter, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "mse_forward: negative size");
-  DPT_CHECK(loss != nullptr && work != nullptr && (n == 0 || (y != nullptr && t != nullptr)),
+  DPT_CHECK(loss != nullptr && work != nullptr && counter != nullptr &&
+                (n == 0 || (y != nullptr && t != nullptr)),
             "mse_forward: null pointer");
   if (n == 0) {  // the mean of nothing is NaN (0/0), as on the CPU
     finish_sum(work, 0, NAN, loss, stream);
@@ -206,24 +227,21 @@ void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* 
     return;
   }
   const unsigned blocks = reduce_blocks(n);
-  if (aligned16(y) && aligned16(t))
-    mse_partial_kernel<true><<<blocks, kThreads, 0, stream>>>(y, t, n, work);
+  if (aligned16(y) && aligned16(t) && (!dy || aligned16(dy)))
+    mse_kernel<true><<<blocks, kThreads, 0, stream>>>(y, t, n, dy, work, counter, loss);
   else
-    mse_partial_kernel<false><<<blocks, kThreads, 0, stream>>>(y, t, n, work);
-  DPT_CUDA_CHECK_LAUNCH();
-  finish_sum(work, blocks, 1.0 / static_cast<double>(n), loss, stream);
+    mse_kernel<false><<<blocks, kThreads, 0, stream>>>(y, t, n, dy, work, counter, loss);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
-void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float* dy,
-                  cudaStream_t stream) {
+void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale,
+                  float* dy, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "mse_backward: negative size");
   if (n == 0) return;
-  DPT_CHECK(y != nullptr && t != nullptr && dloss != nullptr && dy != nullptr,
-            "mse_backward: null pointer");
+  DPT_CHECK(y != nullptr && t != nullptr && dy != nullptr, "mse_backward: null pointer");
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   mse_backward_kernel<<<static_cast<unsigned>(blocks < 8192 ? blocks : 8192), kThreads, 0,
-                        stream>>>(y, t, n, dloss, dy);
+                        stream>>>(y, t, n, dloss, scale, dy);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

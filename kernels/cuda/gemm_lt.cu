@@ -1,0 +1,135 @@
+// gemm_lt.cu — the GEMM through cuBLASLt with the bias and ReLU fused into its epilogue,
+// so a Linear layer's forward is one kernel instead of a GEMM and an elementwise pass.
+//
+// Same row-major contract as gemm_cublas (and the same operand swap: the row-major
+// C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T). The column-major D is
+// n x m, so cuBLASLt's bias, whose length is D's row count, is our bias over columns.
+//
+// A plan (descriptors, layouts and the algorithm cuBLASLt's heuristic picks) costs tens
+// of microseconds to make, longer than a small GEMM, so plans are made once per
+// (stream, shape, precision, epilogue, operand alignment) and cached for the process.
+// Keying by stream also keeps two threads from ever setting the same descriptor's bias
+// pointer at once: a stream is driven by one thread. Plans are never destroyed (the
+// handful that a run makes are freed with the process).
+#include <cublasLt.h>
+
+#include <climits>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "check.hpp"
+#include "cuda.hpp"
+
+#define DPT_CUBLASLT_CHECK(call) DPT_CUBLAS_CHECK(call)
+
+namespace dpt::cuda {
+namespace {
+
+// The largest power of two (up to 256) that divides the address: cuBLASLt's heuristic
+// must only offer kernels whose vector loads the operands allow.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
+using PlanKey = std::tuple<cudaStream_t, bool, bool, int64_t, int64_t, int64_t, int, int,
+                           uint32_t, uint32_t, uint32_t, uint32_t>;
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+cublasComputeType_t compute_type(Precision p) {
+  switch (p) {
+    case Precision::fp32: return CUBLAS_COMPUTE_32F;
+    case Precision::tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case Precision::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+  }
+  throw ::dpt::Error("gemm_lt: unknown precision " + std::to_string(static_cast<int>(p)));
+}
+
+cublasLtEpilogue_t epilogue(bool bias, Act act) {
+  if (act == Act::relu) return bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+  return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+Plan make_plan(cublasLtHandle_t lt, Precision precision, bool ta, bool tb, uint64_t M,
+               uint64_t N, uint64_t K, cublasLtEpilogue_t epi, const uint32_t align[4],
+               size_t workspace_bytes) {
+  Plan p;
+  DPT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_type(precision), CUDA_R_32F));
+  // cuBLASLt's "A" is our B and its "B" is our A (see the top of the file).
+  const cublasOperation_t op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  // Stored shapes, column-major: our B is k x n row-major (n x k when tb), our A m x k.
+  DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, tb ? K : N, tb ? N : K, tb ? K : N));
+  DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, ta ? M : K, ta ? K : M, ta ? M : K));
+  DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, N, M, N));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  DPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  DPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                          &workspace_bytes, sizeof(workspace_bytes)));
+  const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    DPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &align[i], sizeof(align[i])));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  DPT_CUBLASLT_CHECK(st);
+  if (found == 0)
+    throw ::dpt::Error("gemm_lt: cuBLASLt has no algorithm for " + std::to_string(M) + "x" +
+                       std::to_string(N) + "x" + std::to_string(K) + " on " + current_device_name());
+  p.algo = result.algo;
+  return p;
+}
+
+}  // namespace
+
+void gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bool ta, bool tb,
+             int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B,
+             float beta, float* C, const float* bias, Act act, void* workspace,
+             size_t workspace_bytes) {
+  DPT_CHECK(handle != nullptr, "gemm_lt: null cuBLAS handle");
+  DPT_CHECK(act == Act::none || act == Act::relu, "gemm_lt: only ReLU fuses into the epilogue");
+  DPT_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
+            "gemm_lt: sizes must be in [1, INT_MAX]");
+  const cublasLtEpilogue_t epi = epilogue(bias != nullptr, act);
+  const uint32_t align[4] = {alignment(B), alignment(A), alignment(C), alignment(C)};
+  const PlanKey key{stream, ta, tb, m, n, k, static_cast<int>(precision), static_cast<int>(epi),
+                    align[0], align[1], align[2], alignment(bias)};
+  static std::mutex mu;
+  static std::map<PlanKey, Plan> plans;
+  Plan* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = plans.find(key);
+    if (it == plans.end())
+      it = plans.emplace(key, make_plan(reinterpret_cast<cublasLtHandle_t>(handle), precision, ta, tb,
+                                        static_cast<uint64_t>(m), static_cast<uint64_t>(n),
+                                        static_cast<uint64_t>(k), epi, align, workspace_bytes))
+               .first;
+    plan = &it->second;
+  }
+  if (bias)
+    DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &bias, sizeof(bias)));
+  // A cuBLAS handle is a valid cuBLASLt handle (cuBLAS is built on cuBLASLt; PyTorch
+  // relies on the same cast).
+  DPT_CUBLASLT_CHECK(cublasLtMatmul(reinterpret_cast<cublasLtHandle_t>(handle), plan->desc, &alpha, B,
+                                    plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,
+                                    workspace, workspace_bytes, stream));
+}
+
+}  // namespace dpt::cuda
