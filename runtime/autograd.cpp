@@ -47,18 +47,19 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
     if (on_leaf_done) on_leaf_done(root);
     return;
   }
+  DPT_CHECK(!root.grad_fn()->inputs.empty(),
+            "backward() through the same graph a second time: the first backward freed it");
   // Reverse topological order: a node runs only after every node that consumes its
   // output has handed it a gradient.
-  std::vector<Node*> order;
+  std::vector<std::shared_ptr<Node>> order;
   std::unordered_set<Node*> seen;
-  std::vector<std::pair<Node*, size_t>> stack{{root.grad_fn().get(), 0}};
+  std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack{{root.grad_fn(), 0}};
   seen.insert(root.grad_fn().get());
   while (!stack.empty()) {
     auto& [node, next] = stack.back();
     if (next < node->inputs.size()) {
-      const Tensor& in = node->inputs[next++];
-      Node* child = in.grad_fn().get();
-      if (child && seen.insert(child).second) stack.push_back({child, 0});
+      const std::shared_ptr<Node>& child = node->inputs[next++].grad_fn();
+      if (child && seen.insert(child.get()).second) stack.push_back({child, 0});
     } else {
       order.push_back(node);
       stack.pop_back();
@@ -66,7 +67,7 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
   }
   std::unordered_map<Node*, Tensor> pending{{root.grad_fn().get(), std::move(seed)}};
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node* node = *it;
+    Node* node = it->get();
     auto found = pending.find(node);
     if (found == pending.end()) continue;  // no gradient flows through this node
     Tensor g = std::move(found->second);
@@ -93,6 +94,11 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
     if (on_leaf_done)
       for (const Tensor& in : node->inputs)
         if (in.is_leaf() && in.requires_grad()) on_leaf_done(in);
+    // Done with this node: dropping its edges and our reference frees it, and the
+    // activations it saved, unless something outside holds its output. So activations
+    // go as backward passes them, as in PyTorch, instead of all living to its end.
+    node->inputs.clear();
+    it->reset();
   }
 }
 

@@ -23,6 +23,13 @@ cudaStream_t stream_of(const Device& d) {
   DPT_CUDA_CHECK(cudaSetDevice(d.index));
   return static_cast<cudaStream_t>(context(d).stream());
 }
+// A cuBLASLt GEMM on ctx's stream (gemm_lt), its workspace from the caching allocator.
+void lt_gemm(Context& ctx, const Device& d, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+             const float* A, const float* B, float beta, float* C, const float* bias, Act act) {
+  Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
+  cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, ta, tb, m, n, k, alpha, A, B,
+                beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
+}
 // Scratch space for the deterministic two-stage reductions.
 Tensor reduce_work(const Device& d, int64_t at_least) {
   return Tensor::empty({std::max<int64_t>(at_least, cuda::kReduceWork)}, DType::f32, d);
@@ -110,7 +117,9 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
     cudaStream_t s = stream_of(d);
     if (ctx.gemm == GemmImpl::native)
       cuda::gemm_native(ta, tb, m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
-    else
+    else if (k > 0)
+      lt_gemm(ctx, d, ta, tb, m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), nullptr, Act::none);
+    else  // C = beta C, which cuBLASLt does not take
       cuda::gemm_cublas(static_cast<cublasHandle_t>(ctx.blas()), ctx.precision, ta, tb, m, n, k,
                         alpha, A.f32(), B.f32(), beta, C.f32());
     return;
@@ -358,10 +367,8 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
 #if DPT_WITH_CUDA
   if (Context& ctx = context(d); d.is_cuda() && ctx.gemm == GemmImpl::cublas &&
                                  (act == Act::none || act == Act::relu) && rows > 0 && out > 0 && x.size(1) > 0) {
-    Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
-    cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, false, true, rows, out,
-                  x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(), b.defined() ? b.f32() : nullptr, act,
-                  ws.data(), cuda::kLtWorkspaceBytes);
+    lt_gemm(ctx, d, false, true, rows, out, x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(),
+            b.defined() ? b.f32() : nullptr, act);
     fused = true;
   }
 #endif

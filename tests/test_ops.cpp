@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "../kernels/philox.hpp"
+#include "../kernels/error.hpp"
+#include "../runtime/allocator.hpp"
 #include "catch.hpp"
 #include "common.hpp"
 
@@ -213,4 +215,21 @@ TEST_CASE("Philox: known answer, counter-based, and plausible statistics", "[ran
 TEST_CASE("argmax takes the first maximum", "[ops]") {
   Tensor x = Tensor::from_host({1, 3, 3, 0, -1, -2, 5, 5, 5}, {3, 3}, host);
   CHECK(argmax_rows(x).to_host_i32() == std::vector<int32_t>{1, 0, 0});
+}
+
+TEST_CASE("backward frees each node's saved activations as it passes and refuses a second pass", "[ops]") {
+  Tensor x = randn_tensor({64, 256}, 1, host);
+  Tensor t = randn_tensor({64, 256}, 2, host);
+  Tensor W1 = randn_tensor({256, 256}, 3, host), W2 = randn_tensor({256, 256}, 4, host);
+  for (Tensor* w : {&W1, &W2}) {
+    w->set_requires_grad(true);
+    w->set_grad(Tensor::zeros(w->shape(), DType::f32, host));  // accumulated in place, as parameters are
+  }
+  Tensor loss = mse_loss(linear(linear(x, W1, Tensor(), Act::relu), W2, Tensor()), t);
+  const size_t before = allocator(host).stats().allocated;
+  loss.backward();
+  // The hidden activation and the loss's gradient (64 x 256 floats each) are gone; the
+  // loss node's own saved tensors stay while `loss` lives.
+  CHECK(allocator(host).stats().allocated + 2 * 64 * 256 * sizeof(float) <= before);
+  CHECK_THROWS_AS(loss.backward(), Error);
 }
