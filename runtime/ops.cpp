@@ -117,9 +117,7 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
     cudaStream_t s = stream_of(d);
     if (ctx.gemm == GemmImpl::native)
       cuda::gemm_native(ta, tb, m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
-    else if (k > 0)
-      lt_gemm(ctx, d, ta, tb, m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), nullptr, Act::none);
-    else  // C = beta C, which cuBLASLt does not take
+    else
       cuda::gemm_cublas(static_cast<cublasHandle_t>(ctx.blas()), ctx.precision, ta, tb, m, n, k,
                         alpha, A.f32(), B.f32(), beta, C.f32());
     return;
