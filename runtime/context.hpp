@@ -1,7 +1,7 @@
 // Execution context: where a thread's ops run on a device. For a GPU that is a stream
-// and a cuBLAS handle bound to it, plus the GEMM settings (precision, cuBLAS or the
-// hand-written kernel). Each device has a default context; a thread can make its own
-// current (data parallelism gives each replica its own stream).
+// and the cuBLAS and cuDNN handles bound to it, plus the GEMM settings (precision,
+// cuBLAS or the hand-written kernel). Each device has a default context; a thread can
+// make its own current (data parallelism gives each replica its own stream).
 #pragma once
 #include <memory>
 #include <string>
@@ -34,6 +34,10 @@ class Context {
   // blocks to each other.
   void* pool() const { return stream_ ? stream_ : const_cast<Context*>(this); }
   void* blas() const { return blas_; }            // cublasHandle_t; nullptr on the CPU
+  // cudnnHandle_t, made on first use (only convolutional models need one) and bound to
+  // the stream; nullptr on the CPU and in builds without cuDNN. Not thread-safe: a
+  // context is used by one thread at a time.
+  void* dnn() const;
   // Waits until every op queued in this context has finished.
   void synchronize() const;
 
@@ -44,6 +48,7 @@ class Context {
   Device device_;
   void* stream_ = nullptr;
   void* blas_ = nullptr;
+  mutable void* dnn_ = nullptr;
 };
 
 // A point in a context's queue of work: a CUDA event on a GPU, a host timestamp on the
