@@ -64,11 +64,32 @@ Context::Context(Device device) : device_(device) {
 }
 
 Context::~Context() {
+#if DPT_WITH_CUDNN
+  if (dnn_) DPT_CUDNN_WARN(cudnnDestroy(static_cast<cudnnHandle_t>(dnn_)));
+#endif
 #if DPT_WITH_CUDA
   if (blas_) cublasDestroy(static_cast<cublasHandle_t>(blas_));
   if (counter_) DPT_CUDA_WARN(cudaFree(counter_));
   if (stream_) DPT_CUDA_WARN(cudaStreamDestroy(static_cast<cudaStream_t>(stream_)));
 #endif
+}
+
+void* Context::dnn() const {
+#if DPT_WITH_CUDNN
+  if (!dnn_ && stream_) {
+    DPT_CUDA_CHECK(cudaSetDevice(device_.index));  // the handle belongs to the current device
+    cudnnHandle_t h = nullptr;
+    DPT_CUDNN_CHECK(cudnnCreate(&h));
+    try {
+      DPT_CUDNN_CHECK(cudnnSetStream(h, static_cast<cudaStream_t>(stream_)));
+    } catch (...) {
+      DPT_CUDNN_WARN(cudnnDestroy(h));  // a handle on the wrong stream must not be kept
+      throw;
+    }
+    dnn_ = h;
+  }
+#endif
+  return dnn_;
 }
 
 void Context::synchronize() const {

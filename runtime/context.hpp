@@ -1,7 +1,7 @@
 // Execution context: where a thread's ops run on a device. For a GPU that is a stream
-// and a cuBLAS handle bound to it, plus the GEMM settings (precision, cuBLAS or the
-// hand-written kernel). Each device has a default context; a thread can make its own
-// current (data parallelism gives each replica its own stream).
+// and the cuBLAS and cuDNN handles bound to it, plus the GEMM settings (precision,
+// cuBLAS or the hand-written kernel). Each device has a default context; a thread can
+// make its own current (data parallelism gives each replica its own stream).
 #pragma once
 #include <memory>
 #include <string>
@@ -38,6 +38,10 @@ class Context {
   // reduction finish in one kernel (the last block to finish adds the partials). Work on
   // one stream never overlaps, so one counter per context is enough. nullptr on the CPU.
   unsigned* counter() const { return counter_; }
+  // cudnnHandle_t, made on first use (only convolutional models need one) and bound to
+  // the stream; nullptr on the CPU and in builds without cuDNN. Not thread-safe: a
+  // context is used by one thread at a time.
+  void* dnn() const;
   // Waits until every op queued in this context has finished.
   void synchronize() const;
 
@@ -49,6 +53,7 @@ class Context {
   void* stream_ = nullptr;
   void* blas_ = nullptr;
   unsigned* counter_ = nullptr;
+  mutable void* dnn_ = nullptr;
 };
 
 // A point in a context's queue of work: a CUDA event on a GPU, a host timestamp on the

@@ -1,5 +1,5 @@
-// Checked CUDA, cuBLAS and NCCL calls: a failure throws dpt::Error naming the call, the
-// device, file:line and the library's own text for the code. Destructors use the
+// Checked CUDA, cuBLAS, cuDNN and NCCL calls: a failure throws dpt::Error naming the call,
+// the device, file:line and the library's own text for the code. Destructors use the
 // DPT_*_WARN variants, which print instead of throwing.
 #pragma once
 #include <cstdio>
@@ -7,6 +7,9 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#if DPT_WITH_CUDNN
+#include <cudnn.h>
+#endif
 
 #include "../error.hpp"
 
@@ -39,6 +42,22 @@ inline std::string current_device_name() {
     if (dpt_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
       ::dpt::cuda::fail("cuBLAS", #call, cublasGetStatusString(dpt_st_), __FILE__, __LINE__); \
   } while (0)
+
+#if DPT_WITH_CUDNN
+#define DPT_CUDNN_CHECK(call)                                                               \
+  do {                                                                                      \
+    cudnnStatus_t dpt_st_ = (call);                                                         \
+    if (dpt_st_ != CUDNN_STATUS_SUCCESS)                                                    \
+      ::dpt::cuda::fail("cuDNN", #call, cudnnGetErrorString(dpt_st_), __FILE__, __LINE__); \
+  } while (0)
+
+#define DPT_CUDNN_WARN(call)                                                                   \
+  do {                                                                                         \
+    cudnnStatus_t dpt_st_ = (call);                                                            \
+    if (dpt_st_ != CUDNN_STATUS_SUCCESS)                                                       \
+      std::fprintf(stderr, "dptrain: warning: %s: %s\n", #call, cudnnGetErrorString(dpt_st_)); \
+  } while (0)
+#endif
 
 // After every kernel launch: catches bad launch configurations at once.
 #define DPT_CUDA_CHECK_LAUNCH() DPT_CUDA_CHECK(cudaGetLastError())
