@@ -1,10 +1,11 @@
-// Convolution, pooling and batch norm on the CPU, each written as its definition: one
-// loop nest per output element, sums in double, so the oracle is the accurate side of
-// every comparison with cuDNN. Every output element is computed on its own (gather, no
-// scatter), so results do not depend on the batch size or on how a batch is split.
+// Convolution, pooling and batch norm on the CPU, each written as its definition (direct
+// loops, no im2col), sums in double, so the oracle is the accurate side of every
+// comparison with cuDNN. The summation order is fixed and each sample's results depend
+// on that sample alone, so they do not depend on how a batch is split.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "cpu.hpp"
 
@@ -16,12 +17,12 @@ int64_t at4(int64_t a, int64_t b, int64_t i, int64_t j, int64_t B, int64_t I, in
   return ((a * B + b) * I + i) * J + j;
 }
 
-// The output index o whose window tap `tap` lands on input position `in`
-// (in = o * stride - pad + tap * dilation), or -1 when there is none in [0, out).
-int64_t source_of(int64_t in, int64_t tap, const ConvShape& s, int64_t out) {
-  const int64_t t = in + s.pad - tap * s.dilation;
-  if (t < 0 || t % s.stride != 0 || t / s.stride >= out) return -1;
-  return t / s.stride;
+// The outputs o in [*lo, *hi) of one axis whose window tap at `shift` (tap * dilation -
+// pad) reads inside the input: 0 <= o * stride + shift < in. The others read padding.
+void inside(int64_t shift, int64_t stride, int64_t in, int64_t out, int64_t* lo, int64_t* hi) {
+  auto ceil_div = [](int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; };
+  *lo = std::min(out, ceil_div(-shift, stride));
+  *hi = std::min(out, ceil_div(in - shift, stride));
 }
 
 // beta * old + fresh, where beta = 0 never reads old (it may be uninitialized memory).
@@ -30,47 +31,58 @@ float blend(float beta, float old, double fresh) {
 }
 }  // namespace
 
+// The three passes share one loop nest: for every kernel tap (r, t), the output rows p
+// and columns q whose tap reads inside the image, input position (ih, iw) =
+// (p * stride - pad + r * dilation, q * stride - pad + t * dilation).
+
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* bias, float* y) {
   const int64_t P = s.p(), Q = s.q();
+  std::vector<double> acc(static_cast<size_t>(P * Q));  // one output plane
   for (int64_t n = 0; n < s.n; ++n)
-    for (int64_t k = 0; k < s.k; ++k)
-      for (int64_t p = 0; p < P; ++p)
-        for (int64_t q = 0; q < Q; ++q) {
-          double acc = bias ? bias[k] : 0.0;
-          for (int64_t c = 0; c < s.c; ++c)
-            for (int64_t r = 0; r < s.r; ++r) {
-              const int64_t ih = p * s.stride - s.pad + r * s.dilation;
-              if (ih < 0 || ih >= s.h) continue;  // zero padding
-              for (int64_t t = 0; t < s.s; ++t) {
-                const int64_t iw = q * s.stride - s.pad + t * s.dilation;
-                if (iw < 0 || iw >= s.w) continue;
-                acc += static_cast<double>(x[at4(n, c, ih, iw, s.c, s.h, s.w)]) * w[at4(k, c, r, t, s.c, s.r, s.s)];
-              }
+    for (int64_t k = 0; k < s.k; ++k) {
+      std::fill(acc.begin(), acc.end(), bias ? bias[k] : 0.0);
+      for (int64_t c = 0; c < s.c; ++c)
+        for (int64_t r = 0; r < s.r; ++r)
+          for (int64_t t = 0; t < s.s; ++t) {
+            const double wv = w[at4(k, c, r, t, s.c, s.r, s.s)];
+            int64_t p0, p1, q0, q1;
+            inside(r * s.dilation - s.pad, s.stride, s.h, P, &p0, &p1);
+            inside(t * s.dilation - s.pad, s.stride, s.w, Q, &q0, &q1);
+            for (int64_t p = p0; p < p1; ++p) {
+              const float* row = x + at4(n, c, p * s.stride - s.pad + r * s.dilation, 0, s.c, s.h, s.w);
+              for (int64_t q = q0; q < q1; ++q)
+                acc[static_cast<size_t>(p * Q + q)] += wv * row[q * s.stride - s.pad + t * s.dilation];
             }
-          y[at4(n, k, p, q, s.k, P, Q)] = static_cast<float>(acc);
-        }
+          }
+      float* out = y + at4(n, k, 0, 0, s.k, P, Q);
+      for (int64_t e = 0; e < P * Q; ++e) out[e] = static_cast<float>(acc[static_cast<size_t>(e)]);
+    }
 }
 
 void conv2d_backward_data(const ConvShape& s, const float* dy, const float* w, float* dx) {
-  // dx at an input position sums dy * w over every (output, tap) pair that read it.
+  // The transpose of the forward pass: each (output, tap) pair sends dy * w back to the
+  // input position it read, summed over one input plane in double.
   const int64_t P = s.p(), Q = s.q();
+  std::vector<double> acc(static_cast<size_t>(s.h * s.w));
   for (int64_t n = 0; n < s.n; ++n)
-    for (int64_t c = 0; c < s.c; ++c)
-      for (int64_t ih = 0; ih < s.h; ++ih)
-        for (int64_t iw = 0; iw < s.w; ++iw) {
-          double acc = 0.0;
-          for (int64_t k = 0; k < s.k; ++k)
-            for (int64_t r = 0; r < s.r; ++r) {
-              const int64_t p = source_of(ih, r, s, P);
-              if (p < 0) continue;
-              for (int64_t t = 0; t < s.s; ++t) {
-                const int64_t q = source_of(iw, t, s, Q);
-                if (q < 0) continue;
-                acc += static_cast<double>(dy[at4(n, k, p, q, s.k, P, Q)]) * w[at4(k, c, r, t, s.c, s.r, s.s)];
-              }
+    for (int64_t c = 0; c < s.c; ++c) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t k = 0; k < s.k; ++k)
+        for (int64_t r = 0; r < s.r; ++r)
+          for (int64_t t = 0; t < s.s; ++t) {
+            const double wv = w[at4(k, c, r, t, s.c, s.r, s.s)];
+            int64_t p0, p1, q0, q1;
+            inside(r * s.dilation - s.pad, s.stride, s.h, P, &p0, &p1);
+            inside(t * s.dilation - s.pad, s.stride, s.w, Q, &q0, &q1);
+            for (int64_t p = p0; p < p1; ++p) {
+              const float* g = dy + at4(n, k, p, 0, s.k, P, Q);
+              double* row = acc.data() + (p * s.stride - s.pad + r * s.dilation) * s.w;
+              for (int64_t q = q0; q < q1; ++q) row[q * s.stride - s.pad + t * s.dilation] += wv * g[q];
             }
-          dx[at4(n, c, ih, iw, s.c, s.h, s.w)] = static_cast<float>(acc);
-        }
+          }
+      float* out = dx + at4(n, c, 0, 0, s.c, s.h, s.w);
+      for (int64_t e = 0; e < s.h * s.w; ++e) out[e] = static_cast<float>(acc[static_cast<size_t>(e)]);
+    }
 }
 
 void conv2d_backward_filter(const ConvShape& s, const float* x, const float* dy, float beta, float* dw,
@@ -80,16 +92,16 @@ void conv2d_backward_filter(const ConvShape& s, const float* x, const float* dy,
     for (int64_t c = 0; c < s.c; ++c)
       for (int64_t r = 0; r < s.r; ++r)
         for (int64_t t = 0; t < s.s; ++t) {
+          int64_t p0, p1, q0, q1;
+          inside(r * s.dilation - s.pad, s.stride, s.h, P, &p0, &p1);
+          inside(t * s.dilation - s.pad, s.stride, s.w, Q, &q0, &q1);
           double acc = 0.0;
           for (int64_t n = 0; n < s.n; ++n)
-            for (int64_t p = 0; p < P; ++p) {
-              const int64_t ih = p * s.stride - s.pad + r * s.dilation;
-              if (ih < 0 || ih >= s.h) continue;
-              for (int64_t q = 0; q < Q; ++q) {
-                const int64_t iw = q * s.stride - s.pad + t * s.dilation;
-                if (iw < 0 || iw >= s.w) continue;
-                acc += static_cast<double>(dy[at4(n, k, p, q, s.k, P, Q)]) * x[at4(n, c, ih, iw, s.c, s.h, s.w)];
-              }
+            for (int64_t p = p0; p < p1; ++p) {
+              const float* g = dy + at4(n, k, p, 0, s.k, P, Q);
+              const float* row = x + at4(n, c, p * s.stride - s.pad + r * s.dilation, 0, s.c, s.h, s.w);
+              for (int64_t q = q0; q < q1; ++q)
+                acc += static_cast<double>(g[q]) * row[q * s.stride - s.pad + t * s.dilation];
             }
           float& g = dw[at4(k, c, r, t, s.c, s.r, s.s)];
           g = blend(beta, g, acc);
