@@ -229,7 +229,11 @@ StepLoss Trainer::step(int64_t s) {
 
 uint64_t Trainer::parameter_hash() {
   dp_->synchronize();
-  const auto p = model_->flat_params().to_host();
+  auto p = model_->flat_params().to_host();
+  if (const Tensor& b = model_->flat_buffers(); b.defined()) {  // the running statistics too
+    const auto bv = b.to_host();
+    p.insert(p.end(), bv.begin(), bv.end());
+  }
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes
   const auto* bytes = reinterpret_cast<const unsigned char*>(p.data());
   for (size_t i = 0; i < p.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;

@@ -112,7 +112,7 @@ class Trainer {
   int64_t steps_done() const { return steps_done_; }
   // The process group of a DDP run, else null.
   ProcessGroup* group() const { return group_; }
-  // FNV-1a hash of the master's parameters; in a DDP run every rank's hash is compared
+  // FNV-1a hash of the master's parameters and buffers; in a DDP run every rank's hash is compared
   // and a disagreement throws.
   uint64_t parameter_hash();
 
