@@ -1,4 +1,4 @@
-// dptrain: trains an MLP on synthetic data. A thin layer over dpt::Trainer: parse the
+// dptrain: trains an MLP or a CNN on synthetic data. A thin layer over dpt::Trainer: parse the
 // flags (CLI11), report progress, write metrics, print a summary. Exit status: 0 done,
 // 1 runtime error, 2 bad input, 3 out of memory, 4 non-finite loss or gradients,
 // 130/143 stopped by SIGINT/SIGTERM (after saving when --save is given).
@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "../kernels/error.hpp"
+#include "../layers/conv.hpp"
 #include "../optim/trainer.hpp"
 #include "plot.hpp"
 #include "../runtime/process_group.hpp"
@@ -58,16 +59,19 @@ struct Options {
   dpt::TrainConfig cfg;
   std::string task = "regression", act = "relu", precision = "fp32", gemm = "cublas", devices, reduce = "auto";
   int gpus = 0, cpus = 0;
-  bool gpus_given = false, cpus_given = false;
+  bool gpus_given = false, cpus_given = false, task_given = false;
   std::string metrics, plot;
 };
 
 void add_flags(CLI::App& app, Options& o) {
   auto& c = o.cfg;
-  app.add_option("--model", c.model, "MLP spec (widths, e.g. 1024-4096x3-1024) or preset: seed, mlp")
+  app.add_option("--model", c.model,
+                 "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:3x32x32-c32k3-p2-c64k3-p2-f10, README) "
+                 "or preset: seed, mlp, cnn-small")
       ->capture_default_str();
   app.add_option("--act", o.act, "Hidden activation: relu, gelu, tanh")->capture_default_str();
-  app.add_option("--task", o.task, "Synthetic task: regression or classification")->capture_default_str();
+  app.add_option("--task", o.task, "Synthetic task: regression or classification (a CNN classifies images)")
+      ->capture_default_str();
   app.add_option("--batch", c.batch, "Global batch size")->capture_default_str();
   app.add_option("--steps", c.steps, "Total optimizer steps")->capture_default_str();
   app.add_option("--epochs", c.epochs, "Epochs over --samples (sets the number of steps)");
@@ -125,6 +129,8 @@ void add_flags(CLI::App& app, Options& o) {
 void resolve(Options& o) {
   auto& c = o.cfg;
   c.task = dpt::data::parse_task(o.task);
+  if (o.task_given && c.task == dpt::data::Task::regression && dpt::nn::is_cnn_spec(c.model))
+    throw dpt::UsageError("--task regression: a CNN model ('" + c.model + "') trains image classification");
   c.act = dpt::nn::parse_act(o.act);
   c.precision = dpt::parse_precision(o.precision);
   c.gemm = dpt::parse_gemm(o.gemm);
@@ -263,13 +269,14 @@ int fail(int status, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dptrain: data-parallel training of MLPs on synthetic data, on GPUs or the CPU"};
+  CLI::App app{"dptrain: data-parallel training of MLPs and CNNs on synthetic data, on GPUs or the CPU"};
   Options o;
   add_flags(app, o);
   try {
     app.parse(argc, argv);
     o.gpus_given = app.count("--gpus") > 0;
     o.cpus_given = app.count("--cpus") > 0;
+    o.task_given = app.count("--task") > 0;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

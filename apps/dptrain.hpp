@@ -2,6 +2,7 @@
 #pragma once
 #include "kernels/error.hpp"
 #include "kernels/types.hpp"
+#include "layers/conv.hpp"
 #include "layers/layers.hpp"
 #include "layers/loss.hpp"
 #include "layers/module.hpp"

@@ -70,6 +70,16 @@ std::vector<std::pair<std::string, Parameter*>> Sequential::named_parameters(con
   return out;
 }
 
+std::vector<std::pair<std::string, Buffer*>> Sequential::named_buffers(const std::string& prefix) {
+  std::vector<std::pair<std::string, Buffer*>> out;
+  int index = 0;  // numbered as named_parameters() numbers them
+  for (auto& m : children()) {
+    for (auto& nb : m->named_buffers(prefix + std::to_string(index) + ".")) out.push_back(nb);
+    index += m->torch_modules();
+  }
+  return out;
+}
+
 int Sequential::torch_modules() const { return 1; }
 
 std::string Sequential::describe() const {

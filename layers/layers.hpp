@@ -51,6 +51,7 @@ class Sequential : public Module {
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Module> clone() const override;
   std::vector<std::pair<std::string, Parameter*>> named_parameters(const std::string& prefix = "") override;
+  std::vector<std::pair<std::string, Buffer*>> named_buffers(const std::string& prefix = "") override;
   int torch_modules() const override;
   std::string describe() const override;
   size_t size() const { return children().size(); }

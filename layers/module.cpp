@@ -6,6 +6,21 @@
 
 namespace dpt::nn {
 
+namespace {
+// Offsets of tensors of these shapes laid out back to back, each starting at a multiple
+// of Module::kAlign floats, and the total size.
+std::vector<int64_t> aligned_offsets(const std::vector<Shape>& shapes, int64_t* total) {
+  std::vector<int64_t> offsets;
+  int64_t at = 0;
+  for (const Shape& s : shapes) {
+    offsets.push_back(at);
+    at += (numel(s) + Module::kAlign - 1) / Module::kAlign * Module::kAlign;
+  }
+  *total = at;
+  return offsets;
+}
+}  // namespace
+
 std::vector<Parameter*> Module::parameters() {
   std::vector<Parameter*> out;
   for (auto& p : params_) out.push_back(p.get());
@@ -28,28 +43,59 @@ int64_t Module::num_parameters() {
   return n;
 }
 
-Parameter& Module::register_parameter(std::string name, Shape shape, float init_bound) {
-  params_.push_back(std::make_unique<Parameter>(Parameter{std::move(name), std::move(shape), init_bound, {}}));
+std::vector<Buffer*> Module::buffers() {
+  std::vector<Buffer*> out;
+  for (auto& b : buffers_) out.push_back(b.get());
+  for (auto& c : children_)
+    for (Buffer* b : c->buffers()) out.push_back(b);
+  return out;
+}
+
+std::vector<std::pair<std::string, Buffer*>> Module::named_buffers(const std::string& prefix) {
+  std::vector<std::pair<std::string, Buffer*>> out;
+  for (auto& b : buffers_) out.push_back({prefix + b->name, b.get()});
+  for (auto& c : children_)
+    for (auto& nb : c->named_buffers(prefix)) out.push_back(nb);
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& c : children_) c->train(on);
+}
+
+Parameter& Module::register_parameter(std::string name, Shape shape, float init_bound, float init_value) {
+  params_.push_back(
+      std::make_unique<Parameter>(Parameter{std::move(name), std::move(shape), init_bound, init_value, {}}));
   return *params_.back();
+}
+
+Buffer& Module::register_buffer(std::string name, Shape shape, float init) {
+  buffers_.push_back(std::make_unique<Buffer>(Buffer{std::move(name), std::move(shape), init, {}}));
+  return *buffers_.back();
 }
 
 void Module::register_module(std::shared_ptr<Module> child) { children_.push_back(std::move(child)); }
 
 std::vector<int64_t> Module::layout(int64_t* total) {
-  std::vector<int64_t> offsets;
-  int64_t at = 0;
-  for (Parameter* p : parameters()) {
-    offsets.push_back(at);
-    at += (numel(p->shape) + kAlign - 1) / kAlign * kAlign;
-  }
-  *total = at;
-  return offsets;
+  std::vector<Shape> shapes;
+  for (Parameter* p : parameters()) shapes.push_back(p->shape);
+  return aligned_offsets(shapes, total);
 }
 
-void Module::bind(Tensor flat) {
-  int64_t total = 0;
+std::vector<int64_t> Module::buffer_layout(int64_t* total) {
+  std::vector<Shape> shapes;
+  for (Buffer* b : buffers()) shapes.push_back(b->shape);
+  return aligned_offsets(shapes, total);
+}
+
+void Module::bind(Tensor flat, Tensor buffers_flat) {
+  int64_t total = 0, buffer_total = 0;
   const auto offsets = layout(&total);
+  const auto buffer_offsets = buffer_layout(&buffer_total);
   DPT_CHECK(flat.numel() == total, "Module::bind: flat buffer of the wrong size");
+  DPT_CHECK(buffer_total == 0 ? !buffers_flat.defined() : buffers_flat.numel() == buffer_total,
+            "Module::bind: flat buffer of buffers of the wrong size");
   flat_params_ = std::move(flat);
   flat_grads_ = Tensor::zeros({total}, DType::f32, flat_params_.device());
   auto params = parameters();
@@ -59,6 +105,9 @@ void Module::bind(Tensor flat) {
     p.value.set_requires_grad(true);
     p.value.set_grad(flat_grads_.view(offsets[k], p.shape));
   }
+  flat_buffers_ = std::move(buffers_flat);
+  auto bufs = buffers();
+  for (size_t k = 0; k < bufs.size(); ++k) bufs[k]->value = flat_buffers_.view(buffer_offsets[k], bufs[k]->shape);
 }
 
 void Module::to(const Device& device, uint64_t seed) {
@@ -68,10 +117,19 @@ void Module::to(const Device& device, uint64_t seed) {
   // Values on the host: parameter k is stream k of the Philox generator for `seed`.
   // Padding between parameters stays zero (its gradient is zero too, so it never moves).
   std::vector<float> host(static_cast<size_t>(total), 0.0f);
-  for (size_t k = 0; k < params.size(); ++k)
-    cpu::uniform(host.data() + offsets[k], numel(params[k]->shape), seed, k, 0,
-                 -params[k]->init_bound, params[k]->init_bound);
-  bind(Tensor::from_host(host, {total}, device));
+  for (size_t k = 0; k < params.size(); ++k) {
+    const Parameter& p = *params[k];
+    cpu::uniform(host.data() + offsets[k], numel(p.shape), seed, k, 0, p.init_value - p.init_bound,
+                 p.init_value + p.init_bound);
+  }
+  int64_t buffer_total = 0;
+  const auto buffer_offsets = buffer_layout(&buffer_total);
+  auto bufs = buffers();
+  std::vector<float> host_buffers(static_cast<size_t>(buffer_total), 0.0f);
+  for (size_t k = 0; k < bufs.size(); ++k)
+    cpu::fill(host_buffers.data() + buffer_offsets[k], numel(bufs[k]->shape), bufs[k]->init);
+  bind(Tensor::from_host(host, {total}, device),
+       buffer_total > 0 ? Tensor::from_host(host_buffers, {buffer_total}, device) : Tensor());
 }
 
 std::shared_ptr<Module> Module::replicate(const Device& device) const {
@@ -79,7 +137,13 @@ std::shared_ptr<Module> Module::replicate(const Device& device) const {
   std::shared_ptr<Module> r = clone();
   Tensor flat = Tensor::empty(flat_params_.shape(), DType::f32, device);
   copy(flat, flat_params_);
-  r->bind(std::move(flat));
+  Tensor bufs;
+  if (flat_buffers_.defined()) {
+    bufs = Tensor::empty(flat_buffers_.shape(), DType::f32, device);
+    copy(bufs, flat_buffers_);
+  }
+  r->bind(std::move(flat), std::move(bufs));
+  r->train(training_);
   return r;
 }
 

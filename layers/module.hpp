@@ -1,6 +1,7 @@
 // Module: a layer or a stack of layers. Its parameters and their gradients live in one
 // flat buffer per device (each parameter a view into it), so gradient reduction is one
-// collective over one buffer and the optimizer is one fused launch.
+// collective over one buffer and the optimizer is one fused launch. Buffers (batch
+// norm's running statistics) live in a flat buffer of their own, outside all that.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -15,8 +16,19 @@ namespace dpt::nn {
 struct Parameter {
   std::string name;
   Shape shape;
-  float init_bound;  // initialized uniform in [-init_bound, init_bound]
+  float init_bound;  // initialized uniform in init_value +- init_bound
+  float init_value;
   Tensor value;      // a view into the flat parameter buffer once materialized
+};
+
+// State a module keeps and updates itself but does not train, as torch's buffers (batch
+// norm's running statistics): not in the gradient buffer, never touched by the
+// optimizer, saved in checkpoints and kept identical on every replica.
+struct Buffer {
+  std::string name;
+  Shape shape;
+  float init;    // every element's initial value
+  Tensor value;  // a view into the flat buffer of buffers once materialized
 };
 
 class Module {
@@ -39,20 +51,37 @@ class Module {
   // Linear + the activation: 2).
   virtual int torch_modules() const { return 1; }
   int64_t num_parameters();
+  // Every buffer, depth-first in registration order, and with torch's names
+  // ("1.running_mean", ...).
+  std::vector<Buffer*> buffers();
+  virtual std::vector<std::pair<std::string, Buffer*>> named_buffers(const std::string& prefix = "");
+
+  // Training mode (the default) or evaluation mode, for this module and its children, as
+  // torch's train() / eval(): batch norm normalizes with the batch's statistics in
+  // training and with its running statistics in evaluation.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
 
   // Places every parameter on `device` as a view into one flat parameter buffer (and
   // its gradient into one flat gradient buffer), initialized from `seed` the same way
-  // on any device: the values are made on the host by the Philox generator.
+  // on any device: the values are made on the host by the Philox generator. Buffers
+  // go into a flat buffer of their own with their initial values.
   void to(const Device& device, uint64_t seed);
-  // A replica on `device`: the same structure with its own flat buffers, holding this
-  // module's current parameters (one device-to-device copy of the flat buffer).
+  // A replica on `device`: the same structure and mode with its own flat buffers,
+  // holding this module's current parameters and buffers (one device-to-device copy of
+  // each flat buffer).
   std::shared_ptr<Module> replicate(const Device& device) const;
   bool materialized() const { return flat_params_.defined(); }
   const Tensor& flat_params() const { return flat_params_; }
   const Tensor& flat_grads() const { return flat_grads_; }
+  // Every buffer, back to back (undefined when the module has none).
+  const Tensor& flat_buffers() const { return flat_buffers_; }
   Device device() const { return flat_params_.device(); }
   // Offsets of every parameter in the flat buffer, and its total size.
   std::vector<int64_t> layout(int64_t* total);
+  // The same for the buffers in theirs.
+  std::vector<int64_t> buffer_layout(int64_t* total);
   // Zeroes every gradient: one memset over the flat gradient buffer.
   void zero_grad();
 
@@ -60,17 +89,22 @@ class Module {
   static constexpr int64_t kAlign = 64;
 
  protected:
-  Parameter& register_parameter(std::string name, Shape shape, float init_bound);
+  Parameter& register_parameter(std::string name, Shape shape, float init_bound, float init_value = 0.0f);
+  Buffer& register_buffer(std::string name, Shape shape, float init);
   void register_module(std::shared_ptr<Module> child);
-  // Makes `flat` (laid out by layout()) the parameter buffer, with a zeroed gradient buffer.
-  void bind(Tensor flat);
+  // Makes `flat` (laid out by layout()) the parameter buffer, with a zeroed gradient
+  // buffer, and `buffers` (laid out by buffer_layout(); undefined when there are none)
+  // the buffer of buffers.
+  void bind(Tensor flat, Tensor buffers);
 
   const std::vector<std::shared_ptr<Module>>& children() const { return children_; }
 
  private:
   std::vector<std::unique_ptr<Parameter>> params_;
+  std::vector<std::unique_ptr<Buffer>> buffers_;
   std::vector<std::shared_ptr<Module>> children_;
-  Tensor flat_params_, flat_grads_;
+  Tensor flat_params_, flat_grads_, flat_buffers_;
+  bool training_ = true;
 };
 
 }  // namespace dpt::nn

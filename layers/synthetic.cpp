@@ -32,6 +32,18 @@ Task parse_task(const std::string& name) {
 }
 
 Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_(config), device_(device) {
+  if (!cfg_.image.empty()) {
+    DPT_CHECK(cfg_.image.size() == 3 && numel(cfg_.image) > 0, "Synthetic: an image is [C, H, W]");
+    DPT_CHECK(cfg_.task == Task::classification, "Synthetic: images come with classification only");
+    cfg_.in = numel(cfg_.image);
+    // The teacher CNN: a 3x3 convolution to teacher_hidden channels, standard normal
+    // before its tanh, then the same head as the MLP teacher's.
+    const int64_t fan_in = cfg_.image[0] * 9;
+    w1_ = teacher_weight(cfg_.teacher_hidden, fan_in, 1.0f, cfg_.seed, kTeacher1, device)
+              .reshape({cfg_.teacher_hidden, cfg_.image[0], 3, 3});
+    w2_ = teacher_weight(cfg_.out, cfg_.teacher_hidden, 1.6f, cfg_.seed, kTeacher2, device);
+    return;
+  }
   DPT_CHECK(cfg_.in > 0 && cfg_.out > 0 && cfg_.teacher_hidden > 0, "Synthetic: widths must be positive");
   DPT_CHECK(cfg_.samples >= 0, "Synthetic: negative sample count");
   // Scaled so the teacher's outputs have a variance near 1 whatever the widths: W1 x is
@@ -60,6 +72,17 @@ Batch Synthetic::batch(int64_t first, int64_t count) const {
   DPT_CHECK(first >= 0 && count > 0, "Synthetic::batch: bad range");
   NoGradGuard no_grad;
   Batch b;
+  if (!cfg_.image.empty()) {
+    // Every op of the teacher works sample by sample, so a label does not depend on
+    // the batch it is made in.
+    const Shape& im = cfg_.image;
+    b.x = Tensor::empty({count, im[0], im[1], im[2]}, DType::f32, device_);
+    fill_inputs(b.x, first);
+    Tensor h = activation(conv2d(b.x, w1_, Tensor(), 1, 1), Act::tanh);
+    h = flatten(pool2d(h, Pool::avg, im[1], im[2], 1));
+    b.y = argmax_rows(linear(h, w2_, Tensor(), Act::none));
+    return b;
+  }
   b.x = Tensor::empty({count, cfg_.in}, DType::f32, device_);
   fill_inputs(b.x, first);
   Tensor h = linear(b.x, w1_, Tensor(), Act::tanh);

@@ -2,7 +2,9 @@
 // device with the counter-based Philox generator, so a run's data does not depend on
 // how many devices share it. Inputs are standard normal; targets come from a fixed
 // random teacher network x -> W2 tanh(W1 x): regression adds Gaussian noise to its
-// output, classification takes its argmax as the label.
+// output, classification takes its argmax as the label. Images ([n, C, H, W], for CNNs)
+// are labelled by a teacher CNN built from the same ops, so it runs on any device:
+// x -> W2 avgpool(tanh(conv3x3(x, W1))), the argmax of its output.
 #pragma once
 #include <cstdint>
 
@@ -16,16 +18,17 @@ Task parse_task(const std::string& name);  // UsageError when unknown
 
 struct SyntheticConfig {
   Task task = Task::regression;
-  int64_t in = 0;             // input width
+  int64_t in = 0;             // input width (images: C * H * W, filled in from `image`)
   int64_t out = 0;            // output width (number of classes for classification)
+  Shape image{};              // [C, H, W] for image classification; empty for vectors
   uint64_t seed = 1;
   int64_t samples = 0;        // dataset size; 0 = an endless stream of new samples
   float noise = 0.05f;        // regression target noise (standard deviation)
-  int64_t teacher_hidden = 64;
+  int64_t teacher_hidden = 64;  // the teacher's hidden width, or its channels for images
 };
 
 struct Batch {
-  Tensor x;  // f32 [n, in]
+  Tensor x;  // f32 [n, in], or [n, C, H, W] for images
   Tensor y;  // f32 [n, out] (regression) or i32 [n] (classification)
 };
 

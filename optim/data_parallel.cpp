@@ -146,6 +146,7 @@ struct DataParallel::Replica {
   std::vector<int> pending;                             // per bucket: parameters still to come
   size_t next_bucket = 0;                               // buckets are handed over in order
   std::unique_ptr<Event> t_start, t_backward, t_reduced, t_updated;
+  std::unique_ptr<Event> buffers_copied;                 // the master's buffers reached this replica
   std::string nvtx_forward, nvtx_backward, nvtx_update;  // "forward cuda:1", made once
   Tensor scale;                                          // the last step's gradient scale
 };
@@ -193,7 +194,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     }
     auto params = r.model->parameters();
     for (size_t k = 0; k < params.size(); ++k) r.param_index[params[k]->value.data()] = static_cast<int>(k);
-    for (auto* e : {&r.t_start, &r.t_backward, &r.t_reduced, &r.t_updated}) *e = std::make_unique<Event>(r.device);
+    for (auto* e : {&r.t_start, &r.t_backward, &r.t_reduced, &r.t_updated, &r.buffers_copied})
+      *e = std::make_unique<Event>(r.device);
     r.nvtx_forward = "forward " + r.device.str();
     r.nvtx_backward = "backward " + r.device.str();
     r.nvtx_update = "update " + r.device.str();
@@ -237,6 +239,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   if (use_graph_ && std::string(replicas_[0].opt->kind()) != "sgd")
     throw UsageError("--cuda-graph needs --optimizer sgd (AdamW's bias correction changes every step)");
   if (n > 1) pool_ = std::make_unique<Pool>(n);
+  buffers_ready_ = std::make_unique<Event>(devices_[0]);
 }
 
 DataParallel::~DataParallel() = default;
@@ -271,6 +274,10 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
   if (first_micro) {
     if (r == 0 && !recording_) rep.t_start->record(*rep.ctx);
     rep.model->zero_grad();  // micro-batches after the first accumulate into the buffer
+    // The master's forward writes its buffers: not before the last step's copies of
+    // them to the replicas are done.
+    if (r == 0 && rep.model->flat_buffers().defined())
+      for (size_t i = 1; i < replicas_.size(); ++i) replicas_[i].buffers_copied->wait_in(*rep.ctx);
   }
   // Only the last micro-batch communicates; its backward hands each bucket over as soon
   // as every parameter in it has its gradient.
@@ -428,7 +435,27 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
   }
   run_on_all([&](size_t r) { update(r); });
   if (reducer_ && !reducer_->every_replica_updates()) reducer_->broadcast_params();
+  broadcast_buffers();
   return out;
+}
+
+void DataParallel::broadcast_buffers() {
+  const Tensor& master = replicas_[0].model->flat_buffers();
+  if (!master.defined()) return;
+  if (group_) {  // as DDP's broadcast_buffers: every rank takes rank 0's
+    auto host = master.to_host();
+    group_->broadcast(host.data(), host.size() * sizeof(float), 0);
+    if (group_->rank() != 0) copy(master, Tensor::from_host(host, master.shape(), devices_[0]));
+    return;
+  }
+  buffers_ready_->record(*replicas_[0].ctx);
+  for (size_t i = 1; i < replicas_.size(); ++i) {
+    Replica& rep = replicas_[i];
+    ContextGuard g(*rep.ctx);
+    buffers_ready_->wait_in(*rep.ctx);  // after the master's forward has written them
+    copy(rep.model->flat_buffers(), master);
+    rep.buffers_copied->record(*rep.ctx);
+  }
 }
 
 StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss) {
@@ -490,10 +517,16 @@ float DataParallel::last_scale() {
 
 bool DataParallel::replicas_identical() {
   synchronize();
-  const auto master = replicas_[0].model->flat_params().to_host();
+  auto same = [](const Tensor& a, const Tensor& b) {
+    if (!a.defined()) return !b.defined();
+    const auto x = a.to_host(), y = b.to_host();
+    return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  const nn::Module& master = *replicas_[0].model;
   for (size_t i = 1; i < replicas_.size(); ++i) {
-    const auto other = replicas_[i].model->flat_params().to_host();
-    if (std::memcmp(other.data(), master.data(), master.size() * sizeof(float)) != 0) return false;
+    const nn::Module& other = *replicas_[i].model;
+    if (!same(master.flat_params(), other.flat_params()) || !same(master.flat_buffers(), other.flat_buffers()))
+      return false;
   }
   return true;
 }

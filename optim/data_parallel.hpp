@@ -4,6 +4,8 @@
 // into contiguous shards whose sizes differ by at most one, runs forward, loss and
 // backward on every replica at once, reduces the gradients (each weighted by its shard's
 // share of the batch, so the result is exactly the full-batch gradient) and updates.
+// Buffers (batch norm's running statistics) are updated by each replica from its own
+// shard, then the master's are copied to the others after every step.
 // Outputs are never gathered: each replica computes its loss on its own shard and only
 // scalars travel, when the caller reads them.
 #pragma once
@@ -104,7 +106,7 @@ class DataParallel {
   // factor, or NaN when the gradients were not finite and the update was skipped.
   // Always 1 without clipping or check_finite.
   float last_scale();
-  // Whether every replica holds bitwise the master's parameters (waits; for tests).
+  // Whether every replica holds bitwise the master's parameters and buffers (waits; for tests).
   bool replicas_identical();
   // Waits for every replica's queued work.
   void synchronize();
@@ -115,6 +117,10 @@ class DataParallel {
   void forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss, Tensor& loss_out,
                         bool first_micro, bool last_micro);
   void update(size_t r);
+  // Copies the master's buffers (batch norm's running statistics, which each replica
+  // updated from its own shard) to every replica, or rank 0's to every rank, as
+  // nn.DataParallel and DDP do, so the replicas stay identical.
+  void broadcast_buffers();
 
   std::vector<Device> devices_;
   Reduce reduce_;
@@ -122,6 +128,7 @@ class DataParallel {
   std::vector<Bucket> buckets_;
   std::vector<std::vector<int>> buckets_of_param_;  // parameter index -> the buckets it overlaps
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<Event> buffers_ready_;  // the master's buffers are written for this step
   float clip_ = 0.0f;
   int grad_accum_ = 1;
   bool overlap_ = true;

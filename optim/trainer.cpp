@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "../kernels/error.hpp"
+#include "../layers/conv.hpp"
 #include "../layers/loss.hpp"
 #include "checkpoint.hpp"
 #include "../runtime/allocator.hpp"
@@ -32,10 +33,12 @@ void validate(TrainConfig& cfg) {
   if (cfg.optimizer != "sgd" && cfg.optimizer != "adamw")
     throw UsageError("unknown optimizer '" + cfg.optimizer + "': expected sgd or adamw");
   (void)optim::parse_schedule(cfg.schedule);
-  const auto widths = nn::parse_mlp_spec(cfg.model);
-  if (cfg.task == data::Task::classification && widths.back() < 2)
-    throw UsageError("classification needs at least 2 output classes, the model has " +
-                     std::to_string(widths.back()));
+  // A CNN's task follows from the model: it classifies images.
+  if (nn::is_cnn_spec(cfg.model)) cfg.task = data::Task::classification;
+  const int64_t outputs =
+      nn::is_cnn_spec(cfg.model) ? nn::parse_cnn_spec(cfg.model).classes : nn::parse_mlp_spec(cfg.model).back();
+  if (cfg.task == data::Task::classification && outputs < 2)
+    throw UsageError("classification needs at least 2 output classes, the model has " + std::to_string(outputs));
   if (cfg.grad_accum < 1) throw UsageError("--grad-accum must be at least 1");
   if (cfg.on_nonfinite != "stop" && cfg.on_nonfinite != "skip-step")
     throw UsageError("unknown --on-nonfinite '" + cfg.on_nonfinite + "': expected stop or skip-step");
@@ -69,13 +72,21 @@ Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
     cfg_.devices = {mine};
   }
   const Device master = cfg_.devices.front();
-  model_ = nn::mlp(cfg_.model, cfg_.act);
-  model_->to(master, cfg_.seed);
-  const auto widths = nn::parse_mlp_spec(cfg_.model);
   data::SyntheticConfig dc;
+  if (nn::is_cnn_spec(cfg_.model)) {
+    model_ = nn::cnn(cfg_.model, cfg_.act);
+    const nn::CnnSpec spec = nn::parse_cnn_spec(cfg_.model);
+    dc.image = spec.input;
+    dc.out = spec.classes;
+    dc.teacher_hidden = 16;  // teacher channels: labelling stays cheap next to the student's step
+  } else {
+    model_ = nn::mlp(cfg_.model, cfg_.act);
+    const auto widths = nn::parse_mlp_spec(cfg_.model);
+    dc.in = widths.front();
+    dc.out = widths.back();
+  }
+  model_->to(master, cfg_.seed);
   dc.task = cfg_.task;
-  dc.in = widths.front();
-  dc.out = widths.back();
   dc.seed = cfg_.seed;
   dc.samples = cfg_.samples;
   for (const Device& d : cfg_.devices) data_.push_back(std::make_unique<data::Synthetic>(dc, d));
@@ -143,6 +154,7 @@ void Trainer::save(const std::string& path) {
                 {"rng", "philox4x32-10, seed " + std::to_string(cfg_.seed)},
                 {"data_position", std::to_string(steps_done_ * cfg_.batch)}};
   for (auto& [name, p] : model_->named_parameters()) c.tensors.push_back({name, host_tensor(p->value)});
+  for (auto& [name, b] : model_->named_buffers()) c.tensors.push_back({name, host_tensor(b->value)});
   for (auto& [name, t] : optimizer().state()) c.tensors.push_back({name, host_tensor(t)});
   ckpt::save(path, c);
 }
@@ -187,8 +199,10 @@ void Trainer::resume(const std::string& path) {
     std::memcpy(v.data(), t->data.data(), t->data.size());
     copy(into, Tensor::from_host(v, into.shape(), into.device()));
   };
-  for (size_t r = 0; r < dp_->size(); ++r)
+  for (size_t r = 0; r < dp_->size(); ++r) {
     for (auto& [name, p] : dp_->replica(r).named_parameters()) fetch(name, p->value);
+    for (auto& [name, b] : dp_->replica(r).named_buffers()) fetch(name, b->value);
+  }
   for (optim::Optimizer* o : dp_->optimizers()) {
     for (auto& [name, t] : o->state()) fetch(name, t);
     o->set_steps_taken(std::stoll(meta("optimizer_steps")));
@@ -215,7 +229,11 @@ StepLoss Trainer::step(int64_t s) {
 
 uint64_t Trainer::parameter_hash() {
   dp_->synchronize();
-  const auto p = model_->flat_params().to_host();
+  auto p = model_->flat_params().to_host();
+  if (const Tensor& b = model_->flat_buffers(); b.defined()) {  // the running statistics too
+    const auto bv = b.to_host();
+    p.insert(p.end(), bv.begin(), bv.end());
+  }
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes
   const auto* bytes = reinterpret_cast<const unsigned char*>(p.data());
   for (size_t i = 0; i < p.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;

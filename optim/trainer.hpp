@@ -18,9 +18,9 @@
 namespace dpt {
 
 struct TrainConfig {
-  std::string model = "16-128x2-4";  // MLP spec or preset (seed, mlp)
+  std::string model = "16-128x2-4";  // MLP or CNN spec (layers/conv.hpp) or preset (seed, mlp, cnn-small)
   Act act = Act::relu;
-  data::Task task = data::Task::regression;
+  data::Task task = data::Task::regression;  // a CNN always classifies (validate() sets it)
   int64_t batch = 256;     // global batch
   int64_t steps = 500;     // total optimizer steps (derived from epochs when epochs > 0)
   int64_t epochs = 0;
@@ -60,8 +60,8 @@ class NonFiniteError : public Error {
   using Error::Error;
 };
 
-// Checks the configuration (and fills in the default devices); throws UsageError with a
-// one-line reason.
+// Checks the configuration (and fills in the default devices, and the task of a CNN);
+// throws UsageError with a one-line reason.
 void validate(TrainConfig& cfg);
 
 struct StepLog {
@@ -95,11 +95,12 @@ class Trainer {
   // run ends after the current step, with a checkpoint when cfg.save is set.
   TrainResult run(const std::function<void(const StepLog&)>& on_log = {},
                   const std::function<bool()>& stop = {});
-  // Writes a checkpoint of the weights, the optimizer state and the position in the
-  // run (safetensors; atomically). In a DDP run only rank 0 writes.
+  // Writes a checkpoint of the weights, the buffers (running statistics), the optimizer
+  // state and the position in the run (safetensors; atomically). In a DDP run only rank
+  // 0 writes.
   void save(const std::string& path);
-  // Continues from a checkpoint: weights and optimizer state on every replica, and the
-  // step count. Throws UsageError when it does not fit this configuration.
+  // Continues from a checkpoint: weights, buffers and optimizer state on every replica,
+  // and the step count. Throws UsageError when it does not fit this configuration.
   void resume(const std::string& path);
   // One step on samples [step * batch, (step + 1) * batch); reading the loss waits for it.
   StepLoss step(int64_t step_index);
@@ -111,7 +112,7 @@ class Trainer {
   int64_t steps_done() const { return steps_done_; }
   // The process group of a DDP run, else null.
   ProcessGroup* group() const { return group_; }
-  // FNV-1a hash of the master's parameters; in a DDP run every rank's hash is compared
+  // FNV-1a hash of the master's parameters and buffers; in a DDP run every rank's hash is compared
   // and a disagreement throws.
   uint64_t parameter_hash();
 

@@ -7,6 +7,7 @@
 #include "../kernels/error.hpp"
 #include "autograd.hpp"
 #include "context.hpp"
+#include "ops_internal.hpp"
 
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/check.hpp"
@@ -50,6 +51,10 @@ Tensor reduce_work(const Device& d, int64_t at_least) {
   } while (0)
 #endif
 
+}  // namespace
+
+namespace detail {
+
 void same_device(const Tensor& a, const Tensor& b, const char* op) {
   DPT_CHECK(a.device() == b.device(), std::string(op) + ": tensors on " + a.device().str() +
                                           " and " + b.device().str());
@@ -60,19 +65,19 @@ void need_f32(const Tensor& t, const char* op) {
             std::string(op) + ": expected a defined f32 tensor");
 }
 
-// Records `node` as the history of `out` when autograd is on for these inputs.
 void record(Tensor& out, std::shared_ptr<Node> node, std::vector<Tensor> inputs) {
   node->inputs = std::move(inputs);
   out.set_grad_fn(std::move(node));
 }
 
-// Adds a fresh gradient `g` for input i: in place into its accumulator when it has one.
 void give(Grads& grads, size_t i, Tensor g) {
   if (Tensor acc = grads.accumulator(i); acc.defined()) axpy_(1.0f, g, acc);
   else grads.put(i, std::move(g));
 }
 
-}  // namespace
+}  // namespace detail
+
+using namespace detail;
 
 // ---- Plain ops -----------------------------------------------------------------------
 

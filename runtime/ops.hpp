@@ -40,4 +40,21 @@ void sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, cons
 void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                 const AdamArgs& a, const Tensor& grad_scale);
 
+// ---- Convolutional networks (ops_conv.cpp): differentiable, over NCHW tensors --------
+// y = x * w + b as torch.nn.functional.conv2d: x [n, c, h, w], w [k, c, r, s], b [k] (may
+// be undefined) -> y [n, k, p, q]; stride, padding and dilation alike on both axes.
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride = 1, int64_t pad = 0,
+              int64_t dilation = 1);
+// Max or average pooling with a kh x kw window (padding: -inf for max, zeros that count
+// for avg; at most half the window, as torch). Global average pooling: kh = h, kw = w.
+Tensor pool2d(const Tensor& x, Pool kind, int64_t kh, int64_t kw, int64_t stride, int64_t pad = 0);
+// Batch norm over the channels of x [n, c, h, w], as torch.nn.functional.batch_norm.
+// training: normalizes with the batch's statistics and moves running_mean / running_var
+// [c] in place (no gradient). Evaluation: normalizes with the running statistics; its
+// backward is an error (run evaluation under NoGradGuard).
+Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                    const Tensor& running_var, bool training, const BatchNormArgs& a = {});
+// x [n, ...] as [n, rest], sharing its data (torch.flatten(x, 1)).
+Tensor flatten(const Tensor& x);
+
 }  // namespace dpt

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "../kernels/error.hpp"
+#include "../layers/conv.hpp"
 #include "../layers/layers.hpp"
 #include "../optim/checkpoint.hpp"
 #include "../runtime/autograd.hpp"
@@ -56,23 +57,35 @@ void dump(const dpt::ckpt::Checkpoint& c) {
 }  // namespace
 
 // `forward CKPT OUT`: the model a dptrain checkpoint describes (its metadata's model
-// and act), with the checkpoint's weights, applied on the CPU to a fixed input; writes
-// {"x", "y"} to OUT for tests/torch_interop.py to compare with PyTorch.
+// and act), with the checkpoint's weights and buffers, applied in evaluation mode on the
+// CPU to a fixed input; writes {"x", "y"} to OUT for tests/torch_interop.py to compare
+// with PyTorch.
 void forward(const std::string& path, const std::string& out) {
   const dpt::ckpt::Checkpoint c = dpt::ckpt::load(path);
   const auto spec = c.metadata.at("model");
-  auto model = dpt::nn::mlp(spec, dpt::nn::parse_act(c.metadata.at("act")));
+  const auto act = dpt::nn::parse_act(c.metadata.at("act"));
+  const bool image = dpt::nn::is_cnn_spec(spec);
+  std::shared_ptr<dpt::nn::Module> model = image ? dpt::nn::cnn(spec, act) : dpt::nn::mlp(spec, act);
   const dpt::Device cpu{dpt::DeviceType::cpu, 0};
   model->to(cpu, 0);
-  for (auto& [name, p] : model->named_parameters()) {
+  model->eval();
+  auto fetch = [&](const std::string& name, const dpt::Tensor& into) {
     const dpt::ckpt::HostTensor* t = c.find(name);
     if (!t) throw dpt::Error("no tensor " + name);
-    std::vector<float> v(static_cast<size_t>(p->value.numel()));
+    std::vector<float> v(static_cast<size_t>(into.numel()));
     std::memcpy(v.data(), t->data.data(), v.size() * sizeof(float));
-    dpt::copy(p->value, dpt::Tensor::from_host(v, p->shape, cpu));
+    dpt::copy(into, dpt::Tensor::from_host(v, into.shape(), cpu));
+  };
+  for (auto& [name, p] : model->named_parameters()) fetch(name, p->value);
+  for (auto& [name, b] : model->named_buffers()) fetch(name, b->value);
+  dpt::Shape in{8};
+  if (image) {
+    const auto input = dpt::nn::parse_cnn_spec(spec).input;
+    in.insert(in.end(), input.begin(), input.end());
+  } else {
+    in.push_back(dpt::nn::parse_mlp_spec(spec).front());
   }
-  const auto widths = dpt::nn::parse_mlp_spec(spec);
-  dpt::Tensor x = dpt::Tensor::empty({8, widths.front()}, dpt::DType::f32, cpu);
+  dpt::Tensor x = dpt::Tensor::empty(in, dpt::DType::f32, cpu);
   dpt::normal_(x, 123, 0, 0);
   dpt::NoGradGuard g;
   const dpt::Tensor y = model->forward(x);

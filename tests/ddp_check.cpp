@@ -1,6 +1,7 @@
 // Run under mpirun: DDP training over the ranks must give the weights of one process
 // training on the whole batch (<= 1e-5), with several buckets, uneven rank shards and
-// gradient accumulation, and every rank must end with bitwise the same parameters.
+// gradient accumulation, for MLPs and a CNN, and every rank must end with bitwise the
+// same parameters (and, with batch norm, the same running statistics).
 // Exit status 0 when every check passes on every rank, 1 otherwise.
 #include <cmath>
 #include <cstdio>
@@ -27,40 +28,48 @@ int main(int argc, char** argv) {
     ProcessGroup& g = ProcessGroup::world();
     g.set_timeout(120);
     int failures = 0;
-    for (auto task : {data::Task::regression, data::Task::classification})
-      for (std::string opt : {"sgd", "adamw"}) {
-        TrainConfig c;
-        c.model = "12-24x2-5";
-        c.task = task;
-        c.optimizer = opt;
-        c.lr = opt == "sgd" ? 0.05f : 0.003f;
-        c.batch = batch;
-        c.steps = 20;
-        c.log_every = 5;
-        c.bucket_mb = 0.001;  // about 1 KB: several buckets
-        // "cuda": every GPU here, the local rank picks one; the reference uses the first.
-        const std::vector<Device> devs = device == "cuda" ? default_devices() : std::vector<Device>{parse_device(device)};
-        c.devices = {devs.front()};
-        TrainConfig d = c;
-        d.devices = devs;
-        d.ddp = true;
-        d.grad_accum = accum;
-        Trainer ddp(d);
-        if (ddp.parallel().buckets() < 2) ++failures;
-        const TrainResult r = ddp.run();
-        const uint64_t hash = ddp.parameter_hash();  // throws if the ranks disagree
-        if (g.rank() == 0) {
-          Trainer one(c);  // one process, the whole batch, no accumulation
-          const TrainResult r1 = one.run();
-          const double err = test::rel_error(ddp.model().flat_params().to_host(), one.model().flat_params().to_host());
-          const bool ok = err <= 1e-5 && std::fabs(r.final_loss - r1.final_loss) <= 1e-5 * std::fabs(r1.final_loss);
-          std::printf("%s %s, %d ranks, batch %lld, grad-accum %d: weights rel. error %.3g, loss %.6g vs %.6g, "
-                      "hash %016llx: %s\n",
-                      data::task_name(task), opt.c_str(), g.size(), static_cast<long long>(batch), accum, err,
-                      r.final_loss, r1.final_loss, static_cast<unsigned long long>(hash), ok ? "ok" : "FAILED");
-          if (!ok) ++failures;
-        }
+    // `compare`: DDP must give one process's weights; otherwise (batch norm: statistics
+    // per rank) the ranks must agree with each other, buffers included.
+    auto check = [&](const std::string& model, data::Task task, const std::string& opt, bool compare) {
+      TrainConfig c;
+      c.model = model;
+      c.task = task;
+      c.optimizer = opt;
+      c.lr = opt == "sgd" ? 0.05f : 0.003f;
+      c.batch = batch;
+      c.steps = 20;
+      c.log_every = 5;
+      c.bucket_mb = 0.001;  // about 1 KB: several buckets
+      // "cuda": every GPU here, the local rank picks one; the reference uses the first.
+      const std::vector<Device> devs = device == "cuda" ? default_devices() : std::vector<Device>{parse_device(device)};
+      c.devices = {devs.front()};
+      TrainConfig d = c;
+      d.devices = devs;
+      d.ddp = true;
+      d.grad_accum = accum;
+      Trainer ddp(d);
+      if (ddp.parallel().buckets() < 2) ++failures;
+      const TrainResult r = ddp.run();
+      const uint64_t hash = ddp.parameter_hash();  // throws if the ranks disagree
+      if (g.rank() == 0 && !compare)
+        std::printf("%s %s, %d ranks: hash %016llx on every rank: ok\n", model.c_str(), opt.c_str(), g.size(),
+                    static_cast<unsigned long long>(hash));
+      if (g.rank() == 0 && compare) {
+        Trainer one(c);  // one process, the whole batch, no accumulation
+        const TrainResult r1 = one.run();
+        const double err = test::rel_error(ddp.model().flat_params().to_host(), one.model().flat_params().to_host());
+        const bool ok = err <= 1e-5 && std::fabs(r.final_loss - r1.final_loss) <= 1e-5 * std::fabs(r1.final_loss);
+        std::printf("%s %s %s, %d ranks, batch %lld, grad-accum %d: weights rel. error %.3g, loss %.6g vs %.6g, "
+                    "hash %016llx: %s\n",
+                    model.c_str(), data::task_name(task), opt.c_str(), g.size(), static_cast<long long>(batch), accum,
+                    err, r.final_loss, r1.final_loss, static_cast<unsigned long long>(hash), ok ? "ok" : "FAILED");
+        if (!ok) ++failures;
       }
+    };
+    for (auto task : {data::Task::regression, data::Task::classification})
+      for (std::string opt : {"sgd", "adamw"}) check("12-24x2-5", task, opt, true);
+    check("cnn:2x7x7-c4k3-p2-c6k3s2-f3", data::Task::classification, "sgd", true);
+    check("cnn:2x6x6-c4k3-bn-p2-f3", data::Task::classification, "sgd", false);
     double total = g.sum(failures);
     if (g.rank() == 0) std::printf("%s\n", total == 0 ? "all checks passed" : "some checks FAILED");
     return total == 0 ? 0 : 1;

@@ -1,7 +1,8 @@
 // Checkpoint files (optim/checkpoint.hpp): bit-exact round trips, files from other
 // safetensors writers, every malformed file refused with one line naming the file and
-// the problem (every truncation and thousands of random mutations included), and saves
-// that fail half-way leaving the previous checkpoint loadable and no temporary file.
+// the problem (every truncation and thousands of random mutations included), saves
+// that fail half-way leaving the previous checkpoint loadable and no temporary file, and
+// a CNN's weights and running statistics resumed bit-identically.
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -18,6 +19,7 @@
 
 #include "../kernels/error.hpp"
 #include "../optim/checkpoint.hpp"
+#include "../optim/trainer.hpp"
 #include "catch.hpp"
 
 using namespace dpt;
@@ -577,4 +579,40 @@ TEST_CASE("save refuses what load would refuse, and writes nothing", "[checkpoin
   c.metadata = {{"k", "\xc3"}};
   refused(c, "__metadata__ entry 'k' is not valid UTF-8");
   CHECK_THROWS_AS(ckpt::make_tensor(ckpt::DType::i32, {2, -1}, nullptr), Error);
+}
+
+TEST_CASE("a CNN with batch norm resumes bit-identically, running statistics included", "[checkpoint][cnn]") {
+  TempDir dir;
+  const std::string path = dir.file("cnn.safetensors");
+  for (int n : {1, 2})
+    for (std::string opt : {"sgd", "adamw"}) {
+      INFO(opt << " on " << n << " CPU device(s)");
+      TrainConfig c;
+      c.model = "cnn:2x6x6-c4k3-bn-p2-f3";
+      c.optimizer = opt;
+      c.lr = opt == "sgd" ? 0.05f : 0.003f;
+      c.batch = 10;
+      c.steps = 6;
+      c.log_every = 100;
+      for (int i = 0; i < n; ++i) c.devices.push_back({DeviceType::cpu, i});
+      Trainer full(c);
+      full.run();
+      TrainConfig first = c;
+      first.steps = 3;
+      first.save = path;
+      Trainer(first).run();
+      // The file holds the buffers under torch.nn.BatchNorm2d's names.
+      const ckpt::Checkpoint saved = ckpt::load(path);
+      for (const char* name : {"1.weight", "1.bias", "1.running_mean", "1.running_var"}) {
+        INFO(name);
+        REQUIRE(saved.find(name) != nullptr);
+        CHECK(saved.find(name)->shape == std::vector<int64_t>{4});
+      }
+      CHECK(saved.find("0.weight")->shape == std::vector<int64_t>{4, 2, 3, 3});
+      TrainConfig rest = c;
+      rest.resume = path;
+      Trainer resumed(rest);
+      resumed.run();
+      CHECK(resumed.parameter_hash() == full.parameter_hash());  // parameters and buffers
+    }
 }

@@ -1,10 +1,12 @@
 // CPU ops: gradients from autograd against central finite differences, and the
-// optimizer, cast and random kernels against their definitions.
+// optimizer, cast, random, convolution, pooling and batch-norm kernels against their
+// definitions or known answers.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "../kernels/philox.hpp"
 #include "../kernels/error.hpp"
+#include "../kernels/philox.hpp"
 #include "../runtime/allocator.hpp"
 #include "catch.hpp"
 #include "common.hpp"
@@ -232,4 +234,168 @@ TEST_CASE("backward frees each node's saved activations as it passes and refuses
   // loss node's own saved tensors stay while `loss` lives.
   CHECK(allocator(host).stats().allocated + 2 * 64 * 256 * sizeof(float) <= before);
   CHECK_THROWS_AS(loss.backward(), Error);
+}
+
+// ---- Convolutional networks ---------------------------------------------------------
+
+namespace {
+// Values 0.1 apart in a scrambled order: no two elements of a pooling window are within
+// reach of the finite differences' eps, so the max is never ambiguous.
+Tensor spaced_tensor(const Shape& s, uint64_t seed) {
+  const int64_t n = numel(s);
+  auto order = test::randn(n, seed);
+  std::vector<int64_t> rank(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) rank[static_cast<size_t>(i)] = i;
+  std::sort(rank.begin(), rank.end(), [&](int64_t a, int64_t b) { return order[size_t(a)] < order[size_t(b)]; });
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(rank[size_t(i)])] = 0.1f * static_cast<float>(i - n / 2);
+  return Tensor::from_host(v, s, host);
+}
+}  // namespace
+
+TEST_CASE("conv2d gradients match finite differences for strides, padding, dilation and odd shapes", "[ops][grad][conv]") {
+  struct Case {
+    Shape x, w;
+    int64_t stride, pad, dilation;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 5, 6}, {4, 3, 3, 3}, 1, 1, 1, true},   // "same" padding
+      {{2, 2, 7, 5}, {3, 2, 3, 3}, 2, 1, 1, true},   // stride 2, odd sizes
+      {{1, 2, 7, 7}, {2, 2, 3, 3}, 1, 2, 2, true},   // dilation, batch 1
+      {{2, 4, 3, 5}, {5, 4, 1, 1}, 1, 0, 1, true},   // 1x1
+      {{2, 2, 6, 5}, {3, 2, 2, 3}, 2, 0, 1, false},  // a non-square kernel, no bias
+      {{3, 1, 4, 4}, {2, 1, 4, 4}, 1, 0, 1, true},   // the kernel covers the whole image
+  };
+  for (const Case& c : cases) {
+    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " stride " << c.stride << " pad " << c.pad
+              << " dilation " << c.dilation);
+    Tensor x = randn_tensor(c.x, 21, host);
+    Tensor w = randn_tensor(c.w, 22, host, 0.5f);
+    Tensor b = c.bias ? randn_tensor({c.w[0]}, 23, host, 0.5f) : Tensor();
+    std::vector<Tensor> wrt{x, w};
+    if (c.bias) wrt.push_back(b);
+    check_gradients([&] { return conv2d(x, w, b, c.stride, c.pad, c.dilation); }, wrt);
+  }
+}
+
+TEST_CASE("conv2d gives known answers for padding, stride and dilation", "[ops][conv]") {
+  // x = 1..9 in a 3x3 image, w = [[1, 0], [0, -1]]: y = x[i][j] - x[i+d][j+d].
+  Tensor x = Tensor::from_host({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3}, host);
+  Tensor w = Tensor::from_host({1, 0, 0, -1}, {1, 1, 2, 2}, host);
+  CHECK(conv2d(x, w, Tensor()).to_host() == std::vector<float>{-4, -4, -4, -4});
+  // Padding 1, stride 2: windows at (-1,-1), (-1,1), (1,-1), (1,1); padding reads zeros.
+  CHECK(conv2d(x, w, Tensor(), 2, 1).to_host() == std::vector<float>{-1, -3, -7, -4});
+  CHECK(conv2d(x, w, Tensor(), 1, 0, 2).to_host() == std::vector<float>{1 - 9});
+  // Two input channels summed, two output channels with their biases.
+  Tensor x2 = Tensor::from_host({1, 2, 3, 4, 10, 20, 30, 40}, {1, 2, 2, 2}, host);
+  Tensor w2 = Tensor::from_host({1, 1, 2, 0}, {2, 2, 1, 1}, host);
+  Tensor b2 = Tensor::from_host({0.5f, -1}, {2}, host);
+  CHECK(conv2d(x2, w2, b2).to_host() == std::vector<float>{11.5f, 22.5f, 33.5f, 44.5f, 1, 3, 5, 7});
+}
+
+TEST_CASE("a 1x1 convolution over a 1x1 image is a linear layer", "[ops][conv]") {
+  Tensor x = randn_tensor({5, 6, 1, 1}, 24, host);
+  Tensor w = randn_tensor({4, 6, 1, 1}, 25, host);
+  Tensor b = randn_tensor({4}, 26, host);
+  CHECK(rel_error(conv2d(x, w, b).to_host(), linear(x.reshape({5, 6}), w.reshape({4, 6}), b).to_host()) < 1e-6);
+}
+
+TEST_CASE("pooling gradients match finite differences", "[ops][grad][conv]") {
+  struct Case {
+    Shape x;
+    Pool kind;
+    int64_t kh, kw, stride, pad;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 6, 6}, Pool::max, 2, 2, 2, 0}, {{2, 2, 7, 5}, Pool::max, 3, 3, 2, 1}, {{1, 2, 5, 5}, Pool::max, 3, 3, 1, 1},
+      {{2, 3, 6, 6}, Pool::avg, 2, 2, 2, 0}, {{2, 2, 7, 5}, Pool::avg, 3, 3, 2, 1}, {{1, 2, 5, 7}, Pool::avg, 5, 7, 1, 0},
+  };
+  for (const Case& c : cases) {
+    INFO((c.kind == Pool::max ? "max" : "avg") << " x " << shape_str(c.x) << " window " << c.kh << "x" << c.kw
+                                                << " stride " << c.stride << " pad " << c.pad);
+    Tensor x = spaced_tensor(c.x, 27);
+    check_gradients([&] { return pool2d(x, c.kind, c.kh, c.kw, c.stride, c.pad); }, {x});
+  }
+}
+
+TEST_CASE("pooling gives known answers: padding, count_include_pad, the first maximum", "[ops][conv]") {
+  Tensor x = Tensor::from_host({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3}, host);
+  CHECK(pool2d(x, Pool::max, 2, 2, 1).to_host() == std::vector<float>{5, 6, 8, 9});
+  CHECK(pool2d(x, Pool::max, 2, 2, 2, 1).to_host() == std::vector<float>{1, 3, 7, 9});
+  // The padded zeros count: the corner window (-1..0)^2 holds only x[0][0] = 1, over 4;
+  // the next, 2 + 3 over 4.
+  CHECK(pool2d(x, Pool::avg, 2, 2, 2, 1).to_host() == std::vector<float>{0.25f, 1.25f, 2.75f, 7});
+  CHECK(pool2d(x, Pool::avg, 3, 3, 1).to_host() == std::vector<float>{5});
+  // A tie: the gradient goes to the first maximum of the window only.
+  Tensor t = Tensor::from_host({2, 7, 7, 1}, {1, 1, 2, 2}, host).set_requires_grad(true);
+  pool2d(t, Pool::max, 2, 2, 2).backward();
+  CHECK(t.grad().to_host() == std::vector<float>{0, 1, 0, 0});
+}
+
+TEST_CASE("batch norm gradients match finite differences", "[ops][grad][conv]") {
+  for (const Shape& s : {Shape{3, 4, 5, 5}, Shape{1, 3, 4, 3}, Shape{5, 2, 1, 1}}) {
+    INFO("x " << shape_str(s));
+    const int64_t c = s[1];
+    Tensor x = randn_tensor(s, 28, host, 2.0f);
+    Tensor gamma = randn_tensor({c}, 29, host);
+    Tensor beta = randn_tensor({c}, 30, host);
+    Tensor mean = Tensor::zeros({c}, DType::f32, host), var = Tensor::full({c}, 1.0f, host);
+    check_gradients([&] { return batch_norm2d(x, gamma, beta, mean, var, true); }, {x, gamma, beta});
+  }
+}
+
+TEST_CASE("batch norm: batch statistics in training, running statistics in evaluation", "[ops][conv]") {
+  const Shape s{2, 3, 2, 3};
+  Tensor x = randn_tensor(s, 31, host, 3.0f);
+  Tensor gamma = Tensor::from_host({1.0f, 2.0f, -0.5f}, {3}, host);
+  Tensor beta = Tensor::from_host({0.0f, 1.0f, 0.25f}, {3}, host);
+  Tensor rmean = Tensor::from_host({0.5f, 0.0f, -1.0f}, {3}, host), rvar = Tensor::from_host({1.0f, 2.0f, 0.5f}, {3}, host);
+  const auto xs = x.to_host(), g = gamma.to_host(), b = beta.to_host(), m0 = rmean.to_host(), v0 = rvar.to_host();
+  const BatchNormArgs a{1e-5f, 0.1f};
+  const auto y = batch_norm2d(x, gamma, beta, rmean, rvar, true, a).to_host();
+  const auto m1 = rmean.to_host(), v1 = rvar.to_host();
+  const auto ye = batch_norm2d(x, gamma, beta, rmean, rvar, false, a).to_host();
+  CHECK(rmean.to_host() == m1);  // evaluation leaves the running statistics alone
+  for (int64_t c = 0; c < 3; ++c) {
+    INFO("channel " << c);
+    std::vector<size_t> idx;
+    for (int64_t n = 0; n < 2; ++n)
+      for (int64_t e = 0; e < 6; ++e) idx.push_back(static_cast<size_t>((n * 3 + c) * 6 + e));
+    double mean = 0, sq = 0;
+    for (size_t i : idx) mean += xs[i];
+    mean /= 12;
+    for (size_t i : idx) sq += (xs[i] - mean) * (xs[i] - mean);
+    const size_t k = static_cast<size_t>(c);
+    // Normalized with the biased variance; the running variance moves toward the unbiased one.
+    for (size_t i : idx) CHECK(std::fabs(y[i] - ((xs[i] - mean) / std::sqrt(sq / 12 + 1e-5) * g[k] + b[k])) < 1e-5);
+    CHECK(std::fabs(m1[k] - (0.9 * m0[k] + 0.1 * mean)) < 1e-6);
+    CHECK(std::fabs(v1[k] - (0.9 * v0[k] + 0.1 * sq / 11)) < 1e-6);
+    for (size_t i : idx) CHECK(std::fabs(ye[i] - ((xs[i] - m1[k]) / std::sqrt(v1[k] + 1e-5) * g[k] + b[k])) < 1e-5);
+  }
+  // Evaluation has no backward: asking for one is an error, not a missing gradient.
+  gamma.set_requires_grad(true);
+  CHECK_THROWS_AS(mse_loss(batch_norm2d(x, gamma, beta, rmean, rvar, false), Tensor::zeros(s, DType::f32, host)).backward(),
+                  Error);
+  Tensor one = randn_tensor({1, 3, 1, 1}, 32, host);
+  CHECK_THROWS_AS(batch_norm2d(one, gamma, beta, rmean, rvar, true), Error);  // one value per channel
+}
+
+TEST_CASE("flatten keeps the data and passes the gradient back in the input's shape", "[ops][conv]") {
+  Tensor x = randn_tensor({2, 3, 2, 2}, 33, host);
+  CHECK(flatten(x).shape() == Shape{2, 12});
+  CHECK(flatten(x).to_host() == x.to_host());
+  Tensor w = randn_tensor({3, 3, 1, 1}, 34, host);
+  check_gradients([&] { return flatten(conv2d(x, w, Tensor())); }, {x, w});
+}
+
+TEST_CASE("convolution ops refuse shapes that do not fit", "[ops][conv]") {
+  Tensor x = randn_tensor({1, 3, 4, 4}, 35, host);
+  CHECK_THROWS_AS(conv2d(x, randn_tensor({2, 2, 3, 3}, 1, host), Tensor()), Error);          // channels
+  CHECK_THROWS_AS(conv2d(x, randn_tensor({2, 3, 5, 5}, 1, host), Tensor()), Error);          // kernel > image
+  CHECK_THROWS_AS(conv2d(x, randn_tensor({2, 3, 3, 3}, 1, host), randn_tensor({3}, 1, host)), Error);  // bias
+  CHECK_THROWS_AS(conv2d(x.reshape({3, 16}), randn_tensor({2, 3, 1, 1}, 1, host), Tensor()), Error);   // not NCHW
+  CHECK_THROWS_AS(pool2d(x, Pool::max, 5, 5, 1), Error);
+  CHECK_THROWS_AS(pool2d(x, Pool::max, 2, 2, 2, 2), Error);  // padding over half the window
+  CHECK_THROWS_AS(pool2d(x, Pool::avg, 2, 2, 0), Error);
 }

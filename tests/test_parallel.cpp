@@ -212,3 +212,55 @@ TEST_CASE("data-parallel steps allocate nothing after the first, replicas sharin
       CHECK(allocs() == after_first);
     }
 }
+
+TEST_CASE("a CNN on N CPU replicas trains exactly like one device on the whole batch", "[parallel][cnn]") {
+  TrainConfig one = small(data::Task::classification, "sgd", 10);
+  one.model = "cnn:2x7x7-c4k3-p2-c6k3s2-a2s1p1-f3";  // no batch norm: shards do not matter
+  one.steps = 8;
+  one.devices = cpus(1);
+  Trainer ref(one);
+  ref.run();
+  const auto want = ref.model().flat_params().to_host();
+  for (Reduce path : {Reduce::host, Reduce::p2p})
+    for (int n : {2, 3}) {  // 5/5 and 4/3/3
+      INFO(n << " devices, reduce " << reduce_name(path));
+      TrainConfig c = one;
+      c.devices = cpus(n);
+      c.reduce = path;
+      Trainer t(c);
+      REQUIRE(t.parallel().buckets() > 1);
+      t.run();
+      CHECK(t.parallel().replicas_identical());
+      CHECK(test::rel_error(t.model().flat_params().to_host(), want) <= 1e-5);
+    }
+}
+
+TEST_CASE("batch norm: statistics per replica, the master's running statistics on every replica", "[parallel][cnn]") {
+  TrainConfig c = small(data::Task::classification, "sgd", 10);
+  c.model = "cnn:2x6x6-c4k3-bn-p2-f3";
+  c.steps = 5;
+  c.devices = cpus(3);
+  Trainer t(c);
+  const Tensor& master = t.model().flat_buffers();
+  REQUIRE(master.defined());
+  const auto initial = master.to_host();
+  for (int64_t s = 0; s < c.steps; ++s) {
+    t.step(s);
+    REQUIRE(t.parallel().replicas_identical());  // parameters and buffers, bitwise
+  }
+  CHECK(master.to_host() != initial);
+  // The running statistics are those of the master's own shard, as in nn.DataParallel
+  // and DDP: after one step (4/3/3), those of one device's forward over samples 0..3.
+  Trainer one_step(c);
+  one_step.step(0);
+  TrainConfig alone = c;
+  alone.devices = cpus(1);
+  Trainer ref(alone);
+  data::Synthetic d({.task = data::Task::classification, .out = 3, .image = {2, 6, 6}, .seed = c.seed},
+                    cpus(1).front());
+  {
+    NoGradGuard g;
+    ref.model().forward(d.batch(0, 4).x);
+  }
+  CHECK(test::rel_error(one_step.model().flat_buffers().to_host(), ref.model().flat_buffers().to_host()) <= 1e-6);
+}
