@@ -1,6 +1,7 @@
 // step_bench: times dptrain's training step on one device for a reference workload of
-// BENCHMARKS.md (seed, mlp, or any MLP spec), with a fixed random batch so only the
-// step is timed (forward, MSE, backward, SGD), as the PyTorch twin (torch_bench.py) does.
+// BENCHMARKS.md (seed, mlp, cnn, or any MLP or CNN spec), with a fixed random batch so
+// only the step is timed (forward, loss, backward, SGD), as the PyTorch twin
+// (torch_bench.py) does.
 // Prints one line: workload, precision, gemm, ms/step (median of timed blocks),
 // samples/s, peak memory, and the loss before and after as a sanity check.
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "../layers/conv.hpp"
 #include "../layers/layers.hpp"
 #include "../layers/loss.hpp"
 #include "../optim/optim.hpp"
@@ -25,7 +27,7 @@ int main(int argc, char** argv) {
   std::string model = "seed", precision = "fp32", gemm = "cublas", device = "cuda:0";
   int64_t batch = 64, warmup = 20, blocks = 7, per_block = 20;
   bool graph = false;
-  app.add_option("--model", model, "seed, mlp or an MLP spec");
+  app.add_option("--model", model, "seed, mlp, cnn, an MLP spec or cnn:SPEC");
   app.add_option("--batch", batch, "Batch size");
   app.add_option("--precision", precision, "fp32, tf32, bf16");
   app.add_option("--gemm", gemm, "cublas or native");
@@ -40,17 +42,34 @@ int main(int argc, char** argv) {
     Context& ctx = context(d);
     ctx.precision = parse_precision(precision);
     ctx.gemm = parse_gemm(gemm);
-    const auto widths = nn::parse_mlp_spec(model);
-    auto net = nn::mlp(model, Act::relu);
+    // An MLP regresses random targets (MSE); a CNN classifies random images (cross-entropy
+    // against labels drawn from the same generator).
+    const bool is_cnn = nn::is_cnn_spec(model);
+    std::shared_ptr<nn::Module> net;
+    Tensor x, y;
+    if (is_cnn) {
+      const nn::CnnSpec spec = nn::parse_cnn_spec(model);
+      net = nn::cnn(model, Act::relu);
+      x = Tensor::empty({batch, spec.input[0], spec.input[1], spec.input[2]}, DType::f32, d);
+      Tensor u = Tensor::empty({batch}, DType::f32, Device{DeviceType::cpu, 0});
+      uniform_(u, 1, 2, 0, 0.0f, static_cast<float>(spec.classes));
+      std::vector<int32_t> labels;
+      for (float v : u.to_host()) labels.push_back(std::min(static_cast<int32_t>(v), static_cast<int32_t>(spec.classes - 1)));
+      y = Tensor::from_host_i32(labels, {batch}, d);
+    } else {
+      const auto widths = nn::parse_mlp_spec(model);
+      net = nn::mlp(model, Act::relu);
+      x = Tensor::empty({batch, widths.front()}, DType::f32, d);
+      y = Tensor::empty({batch, widths.back()}, DType::f32, d);
+      normal_(y, 1, 2, 0);
+    }
+    normal_(x, 1, 1, 0);
     net->to(d, 1);
     optim::SGD opt(*net, {.lr = 0.01f});
-    Tensor x = Tensor::empty({batch, widths.front()}, DType::f32, d);
-    Tensor y = Tensor::empty({batch, widths.back()}, DType::f32, d);
-    normal_(x, 1, 1, 0);
-    normal_(y, 1, 2, 0);
     auto step = [&] {
       net->zero_grad();
-      Tensor loss = nn::MSELoss()(net->forward(x), y);
+      Tensor out = net->forward(x);
+      Tensor loss = is_cnn ? cross_entropy(out, y) : nn::MSELoss()(out, y);
       loss.backward();
       opt.step();
       return loss;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The PyTorch twin of step_bench and dpbench: the same workload (an MLP with ReLU, MSE,
-SGD lr 0.01, PyTorch's Linear initialisation, which dptrain copies: uniform in
-+-1/sqrt(in)) on a fixed random batch, timed the same way (warm-up, then the median over
+"""The PyTorch twin of step_bench and dpbench: the same workload (an MLP with ReLU and
+MSE, or a CNN of dptrain's spec grammar with cross-entropy on random labels; SGD lr 0.01;
+PyTorch's default initialisation, which dptrain copies: uniform in +-1/sqrt(fan in)) on a
+fixed random batch, timed the same way (warm-up, then the median over
 timed blocks of steps, each block bracketed by CUDA events on the master GPU).
 
 Modes:
@@ -34,6 +35,63 @@ SEED = 1
 LR = 0.01
 
 
+CNN_PRESETS = {"cnn-small": "cnn:3x16x16-c16k3-p2-c32k3-p2-f10",
+               "cnn": "cnn:3x32x32-c64k3-bn-p2-c128k3-bn-p2-c256k3-bn-p2-g-f10"}
+
+
+def is_cnn(spec):
+    return spec.startswith("cnn")
+
+
+def cnn_layers(spec):
+    """The torch twin of a dptrain CNN spec (README, "Convolutional networks"): returns
+    (layers, input shape [C, H, W], classes). cNkK[sS][pP][dD] is Conv2d with padding
+    D*(K-1)//2 by default, then BatchNorm2d when `bn` follows, then ReLU; pK / aK pool
+    with stride K by default; g is global average pooling; fN is Linear (a Flatten before
+    the first), ReLU after every one but the last."""
+    import re
+    toks = CNN_PRESETS.get(spec, spec)[len("cnn:"):].split("-")
+    c, h, w = (int(v) for v in toks[0].split("x"))
+    layers, flat = [], None
+    i = 1
+    while i < len(toks):
+        t = toks[i]
+        m = re.fullmatch(r"c(\d+)k(\d+)(?:s(\d+))?(?:p(\d+))?(?:d(\d+))?", t)
+        if m:
+            n, k, st, pd, dl = (int(v) if v else None for v in m.groups())
+            st, dl = st or 1, dl or 1
+            pd = dl * (k - 1) // 2 if pd is None else pd
+            layers.append(torch.nn.Conv2d(c, n, k, stride=st, padding=pd, dilation=dl))
+            c, h, w = n, (h + 2 * pd - dl * (k - 1) - 1) // st + 1, (w + 2 * pd - dl * (k - 1) - 1) // st + 1
+            if i + 1 < len(toks) and toks[i + 1] == "bn":
+                layers.append(torch.nn.BatchNorm2d(c))
+                i += 1
+            layers.append(torch.nn.ReLU())
+        elif t == "bn":
+            layers.append(torch.nn.BatchNorm2d(c))
+        elif re.fullmatch(r"[pa]\d+(?:s\d+)?(?:p\d+)?", t):
+            k, st, pd = (int(v) if v else None for v in re.fullmatch(r"[pa](\d+)(?:s(\d+))?(?:p(\d+))?", t).groups())
+            st, pd = st or k, pd or 0
+            pool = torch.nn.MaxPool2d if t[0] == "p" else torch.nn.AvgPool2d
+            layers.append(pool(k, stride=st, padding=pd))
+            h, w = (h + 2 * pd - k) // st + 1, (w + 2 * pd - k) // st + 1
+        elif t == "g":
+            layers.append(torch.nn.AdaptiveAvgPool2d(1))
+            h = w = 1
+        elif t.startswith("f"):
+            if flat is None:
+                layers.append(torch.nn.Flatten())
+                flat = c * h * w
+            layers.append(torch.nn.Linear(flat, int(t[1:])))
+            flat = int(t[1:])
+            if i + 1 < len(toks):
+                layers.append(torch.nn.ReLU())
+        else:
+            raise SystemExit(f"torch_bench: CNN layer '{t}' not understood")
+        i += 1
+    return layers, toks[0], flat
+
+
 def widths(spec):
     spec = {"seed": "1000-1000", "mlp": "1024-4096x3-1024"}.get(spec, spec)
     out = []
@@ -56,6 +114,8 @@ def configure(a):
 
 def build(a, dev):
     torch.manual_seed(SEED)  # every rank starts from the same weights
+    if is_cnn(a.model):
+        return torch.nn.Sequential(*cnn_layers(a.model)[0]).to(dev)
     w = widths(a.model)
     layers = []
     for i in range(len(w) - 1):
@@ -68,15 +128,20 @@ def build(a, dev):
 def fixed_batch(a, first, count, dev):
     """Rows [first, first + count) of the global batch, made once from SEED on the host,
     so that every mode and every rank sees the same data."""
-    w = widths(a.model)
     g = torch.Generator().manual_seed(SEED)
-    x = torch.randn(a.batch, w[0], generator=g)
-    y = torch.randn(a.batch, w[-1], generator=g)
+    if is_cnn(a.model):  # random images, random labels
+        _, shape, classes = cnn_layers(a.model)
+        x = torch.randn(a.batch, *(int(v) for v in shape.split("x")), generator=g)
+        y = torch.randint(classes, (a.batch,), generator=g)
+    else:
+        w = widths(a.model)
+        x = torch.randn(a.batch, w[0], generator=g)
+        y = torch.randn(a.batch, w[-1], generator=g)
     return x[first:first + count].to(dev), y[first:first + count].to(dev)
 
 
 def make_step(a, model, opt, x, y, cache_casts=True):
-    loss_fn = torch.nn.MSELoss()
+    loss_fn = torch.nn.CrossEntropyLoss() if is_cnn(a.model) else torch.nn.MSELoss()
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -112,7 +177,7 @@ def make_graph_step(a, model, opt, x, y):
     # Gradients set to None before the capture: the captured backward then writes them
     # (into the graph's memory pool) instead of accumulating.
     opt.zero_grad(set_to_none=True)
-    loss_fn = torch.nn.MSELoss()
+    loss_fn = torch.nn.CrossEntropyLoss() if is_cnn(a.model) else torch.nn.MSELoss()
     with torch.cuda.graph(graph):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16", cache_enabled=False):
             out = model(x)

@@ -86,6 +86,9 @@ std::string BatchNorm2d::describe() const {
 namespace {
 
 constexpr const char* kCnnSmall = "cnn:3x16x16-c16k3-p2-c32k3-p2-f10";
+// The benchmark workload (BENCHMARKS.md, batch 256): a small VGG-style network on 32x32
+// colour images, about 0.15 GFLOP per image forward.
+constexpr const char* kCnnBench = "cnn:3x32x32-c64k3-bn-p2-c128k3-bn-p2-c256k3-bn-p2-g-f10";
 constexpr const char* kGrammar = "cNkK[sS][pP][dD], bn, pK[sS][pP], aK[sS][pP], g or fN";
 
 std::string size_str(const Shape& s) {
@@ -98,9 +101,9 @@ class SpecParser {
   explicit SpecParser(const std::string& spec) : spec_(spec) {}
 
   CnnSpec parse() {
-    const std::string text = spec_ == "cnn-small" ? kCnnSmall : spec_;
+    const std::string text = spec_ == "cnn-small" ? kCnnSmall : spec_ == "cnn" ? kCnnBench : spec_;
     if (text.rfind("cnn:", 0) != 0)
-      throw bad("unknown CNN preset (expected cnn-small, or cnn:CxHxW-LAYER-...-fN with layers " +
+      throw bad("unknown CNN preset (expected cnn-small, cnn, or cnn:CxHxW-LAYER-...-fN with layers " +
                 std::string(kGrammar) + ")");
     std::vector<std::string_view> tokens;
     std::string_view rest = std::string_view(text).substr(4);

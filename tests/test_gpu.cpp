@@ -642,3 +642,81 @@ TEST_CASE("cuDNN's running variance is the batch's unbiased variance, as torch's
 #else
 TEST_CASE("cuDNN kernels", "[gpu][conv]") { WARN("built without cuDNN: the convolution tests do not run"); }
 #endif
+
+// ---- Convolutional networks on the GPU --------------------------------------------------
+
+#if DPT_WITH_CUDNN
+namespace {
+TrainConfig cnn_config(const std::string& spec) {
+  TrainConfig c;
+  c.model = spec;
+  c.task = data::Task::classification;
+  c.lr = 0.05f;
+  c.batch = 10;  // uneven on 3 and 4 replicas
+  c.steps = 30;
+  c.log_every = 1000;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("30 CNN training steps on CUDA match the same run on the CPU", "[gpu][conv][train]") {
+  for (std::string spec : {"cnn:3x9x9-c6k3-p2-c8k3s2-a2-f5", "cnn:3x8x8-c6k3-bn-p2-c8k1-g-f4"}) {
+    for (std::string opt : {"sgd", "adamw"}) {
+      INFO(spec << " " << opt);
+      TrainConfig c = cnn_config(spec);
+      c.optimizer = opt;
+      c.lr = opt == "sgd" ? 0.05f : 0.003f;
+      c.devices = {host};
+      Trainer a(c);
+      const TrainResult ra = a.run();
+      c.devices = {gpu};
+      Trainer b(c);
+      const TrainResult rb = b.run();
+      const double err = rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host());
+      const double err_buf = rel_error(b.model().flat_buffers().to_host(), a.model().flat_buffers().to_host());
+      INFO("weights relative error " << err << ", buffers " << err_buf << ", loss " << ra.final_loss << " vs "
+                                     << rb.final_loss);
+      CHECK(err < 1e-4);
+      CHECK(err_buf < 1e-4);
+      CHECK(std::fabs(ra.final_loss - rb.final_loss) <= 1e-3 * std::fabs(ra.final_loss));
+    }
+  }
+}
+
+TEST_CASE("a CNN on logical replicas of one GPU equals one-GPU training, with no cudaMalloc after the first step",
+          "[gpu][conv][parallel][allocator]") {
+  // Without batch norm N replicas are exactly one device; with it each replica normalizes
+  // its own shard (as nn.DataParallel), so only the replicas' agreement is checked.
+  const TrainConfig c = cnn_config("cnn:3x9x9-c6k3-p2-c8k3-g-f5");
+  const auto want = train_dp(c, {gpu}, Reduce::automatic);
+  for (int n : {2, 3}) {
+    INFO(n << " replicas");
+    const auto got = train_dp(c, std::vector<Device>(static_cast<size_t>(n), gpu), Reduce::p2p);
+    const double err = rel_error(got, want);
+    INFO("relative error " << err);
+    CHECK(err < 1e-5);
+  }
+  TrainConfig bn = cnn_config("cnn:3x8x8-c6k3-bn-p2-f4");
+  train_dp(bn, {gpu, gpu, gpu}, Reduce::p2p);  // asserts the replicas (buffers too) stay identical
+  bn.devices = {gpu, gpu};
+  bn.reduce = Reduce::p2p;
+  Trainer t(bn);
+  t.step(0);
+  const int64_t after_first = allocator(gpu).stats().system_allocs;
+  t.run();
+  CHECK(allocator(gpu).stats().system_allocs == after_first);
+}
+
+TEST_CASE("a CNN step recorded as a CUDA graph trains exactly like the eager step", "[gpu][conv][graph]") {
+  TrainConfig c = cnn_config("cnn:3x8x8-c6k3-bn-p2-c8k3-g-f4");
+  c.batch = 16;
+  c.devices = {gpu};
+  Trainer eager(c);
+  eager.run();
+  c.cuda_graph = true;
+  Trainer graphed(c);
+  graphed.run();
+  CHECK(rel_error(graphed.model().flat_params().to_host(), eager.model().flat_params().to_host()) <= 1e-6);
+  CHECK(rel_error(graphed.model().flat_buffers().to_host(), eager.model().flat_buffers().to_host()) <= 1e-6);
+}
+#endif
