@@ -20,6 +20,7 @@
 
 #include "../apps/plot.hpp"
 #include "../kernels/error.hpp"
+#include "../layers/conv.hpp"
 #include "../layers/layers.hpp"
 #include "../layers/loss.hpp"
 #include "../optim/checkpoint.hpp"
@@ -73,7 +74,9 @@ struct Flags {
 // What the flags ask for, checked.
 struct Plan {
   std::string model;
-  std::vector<int64_t> widths;
+  bool cnn = false;              // a CNN classifying images, else an MLP regressing
+  std::vector<int64_t> widths;   // MLP: the layer widths
+  dpt::nn::CnnSpec cnn_spec;     // CNN: the checked spec
   std::vector<Device> devices;
   std::vector<size_t> counts;  // device counts to run: 1, 2, 4, ... and all of them
   int64_t batch = 0;           // per device in weak scaling; times devices.size() in strong
@@ -86,7 +89,7 @@ struct Plan {
 };
 
 void add_flags(CLI::App& app, Flags& f) {
-  app.add_option("--model", f.model, "MLP spec (widths, e.g. 1024-4096x3-1024) or preset: seed, mlp")
+  app.add_option("--model", f.model, "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:...) or preset: seed, mlp, cnn")
       ->capture_default_str();
   auto* devices = app.add_option("--devices", f.devices,
                                  "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
@@ -123,7 +126,9 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   const bool gpus_given = app.count("--gpus") > 0, cpus_given = app.count("--cpus") > 0;
   Plan p;
   p.model = f.model;
-  p.widths = dpt::nn::parse_mlp_spec(f.model);
+  p.cnn = dpt::nn::is_cnn_spec(f.model);
+  if (p.cnn) p.cnn_spec = dpt::nn::parse_cnn_spec(f.model);
+  else p.widths = dpt::nn::parse_mlp_spec(f.model);
   if (!f.devices.empty()) p.devices = dpt::parse_devices(f.devices);
   else if (gpus_given) p.devices = dpt::first_devices(dpt::DeviceType::cuda, f.gpus, "--gpus");
   else if (cpus_given) p.devices = dpt::first_devices(dpt::DeviceType::cpu, f.cpus, "--cpus");
@@ -182,6 +187,38 @@ double median(std::vector<double> v) {
 }
 
 // reduce = automatic runs one device with no gradient reduction at all (the baseline).
+std::shared_ptr<dpt::nn::Module> build_model(const Plan& p) {
+  if (p.cnn) return dpt::nn::cnn(p.model, dpt::Act::relu);
+  return dpt::nn::mlp(p.model, dpt::Act::relu);
+}
+
+// Samples [first, first + count) of the fixed batch on `device`. Sample i's values depend
+// on i alone (Philox offset), so a strong-scaling batch is the same data whatever the
+// number of devices. An MLP gets random inputs and targets; a CNN random images and
+// labels (drawn on the host from the same generator).
+dpt::data::Batch make_shard(const Plan& p, int64_t first, int64_t count, const Device& device) {
+  dpt::data::Batch s;
+  if (p.cnn) {
+    const auto& in = p.cnn_spec.input;
+    const int64_t pixels = in[0] * in[1] * in[2];
+    s.x = dpt::Tensor::empty({count, in[0], in[1], in[2]}, dpt::DType::f32, device);
+    dpt::normal_(s.x, kSeed, 1, static_cast<uint64_t>(first * pixels));
+    dpt::Tensor u = dpt::Tensor::empty({count}, dpt::DType::f32, Device{dpt::DeviceType::cpu, 0});
+    dpt::uniform_(u, kSeed, 2, static_cast<uint64_t>(first), 0.0f, static_cast<float>(p.cnn_spec.classes));
+    std::vector<int32_t> labels;
+    for (float v : u.to_host())
+      labels.push_back(std::min(static_cast<int32_t>(v), static_cast<int32_t>(p.cnn_spec.classes - 1)));
+    s.y = dpt::Tensor::from_host_i32(labels, {count}, device);
+    return s;
+  }
+  const int64_t in = p.widths.front(), out = p.widths.back();
+  s.x = dpt::Tensor::empty({count, in}, dpt::DType::f32, device);
+  s.y = dpt::Tensor::empty({count, out}, dpt::DType::f32, device);
+  dpt::normal_(s.x, kSeed, 1, static_cast<uint64_t>(first * in));
+  dpt::normal_(s.y, kSeed, 2, static_cast<uint64_t>(first * out));
+  return s;
+}
+
 Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Precision precision) {
   Measurement m;
   m.global = global;
@@ -193,7 +230,7 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
     dpt::allocator(d).empty_cache();
     dpt::allocator(d).reset_peak();
   }
-  auto model = dpt::nn::mlp(p.model, dpt::Act::relu);
+  auto model = build_model(p);
   model->to(m.devices.front(), kSeed);
   dpt::DataParallelOptions o;
   o.reduce = reduce;
@@ -212,14 +249,9 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   // empty: the global batch is at least batch x n.
   const auto sizes = dpt::DataParallel::split(global, n);
   std::vector<dpt::data::Batch> shards(n);
-  const int64_t in = p.widths.front(), out = p.widths.back();
   int64_t first = 0;
   for (size_t r = 0; r < n; ++r) {
-    auto& s = shards[r];
-    s.x = dpt::Tensor::empty({sizes[r], in}, dpt::DType::f32, m.devices[r]);
-    s.y = dpt::Tensor::empty({sizes[r], out}, dpt::DType::f32, m.devices[r]);
-    dpt::normal_(s.x, kSeed, 1, static_cast<uint64_t>(first * in));
-    dpt::normal_(s.y, kSeed, 2, static_cast<uint64_t>(first * out));
+    shards[r] = make_shard(p, first, sizes[r], m.devices[r]);
     first += sizes[r];
   }
   for (const Device& d : places) dpt::context(d).synchronize();  // made on the default streams
@@ -227,7 +259,10 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
     DPT_CHECK(shards[r].x.size(0) == count, "dpbench: shard size differs from DataParallel::split");
     return shards[r];
   };
-  const dpt::LossFn loss = dpt::nn::MSELoss();
+  const dpt::LossFn loss = p.cnn ? dpt::LossFn([](const dpt::Tensor& out, const dpt::Tensor& y) {
+    return dpt::cross_entropy(out, y);
+  })
+                                 : dpt::LossFn(dpt::nn::MSELoss());
 
   m.loss_first = dp.train_step(0, global, source, loss).value();
   for (int64_t i = 1; i < p.warmup; ++i) dp.train_step(0, global, source, loss);
@@ -285,8 +320,9 @@ std::string fmt(const char* format, double v) {
 }
 
 void print_header(const Plan& p, int64_t parameters) {
-  std::printf("dpbench %s: MLP %s (%lld parameters, ReLU), MSE + SGD lr %g, fixed random batch\n", DPT_VERSION,
-              p.model.c_str(), static_cast<long long>(parameters), static_cast<double>(kLr));
+  std::printf("dpbench %s: %s %s (%lld parameters, ReLU), %s + SGD lr %g, fixed random batch\n", DPT_VERSION,
+              p.cnn ? "CNN" : "MLP", p.model.c_str(), static_cast<long long>(parameters),
+              p.cnn ? "cross-entropy" : "MSE", static_cast<double>(kLr));
   for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
   std::printf("  weak: batch %lld per device; strong: global batch %lld; %lld timed steps (median of %zu blocks) "
               "after %lld warm-up\n",
@@ -382,13 +418,13 @@ void chart(const Plan& p, const std::vector<Row>& rows, const std::string& path)
   }
   std::vector<std::string> devs;
   for (const Device& d : p.devices) devs.push_back(d.str());
-  dpt::plot::write_line_chart(path, "dpbench: speed-up of MLP " + p.model + " on " + join(devs, ","), "devices",
+  dpt::plot::write_line_chart(path, "dpbench: speed-up of " + p.model + " on " + join(devs, ","), "devices",
                               "speed-up (samples/s against 1 device)", series);
 }
 
 int run(const Plan& p) {
   // Counts the layers' shapes; the model is never placed on a device.
-  const int64_t parameters = dpt::nn::mlp(p.model, dpt::Act::relu)->num_parameters();
+  const int64_t parameters = build_model(p)->num_parameters();
   print_header(p, parameters);
   // One measurement per distinct (devices, global batch, path, precision): the 1-device
   // baseline serves every path, and weak equals strong when there is one device.

@@ -81,6 +81,18 @@ refuse() {
   elif ! grep -q '^dpbench: error: ' "$tmp/stderr"; then bad "dpbench $*: not an error line: $(cat "$tmp/stderr")"
   elif [ -e "$tmp/refused/dpbench.csv" ]; then bad "dpbench $* wrote results"
   else ok; fi
+# A CNN workload: both strong-scaling runs see the same images and labels, so their
+# first losses agree.
+if "$exe" --cpus 2 --model cnn-small --batch 4 --steps 2 --warmup 1 --scaling strong --out "$tmp/cnn" \
+  >"$tmp/stdout" 2>"$tmp/stderr"; then ok
+else bad "dpbench --model cnn-small failed: $(cat "$tmp/stderr")"; fi
+python3 - "$tmp/cnn/dpbench.csv" <<'PY' && ok || bad "CNN CSV: $(cat "$tmp/cnn/dpbench.csv")"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert [r["devices"] for r in rows] == ["1", "2"], rows
+assert abs(float(rows[0]["loss_first"]) - float(rows[1]["loss_first"])) < 1e-4 * abs(float(rows[0]["loss_first"])), rows
+PY
+
 }
 refuse --cpus 0
 refuse --cpus -1
@@ -97,6 +109,7 @@ refuse --cpus 2 --steps 0
 refuse --cpus 2 --warmup 0
 refuse --cpus 2 --bucket-mb 0
 refuse --model 10-
+refuse --model cnn:3x4x4-c8k5p0-f2
 refuse --bogus
 touch "$tmp/file"
 refuse --cpus 2 --model 16-32-4 --out "$tmp/file/sub"
