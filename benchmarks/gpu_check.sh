@@ -31,7 +31,11 @@ build/benchmarks/sgemm_bench >"$out/sgemm.log" 2>&1
     python3 benchmarks/torch_bench.py --model seed --batch 64 --precision $p
     build/benchmarks/step_bench --model mlp --batch 4096 --precision $p
     python3 benchmarks/torch_bench.py --model mlp --batch 4096 --precision $p
+    build/benchmarks/step_bench --model cnn --batch 256 --precision $p
+    python3 benchmarks/torch_bench.py --model cnn --batch 256 --precision $p
   done
+  build/benchmarks/step_bench --model cnn --batch 256 --cuda-graph
+  python3 benchmarks/torch_bench.py --model cnn --batch 256 --mode graph
   build/benchmarks/step_bench --model mlp --batch 4096 --precision fp32 --gemm native
   python3 benchmarks/torch_bench.py --model seed --batch 64 --mode graph
   build/benchmarks/step_bench --model seed --batch 64 --cuda-graph
@@ -58,7 +62,7 @@ for line in open(sys.argv[1]):
         who, model, batch, prec, impl, ms, peak = m.groups()
         rows[(who, model, prec, impl)] = (float(ms), float(peak))
 print(f"{'workload':<10}{'precision':<10}{'dptrain ms':>12}{'torch ms':>10}{'speed-up':>10}{'dptrain MiB':>13}{'torch MiB':>11}")
-for model in ("seed", "mlp"):
+for model in ("seed", "mlp", "cnn"):
     for prec in ("fp32", "tf32", "bf16"):
         d = rows.get(("dptrain", model, prec, "cublas")); t = rows.get(("torch", model, prec, "eager"))
         if d and t:
