@@ -23,6 +23,7 @@
 #include "../layers/conv.hpp"
 #include "../layers/layers.hpp"
 #include "../layers/loss.hpp"
+#include "../layers/synthetic.hpp"
 #include "../optim/checkpoint.hpp"
 #include "../optim/data_parallel.hpp"
 #include "../runtime/allocator.hpp"
@@ -203,12 +204,7 @@ dpt::data::Batch make_shard(const Plan& p, int64_t first, int64_t count, const D
     const int64_t pixels = in[0] * in[1] * in[2];
     s.x = dpt::Tensor::empty({count, in[0], in[1], in[2]}, dpt::DType::f32, device);
     dpt::normal_(s.x, kSeed, 1, static_cast<uint64_t>(first * pixels));
-    dpt::Tensor u = dpt::Tensor::empty({count}, dpt::DType::f32, Device{dpt::DeviceType::cpu, 0});
-    dpt::uniform_(u, kSeed, 2, static_cast<uint64_t>(first), 0.0f, static_cast<float>(p.cnn_spec.classes));
-    std::vector<int32_t> labels;
-    for (float v : u.to_host())
-      labels.push_back(std::min(static_cast<int32_t>(v), static_cast<int32_t>(p.cnn_spec.classes - 1)));
-    s.y = dpt::Tensor::from_host_i32(labels, {count}, device);
+    s.y = dpt::data::random_labels(count, p.cnn_spec.classes, kSeed, 2, first, device);
     return s;
   }
   const int64_t in = p.widths.front(), out = p.widths.back();

@@ -15,6 +15,7 @@
 #include "../layers/conv.hpp"
 #include "../layers/layers.hpp"
 #include "../layers/loss.hpp"
+#include "../layers/synthetic.hpp"
 #include "../optim/optim.hpp"
 #include "../runtime/allocator.hpp"
 #include "../runtime/context.hpp"
@@ -51,11 +52,7 @@ int main(int argc, char** argv) {
       const nn::CnnSpec spec = nn::parse_cnn_spec(model);
       net = nn::cnn(model, Act::relu);
       x = Tensor::empty({batch, spec.input[0], spec.input[1], spec.input[2]}, DType::f32, d);
-      Tensor u = Tensor::empty({batch}, DType::f32, Device{DeviceType::cpu, 0});
-      uniform_(u, 1, 2, 0, 0.0f, static_cast<float>(spec.classes));
-      std::vector<int32_t> labels;
-      for (float v : u.to_host()) labels.push_back(std::min(static_cast<int32_t>(v), static_cast<int32_t>(spec.classes - 1)));
-      y = Tensor::from_host_i32(labels, {batch}, d);
+      y = data::random_labels(batch, spec.classes, 1, 2, 0, d);
     } else {
       const auto widths = nn::parse_mlp_spec(model);
       net = nn::mlp(model, Act::relu);

@@ -109,4 +109,15 @@ Batch Synthetic::batch(int64_t first, int64_t count) const {
   return b;
 }
 
+Tensor random_labels(int64_t count, int64_t classes, uint64_t seed, uint64_t stream, int64_t first,
+                     const Device& device) {
+  std::vector<float> u(static_cast<size_t>(count));
+  cpu::uniform(u.data(), count, seed, stream, static_cast<uint64_t>(first), 0.0f, static_cast<float>(classes));
+  std::vector<int32_t> labels;
+  labels.reserve(u.size());
+  // min: a float drawn just below `classes` may round up to it
+  for (float v : u) labels.push_back(static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(v), classes - 1)));
+  return Tensor::from_host_i32(labels, {count}, device);
+}
+
 }  // namespace dpt::data

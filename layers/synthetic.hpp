@@ -47,4 +47,10 @@ class Synthetic {
   Tensor w1_, w2_;
 };
 
+// Labels in [0, classes) for samples first .. first + count - 1, uniform from the Philox
+// stream (seed, stream): each a function of its sample index alone. The benchmarks'
+// fixed classification batches.
+Tensor random_labels(int64_t count, int64_t classes, uint64_t seed, uint64_t stream, int64_t first,
+                     const Device& device);
+
 }  // namespace dpt::data

@@ -42,6 +42,11 @@ TEST_CASE("CNN specs build the layers they describe", "[cnn]") {
        "dilation 2, relu), AdaptiveAvgPool2d(1), Flatten, Linear(6, 5))",
        {3, 8, 8}, 5},
       {"cnn:2x5x5-bn-c3k1-f4", "Sequential(BatchNorm2d(2), Conv2d(2, 3, 1, relu), Flatten, Linear(75, 4))", {2, 5, 5}, 4},
+      {"cnn",  // the benchmark workload of BENCHMARKS.md and torch_bench.py
+       "Sequential(Conv2d(3, 64, 3, padding 1), BatchNorm2d(64, relu), MaxPool2d(2), Conv2d(64, 128, 3, padding 1), "
+       "BatchNorm2d(128, relu), MaxPool2d(2), Conv2d(128, 256, 3, padding 1), BatchNorm2d(256, relu), MaxPool2d(2), "
+       "AdaptiveAvgPool2d(1), Flatten, Linear(256, 10))",
+       {3, 32, 32}, 10},
   };
   for (const Case& c : cases) {
     INFO(c.spec);
@@ -86,7 +91,7 @@ TEST_CASE("bad CNN specs are refused with one line naming the layer and the shap
       {"cnn:3x8x8x2-f2", "input '3x8x8x2': expected CxHxW"},
       {"cnn:0x8x8-f2", "input '0x8x8': the channels must be 1..65536"},
       {"cnn:", "input '': expected a number for the channels"},
-      {"cnn-big", "unknown CNN preset (expected cnn-small, or cnn:CxHxW-LAYER-...-fN"},
+      {"cnn-big", "unknown CNN preset (expected cnn-small, cnn, or cnn:CxHxW-LAYER-...-fN"},
   };
   for (const auto& [spec, problem] : cases) {
     INFO(spec);
