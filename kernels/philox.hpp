@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <cmath>
 
+#ifndef DPT_HD
 #if defined(__CUDACC__)
 #define DPT_HD __host__ __device__ __forceinline__
 #else
 #define DPT_HD inline
+#endif
 #endif
 
 namespace dpt::philox {

@@ -4,6 +4,10 @@
 
 namespace dpt {
 
+// Element types of tensors. bf16 values are stored as uint16_t: the upper half of an IEEE
+// float (kernels/bf16.hpp converts).
+enum class DType { f32, bf16, i32 };
+
 enum class Act : int { none = 0, relu, gelu, tanh };
 
 // How a GEMM rounds its inputs: strict fp32, TF32 tensor cores, or bf16 tensor cores

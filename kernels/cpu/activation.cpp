@@ -1,6 +1,7 @@
 // Bias + activation forward, activation backward and the bias gradient on the CPU.
 #include <cmath>
 
+#include "bf16_io.hpp"
 #include "cpu.hpp"
 
 namespace dpt::cpu {
@@ -51,6 +52,34 @@ void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* d
     for (int64_t i = 0; i < rows; ++i) s += dy[i * cols + j];
     db[j] = beta == 0.0f ? s : beta * db[j] + s;
   }
+}
+
+void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
+                           uint16_t* z, uint16_t* y) {
+  const int64_t n = rows * cols;
+  std::vector<float> zf(z ? static_cast<size_t>(n) : 0), yf(static_cast<size_t>(n));
+  const auto b = bias ? widen(bias, cols) : std::vector<float>();
+  bias_act_forward(x, bias ? b.data() : nullptr, act, rows, cols, z ? zf.data() : nullptr, yf.data());
+  if (z) narrow(zf, z);
+  narrow(yf, y);
+}
+
+void act_forward_bf16(const uint16_t* x, Act act, int64_t n, uint16_t* y) {
+  auto v = widen(x, n);
+  bias_act_forward(v.data(), nullptr, act, 1, n, nullptr, v.data());
+  narrow(v, y);
+}
+
+void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t n, uint16_t* dx) {
+  auto g = widen(dy, n);
+  const auto s = widen(saved, n);
+  act_backward(g.data(), s.data(), act, n, g.data());
+  narrow(g, dx);
+}
+
+void bias_grad_bf16(const uint16_t* dy, int64_t rows, int64_t cols, float beta, float* db) {
+  const auto g = widen(dy, rows * cols);
+  bias_grad(g.data(), rows, cols, beta, db);
 }
 
 }  // namespace dpt::cpu

@@ -2,6 +2,10 @@
 // each function is the plain definition of the op. All matrices are row-major and
 // contiguous. Scalars that the CUDA twins keep on the device (losses, norms) are plain
 // floats in host memory here.
+//
+// The *_bf16 twins take bf16 tensors as uint16_t (kernels/bf16.hpp): they read every bf16
+// value as the float it stands for, compute exactly as the fp32 kernel of the same name
+// does, and round once, to nearest even, where they store a bf16 value.
 #pragma once
 #include <cstdint>
 
@@ -13,6 +17,12 @@ namespace dpt::cpu {
 // A is stored k x m when ta, else m x k; B is stored n x k when tb, else k x n.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
           const float* B, float beta, float* C);
+// The same with bf16 A and B: products summed in float as above; C in float, or in bf16
+// (read as floats when beta != 0, rounded once when written).
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A,
+               const uint16_t* B, float beta, float* C);
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A,
+               const uint16_t* B, float beta, uint16_t* C);
 
 // activation.cpp — y = act(x + bias) row by row (bias may be null; x may equal y).
 // When z is not null it receives x + bias (the pre-activation that GELU's backward needs).
@@ -23,6 +33,14 @@ void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, 
 void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx);
 // db = beta * db + sum over rows of dy.
 void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db);
+// bf16: y (and z, may be null) = act(x + bias) from the fp32 GEMM result x and a bf16 bias
+// (may be null); y = act(x) of a bf16 x (x may equal y); dx = dy * act'(saved), all bf16
+// (dx may equal dy); db (fp32) = beta * db + column sums of a bf16 dy.
+void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
+                           uint16_t* z, uint16_t* y);
+void act_forward_bf16(const uint16_t* x, Act act, int64_t n, uint16_t* y);
+void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t n, uint16_t* dx);
+void bias_grad_bf16(const uint16_t* dy, int64_t rows, int64_t cols, float beta, float* db);
 
 // loss.cpp — mean squared error over n elements, and with dy not null its gradient for a
 // seed of 1, 2 (y - t) / n; mse_backward scales that gradient by scale and by *dloss
@@ -35,14 +53,23 @@ void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t r
                            float* loss);
 void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows,
                             int64_t cols, const float* dloss, float* dlogits);
+// bf16 predictions or logits: the loss in fp32, the gradient in bf16 (the target stays f32).
+void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy);
+void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale,
+                       uint16_t* dy);
+void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                                float* loss);
+void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                                 const float* dloss, uint16_t* dlogits);
 
 // optim.cpp — fused updates over a flat buffer of n parameters. grad_scale (may be null)
 // multiplies every gradient first (gradient clipping); when it is not finite the update
-// is skipped altogether (the gradients were not finite).
+// is skipped altogether (the gradients were not finite). shadow (may be null) receives
+// the updated parameters rounded to bf16: the bf16 copy that bf16 compute reads.
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a,
-              const float* grad_scale);
+              const float* grad_scale, uint16_t* shadow);
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
-                const float* grad_scale);
+                const float* grad_scale, uint16_t* shadow);
 // The step's gradient scale from ||g||^2: min(1, max_norm / (||g|| + 1e-6)), or 1 when
 // max_norm <= 0 (no clipping), or NaN when ||g||^2 is not finite (skip the step).
 void clip_coef(const float* norm_sq, float max_norm, float* out);

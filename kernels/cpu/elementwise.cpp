@@ -1,6 +1,5 @@
 // Fill, axpy, norms, casts, argmax and the Philox random fills on the CPU.
-#include <cstring>
-
+#include "../bf16.hpp"
 #include "../philox.hpp"
 #include "cpu.hpp"
 
@@ -21,23 +20,11 @@ void sum_squares(const float* x, int64_t n, float* out) {
 }
 
 void cast_f32_bf16(const float* x, uint16_t* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, &x[i], 4);
-    if ((b & 0x7fffffffu) > 0x7f800000u) {
-      y[i] = static_cast<uint16_t>((b >> 16) | 0x40u);  // NaN stays a (quiet) NaN
-    } else {
-      b += 0x7fffu + ((b >> 16) & 1u);  // round to nearest, ties to even
-      y[i] = static_cast<uint16_t>(b >> 16);
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_round(x[i]);  // to nearest even; NaN stays NaN
 }
 
 void cast_bf16_f32(const uint16_t* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t b = static_cast<uint32_t>(x[i]) << 16;
-    std::memcpy(&y[i], &b, 4);
-  }
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_float(x[i]);
 }
 
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "bf16_io.hpp"
 #include "cpu.hpp"
 
 namespace dpt::cpu {
@@ -33,6 +34,19 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
       for (int64_t j = 0; j < n; ++j) c[j] = alpha * row[j] + beta * c[j];
     }
   }
+}
+
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A,
+               const uint16_t* B, float beta, float* C) {
+  const auto a = widen(A, m * k), b = widen(B, k * n);
+  gemm(ta, tb, m, n, k, alpha, a.data(), b.data(), beta, C);
+}
+
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A,
+               const uint16_t* B, float beta, uint16_t* C) {
+  std::vector<float> c = beta == 0.0f ? std::vector<float>(static_cast<size_t>(m * n)) : widen(C, m * n);
+  gemm_bf16(ta, tb, m, n, k, alpha, A, B, beta, c.data());
+  narrow(c, C);
 }
 
 }  // namespace dpt::cpu

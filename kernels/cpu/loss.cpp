@@ -2,6 +2,7 @@
 // accurate side of every comparison.
 #include <cmath>
 
+#include "bf16_io.hpp"
 #include "cpu.hpp"
 
 namespace dpt::cpu {
@@ -54,6 +55,33 @@ void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t 
       dlogits[i * cols + j] = static_cast<float>(scale * (p - (j == labels[i] ? 1.0 : 0.0)));
     }
   }
+}
+
+void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy) {
+  const auto v = widen(y, n);
+  mse_forward(v.data(), t, n, loss, nullptr);
+  if (dy) mse_backward_bf16(y, t, n, nullptr, 1.0f, dy);
+}
+
+void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale,
+                       uint16_t* dy) {
+  const auto v = widen(y, n);
+  std::vector<float> g(static_cast<size_t>(n));
+  mse_backward(v.data(), t, n, dloss, scale, g.data());
+  narrow(g, dy);
+}
+
+void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                                float* loss) {
+  const auto v = widen(logits, rows * cols);
+  cross_entropy_forward(v.data(), labels, rows, cols, loss);
+}
+
+void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                                 const float* dloss, uint16_t* dlogits) {
+  auto v = widen(logits, rows * cols);
+  cross_entropy_backward(v.data(), labels, rows, cols, dloss, v.data());
+  narrow(v, dlogits);
 }
 
 }  // namespace dpt::cpu

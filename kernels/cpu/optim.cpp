@@ -4,12 +4,13 @@
 #include <cmath>
 #include <limits>
 
+#include "../bf16.hpp"
 #include "cpu.hpp"
 
 namespace dpt::cpu {
 
 void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a,
-              const float* grad_scale) {
+              const float* grad_scale, uint16_t* shadow) {
   const float scale = grad_scale ? *grad_scale : 1.0f;
   if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   for (int64_t i = 0; i < n; ++i) {
@@ -20,11 +21,12 @@ void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a,
       d = a.nesterov ? d + a.momentum * buf[i] : buf[i];
     }
     p[i] -= a.lr * d;
+    if (shadow) shadow[i] = bf16_round(p[i]);
   }
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
-                const float* grad_scale) {
+                const float* grad_scale, uint16_t* shadow) {
   const float scale = grad_scale ? *grad_scale : 1.0f;
   if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   for (int64_t i = 0; i < n; ++i) {
@@ -33,6 +35,7 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
     m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * d;
     v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * d * d;
     p[i] -= a.lr * (m[i] / a.bias_correction1) / (std::sqrt(v[i] / a.bias_correction2) + a.eps);
+    if (shadow) shadow[i] = bf16_round(p[i]);
   }
 }
 

@@ -5,8 +5,12 @@
 // scalar ones otherwise, one instantiation per activation so the inner loop has no switch.
 // bias_grad is deterministic (no atomics): each block owns 32 columns and reduces them
 // in a fixed order.
+//
+// The bf16 twins compute the same float expressions and round each store once (bf16.hpp);
+// their vector loops move 8 bf16 values (16 bytes) at a time.
 #include <cstdint>
 
+#include "../bf16.hpp"
 #include "check.hpp"
 #include "cuda.hpp"
 
@@ -139,7 +143,11 @@ constexpr int kGradRows = 32;  // warps per block, each striding over the rows
 // db[c] = beta * db[c] + sum_r dy[r][c]. Thread (tx, ty) sums rows ty, ty + 32, ... of
 // column c0 + tx; the 32 partial sums of a column are then added in a fixed order, so the
 // result does not depend on scheduling.
-static __global__ void bias_grad_kernel(const float* dy, int64_t rows, int64_t cols, float beta,
+__device__ __forceinline__ float as_float(float v) { return v; }
+__device__ __forceinline__ float as_float(uint16_t v) { return bf16_float(v); }
+
+template <typename T>
+static __global__ void bias_grad_kernel(const T* dy, int64_t rows, int64_t cols, float beta,
                                         float* db) {
   __shared__ float part[kGradRows][kGradCols + 1];  // +1: the column reads below hit 32 banks
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -148,7 +156,7 @@ static __global__ void bias_grad_kernel(const float* dy, int64_t rows, int64_t c
   if (c < cols) {
     // Unrolled so that several loads are in flight; the adds stay in row order.
 #pragma unroll 4
-    for (int64_t r = ty; r < rows; r += kGradRows) s += dy[r * cols + c];
+    for (int64_t r = ty; r < rows; r += kGradRows) s += as_float(dy[r * cols + c]);
   }
   part[ty][tx] = s;
   __syncthreads();
@@ -160,6 +168,117 @@ static __global__ void bias_grad_kernel(const float* dy, int64_t rows, int64_t c
     // beta == 0 never reads db (it may hold garbage).
     db[c] = beta != 0.f ? beta * db[c] + t : t;
   }
+}
+
+// ---- bf16 twins --------------------------------------------------------------------------
+
+// 8 bf16 values, one 16-byte access.
+struct alignas(16) Bf16x8 {
+  uint16_t v[8];
+};
+
+// y (and z) = act(x + bias): x the fp32 GEMM result, bias bf16 (may be null).
+template <Act A>
+static __global__ void bias_act_forward_bf16_kernel(const float* x, const uint16_t* bias, int64_t n,
+                                                    int64_t cols, uint16_t* z, uint16_t* y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = bias ? x[i] + bf16_float(bias[i % cols]) : x[i];
+    if (z) z[i] = bf16_round(v);
+    y[i] = bf16_round(act_forward<A>(v));
+  }
+}
+
+// The same four at a time: n4 = n / 4, cols4 = cols / 4.
+template <Act A>
+static __global__ void bias_act_forward_bf16_vec_kernel(const float4* x, const ushort4* bias, int64_t n4,
+                                                        int64_t cols4, ushort4* z, ushort4* y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float4 v = x[i];
+    if (bias) {
+      const ushort4 b = bias[i % cols4];
+      v.x += bf16_float(b.x);
+      v.y += bf16_float(b.y);
+      v.z += bf16_float(b.z);
+      v.w += bf16_float(b.w);
+    }
+    if (z) z[i] = make_ushort4(bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w));
+    y[i] = make_ushort4(bf16_round(act_forward<A>(v.x)), bf16_round(act_forward<A>(v.y)),
+                        bf16_round(act_forward<A>(v.z)), bf16_round(act_forward<A>(v.w)));
+  }
+}
+
+template <Act A>
+void bias_act_forward_bf16_launch(const float* x, const uint16_t* bias, int64_t rows, int64_t cols,
+                                  uint16_t* z, uint16_t* y, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  auto al8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
+  if (cols % 4 == 0 && aligned16(x) && al8(y) && (!z || al8(z)) && (!bias || al8(bias))) {
+    bias_act_forward_bf16_vec_kernel<A><<<blocks_for(n / 4), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(x), reinterpret_cast<const ushort4*>(bias), n / 4, cols / 4,
+        reinterpret_cast<ushort4*>(z), reinterpret_cast<ushort4*>(y));
+  } else {
+    bias_act_forward_bf16_kernel<A><<<blocks_for(n), kThreads, 0, stream>>>(x, bias, n, cols, z, y);
+  }
+}
+
+// y = act(x), bf16 to bf16; the first 8 * n8 elements in vectors when Vec. x may be y.
+template <Act A, bool Vec>
+static __global__ void act_forward_bf16_kernel(const uint16_t* x, int64_t n, uint16_t* y) {
+  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const int64_t n8 = n / 8;
+    for (int64_t i = tid; i < n8; i += stride) {
+      Bf16x8 a = reinterpret_cast<const Bf16x8*>(x)[i];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) a.v[e] = bf16_round(act_forward<A>(bf16_float(a.v[e])));
+      reinterpret_cast<Bf16x8*>(y)[i] = a;
+    }
+    done = 8 * n8;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) y[i] = bf16_round(act_forward<A>(bf16_float(x[i])));
+}
+
+// dx = dy * act'(saved), all bf16; dx may be dy.
+template <Act A, bool Vec>
+static __global__ void act_backward_bf16_kernel(const uint16_t* dy, const uint16_t* saved, int64_t n,
+                                                uint16_t* dx) {
+  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const int64_t n8 = n / 8;
+    for (int64_t i = tid; i < n8; i += stride) {
+      Bf16x8 g = reinterpret_cast<const Bf16x8*>(dy)[i];
+      const Bf16x8 s = reinterpret_cast<const Bf16x8*>(saved)[i];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) g.v[e] = bf16_round(bf16_float(g.v[e]) * act_derivative<A>(bf16_float(s.v[e])));
+      reinterpret_cast<Bf16x8*>(dx)[i] = g;
+    }
+    done = 8 * n8;
+  }
+  for (int64_t i = done + tid; i < n; i += stride)
+    dx[i] = bf16_round(bf16_float(dy[i]) * act_derivative<A>(bf16_float(saved[i])));
+}
+
+template <Act A>
+void act_forward_bf16_launch(const uint16_t* x, int64_t n, uint16_t* y, cudaStream_t stream) {
+  if (aligned16(x) && aligned16(y))
+    act_forward_bf16_kernel<A, true><<<blocks_for(n / 8 + 1), kThreads, 0, stream>>>(x, n, y);
+  else
+    act_forward_bf16_kernel<A, false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, y);
+}
+
+template <Act A>
+void act_backward_bf16_launch(const uint16_t* dy, const uint16_t* saved, int64_t n, uint16_t* dx,
+                              cudaStream_t stream) {
+  if (aligned16(dy) && aligned16(saved) && aligned16(dx))
+    act_backward_bf16_kernel<A, true><<<blocks_for(n / 8 + 1), kThreads, 0, stream>>>(dy, saved, n, dx);
+  else
+    act_backward_bf16_kernel<A, false><<<blocks_for(n), kThreads, 0, stream>>>(dy, saved, n, dx);
 }
 
 }  // namespace
@@ -202,6 +321,62 @@ void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* d
   const int64_t blocks = (cols + kGradCols - 1) / kGradCols;
   DPT_CHECK(blocks <= 0x7fffffff, "bias_grad: too many columns");
   // rows == 0 still runs: db = beta * db + 0.
+  bias_grad_kernel<<<static_cast<unsigned>(blocks), dim3(kGradCols, kGradRows), 0, stream>>>(
+      dy, rows, cols, beta, db);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
+                           uint16_t* z, uint16_t* y, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols >= 0, "bias_act_forward_bf16: negative shape");
+  if (rows == 0 || cols == 0) return;
+  DPT_CHECK(x != nullptr && y != nullptr, "bias_act_forward_bf16: null x or y");
+  switch (act) {
+    case Act::none: bias_act_forward_bf16_launch<Act::none>(x, bias, rows, cols, z, y, stream); break;
+    case Act::relu: bias_act_forward_bf16_launch<Act::relu>(x, bias, rows, cols, z, y, stream); break;
+    case Act::gelu: bias_act_forward_bf16_launch<Act::gelu>(x, bias, rows, cols, z, y, stream); break;
+    case Act::tanh: bias_act_forward_bf16_launch<Act::tanh>(x, bias, rows, cols, z, y, stream); break;
+    default: DPT_CHECK(false, "bias_act_forward_bf16: unknown activation");
+  }
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void act_forward_bf16(const uint16_t* x, Act act, int64_t n, uint16_t* y, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "act_forward_bf16: negative size");
+  if (n == 0) return;
+  DPT_CHECK(x != nullptr && y != nullptr, "act_forward_bf16: null pointer");
+  switch (act) {
+    case Act::none: act_forward_bf16_launch<Act::none>(x, n, y, stream); break;
+    case Act::relu: act_forward_bf16_launch<Act::relu>(x, n, y, stream); break;
+    case Act::gelu: act_forward_bf16_launch<Act::gelu>(x, n, y, stream); break;
+    case Act::tanh: act_forward_bf16_launch<Act::tanh>(x, n, y, stream); break;
+    default: DPT_CHECK(false, "act_forward_bf16: unknown activation");
+  }
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t n, uint16_t* dx,
+                       cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "act_backward_bf16: negative size");
+  if (n == 0) return;
+  DPT_CHECK(dy != nullptr && saved != nullptr && dx != nullptr, "act_backward_bf16: null pointer");
+  switch (act) {
+    case Act::none: act_backward_bf16_launch<Act::none>(dy, saved, n, dx, stream); break;
+    case Act::relu: act_backward_bf16_launch<Act::relu>(dy, saved, n, dx, stream); break;
+    case Act::gelu: act_backward_bf16_launch<Act::gelu>(dy, saved, n, dx, stream); break;
+    case Act::tanh: act_backward_bf16_launch<Act::tanh>(dy, saved, n, dx, stream); break;
+    default: DPT_CHECK(false, "act_backward_bf16: unknown activation");
+  }
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void bias_grad_bf16(const uint16_t* dy, int64_t rows, int64_t cols, float beta, float* db,
+                    cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols >= 0, "bias_grad_bf16: negative shape");
+  if (cols == 0) return;
+  DPT_CHECK(db != nullptr && (rows == 0 || dy != nullptr), "bias_grad_bf16: null pointer");
+  const int64_t blocks = (cols + kGradCols - 1) / kGradCols;
+  DPT_CHECK(blocks <= 0x7fffffff, "bias_grad_bf16: too many columns");
   bias_grad_kernel<<<static_cast<unsigned>(blocks), dim3(kGradCols, kGradRows), 0, stream>>>(
       dy, rows, cols, beta, db);
   DPT_CUDA_CHECK_LAUNCH();

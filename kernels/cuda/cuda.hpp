@@ -2,7 +2,9 @@
 // (kernels/cpu/cpu.hpp) and is tested against it. Every launcher takes the stream it runs
 // on, checks its launch, and never synchronizes. Pointers are device pointers; scalars
 // such as losses and norms stay on the device (only scalars cross to the host, and
-// only when the caller reads them).
+// only when the caller reads them). bf16 tensors are uint16_t pointers (kernels/bf16.hpp);
+// a *_bf16 kernel computes as its fp32 namesake and rounds each bf16 store to nearest
+// even, as its CPU twin does.
 #pragma once
 #include <cstdint>
 
@@ -27,6 +29,12 @@ void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 void gemm_cublas(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m,
                  int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta,
                  float* C);
+// bf16 A and B on bf16 tensor cores, fp32 accumulation (CUBLAS_COMPUTE_32F); C in fp32
+// or in bf16. Whatever the precision setting: the operands are bf16 already.
+void gemm_bf16(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+               const uint16_t* A, const uint16_t* B, float beta, float* C);
+void gemm_bf16(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+               const uint16_t* A, const uint16_t* B, float beta, uint16_t* C);
 
 // gemm_lt.cu — C = act(alpha op(A) op(B) + beta C + bias) through cuBLASLt, the bias [n]
 // (may be null) and the activation (none or relu) fused into the GEMM's epilogue. Same
@@ -37,6 +45,18 @@ void gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bo
              int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B,
              float beta, float* C, const float* bias, Act act, void* workspace,
              size_t workspace_bytes);
+// The same over other element types: A and B both f32 or both bf16, C (= D) f32 or bf16,
+// the bias f32 or bf16 (cuBLASLt's default is D's type; another is asked for through
+// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE). bf16 operands compute in CUBLAS_COMPUTE_32F
+// whatever the precision. A combination cuBLASLt has no kernel for throws dpt::Error.
+struct LtTypes {
+  DType ab = DType::f32;
+  DType c = DType::f32;
+  DType bias = DType::f32;
+};
+void gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta,
+             bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B,
+             float beta, void* C, const void* bias, Act act, void* workspace, size_t workspace_bytes);
 
 // activation.cu
 void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols,
@@ -45,6 +65,13 @@ void act_backward(const float* dy, const float* saved, Act act, int64_t n, float
                   cudaStream_t stream);
 void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db,
                cudaStream_t stream);
+void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
+                           uint16_t* z, uint16_t* y, cudaStream_t stream);
+void act_forward_bf16(const uint16_t* x, Act act, int64_t n, uint16_t* y, cudaStream_t stream);
+void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t n, uint16_t* dx,
+                       cudaStream_t stream);
+void bias_grad_bf16(const uint16_t* dy, int64_t rows, int64_t cols, float beta, float* db,
+                    cudaStream_t stream);
 
 // loss.cu — mse_forward also writes dy = 2 (y - t) / n when dy is not null, and finishes
 // its reduction in one kernel through `counter`: device memory holding 0 that the kernel
@@ -58,12 +85,22 @@ void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t r
                            float* loss, float* work, cudaStream_t stream);
 void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows,
                             int64_t cols, const float* dloss, float* dlogits, cudaStream_t stream);
+// bf16 predictions or logits (the target stays f32): loss in fp32, gradient in bf16.
+void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy,
+                      float* work, unsigned* counter, cudaStream_t stream);
+void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale,
+                       uint16_t* dy, cudaStream_t stream);
+void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows,
+                                int64_t cols, float* loss, float* work, cudaStream_t stream);
+void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows,
+                                 int64_t cols, const float* dloss, uint16_t* dlogits,
+                                 cudaStream_t stream);
 
-// optim.cu
+// optim.cu — shadow (may be null) receives the updated parameters rounded to bf16.
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a,
-              const float* grad_scale, cudaStream_t stream);
+              const float* grad_scale, uint16_t* shadow, cudaStream_t stream);
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
-                const float* grad_scale, cudaStream_t stream);
+                const float* grad_scale, uint16_t* shadow, cudaStream_t stream);
 void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t stream);
 
 // elementwise.cu

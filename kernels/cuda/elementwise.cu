@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../bf16.hpp"
 #include "../philox.hpp"
 #include "check.hpp"
 #include "cuda.hpp"
@@ -131,17 +132,10 @@ static __global__ void finish_sum_kernel(const float* part, int64_t count, float
 
 // ---- casts ------------------------------------------------------------------------------
 
-// Round to nearest even; a NaN stays a (quiet) NaN, the sign and top payload bits kept.
-// Bit for bit the CPU twin's arithmetic.
-__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
-  const uint32_t b = __float_as_uint(f);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40u);
-  return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
-__device__ __forceinline__ float bf16_to_f32(uint16_t h) {
-  return __uint_as_float(static_cast<uint32_t>(h) << 16);
-}
+// Round to nearest even; a NaN stays a (quiet) NaN, the sign and top payload bits kept:
+// the functions of bf16.hpp, which the CPU twin uses too.
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) { return bf16_round(f); }
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return bf16_float(h); }
 
 // Vec: 4 elements per step, float4 in and 8 bytes out.
 template <bool Vec>

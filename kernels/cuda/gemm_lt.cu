@@ -7,7 +7,14 @@
 //
 // A plan (descriptors, layouts and the algorithm, see make_plan) costs longer to make
 // than a small GEMM takes to run, so plans are made once per
-// (stream, shape, precision, epilogue, operand alignment) and cached for the process.
+// (stream, shape, precision, element types, epilogue, operand alignment) and cached for the
+// process.
+//
+// Element types: A/B f32 with C/D f32 (compute per the precision), or A/B bf16 with C/D
+// bf16 or f32 (CUBLAS_COMPUTE_32F, fp32 scale): combinations cuBLASLt's table lists. The
+// bias follows D's type unless told otherwise (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE); the
+// header documents the bias as D's type outside IMMA and fp8 kernels, so bf16 training
+// hands a bf16 D a bf16 bias, and a combination without a kernel is reported, not guessed.
 // Keying by stream also keeps two threads from ever setting the same descriptor's bias
 // pointer at once: a stream is driven by one thread. Plans are never destroyed (the
 // handful that a run makes are freed with the process).
@@ -16,6 +23,7 @@
 #include <climits>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 #include "check.hpp"
@@ -35,8 +43,8 @@ uint32_t alignment(const void* p) {
   return al;
 }
 
-using PlanKey = std::tuple<cudaStream_t, bool, bool, int64_t, int64_t, int64_t, int, int,
-                           uint32_t, uint32_t, uint32_t, uint32_t>;
+using PlanKey = std::tuple<cudaStream_t, bool, bool, int64_t, int64_t, int64_t, int, int, int,
+                           int, int, uint32_t, uint32_t, uint32_t, uint32_t>;
 
 constexpr int kCandidates = 8;  // algorithms asked of the heuristic
 
@@ -46,7 +54,20 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-cublasComputeType_t compute_type(Precision p) {
+cudaDataType_t data_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::i32: break;
+  }
+  throw ::dpt::Error("gemm_lt: unsupported element type");
+}
+
+const char* type_name(DType t) { return t == DType::f32 ? "f32" : t == DType::bf16 ? "bf16" : "i32"; }
+
+// bf16 operands are already rounded: plain fp32 accumulation. fp32 operands per precision.
+cublasComputeType_t compute_type(Precision p, DType ab) {
+  if (ab == DType::bf16) return CUBLAS_COMPUTE_32F;
   switch (p) {
     case Precision::fp32: return CUBLAS_COMPUTE_32F;
     case Precision::tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -60,20 +81,26 @@ cublasLtEpilogue_t epilogue(bool bias, Act act) {
   return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-Plan make_plan(cublasLtHandle_t lt, Precision precision, bool ta, bool tb, uint64_t M,
+Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta, bool tb, uint64_t M,
                uint64_t N, uint64_t K, cublasLtEpilogue_t epi, const uint32_t align[4],
                size_t workspace_bytes) {
   Plan p;
-  DPT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_type(precision), CUDA_R_32F));
+  DPT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_type(precision, types.ab), CUDA_R_32F));
   // cuBLASLt's "A" is our B and its "B" is our A (see the top of the file).
   const cublasOperation_t op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  if (types.bias != types.c) {  // the default bias type is D's
+    const int32_t bias_type = static_cast<int32_t>(data_type(types.bias));
+    DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                      sizeof(bias_type)));
+  }
   // Stored shapes, column-major: our B is k x n row-major (n x k when tb), our A m x k.
-  DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, tb ? K : N, tb ? N : K, tb ? K : N));
-  DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, ta ? M : K, ta ? K : M, ta ? M : K));
-  DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, N, M, N));
+  const cudaDataType_t ab = data_type(types.ab), c = data_type(types.c);
+  DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, tb ? K : N, tb ? N : K, tb ? K : N));
+  DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, ta ? M : K, ta ? K : M, ta ? M : K));
+  DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.c, c, N, M, N));
 
   cublasLtMatmulPreference_t pref = nullptr;
   DPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -92,7 +119,9 @@ Plan make_plan(cublasLtHandle_t lt, Precision precision, bool ta, bool tb, uint6
   DPT_CUBLASLT_CHECK(st);
   if (found == 0)
     throw ::dpt::Error("gemm_lt: cuBLASLt has no algorithm for " + std::to_string(M) + "x" +
-                       std::to_string(N) + "x" + std::to_string(K) + " on " + current_device_name());
+                       std::to_string(N) + "x" + std::to_string(K) + " (A/B " + type_name(types.ab) +
+                       ", C/D " + type_name(types.c) + ", bias " + type_name(types.bias) + ") on " +
+                       current_device_name());
   // The heuristic's first choice for a short, wide GEMM (the seed workload's 64 x 1000 x
   // 1000 forward) splits K and adds a reduction kernel and a separate epilogue kernel,
   // which on an H200 took 34 us where one unsplit kernel with the epilogue fused takes
@@ -119,13 +148,26 @@ void gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bo
              int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B,
              float beta, float* C, const float* bias, Act act, void* workspace,
              size_t workspace_bytes) {
+  gemm_lt(handle, stream, precision, LtTypes{}, ta, tb, m, n, k, alpha, A, B, beta, C, bias, act, workspace,
+          workspace_bytes);
+}
+
+void gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta,
+             bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B,
+             float beta, void* C, const void* bias, Act act, void* workspace, size_t workspace_bytes) {
   DPT_CHECK(handle != nullptr, "gemm_lt: null cuBLAS handle");
+  DPT_CHECK((types.ab == DType::f32 && types.c == DType::f32) ||
+                (types.ab == DType::bf16 && (types.c == DType::bf16 || types.c == DType::f32)),
+            std::string("gemm_lt: A/B ") + type_name(types.ab) + " with C/D " + type_name(types.c) +
+                " is not supported (f32/f32, or bf16 with bf16 or f32)");
+  DPT_CHECK(types.bias == DType::f32 || types.bias == DType::bf16, "gemm_lt: the bias must be f32 or bf16");
   DPT_CHECK(act == Act::none || act == Act::relu, "gemm_lt: only ReLU fuses into the epilogue");
   DPT_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
             "gemm_lt: sizes must be in [1, INT_MAX]");
   const cublasLtEpilogue_t epi = epilogue(bias != nullptr, act);
   const uint32_t align[4] = {alignment(B), alignment(A), alignment(C), alignment(C)};
-  const PlanKey key{stream, ta, tb, m, n, k, static_cast<int>(precision), static_cast<int>(epi),
+  const PlanKey key{stream, ta, tb, m, n, k, static_cast<int>(precision), static_cast<int>(types.ab),
+                    static_cast<int>(types.c), static_cast<int>(types.bias), static_cast<int>(epi),
                     align[0], align[1], align[2], alignment(bias)};
   static std::mutex mu;
   static std::map<PlanKey, Plan> plans;
@@ -137,7 +179,7 @@ void gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bo
     std::lock_guard<std::mutex> lock(mu);
     auto it = plans.find(key);
     if (it == plans.end())
-      it = plans.emplace(key, make_plan(lt, precision, ta, tb, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
+      it = plans.emplace(key, make_plan(lt, precision, types, ta, tb, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
                                         static_cast<uint64_t>(k), epi, align, workspace_bytes))
                .first;
     plan = &it->second;  // map nodes stay put; only this stream's thread uses this plan

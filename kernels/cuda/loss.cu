@@ -5,9 +5,14 @@
 // depends only on the problem writes one partial per block into `work`, then a single
 // block adds the partials in a fixed order (in double) and writes the scalar. Same
 // inputs, same bits, on any GPU and any run; no float atomics.
+//
+// The bf16 twins read bf16 predictions or logits as floats, compute the same expressions
+// and round each stored gradient once (bf16.hpp); losses stay fp32.
 #include <cmath>
 #include <cstdint>
+#include <string>
 
+#include "../bf16.hpp"
 #include "check.hpp"
 #include "cuda.hpp"
 
@@ -69,6 +74,28 @@ void finish_sum(const float* part, int64_t count, double scale, float* out,
 
 // ---- mse --------------------------------------------------------------------------------
 
+// Each block's partial s goes to part[block]; the last block to finish (the counter says
+// which) adds the partials in block order, in double, writes their mean over n to *loss
+// and leaves the counter at 0.
+__device__ void finish_mean_in_last_block(float s, int64_t n, float* part, unsigned* counter, float* loss) {
+  s = block_sum(s);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    part[blockIdx.x] = s;
+    __threadfence();  // the partial is visible to every block before the count says so
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  double total = 0;
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(part + b);
+  total = block_sum(total);
+  if (threadIdx.x == 0) {
+    *loss = static_cast<float>(total / static_cast<double>(n));
+    *counter = 0;
+  }
+}
+
 // sum((y - t)^2) / n in one kernel, and dy = 2 (y - t) / n alongside when dy is not null
 // (the gradient for a seed of 1, so a training step needs no separate backward pass).
 // Each block writes its partial to part[block]; the last block to finish (the counter
@@ -99,22 +126,40 @@ static __global__ void mse_kernel(const float* y, const float* t, int64_t n, flo
     s += d * d;
     if (dy) dy[i] = g * d;
   }
-  s = block_sum(s);
-  __shared__ bool last;
-  if (threadIdx.x == 0) {
-    part[blockIdx.x] = s;
-    __threadfence();  // the partial is visible to every block before the count says so
-    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  finish_mean_in_last_block(s, n, part, counter, loss);
+}
+
+// The bf16 twin: y and dy bf16, t f32; four elements at a time when Vec.
+template <bool Vec>
+static __global__ void mse_bf16_kernel(const uint16_t* y, const float* t, int64_t n, uint16_t* dy,
+                                       float* part, unsigned* counter, float* loss) {
+  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const float g = 2.f / static_cast<float>(n);
+  float s = 0.f;
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const int64_t n4 = n / 4;
+    const ushort4* y4 = reinterpret_cast<const ushort4*>(y);
+    const float4* t4 = reinterpret_cast<const float4*>(t);
+    for (int64_t i = tid; i < n4; i += stride) {
+      const ushort4 a = y4[i];
+      const float4 b = t4[i];
+      const float d0 = bf16_float(a.x) - b.x, d1 = bf16_float(a.y) - b.y, d2 = bf16_float(a.z) - b.z,
+                  d3 = bf16_float(a.w) - b.w;
+      s += d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3;
+      if (dy)
+        reinterpret_cast<ushort4*>(dy)[i] =
+            make_ushort4(bf16_round(g * d0), bf16_round(g * d1), bf16_round(g * d2), bf16_round(g * d3));
+    }
+    done = 4 * n4;
   }
-  __syncthreads();
-  if (!last) return;
-  double total = 0;
-  for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(part + b);
-  total = block_sum(total);
-  if (threadIdx.x == 0) {
-    *loss = static_cast<float>(total / static_cast<double>(n));
-    *counter = 0;
+  for (int64_t i = done + tid; i < n; i += stride) {
+    const float d = bf16_float(y[i]) - t[i];
+    s += d * d;
+    if (dy) dy[i] = bf16_round(g * d);
   }
+  finish_mean_in_last_block(s, n, part, counter, loss);
 }
 
 // dy = scale * (*dloss when given) * 2 (y - t) / n.
@@ -124,6 +169,14 @@ static __global__ void mse_backward_kernel(const float* y, const float* t, int64
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     dy[i] = g * (y[i] - t[i]);
+}
+
+static __global__ void mse_backward_bf16_kernel(const uint16_t* y, const float* t, int64_t n,
+                                                const float* dloss, float scale, uint16_t* dy) {
+  const float g = 2.f * scale * (dloss ? *dloss : 1.f) / static_cast<float>(n);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dy[i] = bf16_round(g * (bf16_float(y[i]) - t[i]));
 }
 
 // ---- cross-entropy ----------------------------------------------------------------------
@@ -152,18 +205,23 @@ __device__ __forceinline__ void online_add(float v, float& m, float& s) {
   }
 }
 
-__device__ __forceinline__ RowStats row_stats(const float* x, int64_t cols, int lane) {
+__device__ __forceinline__ float as_float(float v) { return v; }
+__device__ __forceinline__ float as_float(uint16_t v) { return bf16_float(v); }
+
+template <typename T>
+__device__ __forceinline__ RowStats row_stats(const T* x, int64_t cols, int lane) {
   float m = -INFINITY, s = 0.f;
   int64_t c = lane;
   // Four loads in flight before the (branchy) updates, which stay in column order.
   for (; c + 96 < cols; c += 128) {
-    const float v0 = x[c], v1 = x[c + 32], v2 = x[c + 64], v3 = x[c + 96];
+    const float v0 = as_float(x[c]), v1 = as_float(x[c + 32]), v2 = as_float(x[c + 64]),
+                v3 = as_float(x[c + 96]);
     online_add(v0, m, s);
     online_add(v1, m, s);
     online_add(v2, m, s);
     online_add(v3, m, s);
   }
-  for (; c < cols; c += 32) online_add(x[c], m, s);
+  for (; c < cols; c += 32) online_add(as_float(x[c]), m, s);
   // Butterfly merge: the two terms of the sum swap between partners, and float addition
   // is commutative, so all lanes end with the same bits.
 #pragma unroll
@@ -179,38 +237,77 @@ __device__ __forceinline__ RowStats row_stats(const float* x, int64_t cols, int 
 
 // work[r] = logsumexp(row r) - row r [label r]. A label outside [0, cols) gives NaN, so a
 // bad label shows in the loss instead of reading out of bounds.
-static __global__ void cross_entropy_rows_kernel(const float* logits, const int32_t* labels,
+template <typename T>
+static __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels,
                                                  int64_t rows, int64_t cols, float* work) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;
-  const float* x = logits + r * cols;
+  const T* x = logits + r * cols;
   const RowStats st = row_stats(x, cols, lane);
   if (lane == 0) {
     const int32_t label = labels[r];
-    work[r] = label >= 0 && label < cols ? logf(st.sum) + st.max - x[label] : NAN;
+    work[r] = label >= 0 && label < cols ? logf(st.sum) + st.max - as_float(x[label]) : NAN;
   }
 }
 
 // dlogits = (*dloss / rows) (softmax(row) - onehot(label)). dlogits may be logits: each
 // element is read by the lane that then overwrites it, after the row's stats are known.
-static __global__ void cross_entropy_backward_kernel(const float* logits, const int32_t* labels,
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(uint16_t* p, float v) { *p = bf16_round(v); }
+
+template <typename T>
+static __global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* labels,
                                                      int64_t rows, int64_t cols,
-                                                     const float* dloss, float* dlogits) {
+                                                     const float* dloss, T* dlogits) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;
-  const float* x = logits + r * cols;
-  float* dx = dlogits + r * cols;
+  const T* x = logits + r * cols;
+  T* dx = dlogits + r * cols;
   const RowStats st = row_stats(x, cols, lane);
   const float g = *dloss / static_cast<float>(rows);
   const float inv_sum = 1.f / st.sum;
   const int64_t label = labels[r];
 #pragma unroll 4
   for (int64_t c = lane; c < cols; c += 32) {
-    const float p = expf(x[c] - st.max) * inv_sum;
-    dx[c] = g * (c == label ? p - 1.f : p);
+    const float p = expf(as_float(x[c]) - st.max) * inv_sum;
+    store(dx + c, g * (c == label ? p - 1.f : p));
   }
+}
+
+template <typename T>
+void cross_entropy_forward_launch(const char* who, const T* logits, const int32_t* labels, int64_t rows,
+                                  int64_t cols, float* loss, float* work, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols > 0, std::string(who) + ": bad shape (cols must be > 0)");
+  DPT_CHECK(loss != nullptr && work != nullptr && (rows == 0 || (logits != nullptr && labels != nullptr)),
+            std::string(who) + ": null pointer");
+  if (rows == 0) {  // the mean over no rows is NaN (0/0), as on the CPU
+    finish_sum(work, 0, NAN, loss, stream);
+    DPT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
+  cross_entropy_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows, cols,
+                                                                                    work);
+  DPT_CUDA_CHECK_LAUNCH();
+  finish_sum(work, rows, 1.0 / static_cast<double>(rows), loss, stream);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void cross_entropy_backward_launch(const char* who, const T* logits, const int32_t* labels, int64_t rows,
+                                   int64_t cols, const float* dloss, T* dlogits, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols >= 0, std::string(who) + ": negative shape");
+  if (rows == 0 || cols == 0) return;
+  DPT_CHECK(logits != nullptr && labels != nullptr && dloss != nullptr && dlogits != nullptr,
+            std::string(who) + ": null pointer");
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
+  cross_entropy_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows,
+                                                                                        cols, dloss, dlogits);
+  DPT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -247,35 +344,55 @@ void mse_backward(const float* y, const float* t, int64_t n, const float* dloss,
 
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
                            float* loss, float* work, cudaStream_t stream) {
-  DPT_CHECK(rows >= 0 && cols > 0, "cross_entropy_forward: bad shape (cols must be > 0)");
-  DPT_CHECK(loss != nullptr && work != nullptr &&
-                (rows == 0 || (logits != nullptr && labels != nullptr)),
-            "cross_entropy_forward: null pointer");
-  if (rows == 0) {  // the mean over no rows is NaN (0/0), as on the CPU
-    finish_sum(work, 0, NAN, loss, stream);
-    DPT_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  DPT_CHECK(blocks <= 0x7fffffff, "cross_entropy_forward: too many rows");
-  cross_entropy_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      logits, labels, rows, cols, work);
-  DPT_CUDA_CHECK_LAUNCH();
-  finish_sum(work, rows, 1.0 / static_cast<double>(rows), loss, stream);
-  DPT_CUDA_CHECK_LAUNCH();
+  cross_entropy_forward_launch("cross_entropy_forward", logits, labels, rows, cols, loss, work, stream);
 }
 
 void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows,
                             int64_t cols, const float* dloss, float* dlogits, cudaStream_t stream) {
-  DPT_CHECK(rows >= 0 && cols >= 0, "cross_entropy_backward: negative shape");
-  if (rows == 0 || cols == 0) return;
-  DPT_CHECK(logits != nullptr && labels != nullptr && dloss != nullptr && dlogits != nullptr,
-            "cross_entropy_backward: null pointer");
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  DPT_CHECK(blocks <= 0x7fffffff, "cross_entropy_backward: too many rows");
-  cross_entropy_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      logits, labels, rows, cols, dloss, dlogits);
+  cross_entropy_backward_launch("cross_entropy_backward", logits, labels, rows, cols, dloss, dlogits, stream);
+}
+
+void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy,
+                      float* work, unsigned* counter, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "mse_forward_bf16: negative size");
+  DPT_CHECK(loss != nullptr && work != nullptr && counter != nullptr &&
+                (n == 0 || (y != nullptr && t != nullptr)),
+            "mse_forward_bf16: null pointer");
+  if (n == 0) {  // the mean of nothing is NaN (0/0), as on the CPU
+    finish_sum(work, 0, NAN, loss, stream);
+    DPT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const unsigned blocks = reduce_blocks(n);
+  auto al8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
+  if (al8(y) && aligned16(t) && (!dy || al8(dy)))
+    mse_bf16_kernel<true><<<blocks, kThreads, 0, stream>>>(y, t, n, dy, work, counter, loss);
+  else
+    mse_bf16_kernel<false><<<blocks, kThreads, 0, stream>>>(y, t, n, dy, work, counter, loss);
   DPT_CUDA_CHECK_LAUNCH();
+}
+
+void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale,
+                       uint16_t* dy, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "mse_backward_bf16: negative size");
+  if (n == 0) return;
+  DPT_CHECK(y != nullptr && t != nullptr && dy != nullptr, "mse_backward_bf16: null pointer");
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  mse_backward_bf16_kernel<<<static_cast<unsigned>(blocks < 8192 ? blocks : 8192), kThreads, 0, stream>>>(
+      y, t, n, dloss, scale, dy);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows,
+                                int64_t cols, float* loss, float* work, cudaStream_t stream) {
+  cross_entropy_forward_launch("cross_entropy_forward_bf16", logits, labels, rows, cols, loss, work, stream);
+}
+
+void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows,
+                                 int64_t cols, const float* dloss, uint16_t* dlogits,
+                                 cudaStream_t stream) {
+  cross_entropy_backward_launch("cross_entropy_backward_bf16", logits, labels, rows, cols, dloss, dlogits,
+                                stream);
 }
 
 }  // namespace dpt::cuda

@@ -4,9 +4,11 @@
 // One pass reads each parameter, gradient and state once and writes them once, float4 at a
 // time when every buffer is 16-byte aligned (the last n % 4 elements go scalar). The
 // gradient scale stays on the device (clip_coef writes it), so clipping needs no host
-// round trip.
+// round trip. With a bf16 shadow (bf16 training) the same pass also writes the updated
+// parameters rounded to bf16, so the copy that the GEMMs read costs no pass of its own.
 #include <cstdint>
 
+#include "../bf16.hpp"
 #include "check.hpp"
 #include "cuda.hpp"
 
@@ -22,6 +24,7 @@ unsigned blocks_for(int64_t items) {
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }  // null is aligned
 
 // The same expressions, in the same order, as the CPU twin.
 __device__ __forceinline__ void sgd_update(float& p, float g, float& buf, const SgdArgs& a,
@@ -43,10 +46,11 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
   p -= a.lr * (m / a.bias_correction1) / (sqrtf(v / a.bias_correction2) + a.eps);
 }
 
-// buf is read and written only with momentum (it may be null without).
+// buf is read and written only with momentum (it may be null without);
+// shadow (may be null) gets bf16(p) of every updated element.
 template <bool Vec>
 static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int64_t n, SgdArgs a,
-                                       const float* grad_scale) {
+                                       const float* grad_scale, uint16_t* shadow) {
   const float scale = grad_scale ? *grad_scale : 1.f;
   if (!isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   const bool mom = a.momentum != 0.f;
@@ -68,6 +72,9 @@ static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int
       sgd_update(pv.w, gv.w, bv.w, a, scale);
       p4[i] = pv;
       if (mom) b4[i] = bv;
+      if (shadow)
+        reinterpret_cast<ushort4*>(shadow)[i] =
+            make_ushort4(bf16_round(pv.x), bf16_round(pv.y), bf16_round(pv.z), bf16_round(pv.w));
     }
     done = 4 * n4;
   }
@@ -77,12 +84,13 @@ static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int
     sgd_update(pv, g[i], bv, a, scale);
     p[i] = pv;
     if (mom) buf[i] = bv;
+    if (shadow) shadow[i] = bf16_round(pv);
   }
 }
 
 template <bool Vec>
 static __global__ void adamw_step_kernel(float* p, const float* g, float* m, float* v, int64_t n,
-                                         AdamArgs a, const float* grad_scale) {
+                                         AdamArgs a, const float* grad_scale, uint16_t* shadow) {
   const float scale = grad_scale ? *grad_scale : 1.f;
   if (!isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -104,6 +112,9 @@ static __global__ void adamw_step_kernel(float* p, const float* g, float* m, flo
       p4[i] = pv;
       m4[i] = mv;
       v4[i] = vv;
+      if (shadow)
+        reinterpret_cast<ushort4*>(shadow)[i] =
+            make_ushort4(bf16_round(pv.x), bf16_round(pv.y), bf16_round(pv.z), bf16_round(pv.w));
     }
     done = 4 * n4;
   }
@@ -113,6 +124,7 @@ static __global__ void adamw_step_kernel(float* p, const float* g, float* m, flo
     p[i] = pv;
     m[i] = mv;
     v[i] = vv;
+    if (shadow) shadow[i] = bf16_round(pv);
   }
 }
 
@@ -130,35 +142,35 @@ static __global__ void clip_coef_kernel(const float* norm_sq, float max_norm, fl
 }  // namespace
 
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a,
-              const float* grad_scale, cudaStream_t stream) {
+              const float* grad_scale, uint16_t* shadow, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "sgd_step: negative size");
   if (n == 0) return;
   DPT_CHECK(p != nullptr && g != nullptr, "sgd_step: null parameters or gradients");
   const bool mom = a.momentum != 0.f;
   DPT_CHECK(!mom || momentum_buf != nullptr, "sgd_step: momentum without a momentum buffer");
-  const bool vec = aligned16(p) && aligned16(g) && (!mom || aligned16(momentum_buf));
+  const bool vec = aligned16(p) && aligned16(g) && (!mom || aligned16(momentum_buf)) && aligned8(shadow);
   if (vec)
     sgd_step_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(p, g, momentum_buf, n, a,
-                                                                      grad_scale);
+                                                                      grad_scale, shadow);
   else
     sgd_step_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(p, g, momentum_buf, n, a,
-                                                                   grad_scale);
+                                                                   grad_scale, shadow);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
-                const float* grad_scale, cudaStream_t stream) {
+                const float* grad_scale, uint16_t* shadow, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "adamw_step: negative size");
   if (n == 0) return;
   DPT_CHECK(p != nullptr && g != nullptr && m != nullptr && v != nullptr,
             "adamw_step: null pointer");
-  const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v);
+  const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned8(shadow);
   if (vec)
     adamw_step_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(p, g, m, v, n, a,
-                                                                        grad_scale);
+                                                                        grad_scale, shadow);
   else
     adamw_step_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(p, g, m, v, n, a,
-                                                                     grad_scale);
+                                                                     grad_scale, shadow);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
