@@ -3,7 +3,8 @@
 // only the step is timed (forward, loss, backward, SGD), as the PyTorch twin
 // (torch_bench.py) does.
 // Prints one line: workload, precision, gemm, ms/step (median of timed blocks),
-// samples/s, peak memory, and the loss before and after as a sanity check.
+// samples/s, peak memory, and the loss before and after as a sanity check. bf16 trains
+// with bf16 storage (Module::set_compute_dtype), as dptrain --precision bf16 does.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -61,6 +62,9 @@ int main(int argc, char** argv) {
       normal_(y, 1, 2, 0);
     }
     normal_(x, 1, 1, 0);
+    // bf16 is bf16 storage, as in training: activations and weight copies in bf16, fp32
+    // master weights, gradients and optimizer state (the input is cast in the first layer).
+    net->set_compute_dtype(ctx.precision == Precision::bf16 ? DType::bf16 : DType::f32);
     net->to(d, 1);
     optim::SGD opt(*net, {.lr = 0.01f});
     auto step = [&] {

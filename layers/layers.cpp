@@ -31,7 +31,12 @@ Linear::Linear(int64_t in, int64_t out, Act act, bool bias)
   if (bias) b_ = &register_parameter("bias", {out}, 1.0f / std::sqrt(static_cast<float>(in)));
 }
 
-Tensor Linear::forward(const Tensor& x) { return linear(x, W_.value, bias(), act_); }
+Tensor Linear::forward(const Tensor& x) {
+  if (!W_.shadow.defined()) return linear(x, W_.value, bias(), act_);
+  // bf16 compute: an f32 input (the data, or a CNN's Flatten) is rounded to bf16 first
+  // (differentiably: its gradient returns as f32).
+  return linear_bf16(cast(x, DType::bf16), W_.value, bias(), W_.shadow, b_ ? b_->shadow : none_, act_);
+}
 
 std::shared_ptr<Module> Linear::clone() const { return std::make_shared<Linear>(in_, out_, act_, b_ != nullptr); }
 

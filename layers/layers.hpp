@@ -14,7 +14,9 @@ const char* act_name(Act act);
 Act parse_act(const std::string& name);  // relu|gelu|tanh|none; UsageError otherwise
 
 // y = act(x W^T + b), W [out, in], b [out]; initialized like torch.nn.Linear:
-// uniform in +-1/sqrt(in).
+// uniform in +-1/sqrt(in). In bf16 compute (Module::set_compute_dtype) it multiplies the
+// bf16 input (an f32 one is cast) with its parameters' bf16 shadows and returns bf16
+// (linear_bf16); the gradients go to the fp32 masters.
 class Linear : public Module {
  public:
   Linear(int64_t in, int64_t out, Act act = Act::none, bool bias = true);

@@ -66,7 +66,7 @@ void Module::train(bool on) {
 
 Parameter& Module::register_parameter(std::string name, Shape shape, float init_bound, float init_value) {
   params_.push_back(
-      std::make_unique<Parameter>(Parameter{std::move(name), std::move(shape), init_bound, init_value, {}}));
+      std::make_unique<Parameter>(Parameter{std::move(name), std::move(shape), init_bound, init_value, {}, {}}));
   return *params_.back();
 }
 
@@ -108,6 +108,32 @@ void Module::bind(Tensor flat, Tensor buffers_flat) {
   flat_buffers_ = std::move(buffers_flat);
   auto bufs = buffers();
   for (size_t k = 0; k < bufs.size(); ++k) bufs[k]->value = flat_buffers_.view(buffer_offsets[k], bufs[k]->shape);
+  flat_shadow_ = Tensor();  // a new master: a new shadow of it
+  bind_shadow();
+}
+
+void Module::set_compute_dtype(DType t) {
+  DPT_CHECK(t == DType::f32 || t == DType::bf16,
+            std::string("a module computes in f32 or bf16, not ") + dtype_name(t));
+  compute_dtype_ = t;
+  for (auto& c : children_) c->set_compute_dtype(t);
+  if (materialized()) bind_shadow();
+}
+
+void Module::bind_shadow() {
+  const bool want = compute_dtype_ == DType::bf16;
+  if (want == flat_shadow_.defined()) return;  // a shadow there is current already
+  flat_shadow_ = want ? Tensor::empty(flat_params_.shape(), DType::bf16, flat_params_.device()) : Tensor();
+  int64_t total = 0;
+  const auto offsets = layout(&total);
+  auto params = parameters();
+  for (size_t k = 0; k < params.size(); ++k)
+    params[k]->shadow = want ? flat_shadow_.view(offsets[k], params[k]->shape) : Tensor();
+  refresh_shadow();
+}
+
+void Module::refresh_shadow() {
+  if (flat_shadow_.defined()) copy_cast(flat_shadow_, flat_params_);
 }
 
 void Module::to(const Device& device, uint64_t seed) {
@@ -135,6 +161,7 @@ void Module::to(const Device& device, uint64_t seed) {
 std::shared_ptr<Module> Module::replicate(const Device& device) const {
   DPT_CHECK(materialized(), "replicate() of a module that is on no device");
   std::shared_ptr<Module> r = clone();
+  r->set_compute_dtype(compute_dtype_);  // before bind: the replica makes its shadow from its copy
   Tensor flat = Tensor::empty(flat_params_.shape(), DType::f32, device);
   copy(flat, flat_params_);
   Tensor bufs;

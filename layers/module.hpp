@@ -19,6 +19,9 @@ struct Parameter {
   float init_bound;  // initialized uniform in init_value +- init_bound
   float init_value;
   Tensor value;      // a view into the flat parameter buffer once materialized
+  // In bf16 compute (Module::set_compute_dtype): the bf16 copy of `value` that the layers
+  // compute with, a view into the module's flat bf16 shadow buffer; else undefined.
+  Tensor shadow;
 };
 
 // State a module keeps and updates itself but does not train, as torch's buffers (batch
@@ -85,6 +88,19 @@ class Module {
   // Zeroes every gradient: one memset over the flat gradient buffer.
   void zero_grad();
 
+  // The element type the layers compute and store activations in: f32 (the default) or
+  // bf16. In bf16 the fp32 flat parameter buffer stays the master (the optimizer updates
+  // it, gradients stay fp32, checkpoints save it) and a flat bf16 shadow of it, laid out
+  // alike, is what Linear layers multiply with; their activations are bf16. Set it on the
+  // module placed with to(), before or after; it applies to the children and to replicas.
+  void set_compute_dtype(DType t);
+  DType compute_dtype() const { return compute_dtype_; }
+  // The bf16 shadow of flat_params() (undefined in f32 compute). The optimizer refreshes it
+  // in its update; whoever writes the master parameters otherwise (a checkpoint load, a
+  // parameter broadcast) calls refresh_shadow() afterwards.
+  const Tensor& flat_shadow() const { return flat_shadow_; }
+  void refresh_shadow();
+
   // Parameters start at multiples of this many floats (256 bytes) for vector loads.
   static constexpr int64_t kAlign = 64;
 
@@ -103,8 +119,11 @@ class Module {
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::unique_ptr<Buffer>> buffers_;
   std::vector<std::shared_ptr<Module>> children_;
-  Tensor flat_params_, flat_grads_, flat_buffers_;
+  Tensor flat_params_, flat_grads_, flat_buffers_, flat_shadow_;
   bool training_ = true;
+  DType compute_dtype_ = DType::f32;
+  // Makes (bf16) or drops (f32) the shadow buffer and the parameters' views into it.
+  void bind_shadow();
 };
 
 }  // namespace dpt::nn

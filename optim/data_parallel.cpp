@@ -175,6 +175,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
                      options.reduce != Reduce::automatic))
     throw UsageError("--cuda-graph records one replica on one GPU (no --ddp, --grad-accum or --reduce)");
   enable_peer_access(devices_);
+  // bf16 precision is bf16 storage: the model (and so every replica) computes in bf16 from
+  // bf16 shadows of its fp32 master parameters.
+  model->set_compute_dtype(options.precision == Precision::bf16 ? DType::bf16 : DType::f32);
   const size_t n = devices_.size();
   replicas_.resize(n);
   for (size_t i = 0; i < n; ++i) {
@@ -206,6 +209,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     auto host = model->flat_params().to_host();
     group_->broadcast(host.data(), host.size() * sizeof(float), 0);
     copy(model->flat_params(), Tensor::from_host(host, model->flat_params().shape(), devices_[0]));
+    model->refresh_shadow();
   }
   const bool explicit_path = options.reduce != Reduce::automatic;
   if (n > 1 || explicit_path || group_) {
@@ -221,7 +225,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
           buckets_of_param_[k].push_back(static_cast<int>(b));
     }
     std::vector<ReplicaBuffers> bufs;
-    for (auto& r : replicas_) bufs.push_back({r.ctx, r.model->flat_params(), r.model->flat_grads()});
+    for (auto& r : replicas_)
+      bufs.push_back({r.ctx, r.model->flat_params(), r.model->flat_grads(), r.model->flat_shadow()});
     if (group_)
       reducer_ = reduce_ == Reduce::nccl ? make_nccl_rank_reducer(*group_, bufs[0], buckets_)
                                          : make_mpi_reducer(*group_, bufs[0], buckets_);
@@ -525,7 +530,8 @@ bool DataParallel::replicas_identical() {
   const nn::Module& master = *replicas_[0].model;
   for (size_t i = 1; i < replicas_.size(); ++i) {
     const nn::Module& other = *replicas_[i].model;
-    if (!same(master.flat_params(), other.flat_params()) || !same(master.flat_buffers(), other.flat_buffers()))
+    if (!same(master.flat_params(), other.flat_params()) || !same(master.flat_buffers(), other.flat_buffers()) ||
+        !same(master.flat_shadow(), other.flat_shadow()))
       return false;
   }
   return true;

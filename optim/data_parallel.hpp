@@ -35,6 +35,8 @@ Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices);
 struct DataParallelOptions {
   Reduce reduce = Reduce::automatic;
   double bucket_mb = 25.0;  // gradient bucket size (MiB), reduced as soon as it is ready
+  // The GEMMs' precision; bf16 also makes the model compute and store activations in bf16
+  // from bf16 copies of its fp32 master weights (Module::set_compute_dtype).
   Precision precision = Precision::fp32;
   GemmImpl gemm = GemmImpl::cublas;
   float clip = 0.0f;        // clip the global gradient norm (after reduction); 0 = off
@@ -106,7 +108,8 @@ class DataParallel {
   // factor, or NaN when the gradients were not finite and the update was skipped.
   // Always 1 without clipping or check_finite.
   float last_scale();
-  // Whether every replica holds bitwise the master's parameters and buffers (waits; for tests).
+  // Whether every replica holds bitwise the master's parameters, bf16 shadow and buffers
+  // (waits; for tests).
   bool replicas_identical();
   // Waits for every replica's queued work.
   void synchronize();

@@ -8,7 +8,7 @@
 
 namespace dpt::optim {
 
-Optimizer::Optimizer(nn::Module& model, float lr) : lr_(lr) {
+Optimizer::Optimizer(nn::Module& model, float lr) : model_(&model), lr_(lr) {
   DPT_CHECK(model.materialized(), "an optimizer needs a module placed on a device (Module::to)");
   params_ = model.flat_params();
   grads_ = model.flat_grads();
@@ -22,7 +22,7 @@ SGD::SGD(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
 
 void SGD::step(const Tensor& grad_scale) {
   SgdArgs a{lr_, o_.momentum, o_.dampening, o_.weight_decay, o_.nesterov};
-  sgd_step(params_, grads_, buf_, a, grad_scale);
+  sgd_step(params_, grads_, buf_, a, grad_scale, shadow());
   ++t_;
 }
 
@@ -46,7 +46,7 @@ void AdamW::step(const Tensor& grad_scale) {
   AdamArgs a{lr_, o_.beta1, o_.beta2, o_.eps, o_.weight_decay,
              1.0f - std::pow(o_.beta1, static_cast<float>(t_)),
              1.0f - std::pow(o_.beta2, static_cast<float>(t_))};
-  adamw_step(params_, grads_, m_, v_, a, grad_scale);
+  adamw_step(params_, grads_, m_, v_, a, grad_scale, shadow());
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {

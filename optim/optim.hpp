@@ -13,6 +13,8 @@ namespace dpt::optim {
 
 class Optimizer {
  public:
+  // The model must outlive the optimizer: each step also refreshes its bf16 shadow (bf16
+  // compute), whenever that was switched on.
   Optimizer(nn::Module& model, float lr);
   virtual ~Optimizer() = default;
   // One update from the module's gradients; grad_scale (a device scalar, may be
@@ -29,6 +31,9 @@ class Optimizer {
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
 
  protected:
+  // The bf16 copy of the parameters that the update also writes (undefined in f32 compute).
+  const Tensor& shadow() const { return model_->flat_shadow(); }
+  nn::Module* model_;
   Tensor params_, grads_;
   float lr_;
   int64_t t_ = 0;

@@ -202,6 +202,7 @@ void Trainer::resume(const std::string& path) {
   for (size_t r = 0; r < dp_->size(); ++r) {
     for (auto& [name, p] : dp_->replica(r).named_parameters()) fetch(name, p->value);
     for (auto& [name, b] : dp_->replica(r).named_buffers()) fetch(name, b->value);
+    dp_->replica(r).refresh_shadow();  // bf16 compute: the copy follows the loaded masters
   }
   for (optim::Optimizer* o : dp_->optimizers()) {
     for (auto& [name, t] : o->state()) fetch(name, t);

@@ -86,6 +86,7 @@ class MasterReducer : public Reducer {
       ContextGuard g(*r_[i].ctx);
       params_ready_.wait_in(*r_[i].ctx);
       copy(r_[i].params, r_[0].params);
+      if (r_[i].shadow.defined()) copy_cast(r_[i].shadow, r_[i].params);  // on the replica's own stream
     }
   }
 

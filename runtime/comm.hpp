@@ -24,6 +24,7 @@ struct ReplicaBuffers {
   Context* ctx;   // the replica's compute context
   Tensor params;  // its flat parameter buffer
   Tensor grads;   // its flat gradient buffer
+  Tensor shadow;  // its bf16 copy of the parameters (bf16 compute; else undefined)
 };
 
 // A contiguous range of the flat gradient buffer that is reduced in one piece.
@@ -47,7 +48,8 @@ class Reducer {
   virtual void reduce() = 0;
   // From replica r's thread: r's later work waits for the reduced gradients.
   virtual void wait(size_t r) = 0;
-  // From the driving thread after the master's update (when !every_replica_updates()).
+  // From the driving thread after the master's update (when !every_replica_updates()):
+  // every replica gets the master's parameters, and refreshes its bf16 shadow from them.
   virtual void broadcast_params() {}
   // Waits for ctx's queued work; reducers that talk to other processes bound the wait
   // by the communication timeout and end the job when it passes.

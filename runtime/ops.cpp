@@ -31,6 +31,13 @@ void lt_gemm(Context& ctx, const Device& d, bool ta, bool tb, int64_t m, int64_t
   cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, ta, tb, m, n, k, alpha, A, B,
                 beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
 }
+// The same over other element types.
+void lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+             float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act) {
+  Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
+  cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, types, ta, tb, m, n, k, alpha,
+                A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
+}
 // Scratch space for the deterministic two-stage reductions.
 Tensor reduce_work(const Device& d, int64_t at_least) {
   return Tensor::empty({std::max<int64_t>(at_least, cuda::kReduceWork)}, DType::f32, d);
@@ -50,6 +57,23 @@ Tensor reduce_work(const Device& d, int64_t at_least) {
     cpu_call;                                     \
   } while (0)
 #endif
+
+// Only large GEMMs take cuBLASLt's epilogue: for a short one cuBLAS's own kernel plus
+// the separate bias pass is faster (on the H200 the seed workload's 64 x 1000 x 1000
+// forward took about 22 us through cuBLASLt against about 7 + 2 us), while for the mlp
+// workload's layers the fused epilogue saves a pass over each activation.
+[[maybe_unused]] constexpr double kLtMinMultiplyAdds = 1 << 30;
+
+void need_bf16(const Tensor& t, const char* op) {
+  DPT_CHECK(t.defined() && t.dtype() == DType::bf16, std::string(op) + ": expected a defined bf16 tensor");
+}
+
+void need_float(const Tensor& t, const char* op) {
+  DPT_CHECK(t.defined() && (t.dtype() == DType::f32 || t.dtype() == DType::bf16),
+            std::string(op) + ": expected a defined f32 or bf16 tensor");
+}
+
+bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::bf16; }
 
 }  // namespace
 
@@ -95,6 +119,20 @@ void fill_(const Tensor& t, float value) {
 }
 
 void axpy_(float alpha, const Tensor& x, const Tensor& y) {
+  if (is_bf16(x) || is_bf16(y)) {  // in fp32, y rounded once (autograd adds bf16 gradients so)
+    need_float(x, "axpy_");
+    need_float(y, "axpy_");
+    DPT_CHECK(x.numel() == y.numel(), "axpy_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
+    const Tensor xf = cast(x.detach(), DType::f32);
+    if (!is_bf16(y)) {
+      axpy_(alpha, xf, y);
+      return;
+    }
+    Tensor yf = cast(y.detach(), DType::f32);
+    axpy_(alpha, xf, yf);
+    copy_cast(y, yf);
+    return;
+  }
   need_f32(x, "axpy_");
   need_f32(y, "axpy_");
   same_device(x, y, "axpy_");
@@ -104,9 +142,15 @@ void axpy_(float alpha, const Tensor& x, const Tensor& y) {
 }
 
 void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C) {
-  need_f32(A, "gemm");
-  need_f32(B, "gemm");
-  need_f32(C, "gemm");
+  const bool bf16 = is_bf16(A);
+  if (bf16) {
+    need_bf16(B, "gemm (bf16 A)");
+    need_float(C, "gemm");
+  } else {
+    need_f32(A, "gemm");
+    need_f32(B, "gemm");
+    need_f32(C, "gemm");
+  }
   same_device(A, B, "gemm");
   same_device(A, C, "gemm");
   DPT_CHECK(A.dim() == 2 && B.dim() == 2 && C.dim() == 2, "gemm: operands must be matrices");
@@ -116,6 +160,20 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
             "gemm: shapes " + shape_str(A.shape()) + (ta ? "^T" : "") + " x " + shape_str(B.shape()) +
                 (tb ? "^T" : "") + " -> " + shape_str(C.shape()) + " do not match");
   if (m == 0 || n == 0) return;
+  if (bf16) {
+#if DPT_WITH_CUDA
+    if (const Device d = C.device(); d.is_cuda()) {
+      const auto h = static_cast<cublasHandle_t>(context(d).blas());
+      (void)stream_of(d);  // the device made current; the handle is bound to the stream
+      if (is_bf16(C)) cuda::gemm_bf16(h, ta, tb, m, n, k, alpha, A.bf16(), B.bf16(), beta, C.bf16());
+      else cuda::gemm_bf16(h, ta, tb, m, n, k, alpha, A.bf16(), B.bf16(), beta, C.f32());
+      return;
+    }
+#endif
+    if (is_bf16(C)) cpu::gemm_bf16(ta, tb, m, n, k, alpha, A.bf16(), B.bf16(), beta, C.bf16());
+    else cpu::gemm_bf16(ta, tb, m, n, k, alpha, A.bf16(), B.bf16(), beta, C.f32());
+    return;
+  }
 #if DPT_WITH_CUDA
   if (const Device d = C.device(); d.is_cuda()) {
     Context& ctx = context(d);
@@ -131,20 +189,22 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
   cpu::gemm(ta, tb, m, n, k, alpha, A.f32(), B.f32(), beta, C.f32());
 }
 
-Tensor cast(const Tensor& t, DType to) {
-  if (t.dtype() == to) return t.detach();
-  Tensor out = Tensor::empty(t.shape(), to, t.device());
-  if (t.dtype() == DType::f32 && to == DType::bf16) {
-    DPT_CUDA_OR_CPU(t.device(), cuda::cast_f32_bf16(t.f32(), out.bf16(), t.numel(), stream_of(t.device())),
-                    cpu::cast_f32_bf16(t.f32(), out.bf16(), t.numel()));
-  } else if (t.dtype() == DType::bf16 && to == DType::f32) {
-    DPT_CUDA_OR_CPU(t.device(), cuda::cast_bf16_f32(t.bf16(), out.f32(), t.numel(), stream_of(t.device())),
-                    cpu::cast_bf16_f32(t.bf16(), out.f32(), t.numel()));
+void copy_cast(const Tensor& dst, const Tensor& t) {
+  DPT_CHECK(dst.defined() && t.defined() && dst.numel() == t.numel(),
+            "copy_cast: " + shape_str(t.shape()) + " into " + shape_str(dst.shape()));
+  same_device(dst, t, "copy_cast");
+  if (t.dtype() == dst.dtype()) {
+    copy(dst, t);
+  } else if (t.dtype() == DType::f32 && dst.dtype() == DType::bf16) {
+    DPT_CUDA_OR_CPU(t.device(), cuda::cast_f32_bf16(t.f32(), dst.bf16(), t.numel(), stream_of(t.device())),
+                    cpu::cast_f32_bf16(t.f32(), dst.bf16(), t.numel()));
+  } else if (t.dtype() == DType::bf16 && dst.dtype() == DType::f32) {
+    DPT_CUDA_OR_CPU(t.device(), cuda::cast_bf16_f32(t.bf16(), dst.f32(), t.numel(), stream_of(t.device())),
+                    cpu::cast_bf16_f32(t.bf16(), dst.f32(), t.numel()));
   } else {
-    throw Error(std::string("cast from ") + dtype_name(t.dtype()) + " to " + dtype_name(to) +
+    throw Error(std::string("cast from ") + dtype_name(t.dtype()) + " to " + dtype_name(dst.dtype()) +
                 " is not supported");
   }
-  return out;
 }
 
 Tensor sum_squares(const Tensor& x) {
@@ -190,8 +250,19 @@ Tensor clip_coef(const Tensor& norm_sq, float max_norm) {
   return out;
 }
 
+namespace {
+// The shadow's pointer (null when undefined), checked against the parameters.
+uint16_t* shadow_of(const Tensor& shadow, const Tensor& p, const char* op) {
+  if (!shadow.defined()) return nullptr;
+  need_bf16(shadow, op);
+  same_device(shadow, p, op);
+  DPT_CHECK(shadow.numel() == p.numel(), std::string(op) + ": the bf16 shadow's size differs from the parameters'");
+  return shadow.bf16();
+}
+}  // namespace
+
 void sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs& a,
-              const Tensor& grad_scale) {
+              const Tensor& grad_scale, const Tensor& shadow) {
   need_f32(p, "sgd_step");
   need_f32(g, "sgd_step");
   DPT_CHECK(p.numel() == g.numel() && (!buf.defined() || buf.numel() == p.numel()),
@@ -199,20 +270,22 @@ void sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs
   DPT_CHECK(a.momentum == 0.0f || buf.defined(), "sgd_step: momentum needs a momentum buffer");
   float* b = buf.defined() ? buf.f32() : nullptr;
   const float* sc = grad_scale.defined() ? grad_scale.f32() : nullptr;
-  DPT_CUDA_OR_CPU(p.device(), cuda::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc, stream_of(p.device())),
-                  cpu::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc));
+  uint16_t* sh = shadow_of(shadow, p, "sgd_step");
+  DPT_CUDA_OR_CPU(p.device(), cuda::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc, sh, stream_of(p.device())),
+                  cpu::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc, sh));
 }
 
 void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                const AdamArgs& a, const Tensor& grad_scale) {
+                const AdamArgs& a, const Tensor& grad_scale, const Tensor& shadow) {
   need_f32(p, "adamw_step");
   need_f32(g, "adamw_step");
   DPT_CHECK(p.numel() == g.numel() && m.numel() == p.numel() && v.numel() == p.numel(),
             "adamw_step: buffer sizes differ");
   const float* sc = grad_scale.defined() ? grad_scale.f32() : nullptr;
+  uint16_t* sh = shadow_of(shadow, p, "adamw_step");
   DPT_CUDA_OR_CPU(p.device(),
-                  cuda::adamw_step(p.f32(), g.f32(), m.f32(), v.f32(), p.numel(), a, sc, stream_of(p.device())),
-                  cpu::adamw_step(p.f32(), g.f32(), m.f32(), v.f32(), p.numel(), a, sc));
+                  cuda::adamw_step(p.f32(), g.f32(), m.f32(), v.f32(), p.numel(), a, sc, sh, stream_of(p.device())),
+                  cpu::adamw_step(p.f32(), g.f32(), m.f32(), v.f32(), p.numel(), a, sc, sh));
 }
 
 // ---- Differentiable ops ----------------------------------------------------------
@@ -291,6 +364,14 @@ class ActivationNode : public Node {
   const char* name() const override { return "activation"; }
   void backward(Tensor& dy, Grads& grads) override {
     const Device d = dy.device();
+    if (is_bf16(saved_)) {  // the gradient has the input's type
+      Tensor g = is_bf16(dy) ? dy : cast(dy, DType::bf16);
+      DPT_CUDA_OR_CPU(d,
+                      cuda::act_backward_bf16(g.bf16(), saved_.bf16(), act_, g.numel(), g.bf16(), stream_of(d)),
+                      cpu::act_backward_bf16(g.bf16(), saved_.bf16(), act_, g.numel(), g.bf16()));
+      give(grads, 0, g);
+      return;
+    }
     DPT_CUDA_OR_CPU(d, cuda::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32(), stream_of(d)),
                     cpu::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32()));
     give(grads, 0, dy);
@@ -307,6 +388,7 @@ class MseNode : public Node {
   MseNode(Tensor y, Tensor t, Tensor dy_unit) : y_(y.detach()), t_(t.detach()), dy_unit_(std::move(dy_unit)) {}
   const char* name() const override { return "mse_loss"; }
   void backward(Tensor& dloss, Grads& grads) override { give(grads, 0, gradient(dloss.f32(), 1.0f)); }
+  // (The gradient has y's type: f32 or bf16.)
   bool backward_scalar(float seed, Grads& grads) override {
     // The precomputed gradient is handed over (the next node may overwrite it), once.
     Tensor g = seed == 1.0f && dy_unit_.defined() ? std::move(dy_unit_) : gradient(nullptr, seed);
@@ -318,7 +400,13 @@ class MseNode : public Node {
  private:
   Tensor gradient(const float* dloss, float scale) const {
     const Device d = y_.device();
-    Tensor dy = Tensor::empty(y_.shape(), DType::f32, d);
+    Tensor dy = Tensor::empty(y_.shape(), y_.dtype(), d);
+    if (is_bf16(y_)) {
+      DPT_CUDA_OR_CPU(
+          d, cuda::mse_backward_bf16(y_.bf16(), t_.f32(), y_.numel(), dloss, scale, dy.bf16(), stream_of(d)),
+          cpu::mse_backward_bf16(y_.bf16(), t_.f32(), y_.numel(), dloss, scale, dy.bf16()));
+      return dy;
+    }
     DPT_CUDA_OR_CPU(d, cuda::mse_backward(y_.f32(), t_.f32(), y_.numel(), dloss, scale, dy.f32(), stream_of(d)),
                     cpu::mse_backward(y_.f32(), t_.f32(), y_.numel(), dloss, scale, dy.f32()));
     return dy;
@@ -333,7 +421,16 @@ class CrossEntropyNode : public Node {
   void backward(Tensor& dloss, Grads& grads) override {
     const Device d = logits_.device();
     const int64_t rows = logits_.size(0), cols = logits_.size(1);
-    Tensor dl = Tensor::empty(logits_.shape(), DType::f32, d);
+    Tensor dl = Tensor::empty(logits_.shape(), logits_.dtype(), d);
+    if (is_bf16(logits_)) {
+      DPT_CUDA_OR_CPU(d,
+                      cuda::cross_entropy_backward_bf16(logits_.bf16(), labels_.i32(), rows, cols, dloss.f32(),
+                                                        dl.bf16(), stream_of(d)),
+                      cpu::cross_entropy_backward_bf16(logits_.bf16(), labels_.i32(), rows, cols, dloss.f32(),
+                                                       dl.bf16()));
+      give(grads, 0, dl);
+      return;
+    }
     DPT_CUDA_OR_CPU(d,
                     cuda::cross_entropy_backward(logits_.f32(), labels_.i32(), rows, cols, dloss.f32(),
                                                  dl.f32(), stream_of(d)),
@@ -345,9 +442,73 @@ class CrossEntropyNode : public Node {
   Tensor logits_, labels_;
 };
 
+class CastNode : public Node {
+ public:
+  explicit CastNode(DType from) : from_(from) {}
+  const char* name() const override { return "cast"; }
+  void backward(Tensor& dy, Grads& grads) override { give(grads, 0, cast(dy, from_)); }
+
+ private:
+  DType from_;
+};
+
+// Saves the bf16 input and weight copy (the masters are its inputs, for their gradients)
+// and the bf16 output, or the pre-activation for GELU.
+class LinearBf16Node : public Node {
+ public:
+  LinearBf16Node(Tensor x, Tensor W16, Tensor saved, Act act)
+      : x_(x.detach()), W16_(W16.detach()), saved_(saved.detach()), act_(act) {}
+  const char* name() const override { return "linear_bf16"; }
+  void backward(Tensor& dy_in, Grads& grads) override {
+    const int64_t rows = x_.size(0), out = W16_.size(0);
+    const Device d = dy_in.device();
+    Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
+    // dz = dy * act'(.), in bf16, in place: dy is ours to overwrite.
+    if (act_ != Act::none) {
+      DPT_CUDA_OR_CPU(d,
+                      cuda::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16(), stream_of(d)),
+                      cpu::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16()));
+    }
+    if (grads.needed(0)) {  // dx (bf16) = dz W16
+      Tensor dx = Tensor::empty(x_.shape(), DType::bf16, d);
+      gemm(false, false, 1.0f, dy, W16_, 0.0f, dx);
+      give(grads, 0, dx);
+    }
+    if (grads.needed(1)) {  // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer
+      Tensor acc = grads.accumulator(1);
+      Tensor dW = acc.defined() ? acc : Tensor::empty(W16_.shape(), DType::f32, d);
+      gemm(true, false, 1.0f, dy, x_, acc.defined() ? 1.0f : 0.0f, dW);
+      if (!acc.defined()) grads.put(1, dW);
+    }
+    if (inputs.size() > 2 && grads.needed(2)) {  // db (fp32, +=) = column sums of dz
+      Tensor acc = grads.accumulator(2);
+      Tensor db = acc.defined() ? acc : Tensor::empty({out}, DType::f32, d);
+      const float beta = acc.defined() ? 1.0f : 0.0f;
+      DPT_CUDA_OR_CPU(d, cuda::bias_grad_bf16(dy.bf16(), rows, out, beta, db.f32(), stream_of(d)),
+                      cpu::bias_grad_bf16(dy.bf16(), rows, out, beta, db.f32()));
+      if (!acc.defined()) grads.put(2, db);
+    }
+  }
+
+ private:
+  Tensor x_, W16_, saved_;
+  Act act_;
+};
+
 }  // namespace
 
+Tensor cast(const Tensor& t, DType to) {
+  DPT_CHECK(t.defined(), "cast of an undefined tensor");
+  if (t.dtype() == to) return t;
+  Tensor out = Tensor::empty(t.shape(), to, t.device());
+  copy_cast(out, t);
+  if (any_requires_grad({&t})) record(out, std::make_shared<CastNode>(t.dtype()), {t});
+  return out;
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  need_f32(a, "matmul");
+  need_f32(b, "matmul");
   DPT_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: operands must be matrices");
   Tensor c = Tensor::empty({ta ? a.size(1) : a.size(0), tb ? b.size(0) : b.size(1)}, DType::f32, a.device());
   gemm(ta, tb, 1.0f, a, b, 0.0f, c);
@@ -368,11 +529,7 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
   const bool grad = any_requires_grad({&x, &W, &b});
   bool fused = false;  // bias and activation done in the GEMM's epilogue
 #if DPT_WITH_CUDA
-  // Only large GEMMs take cuBLASLt's epilogue: for a short one cuBLAS's own kernel plus
-  // the separate bias pass is faster (on the H200 the seed workload's 64 x 1000 x 1000
-  // forward took about 22 us through cuBLASLt against about 7 + 2 us), while for the mlp
-  // workload's layers the fused epilogue saves a pass over each activation.
-  constexpr double kLtMinMultiplyAdds = 1 << 30;
+  // Large GEMMs only (kLtMinMultiplyAdds).
   const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x.size(1));
   if (Context& ctx = context(d); d.is_cuda() && ctx.gemm == GemmImpl::cublas && multiply_adds >= kLtMinMultiplyAdds &&
                                  (act == Act::none || act == Act::relu)) {
@@ -398,7 +555,64 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
   return y;
 }
 
+Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
+                   Act act) {
+  need_bf16(x, "linear_bf16");
+  need_f32(W, "linear_bf16");
+  need_bf16(W16, "linear_bf16 (weight copy)");
+  same_device(x, W, "linear_bf16");
+  same_device(W, W16, "linear_bf16");
+  DPT_CHECK(x.dim() == 2 && W.dim() == 2 && x.size(1) == W.size(1) && W16.shape() == W.shape(),
+            "linear_bf16: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()) +
+                " (bf16 copy " + shape_str(W16.shape()) + ")");
+  DPT_CHECK(b.defined() == b16.defined(), "linear_bf16: a bias needs its bf16 copy, and only a bias has one");
+  if (b.defined()) {
+    need_f32(b, "linear_bf16");
+    need_bf16(b16, "linear_bf16 (bias copy)");
+    DPT_CHECK(b.dim() == 1 && b.size(0) == W.size(0) && b16.shape() == b.shape(),
+              "linear_bf16: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(W.shape()));
+  }
+  const Device d = x.device();
+  const int64_t rows = x.size(0), out = W.size(0);
+  Tensor y = Tensor::empty({rows, out}, DType::bf16, d);
+  const bool grad = any_requires_grad({&x, &W, &b});
+  // GELU's backward needs the pre-activation; the others can work from the output.
+  Tensor z = (grad && act == Act::gelu) ? Tensor::empty({rows, out}, DType::bf16, d) : Tensor();
+  bool fused = false;  // bias and activation done in the GEMM's epilogue, y rounded once there
+#if DPT_WITH_CUDA
+  const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x.size(1));
+  if (d.is_cuda() && rows > 0 && multiply_adds >= kLtMinMultiplyAdds && (act == Act::none || act == Act::relu)) {
+    lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::bf16, DType::bf16}, false, true, rows, out, x.size(1),
+            1.0f, x.bf16(), W16.bf16(), 0.0f, y.bf16(), b16.defined() ? b16.bf16() : nullptr, act);
+    fused = true;
+  }
+#endif
+  if (!fused && rows > 0) {  // the GEMM in fp32, then bias and activation rounded once into y
+    Tensor acc = Tensor::empty({rows, out}, DType::f32, d);
+    gemm(false, true, 1.0f, x, W16, 0.0f, acc);
+    const uint16_t* bias = b16.defined() ? b16.bf16() : nullptr;
+    uint16_t* zp = z.defined() ? z.bf16() : nullptr;
+    DPT_CUDA_OR_CPU(d, cuda::bias_act_forward_bf16(acc.f32(), bias, act, rows, out, zp, y.bf16(), stream_of(d)),
+                    cpu::bias_act_forward_bf16(acc.f32(), bias, act, rows, out, zp, y.bf16()));
+  }
+  if (grad) {
+    std::vector<Tensor> in{x, W};
+    if (b.defined()) in.push_back(b);
+    record(y, std::make_shared<LinearBf16Node>(x, W16, act == Act::gelu ? z : y, act), std::move(in));
+  }
+  return y;
+}
+
 Tensor activation(const Tensor& x, Act act) {
+  if (is_bf16(x)) {
+    const Device d = x.device();
+    Tensor y = Tensor::empty(x.shape(), DType::bf16, d);
+    const bool grad = any_requires_grad({&x});
+    DPT_CUDA_OR_CPU(d, cuda::act_forward_bf16(x.bf16(), act, x.numel(), y.bf16(), stream_of(d)),
+                    cpu::act_forward_bf16(x.bf16(), act, x.numel(), y.bf16()));
+    if (grad) record(y, std::make_shared<ActivationNode>(act == Act::gelu ? x.detach() : y, act), {x});
+    return y;
+  }
   need_f32(x, "activation");
   const Device d = x.device();
   Tensor y = Tensor::empty(x.shape(), DType::f32, d);
@@ -411,7 +625,7 @@ Tensor activation(const Tensor& x, Act act) {
 }
 
 Tensor mse_loss(const Tensor& y, const Tensor& target) {
-  need_f32(y, "mse_loss");
+  need_float(y, "mse_loss");
   need_f32(target, "mse_loss");
   same_device(y, target, "mse_loss");
   DPT_CHECK(y.shape() == target.shape(),
@@ -420,7 +634,16 @@ Tensor mse_loss(const Tensor& y, const Tensor& target) {
   const Device d = y.device();
   Tensor loss = Tensor::empty({1}, DType::f32, d);
   const bool grad = any_requires_grad({&y});
-  Tensor dy = grad ? Tensor::empty(y.shape(), DType::f32, d) : Tensor();
+  Tensor dy = grad ? Tensor::empty(y.shape(), y.dtype(), d) : Tensor();
+  if (is_bf16(y)) {
+    uint16_t* dyp = grad ? dy.bf16() : nullptr;
+    DPT_CUDA_OR_CPU(d,
+                    cuda::mse_forward_bf16(y.bf16(), target.f32(), y.numel(), loss.f32(), dyp,
+                                           reduce_work(d, 0).f32(), context(d).counter(), stream_of(d)),
+                    cpu::mse_forward_bf16(y.bf16(), target.f32(), y.numel(), loss.f32(), dyp));
+    if (grad) record(loss, std::make_shared<MseNode>(y, target, dy), {y});
+    return loss;
+  }
   float* dyp = grad ? dy.f32() : nullptr;
   DPT_CUDA_OR_CPU(d,
                   cuda::mse_forward(y.f32(), target.f32(), y.numel(), loss.f32(), dyp, reduce_work(d, 0).f32(),
@@ -431,7 +654,7 @@ Tensor mse_loss(const Tensor& y, const Tensor& target) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
-  need_f32(logits, "cross_entropy");
+  need_float(logits, "cross_entropy");
   DPT_CHECK(labels.defined() && labels.dtype() == DType::i32, "cross_entropy: labels must be i32");
   same_device(logits, labels, "cross_entropy");
   DPT_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0,
@@ -439,6 +662,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   const Device d = logits.device();
   const int64_t rows = logits.size(0), cols = logits.size(1);
   Tensor loss = Tensor::empty({1}, DType::f32, d);
+  if (is_bf16(logits)) {
+    DPT_CUDA_OR_CPU(d,
+                    cuda::cross_entropy_forward_bf16(logits.bf16(), labels.i32(), rows, cols, loss.f32(),
+                                                     reduce_work(d, rows).f32(), stream_of(d)),
+                    cpu::cross_entropy_forward_bf16(logits.bf16(), labels.i32(), rows, cols, loss.f32()));
+    if (any_requires_grad({&logits})) record(loss, std::make_shared<CrossEntropyNode>(logits, labels), {logits});
+    return loss;
+  }
   DPT_CUDA_OR_CPU(d,
                   cuda::cross_entropy_forward(logits.f32(), labels.i32(), rows, cols, loss.f32(),
                                               reduce_work(d, rows).f32(), stream_of(d)),

@@ -14,19 +14,35 @@ namespace dpt {
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta = false, bool tb = false);
 // y = act(x W^T + b): x [batch, in], W [out, in], b [out] (may be undefined).
 Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act = Act::none);
+// The same with bf16 storage and fp32 master weights: y (bf16) = act(x W16^T + b16) with x
+// bf16, where W16 and b16 (may be undefined) are the bf16 copies of the fp32 masters W and
+// b. The GEMMs run on bf16 tensor cores with fp32 accumulation, the bias and activation are
+// applied in fp32 and y is rounded once. The gradients go to the masters, in fp32 (straight
+// into the flat gradient buffer); x's gradient is bf16.
+Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
+                   Act act = Act::none);
+// The activations and losses take f32 or bf16 inputs: an activation's output and gradient
+// have its input's type; a loss is fp32 and its gradient has the prediction's type.
 Tensor activation(const Tensor& x, Act act);
-// Mean squared error over all elements: a scalar tensor (shape [1]).
+// Mean squared error over all elements: a scalar tensor (shape [1]). The target is f32.
 Tensor mse_loss(const Tensor& y, const Tensor& target);
 // Softmax cross-entropy, mean over rows: logits [batch, classes], labels i32 [batch].
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
+// f32 <-> bf16 (round to nearest even): differentiable, the gradient cast back to t's type.
+// The same type gives t itself.
+Tensor cast(const Tensor& t, DType to);
 
 // ---- Plain ops (no autograd) -------------------------------------------------------
 void zero_(const Tensor& t);
 void fill_(const Tensor& t, float value);
-void axpy_(float alpha, const Tensor& x, const Tensor& y);  // y += alpha * x
-// C = alpha * op(A) op(B) + beta * C with the GEMM chosen by the device's context.
+// y += alpha * x; f32 or bf16 (computed in fp32, a bf16 y rounded once).
+void axpy_(float alpha, const Tensor& x, const Tensor& y);
+// C = alpha * op(A) op(B) + beta * C with the GEMM chosen by the device's context; A and B
+// f32 (C f32), or both bf16 (C f32 or bf16: bf16 tensor cores, fp32 accumulation, through
+// cuBLAS whatever the context's GEMM).
 void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C);
-Tensor cast(const Tensor& t, DType to);                      // f32 <-> bf16
+// dst = src converted to dst's type (f32 <-> bf16, or a copy), on one device.
+void copy_cast(const Tensor& dst, const Tensor& src);
 Tensor sum_squares(const Tensor& x);                         // scalar sum of x^2
 Tensor argmax_rows(const Tensor& x);                         // i32 [rows]
 // Philox fills: element i gets the value of index offset + i of stream (seed, stream).
@@ -34,11 +50,12 @@ void normal_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, f
 void uniform_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi);
 // The gradient-clipping coefficient min(1, max_norm / (||g|| + 1e-6)) from ||g||^2.
 Tensor clip_coef(const Tensor& norm_sq, float max_norm);
-// Fused optimizer updates over flat buffers; grad_scale may be undefined.
+// Fused optimizer updates over flat buffers; grad_scale may be undefined. shadow (bf16,
+// may be undefined) receives the updated parameters rounded to bf16, in the same pass.
 void sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const SgdArgs& a,
-              const Tensor& grad_scale);
+              const Tensor& grad_scale, const Tensor& shadow = {});
 void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                const AdamArgs& a, const Tensor& grad_scale);
+                const AdamArgs& a, const Tensor& grad_scale, const Tensor& shadow = {});
 
 // ---- Convolutional networks (ops_conv.cpp): differentiable, over NCHW tensors --------
 // y = x * w + b as torch.nn.functional.conv2d: x [n, c, h, w], w [k, c, r, s], b [k] (may

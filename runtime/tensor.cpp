@@ -182,7 +182,7 @@ Tensor Tensor::view(int64_t offset, const Shape& shape) const {
 Tensor Tensor::detach() const { return view(0, shape_); }
 
 std::vector<float> Tensor::to_host() const {
-  if (dtype_ == DType::bf16) return cast(*this, DType::f32).to_host();
+  if (dtype_ == DType::bf16) return cast(detach(), DType::f32).to_host();
   DPT_CHECK(dtype_ == DType::f32, "to_host() needs an f32 or bf16 tensor");
   std::vector<float> out(static_cast<size_t>(numel()));
   download(*this, out.data(), nbytes());

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/types.hpp"
 #include "device.hpp"
 
 namespace dpt {
 
-enum class DType { f32, bf16, i32 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
