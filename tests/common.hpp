@@ -1,9 +1,13 @@
 // Helpers shared by the tests: relative error, random tensors, finite differences.
 #pragma once
+#include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <vector>
 
+#include "../kernels/bf16.hpp"
 #include "../kernels/cpu/cpu.hpp"
 #include "../runtime/autograd.hpp"
 #include "../runtime/ops.hpp"
@@ -48,6 +52,30 @@ inline std::vector<float> numeric_grad(const Tensor& t, const std::function<floa
     g[static_cast<size_t>(i)] = static_cast<float>((up - down) / (2.0 * eps));
   }
   return g;
+}
+
+// The bits of a bf16 (or f32, rounded) tensor on any device: read as floats, which bf16
+// values are exactly, and rounded back.
+inline std::vector<uint16_t> bf16_bits(const Tensor& t) {
+  const auto v = t.to_host();
+  std::vector<uint16_t> b(v.size());
+  cpu::cast_f32_bf16(v.data(), b.data(), static_cast<int64_t>(v.size()));
+  return b;
+}
+
+// The largest distance between a and b in bf16 units in the last place (counted along the
+// ordered bf16 values, so +0 and -0 are one apart); any NaN gives a huge number.
+inline int64_t max_ulps(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  if (a.size() != b.size()) return INT64_MAX;
+  auto ordered = [](uint16_t h) {
+    return (h & 0x8000u) ? -static_cast<int64_t>(h & 0x7fffu) - 1 : static_cast<int64_t>(h);
+  };
+  int64_t worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(bf16_float(a[i])) || std::isnan(bf16_float(b[i]))) return INT64_MAX;
+    worst = std::max<int64_t>(worst, std::llabs(ordered(a[i]) - ordered(b[i])));
+  }
+  return worst;
 }
 
 }  // namespace dpt::test

@@ -138,7 +138,7 @@ TEST_CASE("SGD matches torch.optim.SGD's update rule", "[optim]") {
     std::vector<float> p{1.0f, -2.0f}, g{0.5f, 0.25f}, buf{0.0f, 0.0f};
     std::vector<double> rp{1.0, -2.0}, rb{0.0, 0.0};
     for (int step = 0; step < 3; ++step) {
-      cpu::sgd_step(p.data(), g.data(), buf.data(), 2, a, nullptr);
+      cpu::sgd_step(p.data(), g.data(), buf.data(), 2, a, nullptr, nullptr);
       for (size_t i = 0; i < 2; ++i) {
         double d = g[i] + 0.01 * rp[i];
         rb[i] = step == 0 ? d : 0.9 * rb[i] + d;
@@ -155,7 +155,7 @@ TEST_CASE("AdamW matches torch.optim.AdamW's update rule", "[optim]") {
   std::vector<double> rp{1.0, -2.0}, rm{0, 0}, rv{0, 0};
   for (int t = 1; t <= 3; ++t) {
     AdamArgs a{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f - std::pow(0.9f, float(t)), 1.0f - std::pow(0.999f, float(t))};
-    cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), 2, a, nullptr);
+    cpu::adamw_step(p.data(), g.data(), m.data(), v.data(), 2, a, nullptr, nullptr);
     for (size_t i = 0; i < 2; ++i) {
       rp[i] *= 1.0 - 0.01 * 0.1;
       rm[i] = 0.9 * rm[i] + 0.1 * g[i];
