@@ -21,6 +21,7 @@
 #include "../optim/checkpoint.hpp"
 #include "../optim/trainer.hpp"
 #include "catch.hpp"
+#include "common.hpp"
 
 using namespace dpt;
 namespace fs = std::filesystem;
@@ -614,5 +615,44 @@ TEST_CASE("a CNN with batch norm resumes bit-identically, running statistics inc
       Trainer resumed(rest);
       resumed.run();
       CHECK(resumed.parameter_hash() == full.parameter_hash());  // parameters and buffers
+    }
+}
+
+TEST_CASE("a bf16 run resumes bit-identically from its fp32 master weights", "[checkpoint][bf16]") {
+  TempDir dir;
+  const std::string path = dir.file("bf16.safetensors");
+  for (int n : {1, 2})
+    for (std::string opt : {"sgd", "adamw"}) {
+      INFO(opt << " on " << n << " CPU device(s)");
+      TrainConfig c;
+      c.model = "10-24x2-3";
+      c.precision = Precision::bf16;
+      c.optimizer = opt;
+      c.lr = opt == "sgd" ? 0.05f : 0.003f;
+      c.batch = 12;
+      c.steps = 6;
+      c.log_every = 100;
+      for (int i = 0; i < n; ++i) c.devices.push_back({DeviceType::cpu, i});
+      Trainer full(c);
+      full.run();
+      TrainConfig first = c;
+      first.steps = 3;
+      first.save = path;
+      Trainer(first).run();
+      // The file holds the fp32 masters (and fp32 optimizer state) only: no bf16 copies.
+      const ckpt::Checkpoint saved = ckpt::load(path);
+      for (const auto& [name, t] : saved.tensors) {
+        INFO(name);
+        CHECK(t.dtype == ckpt::DType::f32);
+      }
+      CHECK(saved.tensors.size() == (opt == "sgd" ? 7u : 8u));  // 6 parameters + the optimizer's state
+      TrainConfig rest = c;
+      rest.resume = path;
+      Trainer resumed(rest);
+      // The shadow follows the loaded masters before the first step.
+      CHECK(test::bf16_bits(resumed.model().flat_shadow()) == test::bf16_bits(resumed.model().flat_params()));
+      resumed.run();
+      CHECK(resumed.parameter_hash() == full.parameter_hash());
+      CHECK(test::bf16_bits(resumed.model().flat_shadow()) == test::bf16_bits(full.model().flat_shadow()));
     }
 }

@@ -264,3 +264,37 @@ TEST_CASE("batch norm: statistics per replica, the master's running statistics o
   }
   CHECK(test::rel_error(one_step.model().flat_buffers().to_host(), ref.model().flat_buffers().to_host()) <= 1e-6);
 }
+
+TEST_CASE("N CPU replicas train a bf16 model like one device, every replica's shadow current", "[parallel][bf16]") {
+  auto shadow_current = [](nn::Module& m) {
+    return m.flat_shadow().defined() && test::bf16_bits(m.flat_shadow()) == test::bf16_bits(m.flat_params());
+  };
+  for (std::string opt : {"sgd", "adamw"}) {
+    TrainConfig one = small(data::Task::regression, opt, 10);
+    one.devices = cpus(1);
+    Trainer f32(one);
+    f32.run();
+    one.precision = Precision::bf16;
+    Trainer ref(one);
+    ref.run();
+    const auto want = ref.model().flat_params().to_host();
+    REQUIRE(test::rel_error(f32.model().flat_params().to_host(), want) > 1e-6);  // bf16 is not fp32
+    for (Reduce path : {Reduce::host, Reduce::p2p})
+      for (int n : {2, 3, 4}) {
+        INFO(opt << " on " << n << " devices, reduce " << reduce_name(path));
+        TrainConfig c = one;
+        c.devices = cpus(n);
+        c.reduce = path;
+        Trainer t(c);
+        for (int64_t s = 0; s < c.steps; ++s) {
+          t.step(s);
+          // p2p: only the master steps; the others get its parameters and refresh their shadow.
+          REQUIRE(t.parallel().replicas_identical());
+          for (size_t r = 0; r < t.parallel().size(); ++r) REQUIRE(shadow_current(t.parallel().replica(r)));
+        }
+        const double e = test::rel_error(t.model().flat_params().to_host(), want);
+        INFO("weights relative error " << e);
+        CHECK(e <= 1e-4);
+      }
+  }
+}
