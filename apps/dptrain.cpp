@@ -87,7 +87,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--schedule", c.schedule, "Learning-rate schedule: constant, warmup, cosine")->capture_default_str();
   app.add_option("--warmup", c.warmup, "Linear warm-up steps (warmup, cosine)")->capture_default_str();
   app.add_option("--clip", c.clip, "Clip the global gradient norm to this value (0: off)")->capture_default_str();
-  app.add_option("--precision", o.precision, "GEMM precision: fp32, tf32, bf16")->capture_default_str();
+  app.add_option("--precision", o.precision, "Precision: fp32, tf32 (TF32 GEMMs), bf16 (bf16 storage, fp32 master weights)")->capture_default_str();
   app.add_option("--gemm", o.gemm, "GEMM implementation: cublas or native (hand-written, fp32)")
       ->capture_default_str();
   auto* devices = app.add_option("--devices", o.devices,

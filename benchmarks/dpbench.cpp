@@ -106,7 +106,7 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--warmup", f.warmup, "Untimed steps before them (at least 1: the first step allocates)")
       ->capture_default_str();
   app.add_option("--precision", f.precision,
-                 "GEMM precisions, a comma list of fp32, tf32, bf16 (CPU devices compute in fp32 whatever is asked)")
+                 "Precisions, a comma list of fp32, tf32, bf16 (bf16: bf16 storage, fp32 master weights; tf32 is fp32 on CPUs)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--reduce", f.reduce, "Gradient reductions, a comma list of auto, nccl, p2p, host")
