@@ -178,6 +178,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   // bf16 precision is bf16 storage: the model (and so every replica) computes in bf16 from
   // bf16 shadows of its fp32 master parameters.
   model->set_compute_dtype(options.precision == Precision::bf16 ? DType::bf16 : DType::f32);
+  // The master's parameters and shadow were written on this thread's stream; the replicas'
+  // streams (their own when there are several) read them from now on.
+  context(devices_[0]).synchronize();
   const size_t n = devices_.size();
   replicas_.resize(n);
   for (size_t i = 0; i < n; ++i) {

@@ -203,6 +203,7 @@ void Trainer::resume(const std::string& path) {
     for (auto& [name, p] : dp_->replica(r).named_parameters()) fetch(name, p->value);
     for (auto& [name, b] : dp_->replica(r).named_buffers()) fetch(name, b->value);
     dp_->replica(r).refresh_shadow();  // bf16 compute: the copy follows the loaded masters
+    context(dp_->device(r)).synchronize();  // written on this thread's stream; the replica's may differ
   }
   for (optim::Optimizer* o : dp_->optimizers()) {
     for (auto& [name, t] : o->state()) fetch(name, t);
