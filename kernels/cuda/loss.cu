@@ -108,6 +108,7 @@ static __global__ void mse_kernel(const float* y, const float* t, int64_t n, flo
   }
   __syncthreads();
   if (!last) return;
+  __threadfence();  // acquire: the other blocks' partials are read after their count
   double total = 0;
   for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(part + b);
   total = block_sum(total);
