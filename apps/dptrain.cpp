@@ -67,7 +67,7 @@ void add_flags(CLI::App& app, Options& o) {
   auto& c = o.cfg;
   app.add_option("--model", c.model,
                  "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:3x32x32-c32k3-p2-c64k3-p2-f10, README) "
-                 "or preset: seed, mlp, cnn-small")
+                 "or preset: seed, mlp, cnn-small, cnn")
       ->capture_default_str();
   app.add_option("--act", o.act, "Hidden activation: relu, gelu, tanh")->capture_default_str();
   app.add_option("--task", o.task, "Synthetic task: regression or classification (a CNN classifies images)")

@@ -128,7 +128,12 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   Plan p;
   p.model = f.model;
   p.cnn = dpt::nn::is_cnn_spec(f.model);
-  if (p.cnn) p.cnn_spec = dpt::nn::parse_cnn_spec(f.model);
+  if (p.cnn) {
+    p.cnn_spec = dpt::nn::parse_cnn_spec(f.model);
+    if (p.cnn_spec.classes < 2)
+      throw dpt::UsageError("a CNN classifies: it needs at least 2 output classes, '" + f.model + "' has " +
+                            std::to_string(p.cnn_spec.classes));
+  }
   else p.widths = dpt::nn::parse_mlp_spec(f.model);
   if (!f.devices.empty()) p.devices = dpt::parse_devices(f.devices);
   else if (gpus_given) p.devices = dpt::first_devices(dpt::DeviceType::cuda, f.gpus, "--gpus");
@@ -187,7 +192,6 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
-// reduce = automatic runs one device with no gradient reduction at all (the baseline).
 std::shared_ptr<dpt::nn::Module> build_model(const Plan& p) {
   if (p.cnn) return dpt::nn::cnn(p.model, dpt::Act::relu);
   return dpt::nn::mlp(p.model, dpt::Act::relu);
@@ -215,6 +219,7 @@ dpt::data::Batch make_shard(const Plan& p, int64_t first, int64_t count, const D
   return s;
 }
 
+// reduce = automatic runs one device with no gradient reduction at all (the baseline).
 Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Precision precision) {
   Measurement m;
   m.global = global;

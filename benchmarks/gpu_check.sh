@@ -16,13 +16,18 @@ cmake --build build >"$out/build.log" 2>&1 || { grep -E 'error|warning' "$out/bu
 ctest --test-dir build --output-on-failure -E 'asan|checkpoint_fuzz|ddp_cli' >"$out/ctest.log" 2>&1
 grep -E 'tests passed|Test +#|\*\*\*' "$out/ctest.log"
 
-# compute-sanitizer over every single-GPU test but the two that make CUDA calls fail on
-# purpose ([faults]: out of memory, bad device), which the tool would report.
-for tool in memcheck racecheck; do
-  timeout 400 compute-sanitizer --tool $tool --error-exitcode 9 build/tests/dpt_gpu_tests '~[multigpu]~[faults]' \
-    >"$out/sanitizer_$tool.log" 2>&1
-  echo "compute-sanitizer $tool: exit $? | $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|All tests passed|test cases' "$out/sanitizer_$tool.log" | tr '\n' ' ')"
-done
+# compute-sanitizer: memcheck over every single-GPU test but the two that make CUDA calls
+# fail on purpose ([faults]); API errors are not reported because NCCL probes kernels
+# of other architectures with cudaFuncGetAttributes and fails on purpose too (every
+# call of ours is checked and throws). racecheck over the tests that run every kernel
+# family once ([ops] [random] [gemm] [graph] and the cuDNN kernels); the training and
+# data-parallel tests run the same kernels and take too long under it.
+timeout 400 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 build/tests/dpt_gpu_tests \
+  '~[multigpu]~[faults]' >"$out/sanitizer_memcheck.log" 2>&1
+echo "compute-sanitizer memcheck: exit $? | $(grep -E 'ERROR SUMMARY|All tests passed|test cases' "$out/sanitizer_memcheck.log" | tr '\n' ' ')"
+timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 build/tests/dpt_gpu_tests \
+  '[ops],[random],[gemm],[graph]~[train],cuDNN*' >"$out/sanitizer_racecheck.log" 2>&1
+echo "compute-sanitizer racecheck: exit $? | $(grep -E 'RACECHECK SUMMARY|All tests passed|test cases' "$out/sanitizer_racecheck.log" | tr '\n' ' ')"
 
 build/benchmarks/sgemm_bench >"$out/sgemm.log" 2>&1
 {

@@ -1,7 +1,10 @@
 #include "module.hpp"
 
+#include <new>
+
 #include "../kernels/cpu/cpu.hpp"
 #include "../kernels/error.hpp"
+#include "../runtime/allocator.hpp"
 #include "../runtime/ops.hpp"
 
 namespace dpt::nn {
@@ -142,7 +145,14 @@ void Module::to(const Device& device, uint64_t seed) {
   auto params = parameters();
   // Values on the host: parameter k is stream k of the Philox generator for `seed`.
   // Padding between parameters stays zero (its gradient is zero too, so it never moves).
-  std::vector<float> host(static_cast<size_t>(total), 0.0f);
+  std::vector<float> host;
+  try {
+    host.assign(static_cast<size_t>(total), 0.0f);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory("out of host memory making the model's " + std::to_string(total) + " parameters (" +
+                      format_bytes(static_cast<size_t>(total) * sizeof(float)) +
+                      ") to initialize them: choose a smaller model");
+  }
   for (size_t k = 0; k < params.size(); ++k) {
     const Parameter& p = *params[k];
     cpu::uniform(host.data() + offsets[k], numel(p.shape), seed, k, 0, p.init_value - p.init_bound,

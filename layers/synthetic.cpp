@@ -32,6 +32,8 @@ Task parse_task(const std::string& name) {
 }
 
 Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_(config), device_(device) {
+  DPT_CHECK(cfg_.out > 0 && cfg_.teacher_hidden > 0, "Synthetic: widths must be positive");
+  DPT_CHECK(cfg_.samples >= 0, "Synthetic: negative sample count");
   if (!cfg_.image.empty()) {
     DPT_CHECK(cfg_.image.size() == 3 && numel(cfg_.image) > 0, "Synthetic: an image is [C, H, W]");
     DPT_CHECK(cfg_.task == Task::classification, "Synthetic: images come with classification only");
@@ -44,8 +46,7 @@ Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_
     w2_ = teacher_weight(cfg_.out, cfg_.teacher_hidden, 1.6f, cfg_.seed, kTeacher2, device);
     return;
   }
-  DPT_CHECK(cfg_.in > 0 && cfg_.out > 0 && cfg_.teacher_hidden > 0, "Synthetic: widths must be positive");
-  DPT_CHECK(cfg_.samples >= 0, "Synthetic: negative sample count");
+  DPT_CHECK(cfg_.in > 0, "Synthetic: widths must be positive");
   // Scaled so the teacher's outputs have a variance near 1 whatever the widths: W1 x is
   // standard normal, tanh of it has a variance of about 0.39, which the gain 1.6 undoes.
   w1_ = teacher_weight(cfg_.teacher_hidden, cfg_.in, 1.0f, cfg_.seed, kTeacher1, device);

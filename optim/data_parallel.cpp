@@ -397,6 +397,10 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
 
 StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss) {
   if (count < 1) throw UsageError("the batch must hold at least one sample, got " + std::to_string(count));
+  // The replicas follow the master's train()/eval() mode, set before or after they were made.
+  const bool training = replicas_[0].model->training();
+  for (Replica& rep : replicas_)
+    if (rep.model->training() != training) rep.model->train(training);
   if (use_graph_) return graph_step(first, count, source, loss);
   // With several processes, this one trains its rank's contiguous part of the batch.
   int64_t mine_first = first, mine = count;

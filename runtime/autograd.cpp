@@ -47,8 +47,6 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
     if (on_leaf_done) on_leaf_done(root);
     return;
   }
-  DPT_CHECK(!root.grad_fn()->inputs.empty(),
-            "backward() through the same graph a second time: the first backward freed it");
   // Reverse topological order: a node runs only after every node that consumes its
   // output has handed it a gradient.
   std::vector<std::shared_ptr<Node>> order;
@@ -57,6 +55,8 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
   seen.insert(root.grad_fn().get());
   while (!stack.empty()) {
     auto& [node, next] = stack.back();
+    DPT_CHECK(!node->released, std::string("backward() through part of a graph a second time (") + node->name() +
+                                   "): the first backward freed it");
     if (next < node->inputs.size()) {
       const std::shared_ptr<Node>& child = node->inputs[next++].grad_fn();
       if (child && seen.insert(child.get()).second) stack.push_back({child, 0});
@@ -98,6 +98,7 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
     // activations it saved, unless something outside holds its output. So activations
     // go as backward passes them, as in PyTorch, instead of all living to its end.
     node->inputs.clear();
+    node->released = true;
     it->reset();
   }
 }

@@ -54,6 +54,10 @@ class Node {
   // The op's inputs: the edges of the graph. Tensors the backward needs are kept as
   // detached copies in the node, so a node never holds its own output's history.
   std::vector<Tensor> inputs;
+  // Set once a backward pass has run this node and dropped its edges: a second pass
+  // through it (backward() from another loss sharing this part of the graph) is an error,
+  // as in PyTorch without retain_graph.
+  bool released = false;
 };
 
 // Called for a leaf input of a node once that node's backward has run: the leaf's

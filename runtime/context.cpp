@@ -58,7 +58,7 @@ Context::Context(Device device) : device_(device) {
     DPT_CUBLAS_CHECK(cublasSetStream(h, s));
     blas_ = h;
     DPT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&counter_), sizeof(unsigned)));
-    DPT_CUDA_CHECK(cudaMemset(counter_, 0, sizeof(unsigned)));
+    DPT_CUDA_CHECK(cudaMemsetAsync(counter_, 0, sizeof(unsigned), s));  // ordered before the stream's kernels
   }
 #endif
 }

@@ -390,9 +390,15 @@ class MseNode : public Node {
   void backward(Tensor& dloss, Grads& grads) override { give(grads, 0, gradient(dloss.f32(), 1.0f)); }
   // (The gradient has y's type: f32 or bf16.)
   bool backward_scalar(float seed, Grads& grads) override {
-    // The precomputed gradient is handed over (the next node may overwrite it), once.
-    Tensor g = seed == 1.0f && dy_unit_.defined() ? std::move(dy_unit_) : gradient(nullptr, seed);
+    // The precomputed gradient is handed over (the next node may overwrite it), once,
+    // scaled in place for a seed other than 1 (a replica's share of the batch): one pass
+    // over it instead of recomputing it from y and t.
+    // A bf16 gradient is recomputed instead: scaling the rounded one would round twice,
+    // and a replica's share of the batch would no longer give exactly one device's values.
+    Tensor g = std::move(dy_unit_);
     dy_unit_ = Tensor();
+    if (!g.defined() || (seed != 1.0f && g.dtype() == DType::bf16)) g = gradient(nullptr, seed);
+    else if (seed != 1.0f) axpy_(seed - 1.0f, g, g);  // g += (seed - 1) g
     give(grads, 0, std::move(g));
     return true;
   }
@@ -519,6 +525,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
   need_f32(x, "linear");
   need_f32(W, "linear");
+  same_device(x, W, "linear");
+  if (b.defined()) same_device(x, b, "linear");
   DPT_CHECK(x.dim() == 2 && W.dim() == 2 && x.size(1) == W.size(1),
             "linear: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()));
   DPT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == W.size(0)),

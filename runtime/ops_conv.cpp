@@ -212,7 +212,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride,
   DPT_CHECK(stride >= 1 && pad >= 0 && dilation >= 1, "conv2d: stride " + std::to_string(stride) + ", padding " +
                                                           std::to_string(pad) + ", dilation " + std::to_string(dilation));
   const ConvShape s{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), stride, pad, dilation};
-  DPT_CHECK(s.p() >= 1 && s.q() >= 1, "conv2d: weight " + shape_str(w.shape()) + " (dilation " +
+  // The padded image must hold the dilated kernel (p() >= 1 alone is not enough: C++'s
+  // division rounds a negative remainder toward zero).
+  const int64_t extent_h = dilation * (s.r - 1) + 1, extent_w = dilation * (s.s - 1) + 1;
+  DPT_CHECK(s.h + 2 * pad >= extent_h && s.w + 2 * pad >= extent_w, "conv2d: weight " + shape_str(w.shape()) + " (dilation " +
                                           std::to_string(dilation) + ") does not fit input " + shape_str(x.shape()) +
                                           " with padding " + std::to_string(pad));
   const Device d = x.device();
@@ -240,7 +243,7 @@ Tensor pool2d(const Tensor& x, Pool kind, int64_t kh, int64_t kw, int64_t stride
             "pool2d: window " + std::to_string(kh) + "x" + std::to_string(kw) + ", stride " + std::to_string(stride) +
                 ", padding " + std::to_string(pad) + " (at most half the window)");
   const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3), kh, kw, stride, pad};
-  DPT_CHECK(s.p() >= 1 && s.q() >= 1, "pool2d: window " + std::to_string(kh) + "x" + std::to_string(kw) +
+  DPT_CHECK(s.h + 2 * pad >= kh && s.w + 2 * pad >= kw, "pool2d: window " + std::to_string(kh) + "x" + std::to_string(kw) +
                                           " does not fit input " + shape_str(x.shape()) + " with padding " +
                                           std::to_string(pad));
   const Device d = x.device();

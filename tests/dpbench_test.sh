@@ -110,6 +110,7 @@ refuse --cpus 2 --warmup 0
 refuse --cpus 2 --bucket-mb 0
 refuse --model 10-
 refuse --model cnn:3x4x4-c8k5p0-f2
+refuse --model cnn:3x8x8-f1
 refuse --bogus
 touch "$tmp/file"
 refuse --cpus 2 --model 16-32-4 --out "$tmp/file/sub"

@@ -139,6 +139,16 @@ TEST_CASE("linear, activations and losses match the CPU, forward and backward", 
       return value_and_grads([&](std::vector<Tensor>& in) { return activation(in[0], act); }, {on(d, x, {37, 53})});
     });
   }
+  // At 2^30 multiply-adds Linear takes cuBLASLt's fused bias + ReLU epilogue: the same
+  // values and gradients as the CPU.
+  for (Act act : {Act::none, Act::relu}) {
+    INFO("fused epilogue, act " << static_cast<int>(act));
+    auto x = randn(1024 * 1024, 10), W = randn(1024 * 1024, 11, 0.03f), b = randn(1024, 12);
+    compare([&](const Device& d) {
+      return value_and_grads([&](std::vector<Tensor>& in) { return linear(in[0], in[1], in[2], act); },
+                             {on(d, x, {1024, 1024}), on(d, W, {1024, 1024}), on(d, b, {1024})});
+    });
+  }
   auto logits = randn(300 * 11, 9, 3.0f);
   std::vector<int32_t> labels(300);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 7) % 11);

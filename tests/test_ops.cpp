@@ -234,6 +234,14 @@ TEST_CASE("backward frees each node's saved activations as it passes and refuses
   // loss node's own saved tensors stay while `loss` lives.
   CHECK(allocator(host).stats().allocated + 2 * 64 * 256 * sizeof(float) <= before);
   CHECK_THROWS_AS(loss.backward(), Error);
+  // Two losses sharing an activation: the second backward meets nodes the first freed
+  // and refuses before running any (as PyTorch does without retain_graph).
+  Tensor h = linear(x, W1, Tensor(), Act::relu);
+  Tensor l1 = mse_loss(h, t), l2 = mse_loss(h, x);
+  l1.backward();
+  const std::vector<float> g1 = W1.grad().to_host();
+  CHECK_THROWS_AS(l2.backward(), Error);
+  CHECK(W1.grad().to_host() == g1);
 }
 
 // ---- Convolutional networks ---------------------------------------------------------
@@ -398,4 +406,9 @@ TEST_CASE("convolution ops refuse shapes that do not fit", "[ops][conv]") {
   CHECK_THROWS_AS(pool2d(x, Pool::max, 5, 5, 1), Error);
   CHECK_THROWS_AS(pool2d(x, Pool::max, 2, 2, 2, 2), Error);  // padding over half the window
   CHECK_THROWS_AS(pool2d(x, Pool::avg, 2, 2, 0), Error);
+  // A kernel one row too large for the image, at stride 2: (2 - 3) / 2 rounds to 0 in
+  // C++, so the output size alone would look like 1x1 (cuDNN and torch refuse it too).
+  Tensor small = randn_tensor({1, 1, 2, 2}, 3, host);
+  CHECK_THROWS_AS(conv2d(small, randn_tensor({1, 1, 3, 3}, 1, host), Tensor(), 2), Error);
+  CHECK_THROWS_AS(pool2d(small, Pool::max, 3, 3, 2), Error);
 }

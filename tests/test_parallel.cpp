@@ -249,6 +249,13 @@ TEST_CASE("batch norm: statistics per replica, the master's running statistics o
     REQUIRE(t.parallel().replicas_identical());  // parameters and buffers, bitwise
   }
   CHECK(master.to_host() != initial);
+  // The replicas follow the master's mode, even when it changes after they were made:
+  // in evaluation mode batch norm has no backward, on any replica.
+  t.model().eval();
+  CHECK_THROWS_AS(t.step(c.steps), Error);
+  t.model().train();
+  t.step(c.steps);
+  CHECK(t.parallel().replicas_identical());
   // The running statistics are those of the master's own shard, as in nn.DataParallel
   // and DDP: after one step (4/3/3), those of one device's forward over samples 0..3.
   Trainer one_step(c);

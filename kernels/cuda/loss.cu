@@ -87,6 +87,7 @@ __device__ void finish_mean_in_last_block(float s, int64_t n, float* part, unsig
   }
   __syncthreads();
   if (!last) return;
+  __threadfence();  // acquire: the other blocks' partials are read after their count
   double total = 0;
   for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) total += __ldcg(part + b);
   total = block_sum(total);
