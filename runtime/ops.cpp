@@ -61,7 +61,8 @@ Tensor reduce_work(const Device& d, int64_t at_least) {
 // Only large GEMMs take cuBLASLt's epilogue: for a short one cuBLAS's own kernel plus
 // the separate bias pass is faster (on the H200 the seed workload's 64 x 1000 x 1000
 // forward took about 22 us through cuBLASLt against about 7 + 2 us), while for the mlp
-// workload's layers the fused epilogue saves a pass over each activation.
+// workload's layers the fused epilogue saves a pass over each activation. The same
+// bound picks the TF32 backward that writes a transposed gradient (LinearNode).
 [[maybe_unused]] constexpr double kLtMinMultiplyAdds = 1 << 30;
 
 void need_bf16(const Tensor& t, const char* op) {
@@ -328,16 +329,41 @@ class LinearNode : public Node {
     const int64_t rows = x_.size(0), out = W_.size(0);
     const Device d = dy.device();
     // dz = dy * act'(.), in place: dy is ours to overwrite.
-    if (act_ != Act::none) {
+    Tensor dzt;  // dz transposed, when the weight gradient reads it (see below)
+    bool dw_done = false;
+#if DPT_WITH_CUDA
+    // TF32 tensor cores want operands whose K dimension is contiguous. The weight
+    // gradient's K is the batch, along which neither dz nor x is contiguous, and cuBLAS
+    // then runs it at ~190 TFLOP/s on an H200 against ~330 for the forward GEMMs (Nsight
+    // Compute, mlp workload). With dz transposed, written by the activation's backward
+    // in the same pass, one operand is K-major, as in the input-gradient GEMM, which runs
+    // at forward speed. Only for large GEMMs (as the fused forward epilogue).
+    if (Context& ctx = context(d); d.is_cuda() && ctx.gemm == GemmImpl::cublas && ctx.precision == Precision::tf32 &&
+                                   grads.needed(1) && (rows + 31) / 32 <= 65535 &&
+                                   static_cast<double>(rows) * static_cast<double>(out) *
+                                           static_cast<double>(x_.size(1)) >= kLtMinMultiplyAdds) {
+      dzt = Tensor::empty({out, rows}, DType::f32, d);
+      cuda::act_backward_transposed(dy.f32(), saved_.f32(), act_, rows, out, dy.f32(), dzt.f32(), stream_of(d));
+    }
+#endif
+    if (act_ != Act::none && !dzt.defined()) {
       DPT_CUDA_OR_CPU(d, cuda::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32(), stream_of(d)),
                       cpu::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32()));
+    }
+    if (dzt.defined()) {  // dW (+)= dz^T x from the transposed copy, which then goes
+      Tensor acc = grads.accumulator(1);
+      Tensor dW = acc.defined() ? acc : Tensor::empty(W_.shape(), DType::f32, d);
+      gemm(false, false, 1.0f, dzt, x_, acc.defined() ? 1.0f : 0.0f, dW);
+      if (!acc.defined()) grads.put(1, dW);
+      dzt = Tensor();  // freed before dx is made: the step's peak memory does not grow
+      dw_done = true;
     }
     if (grads.needed(0)) {  // dx = dz W
       Tensor dx = Tensor::empty(x_.shape(), DType::f32, d);
       gemm(false, false, 1.0f, dy, W_, 0.0f, dx);
       give(grads, 0, dx);
     }
-    if (grads.needed(1)) {  // dW (+)= dz^T x, straight into the flat gradient buffer
+    if (grads.needed(1) && !dw_done) {  // dW (+)= dz^T x, straight into the flat gradient buffer
       Tensor acc = grads.accumulator(1);
       Tensor dW = acc.defined() ? acc : Tensor::empty(W_.shape(), DType::f32, d);
       gemm(true, false, 1.0f, dy, x_, acc.defined() ? 1.0f : 0.0f, dW);

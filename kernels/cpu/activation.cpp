@@ -46,6 +46,13 @@ void act_backward(const float* dy, const float* saved, Act act, int64_t n, float
   for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * derivative(act, saved[i]);
 }
 
+void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols,
+                             float* dx, float* dxt) {
+  act_backward(dy, saved, act, rows * cols, dx);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dxt[c * rows + r] = dx[r * cols + c];
+}
+
 void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db) {
   for (int64_t j = 0; j < cols; ++j) {
     float s = 0.0f;

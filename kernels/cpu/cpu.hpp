@@ -31,6 +31,9 @@ void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, 
 // dx = dy * act'(.), where `saved` is the output y for relu/tanh/none and the
 // pre-activation z for gelu. dx may equal dy.
 void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx);
+// The same over a rows x cols matrix, also writing dx transposed into dxt ([cols, rows]).
+void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols,
+                             float* dx, float* dxt);
 // db = beta * db + sum over rows of dy.
 void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db);
 // bf16: y (and z, may be null) = act(x + bias) from the fp32 GEMM result x and a bf16 bias

@@ -135,6 +135,36 @@ void act_backward_launch(const float* dy, const float* saved, int64_t n, float* 
   }
 }
 
+// ---- act_backward_transposed ------------------------------------------------------------
+
+constexpr int kTile = 32;      // a 32 x 32 tile of the rows x cols matrix per block
+constexpr int kTileRows = 8;   // threads per tile column: each handles 4 rows
+
+// dx = dy * act'(saved) as act_backward, and dxt = dx transposed ([cols, rows]). A tile
+// goes through shared memory (one padding column against bank conflicts), so both the
+// row-major reads and writes and the transposed writes are coalesced.
+template <Act A>
+static __global__ void act_backward_transposed_kernel(const float* dy, const float* saved,
+                                                      int64_t rows, int64_t cols, float* dx,
+                                                      float* dxt) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) {
+      const int64_t at = r * cols + c;
+      const float g = dy[at] * act_derivative<A>(saved[at]);
+      dx[at] = g;
+      tile[i][threadIdx.x] = g;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) dxt[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
 // ---- bias_grad --------------------------------------------------------------------------
 
 constexpr int kGradCols = 32;  // columns per block, one per lane: a warp reads 128 B of a row
@@ -309,6 +339,25 @@ void act_backward(const float* dy, const float* saved, Act act, int64_t n, float
     case Act::gelu: act_backward_launch<Act::gelu>(dy, saved, n, dx, stream); break;
     case Act::tanh: act_backward_launch<Act::tanh>(dy, saved, n, dx, stream); break;
     default: DPT_CHECK(false, "act_backward: unknown activation");
+  }
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols,
+                             float* dx, float* dxt, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols >= 0, "act_backward_transposed: negative shape");
+  if (rows == 0 || cols == 0) return;
+  DPT_CHECK(dy != nullptr && saved != nullptr && dx != nullptr && dxt != nullptr,
+            "act_backward_transposed: null pointer");
+  const int64_t bx = (cols + kTile - 1) / kTile, by = (rows + kTile - 1) / kTile;
+  DPT_CHECK(bx <= 0x7fffffff && by <= 65535, "act_backward_transposed: too large");
+  const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(by)), block(kTile, kTileRows);
+  switch (act) {
+    case Act::none: act_backward_transposed_kernel<Act::none><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt); break;
+    case Act::relu: act_backward_transposed_kernel<Act::relu><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt); break;
+    case Act::gelu: act_backward_transposed_kernel<Act::gelu><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt); break;
+    case Act::tanh: act_backward_transposed_kernel<Act::tanh><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt); break;
+    default: DPT_CHECK(false, "act_backward_transposed: unknown activation");
   }
   DPT_CUDA_CHECK_LAUNCH();
 }

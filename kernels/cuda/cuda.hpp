@@ -63,6 +63,10 @@ void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, 
                       float* z, float* y, cudaStream_t stream);
 void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx,
                   cudaStream_t stream);
+// act_backward over a rows x cols matrix that also writes dx transposed into dxt
+// ([cols, rows]): the weight gradient's GEMM then reads a K-major operand (see ops.cpp).
+void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols,
+                             float* dx, float* dxt, cudaStream_t stream);
 void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db,
                cudaStream_t stream);
 void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
