@@ -186,7 +186,22 @@ std::shared_ptr<Module> Module::replicate(const Device& device) const {
 
 void Module::zero_grad() {
   DPT_CHECK(materialized(), "zero_grad() before the module was placed on a device with to()");
-  zero_(flat_grads_);
+  for (Parameter* p : parameters()) p->value.set_grad_stale(true);
+}
+
+void Module::settle_grads() {
+  if (!materialized()) return;
+  const auto params = parameters();
+  size_t stale = 0;
+  for (Parameter* p : params) stale += p->value.grad_stale() ? 1 : 0;
+  if (stale == 0) return;
+  if (stale == params.size()) {  // backward reached none (an empty shard): one pass
+    zero_(flat_grads_);
+  } else {
+    for (Parameter* p : params)
+      if (p->value.grad_stale()) zero_(p->value.grad());
+  }
+  for (Parameter* p : params) p->value.set_grad_stale(false);
 }
 
 }  // namespace dpt::nn

@@ -85,8 +85,12 @@ class Module {
   std::vector<int64_t> layout(int64_t* total);
   // The same for the buffers in theirs.
   std::vector<int64_t> buffer_layout(int64_t* total);
-  // Zeroes every gradient: one memset over the flat gradient buffer.
+  // Starts a step's gradients: marks every parameter's gradient stale, so the first
+  // write of the backward pass overwrites it (a GEMM with beta 0) and nothing has to
+  // zero the flat buffer first (a pass over all of it). settle_grads() zeroes those
+  // that backward did not reach; the optimizers and data parallelism call it.
   void zero_grad();
+  void settle_grads();
 
   // The element type the layers compute and store activations in: f32 (the default) or
   // bf16. In bf16 the fp32 flat parameter buffer stays the master (the optimizer updates

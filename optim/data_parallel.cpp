@@ -328,6 +328,7 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     run_backward(loss, static_cast<float>(weight), hook);
     loss_out = loss.detach();
   }
+  rep.model->settle_grads();  // zeroes what backward did not reach, before anything reads it
   if (communicate) {  // buckets no gradient reached (an empty shard, unused parameters)
     std::fill(complete.begin(), complete.end(), true);
     hand_over();

@@ -21,6 +21,7 @@ SGD::SGD(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
 }
 
 void SGD::step(const Tensor& grad_scale) {
+  model_->settle_grads();
   SgdArgs a{lr_, o_.momentum, o_.dampening, o_.weight_decay, o_.nesterov};
   sgd_step(params_, grads_, buf_, a, grad_scale, shadow());
   ++t_;
@@ -42,6 +43,7 @@ AdamW::AdamW(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o
 }
 
 void AdamW::step(const Tensor& grad_scale) {
+  model_->settle_grads();
   ++t_;
   AdamArgs a{lr_, o_.beta1, o_.beta2, o_.eps, o_.weight_decay,
              1.0f - std::pow(o_.beta1, static_cast<float>(t_)),

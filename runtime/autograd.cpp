@@ -34,6 +34,15 @@ Tensor Grads::accumulator(size_t i) const {
   return in.is_leaf() ? in.grad() : Tensor();
 }
 
+bool Grads::stale(size_t i) const { return inputs_[i].is_leaf() && inputs_[i].grad_stale(); }
+
+float Grads::take_beta(size_t i) const {
+  if (!stale(i)) return 1.0f;
+  Tensor in = inputs_[i];  // shares the leaf's autograd state
+  in.set_grad_stale(false);
+  return 0.0f;
+}
+
 namespace {
 // The engine: `seed` is the root's gradient, or undefined when it is the host number
 // `host_seed` (then the root's node may take it as a number: Node::backward_scalar).
@@ -85,7 +94,12 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
       if (!gi.defined() || !in.requires_grad()) continue;
       if (in.is_leaf()) {
         Tensor acc = in.grad();
-        accumulate(acc, gi);
+        if (acc.defined() && in.grad_stale()) {  // overwrite what zero_grad() left
+          copy(acc, gi);
+          in.set_grad_stale(false);
+        } else {
+          accumulate(acc, gi);
+        }
         in.set_grad(acc);
       } else {
         accumulate(pending[in.grad_fn().get()], gi);

@@ -15,6 +15,9 @@ namespace dpt {
 struct AutogradMeta {
   bool requires_grad = false;
   Tensor grad;
+  // The gradient's contents are left from an earlier step: the next write overwrites
+  // them (beta 0) instead of adding. Module::zero_grad() sets it instead of zeroing.
+  bool grad_stale = false;
   std::shared_ptr<Node> grad_fn;
 };
 
@@ -27,6 +30,11 @@ class Grads {
   // The existing gradient of leaf input i, to accumulate into in place (e.g. a GEMM
   // with beta = 1); undefined when there is none, and then put() must be used.
   Tensor accumulator(size_t i) const;
+  // Whether that accumulator's contents are stale (see AutogradMeta::grad_stale).
+  bool stale(size_t i) const;
+  // The beta to write the accumulator with: 0 (overwrite) while stale, else 1 (add).
+  // Taking it counts as writing: the caller must then write the whole accumulator.
+  float take_beta(size_t i) const;
   // A new gradient for input i; the engine adds it to what is there.
   void put(size_t i, Tensor g) { out_[i] = std::move(g); }
   const Tensor& taken(size_t i) const { return out_[i]; }

@@ -96,7 +96,10 @@ void record(Tensor& out, std::shared_ptr<Node> node, std::vector<Tensor> inputs)
 }
 
 void give(Grads& grads, size_t i, Tensor g) {
-  if (Tensor acc = grads.accumulator(i); acc.defined()) axpy_(1.0f, g, acc);
+  if (Tensor acc = grads.accumulator(i); acc.defined()) {
+    if (grads.take_beta(i) == 0.0f) copy(acc, g);
+    else axpy_(1.0f, g, acc);
+  }
   else grads.put(i, std::move(g));
 }
 
@@ -301,16 +304,18 @@ class MatmulNode : public Node {
     // C = op(A) op(B): dop(A) = dC op(B)^T, dop(B) = op(A)^T dC, then undo each op.
     if (grads.needed(0)) {
       Tensor acc = grads.accumulator(0);
+      const float beta0 = acc.defined() ? grads.take_beta(0) : 0.0f;
       Tensor da = acc.defined() ? acc : Tensor::empty(a_.shape(), DType::f32, a_.device());
-      if (ta_) gemm(tb_, true, 1.0f, b_, dc, acc.defined() ? 1.0f : 0.0f, da);   // dA = op(B) dC^T
-      else gemm(false, !tb_, 1.0f, dc, b_, acc.defined() ? 1.0f : 0.0f, da);     // dA = dC op(B)^T
+      if (ta_) gemm(tb_, true, 1.0f, b_, dc, beta0, da);   // dA = op(B) dC^T
+      else gemm(false, !tb_, 1.0f, dc, b_, beta0, da);     // dA = dC op(B)^T
       if (!acc.defined()) grads.put(0, da);
     }
     if (grads.needed(1)) {
       Tensor acc = grads.accumulator(1);
+      const float beta1 = acc.defined() ? grads.take_beta(1) : 0.0f;
       Tensor db = acc.defined() ? acc : Tensor::empty(b_.shape(), DType::f32, b_.device());
-      if (tb_) gemm(true, ta_, 1.0f, dc, a_, acc.defined() ? 1.0f : 0.0f, db);  // dB = dC^T op(A)
-      else gemm(!ta_, false, 1.0f, a_, dc, acc.defined() ? 1.0f : 0.0f, db);     // dB = op(A)^T dC
+      if (tb_) gemm(true, ta_, 1.0f, dc, a_, beta1, db);  // dB = dC^T op(A)
+      else gemm(!ta_, false, 1.0f, a_, dc, beta1, db);     // dB = op(A)^T dC
       if (!acc.defined()) grads.put(1, db);
     }
   }
@@ -352,8 +357,9 @@ class LinearNode : public Node {
     }
     if (dzt.defined()) {  // dW (+)= dz^T x from the transposed copy, which then goes
       Tensor acc = grads.accumulator(1);
+      const float beta1 = acc.defined() ? grads.take_beta(1) : 0.0f;
       Tensor dW = acc.defined() ? acc : Tensor::empty(W_.shape(), DType::f32, d);
-      gemm(false, false, 1.0f, dzt, x_, acc.defined() ? 1.0f : 0.0f, dW);
+      gemm(false, false, 1.0f, dzt, x_, beta1, dW);
       if (!acc.defined()) grads.put(1, dW);
       dzt = Tensor();  // freed before dx is made: the step's peak memory does not grow
       dw_done = true;
@@ -365,14 +371,15 @@ class LinearNode : public Node {
     }
     if (grads.needed(1) && !dw_done) {  // dW (+)= dz^T x, straight into the flat gradient buffer
       Tensor acc = grads.accumulator(1);
+      const float beta1 = acc.defined() ? grads.take_beta(1) : 0.0f;
       Tensor dW = acc.defined() ? acc : Tensor::empty(W_.shape(), DType::f32, d);
-      gemm(true, false, 1.0f, dy, x_, acc.defined() ? 1.0f : 0.0f, dW);
+      gemm(true, false, 1.0f, dy, x_, beta1, dW);
       if (!acc.defined()) grads.put(1, dW);
     }
     if (inputs.size() > 2 && grads.needed(2)) {  // db (+)= column sums of dz
       Tensor acc = grads.accumulator(2);
+      const float beta = acc.defined() ? grads.take_beta(2) : 0.0f;
       Tensor db = acc.defined() ? acc : Tensor::empty({out}, DType::f32, d);
-      const float beta = acc.defined() ? 1.0f : 0.0f;
       DPT_CUDA_OR_CPU(d, cuda::bias_grad(dy.f32(), rows, out, beta, db.f32(), stream_of(d)),
                       cpu::bias_grad(dy.f32(), rows, out, beta, db.f32()));
       if (!acc.defined()) grads.put(2, db);
@@ -508,14 +515,15 @@ class LinearBf16Node : public Node {
     }
     if (grads.needed(1)) {  // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer
       Tensor acc = grads.accumulator(1);
+      const float beta1 = acc.defined() ? grads.take_beta(1) : 0.0f;
       Tensor dW = acc.defined() ? acc : Tensor::empty(W16_.shape(), DType::f32, d);
-      gemm(true, false, 1.0f, dy, x_, acc.defined() ? 1.0f : 0.0f, dW);
+      gemm(true, false, 1.0f, dy, x_, beta1, dW);
       if (!acc.defined()) grads.put(1, dW);
     }
     if (inputs.size() > 2 && grads.needed(2)) {  // db (fp32, +=) = column sums of dz
       Tensor acc = grads.accumulator(2);
+      const float beta = acc.defined() ? grads.take_beta(2) : 0.0f;
       Tensor db = acc.defined() ? acc : Tensor::empty({out}, DType::f32, d);
-      const float beta = acc.defined() ? 1.0f : 0.0f;
       DPT_CUDA_OR_CPU(d, cuda::bias_grad_bf16(dy.bf16(), rows, out, beta, db.f32(), stream_of(d)),
                       cpu::bias_grad_bf16(dy.bf16(), rows, out, beta, db.f32()));
       if (!acc.defined()) grads.put(2, db);

@@ -56,9 +56,9 @@ Workspace workspace(const Device& d, const ConvShape& s) {
 #endif
 
 // Where the gradients of a layer's weight (input 1) and bias (input 2, when b is
-// defined) go: straight into their accumulators in the flat gradient buffer with
-// beta = 1 when both have one (the usual case, as linear's GEMM does), else into fresh
-// tensors that hand_over() gives to the engine.
+// defined) go: straight into their accumulators in the flat gradient buffer when both
+// have one (the usual case, as linear's GEMM does; beta 0 over what zero_grad() left,
+// else 1), else into fresh tensors that hand_over() gives to the engine.
 struct ParamGrads {
   Tensor dw, db;
   float beta;
@@ -67,8 +67,13 @@ struct ParamGrads {
 
 ParamGrads param_grads(const Grads& grads, const Tensor& w, const Tensor& b) {
   const Tensor acc_w = grads.accumulator(1), acc_b = b.defined() ? grads.accumulator(2) : Tensor();
-  if (grads.needed(1) && acc_w.defined() && (!b.defined() || (grads.needed(2) && acc_b.defined())))
-    return {acc_w, acc_b, 1.0f, true};
+  // One beta serves both: in place only when both are stale (overwrite) or both not (add).
+  if (grads.needed(1) && acc_w.defined() &&
+      (!b.defined() || (grads.needed(2) && acc_b.defined() && grads.stale(2) == grads.stale(1)))) {
+    const float beta = grads.take_beta(1);
+    if (b.defined()) grads.take_beta(2);
+    return {acc_w, acc_b, beta, true};
+  }
   return {Tensor::empty(w.shape(), DType::f32, w.device()),
           b.defined() ? Tensor::empty(b.shape(), DType::f32, b.device()) : Tensor(), 0.0f, false};
 }

@@ -225,6 +225,10 @@ void Tensor::set_grad(const Tensor& g) {
   meta().grad = g;
 }
 
+bool Tensor::grad_stale() const { return meta_ && meta_->grad_stale; }
+
+void Tensor::set_grad_stale(bool stale) { meta().grad_stale = stale; }
+
 const std::shared_ptr<Node>& Tensor::grad_fn() const {
   static const std::shared_ptr<Node> none;
   return meta_ ? meta_->grad_fn : none;

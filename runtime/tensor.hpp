@@ -80,6 +80,10 @@ class Tensor {
   // set beforehand, as parameters do with views into the flat gradient buffer).
   const Tensor& grad() const;
   void set_grad(const Tensor& g);
+  // A stale gradient is overwritten, not added to, by the next backward that reaches
+  // this leaf (see AutogradMeta::grad_stale).
+  bool grad_stale() const;
+  void set_grad_stale(bool stale);
   const std::shared_ptr<Node>& grad_fn() const;
   void set_grad_fn(std::shared_ptr<Node> fn);
   bool is_leaf() const { return !grad_fn(); }

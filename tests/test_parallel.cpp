@@ -305,3 +305,36 @@ TEST_CASE("N CPU replicas train a bf16 model like one device, every replica's sh
       }
   }
 }
+
+TEST_CASE("zero_grad() zeroes nothing: backward overwrites stale gradients, settle_grads() zeroes the rest",
+          "[parallel][memory]") {
+  const Device cpu0{DeviceType::cpu, 0};
+  auto model = nn::mlp("6-5-3", Act::relu);
+  model->to(cpu0, 1);
+  auto reference = model->replicate(cpu0);  // its gradient buffer starts at zero
+  Tensor x1 = test::randn_tensor({4, 6}, 1, cpu0), x2 = test::randn_tensor({4, 6}, 2, cpu0);
+  Tensor t = test::randn_tensor({4, 3}, 3, cpu0);
+  model->zero_grad();
+  nn::MSELoss()(model->forward(x1), t).backward();
+  const auto g1 = model->flat_grads().to_host();
+  model->zero_grad();
+  CHECK(model->flat_grads().to_host() == g1);  // no pass over the buffer
+  nn::MSELoss()(model->forward(x2), t).backward();
+  nn::MSELoss()(reference->forward(x2), t).backward();
+  CHECK(model->flat_grads().to_host() == reference->flat_grads().to_host());  // overwritten, not added
+  // Nothing reached (an empty shard): settling zeroes the whole buffer.
+  model->zero_grad();
+  model->settle_grads();
+  for (float v : model->flat_grads().to_host()) CHECK(v == 0.0f);
+  // A leaf that backward does not reach keeps its stale gradient until settled.
+  Tensor used = test::randn_tensor({3, 6}, 4, cpu0), unused = test::randn_tensor({3, 6}, 5, cpu0);
+  for (Tensor* w : {&used, &unused}) {
+    w->set_requires_grad(true);
+    w->set_grad(Tensor::full({3, 6}, 7.0f, cpu0));
+    w->set_grad_stale(true);
+  }
+  nn::MSELoss()(linear(x1, used, Tensor()), t).backward();
+  CHECK_FALSE(used.grad_stale());
+  CHECK(unused.grad_stale());
+  for (float v : used.grad().to_host()) CHECK(v != 7.0f);
+}
