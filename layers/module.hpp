@@ -97,6 +97,8 @@ class Module {
   // it, gradients stay fp32, checkpoints save it) and a flat bf16 shadow of it, laid out
   // alike, is what Linear layers multiply with; their activations are bf16. Set it on the
   // module placed with to(), before or after; it applies to the children and to replicas.
+  // DataParallel (so the Trainer and dptrain) sets it from its precision option: bf16
+  // precision means bf16 compute, any other f32.
   void set_compute_dtype(DType t);
   DType compute_dtype() const { return compute_dtype_; }
   // The bf16 shadow of flat_params() (undefined in f32 compute). The optimizer refreshes it

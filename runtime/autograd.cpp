@@ -16,6 +16,16 @@ void accumulate(Tensor& slot, const Tensor& g) {
   if (!slot.defined()) slot = g;
   else axpy_(1.0f, g, slot);
 }
+
+// The same for a leaf's gradient `slot`, which overwrites what zero_grad() left stale.
+void add_to_leaf(Tensor& leaf, Tensor& slot, const Tensor& g) {
+  if (slot.defined() && leaf.grad_stale()) {
+    copy_cast(slot, g);
+    leaf.set_grad_stale(false);
+  } else {
+    accumulate(slot, g);
+  }
+}
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
@@ -51,7 +61,7 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
   if (!seed.defined() && root.is_leaf()) seed = Tensor::full(root.shape(), host_seed, root.device());
   if (root.is_leaf()) {
     Tensor g = root.grad();
-    accumulate(g, seed);
+    add_to_leaf(const_cast<Tensor&>(root), g, seed);
     const_cast<Tensor&>(root).set_grad(g);
     if (on_leaf_done) on_leaf_done(root);
     return;
@@ -94,12 +104,7 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
       if (!gi.defined() || !in.requires_grad()) continue;
       if (in.is_leaf()) {
         Tensor acc = in.grad();
-        if (acc.defined() && in.grad_stale()) {  // overwrite what zero_grad() left
-          copy(acc, gi);
-          in.set_grad_stale(false);
-        } else {
-          accumulate(acc, gi);
-        }
+        add_to_leaf(in, acc, gi);
         in.set_grad(acc);
       } else {
         accumulate(pending[in.grad_fn().get()], gi);

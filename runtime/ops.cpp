@@ -24,19 +24,20 @@ cudaStream_t stream_of(const Device& d) {
   DPT_CUDA_CHECK(cudaSetDevice(d.index));
   return static_cast<cudaStream_t>(context(d).stream());
 }
-// A cuBLASLt GEMM on ctx's stream (gemm_lt), its workspace from the caching allocator.
-void lt_gemm(Context& ctx, const Device& d, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+// A cuBLASLt GEMM on ctx's stream (gemm_lt), its workspace from the caching allocator;
+// false when cuBLASLt has no kernel for it (then nothing ran).
+bool lt_gemm(Context& ctx, const Device& d, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
              const float* A, const float* B, float beta, float* C, const float* bias, Act act) {
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
-  cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, ta, tb, m, n, k, alpha, A, B,
-                beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
+  return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, ta, tb, m, n, k, alpha,
+                       A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
 }
 // The same over other element types.
-void lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
              float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act) {
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
-  cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, types, ta, tb, m, n, k, alpha,
-                A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
+  return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, types, ta, tb, m, n, k,
+                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
 }
 // Scratch space for the deterministic two-stage reductions.
 Tensor reduce_work(const Device& d, int64_t at_least) {
@@ -97,7 +98,7 @@ void record(Tensor& out, std::shared_ptr<Node> node, std::vector<Tensor> inputs)
 
 void give(Grads& grads, size_t i, Tensor g) {
   if (Tensor acc = grads.accumulator(i); acc.defined()) {
-    if (grads.take_beta(i) == 0.0f) copy(acc, g);
+    if (grads.take_beta(i) == 0.0f) copy_cast(acc, g);
     else axpy_(1.0f, g, acc);
   }
   else grads.put(i, std::move(g));
@@ -575,9 +576,8 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
   const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x.size(1));
   if (Context& ctx = context(d); d.is_cuda() && ctx.gemm == GemmImpl::cublas && multiply_adds >= kLtMinMultiplyAdds &&
                                  (act == Act::none || act == Act::relu)) {
-    lt_gemm(ctx, d, false, true, rows, out, x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(),
-            b.defined() ? b.f32() : nullptr, act);
-    fused = true;
+    fused = lt_gemm(ctx, d, false, true, rows, out, x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(),
+                    b.defined() ? b.f32() : nullptr, act);
   }
 #endif
   if (!fused) gemm(false, true, 1.0f, x, W, 0.0f, y);
@@ -624,9 +624,8 @@ Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tens
 #if DPT_WITH_CUDA
   const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x.size(1));
   if (d.is_cuda() && rows > 0 && multiply_adds >= kLtMinMultiplyAdds && (act == Act::none || act == Act::relu)) {
-    lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::bf16, DType::bf16}, false, true, rows, out, x.size(1),
-            1.0f, x.bf16(), W16.bf16(), 0.0f, y.bf16(), b16.defined() ? b16.bf16() : nullptr, act);
-    fused = true;
+    fused = lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::bf16, DType::bf16}, false, true, rows, out,
+                    x.size(1), 1.0f, x.bf16(), W16.bf16(), 0.0f, y.bf16(), b16.defined() ? b16.bf16() : nullptr, act);
   }
 #endif
   if (!fused && rows > 0) {  // the GEMM in fp32, then bias and activation rounded once into y

@@ -4,6 +4,7 @@
 // out-of-memory message. Runs only where there is a GPU (main.cpp exits 77 otherwise,
 // and ctest reports the test skipped).
 #include <cmath>
+#include <utility>
 
 #include "../kernels/cpu/cpu.hpp"
 #include "../kernels/error.hpp"
@@ -104,8 +105,8 @@ TEST_CASE("cuBLASLt GEMMs with the bias and ReLU epilogue match the CPU", "[gpu]
               cpu::bias_act_forward(want.data(), bias ? b.data() : nullptr, act, s.m, s.n, nullptr, want.data());
               if (beta == 0.0f) C.assign(C.size(), NAN);  // beta == 0 must not read C
               Tensor dA = on(gpu, A, sa), dB = on(gpu, B, sb), db = on(gpu, b, {s.n}), dC = on(gpu, C, {s.m, s.n});
-              cuda::gemm_lt(h, st, Precision::fp32, ta, tb, s.m, s.n, s.k, 1.0f, dA.f32(), dB.f32(), beta, dC.f32(),
-                            bias ? db.f32() : nullptr, act, ws.data(), cuda::kLtWorkspaceBytes);
+              REQUIRE(cuda::gemm_lt(h, st, Precision::fp32, ta, tb, s.m, s.n, s.k, 1.0f, dA.f32(), dB.f32(), beta,
+                                    dC.f32(), bias ? db.f32() : nullptr, act, ws.data(), cuda::kLtWorkspaceBytes));
               const double err = rel_error(dC.to_host(), want);
               INFO("relative error " << err);
               CHECK(err < 1e-5);
@@ -121,16 +122,29 @@ TEST_CASE("the activation backward with a transposed copy matches the CPU", "[gp
       INFO(sz.rows << "x" << sz.cols << " act " << static_cast<int>(act));
       const int64_t n = sz.rows * sz.cols;
       const auto dy = randn(n, 13), saved = randn(n, 14);
-      std::vector<float> dx(static_cast<size_t>(n)), dxt(static_cast<size_t>(n));
-      cpu::act_backward_transposed(dy.data(), saved.data(), act, sz.rows, sz.cols, dx.data(), dxt.data());
-      Tensor g = on(gpu, dy, {n}), s = on(gpu, saved, {n}), gt = Tensor::empty({n}, DType::f32, gpu);
-      cuda::act_backward_transposed(g.f32(), s.f32(), act, sz.rows, sz.cols, g.f32(), gt.f32(),
-                                    static_cast<cudaStream_t>(context(gpu).stream()));  // in place, as Linear does
-      CHECK(rel_error(g.to_host(), dx) < 1e-6);
-      CHECK(rel_error(gt.to_host(), dxt) < 1e-6);
+      const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
+      // dx: bit for bit the plain act_backward's on the GPU (the CPU's erfc may differ in
+      // the last bit), and within float rounding of the CPU; dxt: exactly dx transposed.
+      Tensor plain = on(gpu, dy, {n}), s = on(gpu, saved, {n});
+      cuda::act_backward(plain.f32(), s.f32(), act, n, plain.f32(), st);
+      Tensor g = on(gpu, dy, {n}), gt = Tensor::empty({n}, DType::f32, gpu);
+      cuda::act_backward_transposed(g.f32(), s.f32(), act, sz.rows, sz.cols, g.f32(), gt.f32(), st);  // in place, as Linear does
+      const auto dx = g.to_host(), dxt = gt.to_host();
+      CHECK(dx == plain.to_host());
+      std::vector<float> want(static_cast<size_t>(n)), want_t(static_cast<size_t>(n));
+      cpu::act_backward_transposed(dy.data(), saved.data(), act, sz.rows, sz.cols, want.data(), want_t.data());
+      CHECK(rel_error(dx, want) < 1e-5);
+      bool transposed = true;
+      for (int64_t r = 0; r < sz.rows; ++r)
+        for (int64_t c = 0; c < sz.cols; ++c)
+          transposed = transposed && dxt[static_cast<size_t>(c * sz.rows + r)] == dx[static_cast<size_t>(r * sz.cols + c)];
+      CHECK(transposed);
     }
   // Linear's TF32 backward takes this path at 2^30 multiply-adds: within TF32 of the CPU.
-  context(gpu).precision = Precision::tf32;
+  struct Tf32 {  // restores fp32 even when a check throws
+    Tf32() { context(gpu).precision = Precision::tf32; }
+    ~Tf32() { context(gpu).precision = Precision::fp32; }
+  } tf32;
   auto x = randn(1024 * 1024, 15), W = randn(1024 * 1024, 16, 0.03f), b = randn(1024, 17);
   compare(
       [&](const Device& d) {
@@ -138,7 +152,6 @@ TEST_CASE("the activation backward with a transposed copy matches the CPU", "[gp
                                {on(d, x, {1024, 1024}), on(d, W, {1024, 1024}), on(d, b, {1024})});
       },
       3e-3);
-  context(gpu).precision = Precision::fp32;
 }
 #endif
 
@@ -864,9 +877,9 @@ TEST_CASE("bf16 cuBLASLt GEMMs (bf16 or f32 out, bias, ReLU) match the CPU at od
                 if (beta == 0.0f) C.assign(C.size(), NAN);  // beta == 0 must not read C
                 Tensor dA = on_bf16(gpu, A, sa), dB = on_bf16(gpu, B, sb);
                 Tensor db = cast(on(gpu, b, {s.n}), c_type), dC = cast(on(gpu, C, {s.m, s.n}), c_type);
-                cuda::gemm_lt(h, st, Precision::fp32, cuda::LtTypes{DType::bf16, c_type, c_type}, ta, tb, s.m, s.n, s.k,
-                              1.0f, dA.data(), dB.data(), beta, dC.data(), bias ? db.data() : nullptr, act, ws.data(),
-                              cuda::kLtWorkspaceBytes);
+                REQUIRE(cuda::gemm_lt(h, st, Precision::fp32, cuda::LtTypes{DType::bf16, c_type, c_type}, ta, tb, s.m,
+                                      s.n, s.k, 1.0f, dA.data(), dB.data(), beta, dC.data(), bias ? db.data() : nullptr,
+                                      act, ws.data(), cuda::kLtWorkspaceBytes));
                 if (c_type == DType::bf16) {
                   // One rounding of an fp32 result that differs from the CPU's in its last bits.
                   const int64_t u = test::max_ulps(test::bf16_bits(dC), test::bf16_bits(on(host, want, {s.m, s.n})));
@@ -894,14 +907,14 @@ TEST_CASE("cuBLASLt with a bf16 D and an fp32 bias: supported and right, or refu
   cpu::bias_act_forward(want.data(), b.data(), Act::relu, m, n, nullptr, want.data());
   Tensor dA = on_bf16(gpu, A, {m, k}), dB = on_bf16(gpu, B, {n, k}), db = on(gpu, b, {n});
   Tensor dC = Tensor::empty({m, n}, DType::bf16, gpu);
-  try {
-    cuda::gemm_lt(h, st, Precision::fp32, cuda::LtTypes{DType::bf16, DType::bf16, DType::f32}, false, true, m, n, k,
-                  1.0f, dA.data(), dB.data(), 0.0f, dC.data(), db.data(), Act::relu, ws.data(), cuda::kLtWorkspaceBytes);
+  if (cuda::gemm_lt(h, st, Precision::fp32, cuda::LtTypes{DType::bf16, DType::bf16, DType::f32}, false, true, m, n,
+                    k, 1.0f, dA.data(), dB.data(), 0.0f, dC.data(), db.data(), Act::relu, ws.data(),
+                    cuda::kLtWorkspaceBytes)) {
     const double err = rel_error(dC.to_host(), want);
     WARN("cuBLASLt accepts a bf16 D with an fp32 bias; relative error " << err);
     CHECK(err < 4e-3);
-  } catch (const Error& e) {
-    WARN("cuBLASLt refuses a bf16 D with an fp32 bias: " << e.what());
+  } else {
+    WARN("cuBLASLt has no kernel for a bf16 D with an fp32 bias");
   }
 }
 #endif
@@ -1081,6 +1094,7 @@ TEST_CASE("the bf16 mlp step stores less than the fp32 one and allocates nothing
     normal_(y, 1, 2, 0);
     context(gpu).synchronize();
     allocator(gpu).reset_peak();
+    const size_t held = allocator(gpu).stats().allocated;  // parameters, gradients, state, shadow, data
     int64_t allocs = 0;
     float first = 0, last = 0;
     for (int s = 0; s < 5; ++s) {
@@ -1096,10 +1110,15 @@ TEST_CASE("the bf16 mlp step stores less than the fp32 one and allocates nothing
     }
     CHECK(allocator(gpu).stats().system_allocs == allocs);
     CHECK(last < first);
-    return static_cast<double>(allocator(gpu).stats().peak_allocated) / (1 << 20);
+    const size_t peak = allocator(gpu).stats().peak_allocated;
+    return std::pair<double, double>{static_cast<double>(peak) / (1 << 20), static_cast<double>(peak - held) / (1 << 20)};
   };
-  const double f32 = peak_mib(DType::f32), bf16 = peak_mib(DType::bf16);
-  WARN("mlp step peak: fp32 " << f32 << " MiB, bf16 " << bf16 << " MiB (PyTorch bf16 autocast: 673 MiB)");
-  CHECK(bf16 < 0.85 * f32);
+  const auto [f32, f32_step] = peak_mib(DType::f32);
+  const auto [bf16, bf16_step] = peak_mib(DType::bf16);
+  WARN("mlp step peak: fp32 " << f32 << " MiB (the step's own " << f32_step << "), bf16 " << bf16 << " MiB ("
+                              << bf16_step << ") (PyTorch bf16 autocast: 673 MiB)");
+  // What the step itself allocates (activations and their gradients) halves; the bf16
+  // shadow adds to what is held throughout.
+  CHECK(bf16_step < 0.6 * f32_step);
   CHECK(bf16 <= 673.0);
 }

@@ -40,21 +40,23 @@ void gemm_bf16(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, in
 // (may be null) and the activation (none or relu) fused into the GEMM's epilogue. Same
 // layout contract as gemm_cublas; m, n, k >= 1. `workspace` is device memory of
 // `workspace_bytes` (kLtWorkspaceBytes is enough) that no other stream uses meanwhile.
+// False when cuBLASLt has no kernel for the call (nothing launched): the caller takes an
+// unfused path.
 constexpr size_t kLtWorkspaceBytes = size_t(4) << 20;
-void gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bool ta, bool tb,
+bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bool ta, bool tb,
              int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B,
              float beta, float* C, const float* bias, Act act, void* workspace,
              size_t workspace_bytes);
 // The same over other element types: A and B both f32 or both bf16, C (= D) f32 or bf16,
 // the bias f32 or bf16 (cuBLASLt's default is D's type; another is asked for through
 // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE). bf16 operands compute in CUBLAS_COMPUTE_32F
-// whatever the precision. A combination cuBLASLt has no kernel for throws dpt::Error.
+// whatever the precision. A combination cuBLASLt has no kernel for returns false.
 struct LtTypes {
   DType ab = DType::f32;
   DType c = DType::f32;
   DType bias = DType::f32;
 };
-void gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta,
+bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta,
              bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B,
              float beta, void* C, const void* bias, Act act, void* workspace, size_t workspace_bytes);
 
