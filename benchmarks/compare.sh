@@ -2,7 +2,8 @@
 # dptrain against PyTorch on the GPU machine, in one call: builds dptrain (if needed), runs
 # dpbench and torch_bench.py on the same workloads (BENCHMARKS.md: MSE + SGD lr 0.01 on a
 # fixed random batch, the same number of steps on both sides) and prints one table.
-#   single: one GPU, seed (batch 64) and mlp (batch 4096), fp32/tf32/bf16; dptrain's
+#   single: one GPU, seed (batch 64), mlp (batch 4096) and cnn (batch 256 of 3x32x32,
+#           cross-entropy), fp32/tf32/bf16; dptrain's
 #           plain step against PyTorch eager, and PyTorch's CUDA-graph step against
 #           dptrain's where dpbench has --cuda-graph
 #   multi:  (more than one GPU) mlp fp32 on 1, 2, 4, ... N GPUs, weak scaling (4096 per
@@ -37,14 +38,14 @@ run_dpbench() {
 }
 
 if [ "$what" != multi ]; then
-  for w in "seed 64" "mlp 4096"; do
+  for w in "seed 64" "mlp 4096" "cnn 256"; do
     read -r model batch <<<"$w"
     args=(--gpus 1 --model "$model" --batch "$batch" --precision "fp32,tf32,bf16" --scaling weak
       --warmup 20 --steps 140)
     run_dpbench "single-$model" "${args[@]}"
     [ "$graph" = 1 ] && run_dpbench "single-$model-graph" "${args[@]}" --cuda-graph
   done
-  for w in "seed 64" "mlp 4096"; do
+  for w in "seed 64" "mlp 4096" "cnn 256"; do
     read -r model batch <<<"$w"
     for p in fp32 tf32 bf16; do
       for mode in eager graph; do
@@ -124,7 +125,7 @@ def cell(v, f="{:.4f}"):
     return f.format(v) if v is not None else "-"
 
 
-single = [(m, b) for m, b in (("seed", 64), ("mlp", 4096)) if dpbench(f"single-{m}")]
+single = [(m, b) for m, b in (("seed", 64), ("mlp", 4096), ("cnn", 256)) if dpbench(f"single-{m}")]
 if single:
     print("single GPU; speed-up = PyTorch ms / dptrain ms; peak = most memory allocated on the GPU")
     print(f"{'workload':<9}{'prec':<6}{'step':<7}{'dptrain ms':>11}{'torch ms':>10}{'speed-up':>10}"
