@@ -22,12 +22,16 @@ grep -E 'tests passed|Test +#|\*\*\*' "$out/ctest.log"
 # call of ours is checked and throws). racecheck over the tests that run every kernel
 # family once ([ops] [random] [gemm] [graph] and the cuDNN kernels); the training and
 # data-parallel tests run the same kernels and take too long under it.
+# SANITIZE=0 skips the sanitizers, BENCH=0 the benchmarks (to fit a call's time limit).
+if [ "${SANITIZE:-1}" = 1 ]; then
 timeout 400 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 build/tests/dpt_gpu_tests \
   '~[multigpu]~[faults]' >"$out/sanitizer_memcheck.log" 2>&1
 echo "compute-sanitizer memcheck: exit $? | $(grep -E 'ERROR SUMMARY|All tests passed|test cases' "$out/sanitizer_memcheck.log" | tr '\n' ' ')"
 timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 build/tests/dpt_gpu_tests \
   '[ops],[random],[gemm],[graph]~[train],cuDNN*' >"$out/sanitizer_racecheck.log" 2>&1
 echo "compute-sanitizer racecheck: exit $? | $(grep -E 'RACECHECK SUMMARY|All tests passed|test cases' "$out/sanitizer_racecheck.log" | tr '\n' ' ')"
+fi
+[ "${BENCH:-1}" = 1 ] || exit 0
 
 build/benchmarks/sgemm_bench >"$out/sgemm.log" 2>&1
 {
