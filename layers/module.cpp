@@ -1,6 +1,5 @@
 #include "module.hpp"
 
-#include <new>
 
 #include "../kernels/cpu/cpu.hpp"
 #include "../kernels/error.hpp"
@@ -143,20 +142,20 @@ void Module::to(const Device& device, uint64_t seed) {
   int64_t total = 0;
   const auto offsets = layout(&total);
   auto params = parameters();
-  // Values on the host: parameter k is stream k of the Philox generator for `seed`.
+  // Parameter k is stream k of the Philox generator for `seed`, drawn on the device itself
+  // (the CPU and CUDA generators agree bit for bit), so no host copy of the model is made.
   // Padding between parameters stays zero (its gradient is zero too, so it never moves).
-  std::vector<float> host;
+  Tensor flat;
   try {
-    host.assign(static_cast<size_t>(total), 0.0f);
-  } catch (const std::bad_alloc&) {
-    throw OutOfMemory("out of host memory making the model's " + std::to_string(total) + " parameters (" +
-                      format_bytes(static_cast<size_t>(total) * sizeof(float)) +
-                      ") to initialize them: choose a smaller model");
+    flat = Tensor::zeros({total}, DType::f32, device);
+  } catch (const OutOfMemory&) {
+    throw OutOfMemory("out of memory on " + device.str() + " making the model's " + std::to_string(total) +
+                      " parameters (" + format_bytes(static_cast<size_t>(total) * sizeof(float)) +
+                      "): choose a smaller model");
   }
   for (size_t k = 0; k < params.size(); ++k) {
     const Parameter& p = *params[k];
-    cpu::uniform(host.data() + offsets[k], numel(p.shape), seed, k, 0, p.init_value - p.init_bound,
-                 p.init_value + p.init_bound);
+    uniform_(flat.view(offsets[k], p.shape), seed, k, 0, p.init_value - p.init_bound, p.init_value + p.init_bound);
   }
   int64_t buffer_total = 0;
   const auto buffer_offsets = buffer_layout(&buffer_total);
@@ -164,7 +163,7 @@ void Module::to(const Device& device, uint64_t seed) {
   std::vector<float> host_buffers(static_cast<size_t>(buffer_total), 0.0f);
   for (size_t k = 0; k < bufs.size(); ++k)
     cpu::fill(host_buffers.data() + buffer_offsets[k], numel(bufs[k]->shape), bufs[k]->init);
-  bind(Tensor::from_host(host, {total}, device),
+  bind(flat,
        buffer_total > 0 ? Tensor::from_host(host_buffers, {buffer_total}, device) : Tensor());
 }
 

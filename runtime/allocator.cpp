@@ -81,6 +81,9 @@ void* CachingAllocator::system_alloc(size_t bytes) {
     return p;
   }
 #endif
+  // More than the machine has would succeed under memory overcommit and then be killed
+  // when touched; refusing it gives the out-of-memory error with its sizes instead.
+  if (bytes > total_memory(device_)) return nullptr;
   return std::aligned_alloc(256, bytes);
 }
 

@@ -108,8 +108,9 @@ class Conv2dNode : public Node {
     DPT_DNN_OR_CPU(d,
                    {
                      Workspace ws = workspace(d, s_);
-                     cuda::conv2d_backward_filter(dnn_of(d), context(d).precision, s_, x_.f32(), dy.f32(), g.beta,
-                                                  g.dw.f32(), db, ws.t.data(), ws.bytes);
+                     cuda::conv2d_backward_filter(dnn_of(d), static_cast<cublasHandle_t>(context(d).blas()),
+                                                  context(d).precision, s_, x_.f32(), dy.f32(), g.beta, g.dw.f32(), db,
+                                                  ws.t.data(), ws.bytes);
                    },
                    cpu::conv2d_backward_filter(s_, x_.f32(), dy.f32(), g.beta, g.dw.f32(), db));
     hand_over(grads, g);

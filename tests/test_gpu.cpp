@@ -476,6 +476,7 @@ TEST_CASE("a step recorded as a CUDA graph trains exactly like the eager step", 
 #if DPT_WITH_CUDNN
 namespace {
 cudnnHandle_t dnn_handle() { return static_cast<cudnnHandle_t>(context(gpu).dnn()); }
+cublasHandle_t blas_handle() { return static_cast<cublasHandle_t>(context(gpu).blas()); }
 
 Tensor dev(const std::vector<float>& v) { return Tensor::from_host(v, {static_cast<int64_t>(v.size())}, gpu); }
 
@@ -506,6 +507,10 @@ TEST_CASE("cuDNN convolution matches the CPU forward and backward, at fp32 and t
       {"1x1", {.n = 4, .c = 24, .h = 7, .w = 7, .k = 10, .r = 1, .s = 1}},
       {"5x3 pad 2, batch 1", {.n = 1, .c = 13, .h = 10, .w = 9, .k = 11, .r = 5, .s = 3, .pad = 2}},
       {"3x3 pad 1, 16 -> 32 channels", {.n = 4, .c = 16, .h = 20, .w = 20, .k = 32, .r = 3, .s = 3, .pad = 1}},
+      // Few inputs per output (c*r*s <= 32): the weight gradient through im2col and cuBLAS.
+      {"3x3 stride 2 pad 2 dilation 2, 2 channels",
+       {.n = 3, .c = 2, .h = 13, .w = 10, .k = 7, .r = 3, .s = 3, .stride = 2, .pad = 2, .dilation = 2}},
+      {"the cnn's first layer, 3 -> 64 channels", {.n = 8, .c = 3, .h = 32, .w = 32, .k = 64, .r = 3, .s = 3, .pad = 1}},
   };
   const cudnnHandle_t h = dnn_handle();
   for (const Case& c : cases) {
@@ -530,10 +535,10 @@ TEST_CASE("cuDNN convolution matches the CPU forward and backward, at fp32 and t
       cuda::conv2d_forward(h, precision, s, gx.f32(), gw.f32(), gb.f32(), gy.f32(), ws.data(), bytes);
       cuda::conv2d_forward(h, precision, s, gx.f32(), gw.f32(), nullptr, gy_nobias.f32(), ws.data(), bytes);
       cuda::conv2d_backward_data(h, precision, s, gdy.f32(), gw.f32(), gdx.f32(), ws.data(), bytes);
-      cuda::conv2d_backward_filter(h, precision, s, gx.f32(), gdy.f32(), 0.0f, gdw.f32(), gdb.f32(), ws.data(), bytes);
-      cuda::conv2d_backward_filter(h, precision, s, gx.f32(), gdy.f32(), 0.0f, gdw_nobias.f32(), nullptr, ws.data(),
+      cuda::conv2d_backward_filter(h, blas_handle(), precision, s, gx.f32(), gdy.f32(), 0.0f, gdw.f32(), gdb.f32(), ws.data(), bytes);
+      cuda::conv2d_backward_filter(h, blas_handle(), precision, s, gx.f32(), gdy.f32(), 0.0f, gdw_nobias.f32(), nullptr, ws.data(),
                                    bytes);
-      cuda::conv2d_backward_filter(h, precision, s, gx.f32(), gdy.f32(), 1.0f, gdw_acc.f32(), gdb_acc.f32(),
+      cuda::conv2d_backward_filter(h, blas_handle(), precision, s, gx.f32(), gdy.f32(), 1.0f, gdw_acc.f32(), gdb_acc.f32(),
                                    ws.data(), bytes);
       check_close(gy, y, tol, "y");
       check_close(gy_nobias, y_nobias, tol, "y without bias");
@@ -562,7 +567,7 @@ TEST_CASE("cuDNN convolution plans are made once: same workspace, no allocation,
     auto step = [&](size_t ws_bytes) {
       cuda::conv2d_forward(h, p, s, x.f32(), w.f32(), b.f32(), y.f32(), ws.data(), ws_bytes);
       cuda::conv2d_backward_data(h, p, s, dy.f32(), w.f32(), dx.f32(), ws.data(), ws_bytes);
-      cuda::conv2d_backward_filter(h, p, s, x.f32(), dy.f32(), 0.0f, dw.f32(), db.f32(), ws.data(), ws_bytes);
+      cuda::conv2d_backward_filter(h, blas_handle(), p, s, x.f32(), dy.f32(), 0.0f, dw.f32(), db.f32(), ws.data(), ws_bytes);
     };
     step(bytes);
     context(gpu).synchronize();

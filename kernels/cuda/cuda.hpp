@@ -36,6 +36,12 @@ void gemm_bf16(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, in
 void gemm_bf16(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                const uint16_t* A, const uint16_t* B, float beta, uint16_t* C);
 
+// The same for `batch` independent products C_i = alpha op(A_i) op(B_i) + beta C_i, the
+// operands `stride_*` floats apart (fp32 storage; fp32 or TF32 math by precision).
+void gemm_cublas_strided_batched(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m,
+                                 int64_t n, int64_t k, float alpha, const float* A, int64_t stride_a,
+                                 const float* B, int64_t stride_b, float beta, float* C, int64_t stride_c,
+                                 int64_t batch);
 // gemm_lt.cu — C = act(alpha op(A) op(B) + beta C + bias) through cuBLASLt, the bias [n]
 // (may be null) and the activation (none or relu) fused into the GEMM's epilogue. Same
 // layout contract as gemm_cublas; m, n, k >= 1. `workspace` is device memory of
@@ -120,5 +126,18 @@ void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t o
             cudaStream_t stream);
 void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float lo,
              float hi, cudaStream_t stream);
+
+// conv.cu — NCHW convolution pieces done here rather than through cuDNN (see conv.cu).
+// y[n][c][.] += b[c] over images of hw values.
+void channel_bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw, cudaStream_t stream);
+// db[c] = beta db[c] + sum of dy[.][c][.], deterministic; work holds n * c floats.
+void channel_bias_grad(const float* dy, int64_t n, int64_t c, int64_t hw, float beta, float* db, float* work,
+                       cudaStream_t stream);
+// The weight gradient as im2col and one GEMM per image (handle bound to `stream`), for
+// convolutions with few inputs per output, where cuDNN's deterministic algorithms are slow.
+inline bool conv_wgrad_by_gemm(const ConvShape& s) { return s.c * s.r * s.s <= 32; }
+size_t conv_wgrad_gemm_work_bytes(const ConvShape& s);
+void conv_wgrad_gemm(cublasHandle_t handle, Precision precision, const ConvShape& s, const float* x,
+                     const float* dy, float beta, float* dw, float* work, cudaStream_t stream);
 
 }  // namespace dpt::cuda

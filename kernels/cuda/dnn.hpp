@@ -6,22 +6,27 @@
 #pragma once
 #include <cstddef>
 
+#include <cublas_v2.h>
 #include <cudnn.h>
 
 #include "../types.hpp"
 
 namespace dpt::cuda {
 
-// The workspace the three convolution passes of this shape need (the largest of them).
+// The workspace the three convolution passes of this shape need (the largest of them,
+// cuDNN's and our own kernels').
 // `precision` picks strict fp32 or tensor-core math (tf32; bf16 runs as tf32 here).
 size_t conv2d_workspace_bytes(cudnnHandle_t h, Precision precision, const ConvShape& s);
 void conv2d_forward(cudnnHandle_t h, Precision precision, const ConvShape& s, const float* x,
                     const float* w, const float* bias, float* y, void* ws, size_t ws_bytes);
 void conv2d_backward_data(cudnnHandle_t h, Precision precision, const ConvShape& s,
                           const float* dy, const float* w, float* dx, void* ws, size_t ws_bytes);
-void conv2d_backward_filter(cudnnHandle_t h, Precision precision, const ConvShape& s,
-                            const float* x, const float* dy, float beta, float* dw, float* db,
-                            void* ws, size_t ws_bytes);
+// The weight gradient through cuDNN, or for convolutions with few inputs per output
+// through im2col and cuBLAS (`blas`, bound to the same stream); the bias gradient (db may
+// be null) by our own deterministic reduction (conv.cu).
+void conv2d_backward_filter(cudnnHandle_t h, cublasHandle_t blas, Precision precision, const ConvShape& s,
+                            const float* x, const float* dy, float beta, float* dw, float* db, void* ws,
+                            size_t ws_bytes);
 void pool2d_forward(cudnnHandle_t h, const PoolShape& s, Pool kind, const float* x, float* y);
 void pool2d_backward(cudnnHandle_t h, const PoolShape& s, Pool kind, const float* x,
                      const float* y, const float* dy, float* dx);

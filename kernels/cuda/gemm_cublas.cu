@@ -49,6 +49,24 @@ void gemm_ex(cublasHandle_t handle, const char* who, bool ta, bool tb, int64_t m
 
 }  // namespace
 
+void gemm_cublas_strided_batched(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m,
+                                 int64_t n, int64_t k, float alpha, const float* A, int64_t stride_a,
+                                 const float* B, int64_t stride_b, float beta, float* C, int64_t stride_c,
+                                 int64_t batch) {
+  DPT_CHECK(handle != nullptr, "gemm_cublas_strided_batched: null cuBLAS handle");
+  DPT_CHECK(m >= 1 && n >= 1 && k >= 1 && batch >= 0, "gemm_cublas_strided_batched: empty or negative size");
+  DPT_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && batch <= INT_MAX,
+            "gemm_cublas_strided_batched: a dimension does not fit cuBLAS's int");
+  if (batch == 0) return;
+  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  // Row-major as gemm_ex: the column-major C^T = op(B)^T op(A)^T.
+  DPT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                              N, M, K, &alpha, B, CUDA_R_32F, tb ? K : N, stride_b, A, CUDA_R_32F,
+                                              ta ? M : K, stride_a, &beta, C, CUDA_R_32F, N, stride_c,
+                                              static_cast<int>(batch), compute_type(precision),
+                                              CUBLAS_GEMM_DEFAULT));
+}
+
 void gemm_cublas(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m,
                  int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta,
                  float* C) {
