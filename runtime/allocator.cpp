@@ -104,17 +104,29 @@ void CachingAllocator::system_free(void* ptr) {
 void* CachingAllocator::allocate(size_t bytes, void* stream) {
   const size_t size = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  auto& pool = free_[stream];
-  // Only a block of exactly this size class: a request never takes the block that
-  // another tensor of the same step needs, so the step after the first allocates nothing.
-  if (auto it = pool.find(size); it != pool.end()) {
-    void* p = it->second;
-    pool.erase(it);
+  const bool recording = capturing_ && stream == capture_stream_;
+  auto hand_out = [&](void* p) {
     Block& b = blocks_.at(p);
     b.in_use = true;
+    if (recording) own_for_capture(p, b);
     stats_.allocated += b.size;
     stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
     return p;
+  };
+  // Only a block of exactly this size class: a request never takes the block that
+  // another tensor of the same step needs, so the step after the first allocates nothing.
+  if (recording) {
+    if (auto it = capture_free_.find(size); it != capture_free_.end()) {
+      void* p = it->second;
+      capture_free_.erase(it);
+      return hand_out(p);
+    }
+  }
+  auto& pool = free_[stream];
+  if (auto it = pool.find(size); it != pool.end()) {
+    void* p = it->second;
+    pool.erase(it);
+    return hand_out(p);
   }
   void* p = system_alloc(size);
   if (!p) {
@@ -128,13 +140,17 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
                       format_bytes(total_memory(device_)) +
                       "; use a smaller --batch, more devices, or --precision bf16");
   }
-  blocks_[p] = Block{size, stream, true};
+  blocks_[p] = Block{size, stream, false};
   stats_.system_allocs += 1;
-  stats_.allocated += size;
   stats_.reserved += size;
-  stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
   stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
-  return p;
+  return hand_out(p);
+}
+
+void CachingAllocator::own_for_capture(void* ptr, Block& b) {
+  if (b.graph == capture_id_) return;
+  b.graph = capture_id_;
+  captured_.push_back(ptr);
 }
 
 void CachingAllocator::free(void* ptr) {
@@ -146,13 +162,16 @@ void CachingAllocator::free(void* ptr) {
                  device_.str().c_str());
     return;
   }
-  if (capturing_ && it->second.stream == capture_stream_) {
-    captured_.push_back(ptr);  // still in use: by the graph being recorded
+  Block& b = it->second;
+  b.in_use = false;
+  stats_.allocated -= b.size;
+  if (capturing_ && b.stream == capture_stream_ && (b.graph == 0 || b.graph == capture_id_)) {
+    own_for_capture(ptr, b);  // recorded kernels may use it
+    capture_free_.emplace(b.size, ptr);
     return;
   }
-  it->second.in_use = false;
-  stats_.allocated -= it->second.size;
-  free_[it->second.stream].emplace(it->second.size, ptr);
+  if (b.graph != 0) return;  // a recorded graph's: replays still write it
+  free_[b.stream].emplace(b.size, ptr);
 }
 
 void CachingAllocator::begin_capture(void* stream) {
@@ -160,17 +179,27 @@ void CachingAllocator::begin_capture(void* stream) {
   DPT_CHECK(!capturing_, "a CUDA graph is already being recorded on " + device_.str());
   capturing_ = true;
   capture_stream_ = stream;
+  capture_id_ += 1;
   captured_.clear();
+  capture_free_.clear();
 }
 
 std::vector<void*> CachingAllocator::end_capture() {
   std::lock_guard<std::mutex> lock(mu_);
   capturing_ = false;
+  capture_free_.clear();  // the graph's now, out of every pool until release()
   return std::move(captured_);
 }
 
 void CachingAllocator::release(const std::vector<void*>& blocks) {
-  for (void* p : blocks) free(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (void* p : blocks) {
+    auto it = blocks_.find(p);
+    if (it == blocks_.end()) continue;
+    Block& b = it->second;
+    b.graph = 0;
+    if (!b.in_use) free_[b.stream].emplace(b.size, p);
+  }
 }
 
 void CachingAllocator::release_cached() {

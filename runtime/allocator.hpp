@@ -38,9 +38,13 @@ class CachingAllocator {
   void free(void* ptr);
   // Returns every cached (free) block to the system.
   void empty_cache();
-  // While a CUDA graph is recorded on `stream`, blocks freed on it stay out of the pool:
-  // they hold the graph's temporaries, which every replay writes again. end_capture()
-  // hands them to the graph; release() returns them once the graph is gone.
+  // While a CUDA graph is recorded on `stream`, every block the recording allocates or
+  // frees on it becomes the graph's (each replay writes them again). A block freed during
+  // the recording is handed out again only to the recording itself (later kernels of one
+  // stream run after earlier ones in the graph too), so the graph holds about one eager
+  // step's memory, not every temporary of the step. A graph's block freed after the
+  // recording stays out of the pool. end_capture() names the graph's blocks; release()
+  // returns them once the graph is gone (blocks a tensor still holds go back when freed).
   void begin_capture(void* stream);
   std::vector<void*> end_capture();
   void release(const std::vector<void*>& blocks);
@@ -57,7 +61,9 @@ class CachingAllocator {
     size_t size;
     void* stream;
     bool in_use;
+    int64_t graph = 0;  // the recording that owns it (begin_capture's number), 0 for none
   };
+  void own_for_capture(void* ptr, Block& b);  // caller holds mu_
   void* system_alloc(size_t bytes);
   void system_free(void* ptr);
   void release_cached();  // caller holds mu_
@@ -69,7 +75,9 @@ class CachingAllocator {
   AllocatorStats stats_;
   void* capture_stream_ = nullptr;
   bool capturing_ = false;
-  std::vector<void*> captured_;
+  int64_t capture_id_ = 0;
+  std::vector<void*> captured_;                // the recording's blocks, each once
+  std::multimap<size_t, void*> capture_free_;  // freed during the recording: for it alone
 };
 
 // The allocator of a device, made on first use and kept for the life of the program.

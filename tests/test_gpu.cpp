@@ -816,11 +816,22 @@ TEST_CASE("a CNN step recorded as a CUDA graph trains exactly like the eager ste
   TrainConfig c = cnn_config("cnn:3x8x8-c6k3-bn-p2-c8k3-g-f4");
   c.batch = 16;
   c.devices = {gpu};
+  // Each run's memory from an empty cache: the graph reuses within the recording what the
+  // step frees, so it holds about one eager step's memory, not every temporary.
+  allocator(gpu).empty_cache();
+  allocator(gpu).reset_peak();
   Trainer eager(c);
   eager.run();
+  const size_t eager_peak = allocator(gpu).stats().peak_reserved;
   c.cuda_graph = true;
+  allocator(gpu).empty_cache();
+  allocator(gpu).reset_peak();
+  const size_t base = allocator(gpu).stats().reserved;  // eager's model and optimizer, still alive
   Trainer graphed(c);
   graphed.run();
+  const size_t graph_peak = allocator(gpu).stats().peak_reserved - base;
+  INFO("peak reserved: eager " << eager_peak << " B, graph " << graph_peak << " B");
+  CHECK(graph_peak <= eager_peak + eager_peak / 4);
   CHECK(rel_error(graphed.model().flat_params().to_host(), eager.model().flat_params().to_host()) <= 1e-6);
   CHECK(rel_error(graphed.model().flat_buffers().to_host(), eager.model().flat_buffers().to_host()) <= 1e-6);
 }

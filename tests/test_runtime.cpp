@@ -1,5 +1,6 @@
 // Devices, the caching allocator, model specs, schedules, synthetic data and training
 // on the CPU.
+#include <algorithm>
 #include <cmath>
 
 #include "../kernels/error.hpp"
@@ -45,6 +46,66 @@ TEST_CASE("the caching allocator reuses blocks and keeps exact stats", "[allocat
   a.empty_cache();
   CHECK(a.stats().reserved == 0);
   CHECK(a.stats().system_frees == 2);
+}
+
+TEST_CASE("a recording reuses the blocks it frees and keeps its blocks from everyone else until released",
+          "[allocator][graph]") {
+  // The logic is the same for every device; a CPU allocator with two "streams" shows it.
+  CachingAllocator a({DeviceType::cpu, 8});
+  int s1 = 0, s2 = 0;
+  void* rec = &s1;
+  void* other = &s2;
+  void* before = a.allocate(1000, rec);  // live before the recording, freed during it
+  void* cached = a.allocate(5000, rec);
+  a.free(cached);  // in the stream's pool before the recording
+  a.begin_capture(rec);
+  void* t1 = a.allocate(2000, rec);
+  a.free(t1);
+  void* o = a.allocate(2000, other);
+  CHECK(o != t1);  // another stream never gets the recording's block
+  void* t2 = a.allocate(2000, rec);
+  CHECK(t2 == t1);  // the recording reuses what it freed (its later kernels run after)
+  a.free(before);
+  void* before2 = a.allocate(1000, rec);
+  CHECK(before2 == before);  // freed during the recording: the recording's now
+  void* c = a.allocate(5000, rec);
+  CHECK(c == cached);  // the pool's cached block, taken into the graph
+  void* out = a.allocate(3000, rec);  // still held by a tensor when the recording ends
+  a.free(t2);
+  a.free(c);
+  const size_t live = a.stats().allocated;
+  auto held = a.end_capture();
+  std::sort(held.begin(), held.end());
+  std::vector<void*> want{t1, before, cached, out};
+  std::sort(want.begin(), want.end());
+  CHECK(held == want);  // each once
+  // After the recording nothing of the graph's is handed out, even once freed.
+  std::vector<void*> live_after;
+  live_after.push_back(a.allocate(2000, rec));
+  live_after.push_back(a.allocate(5000, rec));
+  CHECK(live_after[0] != t1);
+  CHECK(live_after[1] != cached);
+  a.free(out);
+  live_after.push_back(a.allocate(3000, rec));
+  CHECK(live_after[2] != out);
+  CHECK(a.stats().allocated > live);
+  // A second recording leaves the first graph's blocks alone.
+  a.begin_capture(rec);
+  void* g2 = a.allocate(3000, rec);
+  CHECK(g2 != out);
+  const auto held2 = a.end_capture();
+  CHECK(std::find(held2.begin(), held2.end(), out) == held2.end());
+  // Released (the graph is gone): its free blocks return to the pool; a block a tensor
+  // still holds returns when freed.
+  a.release(held);
+  void* again = a.allocate(3000, rec);
+  CHECK(again == out);
+  for (void* p : {o, before2, again, g2}) a.free(p);
+  for (void* p : live_after) a.free(p);
+  a.release(held2);
+  CHECK(a.stats().allocated == 0);
+  a.empty_cache();
+  CHECK(a.stats().reserved == 0);  // every block came back
 }
 
 TEST_CASE("MLP specs parse; malformed ones are refused", "[layers]") {
