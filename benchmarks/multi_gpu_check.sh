@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # On a machine with several GPUs: the multi-GPU tests (both reduction paths, N GPUs equal
-# one, balanced memory), DDP over NCCL with one rank per GPU, and the mlp workload on
-# 1 and N GPUs (weak scaling) with and without overlap. Lean: builds only what it runs.
+# one, balanced memory), DDP over NCCL with 2..N ranks, the mlp workload on 1 and N GPUs
+# (weak scaling) with and without overlap, and dpbench's weak-scaling table beside
+# PyTorch DDP and nn.DataParallel. Lean: builds only what it runs.
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 n=$(nvidia-smi -L | wc -l)
 nvidia-smi -L
 cmake -S . -B build -G Ninja -DDPT_WERROR=ON >/dev/null 2>&1 || exit 1
-cmake --build build --target dpt_gpu_tests dptrain_cli ddp_check >/dev/null 2>&1 || { echo build failed; exit 1; }
+cmake --build build --target dpt_gpu_tests dptrain_cli ddp_check dpbench >/dev/null 2>&1 || { echo build failed; exit 1; }
 build/tests/dpt_gpu_tests '[multigpu]' 2>&1 | tail -3
-mpirun -np "$n" -x NCCL_NVLS_ENABLE build/tests/ddp_check --device cuda --batch 10 2>&1 | tail -5
+for ((np = 2; np <= n; ++np)); do
+  echo "-- ddp_check -np $np"
+  mpirun -np "$np" -x NCCL_NVLS_ENABLE build/tests/ddp_check --device cuda --batch 10 2>&1 | tail -3
+done
 run() { build/apps/dptrain "$@" --model mlp --steps 30 --log-every 10 2>&1 | grep -E '^done|^step time|^memory|^param'; }
 echo "-- 1 GPU, batch 4096"; run --gpus 1 --batch 4096
 for r in nccl p2p; do echo "-- $n GPUs, --reduce $r, batch $((4096 * n))"; run --gpus "$n" --reduce $r --batch $((4096 * n)); done
@@ -19,4 +23,13 @@ for ov in "" --no-overlap; do
   echo "-- mpirun -np $n --ddp $ov"
   mpirun -np "$n" -x NCCL_NVLS_ENABLE build/apps/dptrain --ddp $ov --model mlp --batch $((4096 * n)) --steps 30 \
     --log-every 10 2>&1 | grep -E '^done|^step time|^memory|^param'
+done
+build/benchmarks/dpbench --gpus "$n" --model mlp --batch 4096 --precision fp32 --reduce nccl,p2p --scaling weak \
+  --warmup 5 --steps 21 --out "${OUT:-/tmp}/dpbench_multi" 2>&1 | grep -vE '^wrote'
+python3 benchmarks/torch_bench.py --model mlp --precision fp32 --mode eager --batch 4096 --warmup 5 --blocks 3 --steps 7
+for m in ddp dp; do
+  for ((g = 2; g <= n; g *= 2)); do
+    python3 benchmarks/torch_bench.py --model mlp --precision fp32 --mode $m --gpus $g --batch $((4096 * g)) \
+      --warmup 5 --blocks 3 --steps 7 2>&1 | grep -E 'ms/step|rror'
+  done
 done
