@@ -108,6 +108,7 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
   auto hand_out = [&](void* p) {
     Block& b = blocks_.at(p);
     b.in_use = true;
+    b.handed_out = recording ? capture_id_ : 0;
     if (recording) own_for_capture(p, b);
     stats_.allocated += b.size;
     stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
@@ -129,7 +130,7 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
     return hand_out(p);
   }
   void* p = system_alloc(size);
-  if (!p) {
+  if (!p && !capturing_) {  // emptying the cache synchronizes the device: not while recording
     release_cached();
     p = system_alloc(size);
   }
@@ -150,6 +151,7 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
 void CachingAllocator::own_for_capture(void* ptr, Block& b) {
   if (b.graph == capture_id_) return;
   b.graph = capture_id_;
+  b.owners += 1;
   captured_.push_back(ptr);
 }
 
@@ -165,12 +167,12 @@ void CachingAllocator::free(void* ptr) {
   Block& b = it->second;
   b.in_use = false;
   stats_.allocated -= b.size;
-  if (capturing_ && b.stream == capture_stream_ && (b.graph == 0 || b.graph == capture_id_)) {
+  if (capturing_ && b.stream == capture_stream_) {
     own_for_capture(ptr, b);  // recorded kernels may use it
-    capture_free_.emplace(b.size, ptr);
+    if (b.handed_out == capture_id_) capture_free_.emplace(b.size, ptr);
     return;
   }
-  if (b.graph != 0) return;  // a recorded graph's: replays still write it
+  if (b.owners > 0) return;  // a recorded graph's: replays still write it
   free_[b.stream].emplace(b.size, ptr);
 }
 
@@ -197,8 +199,8 @@ void CachingAllocator::release(const std::vector<void*>& blocks) {
     auto it = blocks_.find(p);
     if (it == blocks_.end()) continue;
     Block& b = it->second;
-    b.graph = 0;
-    if (!b.in_use) free_[b.stream].emplace(b.size, p);
+    b.owners -= 1;
+    if (b.owners == 0 && !b.in_use) free_[b.stream].emplace(b.size, p);
   }
 }
 

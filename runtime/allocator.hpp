@@ -39,12 +39,15 @@ class CachingAllocator {
   // Returns every cached (free) block to the system.
   void empty_cache();
   // While a CUDA graph is recorded on `stream`, every block the recording allocates or
-  // frees on it becomes the graph's (each replay writes them again). A block freed during
-  // the recording is handed out again only to the recording itself (later kernels of one
-  // stream run after earlier ones in the graph too), so the graph holds about one eager
-  // step's memory, not every temporary of the step. A graph's block freed after the
-  // recording stays out of the pool. end_capture() names the graph's blocks; release()
-  // returns them once the graph is gone (blocks a tensor still holds go back when freed).
+  // frees on it becomes the graph's (each replay writes them again). A block the recording
+  // itself handed out and then freed is handed out again only to the recording (later
+  // kernels of one stream run after earlier ones in the graph too, and no data flows into
+  // such a block from before the recording), so the graph holds about one eager step's
+  // memory, not every temporary of the step. A block that was live before the recording
+  // and freed during it is the graph's but never reused (recorded kernels may read it).
+  // A graph's blocks stay out of every pool, even when a tensor frees them, until every
+  // graph that owns them is released. end_capture() names the recording's blocks;
+  // release() gives them up once its graph is gone.
   void begin_capture(void* stream);
   std::vector<void*> end_capture();
   void release(const std::vector<void*>& blocks);
@@ -61,7 +64,9 @@ class CachingAllocator {
     size_t size;
     void* stream;
     bool in_use;
-    int64_t graph = 0;  // the recording that owns it (begin_capture's number), 0 for none
+    int owners = 0;          // graphs that hold it (recorded, not yet released)
+    int64_t graph = 0;       // the last recording that took it (begin_capture's number)
+    int64_t handed_out = 0;  // the recording that last handed it out, 0 for none
   };
   void own_for_capture(void* ptr, Block& b);  // caller holds mu_
   void* system_alloc(size_t bytes);

@@ -163,10 +163,21 @@ Graph::Graph(Context& ctx) : ctx_(ctx) {
 
 Graph::~Graph() {
 #if DPT_WITH_CUDA
+  const auto stream = static_cast<cudaStream_t>(ctx_.stream());
+  if (recording_) {  // an error ended the recording early: end it and drop what it recorded
+    cudaGraph_t g = nullptr;
+    DPT_CUDA_WARN(cudaStreamEndCapture(stream, &g));
+    if (g) DPT_CUDA_WARN(cudaGraphDestroy(g));
+    held_ = allocator(ctx_.device()).end_capture();
+  }
   if (exec_) DPT_CUDA_WARN(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)));
   if (graph_) DPT_CUDA_WARN(cudaGraphDestroy(static_cast<cudaGraph_t>(graph_)));
   if (!held_.empty()) {
-    DPT_CUDA_WARN(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.stream())));  // no replay still runs
+    // No replay may still run when its blocks go back; a stream being recorded cannot be
+    // synchronized, but work queued on it is ordered before any use of the pool anyway.
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    DPT_CUDA_WARN(cudaStreamIsCapturing(stream, &status));
+    if (status == cudaStreamCaptureStatusNone) DPT_CUDA_WARN(cudaStreamSynchronize(stream));
     allocator(ctx_.device()).release(held_);
   }
 #endif
@@ -174,16 +185,22 @@ Graph::~Graph() {
 
 void Graph::begin() {
 #if DPT_WITH_CUDA
-  DPT_CHECK(!graph_, "Graph::begin() on a graph already recorded");
+  DPT_CHECK(!graph_ && !recording_, "Graph::begin() on a graph already recorded");
   DPT_CUDA_CHECK(cudaSetDevice(ctx_.device().index));
   allocator(ctx_.device()).begin_capture(ctx_.pool());
   // Relaxed: the allocator may still need a new block (cudaMalloc) while recording.
-  DPT_CUDA_CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(ctx_.stream()), cudaStreamCaptureModeRelaxed));
+  const cudaError_t e =
+      cudaStreamBeginCapture(static_cast<cudaStream_t>(ctx_.stream()), cudaStreamCaptureModeRelaxed);
+  if (e != cudaSuccess) held_ = allocator(ctx_.device()).end_capture();  // nothing was recorded
+  DPT_CUDA_CHECK(e);
+  recording_ = true;
 #endif
 }
 
 void Graph::end() {
 #if DPT_WITH_CUDA
+  DPT_CHECK(recording_, "Graph::end() without begin()");
+  recording_ = false;
   cudaGraph_t g = nullptr;
   const cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(ctx_.stream()), &g);
   held_ = allocator(ctx_.device()).end_capture();

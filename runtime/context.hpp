@@ -99,6 +99,7 @@ class Graph {
   Context& ctx_;
   void* graph_ = nullptr;  // cudaGraph_t
   void* exec_ = nullptr;   // cudaGraphExec_t
+  bool recording_ = false;  // between begin() and end()
   std::vector<void*> held_;
 };
 

@@ -64,10 +64,10 @@ TEST_CASE("a recording reuses the blocks it frees and keeps its blocks from ever
   void* o = a.allocate(2000, other);
   CHECK(o != t1);  // another stream never gets the recording's block
   void* t2 = a.allocate(2000, rec);
-  CHECK(t2 == t1);  // the recording reuses what it freed (its later kernels run after)
+  CHECK(t2 == t1);  // the recording reuses what it handed out and freed
   a.free(before);
   void* before2 = a.allocate(1000, rec);
-  CHECK(before2 == before);  // freed during the recording: the recording's now
+  CHECK(before2 != before);  // live before the recording: the graph's, but recorded kernels may read it
   void* c = a.allocate(5000, rec);
   CHECK(c == cached);  // the pool's cached block, taken into the graph
   void* out = a.allocate(3000, rec);  // still held by a tensor when the recording ends
@@ -76,33 +76,44 @@ TEST_CASE("a recording reuses the blocks it frees and keeps its blocks from ever
   const size_t live = a.stats().allocated;
   auto held = a.end_capture();
   std::sort(held.begin(), held.end());
-  std::vector<void*> want{t1, before, cached, out};
+  std::vector<void*> want{t1, before, before2, cached, out};
   std::sort(want.begin(), want.end());
   CHECK(held == want);  // each once
   // After the recording nothing of the graph's is handed out, even once freed.
   std::vector<void*> live_after;
   live_after.push_back(a.allocate(2000, rec));
   live_after.push_back(a.allocate(5000, rec));
+  live_after.push_back(a.allocate(1000, rec));
   CHECK(live_after[0] != t1);
   CHECK(live_after[1] != cached);
+  CHECK(live_after[2] != before);
   a.free(out);
   live_after.push_back(a.allocate(3000, rec));
-  CHECK(live_after[2] != out);
+  CHECK(live_after[3] != out);
   CHECK(a.stats().allocated > live);
-  // A second recording leaves the first graph's blocks alone.
+  // A second recording that frees a block of the first graph's (one the first graph wrote
+  // and a tensor held until now) owns it too: it comes back only when both are released.
   a.begin_capture(rec);
   void* g2 = a.allocate(3000, rec);
   CHECK(g2 != out);
+  a.free(before2);
+  void* x = a.allocate(1000, rec);
+  CHECK(x != before2);  // live before this recording: not reused by it
   const auto held2 = a.end_capture();
   CHECK(std::find(held2.begin(), held2.end(), out) == held2.end());
-  // Released (the graph is gone): its free blocks return to the pool; a block a tensor
-  // still holds returns when freed.
+  CHECK(std::find(held2.begin(), held2.end(), before2) != held2.end());
+  // The first graph is gone: its free blocks return to the pool, but not one the second
+  // graph holds; a block a tensor still holds returns when freed.
   a.release(held);
   void* again = a.allocate(3000, rec);
   CHECK(again == out);
-  for (void* p : {o, before2, again, g2}) a.free(p);
-  for (void* p : live_after) a.free(p);
+  void* b3 = a.allocate(1000, rec);
+  CHECK(b3 == before);
   a.release(held2);
+  void* b4 = a.allocate(1000, rec);
+  CHECK(b4 == before2);  // both graphs gone
+  for (void* p : {o, again, b3, b4, x, g2}) a.free(p);
+  for (void* p : live_after) a.free(p);
   CHECK(a.stats().allocated == 0);
   a.empty_cache();
   CHECK(a.stats().reserved == 0);  // every block came back

@@ -8,7 +8,9 @@
 //   fixed order by bias_grad, so the result is deterministic;
 // - the weight gradient of a convolution with few inputs per output (c*r*s small, the
 //   first layer: cuDNN's deterministic algorithm took 648 us where the work is 0.45 GFLOP):
-//   im2col, one GEMM per image, and the per-image results summed in a fixed order.
+//   im2col, one GEMM per image, and the per-image results summed in a fixed order, a
+//   bounded number of images at a time.
+#include <algorithm>
 #include <cstdint>
 
 #include "check.hpp"
@@ -43,24 +45,27 @@ __global__ void channel_bias_add_vec_kernel(float4* y, const float* b, int64_t n
   }
 }
 
-// One warp per row of `len` floats: lane-strided partial sums, then a fixed shuffle tree.
+// One warp per row of `len` floats (grid-stride over rows): lane-strided partial sums,
+// then a fixed shuffle tree.
 __global__ void row_sums_kernel(const float* x, int64_t rows, int64_t len, float* out) {
-  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const float* p = x + row * len;
-  float s = 0.f;
-  if (len % 4 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0) {
-    const float4* p4 = reinterpret_cast<const float4*>(p);
-    for (int64_t i = lane; i < len / 4; i += 32) {
-      const float4 v = p4[i];
-      s += (v.x + v.y) + (v.z + v.w);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; row < rows;
+       row += warps) {
+    const float* p = x + row * len;
+    float s = 0.f;
+    if (len % 4 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0) {
+      const float4* p4 = reinterpret_cast<const float4*>(p);
+      for (int64_t i = lane; i < len / 4; i += 32) {
+        const float4 v = p4[i];
+        s += (v.x + v.y) + (v.z + v.w);
+      }
+    } else {
+      for (int64_t i = lane; i < len; i += 32) s += p[i];
     }
-  } else {
-    for (int64_t i = lane; i < len; i += 32) s += p[i];
+    for (int o = 16; o > 0; o /= 2) s += __shfl_down_sync(0xffffffffu, s, o);
+    if (lane == 0) out[row] = s;
   }
-  for (int o = 16; o > 0; o /= 2) s += __shfl_down_sync(0xffffffffu, s, o);
-  if (lane == 0) out[row] = s;
 }
 
 // col[n][(ci, kr, ks)][(p, q)] = x[n][ci][p*stride - pad + kr*dil][q*stride - pad + ks*dil],
@@ -98,8 +103,8 @@ void channel_bias_grad(const float* dy, int64_t n, int64_t c, int64_t hw, float 
   const int64_t rows = n * c;
   if (rows > 0 && hw > 0) {
     constexpr int64_t kWarps = kThreads / 32;
-    row_sums_kernel<<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(dy, rows, hw,
-                                                                                                  work);
+    const int64_t blocks = std::min<int64_t>((rows + kWarps - 1) / kWarps, 65535 * 16);
+    row_sums_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(dy, rows, hw, work);
     DPT_CUDA_CHECK_LAUNCH();
   } else if (rows > 0) {
     DPT_CUDA_CHECK(cudaMemsetAsync(work, 0, static_cast<size_t>(rows) * sizeof(float), stream));
@@ -107,9 +112,20 @@ void channel_bias_grad(const float* dy, int64_t n, int64_t c, int64_t hw, float 
   bias_grad(work, n, c, beta, db, stream);  // over [n, c]: the columns' sums, in row order
 }
 
+namespace {
+// im2col's buffer and the per-image products for this many images at a time: bounded, so
+// a large image costs chunks of GEMMs rather than a workspace of gigabytes.
+constexpr size_t kWgradWorkCap = size_t(32) << 20;
+
+int64_t wgrad_images_per_chunk(const ConvShape& s) {
+  const size_t per_image = static_cast<size_t>(s.c * s.r * s.s * (s.p() * s.q() + s.k)) * sizeof(float);
+  const auto fit = static_cast<int64_t>(kWgradWorkCap / std::max<size_t>(per_image, 1));
+  return std::max<int64_t>(1, std::min(fit, s.n));
+}
+}  // namespace
+
 size_t conv_wgrad_gemm_work_bytes(const ConvShape& s) {
-  const int64_t crs = s.c * s.r * s.s;
-  return static_cast<size_t>(s.n * crs * (s.p() * s.q() + s.k)) * sizeof(float);
+  return static_cast<size_t>(wgrad_images_per_chunk(s) * s.c * s.r * s.s * (s.p() * s.q() + s.k)) * sizeof(float);
 }
 
 void conv_wgrad_gemm(cublasHandle_t handle, Precision precision, const ConvShape& s, const float* x,
@@ -117,15 +133,22 @@ void conv_wgrad_gemm(cublasHandle_t handle, Precision precision, const ConvShape
   const int64_t P = s.p(), Q = s.q(), crs = s.c * s.r * s.s;
   DPT_CHECK(s.n >= 1 && crs >= 1 && s.k >= 1 && P >= 1 && Q >= 1, "conv_wgrad_gemm: empty shape");
   DPT_CHECK(x != nullptr && dy != nullptr && dw != nullptr && work != nullptr, "conv_wgrad_gemm: null pointer");
-  float* col = work;                          // [n][crs][P*Q]
-  float* per_image = work + s.n * crs * P * Q;  // [n][k][crs]
-  im2col_kernel<<<blocks_for(s.n * crs * P * Q), kThreads, 0, stream>>>(x, s, P, Q, col);
-  DPT_CUDA_CHECK_LAUNCH();
-  // per_image[n] = dy[n] [k, PQ] . col[n]^T [PQ, crs]; bf16 runs as TF32, as in cuDNN's passes.
-  gemm_cublas_strided_batched(handle, precision == Precision::fp32 ? Precision::fp32 : Precision::tf32, false,
-                              true, s.k, crs, P * Q, 1.0f, dy, s.k * P * Q, col, crs * P * Q, 0.0f, per_image,
-                              s.k * crs, s.n);
-  bias_grad(per_image, s.n, s.k * crs, beta, dw, stream);  // the images' sum, in order
+  const int64_t chunk = wgrad_images_per_chunk(s);
+  float* col = work;                            // [chunk][crs][P*Q]
+  float* per_image = work + chunk * crs * P * Q;  // [chunk][k][crs]
+  for (int64_t n0 = 0; n0 < s.n; n0 += chunk) {
+    ConvShape part = s;
+    part.n = std::min(chunk, s.n - n0);
+    im2col_kernel<<<blocks_for(part.n * crs * P * Q), kThreads, 0, stream>>>(x + n0 * s.c * s.h * s.w, part, P, Q,
+                                                                            col);
+    DPT_CUDA_CHECK_LAUNCH();
+    // per_image[i] = dy[i] [k, PQ] . col[i]^T [PQ, crs]; bf16 runs as TF32, as in cuDNN's passes.
+    gemm_cublas_strided_batched(handle, precision == Precision::fp32 ? Precision::fp32 : Precision::tf32, false,
+                                true, s.k, crs, P * Q, 1.0f, dy + n0 * s.k * P * Q, s.k * P * Q, col, crs * P * Q,
+                                0.0f, per_image, s.k * crs, part.n);
+    // The images' sum in order, onto beta dw for the first chunk and onto the sum so far after.
+    bias_grad(per_image, part.n, s.k * crs, n0 == 0 ? beta : 1.0f, dw, stream);
+  }
 }
 
 }  // namespace dpt::cuda

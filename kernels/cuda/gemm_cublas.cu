@@ -58,6 +58,9 @@ void gemm_cublas_strided_batched(cublasHandle_t handle, Precision precision, boo
   DPT_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && batch <= INT_MAX,
             "gemm_cublas_strided_batched: a dimension does not fit cuBLAS's int");
   if (batch == 0) return;
+  cublasPointerMode_t mode;
+  DPT_CUBLAS_CHECK(cublasGetPointerMode(handle, &mode));
+  DPT_CHECK(mode == CUBLAS_POINTER_MODE_HOST, "gemm_cublas_strided_batched: handle is not in host pointer mode");
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   // Row-major as gemm_ex: the column-major C^T = op(B)^T op(A)^T.
   DPT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,

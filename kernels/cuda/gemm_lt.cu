@@ -121,11 +121,12 @@ Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta,
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  // A type combination this cuBLASLt has no kernel for is reported as NOT_SUPPORTED, as no
-  // candidate, or (a bf16 D with an fp32 bias, cuBLAS 12.9 on an H200) as INVALID_VALUE from
-  // the heuristic; the descriptors above were accepted, so each means "no fused kernel".
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
-      (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
+  // A type combination this cuBLASLt has no kernel for is reported as NOT_SUPPORTED or as no
+  // candidate; a bias whose type differs from D's (a bf16 D with an fp32 bias, cuBLAS 12.9
+  // on an H200) as INVALID_VALUE. Each means "no fused kernel". Any other INVALID_VALUE is
+  // a bug of ours and throws.
+  const bool bias_type_refused = st == CUBLAS_STATUS_INVALID_VALUE && bias && types.bias != types.c;
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || bias_type_refused || (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
     p.supported = false;  // the caller takes its unfused path
     return p;
   }
