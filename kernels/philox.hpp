@@ -6,13 +6,7 @@
 #include <cstdint>
 #include <cmath>
 
-#ifndef DPT_HD
-#if defined(__CUDACC__)
-#define DPT_HD __host__ __device__ __forceinline__
-#else
-#define DPT_HD inline
-#endif
-#endif
+#include "hd.hpp"
 
 namespace dpt::philox {
 
