@@ -66,6 +66,20 @@ Tensor reduce_work(const Device& d, int64_t at_least) {
 // bound picks the TF32 backward that writes a transposed gradient (LinearNode).
 [[maybe_unused]] constexpr double kLtMinMultiplyAdds = 1 << 30;
 
+#if DPT_WITH_CUDA
+// Strict fp32 GEMMs of a Linear layer at a small batch take our own kernels (gemm_small.cu):
+// the forward (A B^T) with at most 64 rows and the weight gradient (A^T B) over at most 64
+// rows of batch. cuBLAS's general kernels leave most of the GPU idle there (the seed
+// workload's forward: two kernels, ~19 us under Nsight Compute on an H200).
+enum class SmallGemm { none, skinny, short_k };
+SmallGemm small_gemm(const Context& ctx, bool ta, bool tb, int64_t m, int64_t k) {
+  if (ctx.gemm != GemmImpl::native && ctx.precision != Precision::fp32) return SmallGemm::none;
+  if (!ta && tb && m <= cuda::kSkinnyRows) return SmallGemm::skinny;
+  if (ta && !tb && k <= cuda::kShortK) return SmallGemm::short_k;
+  return SmallGemm::none;
+}
+#endif
+
 void need_bf16(const Tensor& t, const char* op) {
   DPT_CHECK(t.defined() && t.dtype() == DType::bf16, std::string(op) + ": expected a defined bf16 tensor");
 }
@@ -107,6 +121,27 @@ void give(Grads& grads, size_t i, Tensor g) {
 }  // namespace detail
 
 using namespace detail;
+
+namespace {
+// Where a backward writes input i's gradient: its accumulator, with the beta take_beta
+// gives (writing it is then due), or a new tensor (beta 0) that put_slot hands over.
+struct GradSlot {
+  Tensor t;
+  float beta = 0.0f;
+  bool fresh = false;
+};
+GradSlot grad_slot(Grads& grads, size_t i, const Shape& shape, const Device& d) {
+  if (Tensor acc = grads.accumulator(i); acc.defined()) return {acc, grads.take_beta(i), false};
+  return {Tensor::empty(shape, DType::f32, d), 0.0f, true};
+}
+void put_slot(Grads& grads, size_t i, GradSlot& slot) {
+  if (slot.fresh) grads.put(i, std::move(slot.t));
+}
+#if DPT_WITH_CUDA
+// Scratch for the two-stage bias gradients (at least one float: a tensor is never empty here).
+Tensor bias_work(const Device& d, int64_t floats) { return Tensor::empty({std::max<int64_t>(1, floats)}, DType::f32, d); }
+#endif
+}  // namespace
 
 // ---- Plain ops -----------------------------------------------------------------------
 
@@ -183,7 +218,12 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
   if (const Device d = C.device(); d.is_cuda()) {
     Context& ctx = context(d);
     cudaStream_t s = stream_of(d);
-    if (ctx.gemm == GemmImpl::native)
+    if (const SmallGemm small = small_gemm(ctx, ta, tb, m, k); small == SmallGemm::skinny)
+      cuda::gemm_skinny(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), nullptr, Act::none, nullptr,
+                        Tensor::empty({cuda::gemm_skinny_work(m, n, k)}, DType::f32, d).f32(), s);
+    else if (small == SmallGemm::short_k)
+      cuda::gemm_short_k(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
+    else if (ctx.gemm == GemmImpl::native)
       cuda::gemm_native(ta, tb, m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
     else
       cuda::gemm_cublas(static_cast<cublasHandle_t>(ctx.blas()), ctx.precision, ta, tb, m, n, k,
@@ -334,56 +374,60 @@ class LinearNode : public Node {
   void backward(Tensor& dy, Grads& grads) override {
     const int64_t rows = x_.size(0), out = W_.size(0);
     const Device d = dy.device();
-    // dz = dy * act'(.), in place: dy is ours to overwrite.
+    // One pass over dy: dz = dy * act'(.) in place (dy is ours to overwrite) and, when the
+    // bias needs it, db from the same reads.
+    const bool want_db = inputs.size() > 2 && grads.needed(2);
+    GradSlot db;
+    if (want_db) db = grad_slot(grads, 2, {out}, d);
     Tensor dzt;  // dz transposed, when the weight gradient reads it (see below)
-    bool dw_done = false;
+    bool dz_done = false;
 #if DPT_WITH_CUDA
     // TF32 tensor cores want operands whose K dimension is contiguous. The weight
     // gradient's K is the batch, along which neither dz nor x is contiguous, and cuBLAS
     // then runs it at ~190 TFLOP/s on an H200 against ~330 for the forward GEMMs (Nsight
     // Compute, mlp workload). With dz transposed, written by the activation's backward
     // in the same pass, one operand is K-major, as in the input-gradient GEMM, which runs
-    // at forward speed. Only for large GEMMs (as the fused forward epilogue).
+    // at forward speed. Only for large GEMMs (as the fused forward epilogue). dz itself is
+    // written only when the input-gradient GEMM reads it and differs from dy.
     if (Context& ctx = context(d); d.is_cuda() && ctx.gemm == GemmImpl::cublas && ctx.precision == Precision::tf32 &&
                                    grads.needed(1) && (rows + 31) / 32 <= 65535 &&
                                    static_cast<double>(rows) * static_cast<double>(out) *
                                            static_cast<double>(x_.size(1)) >= kLtMinMultiplyAdds) {
       dzt = Tensor::empty({out, rows}, DType::f32, d);
-      cuda::act_backward_transposed(dy.f32(), saved_.f32(), act_, rows, out, dy.f32(), dzt.f32(), stream_of(d));
+      float* dz = grads.needed(0) && act_ != Act::none ? dy.f32() : nullptr;
+      cuda::act_backward_transposed(dy.f32(), saved_.f32(), act_, rows, out, dz, dzt.f32(), db.beta,
+                                    want_db ? db.t.f32() : nullptr,
+                                    bias_work(d, want_db ? cuda::act_backward_transposed_work(rows, out) : 0).f32(),
+                                    stream_of(d));
+      dz_done = true;
     }
 #endif
-    if (act_ != Act::none && !dzt.defined()) {
+    if (!dz_done && want_db) {
+      DPT_CUDA_OR_CPU(d,
+                      cuda::act_bias_backward(dy.f32(), saved_.f32(), act_, rows, out, dy.f32(), db.beta, db.t.f32(),
+                                              bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(),
+                                              stream_of(d)),
+                      cpu::act_bias_backward(dy.f32(), saved_.f32(), act_, rows, out, dy.f32(), db.beta, db.t.f32()));
+    } else if (!dz_done && act_ != Act::none) {
       DPT_CUDA_OR_CPU(d, cuda::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32(), stream_of(d)),
                       cpu::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32()));
     }
+    if (want_db) put_slot(grads, 2, db);
     if (dzt.defined()) {  // dW (+)= dz^T x from the transposed copy, which then goes
-      Tensor acc = grads.accumulator(1);
-      const float beta1 = acc.defined() ? grads.take_beta(1) : 0.0f;
-      Tensor dW = acc.defined() ? acc : Tensor::empty(W_.shape(), DType::f32, d);
-      gemm(false, false, 1.0f, dzt, x_, beta1, dW);
-      if (!acc.defined()) grads.put(1, dW);
+      GradSlot dW = grad_slot(grads, 1, W_.shape(), d);
+      gemm(false, false, 1.0f, dzt, x_, dW.beta, dW.t);
+      put_slot(grads, 1, dW);
       dzt = Tensor();  // freed before dx is made: the step's peak memory does not grow
-      dw_done = true;
     }
     if (grads.needed(0)) {  // dx = dz W
       Tensor dx = Tensor::empty(x_.shape(), DType::f32, d);
       gemm(false, false, 1.0f, dy, W_, 0.0f, dx);
       give(grads, 0, dx);
     }
-    if (grads.needed(1) && !dw_done) {  // dW (+)= dz^T x, straight into the flat gradient buffer
-      Tensor acc = grads.accumulator(1);
-      const float beta1 = acc.defined() ? grads.take_beta(1) : 0.0f;
-      Tensor dW = acc.defined() ? acc : Tensor::empty(W_.shape(), DType::f32, d);
-      gemm(true, false, 1.0f, dy, x_, beta1, dW);
-      if (!acc.defined()) grads.put(1, dW);
-    }
-    if (inputs.size() > 2 && grads.needed(2)) {  // db (+)= column sums of dz
-      Tensor acc = grads.accumulator(2);
-      const float beta = acc.defined() ? grads.take_beta(2) : 0.0f;
-      Tensor db = acc.defined() ? acc : Tensor::empty({out}, DType::f32, d);
-      DPT_CUDA_OR_CPU(d, cuda::bias_grad(dy.f32(), rows, out, beta, db.f32(), stream_of(d)),
-                      cpu::bias_grad(dy.f32(), rows, out, beta, db.f32()));
-      if (!acc.defined()) grads.put(2, db);
+    if (grads.needed(1) && !dz_done) {  // dW (+)= dz^T x, straight into the flat gradient buffer
+      GradSlot dW = grad_slot(grads, 1, W_.shape(), d);
+      gemm(true, false, 1.0f, dy, x_, dW.beta, dW.t);
+      put_slot(grads, 1, dW);
     }
   }
 
@@ -503,8 +547,19 @@ class LinearBf16Node : public Node {
     const int64_t rows = x_.size(0), out = W16_.size(0);
     const Device d = dy_in.device();
     Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
-    // dz = dy * act'(.), in bf16, in place: dy is ours to overwrite.
-    if (act_ != Act::none) {
+    // dz = dy * act'(.) in bf16, in place (dy is ours to overwrite), and db (fp32) from the
+    // same pass when the bias needs it.
+    if (inputs.size() > 2 && grads.needed(2)) {
+      GradSlot db = grad_slot(grads, 2, {out}, d);
+      DPT_CUDA_OR_CPU(d,
+                      cuda::act_bias_backward_bf16(dy.bf16(), saved_.bf16(), act_, rows, out, dy.bf16(), db.beta,
+                                                   db.t.f32(),
+                                                   bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(),
+                                                   stream_of(d)),
+                      cpu::act_bias_backward_bf16(dy.bf16(), saved_.bf16(), act_, rows, out, dy.bf16(), db.beta,
+                                                  db.t.f32()));
+      put_slot(grads, 2, db);
+    } else if (act_ != Act::none) {
       DPT_CUDA_OR_CPU(d,
                       cuda::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16(), stream_of(d)),
                       cpu::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16()));
@@ -515,19 +570,9 @@ class LinearBf16Node : public Node {
       give(grads, 0, dx);
     }
     if (grads.needed(1)) {  // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer
-      Tensor acc = grads.accumulator(1);
-      const float beta1 = acc.defined() ? grads.take_beta(1) : 0.0f;
-      Tensor dW = acc.defined() ? acc : Tensor::empty(W16_.shape(), DType::f32, d);
-      gemm(true, false, 1.0f, dy, x_, beta1, dW);
-      if (!acc.defined()) grads.put(1, dW);
-    }
-    if (inputs.size() > 2 && grads.needed(2)) {  // db (fp32, +=) = column sums of dz
-      Tensor acc = grads.accumulator(2);
-      const float beta = acc.defined() ? grads.take_beta(2) : 0.0f;
-      Tensor db = acc.defined() ? acc : Tensor::empty({out}, DType::f32, d);
-      DPT_CUDA_OR_CPU(d, cuda::bias_grad_bf16(dy.bf16(), rows, out, beta, db.f32(), stream_of(d)),
-                      cpu::bias_grad_bf16(dy.bf16(), rows, out, beta, db.f32()));
-      if (!acc.defined()) grads.put(2, db);
+      GradSlot dW = grad_slot(grads, 1, W16_.shape(), d);
+      gemm(true, false, 1.0f, dy, x_, dW.beta, dW.t);
+      put_slot(grads, 1, dW);
     }
   }
 
@@ -570,19 +615,25 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
   const int64_t rows = x.size(0), out = W.size(0);
   Tensor y = Tensor::empty({rows, out}, DType::f32, d);
   const bool grad = any_requires_grad({&x, &W, &b});
+  // GELU's backward needs the pre-activation; the others can work from the output.
+  Tensor z = (grad && act == Act::gelu) ? Tensor::empty({rows, out}, DType::f32, d) : Tensor();
   bool fused = false;  // bias and activation done in the GEMM's epilogue
 #if DPT_WITH_CUDA
-  // Large GEMMs only (kLtMinMultiplyAdds).
+  // cuBLASLt's epilogue for large GEMMs only (kLtMinMultiplyAdds).
   const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x.size(1));
-  if (Context& ctx = context(d); d.is_cuda() && ctx.gemm == GemmImpl::cublas && multiply_adds >= kLtMinMultiplyAdds &&
-                                 (act == Act::none || act == Act::relu)) {
+  if (Context& ctx = context(d); d.is_cuda() && small_gemm(ctx, false, true, rows, x.size(1)) == SmallGemm::skinny) {
+    // A small batch: our skinny GEMM, the bias and activation in its second pass.
+    cuda::gemm_skinny(rows, out, x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(), b.defined() ? b.f32() : nullptr,
+                      act, z.defined() ? z.f32() : nullptr,
+                      Tensor::empty({cuda::gemm_skinny_work(rows, out, x.size(1))}, DType::f32, d).f32(), stream_of(d));
+    fused = true;
+  } else if (d.is_cuda() && ctx.gemm == GemmImpl::cublas && multiply_adds >= kLtMinMultiplyAdds &&
+             (act == Act::none || act == Act::relu)) {
     fused = lt_gemm(ctx, d, false, true, rows, out, x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(),
                     b.defined() ? b.f32() : nullptr, act);
   }
 #endif
   if (!fused) gemm(false, true, 1.0f, x, W, 0.0f, y);
-  // GELU's backward needs the pre-activation; the others can work from the output.
-  Tensor z = (grad && act == Act::gelu) ? Tensor::empty({rows, out}, DType::f32, d) : Tensor();
   if (!fused && (b.defined() || act != Act::none)) {
     const float* bias = b.defined() ? b.f32() : nullptr;
     float* zp = z.defined() ? z.f32() : nullptr;

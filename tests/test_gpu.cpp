@@ -127,13 +127,26 @@ TEST_CASE("the activation backward with a transposed copy matches the CPU", "[gp
       // the last bit), and within float rounding of the CPU; dxt: exactly dx transposed.
       Tensor plain = on(gpu, dy, {n}), s = on(gpu, saved, {n});
       cuda::act_backward(plain.f32(), s.f32(), act, n, plain.f32(), st);
+      // In place, as Linear does, with the bias gradient (beta 1 onto db0) from the same pass.
       Tensor g = on(gpu, dy, {n}), gt = Tensor::empty({n}, DType::f32, gpu);
-      cuda::act_backward_transposed(g.f32(), s.f32(), act, sz.rows, sz.cols, g.f32(), gt.f32(), st);  // in place, as Linear does
+      const auto db0 = randn(sz.cols, 15);
+      Tensor db = on(gpu, db0, {sz.cols});
+      Tensor work = Tensor::empty({cuda::act_backward_transposed_work(sz.rows, sz.cols)}, DType::f32, gpu);
+      cuda::act_backward_transposed(g.f32(), s.f32(), act, sz.rows, sz.cols, g.f32(), gt.f32(), 1.0f, db.f32(),
+                                    work.f32(), st);
       const auto dx = g.to_host(), dxt = gt.to_host();
       CHECK(dx == plain.to_host());
-      std::vector<float> want(static_cast<size_t>(n)), want_t(static_cast<size_t>(n));
+      std::vector<float> want(static_cast<size_t>(n)), want_t(static_cast<size_t>(n)), want_db = db0;
       cpu::act_backward_transposed(dy.data(), saved.data(), act, sz.rows, sz.cols, want.data(), want_t.data());
       CHECK(rel_error(dx, want) < 1e-5);
+      cpu::bias_grad(want.data(), sz.rows, sz.cols, 1.0f, want_db.data());
+      CHECK(rel_error(db.to_host(), want_db) < 1e-5);
+      // Without dx (only the transposed copy is written) and without a bias gradient.
+      Tensor g2 = on(gpu, dy, {n}), gt2 = Tensor::empty({n}, DType::f32, gpu);
+      cuda::act_backward_transposed(g2.f32(), s.f32(), act, sz.rows, sz.cols, nullptr, gt2.f32(), 0.0f, nullptr,
+                                    nullptr, st);
+      CHECK(g2.to_host() == dy);
+      CHECK(gt2.to_host() == dxt);
       bool transposed = true;
       for (int64_t r = 0; r < sz.rows; ++r)
         for (int64_t c = 0; c < sz.cols; ++c)
@@ -1149,3 +1162,96 @@ TEST_CASE("the bf16 mlp step stores less than the fp32 one and allocates nothing
   CHECK(bf16_step < 0.6 * f32_step);
   CHECK(bf16 <= 673.0);
 }
+
+#if DPT_WITH_CUDA
+TEST_CASE("the fused activation backward and bias gradient match the CPU, fp32 and bf16", "[gpu][ops][bf16]") {
+  // Shapes: one chunk (no second stage), several chunks, a partial last chunk, columns
+  // that are not whole vectors (the scalar kernel), a single element, a tall matrix.
+  struct Size { int64_t rows, cols; };
+  const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
+  for (Size sz : {Size{64, 1000}, Size{1, 1}, Size{3, 5}, Size{1000, 264}, Size{700, 37}, Size{4097, 8}})
+    for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh})
+      for (float beta : {0.0f, 1.0f}) {
+        INFO(sz.rows << "x" << sz.cols << " act " << static_cast<int>(act) << " beta " << beta);
+        const int64_t n = sz.rows * sz.cols;
+        const auto dy = randn(n, 21), saved = randn(n, 22), db0 = randn(sz.cols, 23);
+        Tensor work = Tensor::empty({std::max<int64_t>(1, cuda::act_bias_backward_work(sz.rows, sz.cols))},
+                                    DType::f32, gpu);
+        {  // fp32, in place
+          std::vector<float> want = dy, want_db = db0;
+          cpu::act_bias_backward(want.data(), saved.data(), act, sz.rows, sz.cols, want.data(), beta, want_db.data());
+          Tensor g = on(gpu, dy, {n}), s = on(gpu, saved, {n});
+          Tensor db = on(gpu, beta == 0.0f ? std::vector<float>(db0.size(), NAN) : db0, {sz.cols});  // beta 0: not read
+          cuda::act_bias_backward(g.f32(), s.f32(), act, sz.rows, sz.cols, g.f32(), beta, db.f32(), work.f32(), st);
+          CHECK(rel_error(g.to_host(), want) < 1e-5);
+          CHECK(rel_error(db.to_host(), want_db) < 1e-5);
+        }
+        {  // bf16, in place: the same bf16 inputs on both sides
+          Tensor hg = on_bf16(host, dy, {n}), hs = on_bf16(host, saved, {n});
+          std::vector<float> want_db = db0;
+          cpu::act_bias_backward_bf16(hg.bf16(), hs.bf16(), act, sz.rows, sz.cols, hg.bf16(), beta, want_db.data());
+          Tensor g = on_bf16(gpu, dy, {n}), s = on_bf16(gpu, saved, {n});
+          Tensor db = on(gpu, db0, {sz.cols});
+          cuda::act_bias_backward_bf16(g.bf16(), s.bf16(), act, sz.rows, sz.cols, g.bf16(), beta, db.f32(), work.f32(),
+                                       st);
+          CHECK(test::max_ulps(test::bf16_bits(g), test::bf16_bits(hg)) <= 1);
+          CHECK(rel_error(db.to_host(), want_db) < 1e-5);
+        }
+      }
+}
+#endif
+
+#if DPT_WITH_CUDA
+TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match the CPU", "[gpu][gemm]") {
+  context(gpu).precision = Precision::fp32;  // (a Trainer earlier may have left another)
+  const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
+  struct Size { int64_t m, n, k; };
+  // Skinny: one row to the most rows, one split to sixteen, k not a whole float4 (scalar
+  // loads), k == 0 (C = act(beta C + bias)), the seed workload's shape.
+  for (Size s : {Size{64, 1000, 1000}, Size{1, 1, 1}, Size{17, 33, 1000}, Size{64, 129, 4099}, Size{5, 70, 0},
+                 Size{33, 2050, 36}})
+    for (Act act : {Act::none, Act::relu, Act::gelu})
+      for (float beta : {0.0f, 0.5f}) {
+        INFO("skinny " << s.m << "x" << s.n << "x" << s.k << " act " << static_cast<int>(act) << " beta " << beta);
+        const auto A = randn(s.m * s.k, 31), B = randn(s.n * s.k, 32, 0.05f), b = randn(s.n, 33), C = randn(s.m * s.n, 34);
+        std::vector<float> want = C, want_z(static_cast<size_t>(s.m * s.n));
+        cpu::gemm(false, true, s.m, s.n, s.k, 1.5f, A.data(), B.data(), beta, want.data());
+        cpu::bias_act_forward(want.data(), b.data(), act, s.m, s.n, want_z.data(), want.data());
+        Tensor dA = on(gpu, A.empty() ? std::vector<float>{0} : A, {std::max<int64_t>(1, s.m * s.k)});
+        Tensor dB = on(gpu, B.empty() ? std::vector<float>{0} : B, {std::max<int64_t>(1, s.n * s.k)});
+        Tensor db = on(gpu, b, {s.n}), z = Tensor::empty({s.m * s.n}, DType::f32, gpu);
+        Tensor dC = on(gpu, beta == 0.0f ? std::vector<float>(C.size(), NAN) : C, {s.m * s.n});
+        Tensor work = Tensor::empty({cuda::gemm_skinny_work(s.m, s.n, s.k)}, DType::f32, gpu);
+        cuda::gemm_skinny(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), beta, dC.f32(), db.f32(), act, z.f32(), work.f32(), st);
+        CHECK(rel_error(dC.to_host(), want) < 1e-5);
+        CHECK(rel_error(z.to_host(), want_z) < 1e-5);
+        if (beta == 0.0f && act == Act::none) {  // the same bits on a second run
+          Tensor again = Tensor::empty({s.m * s.n}, DType::f32, gpu);
+          cuda::gemm_skinny(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), 0.0f, again.f32(), db.f32(), act, nullptr,
+                            work.f32(), st);
+          CHECK(again.to_host() == dC.to_host());
+        }
+      }
+  // Short k: edges in m and n, float4 and scalar loads, k == 0, the seed's weight gradient.
+  for (Size s : {Size{1000, 1000, 64}, Size{1, 1, 1}, Size{67, 130, 17}, Size{64, 64, 0}, Size{130, 67, 64},
+                 Size{4, 1028, 3}})
+    for (float beta : {0.0f, 1.0f}) {
+      INFO("short k " << s.m << "x" << s.n << "x" << s.k << " beta " << beta);
+      const auto A = randn(s.k * s.m, 35), B = randn(s.k * s.n, 36), C = randn(s.m * s.n, 37);
+      std::vector<float> want = C;
+      cpu::gemm(true, false, s.m, s.n, s.k, 0.5f, A.data(), B.data(), beta, want.data());
+      Tensor dA = on(gpu, A.empty() ? std::vector<float>{0} : A, {std::max<int64_t>(1, s.k * s.m)});
+      Tensor dB = on(gpu, B.empty() ? std::vector<float>{0} : B, {std::max<int64_t>(1, s.k * s.n)});
+      Tensor dC = on(gpu, beta == 0.0f ? std::vector<float>(C.size(), NAN) : C, {s.m * s.n});
+      cuda::gemm_short_k(s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), beta, dC.f32(), st);
+      CHECK(rel_error(dC.to_host(), want) < 1e-5);
+    }
+  // Through gemm() and linear(): the shapes route to these kernels in fp32, and a Linear
+  // layer at batch 64 still matches the CPU forward and backward.
+  auto x = randn(64 * 300, 38), W = randn(200 * 300, 39, 0.05f), bias = randn(200, 40);
+  compare([&](const Device& d) {
+    return value_and_grads([&](std::vector<Tensor>& in) { return linear(in[0], in[1], in[2], Act::relu); },
+                           {on(d, x, {64, 300}), on(d, W, {200, 300}), on(d, bias, {200})});
+  });
+}
+#endif

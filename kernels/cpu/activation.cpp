@@ -61,6 +61,12 @@ void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* d
   }
 }
 
+void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz,
+                       float beta, float* db) {
+  if (act != Act::none) act_backward(dy, saved, act, rows * cols, dz);
+  bias_grad(act != Act::none ? dz : dy, rows, cols, beta, db);
+}
+
 void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
                            uint16_t* z, uint16_t* y) {
   const int64_t n = rows * cols;
@@ -84,8 +90,10 @@ void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64
   narrow(g, dx);
 }
 
-void bias_grad_bf16(const uint16_t* dy, int64_t rows, int64_t cols, float beta, float* db) {
-  const auto g = widen(dy, rows * cols);
+void act_bias_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t rows, int64_t cols,
+                            uint16_t* dz, float beta, float* db) {
+  if (act != Act::none) act_backward_bf16(dy, saved, act, rows * cols, dz);
+  const auto g = widen(act != Act::none ? dz : dy, rows * cols);
   bias_grad(g.data(), rows, cols, beta, db);
 }
 

@@ -36,14 +36,20 @@ void act_backward_transposed(const float* dy, const float* saved, Act act, int64
                              float* dx, float* dxt);
 // db = beta * db + sum over rows of dy.
 void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db);
+// A Linear layer's backward over its output gradient: dz = dy * act'(saved) (dz may be dy;
+// for Act::none dz is dy and is not written) and db = beta * db + column sums of dz.
+void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz,
+                       float beta, float* db);
 // bf16: y (and z, may be null) = act(x + bias) from the fp32 GEMM result x and a bf16 bias
 // (may be null); y = act(x) of a bf16 x (x may equal y); dx = dy * act'(saved), all bf16
-// (dx may equal dy); db (fp32) = beta * db + column sums of a bf16 dy.
+// (dx may equal dy); act_bias_backward over bf16 dy, saved, dz (db fp32, the sums of the
+// rounded dz).
 void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
                            uint16_t* z, uint16_t* y);
 void act_forward_bf16(const uint16_t* x, Act act, int64_t n, uint16_t* y);
 void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t n, uint16_t* dx);
-void bias_grad_bf16(const uint16_t* dy, int64_t rows, int64_t cols, float beta, float* db);
+void act_bias_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t rows, int64_t cols,
+                            uint16_t* dz, float beta, float* db);
 
 // loss.cpp — mean squared error over n elements, and with dy not null its gradient for a
 // seed of 1, 2 (y - t) / n; mse_backward scales that gradient by scale and by *dloss

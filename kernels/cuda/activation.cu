@@ -9,6 +9,7 @@
 // The bf16 twins compute the same float expressions and round each store once (bf16.hpp);
 // their vector loops move 8 bf16 values (16 bytes) at a time.
 #include <cstdint>
+#include <string>
 
 #include "../bf16.hpp"
 #include "check.hpp"
@@ -142,11 +143,13 @@ constexpr int kTileRows = 8;   // threads per tile column: each handles 4 rows
 
 // dx = dy * act'(saved) as act_backward, and dxt = dx transposed ([cols, rows]). A tile
 // goes through shared memory (one padding column against bank conflicts), so both the
-// row-major reads and writes and the transposed writes are coalesced.
+// row-major reads and writes and the transposed writes are coalesced. dx may be null (not
+// written). With col_part, the tile's column sums over its 32 rows (in row order) go to
+// col_part[tile row][column], for the bias gradient (finished by bias_grad_finish).
 template <Act A>
 static __global__ void act_backward_transposed_kernel(const float* dy, const float* saved,
                                                       int64_t rows, int64_t cols, float* dx,
-                                                      float* dxt) {
+                                                      float* dxt, float* col_part) {
   __shared__ float tile[kTile][kTile + 1];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
@@ -154,7 +157,7 @@ static __global__ void act_backward_transposed_kernel(const float* dy, const flo
     if (r < rows && c < cols) {
       const int64_t at = r * cols + c;
       const float g = dy[at] * act_derivative<A>(saved[at]);
-      dx[at] = g;
+      if (dx) dx[at] = g;
       tile[i][threadIdx.x] = g;
     }
   }
@@ -162,6 +165,12 @@ static __global__ void act_backward_transposed_kernel(const float* dy, const flo
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
     const int64_t c = c0 + i, r = r0 + threadIdx.x;
     if (r < rows && c < cols) dxt[c * rows + r] = tile[threadIdx.x][i];
+  }
+  if (col_part && threadIdx.y == 0 && c0 + threadIdx.x < cols) {
+    const int n = static_cast<int>(rows - r0 < kTile ? rows - r0 : kTile);
+    float s = 0.f;
+    for (int i = 0; i < n; ++i) s += tile[i][threadIdx.x];
+    col_part[blockIdx.y * cols + c0 + threadIdx.x] = s;
   }
 }
 
@@ -198,6 +207,156 @@ static __global__ void bias_grad_kernel(const T* dy, int64_t rows, int64_t cols,
     // beta == 0 never reads db (it may hold garbage).
     db[c] = beta != 0.f ? beta * db[c] + t : t;
   }
+}
+
+// ---- act_bias_backward -------------------------------------------------------------------
+
+// dz = dy * act'(saved) and db = beta db + the column sums of dz in one pass over dy, in
+// two deterministic stages. A block of kBgX x kBgY threads owns kBgX * V columns of a
+// chunk of rows: thread (tx, ty) reads V adjacent columns (one 16-byte access when V > 1)
+// of rows ty, ty + kBgY, ... of the chunk and sums them in row order; then one thread per
+// column adds the block's kBgY partials in order and writes part[chunk][column]; then
+// bias_grad_finish adds the chunks in a fixed order. With one chunk the block writes db
+// itself (one kernel: the seed workload's 64-row batch). The sums are of the stored dz,
+// rounded to T, as the CPU twin's. Act::none leaves dy as it is (dz is not written).
+// 8 x V columns per block (128 bytes of a row per 8 threads), 32 rows at a time, 256-row
+// chunks: 8 rows per thread.
+constexpr int kBgX = 8, kBgY = 32;
+constexpr int64_t kBgChunkRows = 256;
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+__device__ __forceinline__ void store_as(float& d, float v) { d = v; }
+__device__ __forceinline__ void store_as(uint16_t& d, float v) { d = bf16_round(v); }
+
+template <typename T, int V, Act A>
+static __global__ void act_bias_backward_kernel(const T* dy, const T* saved, int64_t rows, int64_t cols,
+                                                int64_t chunk_rows, T* dz, float beta, float* db, float* part) {
+  __shared__ float sums[kBgY][kBgX * V + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBgX * V, c0 = col0 + tx * V;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * chunk_rows;
+  const int64_t r_end = rows - r_begin < chunk_rows ? rows : r_begin + chunk_rows;
+  float s[V] = {};
+  if (c0 < cols) {
+#pragma unroll 4
+    for (int64_t r = r_begin + ty; r < r_end; r += kBgY) {
+      const int64_t at = r * cols + c0;
+      Pack<T, V> g = *reinterpret_cast<const Pack<T, V>*>(dy + at);
+      if constexpr (A != Act::none) {
+        const Pack<T, V> sv = *reinterpret_cast<const Pack<T, V>*>(saved + at);
+#pragma unroll
+        for (int e = 0; e < V; ++e) store_as(g.v[e], as_float(g.v[e]) * act_derivative<A>(as_float(sv.v[e])));
+        *reinterpret_cast<Pack<T, V>*>(dz + at) = g;
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) s[e] += as_float(g.v[e]);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) sums[ty][tx * V + e] = s[e];
+  __syncthreads();
+  const int t = ty * kBgX + tx;  // one thread per column of the block
+  const int64_t c = col0 + t;
+  if (t >= kBgX * V || c >= cols) return;
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kBgY; ++k) total += sums[k][t];
+  if (gridDim.y > 1) part[blockIdx.y * cols + c] = total;
+  else db[c] = beta != 0.f ? beta * db[c] + total : total;  // beta == 0 never reads db
+}
+
+// db[c] = beta db[c] + the sum over k < chunks of part[k][c]: thread (tx, ty) of a block
+// adds its run of chunks in order (four loads in flight at a time), then the column's
+// kFinY runs are added in order. A fixed order, so the same bits every run.
+constexpr int kFinX = 32, kFinY = 8;
+static __global__ void bias_grad_finish_kernel(const float* part, int64_t chunks, int64_t cols, float beta,
+                                               float* db) {
+  __shared__ float runs[kFinY][kFinX + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinX + tx;
+  const int64_t per = (chunks + kFinY - 1) / kFinY, k_begin = ty * per;
+  const int64_t k_end = chunks - k_begin < per ? chunks : k_begin + per;
+  float t = 0.f;
+  if (c < cols) {
+    int64_t k = k_begin;
+    for (; k + 4 <= k_end; k += 4) {
+      const float a = part[k * cols + c], b = part[(k + 1) * cols + c], d = part[(k + 2) * cols + c],
+                  e = part[(k + 3) * cols + c];
+      t += a;
+      t += b;
+      t += d;
+      t += e;
+    }
+    for (; k < k_end; ++k) t += part[k * cols + c];
+  }
+  runs[ty][tx] = t;
+  __syncthreads();
+  if (ty != 0 || c >= cols) return;
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kFinY; ++k) total += runs[k][tx];
+  db[c] = beta != 0.f ? beta * db[c] + total : total;
+}
+
+void bias_grad_finish(const float* part, int64_t chunks, int64_t cols, float beta, float* db,
+                      cudaStream_t stream) {
+  const int64_t blocks = (cols + kFinX - 1) / kFinX;
+  DPT_CHECK(blocks <= 0x7fffffff, "bias gradient: too many columns");
+  bias_grad_finish_kernel<<<static_cast<unsigned>(blocks), dim3(kFinX, kFinY), 0, stream>>>(part, chunks, cols,
+                                                                                            beta, db);
+}
+
+// Rows per chunk: kBgChunkRows, more when the chunks would not fit the grid's y limit.
+int64_t bg_chunk_rows(int64_t rows) {
+  const int64_t need = (rows + 65534) / 65535;
+  return need <= kBgChunkRows ? kBgChunkRows : (need + kBgY - 1) / kBgY * kBgY;
+}
+
+template <typename T, int V>
+void act_bias_backward_launch(const T* dy, const T* saved, Act act, int64_t rows, int64_t cols, T* dz,
+                              float beta, float* db, float* part, cudaStream_t stream) {
+  const int64_t chunk_rows = bg_chunk_rows(rows), chunks = (rows + chunk_rows - 1) / chunk_rows;
+  const int64_t bx = (cols + kBgX * V - 1) / (kBgX * V);
+  DPT_CHECK(bx <= 0x7fffffff, "act_bias_backward: too many columns");
+  const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(chunks)), block(kBgX, kBgY);
+  switch (act) {
+#define DPT_BG_CASE(a) \
+  case a: act_bias_backward_kernel<T, V, a><<<grid, block, 0, stream>>>(dy, saved, rows, cols, chunk_rows, dz, beta, db, part); break;
+    DPT_BG_CASE(Act::none)
+    DPT_BG_CASE(Act::relu)
+    DPT_BG_CASE(Act::gelu)
+    DPT_BG_CASE(Act::tanh)
+#undef DPT_BG_CASE
+    default: DPT_CHECK(false, "act_bias_backward: unknown activation");
+  }
+  if (chunks > 1) bias_grad_finish(part, chunks, cols, beta, db, stream);
+}
+
+// Checks, then the vector kernel when the rows are whole vectors and the pointers aligned.
+template <typename T, int V>
+void act_bias_backward_checked(const char* name, const T* dy, const T* saved, Act act, int64_t rows, int64_t cols,
+                               T* dz, float beta, float* db, float* part, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols >= 0, std::string(name) + ": negative shape");
+  if (cols == 0) return;
+  DPT_CHECK(db != nullptr, std::string(name) + ": null bias gradient");
+  if (rows == 0) {  // db = beta db
+    bias_grad_finish(nullptr, 0, cols, beta, db, stream);
+    DPT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  DPT_CHECK(dy != nullptr && (act == Act::none || (saved != nullptr && dz != nullptr)),
+            std::string(name) + ": null pointer");
+  DPT_CHECK(act_bias_backward_work(rows, cols) == 0 || part != nullptr, std::string(name) + ": null work space");
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * V) == 0; };
+  if (cols % V == 0 && aligned(dy) && (act == Act::none || (aligned(saved) && aligned(dz))))
+    act_bias_backward_launch<T, V>(dy, saved, act, rows, cols, dz, beta, db, part, stream);
+  else
+    act_bias_backward_launch<T, 1>(dy, saved, act, rows, cols, dz, beta, db, part, stream);
+  DPT_CUDA_CHECK_LAUNCH();
 }
 
 // ---- bf16 twins --------------------------------------------------------------------------
@@ -344,22 +503,46 @@ void act_backward(const float* dy, const float* saved, Act act, int64_t n, float
 }
 
 void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols,
-                             float* dx, float* dxt, cudaStream_t stream) {
+                             float* dx, float* dxt, float beta, float* db, float* work, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols >= 0, "act_backward_transposed: negative shape");
-  if (rows == 0 || cols == 0) return;
-  DPT_CHECK(dy != nullptr && saved != nullptr && dx != nullptr && dxt != nullptr,
-            "act_backward_transposed: null pointer");
+  if (rows == 0 || cols == 0) {
+    if (db && cols > 0) bias_grad_finish(nullptr, 0, cols, beta, db, stream);  // db = beta db
+    DPT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  DPT_CHECK(dy != nullptr && saved != nullptr && dxt != nullptr, "act_backward_transposed: null pointer");
+  DPT_CHECK(!db || work != nullptr, "act_backward_transposed: a bias gradient needs the work space");
   const int64_t bx = (cols + kTile - 1) / kTile, by = (rows + kTile - 1) / kTile;
   DPT_CHECK(bx <= 0x7fffffff && by <= 65535, "act_backward_transposed: too large");
   const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(by)), block(kTile, kTileRows);
+  float* part = db ? work : nullptr;
   switch (act) {
-    case Act::none: act_backward_transposed_kernel<Act::none><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt); break;
-    case Act::relu: act_backward_transposed_kernel<Act::relu><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt); break;
-    case Act::gelu: act_backward_transposed_kernel<Act::gelu><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt); break;
-    case Act::tanh: act_backward_transposed_kernel<Act::tanh><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt); break;
+    case Act::none: act_backward_transposed_kernel<Act::none><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt, part); break;
+    case Act::relu: act_backward_transposed_kernel<Act::relu><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt, part); break;
+    case Act::gelu: act_backward_transposed_kernel<Act::gelu><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt, part); break;
+    case Act::tanh: act_backward_transposed_kernel<Act::tanh><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt, part); break;
     default: DPT_CHECK(false, "act_backward_transposed: unknown activation");
   }
+  if (db) bias_grad_finish(part, by, cols, beta, db, stream);
   DPT_CUDA_CHECK_LAUNCH();
+}
+
+int64_t act_backward_transposed_work(int64_t rows, int64_t cols) { return (rows + kTile - 1) / kTile * cols; }
+
+int64_t act_bias_backward_work(int64_t rows, int64_t cols) {
+  const int64_t chunk_rows = bg_chunk_rows(rows), chunks = (rows + chunk_rows - 1) / chunk_rows;
+  return chunks > 1 ? chunks * cols : 0;
+}
+
+void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz,
+                       float beta, float* db, float* work, cudaStream_t stream) {
+  act_bias_backward_checked<float, 4>("act_bias_backward", dy, saved, act, rows, cols, dz, beta, db, work, stream);
+}
+
+void act_bias_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t rows, int64_t cols,
+                            uint16_t* dz, float beta, float* db, float* work, cudaStream_t stream) {
+  act_bias_backward_checked<uint16_t, 8>("act_bias_backward_bf16", dy, saved, act, rows, cols, dz, beta, db, work,
+                                         stream);
 }
 
 void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db,
@@ -416,18 +599,6 @@ void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64
     case Act::tanh: act_backward_bf16_launch<Act::tanh>(dy, saved, n, dx, stream); break;
     default: DPT_CHECK(false, "act_backward_bf16: unknown activation");
   }
-  DPT_CUDA_CHECK_LAUNCH();
-}
-
-void bias_grad_bf16(const uint16_t* dy, int64_t rows, int64_t cols, float beta, float* db,
-                    cudaStream_t stream) {
-  DPT_CHECK(rows >= 0 && cols >= 0, "bias_grad_bf16: negative shape");
-  if (cols == 0) return;
-  DPT_CHECK(db != nullptr && (rows == 0 || dy != nullptr), "bias_grad_bf16: null pointer");
-  const int64_t blocks = (cols + kGradCols - 1) / kGradCols;
-  DPT_CHECK(blocks <= 0x7fffffff, "bias_grad_bf16: too many columns");
-  bias_grad_kernel<<<static_cast<unsigned>(blocks), dim3(kGradCols, kGradRows), 0, stream>>>(
-      dy, rows, cols, beta, db);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

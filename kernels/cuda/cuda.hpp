@@ -24,6 +24,18 @@ constexpr int64_t kReduceWork = 1024;
 // vectorized loads); strict fp32. Same contract as cpu::gemm.
 void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
                  const float* B, float beta, float* C, cudaStream_t stream);
+// gemm_small.cu — strict fp32 kernels for a Linear layer's shapes at small batches:
+// gemm_skinny: C = act(alpha A B^T + beta C + bias) (row-major A [m, k], B [n, k]; bias [n]
+// and z, the pre-activation, may be null) for m <= kSkinnyRows, through `work`
+// (gemm_skinny_work floats); gemm_short_k: C = alpha A^T B + beta C (A [k, m], B [k, n]),
+// for small k. beta == 0 never reads C. Deterministic.
+constexpr int64_t kSkinnyRows = 64;
+constexpr int64_t kShortK = 64;
+int64_t gemm_skinny_work(int64_t m, int64_t n, int64_t k);
+void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
+                 const float* bias, Act act, float* z, float* work, cudaStream_t stream);
+void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
+                  cudaStream_t stream);
 // gemm_cublas.cu — the same through cuBLAS; `precision` picks fp32, TF32 or bf16 tensor
 // cores (fp32 storage and accumulation). The handle must already be bound to its stream.
 void gemm_cublas(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m,
@@ -73,17 +85,30 @@ void act_backward(const float* dy, const float* saved, Act act, int64_t n, float
                   cudaStream_t stream);
 // act_backward over a rows x cols matrix that also writes dx transposed into dxt
 // ([cols, rows]): the weight gradient's GEMM then reads a K-major operand (see ops.cpp).
+// dx may be null (only dxt is written). With db (may be null), also db = beta db + the
+// column sums of dx, deterministically, through `work` (act_backward_transposed_work floats).
 void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols,
-                             float* dx, float* dxt, cudaStream_t stream);
+                             float* dx, float* dxt, float beta, float* db, float* work, cudaStream_t stream);
+int64_t act_backward_transposed_work(int64_t rows, int64_t cols);
+// The bias gradient db = beta db + column sums of dy over rows (deterministic); used by
+// the convolutions (kernels of their own shape).
 void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db,
                cudaStream_t stream);
+// A Linear layer's backward pass over its output gradient in one read: dz = dy * act'(saved)
+// (dz may be dy; Act::none: dz = dy, saved and dz unused and may be null) and db = beta db +
+// the column sums of dz, deterministically: the same bits every run. `work` holds
+// act_bias_backward_work(rows, cols) floats (none for up to 256 rows).
+int64_t act_bias_backward_work(int64_t rows, int64_t cols);
+void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz,
+                       float beta, float* db, float* work, cudaStream_t stream);
 void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
                            uint16_t* z, uint16_t* y, cudaStream_t stream);
 void act_forward_bf16(const uint16_t* x, Act act, int64_t n, uint16_t* y, cudaStream_t stream);
 void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t n, uint16_t* dx,
                        cudaStream_t stream);
-void bias_grad_bf16(const uint16_t* dy, int64_t rows, int64_t cols, float beta, float* db,
-                    cudaStream_t stream);
+// The bf16 twin: dy, saved and dz bf16 (each dz rounded once), db fp32, summing the rounded dz.
+void act_bias_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t rows, int64_t cols,
+                            uint16_t* dz, float beta, float* db, float* work, cudaStream_t stream);
 
 // loss.cu — mse_forward also writes dy = 2 (y - t) / n when dy is not null, and finishes
 // its reduction in one kernel through `counter`: device memory holding 0 that the kernel

@@ -1,0 +1,257 @@
+// gemm_small.cu — hand-written strict-fp32 GEMMs for the two shapes a Linear layer with a
+// small batch makes, where cuBLAS's general kernels leave the GPU mostly idle:
+//
+// - skinny: C = act(alpha A B^T + beta C + bias), A [m, k] with m <= kSkinnyRows (the
+//   batch), B [n, k] (the weight): the forward. On an H200 cuBLAS ran the seed workload's
+//   64 x 1000 x 1000 as two kernels (a split-k GEMM, 11.6 + 7.7 us under Nsight Compute),
+//   then our bias pass. Here: blocks of 64 rows x 64 columns, each over one slice of k
+//   (split k, so that ~256 blocks run), writing partial products; then one pass adds the
+//   slices in order and applies alpha, beta, the bias and the activation. Deterministic:
+//   the split depends on the shape alone.
+// - short k: C = alpha A^T B + beta C, A [k, m], B [k, n] with k small (the batch): the
+//   weight gradient. Both operands are read along their rows (m and n are contiguous), so
+//   no transpose.
+//
+// Both are FFMA only (no tensor cores), as cuBLAS's fp32 path, and the CPU's gemm is their
+// oracle. Edges: loads outside the matrices read zeros, stores are predicated.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "check.hpp"
+#include "cuda.hpp"
+
+namespace dpt::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Both kernels: a 64 x 64 tile of C per block, thread (tx, ty) owning the 4 x 4 register
+// tile at rows 4ty.., columns 4tx..; k in chunks of 64 held whole in shared memory, k-major
+// ([k][m] and [k][n]; rows padded to 68 floats, still 16-byte aligned for float4 reads).
+// A chunk is loaded in one go, so a block waits for global memory once per chunk: the
+// seed workload's k is one chunk per block.
+constexpr int kTile = 64;
+constexpr int kChunk = 64;
+constexpr int kPitch = kTile + 4;
+constexpr int kBlocksWanted = 256;  // the split aims at about two blocks per SM
+constexpr int kMaxSplit = 16;
+constexpr int kLoads = kTile * kChunk / 4 / kThreads;  // float4 loads per thread per operand and chunk
+
+// Four consecutive elements of `row` (when row_ok) at columns [c, c + 4) clipped to c_end;
+// zeros elsewhere. Vec: one float4 when all four are inside (16-byte aligned by the caller).
+template <bool Vec>
+__device__ __forceinline__ float4 load4(const float* row, bool row_ok, int c, int c_end) {
+  if (Vec && row_ok && c + 4 <= c_end) return *reinterpret_cast<const float4*>(row + c);
+  float v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = row_ok && c + j < c_end ? row[c + j] : 0.f;
+  return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+// Thread t's place in the 16 x 16 grid of 4 x 4 tiles: a warp covers 8 x 4 of them, so
+// per k its reads of A's column are 4 float4s (64 bytes) and of B's row 8 (128 bytes), one
+// shared-memory wavefront each (a 16 x 2 warp would need three).
+__device__ __forceinline__ int tile_col(int t) { return (t / 32) % 2 * 8 + t % 8; }
+__device__ __forceinline__ int tile_row(int t) { return (t / 32) / 2 * 4 + t % 32 / 8; }
+
+// acc += the chunk's products (zeros past the matrices add nothing).
+__device__ __forceinline__ void multiply_chunk(const float (*As)[kPitch], const float (*Bs)[kPitch], int tx, int ty,
+                                               float acc[4][4]) {
+#pragma unroll 16
+  for (int q = 0; q < kChunk; ++q) {
+    const float4 av = *reinterpret_cast<const float4*>(&As[q][4 * ty]);
+    const float4 bv = *reinterpret_cast<const float4*>(&Bs[q][4 * tx]);
+    const float ar[4] = {av.x, av.y, av.z, av.w}, br[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] += ar[i] * br[j];
+  }
+}
+
+// ---- skinny ------------------------------------------------------------------------------
+
+// part[split][r][c] = sum over this split's k of A[r][k] B[c][k]: A [m, k] (m <= 64) and
+// B [n, k] are both k-contiguous, so each float4 runs along k and is transposed on its way
+// into shared memory.
+template <bool Vec>
+static __global__ void __launch_bounds__(kThreads) skinny_partial_kernel(int m, int n, int k, int k_per_split,
+                                                                         const float* A, const float* B,
+                                                                         float* part) {
+  __shared__ __align__(16) float As[kChunk][kPitch];
+  __shared__ __align__(16) float Bs[kChunk][kPitch];
+  const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
+  const int n0 = blockIdx.x * kTile, split = blockIdx.y;
+  const int k_begin = split * k_per_split, k_end = min(k, k_begin + k_per_split);
+  float acc[4][4] = {};
+  for (int k0 = k_begin; k0 < k_end; k0 += kChunk) {
+    // 64 rows x 64 k of each operand: every load issued before the first store, so the
+    // block waits for global memory once.
+    float4 a[kLoads], b[kLoads];
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int idx = t + l * kThreads, r = idx / 16, kk = (idx % 16) * 4;
+      a[l] = load4<Vec>(A + static_cast<int64_t>(r < m ? r : 0) * k, r < m, k0 + kk, k_end);
+      b[l] = load4<Vec>(B + static_cast<int64_t>(n0 + r < n ? n0 + r : 0) * k, n0 + r < n, k0 + kk, k_end);
+    }
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int idx = t + l * kThreads, r = idx / 16, kk = (idx % 16) * 4;
+      As[kk][r] = a[l].x, As[kk + 1][r] = a[l].y, As[kk + 2][r] = a[l].z, As[kk + 3][r] = a[l].w;
+      Bs[kk][r] = b[l].x, Bs[kk + 1][r] = b[l].y, Bs[kk + 2][r] = b[l].z, Bs[kk + 3][r] = b[l].w;
+    }
+    __syncthreads();
+    multiply_chunk(As, Bs, tx, ty, acc);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = 4 * ty + i;
+    if (r >= m) continue;
+    float* out = part + (static_cast<int64_t>(split) * m + r) * n;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (n0 + 4 * tx + j < n) out[n0 + 4 * tx + j] = acc[i][j];
+  }
+}
+
+template <Act A>
+__device__ __forceinline__ float activate(float v) {
+  if constexpr (A == Act::relu) return v > 0.f ? v : 0.f;
+  if constexpr (A == Act::gelu) return 0.5f * v * erfcf(-v * 0.70710678118654752f);
+  if constexpr (A == Act::tanh) return tanhf(v);
+  return v;
+}
+
+// C = act(alpha * (part[0] + part[1] + ...) + beta C + bias), the slices added in order;
+// z (may be null) = the pre-activation. beta == 0 never reads C.
+template <Act A>
+static __global__ void skinny_epilogue_kernel(const float* part, int splits, int64_t mn, int n, float alpha,
+                                              float beta, float* C, const float* bias, float* z) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < mn;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int p = 0; p < splits; ++p) s += part[p * mn + i];
+    float v = alpha * s;
+    if (beta != 0.f) v += beta * C[i];
+    if (bias) v += bias[i % n];
+    if (z) z[i] = v;
+    C[i] = activate<A>(v);
+  }
+}
+
+struct SkinnySplit {
+  int per_split, splits;
+};
+
+// How k is cut: about kBlocksWanted blocks in all, slices of whole chunks. Shape only.
+SkinnySplit skinny_split(int64_t n, int64_t k) {
+  const int64_t col_blocks = (n + kTile - 1) / kTile;
+  const int64_t want = std::clamp<int64_t>(kBlocksWanted / col_blocks, 1, kMaxSplit);
+  const int64_t chunks = (k + kChunk - 1) / kChunk;
+  const int64_t per_split = std::max<int64_t>(1, (chunks + want - 1) / want) * kChunk;
+  return {static_cast<int>(per_split), static_cast<int>(std::max<int64_t>(1, (k + per_split - 1) / per_split))};
+}
+
+// ---- short k ----------------------------------------------------------------------------
+
+// C = alpha A^T B + beta C, A [k, m] and B [k, n]: rows of both are slices of C's tile
+// along m and n, copied straight into shared memory.
+template <bool Vec>
+static __global__ void __launch_bounds__(kThreads) short_k_kernel(int m, int n, int k, float alpha, const float* A,
+                                                                  const float* B, float beta, float* C) {
+  __shared__ __align__(16) float As[kChunk][kPitch];
+  __shared__ __align__(16) float Bs[kChunk][kPitch];
+  const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
+  const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
+  float acc[4][4] = {};
+  for (int k0 = 0; k0 < k; k0 += kChunk) {
+    float4 a[kLoads], b[kLoads];
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int idx = t + l * kThreads, kk = idx / 16, c4 = (idx % 16) * 4;
+      const bool row_ok = k0 + kk < k;
+      const int64_t row = row_ok ? k0 + kk : 0;
+      a[l] = load4<Vec>(A + row * m, row_ok, m0 + c4, m);
+      b[l] = load4<Vec>(B + row * n, row_ok, n0 + c4, n);
+    }
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int idx = t + l * kThreads, kk = idx / 16, c4 = (idx % 16) * 4;
+      *reinterpret_cast<float4*>(&As[kk][c4]) = a[l];
+      *reinterpret_cast<float4*>(&Bs[kk][c4]) = b[l];
+    }
+    __syncthreads();
+    multiply_chunk(As, Bs, tx, ty, acc);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = m0 + 4 * ty + i;
+    if (r >= m) continue;
+    float* out = C + static_cast<int64_t>(r) * n;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = n0 + 4 * tx + j;
+      if (c < n) out[c] = beta != 0.f ? alpha * acc[i][j] + beta * out[c] : alpha * acc[i][j];
+    }
+  }
+}
+
+}  // namespace
+
+int64_t gemm_skinny_work(int64_t m, int64_t n, int64_t k) {
+  return static_cast<int64_t>(skinny_split(n, k).splits) * m * n;
+}
+
+void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
+                 const float* bias, Act act, float* z, float* work, cudaStream_t stream) {
+  DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_skinny: negative size");
+  DPT_CHECK(m <= kSkinnyRows, "gemm_skinny: more than 64 rows");
+  DPT_CHECK(n <= INT_MAX - kTile && k <= INT_MAX - kChunk, "gemm_skinny: a dimension does not fit in int");
+  if (m == 0 || n == 0) return;
+  DPT_CHECK(C != nullptr && work != nullptr && (k == 0 || (A != nullptr && B != nullptr)),
+            "gemm_skinny: null pointer");
+  const SkinnySplit sp = skinny_split(n, k);
+  const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(sp.splits));
+  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  if (k > 0) {
+    if (k % 4 == 0 && aligned16(A) && aligned16(B))
+      skinny_partial_kernel<true><<<grid, kThreads, 0, stream>>>(M, N, K, sp.per_split, A, B, work);
+    else
+      skinny_partial_kernel<false><<<grid, kThreads, 0, stream>>>(M, N, K, sp.per_split, A, B, work);
+  }
+  const int splits = k > 0 ? sp.splits : 0;  // k == 0: C = act(beta C + bias)
+  const int64_t mn = m * n;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((mn + kThreads - 1) / kThreads, 4096));
+  switch (act) {
+    case Act::none: skinny_epilogue_kernel<Act::none><<<blocks, kThreads, 0, stream>>>(work, splits, mn, N, alpha, beta, C, bias, z); break;
+    case Act::relu: skinny_epilogue_kernel<Act::relu><<<blocks, kThreads, 0, stream>>>(work, splits, mn, N, alpha, beta, C, bias, z); break;
+    case Act::gelu: skinny_epilogue_kernel<Act::gelu><<<blocks, kThreads, 0, stream>>>(work, splits, mn, N, alpha, beta, C, bias, z); break;
+    case Act::tanh: skinny_epilogue_kernel<Act::tanh><<<blocks, kThreads, 0, stream>>>(work, splits, mn, N, alpha, beta, C, bias, z); break;
+    default: DPT_CHECK(false, "gemm_skinny: unknown activation");
+  }
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
+                  cudaStream_t stream) {
+  DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_short_k: negative size");
+  DPT_CHECK(m <= INT_MAX - kTile && n <= INT_MAX - kTile && k <= INT_MAX - kChunk,
+            "gemm_short_k: a dimension does not fit in int");
+  if (m == 0 || n == 0) return;
+  DPT_CHECK(C != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_short_k: null pointer");
+  const int64_t by = (m + kTile - 1) / kTile;
+  DPT_CHECK(by <= 65535, "gemm_short_k: m too large for the grid");
+  const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(by));
+  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  if (m % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B))
+    short_k_kernel<true><<<grid, kThreads, 0, stream>>>(M, N, K, alpha, A, B, beta, C);
+  else
+    short_k_kernel<false><<<grid, kThreads, 0, stream>>>(M, N, K, alpha, A, B, beta, C);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dpt::cuda
