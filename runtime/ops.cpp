@@ -75,7 +75,7 @@ enum class SmallGemm { none, skinny, short_k };
 SmallGemm small_gemm(const Context& ctx, bool ta, bool tb, int64_t m, int64_t k) {
   if (ctx.gemm != GemmImpl::native && ctx.precision != Precision::fp32) return SmallGemm::none;
   if (!ta && tb && m <= cuda::kSkinnyRows) return SmallGemm::skinny;
-  if (ta && !tb && k <= cuda::kShortK) return SmallGemm::short_k;
+  if (ta && !tb && k <= cuda::kShortK && m <= cuda::kShortKMaxRows) return SmallGemm::short_k;
   return SmallGemm::none;
 }
 #endif
@@ -621,7 +621,8 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
 #if DPT_WITH_CUDA
   // cuBLASLt's epilogue for large GEMMs only (kLtMinMultiplyAdds).
   const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x.size(1));
-  if (Context& ctx = context(d); d.is_cuda() && small_gemm(ctx, false, true, rows, x.size(1)) == SmallGemm::skinny) {
+  if (Context& ctx = context(d);
+      d.is_cuda() && rows > 0 && out > 0 && small_gemm(ctx, false, true, rows, x.size(1)) == SmallGemm::skinny) {
     // A small batch: our skinny GEMM, the bias and activation in its second pass.
     cuda::gemm_skinny(rows, out, x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(), b.defined() ? b.f32() : nullptr,
                       act, z.defined() ? z.f32() : nullptr,

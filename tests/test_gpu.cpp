@@ -58,8 +58,28 @@ std::vector<Tensor> value_and_grads(const std::function<Tensor(std::vector<Tenso
 }
 }  // namespace
 
-TEST_CASE("GEMMs (cuBLAS and native) match the CPU at every transpose and odd sizes", "[gpu][gemm]") {
+TEST_CASE("GEMMs (cuBLAS, native, small-batch) match the CPU at every transpose and odd sizes", "[gpu][gemm]") {
   struct Size { int64_t m, n, k; };
+#if DPT_WITH_CUDA
+  // Each library directly: gemm() hands small-batch shapes to gemm_small.cu's kernels.
+  const cublasHandle_t h = static_cast<cublasHandle_t>(context(gpu).blas());
+  const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
+  for (bool native : {false, true})
+    for (Size s : {Size{1, 1, 1}, Size{17, 33, 65}, Size{64, 1000, 1000}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          INFO((native ? "native " : "cublas ") << s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb);
+          const Shape sa = ta ? Shape{s.k, s.m} : Shape{s.m, s.k}, sb = tb ? Shape{s.n, s.k} : Shape{s.k, s.n};
+          const auto A = randn(numel(sa), 1), B = randn(numel(sb), 2), C = randn(s.m * s.n, 3);
+          std::vector<float> want = C;
+          cpu::gemm(ta, tb, s.m, s.n, s.k, 0.5f, A.data(), B.data(), 0.25f, want.data());
+          Tensor dA = on(gpu, A, sa), dB = on(gpu, B, sb), dC = on(gpu, C, {s.m, s.n});
+          if (native) cuda::gemm_native(ta, tb, s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), 0.25f, dC.f32(), st);
+          else cuda::gemm_cublas(h, Precision::fp32, ta, tb, s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), 0.25f, dC.f32());
+          CHECK(rel_error(dC.to_host(), want) < 1e-5);
+        }
+#endif
+  // Through gemm(), which picks among them.
   for (GemmImpl impl : {GemmImpl::cublas, GemmImpl::native})
     for (Size s : {Size{1, 1, 1}, Size{17, 33, 65}, Size{64, 1000, 1000}, Size{130, 67, 129}, Size{256, 256, 256}})
       for (bool ta : {false, true})
@@ -1191,7 +1211,7 @@ TEST_CASE("the fused activation backward and bias gradient match the CPU, fp32 a
           std::vector<float> want_db = db0;
           cpu::act_bias_backward_bf16(hg.bf16(), hs.bf16(), act, sz.rows, sz.cols, hg.bf16(), beta, want_db.data());
           Tensor g = on_bf16(gpu, dy, {n}), s = on_bf16(gpu, saved, {n});
-          Tensor db = on(gpu, db0, {sz.cols});
+          Tensor db = on(gpu, beta == 0.0f ? std::vector<float>(db0.size(), NAN) : db0, {sz.cols});
           cuda::act_bias_backward_bf16(g.bf16(), s.bf16(), act, sz.rows, sz.cols, g.bf16(), beta, db.f32(), work.f32(),
                                        st);
           CHECK(test::max_ulps(test::bf16_bits(g), test::bf16_bits(hg)) <= 1);
@@ -1246,9 +1266,17 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
       cuda::gemm_short_k(s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), beta, dC.f32(), st);
       CHECK(rel_error(dC.to_host(), want) < 1e-5);
     }
-  // Through gemm() and linear(): the shapes route to these kernels in fp32, and a Linear
-  // layer at batch 64 still matches the CPU forward and backward.
+  // linear() routes a batch of 64 to the skinny kernel in fp32 (the same bits as calling
+  // it), and a Linear layer there still matches the CPU forward and backward.
   auto x = randn(64 * 300, 38), W = randn(200 * 300, 39, 0.05f), bias = randn(200, 40);
+  {
+    Tensor dx = on(gpu, x, {64, 300}), dW = on(gpu, W, {200, 300}), db = on(gpu, bias, {200});
+    Tensor direct = Tensor::empty({64, 200}, DType::f32, gpu);
+    Tensor work = Tensor::empty({cuda::gemm_skinny_work(64, 200, 300)}, DType::f32, gpu);
+    cuda::gemm_skinny(64, 200, 300, 1.0f, dx.f32(), dW.f32(), 0.0f, direct.f32(), db.f32(), Act::relu, nullptr,
+                      work.f32(), st);
+    CHECK(linear(dx, dW, db, Act::relu).to_host() == direct.to_host());
+  }
   compare([&](const Device& d) {
     return value_and_grads([&](std::vector<Tensor>& in) { return linear(in[0], in[1], in[2], Act::relu); },
                            {on(d, x, {64, 300}), on(d, W, {200, 300}), on(d, bias, {200})});

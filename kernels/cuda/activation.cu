@@ -244,13 +244,14 @@ static __global__ void act_bias_backward_kernel(const T* dy, const T* saved, int
   if (c0 < cols) {
 #pragma unroll 4
     for (int64_t r = r_begin + ty; r < r_end; r += kBgY) {
-      const int64_t at = r * cols + c0;
-      Pack<T, V> g = *reinterpret_cast<const Pack<T, V>*>(dy + at);
+      const int64_t at = (r * cols + c0) / V;  // in packs (V divides cols and c0)
+      Pack<T, V> g = reinterpret_cast<const Pack<T, V>*>(dy)[at];
       if constexpr (A != Act::none) {
-        const Pack<T, V> sv = *reinterpret_cast<const Pack<T, V>*>(saved + at);
+        const Pack<T, V> sv = reinterpret_cast<const Pack<T, V>*>(saved)[at];
+        // __fmul_rn: the product is rounded before it is stored and summed (no FMA into the sum).
 #pragma unroll
-        for (int e = 0; e < V; ++e) store_as(g.v[e], as_float(g.v[e]) * act_derivative<A>(as_float(sv.v[e])));
-        *reinterpret_cast<Pack<T, V>*>(dz + at) = g;
+        for (int e = 0; e < V; ++e) store_as(g.v[e], __fmul_rn(as_float(g.v[e]), act_derivative<A>(as_float(sv.v[e]))));
+        reinterpret_cast<Pack<T, V>*>(dz)[at] = g;
       }
 #pragma unroll
       for (int e = 0; e < V; ++e) s[e] += as_float(g.v[e]);

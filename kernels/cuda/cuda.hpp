@@ -31,6 +31,7 @@ void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 // for small k. beta == 0 never reads C. Deterministic.
 constexpr int64_t kSkinnyRows = 64;
 constexpr int64_t kShortK = 64;
+constexpr int64_t kShortKMaxRows = int64_t(65535) * 64;  // gemm_short_k's m: tiles of 64 on the grid's y
 int64_t gemm_skinny_work(int64_t m, int64_t n, int64_t k);
 void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                  const float* bias, Act act, float* z, float* work, cudaStream_t stream);

@@ -148,7 +148,7 @@ struct SkinnySplit {
 
 // How k is cut: about kBlocksWanted blocks in all, slices of whole chunks. Shape only.
 SkinnySplit skinny_split(int64_t n, int64_t k) {
-  const int64_t col_blocks = (n + kTile - 1) / kTile;
+  const int64_t col_blocks = std::max<int64_t>(1, (n + kTile - 1) / kTile);
   const int64_t want = std::clamp<int64_t>(kBlocksWanted / col_blocks, 1, kMaxSplit);
   const int64_t chunks = (k + kChunk - 1) / kChunk;
   const int64_t per_split = std::max<int64_t>(1, (chunks + want - 1) / want) * kChunk;
@@ -210,7 +210,8 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
                  const float* bias, Act act, float* z, float* work, cudaStream_t stream) {
   DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_skinny: negative size");
   DPT_CHECK(m <= kSkinnyRows, "gemm_skinny: more than 64 rows");
-  DPT_CHECK(n <= INT_MAX - kTile && k <= INT_MAX - kChunk, "gemm_skinny: a dimension does not fit in int");
+  // k / 2: a split's end (its start plus its length) is computed in int.
+  DPT_CHECK(n <= INT_MAX - kTile && k <= INT_MAX / 2, "gemm_skinny: a dimension does not fit in int");
   if (m == 0 || n == 0) return;
   DPT_CHECK(C != nullptr && work != nullptr && (k == 0 || (A != nullptr && B != nullptr)),
             "gemm_skinny: null pointer");

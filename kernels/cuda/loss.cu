@@ -116,6 +116,7 @@ static __global__ void mse_kernel(const float* y, const float* t, int64_t n, flo
     const int64_t n4 = n / 4;
     const float4* y4 = reinterpret_cast<const float4*>(y);
     const float4* t4 = reinterpret_cast<const float4*>(t);
+#pragma unroll 4  // several iterations' loads in flight (the sum stays in order)
     for (int64_t i = tid; i < n4; i += stride) {
       const float4 a = y4[i], b = t4[i];
       const float d0 = a.x - b.x, d1 = a.y - b.y, d2 = a.z - b.z, d3 = a.w - b.w;
@@ -145,6 +146,7 @@ static __global__ void mse_bf16_kernel(const uint16_t* y, const float* t, int64_
     const int64_t n4 = n / 4;
     const ushort4* y4 = reinterpret_cast<const ushort4*>(y);
     const float4* t4 = reinterpret_cast<const float4*>(t);
+#pragma unroll 4  // several iterations' loads in flight (the sum stays in order)
     for (int64_t i = tid; i < n4; i += stride) {
       const ushort4 a = y4[i];
       const float4 b = t4[i];
