@@ -69,6 +69,7 @@ struct Flags {
   int64_t batch = 0;  // when not given: the workload's reference batch
   int64_t steps = 100, warmup = 10;
   double bucket_mb = 25.0;
+  bool cuda_graph = false;
   std::vector<std::string> precision{"fp32"}, reduce{"auto"}, scaling{"weak", "strong"};
 };
 
@@ -83,6 +84,7 @@ struct Plan {
   int64_t batch = 0;           // per device in weak scaling; times devices.size() in strong
   int64_t steps = 0, warmup = 0;
   double bucket_mb = 0;
+  bool cuda_graph = false;  // the step recorded once as a CUDA graph and replayed (one GPU)
   std::vector<Precision> precisions;
   std::vector<Reduce> reduces;  // resolved paths: what `auto` means for these devices
   std::vector<Scaling> scalings;
@@ -116,6 +118,8 @@ void add_flags(CLI::App& app, Flags& f) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket size in MiB")->capture_default_str();
+  app.add_flag("--cuda-graph", f.cuda_graph, "Record the step as a CUDA graph after warm-up and time its replays "
+               "(one GPU)");
   app.add_option("--out", f.out, "Folder for dpbench.csv, dpbench.json and speedup.svg (made if missing)")
       ->capture_default_str();
   app.set_version_flag("--version", std::string("dpbench ") + DPT_VERSION);
@@ -150,6 +154,9 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
     throw dpt::UsageError("--warmup must be at least 1 (the first step allocates memory), got " +
                           std::to_string(f.warmup));
   if (!(f.bucket_mb > 0.0)) throw dpt::UsageError("--bucket-mb must be positive");
+  if (f.cuda_graph && (p.devices.size() != 1 || !p.devices.front().is_cuda()))
+    throw dpt::UsageError("--cuda-graph records one GPU's step: give one CUDA device (--gpus 1)");
+  p.cuda_graph = f.cuda_graph;
   p.steps = f.steps;
   p.warmup = f.warmup;
   p.bucket_mb = f.bucket_mb;
@@ -237,6 +244,10 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   o.reduce = reduce;
   o.bucket_mb = p.bucket_mb;
   o.precision = precision;
+  if (p.cuda_graph) {  // recorded on the warm-up's second step, replayed after
+    o.cuda_graph = true;
+    o.reduce = Reduce::automatic;
+  }
   dpt::DataParallel dp(
       model, m.devices,
       [](dpt::nn::Module& replica) -> std::unique_ptr<dpt::optim::Optimizer> {
@@ -330,6 +341,7 @@ void print_header(const Plan& p, int64_t parameters) {
               static_cast<long long>(p.batch), static_cast<long long>(p.batch * static_cast<int64_t>(p.devices.size())),
               static_cast<long long>(p.steps), std::min(static_cast<size_t>(p.steps), kBlocks),
               static_cast<long long>(p.warmup));
+  if (p.cuda_graph) std::printf("  the step recorded once as a CUDA graph and replayed\n");
   std::printf("  speed-up = samples/s against 1 device (which runs without reduction); efficiency = speed-up / "
               "devices; times in ms on the master\n\n");
   std::printf("%-7s %-6s %-5s %3s %8s %10s %10s %8s %5s %9s %9s %9s %9s %11s %11s\n", "scaling", "reduce", "prec",

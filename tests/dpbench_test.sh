@@ -112,6 +112,7 @@ refuse --model 10-
 refuse --model cnn:3x4x4-c8k5p0-f2
 refuse --model cnn:3x8x8-f1
 refuse --bogus
+refuse --cpus 1 --cuda-graph
 touch "$tmp/file"
 refuse --cpus 2 --model 16-32-4 --out "$tmp/file/sub"
 
