@@ -401,8 +401,14 @@ class LinearNode : public Node {
                                     stream_of(d));
       dz_done = true;
     }
+    // A layer without activation (dz = dy) whose weight gradient takes the short-k kernel
+    // (a small batch) gets its bias gradient from that kernel too: one kernel less a step.
+    const bool db_with_dW = !dz_done && want_db && act_ == Act::none && grads.needed(1) && d.is_cuda() &&
+                            small_gemm(context(d), true, false, out, rows) == SmallGemm::short_k;
+#else
+    const bool db_with_dW = false;
 #endif
-    if (!dz_done && want_db) {
+    if (!dz_done && want_db && !db_with_dW) {
       DPT_CUDA_OR_CPU(d,
                       cuda::act_bias_backward(dy.f32(), saved_.f32(), act_, rows, out, dy.f32(), db.beta, db.t.f32(),
                                               bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(),
@@ -412,7 +418,6 @@ class LinearNode : public Node {
       DPT_CUDA_OR_CPU(d, cuda::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32(), stream_of(d)),
                       cpu::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32()));
     }
-    if (want_db) put_slot(grads, 2, db);
     if (dzt.defined()) {  // dW (+)= dz^T x from the transposed copy, which then goes
       GradSlot dW = grad_slot(grads, 1, W_.shape(), d);
       gemm(false, false, 1.0f, dzt, x_, dW.beta, dW.t);
@@ -426,9 +431,16 @@ class LinearNode : public Node {
     }
     if (grads.needed(1) && !dz_done) {  // dW (+)= dz^T x, straight into the flat gradient buffer
       GradSlot dW = grad_slot(grads, 1, W_.shape(), d);
-      gemm(true, false, 1.0f, dy, x_, dW.beta, dW.t);
+#if DPT_WITH_CUDA
+      if (db_with_dW)
+        cuda::gemm_short_k(out, x_.size(1), rows, 1.0f, dy.f32(), x_.f32(), dW.beta, dW.t.f32(), stream_of(d),
+                           db.t.f32(), db.beta);
+      else
+#endif
+        gemm(true, false, 1.0f, dy, x_, dW.beta, dW.t);
       put_slot(grads, 1, dW);
     }
+    if (want_db) put_slot(grads, 2, db);
   }
 
  private:

@@ -1265,6 +1265,19 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
       Tensor dC = on(gpu, beta == 0.0f ? std::vector<float>(C.size(), NAN) : C, {s.m * s.n});
       cuda::gemm_short_k(s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), beta, dC.f32(), st);
       CHECK(rel_error(dC.to_host(), want) < 1e-5);
+      // With A's column sums beside (a bias gradient): the same C, and the sums.
+      const auto sums0 = randn(s.m, 41);
+      std::vector<float> want_sums(static_cast<size_t>(s.m));
+      for (int64_t i = 0; i < s.m; ++i) {
+        double sum = 0.0;
+        for (int64_t r = 0; r < s.k; ++r) sum += A[static_cast<size_t>(r * s.m + i)];
+        want_sums[static_cast<size_t>(i)] = static_cast<float>(0.5 * sum + beta * sums0[static_cast<size_t>(i)]);
+      }
+      Tensor dC2 = on(gpu, beta == 0.0f ? std::vector<float>(C.size(), NAN) : C, {s.m * s.n});
+      Tensor sums = on(gpu, beta == 0.0f ? std::vector<float>(sums0.size(), NAN) : sums0, {s.m});  // beta 0: not read
+      cuda::gemm_short_k(s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), beta, dC2.f32(), st, sums.f32(), beta);
+      CHECK(dC2.to_host() == dC.to_host());
+      CHECK(rel_error(sums.to_host(), want_sums) < 1e-5);
     }
   // linear() routes a batch of 64 to the skinny kernel in fp32 (the same bits as calling
   // it), and a Linear layer there still matches the CPU forward and backward.
@@ -1277,9 +1290,11 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
                       work.f32(), st);
     CHECK(linear(dx, dW, db, Act::relu).to_host() == direct.to_host());
   }
-  compare([&](const Device& d) {
-    return value_and_grads([&](std::vector<Tensor>& in) { return linear(in[0], in[1], in[2], Act::relu); },
-                           {on(d, x, {64, 300}), on(d, W, {200, 300}), on(d, bias, {200})});
-  });
+  // ReLU, and no activation, whose bias gradient the short-k kernel sums beside the weight gradient.
+  for (Act act : {Act::relu, Act::none})
+    compare([&](const Device& d) {
+      return value_and_grads([&](std::vector<Tensor>& in) { return linear(in[0], in[1], in[2], act); },
+                             {on(d, x, {64, 300}), on(d, W, {200, 300}), on(d, bias, {200})});
+    });
 }
 #endif

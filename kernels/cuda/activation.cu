@@ -14,6 +14,7 @@
 #include "../bf16.hpp"
 #include "check.hpp"
 #include "cuda.hpp"
+#include "launch.hpp"
 
 namespace dpt::cuda {
 namespace {
@@ -235,6 +236,7 @@ __device__ __forceinline__ void store_as(uint16_t& d, float v) { d = bf16_round(
 template <typename T, int V, Act A>
 static __global__ void act_bias_backward_kernel(const T* dy, const T* saved, int64_t rows, int64_t cols,
                                                 int64_t chunk_rows, T* dz, float beta, float* db, float* part) {
+  DPT_WAIT_PREVIOUS_GRID();
   __shared__ float sums[kBgY][kBgX * V + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kBgX * V, c0 = col0 + tx * V;
@@ -276,6 +278,7 @@ static __global__ void act_bias_backward_kernel(const T* dy, const T* saved, int
 constexpr int kFinX = 32, kFinY = 8;
 static __global__ void bias_grad_finish_kernel(const float* part, int64_t chunks, int64_t cols, float beta,
                                                float* db) {
+  DPT_WAIT_PREVIOUS_GRID();
   __shared__ float runs[kFinY][kFinX + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinX + tx;
@@ -307,8 +310,8 @@ void bias_grad_finish(const float* part, int64_t chunks, int64_t cols, float bet
                       cudaStream_t stream) {
   const int64_t blocks = (cols + kFinX - 1) / kFinX;
   DPT_CHECK(blocks <= 0x7fffffff, "bias gradient: too many columns");
-  bias_grad_finish_kernel<<<static_cast<unsigned>(blocks), dim3(kFinX, kFinY), 0, stream>>>(part, chunks, cols,
-                                                                                            beta, db);
+  launch_after_previous(bias_grad_finish_kernel, static_cast<unsigned>(blocks), dim3(kFinX, kFinY), stream, part, chunks,
+                        cols, beta, db);
 }
 
 // Rows per chunk: kBgChunkRows, more when the chunks would not fit the grid's y limit.
@@ -324,16 +327,16 @@ void act_bias_backward_launch(const T* dy, const T* saved, Act act, int64_t rows
   const int64_t bx = (cols + kBgX * V - 1) / (kBgX * V);
   DPT_CHECK(bx <= 0x7fffffff, "act_bias_backward: too many columns");
   const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(chunks)), block(kBgX, kBgY);
-  switch (act) {
-#define DPT_BG_CASE(a) \
-  case a: act_bias_backward_kernel<T, V, a><<<grid, block, 0, stream>>>(dy, saved, rows, cols, chunk_rows, dz, beta, db, part); break;
-    DPT_BG_CASE(Act::none)
-    DPT_BG_CASE(Act::relu)
-    DPT_BG_CASE(Act::gelu)
-    DPT_BG_CASE(Act::tanh)
-#undef DPT_BG_CASE
-    default: DPT_CHECK(false, "act_bias_backward: unknown activation");
-  }
+  auto kernel = [act] {
+    switch (act) {
+      case Act::none: return act_bias_backward_kernel<T, V, Act::none>;
+      case Act::relu: return act_bias_backward_kernel<T, V, Act::relu>;
+      case Act::gelu: return act_bias_backward_kernel<T, V, Act::gelu>;
+      case Act::tanh: return act_bias_backward_kernel<T, V, Act::tanh>;
+    }
+    throw ::dpt::Error("act_bias_backward: unknown activation");
+  };
+  launch_after_previous(kernel(), grid, block, stream, dy, saved, rows, cols, chunk_rows, dz, beta, db, part);
   if (chunks > 1) bias_grad_finish(part, chunks, cols, beta, db, stream);
 }
 

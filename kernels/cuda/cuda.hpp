@@ -28,7 +28,9 @@ void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 // gemm_skinny: C = act(alpha A B^T + beta C + bias) (row-major A [m, k], B [n, k]; bias [n]
 // and z, the pre-activation, may be null) for m <= kSkinnyRows, through `work`
 // (gemm_skinny_work floats); gemm_short_k: C = alpha A^T B + beta C (A [k, m], B [k, n]),
-// for small k. beta == 0 never reads C. Deterministic.
+// for small k, and when colsum_A is given also colsum_A = alpha * (A's column sums) +
+// colsum_beta * colsum_A (a Linear layer's bias gradient beside its weight gradient).
+// beta == 0 never reads C (nor colsum_beta == 0 colsum_A). Deterministic.
 constexpr int64_t kSkinnyRows = 64;
 constexpr int64_t kShortK = 64;
 constexpr int64_t kShortKMaxRows = int64_t(65535) * 64;  // gemm_short_k's m: tiles of 64 on the grid's y
@@ -36,7 +38,7 @@ int64_t gemm_skinny_work(int64_t m, int64_t n, int64_t k);
 void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                  const float* bias, Act act, float* z, float* work, cudaStream_t stream);
 void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
-                  cudaStream_t stream);
+                  cudaStream_t stream, float* colsum_A = nullptr, float colsum_beta = 0.0f);
 // gemm_cublas.cu — the same through cuBLAS; `precision` picks fp32, TF32 or bf16 tensor
 // cores (fp32 storage and accumulation). The handle must already be bound to its stream.
 void gemm_cublas(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m,

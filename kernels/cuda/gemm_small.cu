@@ -10,7 +10,8 @@
 //   the split depends on the shape alone.
 // - short k: C = alpha A^T B + beta C, A [k, m], B [k, n] with k small (the batch): the
 //   weight gradient. Both operands are read along their rows (m and n are contiguous), so
-//   no transpose.
+//   no transpose. It can also sum A's columns (a Linear layer's bias gradient when A is the
+//   output gradient), which saves that layer its separate bias-gradient kernel.
 //
 // Both are FFMA only (no tensor cores), as cuBLAS's fp32 path, and the CPU's gemm is their
 // oracle. Edges: loads outside the matrices read zeros, stores are predicated.
@@ -20,6 +21,7 @@
 
 #include "check.hpp"
 #include "cuda.hpp"
+#include "launch.hpp"
 
 namespace dpt::cuda {
 namespace {
@@ -73,6 +75,18 @@ __device__ __forceinline__ void multiply_chunk(const float (*As)[kPitch], const 
 
 // ---- skinny ------------------------------------------------------------------------------
 
+// Where load l of thread t goes in a 64 x 64 chunk read along k: lanes 0-15 of a warp take
+// 16 rows at one k quad and lanes 16-31 the same rows at the next quad (32 contiguous bytes
+// a row), so the transposing stores As[kk + j][r] fall in 32 different banks
+// ((16 * quad + r) mod 32 with the pitch of 68; one row per lane put 16 lanes in 2 banks).
+struct ChunkSlot {
+  int r, kk;
+};
+__device__ __forceinline__ ChunkSlot chunk_slot(int t, int l) {
+  const int idx = t + l * kThreads, lane = idx % 32, w = idx / 32;
+  return {lane % 16 + 16 * (w % 4), 4 * (lane / 16 + 2 * (w / 4))};
+}
+
 // part[split][r][c] = sum over this split's k of A[r][k] B[c][k]: A [m, k] (m <= 64) and
 // B [n, k] are both k-contiguous, so each float4 runs along k and is transposed on its way
 // into shared memory.
@@ -80,6 +94,7 @@ template <bool Vec>
 static __global__ void __launch_bounds__(kThreads) skinny_partial_kernel(int m, int n, int k, int k_per_split,
                                                                          const float* A, const float* B,
                                                                          float* part) {
+  DPT_WAIT_PREVIOUS_GRID();
   __shared__ __align__(16) float As[kChunk][kPitch];
   __shared__ __align__(16) float Bs[kChunk][kPitch];
   const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
@@ -92,13 +107,13 @@ static __global__ void __launch_bounds__(kThreads) skinny_partial_kernel(int m, 
     float4 a[kLoads], b[kLoads];
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      const int idx = t + l * kThreads, r = idx / 16, kk = (idx % 16) * 4;
+      const auto [r, kk] = chunk_slot(t, l);
       a[l] = load4<Vec>(A + static_cast<int64_t>(r < m ? r : 0) * k, r < m, k0 + kk, k_end);
       b[l] = load4<Vec>(B + static_cast<int64_t>(n0 + r < n ? n0 + r : 0) * k, n0 + r < n, k0 + kk, k_end);
     }
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      const int idx = t + l * kThreads, r = idx / 16, kk = (idx % 16) * 4;
+      const auto [r, kk] = chunk_slot(t, l);
       As[kk][r] = a[l].x, As[kk + 1][r] = a[l].y, As[kk + 2][r] = a[l].z, As[kk + 3][r] = a[l].w;
       Bs[kk][r] = b[l].x, Bs[kk + 1][r] = b[l].y, Bs[kk + 2][r] = b[l].z, Bs[kk + 3][r] = b[l].w;
     }
@@ -130,6 +145,7 @@ __device__ __forceinline__ float activate(float v) {
 template <Act A>
 static __global__ void skinny_epilogue_kernel(const float* part, int splits, int64_t mn, int n, float alpha,
                                               float beta, float* C, const float* bias, float* z) {
+  DPT_WAIT_PREVIOUS_GRID();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < mn;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float s = 0.f;
@@ -158,15 +174,23 @@ SkinnySplit skinny_split(int64_t n, int64_t k) {
 // ---- short k ----------------------------------------------------------------------------
 
 // C = alpha A^T B + beta C, A [k, m] and B [k, n]: rows of both are slices of C's tile
-// along m and n, copied straight into shared memory.
+// along m and n, copied straight into shared memory. With colsum, the blocks of the first
+// column of tiles also write colsum = alpha * (A's column sums) + colsum_beta * colsum from
+// the tiles of A they hold anyway: four threads a column, each summing its quarter of every
+// chunk's rows, then the quarters added in order (a fixed order: the same bits every run).
 template <bool Vec>
 static __global__ void __launch_bounds__(kThreads) short_k_kernel(int m, int n, int k, float alpha, const float* A,
-                                                                  const float* B, float beta, float* C) {
+                                                                  const float* B, float beta, float* C,
+                                                                  float* colsum, float colsum_beta) {
+  DPT_WAIT_PREVIOUS_GRID();
   __shared__ __align__(16) float As[kChunk][kPitch];
   __shared__ __align__(16) float Bs[kChunk][kPitch];
   const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
   const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
-  float acc[4][4] = {};
+  static_assert(kThreads == 4 * kTile && kChunk % 4 == 0, "column sums: four threads a column");
+  const bool sums = colsum && blockIdx.x == 0;  // the same for the whole block
+  const int sum_col = t % kTile, quarter = t / kTile;
+  float acc[4][4] = {}, col = 0.f;
   for (int k0 = 0; k0 < k; k0 += kChunk) {
     float4 a[kLoads], b[kLoads];
 #pragma unroll
@@ -184,6 +208,9 @@ static __global__ void __launch_bounds__(kThreads) short_k_kernel(int m, int n, 
       *reinterpret_cast<float4*>(&Bs[kk][c4]) = b[l];
     }
     __syncthreads();
+    if (sums)  // rows past k hold zeros
+#pragma unroll
+      for (int q = 0; q < kChunk / 4; ++q) col += As[quarter * (kChunk / 4) + q][sum_col];
     multiply_chunk(As, Bs, tx, ty, acc);
     __syncthreads();
   }
@@ -196,6 +223,14 @@ static __global__ void __launch_bounds__(kThreads) short_k_kernel(int m, int n, 
     for (int j = 0; j < 4; ++j) {
       const int c = n0 + 4 * tx + j;
       if (c < n) out[c] = beta != 0.f ? alpha * acc[i][j] + beta * out[c] : alpha * acc[i][j];
+    }
+  }
+  if (sums) {  // As is free: the loop ended with a barrier
+    As[quarter][sum_col] = col;
+    __syncthreads();
+    if (t < kTile && m0 + t < m) {
+      const float total = ((As[0][t] + As[1][t]) + As[2][t]) + As[3][t];
+      colsum[m0 + t] = colsum_beta != 0.f ? alpha * total + colsum_beta * colsum[m0 + t] : alpha * total;
     }
   }
 }
@@ -218,27 +253,28 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
   const SkinnySplit sp = skinny_split(n, k);
   const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(sp.splits));
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-  if (k > 0) {
-    if (k % 4 == 0 && aligned16(A) && aligned16(B))
-      skinny_partial_kernel<true><<<grid, kThreads, 0, stream>>>(M, N, K, sp.per_split, A, B, work);
-    else
-      skinny_partial_kernel<false><<<grid, kThreads, 0, stream>>>(M, N, K, sp.per_split, A, B, work);
-  }
+  if (k > 0)
+    launch_after_previous(k % 4 == 0 && aligned16(A) && aligned16(B) ? skinny_partial_kernel<true>
+                                                                      : skinny_partial_kernel<false>,
+                          grid, kThreads, stream, M, N, K, sp.per_split, A, B, work);
   const int splits = k > 0 ? sp.splits : 0;  // k == 0: C = act(beta C + bias)
   const int64_t mn = m * n;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((mn + kThreads - 1) / kThreads, 4096));
-  switch (act) {
-    case Act::none: skinny_epilogue_kernel<Act::none><<<blocks, kThreads, 0, stream>>>(work, splits, mn, N, alpha, beta, C, bias, z); break;
-    case Act::relu: skinny_epilogue_kernel<Act::relu><<<blocks, kThreads, 0, stream>>>(work, splits, mn, N, alpha, beta, C, bias, z); break;
-    case Act::gelu: skinny_epilogue_kernel<Act::gelu><<<blocks, kThreads, 0, stream>>>(work, splits, mn, N, alpha, beta, C, bias, z); break;
-    case Act::tanh: skinny_epilogue_kernel<Act::tanh><<<blocks, kThreads, 0, stream>>>(work, splits, mn, N, alpha, beta, C, bias, z); break;
-    default: DPT_CHECK(false, "gemm_skinny: unknown activation");
-  }
-  DPT_CUDA_CHECK_LAUNCH();
+  auto epilogue = [&] {
+    switch (act) {
+      case Act::none: return skinny_epilogue_kernel<Act::none>;
+      case Act::relu: return skinny_epilogue_kernel<Act::relu>;
+      case Act::gelu: return skinny_epilogue_kernel<Act::gelu>;
+      case Act::tanh: return skinny_epilogue_kernel<Act::tanh>;
+    }
+    throw ::dpt::Error("gemm_skinny: unknown activation");
+  };
+  const float* const_work = work;
+  launch_after_previous(epilogue(), blocks, kThreads, stream, const_work, splits, mn, N, alpha, beta, C, bias, z);
 }
 
 void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, float* colsum_A, float colsum_beta) {
   DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_short_k: negative size");
   DPT_CHECK(m <= INT_MAX - kTile && n <= INT_MAX - kTile && k <= INT_MAX - kChunk,
             "gemm_short_k: a dimension does not fit in int");
@@ -248,11 +284,9 @@ void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, 
   DPT_CHECK(by <= 65535, "gemm_short_k: m too large for the grid");
   const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(by));
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-  if (m % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B))
-    short_k_kernel<true><<<grid, kThreads, 0, stream>>>(M, N, K, alpha, A, B, beta, C);
-  else
-    short_k_kernel<false><<<grid, kThreads, 0, stream>>>(M, N, K, alpha, A, B, beta, C);
-  DPT_CUDA_CHECK_LAUNCH();
+  launch_after_previous(m % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B) ? short_k_kernel<true>
+                                                                                : short_k_kernel<false>,
+                        grid, kThreads, stream, M, N, K, alpha, A, B, beta, C, colsum_A, colsum_beta);
 }
 
 }  // namespace dpt::cuda

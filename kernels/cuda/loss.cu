@@ -15,6 +15,7 @@
 #include "../bf16.hpp"
 #include "check.hpp"
 #include "cuda.hpp"
+#include "launch.hpp"
 
 namespace dpt::cuda {
 namespace {
@@ -107,6 +108,7 @@ __device__ void finish_mean_in_last_block(float s, int64_t n, float* part, unsig
 template <bool Vec>
 static __global__ void mse_kernel(const float* y, const float* t, int64_t n, float* dy,
                                   float* part, unsigned* counter, float* loss) {
+  DPT_WAIT_PREVIOUS_GRID();
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const float g = 2.f / static_cast<float>(n);
@@ -137,6 +139,7 @@ static __global__ void mse_kernel(const float* y, const float* t, int64_t n, flo
 template <bool Vec>
 static __global__ void mse_bf16_kernel(const uint16_t* y, const float* t, int64_t n, uint16_t* dy,
                                        float* part, unsigned* counter, float* loss) {
+  DPT_WAIT_PREVIOUS_GRID();
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const float g = 2.f / static_cast<float>(n);
@@ -330,10 +333,9 @@ void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* 
   }
   const unsigned blocks = reduce_blocks(n);
   if (aligned16(y) && aligned16(t) && (!dy || aligned16(dy)))
-    mse_kernel<true><<<blocks, kThreads, 0, stream>>>(y, t, n, dy, work, counter, loss);
+    launch_after_previous(mse_kernel<true>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
   else
-    mse_kernel<false><<<blocks, kThreads, 0, stream>>>(y, t, n, dy, work, counter, loss);
-  DPT_CUDA_CHECK_LAUNCH();
+    launch_after_previous(mse_kernel<false>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
 }
 
 void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale,
@@ -371,10 +373,9 @@ void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss,
   const unsigned blocks = reduce_blocks(n);
   auto al8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
   if (al8(y) && aligned16(t) && (!dy || al8(dy)))
-    mse_bf16_kernel<true><<<blocks, kThreads, 0, stream>>>(y, t, n, dy, work, counter, loss);
+    launch_after_previous(mse_bf16_kernel<true>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
   else
-    mse_bf16_kernel<false><<<blocks, kThreads, 0, stream>>>(y, t, n, dy, work, counter, loss);
-  DPT_CUDA_CHECK_LAUNCH();
+    launch_after_previous(mse_bf16_kernel<false>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
 }
 
 void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale,

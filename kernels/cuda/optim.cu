@@ -11,6 +11,7 @@
 #include "../bf16.hpp"
 #include "check.hpp"
 #include "cuda.hpp"
+#include "launch.hpp"
 
 namespace dpt::cuda {
 namespace {
@@ -51,6 +52,7 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
 template <bool Vec>
 static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int64_t n, SgdArgs a,
                                        const float* grad_scale, uint16_t* shadow) {
+  DPT_WAIT_PREVIOUS_GRID();
   const float scale = grad_scale ? *grad_scale : 1.f;
   if (!isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   const bool mom = a.momentum != 0.f;
@@ -91,6 +93,7 @@ static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int
 template <bool Vec>
 static __global__ void adamw_step_kernel(float* p, const float* g, float* m, float* v, int64_t n,
                                          AdamArgs a, const float* grad_scale, uint16_t* shadow) {
+  DPT_WAIT_PREVIOUS_GRID();
   const float scale = grad_scale ? *grad_scale : 1.f;
   if (!isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -150,12 +153,11 @@ void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const Sg
   DPT_CHECK(!mom || momentum_buf != nullptr, "sgd_step: momentum without a momentum buffer");
   const bool vec = aligned16(p) && aligned16(g) && (!mom || aligned16(momentum_buf)) && aligned8(shadow);
   if (vec)
-    sgd_step_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(p, g, momentum_buf, n, a,
-                                                                      grad_scale, shadow);
+    launch_after_previous(sgd_step_kernel<true>, blocks_for(n / 4), kThreads, stream, p, g, momentum_buf, n, a,
+                          grad_scale, shadow);
   else
-    sgd_step_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(p, g, momentum_buf, n, a,
-                                                                   grad_scale, shadow);
-  DPT_CUDA_CHECK_LAUNCH();
+    launch_after_previous(sgd_step_kernel<false>, blocks_for(n), kThreads, stream, p, g, momentum_buf, n, a,
+                          grad_scale, shadow);
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
@@ -166,12 +168,11 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
             "adamw_step: null pointer");
   const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned8(shadow);
   if (vec)
-    adamw_step_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(p, g, m, v, n, a,
-                                                                        grad_scale, shadow);
+    launch_after_previous(adamw_step_kernel<true>, blocks_for(n / 4), kThreads, stream, p, g, m, v, n, a, grad_scale,
+                          shadow);
   else
-    adamw_step_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(p, g, m, v, n, a,
-                                                                     grad_scale, shadow);
-  DPT_CUDA_CHECK_LAUNCH();
+    launch_after_previous(adamw_step_kernel<false>, blocks_for(n), kThreads, stream, p, g, m, v, n, a, grad_scale,
+                          shadow);
 }
 
 void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t stream) {
