@@ -52,6 +52,20 @@ __device__ __forceinline__ float4 load4(const float* row, bool row_ok, int c, in
   return make_float4(v[0], v[1], v[2], v[3]);
 }
 
+// Stores v to row[c, c + 4) clipped to n. vec (n % 4 == 0 and the row 16-byte aligned, so
+// c < n means c + 4 <= n): one 16-byte store. Scalar stores of a 64 x 64 tile cost the
+// short-k kernel 4 of its 10 us on an H200 (in a CUDA graph, seed workload's shape).
+__device__ __forceinline__ void store4(float* row, int c, int n, float4 v, bool vec) {
+  if (vec) {
+    if (c < n) *reinterpret_cast<float4*>(row + c) = v;
+    return;
+  }
+  const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (c + j < n) row[c + j] = e[j];
+}
+
 // Thread t's place in the 16 x 16 grid of 4 x 4 tiles: a warp covers 8 x 4 of them, so
 // per k its reads of A's column are 4 float4s (64 bytes) and of B's row 8 (128 bytes), one
 // shared-memory wavefront each (a 16 x 2 warp would need three).
@@ -121,14 +135,13 @@ static __global__ void __launch_bounds__(kThreads) skinny_partial_kernel(int m, 
     multiply_chunk(As, Bs, tx, ty, acc);
     __syncthreads();
   }
+  const bool vec = n % 4 == 0;  // part is the allocator's, 16-byte aligned
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int r = 4 * ty + i;
-    if (r >= m) continue;
-    float* out = part + (static_cast<int64_t>(split) * m + r) * n;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (n0 + 4 * tx + j < n) out[n0 + 4 * tx + j] = acc[i][j];
+    if (r < m)
+      store4(part + (static_cast<int64_t>(split) * m + r) * n, n0 + 4 * tx, n,
+             make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]), vec);
   }
 }
 
@@ -140,21 +153,47 @@ __device__ __forceinline__ float activate(float v) {
   return v;
 }
 
-// C = act(alpha * (part[0] + part[1] + ...) + beta C + bias), the slices added in order;
-// z (may be null) = the pre-activation. beta == 0 never reads C.
+// C[i] = act(alpha * s + beta C[i] + bias), z[i] (z may be null) = the pre-activation.
+// beta == 0 never reads C.
 template <Act A>
+__device__ __forceinline__ void skinny_finish(float s, int64_t i, int n, float alpha, float beta, float* C,
+                                              const float* bias, float* z) {
+  float v = alpha * s;
+  if (beta != 0.f) v += beta * C[i];
+  if (bias) v += bias[i % n];
+  if (z) z[i] = v;
+  C[i] = activate<A>(v);
+}
+
+// C = act(alpha * (part[0] + part[1] + ...) + beta C + bias), the slices added in order.
+// Vec (n % 4 == 0): four outputs a thread, every slice's load issued before the first add
+// (a loop of dependent loads waited on the memory once per slice).
+template <Act A, bool Vec>
 static __global__ void skinny_epilogue_kernel(const float* part, int splits, int64_t mn, int n, float alpha,
                                               float beta, float* C, const float* bias, float* z) {
   DPT_WAIT_PREVIOUS_GRID();
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < mn;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float s = 0.f;
-    for (int p = 0; p < splits; ++p) s += part[p * mn + i];
-    float v = alpha * s;
-    if (beta != 0.f) v += beta * C[i];
-    if (bias) v += bias[i % n];
-    if (z) z[i] = v;
-    C[i] = activate<A>(v);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if constexpr (Vec) {
+    const float4* part4 = reinterpret_cast<const float4*>(part);
+    const int64_t mn4 = mn / 4;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < mn4; i += stride) {
+      float4 v[kMaxSplit];
+#pragma unroll
+      for (int p = 0; p < kMaxSplit; ++p)
+        if (p < splits) v[p] = part4[p * mn4 + i];
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int p = 0; p < kMaxSplit; ++p)
+        if (p < splits) s[0] += v[p].x, s[1] += v[p].y, s[2] += v[p].z, s[3] += v[p].w;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) skinny_finish<A>(s[e], 4 * i + e, n, alpha, beta, C, bias, z);
+    }
+  } else {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < mn; i += stride) {
+      float s = 0.f;
+      for (int p = 0; p < splits; ++p) s += part[p * mn + i];
+      skinny_finish<A>(s, i, n, alpha, beta, C, bias, z);
+    }
   }
 }
 
@@ -214,16 +253,21 @@ static __global__ void __launch_bounds__(kThreads) short_k_kernel(int m, int n, 
     multiply_chunk(As, Bs, tx, ty, acc);
     __syncthreads();
   }
+  const bool vec = n % 4 == 0 && reinterpret_cast<uintptr_t>(C) % 16 == 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int r = m0 + 4 * ty + i;
+    const int r = m0 + 4 * ty + i, c = n0 + 4 * tx;
     if (r >= m) continue;
     float* out = C + static_cast<int64_t>(r) * n;
+    float v[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int c = n0 + 4 * tx + j;
-      if (c < n) out[c] = beta != 0.f ? alpha * acc[i][j] + beta * out[c] : alpha * acc[i][j];
+    for (int j = 0; j < 4; ++j) v[j] = alpha * acc[i][j];
+    if (beta != 0.f) {
+      const float4 o = vec ? load4<true>(out, true, c, n) : load4<false>(out, true, c, n);
+      v[0] = alpha * acc[i][0] + beta * o.x, v[1] = alpha * acc[i][1] + beta * o.y;
+      v[2] = alpha * acc[i][2] + beta * o.z, v[3] = alpha * acc[i][3] + beta * o.w;
     }
+    store4(out, c, n, make_float4(v[0], v[1], v[2], v[3]), vec);
   }
   if (sums) {  // As is free: the loop ended with a barrier
     As[quarter][sum_col] = col;
@@ -259,13 +303,15 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
                           grid, kThreads, stream, M, N, K, sp.per_split, A, B, work);
   const int splits = k > 0 ? sp.splits : 0;  // k == 0: C = act(beta C + bias)
   const int64_t mn = m * n;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((mn + kThreads - 1) / kThreads, 4096));
+  const bool vec = n % 4 == 0;
+  const int64_t items = vec ? mn / 4 : mn;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + kThreads - 1) / kThreads, 4096));
   auto epilogue = [&] {
     switch (act) {
-      case Act::none: return skinny_epilogue_kernel<Act::none>;
-      case Act::relu: return skinny_epilogue_kernel<Act::relu>;
-      case Act::gelu: return skinny_epilogue_kernel<Act::gelu>;
-      case Act::tanh: return skinny_epilogue_kernel<Act::tanh>;
+      case Act::none: return vec ? skinny_epilogue_kernel<Act::none, true> : skinny_epilogue_kernel<Act::none, false>;
+      case Act::relu: return vec ? skinny_epilogue_kernel<Act::relu, true> : skinny_epilogue_kernel<Act::relu, false>;
+      case Act::gelu: return vec ? skinny_epilogue_kernel<Act::gelu, true> : skinny_epilogue_kernel<Act::gelu, false>;
+      case Act::tanh: return vec ? skinny_epilogue_kernel<Act::tanh, true> : skinny_epilogue_kernel<Act::tanh, false>;
     }
     throw ::dpt::Error("gemm_skinny: unknown activation");
   };
