@@ -403,8 +403,9 @@ class LinearNode : public Node {
     }
     // A layer without activation (dz = dy) whose weight gradient takes the short-k kernel
     // (a small batch) gets its bias gradient from that kernel too: one kernel less a step.
+    // Not without inputs: a weight gradient with no columns launches nothing.
     const bool db_with_dW = !dz_done && want_db && act_ == Act::none && grads.needed(1) && d.is_cuda() &&
-                            small_gemm(context(d), true, false, out, rows) == SmallGemm::short_k;
+                            x_.size(1) > 0 && small_gemm(context(d), true, false, out, rows) == SmallGemm::short_k;
 #else
     const bool db_with_dW = false;
 #endif

@@ -1228,8 +1228,9 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
   struct Size { int64_t m, n, k; };
   // Skinny: one row to the most rows, one split to sixteen, k not a whole float4 (scalar
   // loads), k == 0 (C = act(beta C + bias)), the seed workload's shape.
+  // The epilogue's 16-byte path (n % 4 == 0) with sixteen slices, one slice and none.
   for (Size s : {Size{64, 1000, 1000}, Size{1, 1, 1}, Size{17, 33, 1000}, Size{64, 129, 4099}, Size{5, 70, 0},
-                 Size{33, 2050, 36}})
+                 Size{33, 2050, 36}, Size{5, 72, 0}, Size{3, 8, 64}})
     for (Act act : {Act::none, Act::relu, Act::gelu})
       for (float beta : {0.0f, 0.5f}) {
         INFO("skinny " << s.m << "x" << s.n << "x" << s.k << " act " << static_cast<int>(act) << " beta " << beta);
@@ -1296,5 +1297,25 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
       return value_and_grads([&](std::vector<Tensor>& in) { return linear(in[0], in[1], in[2], act); },
                              {on(d, x, {64, 300}), on(d, W, {200, 300}), on(d, bias, {200})});
     });
+  // Twice through backward without zeroing: the second pass adds into both gradients (beta 1).
+  compare([&](const Device& d) {
+    std::vector<Tensor> in{on(d, x, {64, 300}), on(d, W, {200, 300}), on(d, bias, {200})};
+    for (auto& t : in) t.set_requires_grad(true);
+    for (uint64_t pass = 0; pass < 2; ++pass)
+      mse_loss(linear(in[0], in[1], in[2], Act::none), on(d, randn(64 * 200, 78 + pass), {64, 200})).backward();
+    return std::vector<Tensor>{in[1].grad(), in[2].grad()};
+  });
+  // No input features: the weight gradient is empty, and the bias gradient must still come.
+  auto no_inputs = [&](const Device& d) {
+    Tensor xx = Tensor::empty({64, 0}, DType::f32, d), WW = Tensor::empty({200, 0}, DType::f32, d);
+    Tensor bb = on(d, bias, {200});
+    for (Tensor* t : {&xx, &WW, &bb}) t->set_requires_grad(true);
+    Tensor y = linear(xx, WW, bb, Act::none);
+    mse_loss(y, on(d, randn(64 * 200, 80), {64, 200})).backward();
+    return std::vector<Tensor>{y.detach(), bb.grad()};
+  };
+  const auto want = no_inputs(host), got = no_inputs(gpu);
+  CHECK(rel_error(got[0].to_host(), want[0].to_host()) < 1e-5);
+  CHECK(rel_error(got[1].to_host(), want[1].to_host()) < 1e-5);
 }
 #endif

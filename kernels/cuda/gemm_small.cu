@@ -294,7 +294,9 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
   if (m == 0 || n == 0) return;
   DPT_CHECK(C != nullptr && work != nullptr && (k == 0 || (A != nullptr && B != nullptr)),
             "gemm_skinny: null pointer");
+  DPT_CHECK(aligned16(work), "gemm_skinny: work must be 16-byte aligned");  // its 16-byte accesses
   const SkinnySplit sp = skinny_split(n, k);
+  DPT_CHECK(sp.splits <= kMaxSplit, "gemm_skinny: more slices than the epilogue adds");
   const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(sp.splits));
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   if (k > 0)
@@ -324,7 +326,9 @@ void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, 
   DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_short_k: negative size");
   DPT_CHECK(m <= INT_MAX - kTile && n <= INT_MAX - kTile && k <= INT_MAX - kChunk,
             "gemm_short_k: a dimension does not fit in int");
-  if (m == 0 || n == 0) return;
+  if (m == 0) return;
+  DPT_CHECK(n > 0 || colsum_A == nullptr, "gemm_short_k: column sums need at least one column of B");
+  if (n == 0) return;
   DPT_CHECK(C != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_short_k: null pointer");
   const int64_t by = (m + kTile - 1) / kTile;
   DPT_CHECK(by <= 65535, "gemm_short_k: m too large for the grid");
