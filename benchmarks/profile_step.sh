@@ -2,8 +2,10 @@
 # Where a step's GPU time goes: Nsight Compute times each kernel of a few steps after
 # warm-up, for step_bench and for its PyTorch twin, on one workload and precision.
 # Prints each kernel's name and duration (ncu serializes kernels, so the gaps between
-# them are not shown; the sum is the step's pure kernel time).
-# Usage: profile_step.sh BUILD_DIR MODEL BATCH PRECISION [OUT_DIR]
+# them are not shown; the sum is the step's pure kernel time). ncu locks the clocks at
+# base by default, which slows the GEMMs more than the memory-bound kernels; CLOCKS=none
+# leaves them to the GPU, as in a real run.
+# Usage: [CLOCKS=none] [COUNT=N] profile_step.sh BUILD_DIR MODEL BATCH PRECISION [OUT_DIR]
 set -u
 build=$1 model=$2 batch=$3 prec=$4 out=${5:-/tmp/dpt_profile}
 mkdir -p "$out"
@@ -12,7 +14,7 @@ ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
 [ -n "$ncu" ] || { echo "profile_step: ncu not found"; exit 0; }
 run() {  # name, launches to skip, launches to time, command...
   local name=$1 skip=$2 count=$3; shift 3
-  "$ncu" --metrics gpu__time_duration.sum --csv --launch-skip "$skip" --launch-count "$count" "$@" \
+  "$ncu" --clock-control "${CLOCKS:-base}" --metrics gpu__time_duration.sum --csv --launch-skip "$skip" --launch-count "$count" "$@" \
     >"$out/$name.csv" 2>"$out/$name.log"
   echo "== $name"
   python3 - "$out/$name.csv" <<'PY'
