@@ -100,14 +100,40 @@ __device__ void finish_mean_in_last_block(float s, int64_t n, float* part, unsig
   }
 }
 
+// Predictions and gradients are float or bf16 (uint16_t, read as floats, each store rounded
+// once); targets are float.
+__device__ __forceinline__ float as_float(float v) { return v; }
+__device__ __forceinline__ float as_float(uint16_t v) { return bf16_float(v); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(uint16_t* p, float v) { *p = bf16_round(v); }
+
+// Four consecutive elements in one access: a float4, or for bf16 a ushort4 (8 bytes).
+struct Four {
+  float x, y, z, w;
+};
+__device__ __forceinline__ Four load_four(const float* p) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  return {v.x, v.y, v.z, v.w};
+}
+__device__ __forceinline__ Four load_four(const uint16_t* p) {
+  const ushort4 v = *reinterpret_cast<const ushort4*>(p);
+  return {bf16_float(v.x), bf16_float(v.y), bf16_float(v.z), bf16_float(v.w)};
+}
+__device__ __forceinline__ void store_four(float* p, Four v) {
+  *reinterpret_cast<float4*>(p) = make_float4(v.x, v.y, v.z, v.w);
+}
+__device__ __forceinline__ void store_four(uint16_t* p, Four v) {
+  *reinterpret_cast<ushort4*>(p) = make_ushort4(bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w));
+}
+
 // sum((y - t)^2) / n in one kernel, and dy = 2 (y - t) / n alongside when dy is not null
 // (the gradient for a seed of 1, so a training step needs no separate backward pass).
 // Each block writes its partial to part[block]; the last block to finish (the counter
 // says which) adds the partials in block order, in double, and leaves the counter at 0.
-// The float4 part covers [0, 4 * (n / 4)) when Vec; the rest is scalar.
-template <bool Vec>
-static __global__ void mse_kernel(const float* y, const float* t, int64_t n, float* dy,
-                                  float* part, unsigned* counter, float* loss) {
+// Four elements an access over [0, 4 * (n / 4)) when Vec; the rest one at a time.
+template <typename T, bool Vec>
+static __global__ void mse_kernel(const T* y, const float* t, int64_t n, T* dy, float* part, unsigned* counter,
+                                  float* loss) {
   DPT_WAIT_PREVIOUS_GRID();
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -116,75 +142,64 @@ static __global__ void mse_kernel(const float* y, const float* t, int64_t n, flo
   int64_t done = 0;
   if constexpr (Vec) {
     const int64_t n4 = n / 4;
-    const float4* y4 = reinterpret_cast<const float4*>(y);
     const float4* t4 = reinterpret_cast<const float4*>(t);
 #pragma unroll 4  // several iterations' loads in flight (the sum stays in order)
     for (int64_t i = tid; i < n4; i += stride) {
-      const float4 a = y4[i], b = t4[i];
+      const Four a = load_four(y + 4 * i);
+      const float4 b = t4[i];
       const float d0 = a.x - b.x, d1 = a.y - b.y, d2 = a.z - b.z, d3 = a.w - b.w;
       s += d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3;
-      if (dy) reinterpret_cast<float4*>(dy)[i] = make_float4(g * d0, g * d1, g * d2, g * d3);
+      if (dy) store_four(dy + 4 * i, {g * d0, g * d1, g * d2, g * d3});
     }
     done = 4 * n4;
   }
   for (int64_t i = done + tid; i < n; i += stride) {
-    const float d = y[i] - t[i];
+    const float d = as_float(y[i]) - t[i];
     s += d * d;
-    if (dy) dy[i] = g * d;
-  }
-  finish_mean_in_last_block(s, n, part, counter, loss);
-}
-
-// The bf16 twin: y and dy bf16, t f32; four elements at a time when Vec.
-template <bool Vec>
-static __global__ void mse_bf16_kernel(const uint16_t* y, const float* t, int64_t n, uint16_t* dy,
-                                       float* part, unsigned* counter, float* loss) {
-  DPT_WAIT_PREVIOUS_GRID();
-  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const float g = 2.f / static_cast<float>(n);
-  float s = 0.f;
-  int64_t done = 0;
-  if constexpr (Vec) {
-    const int64_t n4 = n / 4;
-    const ushort4* y4 = reinterpret_cast<const ushort4*>(y);
-    const float4* t4 = reinterpret_cast<const float4*>(t);
-#pragma unroll 4  // several iterations' loads in flight (the sum stays in order)
-    for (int64_t i = tid; i < n4; i += stride) {
-      const ushort4 a = y4[i];
-      const float4 b = t4[i];
-      const float d0 = bf16_float(a.x) - b.x, d1 = bf16_float(a.y) - b.y, d2 = bf16_float(a.z) - b.z,
-                  d3 = bf16_float(a.w) - b.w;
-      s += d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3;
-      if (dy)
-        reinterpret_cast<ushort4*>(dy)[i] =
-            make_ushort4(bf16_round(g * d0), bf16_round(g * d1), bf16_round(g * d2), bf16_round(g * d3));
-    }
-    done = 4 * n4;
-  }
-  for (int64_t i = done + tid; i < n; i += stride) {
-    const float d = bf16_float(y[i]) - t[i];
-    s += d * d;
-    if (dy) dy[i] = bf16_round(g * d);
+    if (dy) store(dy + i, g * d);
   }
   finish_mean_in_last_block(s, n, part, counter, loss);
 }
 
 // dy = scale * (*dloss when given) * 2 (y - t) / n.
-static __global__ void mse_backward_kernel(const float* y, const float* t, int64_t n,
-                                           const float* dloss, float scale, float* dy) {
+template <typename T>
+static __global__ void mse_backward_kernel(const T* y, const float* t, int64_t n, const float* dloss, float scale,
+                                           T* dy) {
   const float g = 2.f * scale * (dloss ? *dloss : 1.f) / static_cast<float>(n);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dy[i] = g * (y[i] - t[i]);
+    store(dy + i, g * (as_float(y[i]) - t[i]));
 }
 
-static __global__ void mse_backward_bf16_kernel(const uint16_t* y, const float* t, int64_t n,
-                                                const float* dloss, float scale, uint16_t* dy) {
-  const float g = 2.f * scale * (dloss ? *dloss : 1.f) / static_cast<float>(n);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dy[i] = bf16_round(g * (bf16_float(y[i]) - t[i]));
+template <typename T>
+void mse_forward_launch(const char* who, const T* y, const float* t, int64_t n, float* loss, T* dy, float* work,
+                        unsigned* counter, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, std::string(who) + ": negative size");
+  DPT_CHECK(loss != nullptr && work != nullptr && counter != nullptr && (n == 0 || (y != nullptr && t != nullptr)),
+            std::string(who) + ": null pointer");
+  if (n == 0) {  // the mean of nothing is NaN (0/0), as on the CPU
+    finish_sum(work, 0, NAN, loss, stream);
+    DPT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const unsigned blocks = reduce_blocks(n);
+  auto four_aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0; };
+  if (four_aligned(y) && aligned16(t) && (!dy || four_aligned(dy)))
+    launch_after_previous(mse_kernel<T, true>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
+  else
+    launch_after_previous(mse_kernel<T, false>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
+}
+
+template <typename T>
+void mse_backward_launch(const char* who, const T* y, const float* t, int64_t n, const float* dloss, float scale,
+                         T* dy, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, std::string(who) + ": negative size");
+  if (n == 0) return;
+  DPT_CHECK(y != nullptr && t != nullptr && dy != nullptr, std::string(who) + ": null pointer");
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  mse_backward_kernel<<<static_cast<unsigned>(blocks < 8192 ? blocks : 8192), kThreads, 0, stream>>>(y, t, n, dloss,
+                                                                                                      scale, dy);
+  DPT_CUDA_CHECK_LAUNCH();
 }
 
 // ---- cross-entropy ----------------------------------------------------------------------
@@ -212,9 +227,6 @@ __device__ __forceinline__ void online_add(float v, float& m, float& s) {
     s += expf(v - m);
   }
 }
-
-__device__ __forceinline__ float as_float(float v) { return v; }
-__device__ __forceinline__ float as_float(uint16_t v) { return bf16_float(v); }
 
 template <typename T>
 __device__ __forceinline__ RowStats row_stats(const T* x, int64_t cols, int lane) {
@@ -261,9 +273,6 @@ static __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t*
 
 // dlogits = (*dloss / rows) (softmax(row) - onehot(label)). dlogits may be logits: each
 // element is read by the lane that then overwrites it, after the row's stats are known.
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(uint16_t* p, float v) { *p = bf16_round(v); }
-
 template <typename T>
 static __global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* labels,
                                                      int64_t rows, int64_t cols,
@@ -322,31 +331,12 @@ void cross_entropy_backward_launch(const char* who, const T* logits, const int32
 
 void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy, float* work,
                  unsigned* counter, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "mse_forward: negative size");
-  DPT_CHECK(loss != nullptr && work != nullptr && counter != nullptr &&
-                (n == 0 || (y != nullptr && t != nullptr)),
-            "mse_forward: null pointer");
-  if (n == 0) {  // the mean of nothing is NaN (0/0), as on the CPU
-    finish_sum(work, 0, NAN, loss, stream);
-    DPT_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  const unsigned blocks = reduce_blocks(n);
-  if (aligned16(y) && aligned16(t) && (!dy || aligned16(dy)))
-    launch_after_previous(mse_kernel<true>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
-  else
-    launch_after_previous(mse_kernel<false>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
+  mse_forward_launch("mse_forward", y, t, n, loss, dy, work, counter, stream);
 }
 
 void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale,
                   float* dy, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "mse_backward: negative size");
-  if (n == 0) return;
-  DPT_CHECK(y != nullptr && t != nullptr && dy != nullptr, "mse_backward: null pointer");
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  mse_backward_kernel<<<static_cast<unsigned>(blocks < 8192 ? blocks : 8192), kThreads, 0,
-                        stream>>>(y, t, n, dloss, scale, dy);
-  DPT_CUDA_CHECK_LAUNCH();
+  mse_backward_launch("mse_backward", y, t, n, dloss, scale, dy, stream);
 }
 
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
@@ -361,32 +351,12 @@ void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t 
 
 void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy,
                       float* work, unsigned* counter, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "mse_forward_bf16: negative size");
-  DPT_CHECK(loss != nullptr && work != nullptr && counter != nullptr &&
-                (n == 0 || (y != nullptr && t != nullptr)),
-            "mse_forward_bf16: null pointer");
-  if (n == 0) {  // the mean of nothing is NaN (0/0), as on the CPU
-    finish_sum(work, 0, NAN, loss, stream);
-    DPT_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  const unsigned blocks = reduce_blocks(n);
-  auto al8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
-  if (al8(y) && aligned16(t) && (!dy || al8(dy)))
-    launch_after_previous(mse_bf16_kernel<true>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
-  else
-    launch_after_previous(mse_bf16_kernel<false>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
+  mse_forward_launch("mse_forward_bf16", y, t, n, loss, dy, work, counter, stream);
 }
 
 void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale,
                        uint16_t* dy, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "mse_backward_bf16: negative size");
-  if (n == 0) return;
-  DPT_CHECK(y != nullptr && t != nullptr && dy != nullptr, "mse_backward_bf16: null pointer");
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  mse_backward_bf16_kernel<<<static_cast<unsigned>(blocks < 8192 ? blocks : 8192), kThreads, 0, stream>>>(
-      y, t, n, dloss, scale, dy);
-  DPT_CUDA_CHECK_LAUNCH();
+  mse_backward_launch("mse_backward_bf16", y, t, n, dloss, scale, dy, stream);
 }
 
 void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows,
