@@ -108,21 +108,13 @@ __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(uint16_t* p, float v) { *p = bf16_round(v); }
 
 // Four consecutive elements in one access: a float4, or for bf16 a ushort4 (8 bytes).
-struct Four {
-  float x, y, z, w;
-};
-__device__ __forceinline__ Four load_four(const float* p) {
-  const float4 v = *reinterpret_cast<const float4*>(p);
-  return {v.x, v.y, v.z, v.w};
-}
-__device__ __forceinline__ Four load_four(const uint16_t* p) {
+__device__ __forceinline__ float4 load_four(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load_four(const uint16_t* p) {
   const ushort4 v = *reinterpret_cast<const ushort4*>(p);
-  return {bf16_float(v.x), bf16_float(v.y), bf16_float(v.z), bf16_float(v.w)};
+  return make_float4(bf16_float(v.x), bf16_float(v.y), bf16_float(v.z), bf16_float(v.w));
 }
-__device__ __forceinline__ void store_four(float* p, Four v) {
-  *reinterpret_cast<float4*>(p) = make_float4(v.x, v.y, v.z, v.w);
-}
-__device__ __forceinline__ void store_four(uint16_t* p, Four v) {
+__device__ __forceinline__ void store_four(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+__device__ __forceinline__ void store_four(uint16_t* p, float4 v) {
   *reinterpret_cast<ushort4*>(p) = make_ushort4(bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w));
 }
 
@@ -145,11 +137,11 @@ static __global__ void mse_kernel(const T* y, const float* t, int64_t n, T* dy, 
     const float4* t4 = reinterpret_cast<const float4*>(t);
 #pragma unroll 4  // several iterations' loads in flight (the sum stays in order)
     for (int64_t i = tid; i < n4; i += stride) {
-      const Four a = load_four(y + 4 * i);
+      const float4 a = load_four(y + 4 * i);
       const float4 b = t4[i];
       const float d0 = a.x - b.x, d1 = a.y - b.y, d2 = a.z - b.z, d3 = a.w - b.w;
       s += d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3;
-      if (dy) store_four(dy + 4 * i, {g * d0, g * d1, g * d2, g * d3});
+      if (dy) store_four(dy + 4 * i, make_float4(g * d0, g * d1, g * d2, g * d3));
     }
     done = 4 * n4;
   }
