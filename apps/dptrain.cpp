@@ -13,11 +13,11 @@
 
 #include <CLI/CLI.hpp>
 
-#include "../kernels/error.hpp"
-#include "../layers/conv.hpp"
-#include "../optim/trainer.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/layers/conv.hpp>
+#include <dptrain/train/trainer.hpp>
 #include "plot.hpp"
-#include "../runtime/process_group.hpp"
+#include <dptrain/parallel/process_group.hpp>
 
 namespace {
 

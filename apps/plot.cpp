@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <unistd.h>
 
-#include "../kernels/error.hpp"
+#include <dptrain/error.hpp>
 
 namespace dpt::plot {
 namespace {

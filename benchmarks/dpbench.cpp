@@ -19,16 +19,16 @@
 #include <CLI/CLI.hpp>
 
 #include "../apps/plot.hpp"
-#include "../kernels/error.hpp"
-#include "../layers/conv.hpp"
-#include "../layers/layers.hpp"
-#include "../layers/loss.hpp"
-#include "../layers/synthetic.hpp"
-#include "../optim/checkpoint.hpp"
-#include "../optim/data_parallel.hpp"
-#include "../runtime/allocator.hpp"
-#include "../runtime/context.hpp"
-#include "../runtime/ops.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/layers/conv.hpp>
+#include <dptrain/layers/layers.hpp>
+#include <dptrain/layers/loss.hpp>
+#include <dptrain/data/synthetic.hpp>
+#include <dptrain/train/checkpoint.hpp>
+#include <dptrain/parallel/data_parallel.hpp>
+#include <dptrain/runtime/memory.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 namespace {
 
@@ -235,8 +235,8 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   // Freed blocks of the previous run go back to the system, so each run starts alike and
   // its peak counts only what it allocates.
   for (const Device& d : places) {
-    dpt::allocator(d).empty_cache();
-    dpt::allocator(d).reset_peak();
+    dpt::empty_cache(d);
+    dpt::reset_peak_memory(d);
   }
   auto model = build_model(p);
   model->to(m.devices.front(), kSeed);
@@ -303,7 +303,7 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   m.update_ms = median(update);
   m.idle_ms = std::max(0.0, m.step_ms - m.compute_ms - m.reduce_ms - m.update_ms);
   m.samples_per_s = 1e3 * static_cast<double>(global) / m.step_ms;
-  for (const Device& d : places) m.peak.push_back({d, dpt::allocator(d).stats().peak_allocated});
+  for (const Device& d : places) m.peak.push_back({d, dpt::memory_stats(d).peak_allocated});
   return m;
 }
 

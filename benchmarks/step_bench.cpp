@@ -13,14 +13,14 @@
 
 #include <CLI/CLI.hpp>
 
-#include "../layers/conv.hpp"
-#include "../layers/layers.hpp"
-#include "../layers/loss.hpp"
-#include "../layers/synthetic.hpp"
-#include "../optim/optim.hpp"
-#include "../runtime/allocator.hpp"
-#include "../runtime/context.hpp"
-#include "../runtime/ops.hpp"
+#include <dptrain/layers/conv.hpp>
+#include <dptrain/layers/layers.hpp>
+#include <dptrain/layers/loss.hpp>
+#include <dptrain/data/synthetic.hpp>
+#include <dptrain/optim/optim.hpp>
+#include <dptrain/runtime/memory.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 using namespace dpt;
 
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
     }
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];
-    const auto st = allocator(d).stats();
+    const auto st = memory_stats(d);
     std::printf("dptrain %s batch %lld %s %s%s: %.4f ms/step, %.4g samples/s, peak %.1f MiB, loss %.5g -> %.5g\n",
                 model.c_str(), static_cast<long long>(batch), precision.c_str(), gemm.c_str(), graph ? "-graph" : "", med,
                 1e3 * static_cast<double>(batch) / med, static_cast<double>(st.peak_allocated) / (1 << 20), first,

@@ -1,11 +1,11 @@
-#include "conv.hpp"
+#include <dptrain/layers/conv.hpp>
 
 #include <charconv>
 #include <cmath>
 #include <string_view>
 
-#include "../kernels/error.hpp"
-#include "../runtime/ops.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt::nn {
 

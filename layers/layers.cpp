@@ -1,10 +1,10 @@
-#include "layers.hpp"
+#include <dptrain/layers/layers.hpp>
 
 #include <charconv>
 #include <cmath>
 
-#include "../kernels/error.hpp"
-#include "../runtime/ops.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt::nn {
 

@@ -1,10 +1,10 @@
-#include "module.hpp"
+#include <dptrain/layers/module.hpp>
 
 
 #include "../kernels/cpu/cpu.hpp"
-#include "../kernels/error.hpp"
+#include <dptrain/error.hpp>
 #include "../runtime/allocator.hpp"
-#include "../runtime/ops.hpp"
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt::nn {
 

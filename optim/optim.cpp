@@ -1,10 +1,10 @@
-#include "optim.hpp"
+#include <dptrain/optim/optim.hpp>
 
 #include <cmath>
 #include <numbers>
 
-#include "../kernels/error.hpp"
-#include "../runtime/ops.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt::optim {
 

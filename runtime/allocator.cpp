@@ -6,7 +6,7 @@
 #include <memory>
 #include <unistd.h>
 
-#include "../kernels/error.hpp"
+#include <dptrain/error.hpp>
 
 #if DPT_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -248,5 +248,9 @@ CachingAllocator& allocator(const Device& device) {
   if (!slot) slot = std::make_unique<CachingAllocator>(device);
   return *slot;
 }
+
+AllocatorStats memory_stats(const Device& device) { return allocator(device).stats(); }
+void reset_peak_memory(const Device& device) { allocator(device).reset_peak(); }
+void empty_cache(const Device& device) { allocator(device).empty_cache(); }
 
 }  // namespace dpt

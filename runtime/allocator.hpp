@@ -2,6 +2,7 @@
 // handed out again for requests of the same size class, so a training step after the
 // first one makes no cudaMalloc/cudaFree (which would synchronize the device and break
 // CUDA-graph capture). The same logic serves virtual CPU devices, with aligned malloc.
+// Internal: what others see of it is <dptrain/runtime/memory.hpp>.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,18 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "device.hpp"
+#include <dptrain/runtime/memory.hpp>
 
 namespace dpt {
-
-struct AllocatorStats {
-  size_t allocated = 0;       // bytes in blocks handed out now
-  size_t reserved = 0;        // bytes held from the system (handed out + cached)
-  size_t peak_allocated = 0;  // high-water mark of `allocated` since the last reset
-  size_t peak_reserved = 0;
-  int64_t system_allocs = 0;  // cudaMalloc (or malloc) calls
-  int64_t system_frees = 0;
-};
 
 class CachingAllocator {
  public:
@@ -87,10 +79,5 @@ class CachingAllocator {
 
 // The allocator of a device, made on first use and kept for the life of the program.
 CachingAllocator& allocator(const Device& device);
-
-// "1.50 GiB", "12.0 MiB", "512 B".
-std::string format_bytes(size_t bytes);
-// 35200 -> "35.2k", 1.2e6 -> "1.20M": rates that span six orders of magnitude.
-std::string format_si(double v);
 
 }  // namespace dpt

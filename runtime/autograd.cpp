@@ -1,10 +1,10 @@
-#include "autograd.hpp"
+#include <dptrain/runtime/autograd.hpp>
 
 #include <unordered_map>
 #include <unordered_set>
 
-#include "../kernels/error.hpp"
-#include "ops.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt {
 

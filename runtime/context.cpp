@@ -1,10 +1,10 @@
-#include "context.hpp"
+#include <dptrain/runtime/context.hpp>
 
 #include <chrono>
 #include <map>
 #include <mutex>
 
-#include "../kernels/error.hpp"
+#include <dptrain/error.hpp>
 #include "allocator.hpp"
 
 #if DPT_WITH_CUDA

@@ -1,9 +1,9 @@
-#include "device.hpp"
+#include <dptrain/runtime/device.hpp>
 
 #include <charconv>
 #include <cstdio>
 
-#include "../kernels/error.hpp"
+#include <dptrain/error.hpp>
 
 #if DPT_WITH_CUDA
 #include <cuda_runtime_api.h>

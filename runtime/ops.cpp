@@ -1,12 +1,12 @@
-#include "ops.hpp"
+#include <dptrain/runtime/ops.hpp>
 
 #include <algorithm>
 #include <cstring>
 
 #include "../kernels/cpu/cpu.hpp"
-#include "../kernels/error.hpp"
-#include "autograd.hpp"
-#include "context.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/context.hpp>
 #include "ops_internal.hpp"
 
 #if DPT_WITH_CUDA

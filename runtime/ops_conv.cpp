@@ -5,9 +5,9 @@
 #include <string>
 
 #include "../kernels/cpu/cpu.hpp"
-#include "../kernels/error.hpp"
-#include "context.hpp"
-#include "ops.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/ops.hpp>
 #include "ops_internal.hpp"
 
 #if DPT_WITH_CUDNN

@@ -4,8 +4,8 @@
 #include <memory>
 #include <vector>
 
-#include "autograd.hpp"
-#include "tensor.hpp"
+#include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/tensor.hpp>
 
 namespace dpt::detail {
 

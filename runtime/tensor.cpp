@@ -1,13 +1,13 @@
-#include "tensor.hpp"
+#include <dptrain/runtime/tensor.hpp>
 
 #include <cstring>
 #include <map>
 
-#include "../kernels/error.hpp"
+#include <dptrain/error.hpp>
 #include "allocator.hpp"
-#include "autograd.hpp"
-#include "context.hpp"
-#include "ops.hpp"
+#include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/check.hpp"

@@ -9,12 +9,12 @@
 
 #include <cstring>
 
-#include "../kernels/error.hpp"
-#include "../layers/conv.hpp"
-#include "../layers/layers.hpp"
-#include "../optim/checkpoint.hpp"
-#include "../runtime/autograd.hpp"
-#include "../runtime/ops.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/layers/conv.hpp>
+#include <dptrain/layers/layers.hpp>
+#include <dptrain/train/checkpoint.hpp>
+#include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 namespace {
 

@@ -9,9 +9,9 @@
 
 #include "../kernels/bf16.hpp"
 #include "../kernels/cpu/cpu.hpp"
-#include "../runtime/autograd.hpp"
-#include "../runtime/ops.hpp"
-#include "../runtime/tensor.hpp"
+#include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/ops.hpp>
+#include <dptrain/runtime/tensor.hpp>
 
 namespace dpt::test {
 

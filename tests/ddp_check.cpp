@@ -9,8 +9,8 @@
 #include <cstring>
 #include <string>
 
-#include "../optim/trainer.hpp"
-#include "../runtime/process_group.hpp"
+#include <dptrain/train/trainer.hpp>
+#include <dptrain/parallel/process_group.hpp>
 #include "common.hpp"
 
 using namespace dpt;

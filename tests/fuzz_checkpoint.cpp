@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../kernels/error.hpp"
-#include "../optim/checkpoint.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/train/checkpoint.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

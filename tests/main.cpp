@@ -9,7 +9,7 @@
 #include <catch2/catch.hpp>
 #endif
 
-#include "../runtime/device.hpp"
+#include <dptrain/runtime/device.hpp>
 
 int main(int argc, char** argv) {
 #ifdef DPT_GPU_TESTS

@@ -6,10 +6,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "../kernels/error.hpp"
-#include "../layers/conv.hpp"
-#include "../layers/loss.hpp"
-#include "../optim/trainer.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/layers/conv.hpp>
+#include <dptrain/layers/loss.hpp>
+#include <dptrain/train/trainer.hpp>
 #include "catch.hpp"
 #include "common.hpp"
 

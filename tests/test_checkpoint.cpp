@@ -1,4 +1,4 @@
-// Checkpoint files (optim/checkpoint.hpp): bit-exact round trips, files from other
+// Checkpoint files (<dptrain/train/checkpoint.hpp>): bit-exact round trips, files from other
 // safetensors writers, every malformed file refused with one line naming the file and
 // the problem (every truncation and thousands of random mutations included), saves
 // that fail half-way leaving the previous checkpoint loadable and no temporary file, and
@@ -18,9 +18,9 @@
 #include <iterator>
 #include <random>
 
-#include "../kernels/error.hpp"
-#include "../optim/checkpoint.hpp"
-#include "../optim/trainer.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/train/checkpoint.hpp>
+#include <dptrain/train/trainer.hpp>
 #include "catch.hpp"
 #include "common.hpp"
 

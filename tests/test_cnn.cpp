@@ -4,9 +4,9 @@
 // sample index.
 #include <set>
 
-#include "../kernels/error.hpp"
-#include "../layers/conv.hpp"
-#include "../layers/synthetic.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/layers/conv.hpp>
+#include <dptrain/data/synthetic.hpp>
 #include "catch.hpp"
 #include "common.hpp"
 

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "../kernels/cpu/cpu.hpp"
-#include "../kernels/error.hpp"
+#include <dptrain/error.hpp>
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/cuda.hpp"
 #endif
@@ -16,10 +16,10 @@
 
 #include "../kernels/cuda/dnn.hpp"
 #endif
-#include "../layers/loss.hpp"
-#include "../optim/trainer.hpp"
+#include <dptrain/layers/loss.hpp>
+#include <dptrain/train/trainer.hpp>
 #include "../runtime/allocator.hpp"
-#include "../runtime/context.hpp"
+#include <dptrain/runtime/context.hpp>
 #include "catch.hpp"
 #include "common.hpp"
 

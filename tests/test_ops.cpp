@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "../kernels/error.hpp"
+#include <dptrain/error.hpp>
 #include "../kernels/philox.hpp"
 #include "../runtime/allocator.hpp"
 #include "catch.hpp"

@@ -3,9 +3,11 @@
 // identical after every step, and no device is a dumping ground for memory.
 #include <cmath>
 
-#include "../kernels/error.hpp"
-#include "../layers/loss.hpp"
-#include "../optim/trainer.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/layers/loss.hpp>
+#include <dptrain/train/trainer.hpp>
+#include "../parallel/reducer.hpp"
+#include "../runtime/allocator.hpp"
 #include "catch.hpp"
 #include "common.hpp"
 

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "../apps/plot.hpp"
-#include "../kernels/error.hpp"
+#include <dptrain/error.hpp>
 #include "catch.hpp"
 
 using namespace dpt::plot;

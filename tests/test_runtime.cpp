@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "../kernels/error.hpp"
-#include "../layers/layers.hpp"
-#include "../layers/synthetic.hpp"
-#include "../optim/trainer.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/layers/layers.hpp>
+#include <dptrain/data/synthetic.hpp>
+#include <dptrain/train/trainer.hpp>
 #include "../runtime/allocator.hpp"
 #include "catch.hpp"
 #include "common.hpp"

@@ -22,7 +22,7 @@ ACTS = {"relu": torch.nn.ReLU, "gelu": torch.nn.GELU, "tanh": torch.nn.Tanh}
 
 
 def torch_cnn(spec, act):
-    """The torch.nn.Sequential of a dptrain CNN spec (grammar in layers/conv.hpp)."""
+    """The torch.nn.Sequential of a dptrain CNN spec (grammar in include/dptrain/layers/conv.hpp)."""
     tokens = spec[len("cnn:"):].split("-")
     shape = [int(v) for v in tokens[0].split("x")]
     layers, features, prev = [], None, None

@@ -9,7 +9,7 @@
 #pragma once
 #include <cstdint>
 
-#include "../types.hpp"
+#include <dptrain/types.hpp>
 
 namespace dpt::cpu {
 

@@ -11,7 +11,7 @@
 #include <cudnn.h>
 #endif
 
-#include "../error.hpp"
+#include <dptrain/error.hpp>
 
 namespace dpt::cuda {
 

@@ -11,7 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "../types.hpp"
+#include <dptrain/types.hpp>
 
 namespace dpt::cuda {
 

@@ -9,7 +9,7 @@
 #include <cublas_v2.h>
 #include <cudnn.h>
 
-#include "../types.hpp"
+#include <dptrain/types.hpp>
 
 namespace dpt::cuda {
 

@@ -4,8 +4,8 @@
 #pragma once
 #include <cstdint>
 
-#include "../kernels/types.hpp"
-#include "tensor.hpp"
+#include <dptrain/types.hpp>
+#include <dptrain/runtime/tensor.hpp>
 
 namespace dpt {
 

@@ -1,17 +1,16 @@
-#include "data_parallel.hpp"
+#include <dptrain/parallel/data_parallel.hpp>
 
-#include <condition_variable>
 #include <cstring>
 #include <cstdio>
-#include <mutex>
 #include <set>
-#include <thread>
 #include <unordered_map>
 
-#include "../kernels/error.hpp"
-#include "../runtime/autograd.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/autograd.hpp>
 #include "../runtime/nvtx.hpp"
-#include "../runtime/ops.hpp"
+#include "reducer.hpp"
+#include "worker_pool.hpp"
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt {
 
@@ -65,74 +64,6 @@ float StepLoss::value() const {
     if (losses[i].defined()) v += weights[i] * losses[i].item();
   return static_cast<float>(group ? group->sum(v) : v);
 }
-
-// ---- Worker threads: one per replica, alive as long as the DataParallel -------------
-
-struct DataParallel::Pool {
-  struct Worker {
-    std::thread thread;
-    std::mutex mu;
-    std::condition_variable cv;
-    std::function<void()> job;
-    bool busy = false, stop = false;
-    std::exception_ptr error;
-  };
-  std::vector<std::unique_ptr<Worker>> workers;
-
-  explicit Pool(size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      auto w = std::make_unique<Worker>();
-      Worker* self = w.get();
-      w->thread = std::thread([self] {
-        std::unique_lock<std::mutex> lock(self->mu);
-        while (true) {
-          self->cv.wait(lock, [self] { return self->busy || self->stop; });
-          if (self->stop) return;
-          lock.unlock();
-          try {
-            self->job();
-          } catch (...) {
-            self->error = std::current_exception();
-          }
-          lock.lock();
-          self->busy = false;
-          self->cv.notify_all();
-        }
-      });
-      workers.push_back(std::move(w));
-    }
-  }
-
-  ~Pool() {
-    for (auto& w : workers) {
-      {
-        std::lock_guard<std::mutex> lock(w->mu);
-        w->stop = true;
-      }
-      w->cv.notify_all();
-      w->thread.join();
-    }
-  }
-
-  // Runs job(i) on worker i for every i at once; rethrows the first error.
-  void run(const std::function<void(size_t)>& job) {
-    for (size_t i = 0; i < workers.size(); ++i) {
-      Worker& w = *workers[i];
-      std::lock_guard<std::mutex> lock(w.mu);
-      w.job = [&job, i] { job(i); };
-      w.error = nullptr;
-      w.busy = true;
-      w.cv.notify_all();
-    }
-    std::exception_ptr first;
-    for (auto& w : workers) {
-      std::unique_lock<std::mutex> lock(w->mu);
-      w->cv.wait(lock, [&w] { return !w->busy; });
-      if (w->error && !first) first = w->error;
-    }
-    if (first) std::rethrow_exception(first);
-  }
-};
 
 // ---- Replicas -------------------------------------------------------------------------
 
@@ -246,7 +177,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     }
   if (use_graph_ && std::string(replicas_[0].opt->kind()) != "sgd")
     throw UsageError("--cuda-graph needs --optimizer sgd (AdamW's bias correction changes every step)");
-  if (n > 1) pool_ = std::make_unique<Pool>(n);
+  if (n > 1) pool_ = std::make_unique<WorkerPool>(n);
   buffers_ready_ = std::make_unique<Event>(devices_[0]);
 }
 
@@ -491,6 +422,8 @@ StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss) 
     return data::Batch{rows(batch.x, first, n, replicas_[r].device), rows(batch.y, first, n, replicas_[r].device)};
   }, loss);
 }
+
+size_t DataParallel::buckets() const { return buckets_.size(); }
 
 nn::Module& DataParallel::replica(size_t i) { return *replicas_.at(i).model; }
 optim::Optimizer& DataParallel::optimizer() { return *replicas_[0].opt; }

@@ -7,13 +7,13 @@
 #include <memory>
 #include <string>
 
-#include "../kernels/error.hpp"
-#include "../layers/layers.hpp"
-#include "../layers/synthetic.hpp"
-#include "../runtime/allocator.hpp"
-#include "../runtime/context.hpp"
-#include "data_parallel.hpp"
-#include "optim.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/layers/layers.hpp>
+#include <dptrain/data/synthetic.hpp>
+#include <dptrain/runtime/memory.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/parallel/data_parallel.hpp>
+#include <dptrain/optim/optim.hpp>
 
 namespace dpt {
 

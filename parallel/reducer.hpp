@@ -15,8 +15,8 @@
 #include <memory>
 #include <vector>
 
-#include "context.hpp"
-#include "tensor.hpp"
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/tensor.hpp>
 
 namespace dpt {
 
@@ -63,7 +63,6 @@ std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replica
 // NCCL all-reduce, one communicator per device (ncclCommInitAll); the devices must be
 // distinct GPUs. Throws UsageError when this build has no NCCL.
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets);
-bool built_with_nccl();
 
 class ProcessGroup;
 // Across processes (DDP), one replica per process: NCCL between GPUs (the unique id

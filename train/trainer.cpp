@@ -1,4 +1,4 @@
-#include "trainer.hpp"
+#include <dptrain/train/trainer.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -6,12 +6,12 @@
 #include <cstdio>
 #include <cstring>
 
-#include "../kernels/error.hpp"
-#include "../layers/conv.hpp"
-#include "../layers/loss.hpp"
-#include "checkpoint.hpp"
-#include "../runtime/allocator.hpp"
-#include "../runtime/ops.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/layers/conv.hpp>
+#include <dptrain/layers/loss.hpp>
+#include <dptrain/train/checkpoint.hpp>
+#include <dptrain/runtime/memory.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt {
 
@@ -312,7 +312,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
   for (const Device& d : cfg_.devices)
     if (std::find(seen.begin(), seen.end(), d) == seen.end()) {
       seen.push_back(d);
-      r.memory.push_back({d, allocator(d).stats()});
+      r.memory.push_back({d, memory_stats(d)});
     }
   return r;
 }

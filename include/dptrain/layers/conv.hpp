@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/types.hpp"
-#include "../runtime/ops.hpp"
-#include "layers.hpp"
-#include "module.hpp"
+#include <dptrain/types.hpp>
+#include <dptrain/runtime/ops.hpp>
+#include <dptrain/layers/layers.hpp>
+#include <dptrain/layers/module.hpp>
 
 namespace dpt::nn {
 

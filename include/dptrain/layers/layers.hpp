@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/types.hpp"
-#include "module.hpp"
+#include <dptrain/types.hpp>
+#include <dptrain/layers/module.hpp>
 
 namespace dpt::nn {
 

@@ -1,7 +1,7 @@
 // The processes of a multi-process run (DDP): rank and size from MPI_COMM_WORLD, the
 // local rank (which picks the GPU) from the ranks sharing this node. MPI (Open MPI) is
 // the launcher and bootstrap: it carries host buffers (CPU training, the NCCL unique
-// id, losses, hashes); NCCL carries GPU gradients (comm_nccl.cpp). Every wait is
+// id, losses, hashes); NCCL carries GPU gradients (parallel/reducer_nccl.cpp). Every wait is
 // bounded by the communication timeout: a rank that dies or stops answering makes the
 // others end with a clear message instead of hanging.
 #pragma once

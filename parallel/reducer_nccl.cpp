@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "../kernels/cuda/check.hpp"
-#include "comm.hpp"
-#include "process_group.hpp"
+#include "reducer.hpp"
+#include <dptrain/parallel/process_group.hpp>
 
 #define DPT_NCCL_CHECK(call)                                                              \
   do {                                                                                    \

@@ -15,14 +15,21 @@
 #include <string>
 #include <vector>
 
-#include "../layers/module.hpp"
-#include "../layers/synthetic.hpp"
-#include "../runtime/comm.hpp"
-#include "../runtime/context.hpp"
-#include "../runtime/process_group.hpp"
-#include "optim.hpp"
+#include <dptrain/layers/module.hpp>
+#include <dptrain/data/batch.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/parallel/process_group.hpp>
+#include <dptrain/optim/optim.hpp>
 
 namespace dpt {
+
+// Internal (parallel/): how the gradients are summed, and the replicas' threads.
+class Reducer;
+struct Bucket;
+class WorkerPool;
+
+// True when this build has NCCL (the nccl reduction and --ddp on GPUs).
+bool built_with_nccl();
 
 enum class Reduce { automatic, nccl, p2p, host };
 const char* reduce_name(Reduce r);
@@ -101,7 +108,7 @@ class DataParallel {
   // Every optimizer there is: one per replica, or the master's alone on the p2p path.
   std::vector<optim::Optimizer*> optimizers();
   Reduce reduce() const { return reduce_; }
-  size_t buckets() const { return buckets_.size(); }
+  size_t buckets() const;  // how many pieces the gradient buffer is reduced in (0: no reduction)
   // The phases of the last step (waits for it).
   StepTimes last_times();
   // The last step's gradient scale on the master (waits for it): 1, the clipping
@@ -146,8 +153,7 @@ class DataParallel {
   StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss);
   ProcessGroup* group_ = nullptr;
   bool warned_small_batch_ = false;
-  struct Pool;
-  std::unique_ptr<Pool> pool_;
+  std::unique_ptr<WorkerPool> pool_;  // a thread per replica when there are several
 };
 
 }  // namespace dpt

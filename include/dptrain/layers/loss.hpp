@@ -1,6 +1,6 @@
 // Losses as modules-in-spirit: a callable from (prediction, target) to a scalar tensor.
 #pragma once
-#include "../runtime/ops.hpp"
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt::nn {
 

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "../runtime/tensor.hpp"
+#include <dptrain/runtime/tensor.hpp>
 
 namespace dpt::nn {
 

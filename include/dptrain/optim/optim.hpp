@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "../kernels/types.hpp"
-#include "../layers/module.hpp"
+#include <dptrain/types.hpp>
+#include <dptrain/layers/module.hpp>
 
 namespace dpt::optim {
 

@@ -5,7 +5,7 @@
 // non-negative integers, whitespace) and its nesting is fixed at three levels (header,
 // tensor entry, shape), so no input can make it recurse deeply or build a large tree.
 // Every size is checked against the file's size before anything is allocated for it.
-#include "checkpoint.hpp"
+#include <dptrain/train/checkpoint.hpp>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -22,7 +22,7 @@
 #include <limits>
 #include <set>
 
-#include "../kernels/error.hpp"
+#include <dptrain/error.hpp>
 
 namespace dpt::ckpt {
 namespace {

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "tensor.hpp"
+#include <dptrain/runtime/tensor.hpp>
 
 namespace dpt {
 

@@ -8,13 +8,10 @@
 #pragma once
 #include <cstdint>
 
-#include "../runtime/tensor.hpp"
+#include <dptrain/data/batch.hpp>
+#include <dptrain/runtime/tensor.hpp>
 
 namespace dpt::data {
-
-enum class Task { regression, classification };
-const char* task_name(Task t);
-Task parse_task(const std::string& name);  // UsageError when unknown
 
 struct SyntheticConfig {
   Task task = Task::regression;
@@ -25,11 +22,6 @@ struct SyntheticConfig {
   int64_t samples = 0;        // dataset size; 0 = an endless stream of new samples
   float noise = 0.05f;        // regression target noise (standard deviation)
   int64_t teacher_hidden = 64;  // the teacher's hidden width, or its channels for images
-};
-
-struct Batch {
-  Tensor x;  // f32 [n, in], or [n, C, H, W] for images
-  Tensor y;  // f32 [n, out] (regression) or i32 [n] (classification)
 };
 
 class Synthetic {

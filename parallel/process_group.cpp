@@ -1,4 +1,4 @@
-#include "process_group.hpp"
+#include <dptrain/parallel/process_group.hpp>
 
 #include <chrono>
 #include <cstdlib>
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "../kernels/error.hpp"
+#include <dptrain/error.hpp>
 
 #if DPT_WITH_MPI
 #include <mpi.h>

@@ -1,13 +1,13 @@
-#include "synthetic.hpp"
+#include <dptrain/data/synthetic.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "../kernels/cpu/cpu.hpp"
-#include "../kernels/error.hpp"
-#include "../runtime/autograd.hpp"
-#include "../runtime/ops.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt::data {
 
@@ -22,14 +22,6 @@ Tensor teacher_weight(int64_t rows, int64_t cols, float gain, uint64_t seed, uin
   return Tensor::from_host(w, {rows, cols}, d);
 }
 }  // namespace
-
-const char* task_name(Task t) { return t == Task::regression ? "regression" : "classification"; }
-
-Task parse_task(const std::string& name) {
-  if (name == "regression") return Task::regression;
-  if (name == "classification") return Task::classification;
-  throw UsageError("unknown task '" + name + "': expected regression or classification");
-}
 
 Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_(config), device_(device) {
   DPT_CHECK(cfg_.out > 0 && cfg_.teacher_hidden > 0, "Synthetic: widths must be positive");

@@ -1,11 +1,11 @@
-#include "comm.hpp"
+#include "reducer.hpp"
 
 #include <algorithm>
 
 #include "../kernels/cpu/cpu.hpp"
-#include "../kernels/error.hpp"
-#include "ops.hpp"
-#include "process_group.hpp"
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/ops.hpp>
+#include <dptrain/parallel/process_group.hpp>
 
 namespace dpt {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/types.hpp"
-#include "device.hpp"
+#include <dptrain/types.hpp>
+#include <dptrain/runtime/device.hpp>
 
 namespace dpt {
 

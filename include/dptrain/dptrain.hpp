@@ -1,0 +1,28 @@
+// dptrain's public API in one include, <dptrain/dptrain.hpp>: every public header, from
+// the bottom up (tests/layering_test.py checks that none is missing).
+#pragma once
+#include <dptrain/error.hpp>
+#include <dptrain/types.hpp>
+
+#include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/device.hpp>
+#include <dptrain/runtime/memory.hpp>
+#include <dptrain/runtime/ops.hpp>
+#include <dptrain/runtime/tensor.hpp>
+
+#include <dptrain/layers/conv.hpp>
+#include <dptrain/layers/layers.hpp>
+#include <dptrain/layers/loss.hpp>
+#include <dptrain/layers/module.hpp>
+
+#include <dptrain/optim/optim.hpp>
+
+#include <dptrain/data/batch.hpp>
+#include <dptrain/data/synthetic.hpp>
+
+#include <dptrain/parallel/data_parallel.hpp>
+#include <dptrain/parallel/process_group.hpp>
+
+#include <dptrain/train/checkpoint.hpp>
+#include <dptrain/train/trainer.hpp>

@@ -1,0 +1,26 @@
+// A thread per replica, alive as long as the DataParallel that owns it: each step's
+// work is handed to every thread at once, without starting threads in the hot loop.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace dpt {
+
+class WorkerPool {
+ public:
+  explicit WorkerPool(size_t n);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+  // Runs job(i) on worker i for every i at once and waits for all; rethrows the first
+  // error (by worker index).
+  void run(const std::function<void(size_t)>& job);
+
+ private:
+  struct Worker;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+}  // namespace dpt
