@@ -269,6 +269,13 @@ int fail(int status, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The library's notes and warnings, and the error that ends a --ddp job, as lines of our own.
+  dpt::set_message_handler([](dpt::Severity severity, const std::string& message) {
+    std::fprintf(stderr, "%sdptrain: %s: %s\n", g_progress_open ? "\n" : "", dpt::severity_name(severity),
+                 message.c_str());
+    std::fflush(stderr);
+    g_progress_open = false;
+  });
   CLI::App app{"dptrain: data-parallel training of MLPs and CNNs on synthetic data, on GPUs or the CPU"};
   Options o;
   add_flags(app, o);

@@ -479,6 +479,9 @@ int fail(int status, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dpt::set_message_handler([](dpt::Severity severity, const std::string& message) {
+    std::fprintf(stderr, "dpbench: %s: %s\n", dpt::severity_name(severity), message.c_str());
+  });
   CLI::App app{"dpbench: one workload on 1, 2, 4, ... devices, weak and strong scaling, every reduction path "
                "and precision asked; a table, CSV, JSON and an SVG chart of the speed-up"};
   Flags f;

@@ -345,8 +345,8 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
   }
   if (count < workers && !warned_small_batch_) {
     if (!group_ || group_->rank() == 0)
-      std::fprintf(stderr, "dptrain: note: batch %lld is smaller than the %lld replicas; only %lld of them get samples\n",
-                   static_cast<long long>(count), static_cast<long long>(workers), static_cast<long long>(count));
+      report(Severity::note, "batch " + std::to_string(count) + " is smaller than the " + std::to_string(workers) +
+                                 " replicas; only " + std::to_string(count) + " of them get samples");
     warned_small_batch_ = true;
   }
   const auto sizes = split(mine, replicas_.size());

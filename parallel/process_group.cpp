@@ -30,7 +30,7 @@ void ProcessGroup::start_sum(float*, int64_t) {}
 void ProcessGroup::wait_all() {}
 void ProcessGroup::wait(void*, int, const char*) {}
 void ProcessGroup::abort(const std::string& why, int status) {
-  std::fprintf(stderr, "dptrain: error: %s\n", why.c_str());
+  report(Severity::error, why);
   std::_Exit(status);
 }
 
@@ -151,8 +151,7 @@ void ProcessGroup::wait_all() {
 }
 
 void ProcessGroup::abort(const std::string& why, int status) {
-  std::fprintf(stderr, "dptrain: error: rank %d: %s\n", rank_, why.c_str());
-  std::fflush(stderr);
+  report(Severity::error, "rank " + std::to_string(rank_) + ": " + why);
   MPI_Abort(MPI_COMM_WORLD, status);
   std::_Exit(status);
 }

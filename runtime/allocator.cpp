@@ -160,8 +160,9 @@ void CachingAllocator::free(void* ptr) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = blocks_.find(ptr);
   if (it == blocks_.end() || !it->second.in_use) {
-    std::fprintf(stderr, "dptrain: warning: freeing a pointer %p not handed out on %s\n", ptr,
-                 device_.str().c_str());
+    char text[96];
+    std::snprintf(text, sizeof text, "freeing a pointer %p not handed out on ", ptr);
+    report(Severity::warning, text + device_.str());
     return;
   }
   Block& b = it->second;

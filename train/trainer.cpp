@@ -274,7 +274,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
                                " is not finite (the loss is " + fmt(loss.value()) + "); the update was not applied";
       if (cfg_.on_nonfinite == "stop")
         throw NonFiniteError(what + "; run stopped" + (cfg_.save.empty() ? "" : ", the last checkpoint is intact"));
-      if (!group_ || group_->rank() == 0) std::fprintf(stderr, "dptrain: warning: %s\n", what.c_str());
+      if (!group_ || group_->rank() == 0) report(Severity::warning, what);
       ++r.skipped;
     }
     const bool first = s == begin;

@@ -2,6 +2,7 @@
 // carries a one-line message that names the call, the device and the cause, so the CLI
 // can print it as it is and exit non-zero.
 #pragma once
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -24,6 +25,18 @@ class UsageError : public Error {
  public:
   using Error::Error;
 };
+
+// What the library has to say that is not an error it throws: notes (a batch smaller than
+// the replicas), warnings (a skipped step, a failure while cleaning up) and the error that
+// ends a multi-process job (ProcessGroup::abort). The library never prints: it hands each
+// one-line message to the handler the program installed, from whichever thread it is on
+// (one call at a time); with none installed, messages are dropped. dptrain's CLI prints
+// them as "dptrain: warning: ...".
+enum class Severity { note, warning, error };
+using MessageHandler = std::function<void(Severity, const std::string&)>;
+void set_message_handler(MessageHandler handler);
+void report(Severity severity, const std::string& message);
+const char* severity_name(Severity severity);  // "note", "warning", "error"
 
 // Throws dpt::Error with file:line when cond is false. For internal invariants and shapes.
 #define DPT_CHECK(cond, msg)                                                          \

@@ -2,7 +2,6 @@
 // the device, file:line and the library's own text for the code. Destructors use the
 // DPT_*_WARN variants, which print instead of throwing.
 #pragma once
-#include <cstdio>
 #include <string>
 
 #include <cublas_v2.h>
@@ -55,7 +54,7 @@ inline std::string current_device_name() {
   do {                                                                                         \
     cudnnStatus_t dpt_st_ = (call);                                                            \
     if (dpt_st_ != CUDNN_STATUS_SUCCESS)                                                       \
-      std::fprintf(stderr, "dptrain: warning: %s: %s\n", #call, cudnnGetErrorString(dpt_st_)); \
+      ::dpt::report(::dpt::Severity::warning, std::string(#call) + ": " + cudnnGetErrorString(dpt_st_)); \
   } while (0)
 #endif
 
@@ -66,5 +65,5 @@ inline std::string current_device_name() {
   do {                                                                                       \
     cudaError_t dpt_err_ = (call);                                                           \
     if (dpt_err_ != cudaSuccess)                                                             \
-      std::fprintf(stderr, "dptrain: warning: %s: %s\n", #call, cudaGetErrorString(dpt_err_)); \
+      ::dpt::report(::dpt::Severity::warning, std::string(#call) + ": " + cudaGetErrorString(dpt_err_)); \
   } while (0)

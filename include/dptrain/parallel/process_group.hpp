@@ -38,7 +38,8 @@ class ProcessGroup {
   void start_sum(float* data, int64_t n);
   void wait_all();
 
-  // Ends every rank of the job: prints `why` (with this rank's number) and aborts.
+  // Ends every rank of the job: reports `why` (Severity::error, with this rank's number;
+  // see set_message_handler) and aborts.
   [[noreturn]] void abort(const std::string& why, int status = 1);
 
  private:
