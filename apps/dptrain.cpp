@@ -2,6 +2,8 @@
 // flags (CLI11), report progress, write metrics, print a summary. Exit status: 0 done,
 // 1 runtime error, 2 bad input, 3 out of memory, 4 non-finite loss or gradients,
 // 130/143 stopped by SIGINT/SIGTERM (after saving when --save is given).
+#include <algorithm>
+#include <cctype>
 #include <csignal>
 #include <cerrno>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/train/trainer.hpp>
+#include "device_flags.hpp"
 #include "plot.hpp"
 #include <dptrain/parallel/process_group.hpp>
 
@@ -57,9 +60,9 @@ std::string duration(double s) {
 
 struct Options {
   dpt::TrainConfig cfg;
-  std::string task = "regression", act = "relu", precision = "fp32", gemm = "cublas", devices, reduce = "auto";
-  int gpus = 0, cpus = 0;
-  bool gpus_given = false, cpus_given = false, task_given = false;
+  std::string task = "regression", act = "relu", precision = "fp32", gemm = "cublas", reduce = "auto";
+  dpt::app::DeviceFlags devices;
+  bool task_given = false;
   std::string metrics, plot;
 };
 
@@ -90,13 +93,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--precision", o.precision, "Precision: fp32, tf32 (TF32 GEMMs), bf16 (bf16 storage, fp32 master weights)")->capture_default_str();
   app.add_option("--gemm", o.gemm, "GEMM implementation: cublas or native (hand-written, fp32)")
       ->capture_default_str();
-  auto* devices = app.add_option("--devices", o.devices,
-                                 "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
-                                 "a GPU listed twice holds two replicas");
-  auto* gpus = app.add_option("--gpus", o.gpus, "Train on the first N GPUs (cuda:0..cuda:N-1)");
-  auto* cpus = app.add_option("--cpus", o.cpus, "Train on N virtual CPU devices (cpu:0..cpu:N-1)");
-  devices->excludes(gpus)->excludes(cpus);
-  gpus->excludes(cpus);
+  o.devices.add_to(app, "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
+                        "a GPU listed twice holds two replicas");
   app.add_option("--reduce", o.reduce, "Gradient reduction: auto, nccl, p2p (to the master), host (CPU devices)")
       ->capture_default_str();
   app.add_option("--bucket-mb", o.cfg.bucket_mb, "Gradient bucket size in MiB, reduced as soon as it is ready")
@@ -125,7 +123,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.set_version_flag("--version", std::string("dptrain ") + DPT_VERSION);
 }
 
-// Turns the string flags into the config; throws dpt::UsageError on bad values.
+// Turns the string flags into the config; throws dpt::UsageError on bad values. The
+// Trainer checks the rest of it.
 void resolve(Options& o) {
   auto& c = o.cfg;
   c.task = dpt::data::parse_task(o.task);
@@ -134,11 +133,40 @@ void resolve(Options& o) {
   c.act = dpt::nn::parse_act(o.act);
   c.precision = dpt::parse_precision(o.precision);
   c.gemm = dpt::parse_gemm(o.gemm);
-  if (!o.devices.empty()) c.devices = dpt::parse_devices(o.devices);
-  else if (o.gpus_given) c.devices = dpt::first_devices(dpt::DeviceType::cuda, o.gpus, "--gpus");
-  else if (o.cpus_given) c.devices = dpt::first_devices(dpt::DeviceType::cpu, o.cpus, "--cpus");
+  c.devices = o.devices.devices();
   c.reduce = dpt::parse_reduce(o.reduce);
-  dpt::validate(c);
+}
+
+// The library names the option fields it checks (TrainConfig::grad_accum,
+// DataParallelOptions::reduce); the user of this program knows flags. This is the one
+// place that maps one to the other: a field's flag is its name with dashes
+// (TrainConfig::grad_accum is --grad-accum), but for the few below.
+std::string in_flags(const std::string& message) {
+  static const std::pair<const char*, const char*> kSpecial[] = {
+      {"DataParallelOptions::group", "--ddp"},         {"ProcessGroup::world", "--ddp"},
+      {"ProcessGroup::set_timeout", "--comm-timeout"}, {"DataParallelOptions::overlap", "--no-overlap"},
+  };
+  static const char* const kOwners[] = {"TrainConfig::", "DataParallelOptions::", "SGD::Options::",
+                                        "AdamW::Options::", "ProcessGroup::"};
+  std::string out;
+  size_t at = 0;
+  while (at < message.size()) {
+    size_t next = std::string::npos;
+    const char* owner = nullptr;
+    for (const char* o : kOwners)
+      if (const size_t k = message.find(o, at); k < next) next = k, owner = o;
+    if (!owner) break;
+    size_t end = next + std::strlen(owner);
+    while (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_')) ++end;
+    const std::string field = message.substr(next, end - next);
+    std::string flag = "--" + field.substr(std::strlen(owner));
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    for (const auto& [f, special] : kSpecial)
+      if (field == f) flag = special;
+    out += message.substr(at, next - at) + flag;
+    at = end;
+  }
+  return out + message.substr(std::min(at, message.size()));
 }
 
 std::string json_line(const dpt::StepLog& s) {
@@ -262,7 +290,7 @@ int train(Options& o) {
 int fail(int status, const char* what) {
   if (g_group && g_group->size() > 1) g_group->abort(what, status);
   if (!g_group && launcher_rank() != 0) return status;  // rank 0 reports what every rank found
-  std::fprintf(stderr, "%sdptrain: error: %s\n", g_progress_open ? "\n" : "", what);
+  std::fprintf(stderr, "%sdptrain: error: %s\n", g_progress_open ? "\n" : "", in_flags(what).c_str());
   return status;
 }
 
@@ -272,7 +300,7 @@ int main(int argc, char** argv) {
   // The library's notes and warnings, and the error that ends a --ddp job, as lines of our own.
   dpt::set_message_handler([](dpt::Severity severity, const std::string& message) {
     std::fprintf(stderr, "%sdptrain: %s: %s\n", g_progress_open ? "\n" : "", dpt::severity_name(severity),
-                 message.c_str());
+                 in_flags(message).c_str());
     std::fflush(stderr);
     g_progress_open = false;
   });
@@ -281,8 +309,6 @@ int main(int argc, char** argv) {
   add_flags(app, o);
   try {
     app.parse(argc, argv);
-    o.gpus_given = app.count("--gpus") > 0;
-    o.cpus_given = app.count("--cpus") > 0;
     o.task_given = app.count("--task") > 0;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -10,6 +10,8 @@
 
 #include <dptrain/error.hpp>
 
+#include "../train/atomic_file.hpp"
+
 namespace dpt::plot {
 namespace {
 
@@ -293,36 +295,12 @@ std::string svg_line_charts(const std::vector<Chart>& charts) {
 }
 
 void write_line_charts(const std::string& path, const std::vector<Chart>& charts) {
-  write_file_atomic(path, svg_line_charts(charts));
+  dpt::write_file_atomic(path, svg_line_charts(charts));
 }
 
 void write_line_chart(const std::string& path, const std::string& title, const std::string& xlabel,
                       const std::string& ylabel, const std::vector<Series>& series, const ChartOptions& options) {
   write_line_charts(path, {Chart{title, xlabel, ylabel, series, options}});
-}
-
-namespace {
-
-[[noreturn]] void write_failed(const std::string& path, const std::string& tmp, const std::string& why) {
-  std::error_code ignored;
-  std::filesystem::remove(tmp, ignored);
-  throw Error("cannot write '" + path + "': " + why);
-}
-
-}  // namespace
-
-void write_file_atomic(const std::string& path, const std::string& text) {
-  // In the same folder as `path`, so the rename never crosses file systems; the pid keeps
-  // two processes writing one path from sharing a temporary file.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) write_failed(path, tmp, std::strerror(errno));
-  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const int write_errno = errno;
-  if (std::fclose(f) != 0 || !written) write_failed(path, tmp, std::strerror(written ? errno : write_errno));
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) write_failed(path, tmp, ec.message());
 }
 
 }  // namespace dpt::plot

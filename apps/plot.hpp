@@ -37,9 +37,5 @@ void write_line_charts(const std::string& path, const std::vector<Chart>& charts
 void write_line_chart(const std::string& path, const std::string& title, const std::string& xlabel,
                       const std::string& ylabel, const std::vector<Series>& series, const ChartOptions& options = {});
 
-// Writes `text` to `path` through a temporary file in the same folder and a rename, so
-// `path` holds either its old content or all of the new; throws dpt::Error naming the
-// path and the cause on failure (and leaves no temporary file behind).
-void write_file_atomic(const std::string& path, const std::string& text);
 
 }  // namespace dpt::plot

@@ -18,10 +18,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "../apps/device_flags.hpp"
 #include "../apps/plot.hpp"
+#include "../train/atomic_file.hpp"
 #include <dptrain/error.hpp>
-#include <dptrain/layers/conv.hpp>
-#include <dptrain/layers/layers.hpp>
+#include <dptrain/layers/model_spec.hpp>
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/train/checkpoint.hpp>
@@ -64,8 +65,8 @@ std::vector<T> unique_in_order(const std::vector<T>& v) {
 }
 
 struct Flags {
-  std::string model = "mlp", devices, out = "dpbench-out";
-  int gpus = 0, cpus = 0;
+  std::string model = "mlp", out = "dpbench-out";
+  dpt::app::DeviceFlags devices;
   int64_t batch = 0;  // when not given: the workload's reference batch
   int64_t steps = 100, warmup = 10;
   double bucket_mb = 25.0;
@@ -75,10 +76,7 @@ struct Flags {
 
 // What the flags ask for, checked.
 struct Plan {
-  std::string model;
-  bool cnn = false;              // a CNN classifying images, else an MLP regressing
-  std::vector<int64_t> widths;   // MLP: the layer widths
-  dpt::nn::CnnSpec cnn_spec;     // CNN: the checked spec
+  dpt::nn::ModelSpec model;  // a CNN classifies images, an MLP regresses
   std::vector<Device> devices;
   std::vector<size_t> counts;  // device counts to run: 1, 2, 4, ... and all of them
   int64_t batch = 0;           // per device in weak scaling; times devices.size() in strong
@@ -94,13 +92,8 @@ struct Plan {
 void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--model", f.model, "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:...) or preset: seed, mlp, cnn")
       ->capture_default_str();
-  auto* devices = app.add_option("--devices", f.devices,
-                                 "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
-                                 "runs use the first 1, 2, 4, ... of them");
-  auto* gpus = app.add_option("--gpus", f.gpus, "Use the first N GPUs (cuda:0..cuda:N-1)");
-  auto* cpus = app.add_option("--cpus", f.cpus, "Use N virtual CPU devices (cpu:0..cpu:N-1)");
-  devices->excludes(gpus)->excludes(cpus);
-  gpus->excludes(cpus);
+  f.devices.add_to(app, "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
+                        "runs use the first 1, 2, 4, ... of them");
   app.add_option("--batch", f.batch,
                  "Batch per device in weak scaling; strong scaling splits batch x (most devices) "
                  "(default: 64 for seed, 4096 for mlp, 256 otherwise)");
@@ -128,21 +121,13 @@ void add_flags(CLI::App& app, Flags& f) {
 // Checks every flag before any run, so bad input never costs a benchmark; throws
 // dpt::UsageError with a one-line reason.
 Plan make_plan(const Flags& f, const CLI::App& app) {
-  const bool gpus_given = app.count("--gpus") > 0, cpus_given = app.count("--cpus") > 0;
   Plan p;
-  p.model = f.model;
-  p.cnn = dpt::nn::is_cnn_spec(f.model);
-  if (p.cnn) {
-    p.cnn_spec = dpt::nn::parse_cnn_spec(f.model);
-    if (p.cnn_spec.classes < 2)
-      throw dpt::UsageError("a CNN classifies: it needs at least 2 output classes, '" + f.model + "' has " +
-                            std::to_string(p.cnn_spec.classes));
-  }
-  else p.widths = dpt::nn::parse_mlp_spec(f.model);
-  if (!f.devices.empty()) p.devices = dpt::parse_devices(f.devices);
-  else if (gpus_given) p.devices = dpt::first_devices(dpt::DeviceType::cuda, f.gpus, "--gpus");
-  else if (cpus_given) p.devices = dpt::first_devices(dpt::DeviceType::cpu, f.cpus, "--cpus");
-  else p.devices = dpt::default_devices();
+  p.model = dpt::nn::parse_model_spec(f.model);
+  if (p.model.is_cnn && p.model.outputs() < 2)
+    throw dpt::UsageError("a CNN classifies: it needs at least 2 output classes, '" + f.model + "' has " +
+                          std::to_string(p.model.outputs()));
+  p.devices = f.devices.devices();
+  if (p.devices.empty()) p.devices = dpt::default_devices();
   for (const Device& d : p.devices) dpt::check_device(d);
   for (size_t n = 1; n < p.devices.size(); n *= 2) p.counts.push_back(n);
   p.counts.push_back(p.devices.size());
@@ -199,26 +184,21 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
-std::shared_ptr<dpt::nn::Module> build_model(const Plan& p) {
-  if (p.cnn) return dpt::nn::cnn(p.model, dpt::Act::relu);
-  return dpt::nn::mlp(p.model, dpt::Act::relu);
-}
-
 // Samples [first, first + count) of the fixed batch on `device`. Sample i's values depend
 // on i alone (Philox offset), so a strong-scaling batch is the same data whatever the
 // number of devices. An MLP gets random inputs and targets; a CNN random images and
 // labels (drawn on the host from the same generator).
 dpt::data::Batch make_shard(const Plan& p, int64_t first, int64_t count, const Device& device) {
   dpt::data::Batch s;
-  if (p.cnn) {
-    const auto& in = p.cnn_spec.input;
+  if (p.model.is_cnn) {
+    const auto& in = p.model.cnn.input;
     const int64_t pixels = in[0] * in[1] * in[2];
     s.x = dpt::Tensor::empty({count, in[0], in[1], in[2]}, dpt::DType::f32, device);
     dpt::normal_(s.x, kSeed, 1, static_cast<uint64_t>(first * pixels));
-    s.y = dpt::data::random_labels(count, p.cnn_spec.classes, kSeed, 2, first, device);
+    s.y = dpt::data::random_labels(count, p.model.outputs(), kSeed, 2, first, device);
     return s;
   }
-  const int64_t in = p.widths.front(), out = p.widths.back();
+  const int64_t in = p.model.widths.front(), out = p.model.outputs();
   s.x = dpt::Tensor::empty({count, in}, dpt::DType::f32, device);
   s.y = dpt::Tensor::empty({count, out}, dpt::DType::f32, device);
   dpt::normal_(s.x, kSeed, 1, static_cast<uint64_t>(first * in));
@@ -238,7 +218,7 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
     dpt::empty_cache(d);
     dpt::reset_peak_memory(d);
   }
-  auto model = build_model(p);
+  auto model = dpt::nn::make_model(p.model, dpt::Act::relu);
   model->to(m.devices.front(), kSeed);
   dpt::DataParallelOptions o;
   o.reduce = reduce;
@@ -259,19 +239,16 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   // depend on i alone (Philox offset), so a strong-scaling batch is the same data
   // whatever the number of devices, and the losses of its runs agree. No shard is
   // empty: the global batch is at least batch x n.
-  const auto sizes = dpt::DataParallel::split(global, n);
+  const dpt::ShardPlan& shares = dp.plan(global);
   std::vector<dpt::data::Batch> shards(n);
-  int64_t first = 0;
-  for (size_t r = 0; r < n; ++r) {
-    shards[r] = make_shard(p, first, sizes[r], m.devices[r]);
-    first += sizes[r];
-  }
+  for (size_t r = 0; r < n; ++r)
+    shards[r] = make_shard(p, shares.replica_part(r).first, shares.replica_part(r).count, m.devices[r]);
   for (const Device& d : places) dpt::context(d).synchronize();  // made on the default streams
   const dpt::ShardSource source = [&shards](size_t r, int64_t, int64_t count) {
-    DPT_CHECK(shards[r].x.size(0) == count, "dpbench: shard size differs from DataParallel::split");
+    DPT_CHECK(shards[r].x.size(0) == count, "dpbench: shard size differs from DataParallel::plan");
     return shards[r];
   };
-  const dpt::LossFn loss = p.cnn ? dpt::LossFn([](const dpt::Tensor& out, const dpt::Tensor& y) {
+  const dpt::LossFn loss = p.model.is_cnn ? dpt::LossFn([](const dpt::Tensor& out, const dpt::Tensor& y) {
     return dpt::cross_entropy(out, y);
   })
                                  : dpt::LossFn(dpt::nn::MSELoss());
@@ -282,8 +259,8 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
 
   std::vector<double> step, compute, red, update;
   dpt::StepLoss last;
-  // Blocks as even as the steps allow: the same split DataParallel gives a batch.
-  for (int64_t steps : dpt::DataParallel::split(p.steps, std::min(static_cast<size_t>(p.steps), kBlocks))) {
+  // Blocks as even as the steps allow.
+  for (int64_t steps : dpt::split_evenly(p.steps, std::min(static_cast<size_t>(p.steps), kBlocks))) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < steps; ++i) last = dp.train_step(0, global, source, loss);
     dp.synchronize();
@@ -333,8 +310,8 @@ std::string fmt(const char* format, double v) {
 
 void print_header(const Plan& p, int64_t parameters) {
   std::printf("dpbench %s: %s %s (%lld parameters, ReLU), %s + SGD lr %g, fixed random batch\n", DPT_VERSION,
-              p.cnn ? "CNN" : "MLP", p.model.c_str(), static_cast<long long>(parameters),
-              p.cnn ? "cross-entropy" : "MSE", static_cast<double>(kLr));
+              p.model.is_cnn ? "CNN" : "MLP", p.model.text.c_str(), static_cast<long long>(parameters),
+              p.model.is_cnn ? "cross-entropy" : "MSE", static_cast<double>(kLr));
   for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
   std::printf("  weak: batch %lld per device; strong: global batch %lld; %lld timed steps (median of %zu blocks) "
               "after %lld warm-up\n",
@@ -385,7 +362,7 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
   std::vector<std::string> devs, names;
   for (const Device& d : p.devices) devs.push_back(dpt::ckpt::json_quote(d.str()));
   for (const Device& d : unique_in_order(p.devices)) names.push_back(dpt::ckpt::json_quote(dpt::describe_device(d)));
-  std::string o = "{\n  \"dpbench\": " + dpt::ckpt::json_quote(DPT_VERSION) + ",\n  \"model\": " + dpt::ckpt::json_quote(p.model) +
+  std::string o = "{\n  \"dpbench\": " + dpt::ckpt::json_quote(DPT_VERSION) + ",\n  \"model\": " + dpt::ckpt::json_quote(p.model.text) +
                   ",\n  \"parameters\": " + std::to_string(parameters) +
                   ",\n  \"loss\": \"mse\",\n  \"optimizer\": {\"name\": \"sgd\", \"lr\": " + fmt("%g", kLr) +
                   "},\n  \"devices\": [" + join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
@@ -431,13 +408,13 @@ void chart(const Plan& p, const std::vector<Row>& rows, const std::string& path)
   }
   std::vector<std::string> devs;
   for (const Device& d : p.devices) devs.push_back(d.str());
-  dpt::plot::write_line_chart(path, "dpbench: speed-up of " + p.model + " on " + join(devs, ","), "devices",
+  dpt::plot::write_line_chart(path, "dpbench: speed-up of " + p.model.text + " on " + join(devs, ","), "devices",
                               "speed-up (samples/s against 1 device)", series);
 }
 
 int run(const Plan& p) {
   // Counts the layers' shapes; the model is never placed on a device.
-  const int64_t parameters = build_model(p)->num_parameters();
+  const int64_t parameters = dpt::nn::make_model(p.model, dpt::Act::relu)->num_parameters();
   print_header(p, parameters);
   // One measurement per distinct (devices, global batch, path, precision): the 1-device
   // baseline serves every path, and weak equals strong when there is one device.
@@ -463,8 +440,8 @@ int run(const Plan& p) {
         }
       }
   const std::string dir = p.out + "/";
-  dpt::plot::write_file_atomic(dir + "dpbench.csv", csv(rows));
-  dpt::plot::write_file_atomic(dir + "dpbench.json", json(p, parameters, rows));
+  dpt::write_file_atomic(dir + "dpbench.csv", csv(rows));
+  dpt::write_file_atomic(dir + "dpbench.json", json(p, parameters, rows));
   chart(p, rows, dir + "speedup.svg");
   std::printf("\nwrote %sdpbench.csv, %sdpbench.json, %sspeedup.svg\n", dir.c_str(), dir.c_str(), dir.c_str());
   return 0;

@@ -260,8 +260,9 @@ bool is_cnn_spec(const std::string& spec) { return spec.rfind("cnn", 0) == 0; }
 
 CnnSpec parse_cnn_spec(const std::string& spec) { return SpecParser(spec).parse(); }
 
-std::shared_ptr<Sequential> cnn(const std::string& spec, Act act) {
-  const CnnSpec s = parse_cnn_spec(spec);
+std::shared_ptr<Sequential> cnn(const std::string& spec, Act act) { return cnn(parse_cnn_spec(spec), act); }
+
+std::shared_ptr<Sequential> cnn(const CnnSpec& s, Act act) {
   auto seq = std::make_shared<Sequential>();
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const CnnSpec::Layer& l = s.layers[i];

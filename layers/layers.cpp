@@ -127,8 +127,10 @@ std::vector<int64_t> parse_mlp_spec(const std::string& spec_in) {
   return widths;
 }
 
-std::shared_ptr<Sequential> mlp(const std::string& spec, Act act) {
-  const auto w = parse_mlp_spec(spec);
+std::shared_ptr<Sequential> mlp(const std::string& spec, Act act) { return mlp(parse_mlp_spec(spec), act); }
+
+std::shared_ptr<Sequential> mlp(const std::vector<int64_t>& w, Act act) {
+  DPT_CHECK(w.size() >= 2, "mlp: it needs at least an input and an output width");
   auto seq = std::make_shared<Sequential>();
   for (size_t i = 0; i + 1 < w.size(); ++i)
     seq->add(std::make_shared<Linear>(w[i], w[i + 1], i + 2 < w.size() ? act : Act::none));

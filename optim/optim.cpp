@@ -1,6 +1,7 @@
 #include <dptrain/optim/optim.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <numbers>
 
 #include <dptrain/error.hpp>
@@ -15,14 +16,19 @@ Optimizer::Optimizer(nn::Module& model, float lr) : model_(&model), lr_(lr) {
 }
 
 SGD::SGD(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
-  if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f))
-    throw UsageError("nesterov momentum needs a momentum > 0 and no dampening");
+  if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f)) {
+    char got[64];
+    std::snprintf(got, sizeof got, "got momentum %g and dampening %g", static_cast<double>(o.momentum),
+                  static_cast<double>(o.dampening));
+    throw UsageError(std::string("SGD::Options::nesterov needs SGD::Options::momentum > 0 and dampening 0, ") + got);
+  }
   if (o.momentum != 0.0f) buf_ = Tensor::zeros(params_.shape(), DType::f32, params_.device());
 }
 
 void SGD::step(const Tensor& grad_scale) {
   model_->settle_grads();
-  SgdArgs a{lr_, o_.momentum, o_.dampening, o_.weight_decay, o_.nesterov};
+  SgdArgs a = o_;
+  a.lr = lr_;
   sgd_step(params_, grads_, buf_, a, grad_scale, shadow());
   ++t_;
 }

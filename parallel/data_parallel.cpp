@@ -41,14 +41,14 @@ Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices) {
       if (cpu) return Reduce::host;
       return shared || !built_with_nccl() ? Reduce::p2p : Reduce::nccl;
     case Reduce::nccl:
-      if (cpu) throw UsageError("--reduce nccl needs CUDA devices; use --reduce host on CPU devices");
+      if (cpu) throw UsageError("DataParallelOptions::reduce nccl needs CUDA devices; use host on CPU devices");
       if (shared)
-        throw UsageError("--reduce nccl cannot put two replicas on one GPU (NCCL refuses two ranks on one "
-                         "device); use --reduce p2p");
-      if (!built_with_nccl()) throw UsageError("--reduce nccl needs a build with NCCL; use --reduce p2p");
+        throw UsageError("DataParallelOptions::reduce nccl cannot put two replicas on one GPU (NCCL refuses two "
+                         "ranks on one device); use p2p");
+      if (!built_with_nccl()) throw UsageError("DataParallelOptions::reduce nccl needs a build with NCCL; use p2p");
       return asked;
     case Reduce::host:
-      if (!cpu) throw UsageError("--reduce host is for CPU devices; use --reduce nccl or p2p on GPUs");
+      if (!cpu) throw UsageError("DataParallelOptions::reduce host is for CPU devices; use nccl or p2p on GPUs");
       return asked;
     case Reduce::p2p: return asked;
   }
@@ -90,12 +90,14 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
             "DataParallel: the model must be on the first device, " + devices_[0].str());
   for (const Device& d : devices_) check_device(d);
   if (options.grad_accum < 1)
-    throw UsageError("--grad-accum must be at least 1, got " + std::to_string(options.grad_accum));
+    throw UsageError("DataParallelOptions::grad_accum must be >= 1, got " + std::to_string(options.grad_accum));
   group_ = options.group;
   if (group_ && devices_.size() != 1)
-    throw UsageError("with --ddp each process trains on one device, got " + std::to_string(devices_.size()));
+    throw UsageError("DataParallelOptions::group: each process trains on one device, got " +
+                     std::to_string(devices_.size()));
   if (group_ && options.reduce == Reduce::p2p)
-    throw UsageError("--ddp reduces with NCCL (GPUs) or MPI (CPUs); --reduce p2p is for one process");
+    throw UsageError("DataParallelOptions::group reduces with NCCL (GPUs) or MPI (CPUs); DataParallelOptions::reduce "
+                     "p2p is for one process");
   reduce_ = group_ ? (devices_[0].is_cuda() ? Reduce::nccl : Reduce::host) : resolve_reduce(options.reduce, devices_);
   clip_ = options.clip;
   grad_accum_ = options.grad_accum;
@@ -104,7 +106,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   use_graph_ = options.cuda_graph;
   if (use_graph_ && (devices_.size() != 1 || !devices_[0].is_cuda() || group_ || options.grad_accum != 1 ||
                      options.reduce != Reduce::automatic))
-    throw UsageError("--cuda-graph records one replica on one GPU (no --ddp, --grad-accum or --reduce)");
+    throw UsageError("DataParallelOptions::cuda_graph records one replica on one GPU (no DataParallelOptions::group, "
+                     "grad_accum or reduce)");
   enable_peer_access(devices_);
   // bf16 precision is bf16 storage: the model (and so every replica) computes in bf16 from
   // bf16 shadows of its fp32 master parameters.
@@ -176,18 +179,18 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       replicas_[i].opt = make_optimizer(*replicas_[i].model);
     }
   if (use_graph_ && std::string(replicas_[0].opt->kind()) != "sgd")
-    throw UsageError("--cuda-graph needs --optimizer sgd (AdamW's bias correction changes every step)");
+    throw UsageError("DataParallelOptions::cuda_graph needs an SGD optimizer (AdamW's bias correction changes every "
+                     "step)");
   if (n > 1) pool_ = std::make_unique<WorkerPool>(n);
   buffers_ready_ = std::make_unique<Event>(devices_[0]);
 }
 
 DataParallel::~DataParallel() = default;
 
-std::vector<int64_t> DataParallel::split(int64_t batch, size_t n) {
-  std::vector<int64_t> sizes(n, 0);
-  const int64_t base = batch / static_cast<int64_t>(n), extra = batch % static_cast<int64_t>(n);
-  for (size_t i = 0; i < n; ++i) sizes[i] = base + (static_cast<int64_t>(i) < extra ? 1 : 0);
-  return sizes;
+const ShardPlan& DataParallel::plan(int64_t batch) {
+  if (plan_.batch() != batch)
+    plan_ = ShardPlan(batch, group_ ? group_->size() : 1, group_ ? group_->rank() : 0, replicas_.size(), grad_accum_);
+  return plan_;
 }
 
 void DataParallel::run_on_all(const std::function<void(size_t)>& fn) {
@@ -328,49 +331,38 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
 }
 
 StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss) {
-  if (count < 1) throw UsageError("the batch must hold at least one sample, got " + std::to_string(count));
   // The replicas follow the master's train()/eval() mode, set before or after they were made.
   const bool training = replicas_[0].model->training();
   for (Replica& rep : replicas_)
     if (rep.model->training() != training) rep.model->train(training);
+  // With several processes, this one trains its rank's contiguous part of the batch; its
+  // replicas split that, and each trains its shard as K micro-batches.
+  const ShardPlan& shares = plan(count);  // refuses an empty batch
   if (use_graph_) return graph_step(first, count, source, loss);
-  // With several processes, this one trains its rank's contiguous part of the batch.
-  int64_t mine_first = first, mine = count;
-  int64_t workers = static_cast<int64_t>(replicas_.size());
-  if (group_) {
-    const auto per_rank = split(count, static_cast<size_t>(group_->size()));
-    for (int i = 0; i < group_->rank(); ++i) mine_first += per_rank[static_cast<size_t>(i)];
-    mine = per_rank[static_cast<size_t>(group_->rank())];
-    workers *= group_->size();
-  }
-  if (count < workers && !warned_small_batch_) {
+  if (shares.idle_replicas() > 0 && !warned_small_batch_) {
     if (!group_ || group_->rank() == 0)
-      report(Severity::note, "batch " + std::to_string(count) + " is smaller than the " + std::to_string(workers) +
-                                 " replicas; only " + std::to_string(count) + " of them get samples");
+      report(Severity::note, "batch " + std::to_string(count) + " is smaller than the " +
+                                 std::to_string(count + shares.idle_replicas()) + " replicas; only " +
+                                 std::to_string(count) + " of them get samples");
     warned_small_batch_ = true;
   }
-  const auto sizes = split(mine, replicas_.size());
-  std::vector<int64_t> starts(sizes.size(), mine_first);
-  for (size_t i = 1; i < sizes.size(); ++i) starts[i] = starts[i - 1] + sizes[i - 1];
-  const size_t k_total = static_cast<size_t>(grad_accum_);
+  const int k_total = shares.micro_batches();
+  const size_t per_replica = static_cast<size_t>(k_total);
   StepLoss out;
   out.group = group_;
   out.owner = this;
-  out.losses.resize(replicas_.size() * k_total);
-  out.weights.resize(replicas_.size() * k_total);
+  out.losses.resize(replicas_.size() * per_replica);
+  out.weights.resize(replicas_.size() * per_replica);
   run_on_all([&](size_t r) {
     // The last step's gradient scale is not needed any more: freed now, its block serves
     // this step's backward, and steps after the first allocate nothing.
     replicas_[r].scale = Tensor();
-    // Gradient accumulation: the shard is trained as K contiguous micro-batches.
-    const auto micro = split(sizes[r], k_total);
-    int64_t at = starts[r];
-    for (size_t k = 0; k < k_total; ++k) {
-      const double w = static_cast<double>(micro[k]) / static_cast<double>(count);
-      out.weights[r * k_total + k] = w;
-      data::Batch shard = micro[k] > 0 ? source(r, at, micro[k]) : data::Batch{};
-      forward_backward(r, shard, w, loss, out.losses[r * k_total + k], k == 0, k + 1 == k_total);
-      at += micro[k];
+    for (int k = 0; k < k_total; ++k) {
+      const SampleRange m = shares.micro(r, k);
+      const size_t slot = r * per_replica + static_cast<size_t>(k);
+      out.weights[slot] = shares.weight(r, k);
+      data::Batch shard = m.count > 0 ? source(r, first + m.first, m.count) : data::Batch{};
+      forward_backward(r, shard, out.weights[slot], loss, out.losses[slot], k == 0, k + 1 == k_total);
     }
   });
   if (reducer_) {

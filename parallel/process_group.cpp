@@ -18,7 +18,7 @@ namespace dpt {
 
 bool built_with_mpi() { return false; }
 ProcessGroup& ProcessGroup::world() {
-  throw UsageError("--ddp needs a build with MPI (install libopenmpi-dev and rebuild)");
+  throw UsageError("ProcessGroup::world needs a build with MPI (install libopenmpi-dev and rebuild)");
 }
 ProcessGroup::ProcessGroup() = default;
 ProcessGroup::~ProcessGroup() = default;
@@ -94,7 +94,7 @@ void ProcessGroup::wait(void* requests, int count, const char* what) {
     if (std::chrono::steady_clock::now() > deadline) {
       char msg[256];
       std::snprintf(msg, sizeof msg,
-                    "%s did not complete within %.0f s (--comm-timeout): another rank died or stopped answering",
+                    "%s did not complete within %.0f s (ProcessGroup::set_timeout): another rank died or stopped answering",
                     what, timeout_s_);
       abort(msg);
     }

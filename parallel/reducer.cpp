@@ -137,10 +137,10 @@ std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replica
 #if !DPT_WITH_NCCL
 bool built_with_nccl() { return false; }
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers>, std::vector<Bucket>) {
-  throw UsageError("--reduce nccl needs a build with NCCL; this one has none (use --reduce p2p)");
+  throw UsageError("DataParallelOptions::reduce nccl needs a build with NCCL; this one has none (use p2p)");
 }
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup&, ReplicaBuffers, std::vector<Bucket>) {
-  throw UsageError("--ddp on GPUs needs a build with NCCL; this one has none");
+  throw UsageError("DataParallelOptions::group on GPUs needs a build with NCCL; this one has none");
 }
 #endif
 

@@ -33,10 +33,10 @@ class NcclReducer : public Reducer {
     std::set<int> seen;
     for (auto& rep : r_) {
       const Device d = rep.ctx->device();
-      if (!d.is_cuda()) throw UsageError("--reduce nccl needs CUDA devices, got " + d.str());
+      if (!d.is_cuda()) throw UsageError("DataParallelOptions::reduce nccl needs CUDA devices, got " + d.str());
       if (!seen.insert(d.index).second)
-        throw UsageError("--reduce nccl cannot put two replicas on " + d.str() +
-                         " (NCCL refuses two ranks on one GPU); use --reduce p2p");
+        throw UsageError("DataParallelOptions::reduce nccl cannot put two replicas on " + d.str() +
+                         " (NCCL refuses two ranks on one GPU); use p2p");
       devs.push_back(d.index);
     }
     comms_.resize(r_.size());
@@ -94,7 +94,7 @@ class NcclReducer : public Reducer {
       }
       if (std::chrono::steady_clock::now() > deadline) {
         ncclCommAbort(c);
-        group_->abort(std::string(what) + " did not complete within the communication timeout (--comm-timeout)");
+        group_->abort(std::string(what) + " did not complete within the communication timeout (ProcessGroup::set_timeout)");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -124,7 +124,7 @@ class NcclReducer : public Reducer {
       if (std::chrono::steady_clock::now() > deadline) {
         ncclCommAbort(comms_[0]);
         comms_[0] = nullptr;
-        group_->abort("a gradient all-reduce did not complete within the communication timeout (--comm-timeout): "
+        group_->abort("a gradient all-reduce did not complete within the communication timeout (ProcessGroup::set_timeout): "
                       "another rank died or stopped answering");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));

@@ -139,7 +139,7 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
                       ", allocated " + format_bytes(stats_.allocated) + ", reserved " +
                       format_bytes(stats_.reserved) + ", total " +
                       format_bytes(total_memory(device_)) +
-                      "; use a smaller --batch, more devices, or --precision bf16");
+                      "; use a smaller batch (TrainConfig::batch), more devices, or TrainConfig::precision bf16");
   }
   blocks_[p] = Block{size, stream, false};
   stats_.system_allocs += 1;

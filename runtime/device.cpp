@@ -69,16 +69,6 @@ void check_device(const Device& d) {
                      (n == 0 ? std::string("no GPU") : std::to_string(n) + " GPU(s), cuda:0..cuda:" + std::to_string(n - 1)));
 }
 
-std::vector<Device> first_devices(DeviceType type, int n, const std::string& flag) {
-  if (n < 1) throw UsageError(flag + " must be at least 1, got " + std::to_string(n));
-  std::vector<Device> out;
-  for (int i = 0; i < n; ++i) {
-    out.push_back({type, i});
-    check_device(out.back());
-  }
-  return out;
-}
-
 std::vector<Device> parse_devices(std::string_view list) {
   std::vector<Device> out;
   size_t start = 0;

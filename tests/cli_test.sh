@@ -185,5 +185,21 @@ printf 'steps = 7\nbatch = 32\nlog-every = 7\n' >"$tmp/run.toml"
 "$exe" --devices cpu --config "$tmp/run.toml" --batch 16 >"$tmp/out" 2>&1
 grep -q 'batch 16, 7 steps' "$tmp/out" && ok || bad "config file not applied: $(cat "$tmp/out")"
 
+# The library names option fields (TrainConfig::grad_accum); dptrain shows each as its flag.
+says() {  # says "EXPECTED LINE" ARGS...: the error line is exactly the expected one
+  local want=$1
+  shift
+  "$exe" "$@" >/dev/null 2>"$tmp/err"
+  [ "$(cat "$tmp/err")" = "$want" ] && ok || bad "dptrain $*: '$(cat "$tmp/err")', not '$want'"
+}
+says "dptrain: error: --grad-accum must be >= 1, got 0" --devices cpu --grad-accum 0
+says "dptrain: error: --save-every needs --save (a checkpoint path)" --devices cpu --save-every 3
+says "dptrain: error: --nesterov needs --momentum > 0 and dampening 0, got momentum 0 and dampening 0" \
+  --devices cpu --nesterov --momentum 0
+says "dptrain: error: --reduce nccl needs CUDA devices; use host on CPU devices" --cpus 2 --reduce nccl
+"$exe" --cpus 3 --batch 2 --steps 2 >/dev/null 2>"$tmp/err"
+[ "$(cat "$tmp/err")" = "dptrain: note: batch 2 is smaller than the 3 replicas; only 2 of them get samples" ] && ok ||
+  bad "the small-batch note: '$(cat "$tmp/err")'"
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -25,7 +25,7 @@ if ! "$cxx" -fsanitize=fuzzer "$tmp/probe.cpp" -o "$tmp/probe" 2>/dev/null; then
 fi
 # The loader depends on nothing but the standard library and <dptrain/error.hpp>.
 if ! "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-    -I "$src/include" "$src/tests/fuzz_checkpoint.cpp" "$src/train/checkpoint.cpp" -o "$tmp/fuzz"; then
+    -I "$src/include" "$src/tests/fuzz_checkpoint.cpp" "$src/train/checkpoint.cpp" "$src/train/atomic_file.cpp" -o "$tmp/fuzz"; then
   echo "FAIL: the fuzz target does not build"
   exit 1
 fi

@@ -1,6 +1,7 @@
 // Data parallelism on virtual CPU devices: N replicas equal one device training on the
 // whole batch (any N, uneven splits, every reduction path), replicas stay bitwise
 // identical after every step, and no device is a dumping ground for memory.
+#include <algorithm>
 #include <cmath>
 
 #include <dptrain/error.hpp>
@@ -36,10 +37,39 @@ TrainConfig small(data::Task task, const std::string& opt, int64_t batch) {
 }  // namespace
 
 TEST_CASE("shards are contiguous and differ by at most one", "[parallel]") {
-  CHECK(DataParallel::split(10, 3) == std::vector<int64_t>{4, 3, 3});
-  CHECK(DataParallel::split(12, 4) == std::vector<int64_t>{3, 3, 3, 3});
-  CHECK(DataParallel::split(2, 4) == std::vector<int64_t>{1, 1, 0, 0});
-  CHECK(DataParallel::split(7, 1) == std::vector<int64_t>{7});
+  CHECK(split_evenly(10, 3) == std::vector<int64_t>{4, 3, 3});
+  CHECK(split_evenly(12, 4) == std::vector<int64_t>{3, 3, 3, 3});
+  CHECK(split_evenly(2, 4) == std::vector<int64_t>{1, 1, 0, 0});
+  CHECK(split_evenly(7, 1) == std::vector<int64_t>{7});
+}
+
+TEST_CASE("a shard plan splits the batch over ranks, then replicas, then micro-batches", "[parallel]") {
+  // Batch 23 over 2 ranks (12, 11); rank 1's 11 samples over 3 replicas (4, 4, 3); each over 2 micro-batches.
+  const ShardPlan p(23, 2, 1, 3, 2);
+  CHECK(p.rank_part() == SampleRange{12, 11});
+  CHECK(p.replica_part(0) == SampleRange{12, 4});
+  CHECK(p.replica_part(2) == SampleRange{20, 3});
+  CHECK(p.micro(2, 0) == SampleRange{20, 2});
+  CHECK(p.micro(2, 1) == SampleRange{22, 1});
+  CHECK(p.weight(2, 1) == 1.0 / 23.0);
+  CHECK(p.idle_replicas() == 0);
+  // Every sample of the batch lands in exactly one micro-batch of exactly one rank, and the weights add up to one.
+  std::vector<int> seen(23, 0);
+  double weights = 0.0;
+  for (int rank = 0; rank < 2; ++rank) {
+    const ShardPlan q(23, 2, rank, 3, 2);
+    for (size_t r = 0; r < 3; ++r)
+      for (int k = 0; k < 2; ++k) {
+        for (int64_t i = 0; i < q.micro(r, k).count; ++i) seen[static_cast<size_t>(q.micro(r, k).first + i)] += 1;
+        weights += q.weight(r, k);
+      }
+  }
+  CHECK(std::count(seen.begin(), seen.end(), 1) == 23);
+  CHECK(std::abs(weights - 1.0) <= 1e-12);
+  // A batch smaller than the replicas leaves some without samples.
+  CHECK(ShardPlan(3, 1, 0, 5, 1).idle_replicas() == 2);
+  CHECK(ShardPlan(3, 1, 0, 5, 1).replica_part(4).count == 0);
+  CHECK_THROWS_AS(ShardPlan(0, 1, 0, 2, 1), UsageError);
 }
 
 TEST_CASE("buckets tile the flat buffer from its end, at most the size asked", "[parallel]") {

@@ -9,6 +9,7 @@
 
 #include "../apps/plot.hpp"
 #include <dptrain/error.hpp>
+#include "../train/atomic_file.hpp"
 #include "catch.hpp"
 
 using namespace dpt::plot;
@@ -102,7 +103,7 @@ TEST_CASE("charts stack in one document of one width", "[plot]") {
 TEST_CASE("charts are written atomically and failures name the path", "[plot]") {
   TempDir dir;
   const auto path = (dir.path / "chart.svg").string();
-  write_file_atomic(path, "old");
+  dpt::write_file_atomic(path, "old");
   write_line_chart(path, "t", "x", "y", {Series{"s", {1, 2}, {1, 2}}});
   CHECK(read(path).find("</svg>") != std::string::npos);
   size_t files = 0;
@@ -118,7 +119,7 @@ TEST_CASE("charts are written atomically and failures name the path", "[plot]") 
   }
   // A folder where the file should go: the rename fails, and the temporary file goes.
   std::filesystem::create_directories(dir.path / "taken.svg");
-  CHECK_THROWS_AS(write_file_atomic((dir.path / "taken.svg").string(), "x"), dpt::Error);
+  CHECK_THROWS_AS(dpt::write_file_atomic((dir.path / "taken.svg").string(), "x"), dpt::Error);
   files = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path)) ++files;
   CHECK(files == 2);  // chart.svg and the folder taken.svg

@@ -251,3 +251,52 @@ TEST_CASE("bad training configurations are refused", "[train]") {
   validate(e);
   CHECK(e.steps == 10);
 }
+
+// The library speaks its own language: an error names the option field and the value, never
+// a flag of the CLI (which maps fields to flags itself).
+TEST_CASE("configuration errors name the field and the value, not a flag", "[train]") {
+  auto message = [](auto&& fn) -> std::string {
+    try {
+      fn();
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  auto config_error = [&](auto change) {
+    TrainConfig cfg;
+    change(cfg);
+    return message([&] { validate(cfg); });
+  };
+  CHECK(config_error([](TrainConfig& c) { c.batch = 0; }) == "TrainConfig::batch must be >= 1, got 0");
+  CHECK(config_error([](TrainConfig& c) { c.grad_accum = -2; }) == "TrainConfig::grad_accum must be >= 1, got -2");
+  CHECK(config_error([](TrainConfig& c) { c.bucket_mb = 0; }) == "TrainConfig::bucket_mb must be positive, got 0");
+  CHECK(config_error([](TrainConfig& c) { c.save_every = 5; }) ==
+        "TrainConfig::save_every needs TrainConfig::save (a checkpoint path)");
+  auto model = nn::mlp("4-8-2");
+  model->to({DeviceType::cpu, 0}, 1);
+  auto sgd = [](nn::Module& m) { return std::make_unique<optim::SGD>(m, optim::SGD::Options{}); };
+  DataParallelOptions o;
+  o.grad_accum = 0;
+  CHECK(message([&] { DataParallel(model, {{DeviceType::cpu, 0}}, sgd, o); }) ==
+        "DataParallelOptions::grad_accum must be >= 1, got 0");
+  CHECK(message([&] { optim::SGD(*model, {.momentum = 0.0f, .nesterov = true}); }) ==
+        "SGD::Options::nesterov needs SGD::Options::momentum > 0 and dampening 0, got momentum 0 and dampening 0");
+  CHECK(message([&] { (void)resolve_reduce(Reduce::nccl, {{DeviceType::cpu, 0}}); }).rfind("DataParallelOptions::reduce nccl", 0) == 0);
+}
+
+TEST_CASE("the library reports notes through the handler the program installs, and never prints", "[train]") {
+  std::vector<std::pair<Severity, std::string>> seen;
+  set_message_handler([&](Severity s, const std::string& m) { seen.emplace_back(s, m); });
+  TrainConfig c;
+  c.devices = {{DeviceType::cpu, 0}, {DeviceType::cpu, 1}, {DeviceType::cpu, 2}};
+  c.batch = 2;  // fewer samples than replicas
+  c.steps = 2;
+  c.log_every = 1;
+  Trainer(c).run();
+  set_message_handler({});
+  REQUIRE(seen.size() == 1);  // once per run, not once per step
+  CHECK(seen[0].first == Severity::note);
+  CHECK(seen[0].second == "batch 2 is smaller than the 3 replicas; only 2 of them get samples");
+  report(Severity::warning, "with no handler installed this goes nowhere");
+}

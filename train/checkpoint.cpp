@@ -12,17 +12,17 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <set>
 
 #include <dptrain/error.hpp>
+
+#include "atomic_file.hpp"
 
 namespace dpt::ckpt {
 namespace {
@@ -510,92 +510,15 @@ std::string make_header(const Checkpoint& c, const std::string& file) {
   return h;
 }
 
-// DPT_CKPT_FAIL_AFTER_BYTES, or no limit.
-uint64_t injected_room(const std::string& file) {
+// Makes `file` fail as a full disk would where DPT_CKPT_FAIL_AFTER_BYTES says (tests).
+void inject_full_disk(AtomicFile& file, const std::string& path) {
   const char* v = std::getenv(kFaultVar);
-  if (v == nullptr || *v == '\0') return std::numeric_limits<uint64_t>::max();
+  if (v == nullptr || *v == '\0') return;
   uint64_t n = 0;
   const char* end = v + std::strlen(v);
   const auto [ptr, ec] = std::from_chars(v, end, n);
-  if (ec != std::errc() || ptr != end) fail(file, std::string(kFaultVar) + " is not a number of bytes: '" + v + "'");
-  return n;
-}
-
-// The temporary file: removed on failure, unless it was renamed into place.
-class TempFile {
- public:
-  explicit TempFile(const std::string& path) : target_(path) {
-    // A name of our own beside the target (same file system, so rename is atomic);
-    // O_EXCL never touches a file someone else is writing.
-    static std::atomic<unsigned> serial{0};
-    for (int attempt = 0; attempt < 100 && fd_.fd < 0; ++attempt) {
-      path_ = path + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(serial++);
-      fd_.fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd_.fd < 0 && errno != EEXIST) break;
-    }
-    if (fd_.fd < 0) {
-      const int err = errno;
-      fail(target_, "cannot create '" + path_ + "': " + errno_text(err));
-    }
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    if (!renamed_) {
-      if (fd_.fd >= 0) ::close(std::exchange(fd_.fd, -1));
-      ::unlink(path_.c_str());
-    }
-  }
-
-  // Writes all n bytes, or throws. `room` is how much the (injected) full disk takes.
-  void write(const void* data, uint64_t n, uint64_t room, uint64_t total) {
-    auto p = static_cast<const uint8_t*>(data);
-    while (n > 0) {
-      const uint64_t chunk = std::min<uint64_t>({n, 1u << 30, room - written_});
-      if (chunk == 0) write_failed(ENOSPC, total, kInjected);
-      const ssize_t k = ::write(fd_.fd, p, chunk);
-      if (k < 0 && errno == EINTR) continue;
-      if (k < 0) write_failed(errno, total, "");
-      if (k == 0) write_failed(ENOSPC, total, "");  // a regular file took nothing: no room
-      p += k, n -= static_cast<uint64_t>(k), written_ += static_cast<uint64_t>(k);
-    }
-  }
-
-  // fsync, close and rename over the target: the new file is then in place, whole.
-  void commit() {
-    if (::fsync(fd_.fd) != 0) failed("fsync");
-    if (::close(std::exchange(fd_.fd, -1)) != 0) failed("close");
-    if (::rename(path_.c_str(), target_.c_str()) != 0) failed("rename");
-    renamed_ = true;
-  }
-
- private:
-  // `call` on the temporary file just failed: errno is read before anything can change it.
-  [[noreturn]] void failed(const char* call) {
-    const int err = errno;
-    fail(target_, std::string(call) + " of '" + path_ + "' failed: " + errno_text(err) + kNotReplaced);
-  }
-  [[noreturn]] void write_failed(int err, uint64_t total, const char* note) {
-    fail(target_, "writing failed after " + std::to_string(written_) + " of " + std::to_string(total) +
-                      " bytes: " + errno_text(err) + note + kNotReplaced);
-  }
-
-  std::string target_, path_;
-  Fd fd_;
-  uint64_t written_ = 0;
-  bool renamed_ = false;
-};
-
-// The rename is durable only once the folder holding the entry is synced too.
-void sync_folder(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  // EINVAL: a file system that cannot sync folders; there is nothing more to do.
-  if (d.fd < 0 || (::fsync(d.fd) != 0 && errno != EINVAL)) {
-    const int err = errno;
-    fail(path, "written, but syncing its folder '" + dir + "' failed: " + errno_text(err));
-  }
+  if (ec != std::errc() || ptr != end) fail(path, std::string(kFaultVar) + " is not a number of bytes: '" + v + "'");
+  file.fail_after(n, kInjected);
 }
 
 }  // namespace
@@ -626,18 +549,18 @@ const HostTensor* Checkpoint::find(const std::string& name) const {
 
 void save(const std::string& path, const Checkpoint& c) {
   const std::string header = make_header(c, path);
-  const uint64_t room = injected_room(path);
   uint64_t total = kLenBytes + header.size();
   for (const auto& named : c.tensors) total += named.second.data.size();
   uint8_t len[kLenBytes];
   for (size_t i = 0; i < kLenBytes; ++i) len[i] = static_cast<uint8_t>(header.size() >> (8 * i));
 
-  TempFile tmp(path);
-  tmp.write(len, kLenBytes, room, total);
-  tmp.write(header.data(), header.size(), room, total);
-  for (const auto& named : c.tensors) tmp.write(named.second.data.data(), named.second.data.size(), room, total);
-  tmp.commit();
-  sync_folder(path);
+  AtomicFile file(path, "checkpoint '" + path + "'", kNotReplaced);
+  file.expect(total);
+  inject_full_disk(file, path);
+  file.write(len, kLenBytes);
+  file.write(header.data(), header.size());
+  for (const auto& named : c.tensors) file.write(named.second.data.data(), named.second.data.size());
+  file.commit();
 }
 
 std::string json_quote(const std::string& s) {

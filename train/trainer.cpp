@@ -15,55 +15,70 @@
 
 namespace dpt {
 
-void validate(TrainConfig& cfg) {
-  if (cfg.batch < 1) throw UsageError("--batch must be at least 1, got " + std::to_string(cfg.batch));
-  if (cfg.epochs < 0) throw UsageError("--epochs must be positive");
+namespace {
+// Errors name the field (TrainConfig::batch), as a program that embeds the library knows
+// it; dptrain's CLI shows each field as its flag.
+[[noreturn]] void bad(const std::string& field, const std::string& why) {
+  throw UsageError("TrainConfig::" + field + " " + why);
+}
+std::string got(int64_t v) { return ", got " + std::to_string(v); }
+std::string got(int v) { return got(int64_t{v}); }
+std::string got(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, ", got %g", v);
+  return buf;
+}
+}  // namespace
+
+nn::ModelSpec validate(TrainConfig& cfg) {
+  if (cfg.batch < 1) bad("batch", "must be >= 1" + got(cfg.batch));
+  if (cfg.epochs < 0) bad("epochs", "must be >= 0" + got(cfg.epochs));
+  if (cfg.samples < 0) bad("samples", "must be >= 0" + got(cfg.samples));
   if (cfg.epochs > 0) {
-    if (cfg.samples < 1) throw UsageError("--epochs needs --samples N (the dataset size)");
+    if (cfg.samples < 1) bad("epochs", "needs TrainConfig::samples (the dataset size)");
     cfg.steps = (cfg.epochs * cfg.samples + cfg.batch - 1) / cfg.batch;
   }
-  if (cfg.steps < 1) throw UsageError("--steps must be at least 1, got " + std::to_string(cfg.steps));
-  if (cfg.samples < 0) throw UsageError("--samples must be positive");
-  if (!(cfg.lr > 0.0f) || !std::isfinite(cfg.lr)) throw UsageError("--lr must be a positive number");
-  if (cfg.momentum < 0.0f || cfg.momentum >= 1.0f) throw UsageError("--momentum must be in [0, 1)");
-  if (cfg.weight_decay < 0.0f) throw UsageError("--weight-decay must be >= 0");
-  if (cfg.clip < 0.0f) throw UsageError("--clip must be >= 0");
-  if (cfg.log_every < 1) throw UsageError("--log-every must be at least 1");
-  if (cfg.warmup < 0) throw UsageError("--warmup must be >= 0");
+  if (cfg.steps < 1) bad("steps", "must be >= 1" + got(cfg.steps));
+  if (!(cfg.lr > 0.0f) || !std::isfinite(cfg.lr)) bad("lr", "must be a positive number" + got(cfg.lr));
+  if (cfg.momentum < 0.0f || cfg.momentum >= 1.0f) bad("momentum", "must be in [0, 1)" + got(cfg.momentum));
+  if (cfg.weight_decay < 0.0f) bad("weight_decay", "must be >= 0" + got(cfg.weight_decay));
+  if (cfg.clip < 0.0f) bad("clip", "must be >= 0" + got(cfg.clip));
+  if (cfg.log_every < 1) bad("log_every", "must be >= 1" + got(cfg.log_every));
+  if (cfg.warmup < 0) bad("warmup", "must be >= 0" + got(cfg.warmup));
   if (cfg.optimizer != "sgd" && cfg.optimizer != "adamw")
-    throw UsageError("unknown optimizer '" + cfg.optimizer + "': expected sgd or adamw");
+    bad("optimizer", "'" + cfg.optimizer + "' is unknown: expected sgd or adamw");
   (void)optim::parse_schedule(cfg.schedule);
-  // A CNN's task follows from the model: it classifies images.
-  if (nn::is_cnn_spec(cfg.model)) cfg.task = data::Task::classification;
-  const int64_t outputs =
-      nn::is_cnn_spec(cfg.model) ? nn::parse_cnn_spec(cfg.model).classes : nn::parse_mlp_spec(cfg.model).back();
-  if (cfg.task == data::Task::classification && outputs < 2)
-    throw UsageError("classification needs at least 2 output classes, the model has " + std::to_string(outputs));
-  if (cfg.grad_accum < 1) throw UsageError("--grad-accum must be at least 1");
+  nn::ModelSpec spec = nn::parse_model_spec(cfg.model);
+  if (spec.is_cnn) cfg.task = data::Task::classification;  // a CNN classifies images
+  if (cfg.task == data::Task::classification && spec.outputs() < 2)
+    bad("task", "classification needs at least 2 output classes, the model has " + std::to_string(spec.outputs()));
+  if (cfg.grad_accum < 1) bad("grad_accum", "must be >= 1" + got(cfg.grad_accum));
   if (cfg.on_nonfinite != "stop" && cfg.on_nonfinite != "skip-step")
-    throw UsageError("unknown --on-nonfinite '" + cfg.on_nonfinite + "': expected stop or skip-step");
-  if (cfg.save_every < 0) throw UsageError("--save-every must be >= 0");
-  if (cfg.save_every > 0 && cfg.save.empty()) throw UsageError("--save-every needs --save PATH");
-  if (!(cfg.comm_timeout > 0.0)) throw UsageError("--comm-timeout must be positive");
+    bad("on_nonfinite", "'" + cfg.on_nonfinite + "' is unknown: expected stop or skip-step");
+  if (cfg.save_every < 0) bad("save_every", "must be >= 0" + got(cfg.save_every));
+  if (cfg.save_every > 0 && cfg.save.empty()) bad("save_every", "needs TrainConfig::save (a checkpoint path)");
+  if (!(cfg.comm_timeout > 0.0)) bad("comm_timeout", "must be positive" + got(cfg.comm_timeout));
   if (cfg.devices.empty()) cfg.devices = default_devices();
-  if (cfg.ddp && !built_with_mpi()) throw UsageError("--ddp needs a build with MPI (install libopenmpi-dev and rebuild)");
+  if (cfg.ddp && !built_with_mpi()) bad("ddp", "needs a build with MPI (install libopenmpi-dev and rebuild)");
   for (const Device& d : cfg.devices) {
     check_device(d);
-    if (d.type != cfg.devices.front().type) throw UsageError("CPU and CUDA devices cannot be mixed");
+    if (d.type != cfg.devices.front().type) bad("devices", "cannot mix CPU and CUDA devices");
   }
   if (!cfg.ddp) (void)resolve_reduce(cfg.reduce, cfg.devices);
-  if (!(cfg.bucket_mb > 0.0)) throw UsageError("--bucket-mb must be positive");
+  if (!(cfg.bucket_mb > 0.0)) bad("bucket_mb", "must be positive" + got(cfg.bucket_mb));
   if (cfg.cuda_graph && (cfg.devices.size() != 1 || !cfg.devices.front().is_cuda() || cfg.ddp ||
                          cfg.grad_accum != 1 || cfg.optimizer != "sgd"))
-    throw UsageError("--cuda-graph records one replica on one GPU with --optimizer sgd (no --ddp or --grad-accum)");
+    bad("cuda_graph", "records one replica on one GPU with TrainConfig::optimizer sgd (no TrainConfig::ddp or "
+                      "TrainConfig::grad_accum)");
   if (cfg.devices.front().is_cpu() && cfg.gemm == GemmImpl::native)
-    throw UsageError("--gemm native is a CUDA kernel; the CPU has one GEMM");
+    bad("gemm", "native is a CUDA kernel; the CPU has one GEMM");
   if (cfg.gemm == GemmImpl::native && cfg.precision != Precision::fp32)
-    throw UsageError("--gemm native computes in fp32 only; use --gemm cublas for tf32 or bf16");
+    bad("gemm", "native computes in fp32 only; use TrainConfig::gemm cublas for tf32 or bf16");
+  return spec;
 }
 
 Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
-  validate(cfg_);
+  const nn::ModelSpec spec = validate(cfg_);
   if (cfg_.ddp) {
     // One device per process: the local rank picks it from the node's device list.
     group_ = &ProcessGroup::world();
@@ -72,19 +87,15 @@ Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
     cfg_.devices = {mine};
   }
   const Device master = cfg_.devices.front();
+  model_ = nn::make_model(spec, cfg_.act);
   data::SyntheticConfig dc;
-  if (nn::is_cnn_spec(cfg_.model)) {
-    model_ = nn::cnn(cfg_.model, cfg_.act);
-    const nn::CnnSpec spec = nn::parse_cnn_spec(cfg_.model);
-    dc.image = spec.input;
-    dc.out = spec.classes;
+  if (spec.is_cnn) {
+    dc.image = spec.cnn.input;
     dc.teacher_hidden = 16;  // teacher channels: labelling stays cheap next to the student's step
   } else {
-    model_ = nn::mlp(cfg_.model, cfg_.act);
-    const auto widths = nn::parse_mlp_spec(cfg_.model);
-    dc.in = widths.front();
-    dc.out = widths.back();
+    dc.in = spec.widths.front();
   }
+  dc.out = spec.outputs();
   model_->to(master, cfg_.seed);
   dc.task = cfg_.task;
   dc.seed = cfg_.seed;
@@ -173,21 +184,22 @@ void Trainer::resume(const std::string& path) {
     if (it == c.metadata.end()) throw UsageError("checkpoint '" + path + "' has no '" + key + "' in its metadata");
     return it->second;
   };
-  auto must_match = [&](const std::string& key, const std::string& ours, const char* flag) {
+  auto must_match = [&](const std::string& key, const std::string& ours) {  // the key is the field's name
     if (meta(key) != ours)
-      throw UsageError("checkpoint '" + path + "' was made with " + flag + " " + meta(key) + ", this run has " + ours);
+      throw UsageError("checkpoint '" + path + "' was made with TrainConfig::" + key + " " + meta(key) +
+                       ", this run has " + ours);
   };
   if (meta("format") != "dptrain-1") throw UsageError("checkpoint '" + path + "' is not a dptrain checkpoint");
-  must_match("model", cfg_.model, "--model");
-  must_match("act", nn::act_name(cfg_.act), "--act");
-  must_match("task", data::task_name(cfg_.task), "--task");
-  must_match("optimizer", optimizer().kind(), "--optimizer");
-  must_match("seed", std::to_string(cfg_.seed), "--seed");  // the data and teacher follow from it
-  must_match("batch", std::to_string(cfg_.batch), "--batch");
-  must_match("samples", std::to_string(cfg_.samples), "--samples");
+  must_match("model", cfg_.model);
+  must_match("act", nn::act_name(cfg_.act));
+  must_match("task", data::task_name(cfg_.task));
+  must_match("optimizer", optimizer().kind());
+  must_match("seed", std::to_string(cfg_.seed));  // the data and teacher follow from it
+  must_match("batch", std::to_string(cfg_.batch));
+  must_match("samples", std::to_string(cfg_.samples));
   const int64_t step = std::stoll(meta("step"));
   if (step < 0 || step > cfg_.steps)
-    throw UsageError("checkpoint '" + path + "' is at step " + std::to_string(step) + ", past --steps " +
+    throw UsageError("checkpoint '" + path + "' is at step " + std::to_string(step) + ", past TrainConfig::steps " +
                      std::to_string(cfg_.steps));
   auto fetch = [&](const std::string& name, const Tensor& into) {
     const ckpt::HostTensor* t = c.find(name);

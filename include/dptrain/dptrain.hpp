@@ -14,6 +14,7 @@
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/loss.hpp>
+#include <dptrain/layers/model_spec.hpp>
 #include <dptrain/layers/module.hpp>
 
 #include <dptrain/optim/optim.hpp>
@@ -23,6 +24,7 @@
 
 #include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/parallel/process_group.hpp>
+#include <dptrain/parallel/shard_plan.hpp>
 
 #include <dptrain/train/checkpoint.hpp>
 #include <dptrain/train/trainer.hpp>

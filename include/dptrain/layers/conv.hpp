@@ -110,7 +110,7 @@ struct CnnSpec {
   int64_t classes = 0;  // the last layer's features
 };
 
-// Whether a --model spec names a CNN (cnn:... or a CNN preset) rather than an MLP.
+// Whether a model spec names a CNN (cnn:... or a CNN preset) rather than an MLP.
 bool is_cnn_spec(const std::string& spec);
 
 // Throws UsageError with one line naming the layer (its place and text) and the shapes
@@ -119,5 +119,6 @@ CnnSpec parse_cnn_spec(const std::string& spec);
 
 // The CNN of a spec, `act` after every convolution and hidden linear layer.
 std::shared_ptr<Sequential> cnn(const std::string& spec, Act act = Act::relu);
+std::shared_ptr<Sequential> cnn(const CnnSpec& spec, Act act = Act::relu);
 
 }  // namespace dpt::nn

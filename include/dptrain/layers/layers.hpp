@@ -66,5 +66,6 @@ std::vector<int64_t> parse_mlp_spec(const std::string& spec);
 
 // Linear layers between consecutive widths, `act` fused into every one but the last.
 std::shared_ptr<Sequential> mlp(const std::string& spec, Act act = Act::relu);
+std::shared_ptr<Sequential> mlp(const std::vector<int64_t>& widths, Act act = Act::relu);
 
 }  // namespace dpt::nn

@@ -41,13 +41,9 @@ class Optimizer {
 
 class SGD : public Optimizer {
  public:
-  struct Options {
-    float lr = 0.01f;
-    float momentum = 0.0f;
-    float dampening = 0.0f;
-    float weight_decay = 0.0f;
-    bool nesterov = false;
-  };
+  // lr, momentum, dampening, weight_decay, nesterov: the arguments the update kernel takes
+  // (lr is the starting one; set_lr moves it).
+  using Options = SgdArgs;
   SGD(nn::Module& model, const Options& o);
   void step(const Tensor& grad_scale = {}) override;
   std::string describe() const override;

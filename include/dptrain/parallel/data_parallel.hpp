@@ -19,6 +19,7 @@
 #include <dptrain/data/batch.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/parallel/process_group.hpp>
+#include <dptrain/parallel/shard_plan.hpp>
 #include <dptrain/optim/optim.hpp>
 
 namespace dpt {
@@ -90,9 +91,9 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  // Shard sizes of a batch over n replicas: contiguous, differing by at most one, the
-  // first ones larger (10 over 3 = 4, 3, 3); zeros when the batch is smaller than n.
-  static std::vector<int64_t> split(int64_t batch, size_t n);
+  // How a batch of `batch` samples is shared out over the ranks, replicas and micro-batches
+  // (made once per batch size; train_step uses the same).
+  const ShardPlan& plan(int64_t batch);
 
   // One step on samples [first, first + count), each replica making its own shard.
   StepLoss train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss);
@@ -152,6 +153,7 @@ class DataParallel {
   Tensor graph_x_, graph_y_, graph_loss_;
   StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss);
   ProcessGroup* group_ = nullptr;
+  ShardPlan plan_;  // of the last batch size
   bool warned_small_batch_ = false;
   std::unique_ptr<WorkerPool> pool_;  // a thread per replica when there are several
 };

@@ -30,9 +30,6 @@ Device parse_device(std::string_view text);
 // Parses a comma-separated list and checks that every device exists and that CPU and
 // CUDA devices are not mixed.
 std::vector<Device> parse_devices(std::string_view list);
-// The first n devices of a type (what --gpus N and --cpus N mean), each checked;
-// UsageError naming `flag` when n < 1 or a device does not exist.
-std::vector<Device> first_devices(DeviceType type, int n, const std::string& flag);
 // Throws UsageError when `d` does not exist on this machine (e.g. cuda:7 with one GPU).
 void check_device(const Device& d);
 // "cuda:0 (NVIDIA H200, 140.4 GiB)" or "cpu:0 (host)".

@@ -8,7 +8,7 @@
 #include <string>
 
 #include <dptrain/error.hpp>
-#include <dptrain/layers/layers.hpp>
+#include <dptrain/layers/model_spec.hpp>
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/context.hpp>
@@ -60,9 +60,10 @@ class NonFiniteError : public Error {
   using Error::Error;
 };
 
-// Checks the configuration (and fills in the default devices, and the task of a CNN);
-// throws UsageError with a one-line reason.
-void validate(TrainConfig& cfg);
+// Checks the configuration (and fills in the default devices, the steps of --epochs and
+// the task of a CNN) and returns its model spec, parsed; throws UsageError with a one-line
+// reason naming the field (TrainConfig::batch). The Trainer calls it once, itself.
+nn::ModelSpec validate(TrainConfig& cfg);
 
 struct StepLog {
   int64_t step;           // 1-based, the number of steps done

@@ -1,0 +1,52 @@
+#include <dptrain/parallel/shard_plan.hpp>
+
+#include <string>
+
+#include <dptrain/error.hpp>
+
+namespace dpt {
+
+std::vector<int64_t> split_evenly(int64_t n, size_t parts) {
+  DPT_CHECK(n >= 0 && parts > 0, "split_evenly: nothing to split into");
+  std::vector<int64_t> sizes(parts, 0);
+  const int64_t p = static_cast<int64_t>(parts), base = n / p, extra = n % p;
+  for (int64_t i = 0; i < p; ++i) sizes[static_cast<size_t>(i)] = base + (i < extra ? 1 : 0);
+  return sizes;
+}
+
+namespace {
+// The ranges of `sizes` laid end to end from `first`.
+std::vector<SampleRange> ranges(int64_t first, const std::vector<int64_t>& sizes) {
+  std::vector<SampleRange> out;
+  for (int64_t s : sizes) {
+    out.push_back({first, s});
+    first += s;
+  }
+  return out;
+}
+}  // namespace
+
+ShardPlan::ShardPlan(int64_t batch, int ranks, int rank, size_t replicas, int micro_batches)
+    : batch_(batch), micro_batches_(micro_batches) {
+  if (batch < 1) throw UsageError("a batch must hold at least one sample, got " + std::to_string(batch));
+  DPT_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && replicas >= 1 && micro_batches >= 1,
+            "ShardPlan: no process, replica or micro-batch to train on");
+  rank_part_ = ranges(0, split_evenly(batch, static_cast<size_t>(ranks)))[static_cast<size_t>(rank)];
+  replica_ = ranges(rank_part_.first, split_evenly(rank_part_.count, replicas));
+  for (const SampleRange& r : replica_)
+    for (const SampleRange& m : ranges(r.first, split_evenly(r.count, static_cast<size_t>(micro_batches))))
+      micro_.push_back(m);
+  const int64_t workers = static_cast<int64_t>(ranks) * static_cast<int64_t>(replicas);
+  idle_ = batch < workers ? workers - batch : 0;
+}
+
+SampleRange ShardPlan::micro(size_t r, int k) const {
+  DPT_CHECK(r < replica_.size() && k >= 0 && k < micro_batches_, "ShardPlan::micro: no such micro-batch");
+  return micro_[r * static_cast<size_t>(micro_batches_) + static_cast<size_t>(k)];
+}
+
+double ShardPlan::weight(size_t r, int k) const {
+  return static_cast<double>(micro(r, k).count) / static_cast<double>(batch_);
+}
+
+}  // namespace dpt
