@@ -18,7 +18,7 @@
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/train/trainer.hpp>
-#include "device_flags.hpp"
+#include "cli.hpp"
 #include "plot.hpp"
 #include <dptrain/parallel/process_group.hpp>
 
@@ -307,19 +307,10 @@ int main(int argc, char** argv) {
   CLI::App app{"dptrain: data-parallel training of MLPs and CNNs on synthetic data, on GPUs or the CPU"};
   Options o;
   add_flags(app, o);
-  try {
-    app.parse(argc, argv);
-    o.task_given = app.count("--task") > 0;
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    if (launcher_rank() == 0) std::fprintf(stderr, "dptrain: error: %s (see --help)\n", e.what());
-    return kExitUsage;
-  }
+  // Every rank finds the same fault in the command line; rank 0 alone reports it.
+  if (const int status = dpt::app::parse_command_line(app, argc, argv, "dptrain", launcher_rank() != 0); status >= 0)
+    return status;
+  o.task_given = app.count("--task") > 0;
   try {
     return train(o);
   } catch (const dpt::UsageError& e) {

@@ -18,7 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "../apps/device_flags.hpp"
+#include "../apps/cli.hpp"
 #include "../apps/plot.hpp"
 #include "../train/atomic_file.hpp"
 #include <dptrain/error.hpp>
@@ -463,18 +463,7 @@ int main(int argc, char** argv) {
                "and precision asked; a table, CSV, JSON and an SVG chart of the speed-up"};
   Flags f;
   add_flags(app, f);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "dpbench: error: %s (see --help)\n", e.what());
-    return kExitUsage;
-  }
+  if (const int status = dpt::app::parse_command_line(app, argc, argv, "dpbench"); status >= 0) return status;
   try {
     return run(make_plan(f, app));
   } catch (const dpt::UsageError& e) {

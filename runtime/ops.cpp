@@ -43,34 +43,20 @@ bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool t
 Tensor reduce_work(const Device& d, int64_t at_least) {
   return Tensor::empty({std::max<int64_t>(at_least, cuda::kReduceWork)}, DType::f32, d);
 }
-#define DPT_CUDA_OR_CPU(dev, cuda_call, cpu_call) \
-  do {                                            \
-    if ((dev).is_cuda()) {                        \
-      cuda_call;                                  \
-    } else {                                      \
-      cpu_call;                                   \
-    }                                             \
-  } while (0)
-#else
-#define DPT_CUDA_OR_CPU(dev, cuda_call, cpu_call) \
-  do {                                            \
-    (void)(dev);                                  \
-    cpu_call;                                     \
-  } while (0)
 #endif
 
 // Only large GEMMs take cuBLASLt's epilogue: for a short one cuBLAS's own kernel plus
-// the separate bias pass is faster (on the H200 the seed workload's 64 x 1000 x 1000
-// forward took about 22 us through cuBLASLt against about 7 + 2 us), while for the mlp
-// workload's layers the fused epilogue saves a pass over each activation. The same
-// bound picks the TF32 backward that writes a transposed gradient (LinearNode).
+// the separate bias pass is faster (measured on the seed workload's forward: README,
+// "Measurements behind the code"), while for the mlp workload's layers the fused epilogue
+// saves a pass over each activation. The same bound picks the TF32 backward that writes
+// a transposed gradient (LinearNode).
 [[maybe_unused]] constexpr double kLtMinMultiplyAdds = 1 << 30;
 
 #if DPT_WITH_CUDA
 // Strict fp32 GEMMs of a Linear layer at a small batch take our own kernels (gemm_small.cu):
 // the forward (A B^T) with at most 64 rows and the weight gradient (A^T B) over at most 64
 // rows of batch. cuBLAS's general kernels leave most of the GPU idle there (the seed
-// workload's forward: two kernels, ~19 us under Nsight Compute on an H200).
+// workload's forward took two of them; README, "Measurements behind the code").
 enum class SmallGemm { none, skinny, short_k };
 SmallGemm small_gemm(const Context& ctx, bool ta, bool tb, int64_t m, int64_t k) {
   if (ctx.gemm != GemmImpl::native && ctx.precision != Precision::fp32) return SmallGemm::none;
@@ -384,8 +370,8 @@ class LinearNode : public Node {
 #if DPT_WITH_CUDA
     // TF32 tensor cores want operands whose K dimension is contiguous. The weight
     // gradient's K is the batch, along which neither dz nor x is contiguous, and cuBLAS
-    // then runs it at ~190 TFLOP/s on an H200 against ~330 for the forward GEMMs (Nsight
-    // Compute, mlp workload). With dz transposed, written by the activation's backward
+    // then runs it far slower than the forward GEMMs (README, "Measurements behind the
+    // code"). With dz transposed, written by the activation's backward
     // in the same pass, one operand is K-major, as in the input-gradient GEMM, which runs
     // at forward speed. Only for large GEMMs (as the fused forward epilogue). dz itself is
     // written only when the input-gradient GEMM reads it and differs from dy.

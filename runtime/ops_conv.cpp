@@ -39,20 +39,6 @@ Workspace workspace(const Device& d, const ConvShape& s) {
   const auto floats = static_cast<int64_t>(std::max<size_t>(1, (bytes + sizeof(float) - 1) / sizeof(float)));
   return {Tensor::empty({floats}, DType::f32, d), bytes};
 }
-#define DPT_DNN_OR_CPU(dev, dnn_call, cpu_call) \
-  do {                                          \
-    if ((dev).is_cuda()) {                      \
-      dnn_call;                                 \
-    } else {                                    \
-      cpu_call;                                 \
-    }                                           \
-  } while (0)
-#else
-#define DPT_DNN_OR_CPU(dev, dnn_call, cpu_call)                                          \
-  do {                                                                                   \
-    if ((dev).is_cuda()) throw Error("convolutions on CUDA need dptrain built with cuDNN"); \
-    cpu_call;                                                                            \
-  } while (0)
 #endif
 
 // Where the gradients of a layer's weight (input 1) and bias (input 2, when b is

@@ -2,10 +2,41 @@
 // autograd bookkeeping of a differentiable op. Not part of the API.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
+#include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/tensor.hpp>
+
+// Op dispatch by device: gpu_call on a CUDA device, cpu_call on the CPU. A build without
+// the GPU library that the op calls (CUDA, or cuDNN for convolutions) does not compile the
+// GPU call at all, and a CUDA device gets an error naming what is missing.
+#define DPT_GPU_OR_CPU(dev, gpu_call, cpu_call) \
+  do {                                          \
+    if ((dev).is_cuda()) {                      \
+      gpu_call;                                 \
+    } else {                                    \
+      cpu_call;                                 \
+    }                                           \
+  } while (0)
+#define DPT_CPU_ONLY(dev, missing, cpu_call)                                              \
+  do {                                                                                    \
+    if ((dev).is_cuda()) throw ::dpt::Error(std::string("this op on CUDA needs ") + missing); \
+    cpu_call;                                                                             \
+  } while (0)
+
+#if DPT_WITH_CUDA
+#define DPT_CUDA_OR_CPU(dev, cuda_call, cpu_call) DPT_GPU_OR_CPU(dev, cuda_call, cpu_call)
+#else
+#define DPT_CUDA_OR_CPU(dev, cuda_call, cpu_call) DPT_CPU_ONLY(dev, "dptrain built with CUDA", cpu_call)
+#endif
+#if DPT_WITH_CUDNN
+#define DPT_DNN_OR_CPU(dev, dnn_call, cpu_call) DPT_GPU_OR_CPU(dev, dnn_call, cpu_call)
+#else
+#define DPT_DNN_OR_CPU(dev, dnn_call, cpu_call) \
+  DPT_CPU_ONLY(dev, "dptrain built with cuDNN (convolutions)", cpu_call)
+#endif
 
 namespace dpt::detail {
 

@@ -1,4 +1,6 @@
-#include "device_flags.hpp"
+#include "cli.hpp"
+
+#include <cstdio>
 
 #include <dptrain/error.hpp>
 
@@ -25,6 +27,22 @@ std::vector<Device> DeviceFlags::devices() const {
     check_device(out.back());
   }
   return out;
+}
+
+int parse_command_line(CLI::App& app, int argc, char** argv, const char* program, bool quiet) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    if (!quiet) std::fprintf(stderr, "%s: error: %s (see --help)\n", program, e.what());
+    return 2;
+  }
+  return -1;
 }
 
 }  // namespace dpt::app
