@@ -12,6 +12,7 @@
 #include "../bf16.hpp"
 #include "../philox.hpp"
 #include "check.hpp"
+#include "common.cuh"
 #include "cuda.hpp"
 
 namespace dpt::cuda {
@@ -72,31 +73,6 @@ static __global__ void axpy_kernel(int64_t n, float alpha, const float* x, float
 }
 
 // ---- sum_squares ------------------------------------------------------------------------
-
-// Butterfly reductions: float addition is commutative, so every lane ends with the same
-// bits.
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Sum over the block, valid in thread 0. blockDim.x must be a multiple of 32, <= 1024.
-template <typename T>
-__device__ T block_sum(T v) {
-  __shared__ T warp_part[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_sum(v);
-  if (lane == 0) warp_part[warp] = v;
-  __syncthreads();
-  T t = 0;
-  if (warp == 0) {
-    t = lane < static_cast<int>(blockDim.x / 32) ? warp_part[lane] : T(0);
-    t = warp_sum(t);
-  }
-  return t;
-}
 
 // Stage-one blocks for n elements: about 16 per thread, at most kReduceWork blocks. A
 // function of n alone, so the order of the additions never depends on the device.

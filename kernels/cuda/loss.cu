@@ -14,6 +14,7 @@
 
 #include "../bf16.hpp"
 #include "check.hpp"
+#include "common.cuh"
 #include "cuda.hpp"
 #include "launch.hpp"
 
@@ -34,31 +35,6 @@ unsigned reduce_blocks(int64_t n) {
   const int64_t per_block = static_cast<int64_t>(kThreads) * 4;
   const int64_t b = (n + per_block - 1) / per_block;
   return static_cast<unsigned>(b < 1 ? 1 : b < kReduceWork ? b : kReduceWork);
-}
-
-// Butterfly reductions: float addition is commutative, so every lane ends with the same
-// bits.
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Sum over the block, valid in thread 0. blockDim.x must be a multiple of 32, <= 1024.
-template <typename T>
-__device__ T block_sum(T v) {
-  __shared__ T warp_part[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_sum(v);
-  if (lane == 0) warp_part[warp] = v;
-  __syncthreads();
-  T t = 0;
-  if (warp == 0) {
-    t = lane < static_cast<int>(blockDim.x / 32) ? warp_part[lane] : T(0);
-    t = warp_sum(t);
-  }
-  return t;
 }
 
 // Stage two: *out = scale * sum(part[0 .. count)), one block, fixed order.
