@@ -13,23 +13,11 @@
 
 #include "../bf16.hpp"
 #include "check.hpp"
+#include "common.cuh"
 #include "cuda.hpp"
-#include "launch.hpp"
 
 namespace dpt::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-// Grid-stride loops: enough blocks to fill any current GPU, few enough to amortise the
-// per-thread setup over many elements.
-constexpr int64_t kMaxBlocks = 8192;
-
-unsigned blocks_for(int64_t items) {
-  const int64_t b = (items + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : b < kMaxBlocks ? b : kMaxBlocks);
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
@@ -355,8 +343,9 @@ void act_bias_backward_checked(const char* name, const T* dy, const T* saved, Ac
   DPT_CHECK(dy != nullptr && (act == Act::none || (saved != nullptr && dz != nullptr)),
             std::string(name) + ": null pointer");
   DPT_CHECK(act_bias_backward_work(rows, cols) == 0 || part != nullptr, std::string(name) + ": null work space");
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * V) == 0; };
-  if (cols % V == 0 && aligned(dy) && (act == Act::none || (aligned(saved) && aligned(dz))))
+  constexpr size_t kPackBytes = sizeof(T) * V;
+  if (cols % V == 0 && aligned(dy, kPackBytes) &&
+      (act == Act::none || (aligned(saved, kPackBytes) && aligned(dz, kPackBytes))))
     act_bias_backward_launch<T, V>(dy, saved, act, rows, cols, dz, beta, db, part, stream);
   else
     act_bias_backward_launch<T, 1>(dy, saved, act, rows, cols, dz, beta, db, part, stream);
@@ -406,8 +395,7 @@ template <Act A>
 void bias_act_forward_bf16_launch(const float* x, const uint16_t* bias, int64_t rows, int64_t cols,
                                   uint16_t* z, uint16_t* y, cudaStream_t stream) {
   const int64_t n = rows * cols;
-  auto al8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
-  if (cols % 4 == 0 && aligned16(x) && al8(y) && (!z || al8(z)) && (!bias || al8(bias))) {
+  if (cols % 4 == 0 && aligned16(x) && aligned(y, 8) && (!z || aligned(z, 8)) && (!bias || aligned(bias, 8))) {
     bias_act_forward_bf16_vec_kernel<A><<<blocks_for(n / 4), kThreads, 0, stream>>>(
         reinterpret_cast<const float4*>(x), reinterpret_cast<const ushort4*>(bias), n / 4, cols / 4,
         reinterpret_cast<ushort4*>(z), reinterpret_cast<ushort4*>(y));

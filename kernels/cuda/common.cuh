@@ -2,11 +2,45 @@
 // has one meaning everywhere:
 // - warp_sum and block_sum, the sums in their fixed order. Bit-for-bit determinism (the
 //   same inputs give the same bits on any GPU and any run) rests on adding the same floats
-//   in the same order, so every deterministic reduction adds through these two.
+//   in the same order, so every deterministic reduction adds through these two, over a
+//   grid that depends on the problem alone (reduce_blocks).
+// - The launch geometry of the one-dimensional kernels: kThreads a block, and blocks_for,
+//   the grid of a grid-stride loop.
+// - aligned and aligned16: whether a pointer allows the vector (16-byte) accesses.
+// - Programmatic dependent launch (launch.hpp): launch_after_previous, DPT_WAIT_PREVIOUS_GRID.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
+
+#include "../hd.hpp"
+#include "cuda.hpp"
+#include "launch.hpp"
+
 namespace dpt::cuda {
+
+// ---- launch geometry --------------------------------------------------------------------
+
+// Threads a block of the one-dimensional kernels (grid-stride loops; a warp a row).
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// Grid-stride loops: enough blocks to fill any current GPU, few enough to amortise the
+// per-thread setup over many elements.
+constexpr int64_t kMaxBlocks = 8192;
+
+// Blocks of kThreads for `items` work items: at least one, at most max_blocks (the
+// grid-stride loop covers the rest).
+inline unsigned blocks_for(int64_t items, int64_t max_blocks = kMaxBlocks) {
+  const int64_t b = (items + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : b < max_blocks ? b : max_blocks);
+}
+
+// ---- 16-byte accesses -------------------------------------------------------------------
+
+// Whether p allows accesses of `bytes` bytes at a time (a null pointer does).
+DPT_HD bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+DPT_HD bool aligned16(const void* p) { return aligned(p, 16); }
 
 // ---- reductions in a fixed order --------------------------------------------------------
 
@@ -33,6 +67,18 @@ __device__ T block_sum(T v) {
     t = warp_sum(t);
   }
   return t;
+}
+
+// The one block that adds a reduction's partials (stage two).
+constexpr int kFinishThreads = 1024;
+
+// Stage-one blocks of a reduction over n items, about items_per_thread a thread, at most
+// kReduceWork blocks. A function of the problem alone, so the order of the additions never
+// depends on the device.
+inline unsigned reduce_blocks(int64_t n, int64_t items_per_thread) {
+  const int64_t per_block = static_cast<int64_t>(kThreads) * items_per_thread;
+  const int64_t b = (n + per_block - 1) / per_block;
+  return static_cast<unsigned>(b < 1 ? 1 : b < kReduceWork ? b : kReduceWork);
 }
 
 }  // namespace dpt::cuda

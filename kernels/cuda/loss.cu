@@ -16,26 +16,9 @@
 #include "check.hpp"
 #include "common.cuh"
 #include "cuda.hpp"
-#include "launch.hpp"
 
 namespace dpt::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kFinishThreads = 1024;
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Stage-one blocks for n elements: about 4 per thread (one float4: for the seed workload's
-// 64 x 1000 loss, 63 blocks whose loads are all in flight at once, instead of 16 blocks
-// each looping), at most kReduceWork blocks. A function of n alone, so the order of the
-// additions never depends on the device.
-unsigned reduce_blocks(int64_t n) {
-  const int64_t per_block = static_cast<int64_t>(kThreads) * 4;
-  const int64_t b = (n + per_block - 1) / per_block;
-  return static_cast<unsigned>(b < 1 ? 1 : b < kReduceWork ? b : kReduceWork);
-}
 
 // Stage two: *out = scale * sum(part[0 .. count)), one block, fixed order.
 static __global__ void finish_sum_kernel(const float* part, int64_t count, double scale,
@@ -150,9 +133,10 @@ void mse_forward_launch(const char* who, const T* y, const float* t, int64_t n, 
     DPT_CUDA_CHECK_LAUNCH();
     return;
   }
-  const unsigned blocks = reduce_blocks(n);
-  auto four_aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0; };
-  if (four_aligned(y) && aligned16(t) && (!dy || four_aligned(dy)))
+  // About 4 elements a thread (one float4: for the seed workload's 64 x 1000 loss, 63 blocks
+  // whose loads are all in flight at once, instead of 16 blocks each looping).
+  const unsigned blocks = reduce_blocks(n, 4);
+  if (aligned(y, 4 * sizeof(T)) && aligned16(t) && (!dy || aligned(dy, 4 * sizeof(T))))
     launch_after_previous(mse_kernel<T, true>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
   else
     launch_after_previous(mse_kernel<T, false>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
@@ -164,9 +148,7 @@ void mse_backward_launch(const char* who, const T* y, const float* t, int64_t n,
   DPT_CHECK(n >= 0, std::string(who) + ": negative size");
   if (n == 0) return;
   DPT_CHECK(y != nullptr && t != nullptr && dy != nullptr, std::string(who) + ": null pointer");
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  mse_backward_kernel<<<static_cast<unsigned>(blocks < 8192 ? blocks : 8192), kThreads, 0, stream>>>(y, t, n, dloss,
-                                                                                                      scale, dy);
+  mse_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, t, n, dloss, scale, dy);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
