@@ -171,9 +171,6 @@ constexpr int kGradRows = 32;  // warps per block, each striding over the rows
 // db[c] = beta * db[c] + sum_r dy[r][c]. Thread (tx, ty) sums rows ty, ty + 32, ... of
 // column c0 + tx; the 32 partial sums of a column are then added in a fixed order, so the
 // result does not depend on scheduling.
-__device__ __forceinline__ float as_float(float v) { return v; }
-__device__ __forceinline__ float as_float(uint16_t v) { return bf16_float(v); }
-
 template <typename T>
 static __global__ void bias_grad_kernel(const T* dy, int64_t rows, int64_t cols, float beta,
                                         float* db) {
@@ -218,9 +215,6 @@ struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
-__device__ __forceinline__ void store_as(float& d, float v) { d = v; }
-__device__ __forceinline__ void store_as(uint16_t& d, float v) { d = bf16_round(v); }
-
 template <typename T, int V, Act A>
 static __global__ void act_bias_backward_kernel(const T* dy, const T* saved, int64_t rows, int64_t cols,
                                                 int64_t chunk_rows, T* dz, float beta, float* db, float* part) {
@@ -240,7 +234,7 @@ static __global__ void act_bias_backward_kernel(const T* dy, const T* saved, int
         const Pack<T, V> sv = reinterpret_cast<const Pack<T, V>*>(saved)[at];
         // __fmul_rn: the product is rounded before it is stored and summed (no FMA into the sum).
 #pragma unroll
-        for (int e = 0; e < V; ++e) store_as(g.v[e], __fmul_rn(as_float(g.v[e]), act_derivative<A>(as_float(sv.v[e]))));
+        for (int e = 0; e < V; ++e) store(&g.v[e], __fmul_rn(as_float(g.v[e]), act_derivative<A>(as_float(sv.v[e]))));
         reinterpret_cast<Pack<T, V>*>(dz)[at] = g;
       }
 #pragma unroll

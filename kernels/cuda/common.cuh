@@ -7,6 +7,8 @@
 // - The launch geometry of the one-dimensional kernels: kThreads a block, and blocks_for,
 //   the grid of a grid-stride loop.
 // - aligned and aligned16: whether a pointer allows the vector (16-byte) accesses.
+// - as_float and store: elements stored as float or bf16, read as floats and each store
+//   rounded once (bf16.hpp), as the CPU twins do.
 // - Programmatic dependent launch (launch.hpp): launch_after_previous, DPT_WAIT_PREVIOUS_GRID.
 #pragma once
 #include <cuda_runtime.h>
@@ -14,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../bf16.hpp"
 #include "../hd.hpp"
 #include "cuda.hpp"
 #include "launch.hpp"
@@ -41,6 +44,13 @@ inline unsigned blocks_for(int64_t items, int64_t max_blocks = kMaxBlocks) {
 // Whether p allows accesses of `bytes` bytes at a time (a null pointer does).
 DPT_HD bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 DPT_HD bool aligned16(const void* p) { return aligned(p, 16); }
+
+// ---- float and bf16 elements ------------------------------------------------------------
+
+__device__ __forceinline__ float as_float(float v) { return v; }
+__device__ __forceinline__ float as_float(uint16_t v) { return bf16_float(v); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(uint16_t* p, float v) { *p = bf16_round(v); }
 
 // ---- reductions in a fixed order --------------------------------------------------------
 

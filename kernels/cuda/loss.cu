@@ -59,13 +59,7 @@ __device__ void finish_mean_in_last_block(float s, int64_t n, float* part, unsig
   }
 }
 
-// Predictions and gradients are float or bf16 (uint16_t, read as floats, each store rounded
-// once); targets are float.
-__device__ __forceinline__ float as_float(float v) { return v; }
-__device__ __forceinline__ float as_float(uint16_t v) { return bf16_float(v); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(uint16_t* p, float v) { *p = bf16_round(v); }
-
+// Predictions and gradients are float or bf16 (as_float and store); targets are float.
 // Four consecutive elements in one access: a float4, or for bf16 a ushort4 (8 bytes).
 __device__ __forceinline__ float4 load_four(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float4 load_four(const uint16_t* p) {
