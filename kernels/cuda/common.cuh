@@ -9,12 +9,19 @@
 // - aligned and aligned16: whether a pointer allows the vector (16-byte) accesses.
 // - as_float and store: elements stored as float or bf16, read as floats and each store
 //   rounded once (bf16.hpp), as the CPU twins do.
+// - act_forward and act_derivative, the activations, and dispatch_act, which turns the Act
+//   a launcher is given into the instantiation of its kernel for that activation.
 // - Programmatic dependent launch (launch.hpp): launch_after_previous, DPT_WAIT_PREVIOUS_GRID.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include <dptrain/error.hpp>
+#include <dptrain/types.hpp>
 
 #include "../bf16.hpp"
 #include "../hd.hpp"
@@ -51,6 +58,43 @@ __device__ __forceinline__ float as_float(float v) { return v; }
 __device__ __forceinline__ float as_float(uint16_t v) { return bf16_float(v); }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(uint16_t* p, float v) { *p = bf16_round(v); }
+
+// ---- activations ------------------------------------------------------------------------
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+
+template <Act A>
+__device__ __forceinline__ float act_forward(float v) {
+  if constexpr (A == Act::relu) return v > 0.f ? v : 0.f;
+  if constexpr (A == Act::gelu) return 0.5f * v * erfcf(-v * kInvSqrt2);  // erfc: no cancellation for z << 0
+  if constexpr (A == Act::tanh) return tanhf(v);
+  return v;
+}
+
+// act'(.) from what the forward saved: y for relu/tanh/none, the pre-activation z for gelu.
+template <Act A>
+__device__ __forceinline__ float act_derivative(float s) {
+  if constexpr (A == Act::relu) return s > 0.f ? 1.f : 0.f;
+  if constexpr (A == Act::gelu)
+    return 0.5f * erfcf(-s * kInvSqrt2) + s * expf(-0.5f * s * s) * kInvSqrt2Pi;
+  if constexpr (A == Act::tanh) return 1.f - s * s;
+  return 1.f;
+}
+
+// Returns f(std::integral_constant<Act, A>{}) for the A that act names, so that f can
+// instantiate a kernel for it (decltype(a)::value): one instantiation per activation, and
+// no switch in any kernel's loop. An act outside the enum throws, naming `who`.
+template <typename F>
+decltype(auto) dispatch_act(Act act, const char* who, F&& f) {
+  switch (act) {
+    case Act::none: return f(std::integral_constant<Act, Act::none>{});
+    case Act::relu: return f(std::integral_constant<Act, Act::relu>{});
+    case Act::gelu: return f(std::integral_constant<Act, Act::gelu>{});
+    case Act::tanh: return f(std::integral_constant<Act, Act::tanh>{});
+  }
+  throw ::dpt::Error(std::string(who) + ": unknown activation");
+}
 
 // ---- reductions in a fixed order --------------------------------------------------------
 

@@ -144,14 +144,6 @@ static __global__ void __launch_bounds__(kTileThreads) skinny_partial_kernel(int
   }
 }
 
-template <Act A>
-__device__ __forceinline__ float activate(float v) {
-  if constexpr (A == Act::relu) return v > 0.f ? v : 0.f;
-  if constexpr (A == Act::gelu) return 0.5f * v * erfcf(-v * 0.70710678118654752f);
-  if constexpr (A == Act::tanh) return tanhf(v);
-  return v;
-}
-
 // C[i] = act(alpha * s + beta C[i] + bias), z[i] (z may be null) = the pre-activation.
 // beta == 0 never reads C.
 template <Act A>
@@ -161,7 +153,7 @@ __device__ __forceinline__ void skinny_finish(float s, int64_t i, int n, float a
   if (beta != 0.f) v += beta * C[i];
   if (bias) v += bias[i % n];
   if (z) z[i] = v;
-  C[i] = activate<A>(v);
+  C[i] = act_forward<A>(v);
 }
 
 // C = act(alpha * (part[0] + part[1] + ...) + beta C + bias), the slices added in order.
@@ -307,17 +299,11 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
   const bool vec = n % 4 == 0;
   const int64_t items = vec ? mn / 4 : mn;
   const unsigned blocks = blocks_for(items, 4096);
-  auto epilogue = [&] {
-    switch (act) {
-      case Act::none: return vec ? skinny_epilogue_kernel<Act::none, true> : skinny_epilogue_kernel<Act::none, false>;
-      case Act::relu: return vec ? skinny_epilogue_kernel<Act::relu, true> : skinny_epilogue_kernel<Act::relu, false>;
-      case Act::gelu: return vec ? skinny_epilogue_kernel<Act::gelu, true> : skinny_epilogue_kernel<Act::gelu, false>;
-      case Act::tanh: return vec ? skinny_epilogue_kernel<Act::tanh, true> : skinny_epilogue_kernel<Act::tanh, false>;
-    }
-    throw ::dpt::Error("gemm_skinny: unknown activation");
-  };
+  const auto epilogue = dispatch_act(act, "gemm_skinny", [vec](auto a) {
+    return vec ? skinny_epilogue_kernel<decltype(a)::value, true> : skinny_epilogue_kernel<decltype(a)::value, false>;
+  });
   const float* const_work = work;
-  launch_after_previous(epilogue(), blocks, kThreads, stream, const_work, splits, mn, N, alpha, beta, C, bias, z);
+  launch_after_previous(epilogue, blocks, kThreads, stream, const_work, splits, mn, N, alpha, beta, C, bias, z);
 }
 
 void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
