@@ -44,7 +44,7 @@ __global__ void channel_bias_add_vec_kernel(float4* y, const float* b, int64_t n
 }
 
 // One warp per row of `len` floats (grid-stride over rows): lane-strided partial sums,
-// then a fixed shuffle tree.
+// then warp_sum's fixed tree.
 __global__ void row_sums_kernel(const float* x, int64_t rows, int64_t len, float* out) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -61,7 +61,7 @@ __global__ void row_sums_kernel(const float* x, int64_t rows, int64_t len, float
     } else {
       for (int64_t i = lane; i < len; i += 32) s += p[i];
     }
-    for (int o = 16; o > 0; o /= 2) s += __shfl_down_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     if (lane == 0) out[row] = s;
   }
 }
