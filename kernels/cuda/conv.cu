@@ -1,15 +1,15 @@
 // conv.cu — the convolution pieces dptrain does itself rather than through cuDNN, each
-// where cuDNN's deterministic choice was measured slow on the cnn workload (H200, batch
-// 256, Nsight Compute, 2026-11-29):
-// - the bias of a convolution, y[n][c][.] += b[c] (cudnnAddTensor: 137 us a step, here one
-//   read and one write of y);
-// - its gradient, db[c] = sum over n and the image of dy (cudnnConvolutionBackwardBias:
-//   494 us a step): per (n, c) row sums, then the rows of that [n, c] matrix summed in a
+// where cuDNN's deterministic choice was measured slow on the cnn workload (README,
+// Performance, has the figures):
+// - the bias of a convolution, y[n][c][.] += b[c] (cudnnAddTensor took far longer than
+//   the one read and one write of y that it is here);
+// - its gradient, db[c] = sum over n and the image of dy (cudnnConvolutionBackwardBias,
+//   slower still): per (n, c) row sums, then the rows of that [n, c] matrix summed in a
 //   fixed order by bias_grad, so the result is deterministic;
 // - the weight gradient of a convolution with few inputs per output (c*r*s small, the
-//   first layer: cuDNN's deterministic algorithm took 648 us where the work is 0.45 GFLOP):
-//   im2col, one GEMM per image, and the per-image results summed in a fixed order, a
-//   bounded number of images at a time.
+//   first layer, where cuDNN's deterministic algorithm took far longer than its little
+//   arithmetic warrants): im2col, one GEMM per image, and the per-image results summed in
+//   a fixed order, a bounded number of images at a time.
 #include <algorithm>
 #include <cstdint>
 

@@ -11,10 +11,10 @@
 // multiplied, so there is one barrier per slab and the global latency hides behind
 // 8 * 64 FFMAs per thread. 128 registers, no spills: two blocks (16 warps) per SM.
 //
-// Measured on one H200 (benchmarks/sgemm_bench.cu, median of 21): 4096^3 NN 46.4 TFLOP/s
-// against cuBLAS's 50.3 (0.92), TN 46.8 against 51.1. Problems with few 128x128 tiles
-// leave most SMs idle: 64x1000x1000 is 8 blocks on 132 SMs, ~0.1 ms against cuBLAS's
-// ~0.015 ms (cuBLAS splits k there; this kernel does not).
+// On large problems it comes close to cuBLAS's fp32 GEMM (benchmarks/sgemm_bench.cu
+// measures both). Problems with few 128x128 tiles leave most SMs idle (64x1000x1000 is 8
+// blocks on a GPU of 132 SMs) and run far slower than cuBLAS, which splits k there; this
+// kernel does not.
 //
 // Edges: every global load is bounds-checked (zeros outside) and every store predicated,
 // so any m, n, k works with the same kernel; only the load width changes. Vec = float4

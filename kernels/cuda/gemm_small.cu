@@ -2,12 +2,11 @@
 // small batch makes, where cuBLAS's general kernels leave the GPU mostly idle:
 //
 // - skinny: C = act(alpha A B^T + beta C + bias), A [m, k] with m <= kSkinnyRows (the
-//   batch), B [n, k] (the weight): the forward. On an H200 cuBLAS ran the seed workload's
-//   64 x 1000 x 1000 as two kernels (a split-k GEMM, 11.6 + 7.7 us under Nsight Compute),
-//   then our bias pass. Here: blocks of 64 rows x 64 columns, each over one slice of k
-//   (split k, so that ~256 blocks run), writing partial products; then one pass adds the
-//   slices in order and applies alpha, beta, the bias and the activation. Deterministic:
-//   the split depends on the shape alone.
+//   batch), B [n, k] (the weight): the forward. cuBLAS ran the seed workload's
+//   64 x 1000 x 1000 as two kernels (a split-k GEMM), then our bias pass. Here: blocks of
+//   64 rows x 64 columns, each over one slice of k (split k, so that ~256 blocks run),
+//   writing partial products; then one pass adds the slices in order and applies alpha,
+//   beta, the bias and the activation. Deterministic: the split depends on the shape alone.
 // - short k: C = alpha A^T B + beta C, A [k, m], B [k, n] with k small (the batch): the
 //   weight gradient. Both operands are read along their rows (m and n are contiguous), so
 //   no transpose. It can also sum A's columns (a Linear layer's bias gradient when A is the
@@ -52,8 +51,8 @@ __device__ __forceinline__ float4 load4(const float* row, bool row_ok, int c, in
 }
 
 // Stores v to row[c, c + 4) clipped to n. vec (n % 4 == 0 and the row 16-byte aligned, so
-// c < n means c + 4 <= n): one 16-byte store. Scalar stores of a 64 x 64 tile cost the
-// short-k kernel 4 of its 10 us on an H200 (in a CUDA graph, seed workload's shape).
+// c < n means c + 4 <= n): one 16-byte store. Scalar stores of a 64 x 64 tile took a large
+// share of the short-k kernel's time (the seed workload's shape, in a CUDA graph).
 __device__ __forceinline__ void store4(float* row, int c, int n, float4 v, bool vec) {
   if (vec) {
     if (c < n) *reinterpret_cast<float4*>(row + c) = v;
