@@ -1,9 +1,9 @@
-// common.cuh — the device helpers that the kernel files share, each defined once so that it
-// has one meaning everywhere:
-// - warp_sum and block_sum, the sums in their fixed order. Bit-for-bit determinism (the
+// common.cuh — what the CUDA kernel files share, device helpers and their launch side,
+// each defined once so that it has one meaning everywhere:
+// - warp_sum and block_sum, the sums in their fixed order, and reduce_blocks, the grid of a
+//   two-stage reduction as a function of the problem alone. Bit-for-bit determinism (the
 //   same inputs give the same bits on any GPU and any run) rests on adding the same floats
-//   in the same order, so every deterministic reduction adds through these two, over a
-//   grid that depends on the problem alone (reduce_blocks).
+//   in the same order, so that order is written down here once.
 // - The launch geometry of the one-dimensional kernels: kThreads a block, and blocks_for,
 //   the grid of a grid-stride loop.
 // - aligned and aligned16: whether a pointer allows the vector (16-byte) accesses.
