@@ -13,44 +13,11 @@
 
 #include "../bf16.hpp"
 #include "check.hpp"
+#include "common.cuh"
 #include "cuda.hpp"
-#include "launch.hpp"
 
 namespace dpt::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-// Grid-stride loops: enough blocks to fill any current GPU, few enough to amortise the
-// per-thread setup over many elements.
-constexpr int64_t kMaxBlocks = 8192;
-
-unsigned blocks_for(int64_t items) {
-  const int64_t b = (items + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : b < kMaxBlocks ? b : kMaxBlocks);
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-constexpr float kInvSqrt2 = 0.70710678118654752f;
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;
-
-template <Act A>
-__device__ __forceinline__ float act_forward(float v) {
-  if constexpr (A == Act::relu) return v > 0.f ? v : 0.f;
-  if constexpr (A == Act::gelu) return 0.5f * v * erfcf(-v * kInvSqrt2);  // erfc: no cancellation for z << 0
-  if constexpr (A == Act::tanh) return tanhf(v);
-  return v;
-}
-
-// act'(.) from what the forward saved: y for relu/tanh/none, the pre-activation z for gelu.
-template <Act A>
-__device__ __forceinline__ float act_derivative(float s) {
-  if constexpr (A == Act::relu) return s > 0.f ? 1.f : 0.f;
-  if constexpr (A == Act::gelu)
-    return 0.5f * erfcf(-s * kInvSqrt2) + s * expf(-0.5f * s * s) * kInvSqrt2Pi;
-  if constexpr (A == Act::tanh) return 1.f - s * s;
-  return 1.f;
-}
 
 // ---- bias_act_forward -------------------------------------------------------------------
 
@@ -183,9 +150,6 @@ constexpr int kGradRows = 32;  // warps per block, each striding over the rows
 // db[c] = beta * db[c] + sum_r dy[r][c]. Thread (tx, ty) sums rows ty, ty + 32, ... of
 // column c0 + tx; the 32 partial sums of a column are then added in a fixed order, so the
 // result does not depend on scheduling.
-__device__ __forceinline__ float as_float(float v) { return v; }
-__device__ __forceinline__ float as_float(uint16_t v) { return bf16_float(v); }
-
 template <typename T>
 static __global__ void bias_grad_kernel(const T* dy, int64_t rows, int64_t cols, float beta,
                                         float* db) {
@@ -230,9 +194,6 @@ struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
-__device__ __forceinline__ void store_as(float& d, float v) { d = v; }
-__device__ __forceinline__ void store_as(uint16_t& d, float v) { d = bf16_round(v); }
-
 template <typename T, int V, Act A>
 static __global__ void act_bias_backward_kernel(const T* dy, const T* saved, int64_t rows, int64_t cols,
                                                 int64_t chunk_rows, T* dz, float beta, float* db, float* part) {
@@ -252,7 +213,7 @@ static __global__ void act_bias_backward_kernel(const T* dy, const T* saved, int
         const Pack<T, V> sv = reinterpret_cast<const Pack<T, V>*>(saved)[at];
         // __fmul_rn: the product is rounded before it is stored and summed (no FMA into the sum).
 #pragma unroll
-        for (int e = 0; e < V; ++e) store_as(g.v[e], __fmul_rn(as_float(g.v[e]), act_derivative<A>(as_float(sv.v[e]))));
+        for (int e = 0; e < V; ++e) store(&g.v[e], __fmul_rn(as_float(g.v[e]), act_derivative<A>(as_float(sv.v[e]))));
         reinterpret_cast<Pack<T, V>*>(dz)[at] = g;
       }
 #pragma unroll
@@ -327,16 +288,9 @@ void act_bias_backward_launch(const T* dy, const T* saved, Act act, int64_t rows
   const int64_t bx = (cols + kBgX * V - 1) / (kBgX * V);
   DPT_CHECK(bx <= 0x7fffffff, "act_bias_backward: too many columns");
   const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(chunks)), block(kBgX, kBgY);
-  auto kernel = [act] {
-    switch (act) {
-      case Act::none: return act_bias_backward_kernel<T, V, Act::none>;
-      case Act::relu: return act_bias_backward_kernel<T, V, Act::relu>;
-      case Act::gelu: return act_bias_backward_kernel<T, V, Act::gelu>;
-      case Act::tanh: return act_bias_backward_kernel<T, V, Act::tanh>;
-    }
-    throw ::dpt::Error("act_bias_backward: unknown activation");
-  };
-  launch_after_previous(kernel(), grid, block, stream, dy, saved, rows, cols, chunk_rows, dz, beta, db, part);
+  const auto kernel = dispatch_act(act, "act_bias_backward",
+                                   [](auto a) { return act_bias_backward_kernel<T, V, decltype(a)::value>; });
+  launch_after_previous(kernel, grid, block, stream, dy, saved, rows, cols, chunk_rows, dz, beta, db, part);
   if (chunks > 1) bias_grad_finish(part, chunks, cols, beta, db, stream);
 }
 
@@ -355,8 +309,9 @@ void act_bias_backward_checked(const char* name, const T* dy, const T* saved, Ac
   DPT_CHECK(dy != nullptr && (act == Act::none || (saved != nullptr && dz != nullptr)),
             std::string(name) + ": null pointer");
   DPT_CHECK(act_bias_backward_work(rows, cols) == 0 || part != nullptr, std::string(name) + ": null work space");
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * V) == 0; };
-  if (cols % V == 0 && aligned(dy) && (act == Act::none || (aligned(saved) && aligned(dz))))
+  constexpr size_t kPackBytes = sizeof(T) * V;
+  if (cols % V == 0 && aligned(dy, kPackBytes) &&
+      (act == Act::none || (aligned(saved, kPackBytes) && aligned(dz, kPackBytes))))
     act_bias_backward_launch<T, V>(dy, saved, act, rows, cols, dz, beta, db, part, stream);
   else
     act_bias_backward_launch<T, 1>(dy, saved, act, rows, cols, dz, beta, db, part, stream);
@@ -406,8 +361,7 @@ template <Act A>
 void bias_act_forward_bf16_launch(const float* x, const uint16_t* bias, int64_t rows, int64_t cols,
                                   uint16_t* z, uint16_t* y, cudaStream_t stream) {
   const int64_t n = rows * cols;
-  auto al8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
-  if (cols % 4 == 0 && aligned16(x) && al8(y) && (!z || al8(z)) && (!bias || al8(bias))) {
+  if (cols % 4 == 0 && aligned16(x) && aligned(y, 8) && (!z || aligned(z, 8)) && (!bias || aligned(bias, 8))) {
     bias_act_forward_bf16_vec_kernel<A><<<blocks_for(n / 4), kThreads, 0, stream>>>(
         reinterpret_cast<const float4*>(x), reinterpret_cast<const ushort4*>(bias), n / 4, cols / 4,
         reinterpret_cast<ushort4*>(z), reinterpret_cast<ushort4*>(y));
@@ -481,13 +435,8 @@ void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, 
   DPT_CHECK(rows >= 0 && cols >= 0, "bias_act_forward: negative shape");
   if (rows == 0 || cols == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "bias_act_forward: null x or y");
-  switch (act) {
-    case Act::none: bias_act_forward_launch<Act::none>(x, bias, rows, cols, z, y, stream); break;
-    case Act::relu: bias_act_forward_launch<Act::relu>(x, bias, rows, cols, z, y, stream); break;
-    case Act::gelu: bias_act_forward_launch<Act::gelu>(x, bias, rows, cols, z, y, stream); break;
-    case Act::tanh: bias_act_forward_launch<Act::tanh>(x, bias, rows, cols, z, y, stream); break;
-    default: DPT_CHECK(false, "bias_act_forward: unknown activation");
-  }
+  dispatch_act(act, "bias_act_forward",
+               [&](auto a) { bias_act_forward_launch<decltype(a)::value>(x, bias, rows, cols, z, y, stream); });
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -496,13 +445,7 @@ void act_backward(const float* dy, const float* saved, Act act, int64_t n, float
   DPT_CHECK(n >= 0, "act_backward: negative size");
   if (n == 0) return;
   DPT_CHECK(dy != nullptr && saved != nullptr && dx != nullptr, "act_backward: null pointer");
-  switch (act) {
-    case Act::none: act_backward_launch<Act::none>(dy, saved, n, dx, stream); break;
-    case Act::relu: act_backward_launch<Act::relu>(dy, saved, n, dx, stream); break;
-    case Act::gelu: act_backward_launch<Act::gelu>(dy, saved, n, dx, stream); break;
-    case Act::tanh: act_backward_launch<Act::tanh>(dy, saved, n, dx, stream); break;
-    default: DPT_CHECK(false, "act_backward: unknown activation");
-  }
+  dispatch_act(act, "act_backward", [&](auto a) { act_backward_launch<decltype(a)::value>(dy, saved, n, dx, stream); });
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -520,13 +463,10 @@ void act_backward_transposed(const float* dy, const float* saved, Act act, int64
   DPT_CHECK(bx <= 0x7fffffff && by <= 65535, "act_backward_transposed: too large");
   const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(by)), block(kTile, kTileRows);
   float* part = db ? work : nullptr;
-  switch (act) {
-    case Act::none: act_backward_transposed_kernel<Act::none><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt, part); break;
-    case Act::relu: act_backward_transposed_kernel<Act::relu><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt, part); break;
-    case Act::gelu: act_backward_transposed_kernel<Act::gelu><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt, part); break;
-    case Act::tanh: act_backward_transposed_kernel<Act::tanh><<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt, part); break;
-    default: DPT_CHECK(false, "act_backward_transposed: unknown activation");
-  }
+  dispatch_act(act, "act_backward_transposed", [&](auto a) {
+    act_backward_transposed_kernel<decltype(a)::value>
+        <<<grid, block, 0, stream>>>(dy, saved, rows, cols, dx, dxt, part);
+  });
   if (db) bias_grad_finish(part, by, cols, beta, db, stream);
   DPT_CUDA_CHECK_LAUNCH();
 }
@@ -567,13 +507,8 @@ void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_
   DPT_CHECK(rows >= 0 && cols >= 0, "bias_act_forward_bf16: negative shape");
   if (rows == 0 || cols == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "bias_act_forward_bf16: null x or y");
-  switch (act) {
-    case Act::none: bias_act_forward_bf16_launch<Act::none>(x, bias, rows, cols, z, y, stream); break;
-    case Act::relu: bias_act_forward_bf16_launch<Act::relu>(x, bias, rows, cols, z, y, stream); break;
-    case Act::gelu: bias_act_forward_bf16_launch<Act::gelu>(x, bias, rows, cols, z, y, stream); break;
-    case Act::tanh: bias_act_forward_bf16_launch<Act::tanh>(x, bias, rows, cols, z, y, stream); break;
-    default: DPT_CHECK(false, "bias_act_forward_bf16: unknown activation");
-  }
+  dispatch_act(act, "bias_act_forward_bf16",
+               [&](auto a) { bias_act_forward_bf16_launch<decltype(a)::value>(x, bias, rows, cols, z, y, stream); });
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -581,13 +516,7 @@ void act_forward_bf16(const uint16_t* x, Act act, int64_t n, uint16_t* y, cudaSt
   DPT_CHECK(n >= 0, "act_forward_bf16: negative size");
   if (n == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "act_forward_bf16: null pointer");
-  switch (act) {
-    case Act::none: act_forward_bf16_launch<Act::none>(x, n, y, stream); break;
-    case Act::relu: act_forward_bf16_launch<Act::relu>(x, n, y, stream); break;
-    case Act::gelu: act_forward_bf16_launch<Act::gelu>(x, n, y, stream); break;
-    case Act::tanh: act_forward_bf16_launch<Act::tanh>(x, n, y, stream); break;
-    default: DPT_CHECK(false, "act_forward_bf16: unknown activation");
-  }
+  dispatch_act(act, "act_forward_bf16", [&](auto a) { act_forward_bf16_launch<decltype(a)::value>(x, n, y, stream); });
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -596,13 +525,8 @@ void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64
   DPT_CHECK(n >= 0, "act_backward_bf16: negative size");
   if (n == 0) return;
   DPT_CHECK(dy != nullptr && saved != nullptr && dx != nullptr, "act_backward_bf16: null pointer");
-  switch (act) {
-    case Act::none: act_backward_bf16_launch<Act::none>(dy, saved, n, dx, stream); break;
-    case Act::relu: act_backward_bf16_launch<Act::relu>(dy, saved, n, dx, stream); break;
-    case Act::gelu: act_backward_bf16_launch<Act::gelu>(dy, saved, n, dx, stream); break;
-    case Act::tanh: act_backward_bf16_launch<Act::tanh>(dy, saved, n, dx, stream); break;
-    default: DPT_CHECK(false, "act_backward_bf16: unknown activation");
-  }
+  dispatch_act(act, "act_backward_bf16",
+               [&](auto a) { act_backward_bf16_launch<decltype(a)::value>(dy, saved, n, dx, stream); });
   DPT_CUDA_CHECK_LAUNCH();
 }
 

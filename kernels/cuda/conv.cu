@@ -1,30 +1,28 @@
 // conv.cu — the convolution pieces dptrain does itself rather than through cuDNN, each
-// where cuDNN's deterministic choice was measured slow on the cnn workload (H200, batch
-// 256, Nsight Compute, 2026-11-29):
-// - the bias of a convolution, y[n][c][.] += b[c] (cudnnAddTensor: 137 us a step, here one
-//   read and one write of y);
-// - its gradient, db[c] = sum over n and the image of dy (cudnnConvolutionBackwardBias:
-//   494 us a step): per (n, c) row sums, then the rows of that [n, c] matrix summed in a
+// where cuDNN's deterministic choice was measured slow on the cnn workload (README,
+// Performance, has the figures):
+// - the bias of a convolution, y[n][c][.] += b[c] (cudnnAddTensor took far longer than
+//   the one read and one write of y that it is here);
+// - its gradient, db[c] = sum over n and the image of dy (cudnnConvolutionBackwardBias,
+//   slower still): per (n, c) row sums, then the rows of that [n, c] matrix summed in a
 //   fixed order by bias_grad, so the result is deterministic;
 // - the weight gradient of a convolution with few inputs per output (c*r*s small, the
-//   first layer: cuDNN's deterministic algorithm took 648 us where the work is 0.45 GFLOP):
-//   im2col, one GEMM per image, and the per-image results summed in a fixed order, a
-//   bounded number of images at a time.
+//   first layer, where cuDNN's deterministic algorithm took far longer than its little
+//   arithmetic warrants): im2col, one GEMM per image, and the per-image results summed in
+//   a fixed order, a bounded number of images at a time.
 #include <algorithm>
 #include <cstdint>
 
 #include "check.hpp"
+#include "common.cuh"
 #include "cuda.hpp"
 
 namespace dpt::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t items) {
-  const int64_t b = (items + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : b < 65535 * 16 ? b : 65535 * 16);
-}
+// The kernels here start up to this many blocks (more than kMaxBlocks): one thread an
+// element up to about 2^28 elements, and the grid-stride loops beyond.
+constexpr int64_t kConvMaxBlocks = 65535 * 16;
 
 __global__ void channel_bias_add_kernel(float* y, const float* b, int64_t n, int64_t c, int64_t hw) {
   const int64_t total = n * c * hw;
@@ -46,7 +44,7 @@ __global__ void channel_bias_add_vec_kernel(float4* y, const float* b, int64_t n
 }
 
 // One warp per row of `len` floats (grid-stride over rows): lane-strided partial sums,
-// then a fixed shuffle tree.
+// then warp_sum's fixed tree.
 __global__ void row_sums_kernel(const float* x, int64_t rows, int64_t len, float* out) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -54,7 +52,7 @@ __global__ void row_sums_kernel(const float* x, int64_t rows, int64_t len, float
        row += warps) {
     const float* p = x + row * len;
     float s = 0.f;
-    if (len % 4 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0) {
+    if (len % 4 == 0 && aligned16(p)) {
       const float4* p4 = reinterpret_cast<const float4*>(p);
       for (int64_t i = lane; i < len / 4; i += 32) {
         const float4 v = p4[i];
@@ -63,7 +61,7 @@ __global__ void row_sums_kernel(const float* x, int64_t rows, int64_t len, float
     } else {
       for (int64_t i = lane; i < len; i += 32) s += p[i];
     }
-    for (int o = 16; o > 0; o /= 2) s += __shfl_down_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     if (lane == 0) out[row] = s;
   }
 }
@@ -87,11 +85,11 @@ void channel_bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw
   DPT_CHECK(n >= 0 && c >= 0 && hw >= 0, "channel_bias_add: negative shape");
   if (n * c * hw == 0) return;
   DPT_CHECK(y != nullptr && b != nullptr, "channel_bias_add: null pointer");
-  if (hw % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0)
-    channel_bias_add_vec_kernel<<<blocks_for(n * c * hw / 4), kThreads, 0, stream>>>(
+  if (hw % 4 == 0 && aligned16(y))
+    channel_bias_add_vec_kernel<<<blocks_for(n * c * hw / 4, kConvMaxBlocks), kThreads, 0, stream>>>(
         reinterpret_cast<float4*>(y), b, n, c, hw / 4);
   else
-    channel_bias_add_kernel<<<blocks_for(n * c * hw), kThreads, 0, stream>>>(y, b, n, c, hw);
+    channel_bias_add_kernel<<<blocks_for(n * c * hw, kConvMaxBlocks), kThreads, 0, stream>>>(y, b, n, c, hw);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -102,8 +100,7 @@ void channel_bias_grad(const float* dy, int64_t n, int64_t c, int64_t hw, float 
   DPT_CHECK(dy != nullptr && db != nullptr && work != nullptr, "channel_bias_grad: null pointer");
   const int64_t rows = n * c;
   if (rows > 0 && hw > 0) {
-    constexpr int64_t kWarps = kThreads / 32;
-    const int64_t blocks = std::min<int64_t>((rows + kWarps - 1) / kWarps, 65535 * 16);
+    const int64_t blocks = std::min<int64_t>((rows + kWarps - 1) / kWarps, kConvMaxBlocks);
     row_sums_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(dy, rows, hw, work);
     DPT_CUDA_CHECK_LAUNCH();
   } else if (rows > 0) {
@@ -139,8 +136,8 @@ void conv_wgrad_gemm(cublasHandle_t handle, Precision precision, const ConvShape
   for (int64_t n0 = 0; n0 < s.n; n0 += chunk) {
     ConvShape part = s;
     part.n = std::min(chunk, s.n - n0);
-    im2col_kernel<<<blocks_for(part.n * crs * P * Q), kThreads, 0, stream>>>(x + n0 * s.c * s.h * s.w, part, P, Q,
-                                                                            col);
+    im2col_kernel<<<blocks_for(part.n * crs * P * Q, kConvMaxBlocks), kThreads, 0, stream>>>(
+        x + n0 * s.c * s.h * s.w, part, P, Q, col);
     DPT_CUDA_CHECK_LAUNCH();
     // per_image[i] = dy[i] [k, PQ] . col[i]^T [PQ, crs]; bf16 runs as TF32, as in cuDNN's passes.
     gemm_cublas_strided_batched(handle, precision == Precision::fp32 ? Precision::fp32 : Precision::tf32, false,

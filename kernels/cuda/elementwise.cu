@@ -12,22 +12,11 @@
 #include "../bf16.hpp"
 #include "../philox.hpp"
 #include "check.hpp"
+#include "common.cuh"
 #include "cuda.hpp"
 
 namespace dpt::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kFinishThreads = 1024;
-constexpr int64_t kMaxBlocks = 8192;
-
-unsigned blocks_for(int64_t items) {
-  const int64_t b = (items + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : b < kMaxBlocks ? b : kMaxBlocks);
-}
-
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 __device__ __forceinline__ int64_t global_tid() {
   return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -72,39 +61,6 @@ static __global__ void axpy_kernel(int64_t n, float alpha, const float* x, float
 }
 
 // ---- sum_squares ------------------------------------------------------------------------
-
-// Butterfly reductions: float addition is commutative, so every lane ends with the same
-// bits.
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Sum over the block, valid in thread 0. blockDim.x must be a multiple of 32, <= 1024.
-template <typename T>
-__device__ T block_sum(T v) {
-  __shared__ T warp_part[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_sum(v);
-  if (lane == 0) warp_part[warp] = v;
-  __syncthreads();
-  T t = 0;
-  if (warp == 0) {
-    t = lane < static_cast<int>(blockDim.x / 32) ? warp_part[lane] : T(0);
-    t = warp_sum(t);
-  }
-  return t;
-}
-
-// Stage-one blocks for n elements: about 16 per thread, at most kReduceWork blocks. A
-// function of n alone, so the order of the additions never depends on the device.
-unsigned reduce_blocks(int64_t n) {
-  const int64_t per_block = static_cast<int64_t>(kThreads) * 16;
-  const int64_t b = (n + per_block - 1) / per_block;
-  return static_cast<unsigned>(b < 1 ? 1 : b < kReduceWork ? b : kReduceWork);
-}
 
 template <bool Vec>
 static __global__ void sum_squares_partial_kernel(const float* x, int64_t n, float* part) {
@@ -222,7 +178,7 @@ void fill(float* x, int64_t n, float value, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "fill: negative size");
   if (n == 0) return;
   DPT_CHECK(x != nullptr, "fill: null pointer");
-  if (aligned(x, 16))
+  if (aligned16(x))
     fill_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, n, value);
   else
     fill_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, value);
@@ -233,7 +189,7 @@ void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream)
   DPT_CHECK(n >= 0, "axpy: negative size");
   if (n == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "axpy: null pointer");
-  if (aligned(x, 16) && aligned(y, 16))
+  if (aligned16(x) && aligned16(y))
     axpy_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(n, alpha, x, y);
   else
     axpy_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(n, alpha, x, y);
@@ -249,8 +205,8 @@ void sum_squares(const float* x, int64_t n, float* out, float* work, cudaStream_
     DPT_CUDA_CHECK_LAUNCH();
     return;
   }
-  const unsigned blocks = reduce_blocks(n);
-  if (aligned(x, 16))
+  const unsigned blocks = reduce_blocks(n, 16);  // about 16 elements a thread
+  if (aligned16(x))
     sum_squares_partial_kernel<true><<<blocks, kThreads, 0, stream>>>(x, n, work);
   else
     sum_squares_partial_kernel<false><<<blocks, kThreads, 0, stream>>>(x, n, work);
@@ -263,7 +219,7 @@ void cast_f32_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) 
   DPT_CHECK(n >= 0, "cast_f32_bf16: negative size");
   if (n == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "cast_f32_bf16: null pointer");
-  if (aligned(x, 16) && aligned(y, 8))
+  if (aligned16(x) && aligned(y, 8))
     cast_f32_bf16_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
   else
     cast_f32_bf16_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
@@ -274,7 +230,7 @@ void cast_bf16_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) 
   DPT_CHECK(n >= 0, "cast_bf16_f32: negative size");
   if (n == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "cast_bf16_f32: null pointer");
-  if (aligned(x, 8) && aligned(y, 16))
+  if (aligned(x, 8) && aligned16(y))
     cast_bf16_f32_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
   else
     cast_bf16_f32_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);

@@ -132,11 +132,11 @@ Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta,
   }
   DPT_CUBLASLT_CHECK(st);
   // The heuristic's first choice can split K and add a reduction kernel and a separate
-  // epilogue kernel (for a 64 x 1000 x 1000 GEMM with a bias on an H200: 34 us, three
-  // kernels). Timing the candidates would pick well but make the choice, and so the
-  // rounding, differ between runs (a resumed run must repeat an uninterrupted one bit for
-  // bit), so the rule is fixed: the first candidate that does not split K, whose epilogue
-  // stays fused.
+  // epilogue kernel (three kernels, and slow, for a 64 x 1000 x 1000 GEMM with a bias).
+  // Timing the candidates would pick well but make the choice, and so the rounding,
+  // differ between runs (a resumed run must repeat an uninterrupted one bit for bit), so
+  // the rule is fixed: the first candidate that does not split K, whose epilogue stays
+  // fused.
   p.algo = results[0].algo;
   for (int i = 0; i < found; ++i) {
     int32_t split = 1;

@@ -11,10 +11,10 @@
 // multiplied, so there is one barrier per slab and the global latency hides behind
 // 8 * 64 FFMAs per thread. 128 registers, no spills: two blocks (16 warps) per SM.
 //
-// Measured on one H200 (benchmarks/sgemm_bench.cu, median of 21): 4096^3 NN 46.4 TFLOP/s
-// against cuBLAS's 50.3 (0.92), TN 46.8 against 51.1. Problems with few 128x128 tiles
-// leave most SMs idle: 64x1000x1000 is 8 blocks on 132 SMs, ~0.1 ms against cuBLAS's
-// ~0.015 ms (cuBLAS splits k there; this kernel does not).
+// On large problems it comes close to cuBLAS's fp32 GEMM (benchmarks/sgemm_bench.cu
+// measures both). Problems with few 128x128 tiles leave most SMs idle (64x1000x1000 is 8
+// blocks on a GPU of 132 SMs) and run far slower than cuBLAS, which splits k there; this
+// kernel does not.
 //
 // Edges: every global load is bounds-checked (zeros outside) and every store predicated,
 // so any m, n, k works with the same kernel; only the load width changes. Vec = float4
@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "check.hpp"
+#include "common.cuh"
 #include "cuda.hpp"
 
 namespace dpt::cuda {
@@ -32,14 +33,14 @@ namespace {
 constexpr int kBM = 128;      // rows of C per block
 constexpr int kBN = 128;      // columns of C per block
 constexpr int kBK = 8;        // k per shared-memory slab (16 measured slower: 128-reg cap)
-constexpr int kThreads = 256;
+constexpr int kTileThreads = 256;  // a block: the 8 warps of the thread layout below
 // Row pitch of a slab in shared memory. The +4 makes the transposing store (4 scalar
 // stores per float4, rows 4 apart) land the two halves of a warp on different banks,
 // and keeps every row 16-byte aligned for the float4 reads.
 constexpr int kPitch = kBM + 4;
-constexpr int kLoads = kBK * kBM / 4 / kThreads;  // float4 loads per thread per operand
+constexpr int kLoads = kBK * kBM / 4 / kTileThreads;  // float4 loads per thread per operand
 static_assert(kBM == kBN, "one slab loader serves both operands");
-static_assert(kLoads >= 1 && kBK * kBM == 4 * kThreads * kLoads, "slab must split evenly");
+static_assert(kLoads >= 1 && kBK * kBM == 4 * kTileThreads * kLoads, "slab must split evenly");
 
 // Loads one operand's kBK x 128 slab from global memory into registers and stores it
 // k-major into shared memory. KMajor operands are stored [mn][k] in global memory (A
@@ -60,7 +61,7 @@ struct SlabLoader {
     const int mn_left = mn_size - mn0;
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      const int idx = tid + l * kThreads;
+      const int idx = tid + l * kTileThreads;
       const int r = idx / kVecPerRow;         // [mn][k] if KMajor, else [k][mn]
       const int c = (idx % kVecPerRow) * 4;
       if constexpr (KMajor) {
@@ -124,7 +125,7 @@ struct SlabLoader {
 // its warp tile. A quarter-warp (8 lanes) then reads one A float4 (a broadcast) and 8
 // consecutive B float4s (all 32 banks once) per k.
 template <bool TA, bool TB, bool Vec>
-static __global__ void __launch_bounds__(kThreads, 2)
+static __global__ void __launch_bounds__(kTileThreads, 2)
     gemm_native_kernel(int M, int N, int K, float alpha, const float* A, const float* B,
                        float beta, float* C, bool vec_c) {
   __shared__ __align__(16) float As[2][kBK * kPitch];
@@ -222,17 +223,15 @@ static __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <bool TA, bool TB>
 void launch(dim3 grid, cudaStream_t stream, bool vec, int m, int n, int k, float alpha,
             const float* A, const float* B, float beta, float* C, bool vec_c) {
   if (vec)
     gemm_native_kernel<TA, TB, true>
-        <<<grid, kThreads, 0, stream>>>(m, n, k, alpha, A, B, beta, C, vec_c);
+        <<<grid, kTileThreads, 0, stream>>>(m, n, k, alpha, A, B, beta, C, vec_c);
   else
     gemm_native_kernel<TA, TB, false>
-        <<<grid, kThreads, 0, stream>>>(m, n, k, alpha, A, B, beta, C, vec_c);
+        <<<grid, kTileThreads, 0, stream>>>(m, n, k, alpha, A, B, beta, C, vec_c);
 }
 
 }  // namespace

@@ -2,12 +2,11 @@
 // small batch makes, where cuBLAS's general kernels leave the GPU mostly idle:
 //
 // - skinny: C = act(alpha A B^T + beta C + bias), A [m, k] with m <= kSkinnyRows (the
-//   batch), B [n, k] (the weight): the forward. On an H200 cuBLAS ran the seed workload's
-//   64 x 1000 x 1000 as two kernels (a split-k GEMM, 11.6 + 7.7 us under Nsight Compute),
-//   then our bias pass. Here: blocks of 64 rows x 64 columns, each over one slice of k
-//   (split k, so that ~256 blocks run), writing partial products; then one pass adds the
-//   slices in order and applies alpha, beta, the bias and the activation. Deterministic:
-//   the split depends on the shape alone.
+//   batch), B [n, k] (the weight): the forward. cuBLAS ran the seed workload's
+//   64 x 1000 x 1000 as two kernels (a split-k GEMM), then our bias pass. Here: blocks of
+//   64 rows x 64 columns, each over one slice of k (split k, so that ~256 blocks run),
+//   writing partial products; then one pass adds the slices in order and applies alpha,
+//   beta, the bias and the activation. Deterministic: the split depends on the shape alone.
 // - short k: C = alpha A^T B + beta C, A [k, m], B [k, n] with k small (the batch): the
 //   weight gradient. Both operands are read along their rows (m and n are contiguous), so
 //   no transpose. It can also sum A's columns (a Linear layer's bias gradient when A is the
@@ -20,14 +19,13 @@
 #include <cstdint>
 
 #include "check.hpp"
+#include "common.cuh"
 #include "cuda.hpp"
-#include "launch.hpp"
 
 namespace dpt::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+constexpr int kTileThreads = 256;  // a block of either GEMM kernel (its tile's layout depends on it)
 
 // Both kernels: a 64 x 64 tile of C per block, thread (tx, ty) owning the 4 x 4 register
 // tile at rows 4ty.., columns 4tx..; k in chunks of 64 held whole in shared memory, k-major
@@ -39,7 +37,7 @@ constexpr int kChunk = 64;
 constexpr int kPitch = kTile + 4;
 constexpr int kBlocksWanted = 256;  // the split aims at about two blocks per SM
 constexpr int kMaxSplit = 16;
-constexpr int kLoads = kTile * kChunk / 4 / kThreads;  // float4 loads per thread per operand and chunk
+constexpr int kLoads = kTile * kChunk / 4 / kTileThreads;  // float4 loads per thread per operand and chunk
 
 // Four consecutive elements of `row` (when row_ok) at columns [c, c + 4) clipped to c_end;
 // zeros elsewhere. Vec: one float4 when all four are inside (16-byte aligned by the caller).
@@ -53,8 +51,8 @@ __device__ __forceinline__ float4 load4(const float* row, bool row_ok, int c, in
 }
 
 // Stores v to row[c, c + 4) clipped to n. vec (n % 4 == 0 and the row 16-byte aligned, so
-// c < n means c + 4 <= n): one 16-byte store. Scalar stores of a 64 x 64 tile cost the
-// short-k kernel 4 of its 10 us on an H200 (in a CUDA graph, seed workload's shape).
+// c < n means c + 4 <= n): one 16-byte store. Scalar stores of a 64 x 64 tile took a large
+// share of the short-k kernel's time (the seed workload's shape, in a CUDA graph).
 __device__ __forceinline__ void store4(float* row, int c, int n, float4 v, bool vec) {
   if (vec) {
     if (c < n) *reinterpret_cast<float4*>(row + c) = v;
@@ -97,7 +95,7 @@ struct ChunkSlot {
   int r, kk;
 };
 __device__ __forceinline__ ChunkSlot chunk_slot(int t, int l) {
-  const int idx = t + l * kThreads, lane = idx % 32, w = idx / 32;
+  const int idx = t + l * kTileThreads, lane = idx % 32, w = idx / 32;
   return {lane % 16 + 16 * (w % 4), 4 * (lane / 16 + 2 * (w / 4))};
 }
 
@@ -105,9 +103,9 @@ __device__ __forceinline__ ChunkSlot chunk_slot(int t, int l) {
 // B [n, k] are both k-contiguous, so each float4 runs along k and is transposed on its way
 // into shared memory.
 template <bool Vec>
-static __global__ void __launch_bounds__(kThreads) skinny_partial_kernel(int m, int n, int k, int k_per_split,
-                                                                         const float* A, const float* B,
-                                                                         float* part) {
+static __global__ void __launch_bounds__(kTileThreads) skinny_partial_kernel(int m, int n, int k, int k_per_split,
+                                                                             const float* A, const float* B,
+                                                                             float* part) {
   DPT_WAIT_PREVIOUS_GRID();
   __shared__ __align__(16) float As[kChunk][kPitch];
   __shared__ __align__(16) float Bs[kChunk][kPitch];
@@ -145,14 +143,6 @@ static __global__ void __launch_bounds__(kThreads) skinny_partial_kernel(int m, 
   }
 }
 
-template <Act A>
-__device__ __forceinline__ float activate(float v) {
-  if constexpr (A == Act::relu) return v > 0.f ? v : 0.f;
-  if constexpr (A == Act::gelu) return 0.5f * v * erfcf(-v * 0.70710678118654752f);
-  if constexpr (A == Act::tanh) return tanhf(v);
-  return v;
-}
-
 // C[i] = act(alpha * s + beta C[i] + bias), z[i] (z may be null) = the pre-activation.
 // beta == 0 never reads C.
 template <Act A>
@@ -162,7 +152,7 @@ __device__ __forceinline__ void skinny_finish(float s, int64_t i, int n, float a
   if (beta != 0.f) v += beta * C[i];
   if (bias) v += bias[i % n];
   if (z) z[i] = v;
-  C[i] = activate<A>(v);
+  C[i] = act_forward<A>(v);
 }
 
 // C = act(alpha * (part[0] + part[1] + ...) + beta C + bias), the slices added in order.
@@ -218,15 +208,15 @@ SkinnySplit skinny_split(int64_t n, int64_t k) {
 // the tiles of A they hold anyway: four threads a column, each summing its quarter of every
 // chunk's rows, then the quarters added in order (a fixed order: the same bits every run).
 template <bool Vec>
-static __global__ void __launch_bounds__(kThreads) short_k_kernel(int m, int n, int k, float alpha, const float* A,
-                                                                  const float* B, float beta, float* C,
-                                                                  float* colsum, float colsum_beta) {
+static __global__ void __launch_bounds__(kTileThreads) short_k_kernel(int m, int n, int k, float alpha, const float* A,
+                                                                      const float* B, float beta, float* C,
+                                                                      float* colsum, float colsum_beta) {
   DPT_WAIT_PREVIOUS_GRID();
   __shared__ __align__(16) float As[kChunk][kPitch];
   __shared__ __align__(16) float Bs[kChunk][kPitch];
   const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
   const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
-  static_assert(kThreads == 4 * kTile && kChunk % 4 == 0, "column sums: four threads a column");
+  static_assert(kTileThreads == 4 * kTile && kChunk % 4 == 0, "column sums: four threads a column");
   const bool sums = colsum && blockIdx.x == 0;  // the same for the whole block
   const int sum_col = t % kTile, quarter = t / kTile;
   float acc[4][4] = {}, col = 0.f;
@@ -234,7 +224,7 @@ static __global__ void __launch_bounds__(kThreads) short_k_kernel(int m, int n, 
     float4 a[kLoads], b[kLoads];
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      const int idx = t + l * kThreads, kk = idx / 16, c4 = (idx % 16) * 4;
+      const int idx = t + l * kTileThreads, kk = idx / 16, c4 = (idx % 16) * 4;
       const bool row_ok = k0 + kk < k;
       const int64_t row = row_ok ? k0 + kk : 0;
       a[l] = load4<Vec>(A + row * m, row_ok, m0 + c4, m);
@@ -242,7 +232,7 @@ static __global__ void __launch_bounds__(kThreads) short_k_kernel(int m, int n, 
     }
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      const int idx = t + l * kThreads, kk = idx / 16, c4 = (idx % 16) * 4;
+      const int idx = t + l * kTileThreads, kk = idx / 16, c4 = (idx % 16) * 4;
       *reinterpret_cast<float4*>(&As[kk][c4]) = a[l];
       *reinterpret_cast<float4*>(&Bs[kk][c4]) = b[l];
     }
@@ -253,7 +243,7 @@ static __global__ void __launch_bounds__(kThreads) short_k_kernel(int m, int n, 
     multiply_chunk(As, Bs, tx, ty, acc);
     __syncthreads();
   }
-  const bool vec = n % 4 == 0 && reinterpret_cast<uintptr_t>(C) % 16 == 0;
+  const bool vec = n % 4 == 0 && aligned16(C);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int r = m0 + 4 * ty + i, c = n0 + 4 * tx;
@@ -302,23 +292,17 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
   if (k > 0)
     launch_after_previous(k % 4 == 0 && aligned16(A) && aligned16(B) ? skinny_partial_kernel<true>
                                                                       : skinny_partial_kernel<false>,
-                          grid, kThreads, stream, M, N, K, sp.per_split, A, B, work);
+                          grid, kTileThreads, stream, M, N, K, sp.per_split, A, B, work);
   const int splits = k > 0 ? sp.splits : 0;  // k == 0: C = act(beta C + bias)
   const int64_t mn = m * n;
   const bool vec = n % 4 == 0;
   const int64_t items = vec ? mn / 4 : mn;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + kThreads - 1) / kThreads, 4096));
-  auto epilogue = [&] {
-    switch (act) {
-      case Act::none: return vec ? skinny_epilogue_kernel<Act::none, true> : skinny_epilogue_kernel<Act::none, false>;
-      case Act::relu: return vec ? skinny_epilogue_kernel<Act::relu, true> : skinny_epilogue_kernel<Act::relu, false>;
-      case Act::gelu: return vec ? skinny_epilogue_kernel<Act::gelu, true> : skinny_epilogue_kernel<Act::gelu, false>;
-      case Act::tanh: return vec ? skinny_epilogue_kernel<Act::tanh, true> : skinny_epilogue_kernel<Act::tanh, false>;
-    }
-    throw ::dpt::Error("gemm_skinny: unknown activation");
-  };
+  const unsigned blocks = blocks_for(items, 4096);
+  const auto epilogue = dispatch_act(act, "gemm_skinny", [vec](auto a) {
+    return vec ? skinny_epilogue_kernel<decltype(a)::value, true> : skinny_epilogue_kernel<decltype(a)::value, false>;
+  });
   const float* const_work = work;
-  launch_after_previous(epilogue(), blocks, kThreads, stream, const_work, splits, mn, N, alpha, beta, C, bias, z);
+  launch_after_previous(epilogue, blocks, kThreads, stream, const_work, splits, mn, N, alpha, beta, C, bias, z);
 }
 
 void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
@@ -336,7 +320,7 @@ void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, 
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   launch_after_previous(m % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B) ? short_k_kernel<true>
                                                                                 : short_k_kernel<false>,
-                        grid, kThreads, stream, M, N, K, alpha, A, B, beta, C, colsum_A, colsum_beta);
+                        grid, kTileThreads, stream, M, N, K, alpha, A, B, beta, C, colsum_A, colsum_beta);
 }
 
 }  // namespace dpt::cuda

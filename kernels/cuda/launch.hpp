@@ -4,10 +4,9 @@
 // before it on the stream is still finishing. Its first statement is
 // DPT_WAIT_PREVIOUS_GRID(), which waits until that kernel has finished and its writes are
 // visible, and then lets the next kernel be scheduled in turn. So the result is that of a
-// plain launch; what is gained is the launch latency between dependent kernels: on an
-// H200 a CUDA graph of eight small dependent kernels took 0.80 to 0.89 us a kernel this
-// way against 1.23 to 1.38 us plain (2026-11-29). The seed workload's step is six such
-// kernels.
+// plain launch; what is gained is the launch latency between dependent kernels, which a
+// step made of small dependent kernels (the seed workload's) pays once a kernel (README,
+// Performance, has the measurements).
 //
 // A kernel launched so MUST start with DPT_WAIT_PREVIOUS_GRID(), or it races with the one
 // before it. DPT_PDL (CMake) is 1 only when every CUDA architecture built is 9.0 or newer:

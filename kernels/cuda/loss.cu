@@ -14,52 +14,11 @@
 
 #include "../bf16.hpp"
 #include "check.hpp"
+#include "common.cuh"
 #include "cuda.hpp"
-#include "launch.hpp"
 
 namespace dpt::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kFinishThreads = 1024;
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Stage-one blocks for n elements: about 4 per thread (one float4: for the seed workload's
-// 64 x 1000 loss, 63 blocks whose loads are all in flight at once, instead of 16 blocks
-// each looping), at most kReduceWork blocks. A function of n alone, so the order of the
-// additions never depends on the device.
-unsigned reduce_blocks(int64_t n) {
-  const int64_t per_block = static_cast<int64_t>(kThreads) * 4;
-  const int64_t b = (n + per_block - 1) / per_block;
-  return static_cast<unsigned>(b < 1 ? 1 : b < kReduceWork ? b : kReduceWork);
-}
-
-// Butterfly reductions: float addition is commutative, so every lane ends with the same
-// bits.
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Sum over the block, valid in thread 0. blockDim.x must be a multiple of 32, <= 1024.
-template <typename T>
-__device__ T block_sum(T v) {
-  __shared__ T warp_part[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_sum(v);
-  if (lane == 0) warp_part[warp] = v;
-  __syncthreads();
-  T t = 0;
-  if (warp == 0) {
-    t = lane < static_cast<int>(blockDim.x / 32) ? warp_part[lane] : T(0);
-    t = warp_sum(t);
-  }
-  return t;
-}
 
 // Stage two: *out = scale * sum(part[0 .. count)), one block, fixed order.
 static __global__ void finish_sum_kernel(const float* part, int64_t count, double scale,
@@ -100,13 +59,7 @@ __device__ void finish_mean_in_last_block(float s, int64_t n, float* part, unsig
   }
 }
 
-// Predictions and gradients are float or bf16 (uint16_t, read as floats, each store rounded
-// once); targets are float.
-__device__ __forceinline__ float as_float(float v) { return v; }
-__device__ __forceinline__ float as_float(uint16_t v) { return bf16_float(v); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(uint16_t* p, float v) { *p = bf16_round(v); }
-
+// Predictions and gradients are float or bf16 (as_float and store); targets are float.
 // Four consecutive elements in one access: a float4, or for bf16 a ushort4 (8 bytes).
 __device__ __forceinline__ float4 load_four(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float4 load_four(const uint16_t* p) {
@@ -174,9 +127,10 @@ void mse_forward_launch(const char* who, const T* y, const float* t, int64_t n, 
     DPT_CUDA_CHECK_LAUNCH();
     return;
   }
-  const unsigned blocks = reduce_blocks(n);
-  auto four_aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0; };
-  if (four_aligned(y) && aligned16(t) && (!dy || four_aligned(dy)))
+  // About 4 elements a thread (one float4: for the seed workload's 64 x 1000 loss, 63 blocks
+  // whose loads are all in flight at once, instead of 16 blocks each looping).
+  const unsigned blocks = reduce_blocks(n, 4);
+  if (aligned(y, 4 * sizeof(T)) && aligned16(t) && (!dy || aligned(dy, 4 * sizeof(T))))
     launch_after_previous(mse_kernel<T, true>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
   else
     launch_after_previous(mse_kernel<T, false>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
@@ -188,9 +142,7 @@ void mse_backward_launch(const char* who, const T* y, const float* t, int64_t n,
   DPT_CHECK(n >= 0, std::string(who) + ": negative size");
   if (n == 0) return;
   DPT_CHECK(y != nullptr && t != nullptr && dy != nullptr, std::string(who) + ": null pointer");
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  mse_backward_kernel<<<static_cast<unsigned>(blocks < 8192 ? blocks : 8192), kThreads, 0, stream>>>(y, t, n, dloss,
-                                                                                                      scale, dy);
+  mse_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, t, n, dloss, scale, dy);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -10,22 +10,11 @@
 
 #include "../bf16.hpp"
 #include "check.hpp"
+#include "common.cuh"
 #include "cuda.hpp"
-#include "launch.hpp"
 
 namespace dpt::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 8192;
-
-unsigned blocks_for(int64_t items) {
-  const int64_t b = (items + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : b < kMaxBlocks ? b : kMaxBlocks);
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }  // null is aligned
 
 // The same expressions, in the same order, as the CPU twin.
 __device__ __forceinline__ void sgd_update(float& p, float g, float& buf, const SgdArgs& a,
@@ -151,7 +140,7 @@ void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const Sg
   DPT_CHECK(p != nullptr && g != nullptr, "sgd_step: null parameters or gradients");
   const bool mom = a.momentum != 0.f;
   DPT_CHECK(!mom || momentum_buf != nullptr, "sgd_step: momentum without a momentum buffer");
-  const bool vec = aligned16(p) && aligned16(g) && (!mom || aligned16(momentum_buf)) && aligned8(shadow);
+  const bool vec = aligned16(p) && aligned16(g) && (!mom || aligned16(momentum_buf)) && aligned(shadow, 8);
   if (vec)
     launch_after_previous(sgd_step_kernel<true>, blocks_for(n / 4), kThreads, stream, p, g, momentum_buf, n, a,
                           grad_scale, shadow);
@@ -166,7 +155,7 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
   if (n == 0) return;
   DPT_CHECK(p != nullptr && g != nullptr && m != nullptr && v != nullptr,
             "adamw_step: null pointer");
-  const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned8(shadow);
+  const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned(shadow, 8);
   if (vec)
     launch_after_previous(adamw_step_kernel<true>, blocks_for(n / 4), kThreads, stream, p, g, m, v, n, a, grad_scale,
                           shadow);
