@@ -2,25 +2,25 @@
 // flags (CLI11), report progress, write metrics, print a summary. Exit status: 0 done,
 // 1 runtime error, 2 bad input, 3 out of memory, 4 non-finite loss or gradients,
 // 130/143 stopped by SIGINT/SIGTERM (after saving when --save is given).
+#include <unistd.h>
 #include <algorithm>
 #include <cctype>
-#include <csignal>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
+#include <dptrain/parallel/process_group.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "cli.hpp"
 #include "plot.hpp"
-#include <dptrain/parallel/process_group.hpp>
 
 namespace {
 
@@ -90,18 +90,21 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--schedule", c.schedule, "Learning-rate schedule: constant, warmup, cosine")->capture_default_str();
   app.add_option("--warmup", c.warmup, "Linear warm-up steps (warmup, cosine)")->capture_default_str();
   app.add_option("--clip", c.clip, "Clip the global gradient norm to this value (0: off)")->capture_default_str();
-  app.add_option("--precision", o.precision, "Precision: fp32, tf32 (TF32 GEMMs), bf16 (bf16 storage, fp32 master weights)")->capture_default_str();
-  app.add_option("--gemm", o.gemm, "GEMM implementation: cublas or native (hand-written, fp32)")
+  app.add_option("--precision", o.precision,
+                 "Precision: fp32, tf32 (TF32 GEMMs), bf16 (bf16 storage, fp32 master weights)")
       ->capture_default_str();
-  o.devices.add_to(app, "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
-                        "a GPU listed twice holds two replicas");
+  app.add_option("--gemm", o.gemm, "GEMM implementation: cublas or native (hand-written, fp32)")->capture_default_str();
+  o.devices.add_to(app,
+                   "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
+                   "a GPU listed twice holds two replicas");
   app.add_option("--reduce", o.reduce, "Gradient reduction: auto, nccl, p2p (to the master), host (CPU devices)")
       ->capture_default_str();
   app.add_option("--bucket-mb", o.cfg.bucket_mb, "Gradient bucket size in MiB, reduced as soon as it is ready")
       ->capture_default_str();
   app.add_option("--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
       ->capture_default_str();
-  app.add_option("--save", o.cfg.save, "Write a checkpoint (safetensors) here at the end, on SIGINT/SIGTERM and every --save-every steps");
+  app.add_option("--save", o.cfg.save,
+                 "Write a checkpoint (safetensors) here at the end, on SIGINT/SIGTERM and every --save-every steps");
   app.add_option("--save-every", o.cfg.save_every, "Also write the checkpoint every N steps");
   app.add_option("--resume", o.cfg.resume, "Continue from this checkpoint (--steps stays the total)");
   app.add_option("--on-nonfinite", o.cfg.on_nonfinite,
@@ -143,11 +146,13 @@ void resolve(Options& o) {
 // (TrainConfig::grad_accum is --grad-accum), but for the few below.
 std::string in_flags(const std::string& message) {
   static const std::pair<const char*, const char*> kSpecial[] = {
-      {"DataParallelOptions::group", "--ddp"},         {"ProcessGroup::world", "--ddp"},
-      {"ProcessGroup::set_timeout", "--comm-timeout"}, {"DataParallelOptions::overlap", "--no-overlap"},
+      {"DataParallelOptions::group", "--ddp"},
+      {"ProcessGroup::world", "--ddp"},
+      {"ProcessGroup::set_timeout", "--comm-timeout"},
+      {"DataParallelOptions::overlap", "--no-overlap"},
   };
-  static const char* const kOwners[] = {"TrainConfig::", "DataParallelOptions::", "SGD::Options::",
-                                        "AdamW::Options::", "ProcessGroup::"};
+  static const char* const kOwners[] = {
+      "TrainConfig::", "DataParallelOptions::", "SGD::Options::", "AdamW::Options::", "ProcessGroup::"};
   std::string out;
   size_t at = 0;
   while (at < message.size()) {
@@ -157,7 +162,8 @@ std::string in_flags(const std::string& message) {
       if (const size_t k = message.find(o, at); k < next) next = k, owner = o;
     if (!owner) break;
     size_t end = next + std::strlen(owner);
-    while (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_')) ++end;
+    while (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_'))
+      ++end;
     const std::string field = message.substr(next, end - next);
     std::string flag = "--" + field.substr(std::strlen(owner));
     std::replace(flag.begin(), flag.end(), '_', '-');
@@ -216,14 +222,14 @@ int train(Options& o) {
     if (trainer.parallel().buckets() > 0) where += " in " + std::to_string(trainer.parallel().buckets()) + " bucket(s)";
   }
   if (lead) {
-  std::printf("dptrain %s: %s, %lld parameters on %s\n", DPT_VERSION, trainer.model().describe().c_str(),
-              static_cast<long long>(trainer.model().num_parameters()), where.c_str());
-  std::printf("  %s, batch %lld, %lld steps, %s, %s, gemm %s\n", dpt::data::task_name(c.task),
-              static_cast<long long>(c.batch), static_cast<long long>(c.steps),
-              trainer.optimizer().describe().c_str(), dpt::precision_name(c.precision),
-              c.devices.front().is_cpu() ? "cpu" : o.gemm.c_str());
-  if (c.grad_accum > 1) std::printf("  gradient accumulation: %d micro-batches per step\n", c.grad_accum);
-  std::fflush(stdout);
+    std::printf("dptrain %s: %s, %lld parameters on %s\n", DPT_VERSION, trainer.model().describe().c_str(),
+                static_cast<long long>(trainer.model().num_parameters()), where.c_str());
+    std::printf("  %s, batch %lld, %lld steps, %s, %s, gemm %s\n", dpt::data::task_name(c.task),
+                static_cast<long long>(c.batch), static_cast<long long>(c.steps),
+                trainer.optimizer().describe().c_str(), dpt::precision_name(c.precision),
+                c.devices.front().is_cpu() ? "cpu" : o.gemm.c_str());
+    if (c.grad_accum > 1) std::printf("  gradient accumulation: %d micro-batches per step\n", c.grad_accum);
+    std::fflush(stdout);
   }
 
   dpt::plot::Series loss_curve{"loss", {}, {}, false}, speed{"samples/s", {}, {}, false};
@@ -243,7 +249,8 @@ int train(Options& o) {
     const double eta = s.step_ms * 1e-3 * static_cast<double>(s.total - s.step);
     if (tty) {
       std::printf("\r\x1b[Kstep %lld/%lld | loss %.6g | %s samples/s | ETA %s", static_cast<long long>(s.step),
-                  static_cast<long long>(s.total), s.loss, dpt::format_si(s.samples_per_s).c_str(), duration(eta).c_str());
+                  static_cast<long long>(s.total), s.loss, dpt::format_si(s.samples_per_s).c_str(),
+                  duration(eta).c_str());
       g_progress_open = s.step != s.total;
       if (!g_progress_open) std::printf("\n");
     } else {
@@ -275,7 +282,8 @@ int train(Options& o) {
   std::printf("parameters: hash %016llx%s\n", static_cast<unsigned long long>(hash),
               g_group ? (", identical on all " + std::to_string(g_group->size()) + " ranks").c_str() : "");
   if (r.skipped > 0) std::printf("skipped %lld step(s) with non-finite gradients\n", static_cast<long long>(r.skipped));
-  if (!c.save.empty()) std::printf("checkpoint: %s (step %lld)\n", c.save.c_str(), static_cast<long long>(trainer.steps_done()));
+  if (!c.save.empty())
+    std::printf("checkpoint: %s (step %lld)\n", c.save.c_str(), static_cast<long long>(trainer.steps_done()));
   if (r.stopped) {
     std::printf("stopped by %s after step %lld\n", g_signal == SIGINT ? "SIGINT" : "SIGTERM",
                 static_cast<long long>(trainer.steps_done()));

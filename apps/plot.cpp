@@ -1,12 +1,12 @@
 #include "plot.hpp"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
 
 #include <dptrain/error.hpp>
 
@@ -20,21 +20,32 @@ namespace {
 constexpr const char* kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                     "#8c564b", "#e377c2", "#bcbd22", "#17becf"};
 constexpr size_t kColors = sizeof kPalette / sizeof kPalette[0];
-constexpr int kFont = 12;            // px, ticks and legend
-constexpr double kCharWidth = 7.0;   // px per character at kFont in a sans-serif face, a safe upper guess
-constexpr int kLegendRow = 18;       // px
-constexpr size_t kMaxMarkers = 60;   // more points than this: a line alone reads better
+constexpr int kFont = 12;           // px, ticks and legend
+constexpr double kCharWidth = 7.0;  // px per character at kFont in a sans-serif face, a safe upper guess
+constexpr int kLegendRow = 18;      // px
+constexpr size_t kMaxMarkers = 60;  // more points than this: a line alone reads better
 
 std::string escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -209,8 +220,8 @@ std::string render(const Chart& c, const Layout& l, double top_y) {
   }
   o += text((l.left + l.right) / 2, l.bottom + 42, c.xlabel, "text-anchor=\"middle\" font-size=\"13\"");
   const double ymid = (l.top + l.bottom) / 2;
-  o += text(18, ymid, c.ylabel,
-            "text-anchor=\"middle\" font-size=\"13\" transform=\"rotate(-90 18 " + px(ymid) + ")\"");
+  o +=
+      text(18, ymid, c.ylabel, "text-anchor=\"middle\" font-size=\"13\" transform=\"rotate(-90 18 " + px(ymid) + ")\"");
   o += "</g>\n";
 
   // Series: each run of usable points is one polyline (a gap breaks the line).

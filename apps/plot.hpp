@@ -11,7 +11,7 @@ namespace dpt::plot {
 struct Series {
   std::string name;
   std::vector<double> x, y;  // same length; points with a non-finite coordinate are gaps
-  bool reference = false;     // a guide such as the ideal speed-up: dashed grey, no markers
+  bool reference = false;    // a guide such as the ideal speed-up: dashed grey, no markers
 };
 
 struct ChartOptions {
@@ -36,6 +36,5 @@ void write_line_charts(const std::string& path, const std::vector<Chart>& charts
 // Writes one chart to `path`; throws dpt::Error when it cannot.
 void write_line_chart(const std::string& path, const std::string& title, const std::string& xlabel,
                       const std::string& ylabel, const std::vector<Series>& series, const ChartOptions& options = {});
-
 
 }  // namespace dpt::plot

@@ -5,6 +5,7 @@
 // the replicas' devices, so only the step is timed. It prints a table and writes
 // dpbench.csv, dpbench.json and speedup.svg. Exit status: 0 done, 1 runtime error,
 // 2 bad input, 3 out of memory.
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,23 +14,22 @@
 #include <memory>
 #include <string>
 #include <tuple>
-#include <unistd.h>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include <dptrain/data/synthetic.hpp>
+#include <dptrain/error.hpp>
+#include <dptrain/layers/loss.hpp>
+#include <dptrain/layers/model_spec.hpp>
+#include <dptrain/parallel/data_parallel.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/memory.hpp>
+#include <dptrain/runtime/ops.hpp>
+#include <dptrain/train/checkpoint.hpp>
 #include "../apps/cli.hpp"
 #include "../apps/plot.hpp"
 #include "../train/atomic_file.hpp"
-#include <dptrain/error.hpp>
-#include <dptrain/layers/model_spec.hpp>
-#include <dptrain/layers/loss.hpp>
-#include <dptrain/data/synthetic.hpp>
-#include <dptrain/train/checkpoint.hpp>
-#include <dptrain/parallel/data_parallel.hpp>
-#include <dptrain/runtime/memory.hpp>
-#include <dptrain/runtime/context.hpp>
-#include <dptrain/runtime/ops.hpp>
 
 namespace {
 
@@ -38,8 +38,8 @@ using dpt::Precision;
 using dpt::Reduce;
 
 constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3;
-constexpr uint64_t kSeed = 1;   // initial weights and the fixed batch
-constexpr float kLr = 0.01f;    // BENCHMARKS.md: SGD, lr 0.01, no momentum
+constexpr uint64_t kSeed = 1;  // initial weights and the fixed batch
+constexpr float kLr = 0.01f;   // BENCHMARKS.md: SGD, lr 0.01, no momentum
 // Timed steps are split into this many blocks, each bracketed by a synchronization; the
 // median block is reported, so one slow block (a page fault, another process) does not
 // move the figure, and steps inside a block queue up as they do in training.
@@ -90,18 +90,21 @@ struct Plan {
 };
 
 void add_flags(CLI::App& app, Flags& f) {
-  app.add_option("--model", f.model, "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:...) or preset: seed, mlp, cnn")
+  app.add_option("--model", f.model,
+                 "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:...) or preset: seed, mlp, cnn")
       ->capture_default_str();
-  f.devices.add_to(app, "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
-                        "runs use the first 1, 2, 4, ... of them");
+  f.devices.add_to(app,
+                   "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
+                   "runs use the first 1, 2, 4, ... of them");
   app.add_option("--batch", f.batch,
                  "Batch per device in weak scaling; strong scaling splits batch x (most devices) "
                  "(default: 64 for seed, 4096 for mlp, 256 otherwise)");
   app.add_option("--steps", f.steps, "Timed steps per run")->capture_default_str();
   app.add_option("--warmup", f.warmup, "Untimed steps before them (at least 1: the first step allocates)")
       ->capture_default_str();
-  app.add_option("--precision", f.precision,
-                 "Precisions, a comma list of fp32, tf32, bf16 (bf16: bf16 storage, fp32 master weights; tf32 is fp32 on CPUs)")
+  app.add_option(
+         "--precision", f.precision,
+         "Precisions, a comma list of fp32, tf32, bf16 (bf16: bf16 storage, fp32 master weights; tf32 is fp32 on CPUs)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--reduce", f.reduce, "Gradient reductions, a comma list of auto, nccl, p2p, host")
@@ -111,7 +114,8 @@ void add_flags(CLI::App& app, Flags& f) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket size in MiB")->capture_default_str();
-  app.add_flag("--cuda-graph", f.cuda_graph, "Record the step as a CUDA graph after warm-up and time its replays "
+  app.add_flag("--cuda-graph", f.cuda_graph,
+               "Record the step as a CUDA graph after warm-up and time its replays "
                "(one GPU)");
   app.add_option("--out", f.out, "Folder for dpbench.csv, dpbench.json and speedup.svg (made if missing)")
       ->capture_default_str();
@@ -248,10 +252,10 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
     DPT_CHECK(shards[r].x.size(0) == count, "dpbench: shard size differs from DataParallel::plan");
     return shards[r];
   };
-  const dpt::LossFn loss = p.model.is_cnn ? dpt::LossFn([](const dpt::Tensor& out, const dpt::Tensor& y) {
-    return dpt::cross_entropy(out, y);
-  })
-                                 : dpt::LossFn(dpt::nn::MSELoss());
+  const dpt::LossFn loss =
+      p.model.is_cnn
+          ? dpt::LossFn([](const dpt::Tensor& out, const dpt::Tensor& y) { return dpt::cross_entropy(out, y); })
+          : dpt::LossFn(dpt::nn::MSELoss());
 
   m.loss_first = dp.train_step(0, global, source, loss).value();
   for (int64_t i = 1; i < p.warmup; ++i) dp.train_step(0, global, source, loss);
@@ -313,14 +317,16 @@ void print_header(const Plan& p, int64_t parameters) {
               p.model.is_cnn ? "CNN" : "MLP", p.model.text.c_str(), static_cast<long long>(parameters),
               p.model.is_cnn ? "cross-entropy" : "MSE", static_cast<double>(kLr));
   for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
-  std::printf("  weak: batch %lld per device; strong: global batch %lld; %lld timed steps (median of %zu blocks) "
-              "after %lld warm-up\n",
-              static_cast<long long>(p.batch), static_cast<long long>(p.batch * static_cast<int64_t>(p.devices.size())),
-              static_cast<long long>(p.steps), std::min(static_cast<size_t>(p.steps), kBlocks),
-              static_cast<long long>(p.warmup));
+  std::printf(
+      "  weak: batch %lld per device; strong: global batch %lld; %lld timed steps (median of %zu blocks) "
+      "after %lld warm-up\n",
+      static_cast<long long>(p.batch), static_cast<long long>(p.batch * static_cast<int64_t>(p.devices.size())),
+      static_cast<long long>(p.steps), std::min(static_cast<size_t>(p.steps), kBlocks),
+      static_cast<long long>(p.warmup));
   if (p.cuda_graph) std::printf("  the step recorded once as a CUDA graph and replayed\n");
-  std::printf("  speed-up = samples/s against 1 device (which runs without reduction); efficiency = speed-up / "
-              "devices; times in ms on the master\n\n");
+  std::printf(
+      "  speed-up = samples/s against 1 device (which runs without reduction); efficiency = speed-up / "
+      "devices; times in ms on the master\n\n");
   std::printf("%-7s %-6s %-5s %3s %8s %10s %10s %8s %5s %9s %9s %9s %9s %11s %11s\n", "scaling", "reduce", "prec",
               "dev", "batch", "ms/step", "samples/s", "speed-up", "eff", "compute", "reduce", "update", "idle",
               "master MiB", "others MiB");
@@ -333,8 +339,8 @@ void print_row(const Row& r) {
   for (size_t i = 1; i < m.peak.size(); ++i) others = std::max(others, mib(m.peak[i].second));
   std::printf("%-7s %-6s %-5s %3zu %8lld %10.4f %10s %7.2fx %4.0f%% %9.4f %9.4f %9.4f %9.4f %11.2f %11s\n",
               scaling_name(r.scaling), dpt::reduce_name(r.reduce), dpt::precision_name(r.precision), r.n,
-              static_cast<long long>(r.global), m.step_ms, dpt::format_si(m.samples_per_s).c_str(), r.speedup, 100.0 * r.efficiency,
-              m.compute_ms, m.reduce_ms, m.update_ms, m.idle_ms, mib(m.peak.front().second),
+              static_cast<long long>(r.global), m.step_ms, dpt::format_si(m.samples_per_s).c_str(), r.speedup,
+              100.0 * r.efficiency, m.compute_ms, m.reduce_ms, m.update_ms, m.idle_ms, mib(m.peak.front().second),
               m.peak.size() > 1 ? fmt("%.2f", others).c_str() : "-");
   std::fflush(stdout);
 }
@@ -348,10 +354,11 @@ std::string csv(const std::vector<Row>& rows) {
     std::vector<std::string> devs, peaks;
     for (const Device& d : m.devices) devs.push_back(d.str());
     for (const auto& [d, b] : m.peak) peaks.push_back(d.str() + "=" + fmt("%.3f", mib(b)));
-    o += std::string(scaling_name(r.scaling)) + "," + dpt::reduce_name(r.reduce) + "," + dpt::precision_name(r.precision) +
-         "," + std::to_string(r.n) + "," + join(devs, ";") + "," + std::to_string(r.global);
-    for (double v : {m.step_ms, m.samples_per_s, r.speedup, r.efficiency, m.compute_ms, m.reduce_ms, m.update_ms,
-                     m.idle_ms})
+    o += std::string(scaling_name(r.scaling)) + "," + dpt::reduce_name(r.reduce) + "," +
+         dpt::precision_name(r.precision) + "," + std::to_string(r.n) + "," + join(devs, ";") + "," +
+         std::to_string(r.global);
+    for (double v :
+         {m.step_ms, m.samples_per_s, r.speedup, r.efficiency, m.compute_ms, m.reduce_ms, m.update_ms, m.idle_ms})
       o += "," + fmt("%.6g", v);
     o += "," + join(peaks, ";") + "," + fmt("%.6g", m.loss_first) + "," + fmt("%.6g", m.loss_last) + "\n";
   }
@@ -362,15 +369,15 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
   std::vector<std::string> devs, names;
   for (const Device& d : p.devices) devs.push_back(dpt::ckpt::json_quote(d.str()));
   for (const Device& d : unique_in_order(p.devices)) names.push_back(dpt::ckpt::json_quote(dpt::describe_device(d)));
-  std::string o = "{\n  \"dpbench\": " + dpt::ckpt::json_quote(DPT_VERSION) + ",\n  \"model\": " + dpt::ckpt::json_quote(p.model.text) +
-                  ",\n  \"parameters\": " + std::to_string(parameters) +
-                  ",\n  \"loss\": \"mse\",\n  \"optimizer\": {\"name\": \"sgd\", \"lr\": " + fmt("%g", kLr) +
-                  "},\n  \"devices\": [" + join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
-                  "],\n  \"batch_per_device\": " + std::to_string(p.batch) + ",\n  \"strong_global_batch\": " +
-                  std::to_string(p.batch * static_cast<int64_t>(p.devices.size())) + ",\n  \"steps\": " +
-                  std::to_string(p.steps) + ",\n  \"warmup\": " + std::to_string(p.warmup) +
-                  ",\n  \"blocks\": " + std::to_string(std::min(static_cast<size_t>(p.steps), kBlocks)) +
-                  ",\n  \"runs\": [";
+  std::string o =
+      "{\n  \"dpbench\": " + dpt::ckpt::json_quote(DPT_VERSION) +
+      ",\n  \"model\": " + dpt::ckpt::json_quote(p.model.text) + ",\n  \"parameters\": " + std::to_string(parameters) +
+      ",\n  \"loss\": \"mse\",\n  \"optimizer\": {\"name\": \"sgd\", \"lr\": " + fmt("%g", kLr) +
+      "},\n  \"devices\": [" + join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
+      "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
+      ",\n  \"strong_global_batch\": " + std::to_string(p.batch * static_cast<int64_t>(p.devices.size())) +
+      ",\n  \"steps\": " + std::to_string(p.steps) + ",\n  \"warmup\": " + std::to_string(p.warmup) +
+      ",\n  \"blocks\": " + std::to_string(std::min(static_cast<size_t>(p.steps), kBlocks)) + ",\n  \"runs\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const Measurement& m = *r.m;
@@ -379,14 +386,14 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
     for (const auto& [d, b] : m.peak) peaks.push_back(dpt::ckpt::json_quote(d.str()) + ": " + std::to_string(b));
     o += std::string(i ? "," : "") + "\n    {\"scaling\": " + dpt::ckpt::json_quote(scaling_name(r.scaling)) +
          ", \"reduce\": " + dpt::ckpt::json_quote(dpt::reduce_name(r.reduce)) +
-         ", \"precision\": " + dpt::ckpt::json_quote(dpt::precision_name(r.precision)) + ", \"devices\": " + std::to_string(r.n) +
-         ", \"device_list\": [" + join(list, ", ") + "], \"global_batch\": " + std::to_string(r.global) +
-         ", \"step_ms\": " + fmt("%.6g", m.step_ms) + ", \"samples_per_s\": " + fmt("%.6g", m.samples_per_s) +
-         ", \"speedup\": " + fmt("%.6g", r.speedup) + ", \"efficiency\": " + fmt("%.6g", r.efficiency) +
-         ", \"compute_ms\": " + fmt("%.6g", m.compute_ms) + ", \"reduce_ms\": " + fmt("%.6g", m.reduce_ms) +
-         ", \"update_ms\": " + fmt("%.6g", m.update_ms) + ", \"idle_ms\": " + fmt("%.6g", m.idle_ms) +
-         ", \"peak_bytes\": {" + join(peaks, ", ") + "}, \"loss_first\": " + fmt("%.6g", m.loss_first) +
-         ", \"loss_last\": " + fmt("%.6g", m.loss_last) + "}";
+         ", \"precision\": " + dpt::ckpt::json_quote(dpt::precision_name(r.precision)) +
+         ", \"devices\": " + std::to_string(r.n) + ", \"device_list\": [" + join(list, ", ") +
+         "], \"global_batch\": " + std::to_string(r.global) + ", \"step_ms\": " + fmt("%.6g", m.step_ms) +
+         ", \"samples_per_s\": " + fmt("%.6g", m.samples_per_s) + ", \"speedup\": " + fmt("%.6g", r.speedup) +
+         ", \"efficiency\": " + fmt("%.6g", r.efficiency) + ", \"compute_ms\": " + fmt("%.6g", m.compute_ms) +
+         ", \"reduce_ms\": " + fmt("%.6g", m.reduce_ms) + ", \"update_ms\": " + fmt("%.6g", m.update_ms) +
+         ", \"idle_ms\": " + fmt("%.6g", m.idle_ms) + ", \"peak_bytes\": {" + join(peaks, ", ") +
+         "}, \"loss_first\": " + fmt("%.6g", m.loss_first) + ", \"loss_last\": " + fmt("%.6g", m.loss_last) + "}";
   }
   return o + "\n  ]\n}\n";
 }
@@ -459,8 +466,9 @@ int main(int argc, char** argv) {
   dpt::set_message_handler([](dpt::Severity severity, const std::string& message) {
     std::fprintf(stderr, "dpbench: %s: %s\n", dpt::severity_name(severity), message.c_str());
   });
-  CLI::App app{"dpbench: one workload on 1, 2, 4, ... devices, weak and strong scaling, every reduction path "
-               "and precision asked; a table, CSV, JSON and an SVG chart of the speed-up"};
+  CLI::App app{
+      "dpbench: one workload on 1, 2, 4, ... devices, weak and strong scaling, every reduction path "
+      "and precision asked; a table, CSV, JSON and an SVG chart of the speed-up"};
   Flags f;
   add_flags(app, f);
   if (const int status = dpt::app::parse_command_line(app, argc, argv, "dpbench"); status >= 0) return status;

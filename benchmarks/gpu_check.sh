@@ -52,7 +52,7 @@ build/benchmarks/sgemm_bench >"$out/sgemm.log" 2>&1
   python3 benchmarks/torch_bench.py --model seed --batch 64 --mode graph
   build/benchmarks/step_bench --model seed --batch 64 --cuda-graph
   build/apps/dptrain --devices cuda:0 --cuda-graph --log-every 100 | grep -E '^done'
-  build/apps/dptrain --devices cuda:0 --log-every 100 | grep -E '^done' 
+  build/apps/dptrain --devices cuda:0 --log-every 100 | grep -E '^done'
 } 2>&1 | tee "$out/steps.log" >/dev/null
 
 # The replicator's own overhead: N logical replicas share cuda:0, so any slow-down in

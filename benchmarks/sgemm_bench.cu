@@ -71,9 +71,8 @@ struct Buffers {
 
 // Runs native (into C1) and cuBLAS (into C2) on the same inputs, both starting from C0
 // (or from NaN when beta == 0); true when they agree.
-bool check_case(cublasHandle_t h, cudaStream_t s, const float* A, const float* B,
-                const float* C0, float* C1, float* C2, bool ta, bool tb, int64_t m, int64_t n,
-                int64_t k, float alpha, float beta, const char* note = "") {
+bool check_case(cublasHandle_t h, cudaStream_t s, const float* A, const float* B, const float* C0, float* C1, float* C2,
+                bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, float beta, const char* note = "") {
   const int64_t cn = m * n;
   if (beta == 0.f) {
     // All-ones bytes are a NaN: a kernel that reads C when beta == 0 shows it.
@@ -88,9 +87,9 @@ bool check_case(cublasHandle_t h, cudaStream_t s, const float* A, const float* B
   DPT_CUDA_CHECK(cudaStreamSynchronize(s));
   const double err = rel_error(C1, C2, cn);
   const bool ok = err < kTol;
-  std::printf("check %c%c %lldx%lldx%lld alpha=%g beta=%g%s  rel_err %.3e  %s\n", ta ? 'T' : 'N',
-              tb ? 'T' : 'N', static_cast<long long>(m), static_cast<long long>(n),
-              static_cast<long long>(k), alpha, beta, note, err, ok ? "ok" : "FAIL");
+  std::printf("check %c%c %lldx%lldx%lld alpha=%g beta=%g%s  rel_err %.3e  %s\n", ta ? 'T' : 'N', tb ? 'T' : 'N',
+              static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), alpha, beta, note, err,
+              ok ? "ok" : "FAIL");
   return ok;
 }
 
@@ -131,41 +130,33 @@ int run(int64_t size) {
   DPT_CUDA_CHECK(cudaDeviceSynchronize());
 
   bool ok = true;
-  const int64_t odd[][3] = {{1, 1, 1},    {17, 33, 65}, {1000, 64, 1000}, {129, 127, 9},
+  const int64_t odd[][3] = {{1, 1, 1},     {17, 33, 65}, {1000, 64, 1000}, {129, 127, 9},
                             {64, 1000, 7}, {3, 260, 4},  {256, 256, 256}};
   for (int t = 0; t < 4; ++t) {
     const bool ta = t & 2, tb = t & 1;
-    ok &= check_case(h, s, buf.A, buf.B, buf.C0, buf.C1, buf.C2, ta, tb, size, size, size, 1.f,
-                     0.f);
+    ok &= check_case(h, s, buf.A, buf.B, buf.C0, buf.C1, buf.C2, ta, tb, size, size, size, 1.f, 0.f);
     for (const auto& d : odd) {
-      ok &= check_case(h, s, buf.A, buf.B, buf.C0, buf.C1, buf.C2, ta, tb, d[0], d[1], d[2], 1.f,
-                       0.f);
-      ok &= check_case(h, s, buf.A, buf.B, buf.C0, buf.C1, buf.C2, ta, tb, d[0], d[1], d[2], 0.5f,
-                       -1.5f);
+      ok &= check_case(h, s, buf.A, buf.B, buf.C0, buf.C1, buf.C2, ta, tb, d[0], d[1], d[2], 1.f, 0.f);
+      ok &= check_case(h, s, buf.A, buf.B, buf.C0, buf.C1, buf.C2, ta, tb, d[0], d[1], d[2], 0.5f, -1.5f);
     }
     // Operands one float off 16-byte alignment take the scalar-load path.
-    ok &= check_case(h, s, buf.A + 1, buf.B + 1, buf.C0, buf.C1 + 1, buf.C2 + 1, ta, tb, 300, 200,
-                     100, 1.f, 0.5f, " misaligned");
+    ok &= check_case(h, s, buf.A + 1, buf.B + 1, buf.C0, buf.C1 + 1, buf.C2 + 1, ta, tb, 300, 200, 100, 1.f, 0.5f,
+                     " misaligned");
   }
 
   const double flop = 2.0 * static_cast<double>(size) * size * size;
-  const std::string dims = std::to_string(size) + "x" + std::to_string(size) + "x" +
-                           std::to_string(size);
+  const std::string dims = std::to_string(size) + "x" + std::to_string(size) + "x" + std::to_string(size);
   double native_nn = 0, cublas_nn = 0;
   for (int t : {0, 2}) {  // NN, TN
     const bool ta = t & 2, tb = t & 1;
     const char* tag = ta ? "-tn" : "";  // plain names are NN
-    const double ms_native = median_ms(s, [&] {
-      dpt::cuda::gemm_native(ta, tb, size, size, size, 1.f, buf.A, buf.B, 0.f, buf.C1, s);
-    });
+    const double ms_native =
+        median_ms(s, [&] { dpt::cuda::gemm_native(ta, tb, size, size, size, 1.f, buf.A, buf.B, 0.f, buf.C1, s); });
     const double ms_cublas = median_ms(s, [&] {
-      dpt::cuda::gemm_cublas(h, dpt::Precision::fp32, ta, tb, size, size, size, 1.f, buf.A,
-                             buf.B, 0.f, buf.C2);
+      dpt::cuda::gemm_cublas(h, dpt::Precision::fp32, ta, tb, size, size, size, 1.f, buf.A, buf.B, 0.f, buf.C2);
     });
-    std::printf("sgemm native%s %s %.3f ms %.2f TFLOP/s\n", tag, dims.c_str(), ms_native,
-                flop / ms_native * 1e-9);
-    std::printf("sgemm cublas%s %s %.3f ms %.2f TFLOP/s\n", tag, dims.c_str(), ms_cublas,
-                flop / ms_cublas * 1e-9);
+    std::printf("sgemm native%s %s %.3f ms %.2f TFLOP/s\n", tag, dims.c_str(), ms_native, flop / ms_native * 1e-9);
+    std::printf("sgemm cublas%s %s %.3f ms %.2f TFLOP/s\n", tag, dims.c_str(), ms_cublas, flop / ms_cublas * 1e-9);
     if (t == 0) {
       native_nn = ms_native;
       cublas_nn = ms_cublas;

@@ -13,13 +13,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <dptrain/data/synthetic.hpp>
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/loss.hpp>
-#include <dptrain/data/synthetic.hpp>
 #include <dptrain/optim/optim.hpp>
-#include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
 
 using namespace dpt;
@@ -106,8 +106,8 @@ int main(int argc, char** argv) {
     const double med = ms[ms.size() / 2];
     const auto st = memory_stats(d);
     std::printf("dptrain %s batch %lld %s %s%s: %.4f ms/step, %.4g samples/s, peak %.1f MiB, loss %.5g -> %.5g\n",
-                model.c_str(), static_cast<long long>(batch), precision.c_str(), gemm.c_str(), graph ? "-graph" : "", med,
-                1e3 * static_cast<double>(batch) / med, static_cast<double>(st.peak_allocated) / (1 << 20), first,
+                model.c_str(), static_cast<long long>(batch), precision.c_str(), gemm.c_str(), graph ? "-graph" : "",
+                med, 1e3 * static_cast<double>(batch) / med, static_cast<double>(st.peak_allocated) / (1 << 20), first,
                 loss.item());
     return 0;
   } catch (const std::exception& e) {

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <vector>
 
-#include "../kernels/cpu/cpu.hpp"
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/ops.hpp>
+#include "../kernels/cpu/cpu.hpp"
 
 namespace dpt::data {
 
@@ -15,8 +15,7 @@ namespace {
 // Philox streams of a seed: one per kind of value, far from the parameter streams.
 constexpr uint64_t kInputs = 1u << 20, kNoise = kInputs + 1, kTeacher1 = kInputs + 2, kTeacher2 = kInputs + 3;
 
-Tensor teacher_weight(int64_t rows, int64_t cols, float gain, uint64_t seed, uint64_t stream,
-                      const Device& d) {
+Tensor teacher_weight(int64_t rows, int64_t cols, float gain, uint64_t seed, uint64_t stream, const Device& d) {
   std::vector<float> w(static_cast<size_t>(rows * cols));
   cpu::normal(w.data(), rows * cols, seed, stream, 0, gain / std::sqrt(static_cast<float>(cols)));
   return Tensor::from_host(w, {rows, cols}, d);
@@ -92,8 +91,8 @@ Batch Synthetic::batch(int64_t first, int64_t count) const {
     while (done < count) {
       const int64_t idx = cfg_.samples ? (first + done) % cfg_.samples : first + done;
       const int64_t run = cfg_.samples ? std::min(count - done, cfg_.samples - idx) : count;
-      normal_(noise.view(done * cfg_.out, {run, cfg_.out}), cfg_.seed, kNoise,
-              static_cast<uint64_t>(idx * cfg_.out), cfg_.noise);
+      normal_(noise.view(done * cfg_.out, {run, cfg_.out}), cfg_.seed, kNoise, static_cast<uint64_t>(idx * cfg_.out),
+              cfg_.noise);
       done += run;
     }
     axpy_(1.0f, noise, out);

@@ -25,9 +25,12 @@ void report(Severity severity, const std::string& message) {
 
 const char* severity_name(Severity severity) {
   switch (severity) {
-    case Severity::note: return "note";
-    case Severity::warning: return "warning";
-    case Severity::error: break;
+    case Severity::note:
+      return "note";
+    case Severity::warning:
+      return "warning";
+    case Severity::error:
+      break;
   }
   return "error";
 }

@@ -3,8 +3,8 @@
 // The same code runs on the host and on the device; integer and uniform outputs are
 // bitwise equal on both, normals equal up to the last bits of logf/sincosf.
 #pragma once
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 
 #include "hd.hpp"
 
@@ -22,8 +22,8 @@ DPT_HD uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t* hi) {
 
 // Four 32-bit outputs for counter block `block` of stream (seed, stream).
 DPT_HD U4 philox4x32(uint64_t seed, uint64_t stream, uint64_t block) {
-  U4 c{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-       static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)};
+  U4 c{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), static_cast<uint32_t>(stream),
+       static_cast<uint32_t>(stream >> 32)};
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
   for (int r = 0; r < 10; ++r) {
     uint32_t hi0, hi1;
@@ -36,9 +36,7 @@ DPT_HD U4 philox4x32(uint64_t seed, uint64_t stream, uint64_t block) {
   return c;
 }
 
-DPT_HD uint32_t lane(const U4& u, int i) {
-  return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
-}
+DPT_HD uint32_t lane(const U4& u, int i) { return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w; }
 
 // Uniform in (0, 1], exactly representable, identical on host and device.
 DPT_HD float to_unit(uint32_t x) { return static_cast<float>((x >> 8) + 1u) * (1.0f / 16777216.0f); }

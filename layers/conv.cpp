@@ -11,7 +11,13 @@ namespace dpt::nn {
 
 Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation, Act act,
                bool bias)
-    : in_(in), out_(out), kernel_(kernel), stride_(stride), pad_(pad), dilation_(dilation), act_(act),
+    : in_(in),
+      out_(out),
+      kernel_(kernel),
+      stride_(stride),
+      pad_(pad),
+      dilation_(dilation),
+      act_(act),
       W_(register_parameter("weight", {out, in, kernel, kernel},
                             1.0f / std::sqrt(static_cast<float>(in * kernel * kernel)))) {
   DPT_CHECK(in > 0 && out > 0 && kernel > 0 && stride > 0 && pad >= 0 && dilation > 0,
@@ -63,8 +69,12 @@ std::string Pool2d::describe() const {
 }
 
 BatchNorm2d::BatchNorm2d(int64_t channels, Act act, BatchNormArgs args)
-    : channels_(channels), act_(act), args_(args), gamma_(register_parameter("weight", {channels}, 0.0f, 1.0f)),
-      beta_(register_parameter("bias", {channels}, 0.0f)), mean_(register_buffer("running_mean", {channels}, 0.0f)),
+    : channels_(channels),
+      act_(act),
+      args_(args),
+      gamma_(register_parameter("weight", {channels}, 0.0f, 1.0f)),
+      beta_(register_parameter("bias", {channels}, 0.0f)),
+      mean_(register_buffer("running_mean", {channels}, 0.0f)),
       var_(register_buffer("running_var", {channels}, 1.0f)) {
   DPT_CHECK(channels > 0, "BatchNorm2d needs a positive channel count");
 }
@@ -136,7 +146,8 @@ class SpecParser {
   int64_t number(std::string_view& s, const char* what, int64_t lo, int64_t hi) const {
     int64_t v = 0;
     auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (end == s.data()) throw bad(std::string("expected a number for the ") + what + " in '" + std::string(token_) + "'");
+    if (end == s.data())
+      throw bad(std::string("expected a number for the ") + what + " in '" + std::string(token_) + "'");
     if (ec != std::errc() || v < lo || v > hi)
       throw bad(std::string("the ") + what + " must be " + std::to_string(lo) + ".." + std::to_string(hi));
     s.remove_prefix(static_cast<size_t>(end - s.data()));
@@ -160,7 +171,8 @@ class SpecParser {
 
   // Reads the options that follow a layer's first number: letters from `allowed`, each
   // at most once, each with its number.
-  void read_options(std::string_view s, const std::string& allowed, CnnSpec::Layer& l, bool* has_pad, bool* has_kernel) {
+  void read_options(std::string_view s, const std::string& allowed, CnnSpec::Layer& l, bool* has_pad,
+                    bool* has_kernel) {
     std::string seen;
     while (!s.empty()) {
       const char o = s[0];
@@ -169,10 +181,18 @@ class SpecParser {
       seen += o;
       s.remove_prefix(1);
       switch (o) {
-        case 'k': l.kernel = number(s, "kernel size", 1, 1024), *has_kernel = true; break;
-        case 's': l.stride = number(s, "stride", 1, 1024); break;
-        case 'p': l.pad = number(s, "padding", 0, 1024), *has_pad = true; break;
-        case 'd': l.dilation = number(s, "dilation", 1, 1024); break;
+        case 'k':
+          l.kernel = number(s, "kernel size", 1, 1024), *has_kernel = true;
+          break;
+        case 's':
+          l.stride = number(s, "stride", 1, 1024);
+          break;
+        case 'p':
+          l.pad = number(s, "padding", 0, 1024), *has_pad = true;
+          break;
+        case 'd':
+          l.dilation = number(s, "dilation", 1, 1024);
+          break;
       }
     }
   }
@@ -219,8 +239,9 @@ class SpecParser {
       read_options(s, "kspd", l, &has_pad, &has_kernel);
       if (!has_kernel) throw bad("a convolution needs its kernel size: cNkK, e.g. c32k3");
       if (!has_pad) l.pad = l.dilation * (l.kernel - 1) / 2;  // "same" at stride 1 for odd kernels
-      fit(l, l.dilation * (l.kernel - 1) + 1, "kernel " + std::to_string(l.kernel) +
-                                                (l.dilation > 1 ? " (dilation " + std::to_string(l.dilation) + ")" : ""));
+      fit(l, l.dilation * (l.kernel - 1) + 1,
+          "kernel " + std::to_string(l.kernel) +
+              (l.dilation > 1 ? " (dilation " + std::to_string(l.dilation) + ")" : ""));
       shape_ = {l.width, out_size(shape_[1], l), out_size(shape_[2], l)};
       return l;
     }
@@ -272,8 +293,8 @@ std::shared_ptr<Sequential> cnn(const CnnSpec& s, Act act) {
       case CnnSpec::Kind::conv: {
         // Followed by batch norm, the activation moves after it: conv -> bn -> act.
         const bool bn_next = s.layers[i + 1].kind == CnnSpec::Kind::batch_norm;  // a conv is never last
-        seq->add(std::make_shared<Conv2d>(in[0], l.width, l.kernel, l.stride, l.pad, l.dilation,
-                                          bn_next ? Act::none : act));
+        seq->add(
+            std::make_shared<Conv2d>(in[0], l.width, l.kernel, l.stride, l.pad, l.dilation, bn_next ? Act::none : act));
         break;
       }
       case CnnSpec::Kind::batch_norm: {
@@ -283,10 +304,12 @@ std::shared_ptr<Sequential> cnn(const CnnSpec& s, Act act) {
       }
       case CnnSpec::Kind::max_pool:
       case CnnSpec::Kind::avg_pool:
-        seq->add(std::make_shared<Pool2d>(l.kind == CnnSpec::Kind::max_pool ? Pool::max : Pool::avg, l.kernel,
-                                          l.stride, l.pad));
+        seq->add(std::make_shared<Pool2d>(l.kind == CnnSpec::Kind::max_pool ? Pool::max : Pool::avg, l.kernel, l.stride,
+                                          l.pad));
         break;
-      case CnnSpec::Kind::global_pool: seq->add(Pool2d::global_avg()); break;
+      case CnnSpec::Kind::global_pool:
+        seq->add(Pool2d::global_avg());
+        break;
       case CnnSpec::Kind::linear:
         if (in.size() == 3) seq->add(std::make_shared<Flatten>());  // the first linear layer
         seq->add(std::make_shared<Linear>(numel(in), l.width, last ? Act::none : act));

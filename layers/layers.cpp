@@ -10,10 +10,14 @@ namespace dpt::nn {
 
 const char* act_name(Act act) {
   switch (act) {
-    case Act::relu: return "relu";
-    case Act::gelu: return "gelu";
-    case Act::tanh: return "tanh";
-    case Act::none: break;
+    case Act::relu:
+      return "relu";
+    case Act::gelu:
+      return "gelu";
+    case Act::tanh:
+      return "tanh";
+    case Act::none:
+      break;
   }
   return "none";
 }
@@ -25,7 +29,9 @@ Act parse_act(const std::string& name) {
 }
 
 Linear::Linear(int64_t in, int64_t out, Act act, bool bias)
-    : in_(in), out_(out), act_(act),
+    : in_(in),
+      out_(out),
+      act_(act),
       W_(register_parameter("weight", {out, in}, 1.0f / std::sqrt(static_cast<float>(in)))) {
   DPT_CHECK(in > 0 && out > 0, "Linear needs positive sizes");
   if (bias) b_ = &register_parameter("bias", {out}, 1.0f / std::sqrt(static_cast<float>(in)));

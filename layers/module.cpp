@@ -1,10 +1,9 @@
 #include <dptrain/layers/module.hpp>
 
-
-#include "../kernels/cpu/cpu.hpp"
 #include <dptrain/error.hpp>
-#include "../runtime/allocator.hpp"
 #include <dptrain/runtime/ops.hpp>
+#include "../kernels/cpu/cpu.hpp"
+#include "../runtime/allocator.hpp"
 
 namespace dpt::nn {
 
@@ -115,8 +114,7 @@ void Module::bind(Tensor flat, Tensor buffers_flat) {
 }
 
 void Module::set_compute_dtype(DType t) {
-  DPT_CHECK(t == DType::f32 || t == DType::bf16,
-            std::string("a module computes in f32 or bf16, not ") + dtype_name(t));
+  DPT_CHECK(t == DType::f32 || t == DType::bf16, std::string("a module computes in f32 or bf16, not ") + dtype_name(t));
   compute_dtype_ = t;
   for (auto& c : children_) c->set_compute_dtype(t);
   if (materialized()) bind_shadow();
@@ -163,8 +161,7 @@ void Module::to(const Device& device, uint64_t seed) {
   std::vector<float> host_buffers(static_cast<size_t>(buffer_total), 0.0f);
   for (size_t k = 0; k < bufs.size(); ++k)
     cpu::fill(host_buffers.data() + buffer_offsets[k], numel(bufs[k]->shape), bufs[k]->init);
-  bind(flat,
-       buffer_total > 0 ? Tensor::from_host(host_buffers, {buffer_total}, device) : Tensor());
+  bind(flat, buffer_total > 0 ? Tensor::from_host(host_buffers, {buffer_total}, device) : Tensor());
 }
 
 std::shared_ptr<Module> Module::replicate(const Device& device) const {

@@ -51,7 +51,11 @@ AdamW::AdamW(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o
 void AdamW::step(const Tensor& grad_scale) {
   model_->settle_grads();
   ++t_;
-  AdamArgs a{lr_, o_.beta1, o_.beta2, o_.eps, o_.weight_decay,
+  AdamArgs a{lr_,
+             o_.beta1,
+             o_.beta2,
+             o_.eps,
+             o_.weight_decay,
              1.0f - std::pow(o_.beta1, static_cast<float>(t_)),
              1.0f - std::pow(o_.beta2, static_cast<float>(t_))};
   adamw_step(params_, grads_, m_, v_, a, grad_scale, shadow());
@@ -62,8 +66,8 @@ std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
 }
 
 std::string AdamW::describe() const {
-  return "AdamW(lr=" + std::to_string(lr_) + ", betas=(" + std::to_string(o_.beta1) + ", " +
-         std::to_string(o_.beta2) + "), weight_decay=" + std::to_string(o_.weight_decay) + ")";
+  return "AdamW(lr=" + std::to_string(lr_) + ", betas=(" + std::to_string(o_.beta1) + ", " + std::to_string(o_.beta2) +
+         "), weight_decay=" + std::to_string(o_.weight_decay) + ")";
 }
 
 float Schedule::at(int64_t step) const {

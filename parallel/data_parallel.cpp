@@ -1,25 +1,29 @@
 #include <dptrain/parallel/data_parallel.hpp>
 
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <unordered_map>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/ops.hpp>
 #include "../runtime/nvtx.hpp"
 #include "reducer.hpp"
 #include "worker_pool.hpp"
-#include <dptrain/runtime/ops.hpp>
 
 namespace dpt {
 
 const char* reduce_name(Reduce r) {
   switch (r) {
-    case Reduce::nccl: return "nccl";
-    case Reduce::p2p: return "p2p";
-    case Reduce::host: return "host";
-    case Reduce::automatic: break;
+    case Reduce::nccl:
+      return "nccl";
+    case Reduce::p2p:
+      return "p2p";
+    case Reduce::host:
+      return "host";
+    case Reduce::automatic:
+      break;
   }
   return "auto";
 }
@@ -43,14 +47,16 @@ Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices) {
     case Reduce::nccl:
       if (cpu) throw UsageError("DataParallelOptions::reduce nccl needs CUDA devices; use host on CPU devices");
       if (shared)
-        throw UsageError("DataParallelOptions::reduce nccl cannot put two replicas on one GPU (NCCL refuses two "
-                         "ranks on one device); use p2p");
+        throw UsageError(
+            "DataParallelOptions::reduce nccl cannot put two replicas on one GPU (NCCL refuses two "
+            "ranks on one device); use p2p");
       if (!built_with_nccl()) throw UsageError("DataParallelOptions::reduce nccl needs a build with NCCL; use p2p");
       return asked;
     case Reduce::host:
       if (!cpu) throw UsageError("DataParallelOptions::reduce host is for CPU devices; use nccl or p2p on GPUs");
       return asked;
-    case Reduce::p2p: return asked;
+    case Reduce::p2p:
+      return asked;
   }
   return asked;
 }
@@ -72,10 +78,10 @@ struct DataParallel::Replica {
   std::unique_ptr<Context> own_ctx;  // several replicas: a stream each
   Context* ctx = nullptr;
   std::shared_ptr<nn::Module> model;
-  std::unique_ptr<optim::Optimizer> opt;                // null where the master updates alone
-  std::unordered_map<const void*, int> param_index;    // parameter data -> its index
-  std::vector<int> pending;                             // per bucket: parameters still to come
-  size_t next_bucket = 0;                               // buckets are handed over in order
+  std::unique_ptr<optim::Optimizer> opt;             // null where the master updates alone
+  std::unordered_map<const void*, int> param_index;  // parameter data -> its index
+  std::vector<int> pending;                          // per bucket: parameters still to come
+  size_t next_bucket = 0;                            // buckets are handed over in order
   std::unique_ptr<Event> t_start, t_backward, t_reduced, t_updated;
   std::unique_ptr<Event> buffers_copied;                 // the master's buffers reached this replica
   std::string nvtx_forward, nvtx_backward, nvtx_update;  // "forward cuda:1", made once
@@ -96,8 +102,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     throw UsageError("DataParallelOptions::group: each process trains on one device, got " +
                      std::to_string(devices_.size()));
   if (group_ && options.reduce == Reduce::p2p)
-    throw UsageError("DataParallelOptions::group reduces with NCCL (GPUs) or MPI (CPUs); DataParallelOptions::reduce "
-                     "p2p is for one process");
+    throw UsageError(
+        "DataParallelOptions::group reduces with NCCL (GPUs) or MPI (CPUs); DataParallelOptions::reduce "
+        "p2p is for one process");
   reduce_ = group_ ? (devices_[0].is_cuda() ? Reduce::nccl : Reduce::host) : resolve_reduce(options.reduce, devices_);
   clip_ = options.clip;
   grad_accum_ = options.grad_accum;
@@ -106,8 +113,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   use_graph_ = options.cuda_graph;
   if (use_graph_ && (devices_.size() != 1 || !devices_[0].is_cuda() || group_ || options.grad_accum != 1 ||
                      options.reduce != Reduce::automatic))
-    throw UsageError("DataParallelOptions::cuda_graph records one replica on one GPU (no DataParallelOptions::group, "
-                     "grad_accum or reduce)");
+    throw UsageError(
+        "DataParallelOptions::cuda_graph records one replica on one GPU (no DataParallelOptions::group, "
+        "grad_accum or reduce)");
   enable_peer_access(devices_);
   // bf16 precision is bf16 storage: the model (and so every replica) computes in bf16 from
   // bf16 shadows of its fp32 master parameters.
@@ -167,10 +175,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     if (group_)
       reducer_ = reduce_ == Reduce::nccl ? make_nccl_rank_reducer(*group_, bufs[0], buckets_)
                                          : make_mpi_reducer(*group_, bufs[0], buckets_);
-    else if (reduce_ == Reduce::nccl)
-      reducer_ = make_nccl_reducer(std::move(bufs), buckets_);
-    else
-      reducer_ = make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p);
+    else if (reduce_ == Reduce::nccl) reducer_ = make_nccl_reducer(std::move(bufs), buckets_);
+    else reducer_ = make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p);
   }
   const bool every = !reducer_ || reducer_->every_replica_updates();
   for (size_t i = 0; i < n; ++i)
@@ -179,8 +185,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       replicas_[i].opt = make_optimizer(*replicas_[i].model);
     }
   if (use_graph_ && std::string(replicas_[0].opt->kind()) != "sgd")
-    throw UsageError("DataParallelOptions::cuda_graph needs an SGD optimizer (AdamW's bias correction changes every "
-                     "step)");
+    throw UsageError(
+        "DataParallelOptions::cuda_graph needs an SGD optimizer (AdamW's bias correction changes every "
+        "step)");
   if (n > 1) pool_ = std::make_unique<WorkerPool>(n);
   buffers_ready_ = std::make_unique<Event>(devices_[0]);
 }
@@ -252,8 +259,9 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
         for (int bi : buckets_of_param_[static_cast<size_t>(it->second)]) {
           const size_t b = static_cast<size_t>(bi);
           if (--rep.pending[b] < 0)
-            throw Error("a parameter received its gradient twice in one step (used twice in forward): "
-                        "data parallelism needs each parameter used once");
+            throw Error(
+                "a parameter received its gradient twice in one step (used twice in forward): "
+                "data parallelism needs each parameter used once");
           if (rep.pending[b] == 0) complete[b] = true;
         }
         hand_over();
@@ -263,7 +271,7 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     loss_out = loss.detach();
   }
   rep.model->settle_grads();  // zeroes what backward did not reach, before anything reads it
-  if (communicate) {  // buckets no gradient reached (an empty shard, unused parameters)
+  if (communicate) {          // buckets no gradient reached (an empty shard, unused parameters)
     std::fill(complete.begin(), complete.end(), true);
     hand_over();
   }
@@ -410,9 +418,12 @@ StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss) 
     copy(c, v);
     return c;
   };
-  return train_step(0, batch.x.size(0), [&](size_t r, int64_t first, int64_t n) {
-    return data::Batch{rows(batch.x, first, n, replicas_[r].device), rows(batch.y, first, n, replicas_[r].device)};
-  }, loss);
+  return train_step(
+      0, batch.x.size(0),
+      [&](size_t r, int64_t first, int64_t n) {
+        return data::Batch{rows(batch.x, first, n, replicas_[r].device), rows(batch.y, first, n, replicas_[r].device)};
+      },
+      loss);
 }
 
 size_t DataParallel::buckets() const { return buckets_.size(); }

@@ -1,9 +1,9 @@
 #include <dptrain/parallel/process_group.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
 #include <thread>
 
 #include <dptrain/error.hpp>
@@ -93,9 +93,10 @@ void ProcessGroup::wait(void* requests, int count, const char* what) {
     if (done) return;
     if (std::chrono::steady_clock::now() > deadline) {
       char msg[256];
-      std::snprintf(msg, sizeof msg,
-                    "%s did not complete within %.0f s (ProcessGroup::set_timeout): another rank died or stopped answering",
-                    what, timeout_s_);
+      std::snprintf(
+          msg, sizeof msg,
+          "%s did not complete within %.0f s (ProcessGroup::set_timeout): another rank died or stopped answering", what,
+          timeout_s_);
       abort(msg);
     }
     std::this_thread::sleep_for(nap);

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
-#include "../kernels/cpu/cpu.hpp"
 #include <dptrain/error.hpp>
-#include <dptrain/runtime/ops.hpp>
 #include <dptrain/parallel/process_group.hpp>
+#include <dptrain/runtime/ops.hpp>
+#include "../kernels/cpu/cpu.hpp"
 
 namespace dpt {
 
@@ -27,8 +27,12 @@ namespace {
 class MasterReducer : public Reducer {
  public:
   MasterReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, bool master_updates)
-      : r_(std::move(replicas)), buckets_(std::move(buckets)), master_updates_(master_updates),
-        comm_(r_[0].ctx->device()), done_(r_[0].ctx->device()), params_ready_(r_[0].ctx->device()) {
+      : r_(std::move(replicas)),
+        buckets_(std::move(buckets)),
+        master_updates_(master_updates),
+        comm_(r_[0].ctx->device()),
+        done_(r_[0].ctx->device()),
+        params_ready_(r_[0].ctx->device()) {
     for (size_t i = 0; i < r_.size(); ++i) {
       ready_.emplace_back();
       for (size_t b = 0; b < buckets_.size(); ++b) ready_[i].push_back(std::make_unique<Event>(r_[i].ctx->device()));
@@ -110,9 +114,7 @@ class MpiReducer : public Reducer {
   }
   const char* name() const override { return "mpi"; }
   bool every_replica_updates() const override { return true; }
-  void bucket_ready(size_t, size_t b) override {
-    g_.start_sum(r_.grads.f32() + buckets_[b].offset, buckets_[b].count);
-  }
+  void bucket_ready(size_t, size_t b) override { g_.start_sum(r_.grads.f32() + buckets_[b].offset, buckets_[b].count); }
   void reduce() override {}
   void wait(size_t) override { g_.wait_all(); }
 

@@ -57,8 +57,8 @@ class Reducer {
 };
 
 // p2p (master_updates = true) and host (false) reduction through the master.
-std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replicas,
-                                             std::vector<Bucket> buckets, bool master_updates);
+std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
+                                             bool master_updates);
 
 // NCCL all-reduce, one communicator per device (ncclCommInitAll); the devices must be
 // distinct GPUs. Throws UsageError when this build has no NCCL.
@@ -68,7 +68,8 @@ class ProcessGroup;
 // Across processes (DDP), one replica per process: NCCL between GPUs (the unique id
 // travels over MPI; non-blocking communicators, so a dead peer ends in an abort rather
 // than a hang) or MPI_Iallreduce between CPU processes.
-std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets);
+std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
+                                                std::vector<Bucket> buckets);
 std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets);
 
 // Splits a flat buffer of `total` floats into buckets of at most bucket_bytes (rounded

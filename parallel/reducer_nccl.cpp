@@ -7,15 +7,14 @@
 #include <set>
 #include <thread>
 
+#include <dptrain/parallel/process_group.hpp>
 #include "../kernels/cuda/check.hpp"
 #include "reducer.hpp"
-#include <dptrain/parallel/process_group.hpp>
 
-#define DPT_NCCL_CHECK(call)                                                              \
-  do {                                                                                    \
-    ncclResult_t dpt_res_ = (call);                                                       \
-    if (dpt_res_ != ncclSuccess)                                                          \
-      ::dpt::cuda::fail("NCCL", #call, ncclGetErrorString(dpt_res_), __FILE__, __LINE__); \
+#define DPT_NCCL_CHECK(call)                                                                                         \
+  do {                                                                                                               \
+    ncclResult_t dpt_res_ = (call);                                                                                  \
+    if (dpt_res_ != ncclSuccess) ::dpt::cuda::fail("NCCL", #call, ncclGetErrorString(dpt_res_), __FILE__, __LINE__); \
   } while (0)
 
 namespace dpt {
@@ -94,7 +93,8 @@ class NcclReducer : public Reducer {
       }
       if (std::chrono::steady_clock::now() > deadline) {
         ncclCommAbort(c);
-        group_->abort(std::string(what) + " did not complete within the communication timeout (ProcessGroup::set_timeout)");
+        group_->abort(std::string(what) +
+                      " did not complete within the communication timeout (ProcessGroup::set_timeout)");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -124,8 +124,9 @@ class NcclReducer : public Reducer {
       if (std::chrono::steady_clock::now() > deadline) {
         ncclCommAbort(comms_[0]);
         comms_[0] = nullptr;
-        group_->abort("a gradient all-reduce did not complete within the communication timeout (ProcessGroup::set_timeout): "
-                      "another rank died or stopped answering");
+        group_->abort(
+            "a gradient all-reduce did not complete within the communication timeout (ProcessGroup::set_timeout): "
+            "another rank died or stopped answering");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -140,8 +141,8 @@ class NcclReducer : public Reducer {
     ready_[r][b]->wait_in(*comm_[r]);
     float* p = r_[r].grads.f32() + buckets_[b].offset;
     DPT_CUDA_CHECK(cudaSetDevice(r_[r].ctx->device().index));
-    const ncclResult_t res = ncclAllReduce(p, p, static_cast<size_t>(buckets_[b].count), ncclFloat, ncclSum,
-                                           comms_[r], static_cast<cudaStream_t>(comm_[r]->stream()));
+    const ncclResult_t res = ncclAllReduce(p, p, static_cast<size_t>(buckets_[b].count), ncclFloat, ncclSum, comms_[r],
+                                           static_cast<cudaStream_t>(comm_[r]->stream()));
     if (res != ncclInProgress) DPT_NCCL_CHECK(res);
     settle(comms_[r], "enqueueing an all-reduce");
   }
@@ -169,7 +170,8 @@ std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas,
   return std::make_unique<NcclReducer>(std::move(replicas), std::move(buckets));
 }
 
-std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets) {
+std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
+                                                std::vector<Bucket> buckets) {
   return std::make_unique<NcclReducer>(group, std::move(replica), std::move(buckets));
 }
 

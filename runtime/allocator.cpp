@@ -1,10 +1,10 @@
 #include "allocator.hpp"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <unistd.h>
 
 #include <dptrain/error.hpp>
 
@@ -17,7 +17,7 @@
 namespace dpt {
 
 namespace {
-constexpr size_t kSmall = 1 << 20;      // below this, 512-byte granularity
+constexpr size_t kSmall = 1 << 20;       // below this, 512-byte granularity
 constexpr size_t kLargeRound = 2 << 20;  // above it, 2 MiB granularity
 
 size_t total_memory(const Device& d) {
@@ -135,9 +135,8 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
     p = system_alloc(size);
   }
   if (!p) {
-    throw OutOfMemory("out of memory on " + device_.str() + ": asked " + format_bytes(bytes) +
-                      ", allocated " + format_bytes(stats_.allocated) + ", reserved " +
-                      format_bytes(stats_.reserved) + ", total " +
+    throw OutOfMemory("out of memory on " + device_.str() + ": asked " + format_bytes(bytes) + ", allocated " +
+                      format_bytes(stats_.allocated) + ", reserved " + format_bytes(stats_.reserved) + ", total " +
                       format_bytes(total_memory(device_)) +
                       "; use a smaller batch (TrainConfig::batch), more devices, or TrainConfig::precision bf16");
   }

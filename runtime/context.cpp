@@ -189,8 +189,7 @@ void Graph::begin() {
   DPT_CUDA_CHECK(cudaSetDevice(ctx_.device().index));
   allocator(ctx_.device()).begin_capture(ctx_.pool());
   // Relaxed: the allocator may still need a new block (cudaMalloc) while recording.
-  const cudaError_t e =
-      cudaStreamBeginCapture(static_cast<cudaStream_t>(ctx_.stream()), cudaStreamCaptureModeRelaxed);
+  const cudaError_t e = cudaStreamBeginCapture(static_cast<cudaStream_t>(ctx_.stream()), cudaStreamCaptureModeRelaxed);
   if (e != cudaSuccess) held_ = allocator(ctx_.device()).end_capture();  // nothing was recorded
   DPT_CUDA_CHECK(e);
   recording_ = true;

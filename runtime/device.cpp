@@ -33,9 +33,7 @@ int cuda_device_count() {
 
 Device parse_device(std::string_view text) {
   const std::string shown(text);
-  auto bad = [&](const std::string& why) {
-    return UsageError("invalid device '" + shown + "': " + why);
-  };
+  auto bad = [&](const std::string& why) { return UsageError("invalid device '" + shown + "': " + why); };
   std::string_view kind = text, idx;
   if (auto colon = text.find(':'); colon != std::string_view::npos) {
     kind = text.substr(0, colon);
@@ -65,8 +63,9 @@ void check_device(const Device& d) {
     throw UsageError("device " + d.str() + " is not available: this dptrain was built without CUDA");
   const int n = cuda_device_count();
   if (d.index >= n)
-    throw UsageError("device " + d.str() + " is not available: this machine has " +
-                     (n == 0 ? std::string("no GPU") : std::to_string(n) + " GPU(s), cuda:0..cuda:" + std::to_string(n - 1)));
+    throw UsageError(
+        "device " + d.str() + " is not available: this machine has " +
+        (n == 0 ? std::string("no GPU") : std::to_string(n) + " GPU(s), cuda:0..cuda:" + std::to_string(n - 1)));
 }
 
 std::vector<Device> parse_devices(std::string_view list) {

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "../kernels/cpu/cpu.hpp"
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/context.hpp>
+#include "../kernels/cpu/cpu.hpp"
 #include "ops_internal.hpp"
 
 #if DPT_WITH_CUDA
@@ -29,8 +29,8 @@ cudaStream_t stream_of(const Device& d) {
 bool lt_gemm(Context& ctx, const Device& d, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
              const float* A, const float* B, float beta, float* C, const float* bias, Act act) {
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
-  return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, ta, tb, m, n, k, alpha,
-                       A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
+  return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, ta, tb, m, n, k, alpha, A,
+                       B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
 }
 // The same over other element types.
 bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
@@ -82,13 +82,12 @@ bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::bf16; 
 namespace detail {
 
 void same_device(const Tensor& a, const Tensor& b, const char* op) {
-  DPT_CHECK(a.device() == b.device(), std::string(op) + ": tensors on " + a.device().str() +
-                                          " and " + b.device().str());
+  DPT_CHECK(a.device() == b.device(),
+            std::string(op) + ": tensors on " + a.device().str() + " and " + b.device().str());
 }
 
 void need_f32(const Tensor& t, const char* op) {
-  DPT_CHECK(t.defined() && t.dtype() == DType::f32,
-            std::string(op) + ": expected a defined f32 tensor");
+  DPT_CHECK(t.defined() && t.dtype() == DType::f32, std::string(op) + ": expected a defined f32 tensor");
 }
 
 void record(Tensor& out, std::shared_ptr<Node> node, std::vector<Tensor> inputs) {
@@ -100,8 +99,7 @@ void give(Grads& grads, size_t i, Tensor g) {
   if (Tensor acc = grads.accumulator(i); acc.defined()) {
     if (grads.take_beta(i) == 0.0f) copy_cast(acc, g);
     else axpy_(1.0f, g, acc);
-  }
-  else grads.put(i, std::move(g));
+  } else grads.put(i, std::move(g));
 }
 
 }  // namespace detail
@@ -125,7 +123,9 @@ void put_slot(Grads& grads, size_t i, GradSlot& slot) {
 }
 #if DPT_WITH_CUDA
 // Scratch for the two-stage bias gradients (at least one float: a tensor is never empty here).
-Tensor bias_work(const Device& d, int64_t floats) { return Tensor::empty({std::max<int64_t>(1, floats)}, DType::f32, d); }
+Tensor bias_work(const Device& d, int64_t floats) {
+  return Tensor::empty({std::max<int64_t>(1, floats)}, DType::f32, d);
+}
 #endif
 }  // namespace
 
@@ -133,8 +133,7 @@ Tensor bias_work(const Device& d, int64_t floats) { return Tensor::empty({std::m
 
 void zero_(const Tensor& t) {
   if (t.numel() == 0) return;
-  DPT_CUDA_OR_CPU(t.device(),
-                  DPT_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream_of(t.device()))),
+  DPT_CUDA_OR_CPU(t.device(), DPT_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream_of(t.device()))),
                   std::memset(t.data(), 0, t.nbytes()));
 }
 
@@ -182,9 +181,9 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
   DPT_CHECK(A.dim() == 2 && B.dim() == 2 && C.dim() == 2, "gemm: operands must be matrices");
   const int64_t m = ta ? A.size(1) : A.size(0), k = ta ? A.size(0) : A.size(1);
   const int64_t kb = tb ? B.size(1) : B.size(0), n = tb ? B.size(0) : B.size(1);
-  DPT_CHECK(k == kb && C.size(0) == m && C.size(1) == n,
-            "gemm: shapes " + shape_str(A.shape()) + (ta ? "^T" : "") + " x " + shape_str(B.shape()) +
-                (tb ? "^T" : "") + " -> " + shape_str(C.shape()) + " do not match");
+  DPT_CHECK(k == kb && C.size(0) == m && C.size(1) == n, "gemm: shapes " + shape_str(A.shape()) + (ta ? "^T" : "") +
+                                                             " x " + shape_str(B.shape()) + (tb ? "^T" : "") + " -> " +
+                                                             shape_str(C.shape()) + " do not match");
   if (m == 0 || n == 0) return;
   if (bf16) {
 #if DPT_WITH_CUDA
@@ -207,13 +206,12 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
     if (const SmallGemm small = small_gemm(ctx, ta, tb, m, k); small == SmallGemm::skinny)
       cuda::gemm_skinny(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), nullptr, Act::none, nullptr,
                         Tensor::empty({cuda::gemm_skinny_work(m, n, k)}, DType::f32, d).f32(), s);
-    else if (small == SmallGemm::short_k)
-      cuda::gemm_short_k(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
+    else if (small == SmallGemm::short_k) cuda::gemm_short_k(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
     else if (ctx.gemm == GemmImpl::native)
       cuda::gemm_native(ta, tb, m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
     else
-      cuda::gemm_cublas(static_cast<cublasHandle_t>(ctx.blas()), ctx.precision, ta, tb, m, n, k,
-                        alpha, A.f32(), B.f32(), beta, C.f32());
+      cuda::gemm_cublas(static_cast<cublasHandle_t>(ctx.blas()), ctx.precision, ta, tb, m, n, k, alpha, A.f32(),
+                        B.f32(), beta, C.f32());
     return;
   }
 #endif
@@ -241,10 +239,10 @@ void copy_cast(const Tensor& dst, const Tensor& t) {
 Tensor sum_squares(const Tensor& x) {
   need_f32(x, "sum_squares");
   Tensor out = Tensor::empty({1}, DType::f32, x.device());
-  DPT_CUDA_OR_CPU(x.device(),
-                  cuda::sum_squares(x.f32(), x.numel(), out.f32(), reduce_work(x.device(), 0).f32(),
-                                    stream_of(x.device())),
-                  cpu::sum_squares(x.f32(), x.numel(), out.f32()));
+  DPT_CUDA_OR_CPU(
+      x.device(),
+      cuda::sum_squares(x.f32(), x.numel(), out.f32(), reduce_work(x.device(), 0).f32(), stream_of(x.device())),
+      cpu::sum_squares(x.f32(), x.numel(), out.f32()));
   return out;
 }
 
@@ -252,31 +250,27 @@ Tensor argmax_rows(const Tensor& x) {
   need_f32(x, "argmax_rows");
   DPT_CHECK(x.dim() == 2 && x.size(1) > 0, "argmax_rows: expected a matrix, got " + shape_str(x.shape()));
   Tensor out = Tensor::empty({x.size(0)}, DType::i32, x.device());
-  DPT_CUDA_OR_CPU(x.device(),
-                  cuda::argmax_rows(x.f32(), x.size(0), x.size(1), out.i32(), stream_of(x.device())),
+  DPT_CUDA_OR_CPU(x.device(), cuda::argmax_rows(x.f32(), x.size(0), x.size(1), out.i32(), stream_of(x.device())),
                   cpu::argmax_rows(x.f32(), x.size(0), x.size(1), out.i32()));
   return out;
 }
 
 void normal_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float std) {
   need_f32(t, "normal_");
-  DPT_CUDA_OR_CPU(t.device(),
-                  cuda::normal(t.f32(), t.numel(), seed, stream, offset, std, stream_of(t.device())),
+  DPT_CUDA_OR_CPU(t.device(), cuda::normal(t.f32(), t.numel(), seed, stream, offset, std, stream_of(t.device())),
                   cpu::normal(t.f32(), t.numel(), seed, stream, offset, std));
 }
 
 void uniform_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi) {
   need_f32(t, "uniform_");
-  DPT_CUDA_OR_CPU(t.device(),
-                  cuda::uniform(t.f32(), t.numel(), seed, stream, offset, lo, hi, stream_of(t.device())),
+  DPT_CUDA_OR_CPU(t.device(), cuda::uniform(t.f32(), t.numel(), seed, stream, offset, lo, hi, stream_of(t.device())),
                   cpu::uniform(t.f32(), t.numel(), seed, stream, offset, lo, hi));
 }
 
 Tensor clip_coef(const Tensor& norm_sq, float max_norm) {
   need_f32(norm_sq, "clip_coef");
   Tensor out = Tensor::empty({1}, DType::f32, norm_sq.device());
-  DPT_CUDA_OR_CPU(norm_sq.device(),
-                  cuda::clip_coef(norm_sq.f32(), max_norm, out.f32(), stream_of(norm_sq.device())),
+  DPT_CUDA_OR_CPU(norm_sq.device(), cuda::clip_coef(norm_sq.f32(), max_norm, out.f32(), stream_of(norm_sq.device())),
                   cpu::clip_coef(norm_sq.f32(), max_norm, out.f32()));
   return out;
 }
@@ -292,12 +286,11 @@ uint16_t* shadow_of(const Tensor& shadow, const Tensor& p, const char* op) {
 }
 }  // namespace
 
-void sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs& a,
-              const Tensor& grad_scale, const Tensor& shadow) {
+void sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs& a, const Tensor& grad_scale,
+              const Tensor& shadow) {
   need_f32(p, "sgd_step");
   need_f32(g, "sgd_step");
-  DPT_CHECK(p.numel() == g.numel() && (!buf.defined() || buf.numel() == p.numel()),
-            "sgd_step: buffer sizes differ");
+  DPT_CHECK(p.numel() == g.numel() && (!buf.defined() || buf.numel() == p.numel()), "sgd_step: buffer sizes differ");
   DPT_CHECK(a.momentum == 0.0f || buf.defined(), "sgd_step: momentum needs a momentum buffer");
   float* b = buf.defined() ? buf.f32() : nullptr;
   const float* sc = grad_scale.defined() ? grad_scale.f32() : nullptr;
@@ -306,8 +299,8 @@ void sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs
                   cpu::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc, sh));
 }
 
-void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                const AdamArgs& a, const Tensor& grad_scale, const Tensor& shadow) {
+void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
+                const Tensor& grad_scale, const Tensor& shadow) {
   need_f32(p, "adamw_step");
   need_f32(g, "adamw_step");
   DPT_CHECK(p.numel() == g.numel() && m.numel() == p.numel() && v.numel() == p.numel(),
@@ -333,8 +326,8 @@ class MatmulNode : public Node {
       Tensor acc = grads.accumulator(0);
       const float beta0 = acc.defined() ? grads.take_beta(0) : 0.0f;
       Tensor da = acc.defined() ? acc : Tensor::empty(a_.shape(), DType::f32, a_.device());
-      if (ta_) gemm(tb_, true, 1.0f, b_, dc, beta0, da);   // dA = op(B) dC^T
-      else gemm(false, !tb_, 1.0f, dc, b_, beta0, da);     // dA = dC op(B)^T
+      if (ta_) gemm(tb_, true, 1.0f, b_, dc, beta0, da);  // dA = op(B) dC^T
+      else gemm(false, !tb_, 1.0f, dc, b_, beta0, da);    // dA = dC op(B)^T
       if (!acc.defined()) grads.put(0, da);
     }
     if (grads.needed(1)) {
@@ -342,7 +335,7 @@ class MatmulNode : public Node {
       const float beta1 = acc.defined() ? grads.take_beta(1) : 0.0f;
       Tensor db = acc.defined() ? acc : Tensor::empty(b_.shape(), DType::f32, b_.device());
       if (tb_) gemm(true, ta_, 1.0f, dc, a_, beta1, db);  // dB = dC^T op(A)
-      else gemm(!ta_, false, 1.0f, a_, dc, beta1, db);     // dB = op(A)^T dC
+      else gemm(!ta_, false, 1.0f, a_, dc, beta1, db);    // dB = op(A)^T dC
       if (!acc.defined()) grads.put(1, db);
     }
   }
@@ -375,16 +368,15 @@ class LinearNode : public Node {
     // in the same pass, one operand is K-major, as in the input-gradient GEMM, which runs
     // at forward speed. Only for large GEMMs (as the fused forward epilogue). dz itself is
     // written only when the input-gradient GEMM reads it and differs from dy.
-    if (Context& ctx = context(d); d.is_cuda() && ctx.gemm == GemmImpl::cublas && ctx.precision == Precision::tf32 &&
-                                   grads.needed(1) && (rows + 31) / 32 <= 65535 &&
-                                   static_cast<double>(rows) * static_cast<double>(out) *
-                                           static_cast<double>(x_.size(1)) >= kLtMinMultiplyAdds) {
+    if (Context& ctx = context(d);
+        d.is_cuda() && ctx.gemm == GemmImpl::cublas && ctx.precision == Precision::tf32 && grads.needed(1) &&
+        (rows + 31) / 32 <= 65535 &&
+        static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x_.size(1)) >= kLtMinMultiplyAdds) {
       dzt = Tensor::empty({out, rows}, DType::f32, d);
       float* dz = grads.needed(0) && act_ != Act::none ? dy.f32() : nullptr;
-      cuda::act_backward_transposed(dy.f32(), saved_.f32(), act_, rows, out, dz, dzt.f32(), db.beta,
-                                    want_db ? db.t.f32() : nullptr,
-                                    bias_work(d, want_db ? cuda::act_backward_transposed_work(rows, out) : 0).f32(),
-                                    stream_of(d));
+      cuda::act_backward_transposed(
+          dy.f32(), saved_.f32(), act_, rows, out, dz, dzt.f32(), db.beta, want_db ? db.t.f32() : nullptr,
+          bias_work(d, want_db ? cuda::act_backward_transposed_work(rows, out) : 0).f32(), stream_of(d));
       dz_done = true;
     }
     // A layer without activation (dz = dy) whose weight gradient takes the short-k kernel
@@ -396,11 +388,11 @@ class LinearNode : public Node {
     const bool db_with_dW = false;
 #endif
     if (!dz_done && want_db && !db_with_dW) {
-      DPT_CUDA_OR_CPU(d,
-                      cuda::act_bias_backward(dy.f32(), saved_.f32(), act_, rows, out, dy.f32(), db.beta, db.t.f32(),
-                                              bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(),
-                                              stream_of(d)),
-                      cpu::act_bias_backward(dy.f32(), saved_.f32(), act_, rows, out, dy.f32(), db.beta, db.t.f32()));
+      DPT_CUDA_OR_CPU(
+          d,
+          cuda::act_bias_backward(dy.f32(), saved_.f32(), act_, rows, out, dy.f32(), db.beta, db.t.f32(),
+                                  bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(), stream_of(d)),
+          cpu::act_bias_backward(dy.f32(), saved_.f32(), act_, rows, out, dy.f32(), db.beta, db.t.f32()));
     } else if (!dz_done && act_ != Act::none) {
       DPT_CUDA_OR_CPU(d, cuda::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32(), stream_of(d)),
                       cpu::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32()));
@@ -443,8 +435,7 @@ class ActivationNode : public Node {
     const Device d = dy.device();
     if (is_bf16(saved_)) {  // the gradient has the input's type
       Tensor g = is_bf16(dy) ? dy : cast(dy, DType::bf16);
-      DPT_CUDA_OR_CPU(d,
-                      cuda::act_backward_bf16(g.bf16(), saved_.bf16(), act_, g.numel(), g.bf16(), stream_of(d)),
+      DPT_CUDA_OR_CPU(d, cuda::act_backward_bf16(g.bf16(), saved_.bf16(), act_, g.numel(), g.bf16(), stream_of(d)),
                       cpu::act_backward_bf16(g.bf16(), saved_.bf16(), act_, g.numel(), g.bf16()));
       give(grads, 0, g);
       return;
@@ -485,9 +476,9 @@ class MseNode : public Node {
     const Device d = y_.device();
     Tensor dy = Tensor::empty(y_.shape(), y_.dtype(), d);
     if (is_bf16(y_)) {
-      DPT_CUDA_OR_CPU(
-          d, cuda::mse_backward_bf16(y_.bf16(), t_.f32(), y_.numel(), dloss, scale, dy.bf16(), stream_of(d)),
-          cpu::mse_backward_bf16(y_.bf16(), t_.f32(), y_.numel(), dloss, scale, dy.bf16()));
+      DPT_CUDA_OR_CPU(d,
+                      cuda::mse_backward_bf16(y_.bf16(), t_.f32(), y_.numel(), dloss, scale, dy.bf16(), stream_of(d)),
+                      cpu::mse_backward_bf16(y_.bf16(), t_.f32(), y_.numel(), dloss, scale, dy.bf16()));
       return dy;
     }
     DPT_CUDA_OR_CPU(d, cuda::mse_backward(y_.f32(), t_.f32(), y_.numel(), dloss, scale, dy.f32(), stream_of(d)),
@@ -506,18 +497,17 @@ class CrossEntropyNode : public Node {
     const int64_t rows = logits_.size(0), cols = logits_.size(1);
     Tensor dl = Tensor::empty(logits_.shape(), logits_.dtype(), d);
     if (is_bf16(logits_)) {
-      DPT_CUDA_OR_CPU(d,
-                      cuda::cross_entropy_backward_bf16(logits_.bf16(), labels_.i32(), rows, cols, dloss.f32(),
-                                                        dl.bf16(), stream_of(d)),
-                      cpu::cross_entropy_backward_bf16(logits_.bf16(), labels_.i32(), rows, cols, dloss.f32(),
-                                                       dl.bf16()));
+      DPT_CUDA_OR_CPU(
+          d,
+          cuda::cross_entropy_backward_bf16(logits_.bf16(), labels_.i32(), rows, cols, dloss.f32(), dl.bf16(),
+                                            stream_of(d)),
+          cpu::cross_entropy_backward_bf16(logits_.bf16(), labels_.i32(), rows, cols, dloss.f32(), dl.bf16()));
       give(grads, 0, dl);
       return;
     }
-    DPT_CUDA_OR_CPU(d,
-                    cuda::cross_entropy_backward(logits_.f32(), labels_.i32(), rows, cols, dloss.f32(),
-                                                 dl.f32(), stream_of(d)),
-                    cpu::cross_entropy_backward(logits_.f32(), labels_.i32(), rows, cols, dloss.f32(), dl.f32()));
+    DPT_CUDA_OR_CPU(
+        d, cuda::cross_entropy_backward(logits_.f32(), labels_.i32(), rows, cols, dloss.f32(), dl.f32(), stream_of(d)),
+        cpu::cross_entropy_backward(logits_.f32(), labels_.i32(), rows, cols, dloss.f32(), dl.f32()));
     give(grads, 0, dl);
   }
 
@@ -550,17 +540,14 @@ class LinearBf16Node : public Node {
     // same pass when the bias needs it.
     if (inputs.size() > 2 && grads.needed(2)) {
       GradSlot db = grad_slot(grads, 2, {out}, d);
-      DPT_CUDA_OR_CPU(d,
-                      cuda::act_bias_backward_bf16(dy.bf16(), saved_.bf16(), act_, rows, out, dy.bf16(), db.beta,
-                                                   db.t.f32(),
-                                                   bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(),
-                                                   stream_of(d)),
-                      cpu::act_bias_backward_bf16(dy.bf16(), saved_.bf16(), act_, rows, out, dy.bf16(), db.beta,
-                                                  db.t.f32()));
+      DPT_CUDA_OR_CPU(
+          d,
+          cuda::act_bias_backward_bf16(dy.bf16(), saved_.bf16(), act_, rows, out, dy.bf16(), db.beta, db.t.f32(),
+                                       bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(), stream_of(d)),
+          cpu::act_bias_backward_bf16(dy.bf16(), saved_.bf16(), act_, rows, out, dy.bf16(), db.beta, db.t.f32()));
       put_slot(grads, 2, db);
     } else if (act_ != Act::none) {
-      DPT_CUDA_OR_CPU(d,
-                      cuda::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16(), stream_of(d)),
+      DPT_CUDA_OR_CPU(d, cuda::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16(), stream_of(d)),
                       cpu::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16()));
     }
     if (grads.needed(0)) {  // dx (bf16) = dz W16
@@ -623,8 +610,8 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
   if (Context& ctx = context(d);
       d.is_cuda() && rows > 0 && out > 0 && small_gemm(ctx, false, true, rows, x.size(1)) == SmallGemm::skinny) {
     // A small batch: our skinny GEMM, the bias and activation in its second pass.
-    cuda::gemm_skinny(rows, out, x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(), b.defined() ? b.f32() : nullptr,
-                      act, z.defined() ? z.f32() : nullptr,
+    cuda::gemm_skinny(rows, out, x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(), b.defined() ? b.f32() : nullptr, act,
+                      z.defined() ? z.f32() : nullptr,
                       Tensor::empty({cuda::gemm_skinny_work(rows, out, x.size(1))}, DType::f32, d).f32(), stream_of(d));
     fused = true;
   } else if (d.is_cuda() && ctx.gemm == GemmImpl::cublas && multiply_adds >= kLtMinMultiplyAdds &&
@@ -648,8 +635,7 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
   return y;
 }
 
-Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
-                   Act act) {
+Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16, Act act) {
   need_bf16(x, "linear_bf16");
   need_f32(W, "linear_bf16");
   need_bf16(W16, "linear_bf16 (weight copy)");
@@ -730,8 +716,8 @@ Tensor mse_loss(const Tensor& y, const Tensor& target) {
   if (is_bf16(y)) {
     uint16_t* dyp = grad ? dy.bf16() : nullptr;
     DPT_CUDA_OR_CPU(d,
-                    cuda::mse_forward_bf16(y.bf16(), target.f32(), y.numel(), loss.f32(), dyp,
-                                           reduce_work(d, 0).f32(), context(d).counter(), stream_of(d)),
+                    cuda::mse_forward_bf16(y.bf16(), target.f32(), y.numel(), loss.f32(), dyp, reduce_work(d, 0).f32(),
+                                           context(d).counter(), stream_of(d)),
                     cpu::mse_forward_bf16(y.bf16(), target.f32(), y.numel(), loss.f32(), dyp));
     if (grad) record(loss, std::make_shared<MseNode>(y, target, dy), {y});
     return loss;

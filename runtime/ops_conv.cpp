@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <string>
 
-#include "../kernels/cpu/cpu.hpp"
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/ops.hpp>
+#include "../kernels/cpu/cpu.hpp"
 #include "ops_internal.hpp"
 
 #if DPT_WITH_CUDNN
@@ -79,26 +79,27 @@ class Conv2dNode : public Node {
     const Device d = dy.device();
     if (grads.needed(0)) {
       Tensor dx = Tensor::empty(x_.shape(), DType::f32, d);
-      DPT_DNN_OR_CPU(d,
-                     {
-                       Workspace ws = workspace(d, s_);
-                       cuda::conv2d_backward_data(dnn_of(d), context(d).precision, s_, dy.f32(), w_.f32(), dx.f32(),
-                                                  ws.t.data(), ws.bytes);
-                     },
-                     cpu::conv2d_backward_data(s_, dy.f32(), w_.f32(), dx.f32()));
+      DPT_DNN_OR_CPU(
+          d,
+          {
+            Workspace ws = workspace(d, s_);
+            cuda::conv2d_backward_data(dnn_of(d), context(d).precision, s_, dy.f32(), w_.f32(), dx.f32(), ws.t.data(),
+                                       ws.bytes);
+          },
+          cpu::conv2d_backward_data(s_, dy.f32(), w_.f32(), dx.f32()));
       give(grads, 0, dx);
     }
     if (!grads.needed(1) && !(b_.defined() && grads.needed(2))) return;
     const ParamGrads g = param_grads(grads, w_, b_);
     float* db = g.db.defined() ? g.db.f32() : nullptr;
-    DPT_DNN_OR_CPU(d,
-                   {
-                     Workspace ws = workspace(d, s_);
-                     cuda::conv2d_backward_filter(dnn_of(d), static_cast<cublasHandle_t>(context(d).blas()),
-                                                  context(d).precision, s_, x_.f32(), dy.f32(), g.beta, g.dw.f32(), db,
-                                                  ws.t.data(), ws.bytes);
-                   },
-                   cpu::conv2d_backward_filter(s_, x_.f32(), dy.f32(), g.beta, g.dw.f32(), db));
+    DPT_DNN_OR_CPU(
+        d,
+        {
+          Workspace ws = workspace(d, s_);
+          cuda::conv2d_backward_filter(dnn_of(d), static_cast<cublasHandle_t>(context(d).blas()), context(d).precision,
+                                       s_, x_.f32(), dy.f32(), g.beta, g.dw.f32(), db, ws.t.data(), ws.bytes);
+        },
+        cpu::conv2d_backward_filter(s_, x_.f32(), dy.f32(), g.beta, g.dw.f32(), db));
     hand_over(grads, g);
   }
 
@@ -130,7 +131,10 @@ class Pool2dNode : public Node {
 class BatchNormNode : public Node {
  public:
   BatchNormNode(Tensor x, Tensor gamma, Tensor beta, Tensor save_mean, Tensor save_invstd)
-      : x_(x.detach()), gamma_(gamma.detach()), beta_(beta.detach()), mean_(std::move(save_mean)),
+      : x_(x.detach()),
+        gamma_(gamma.detach()),
+        beta_(beta.detach()),
+        mean_(std::move(save_mean)),
         invstd_(std::move(save_invstd)) {}
   const char* name() const override { return "batch_norm2d"; }
   void backward(Tensor& dy, Grads& grads) override {
@@ -159,8 +163,9 @@ class BatchNormEvalNode : public Node {
  public:
   const char* name() const override { return "batch_norm2d (eval)"; }
   void backward(Tensor&, Grads&) override {
-    throw Error("batch_norm2d: no backward in evaluation mode (running statistics); call train() on the model, "
-                "or run it under NoGradGuard");
+    throw Error(
+        "batch_norm2d: no backward in evaluation mode (running statistics); call train() on the model, "
+        "or run it under NoGradGuard");
   }
 };
 
@@ -183,8 +188,8 @@ void need_nchw(const Tensor& x, const char* op) {
 void need_channels(const Tensor& v, const Tensor& x, const char* op, const char* what) {
   need_f32(v, op);
   same_device(v, x, op);
-  DPT_CHECK(v.dim() == 1 && v.size(0) == x.size(1), std::string(op) + ": " + what + " " + shape_str(v.shape()) +
-                                                        " does not fit input " + shape_str(x.shape()));
+  DPT_CHECK(v.dim() == 1 && v.size(0) == x.size(1),
+            std::string(op) + ": " + what + " " + shape_str(v.shape()) + " does not fit input " + shape_str(x.shape()));
 }
 
 }  // namespace
@@ -202,24 +207,26 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride,
               "conv2d: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(w.shape()));
   }
   DPT_CHECK(stride >= 1 && pad >= 0 && dilation >= 1, "conv2d: stride " + std::to_string(stride) + ", padding " +
-                                                          std::to_string(pad) + ", dilation " + std::to_string(dilation));
+                                                          std::to_string(pad) + ", dilation " +
+                                                          std::to_string(dilation));
   const ConvShape s{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), stride, pad, dilation};
   // The padded image must hold the dilated kernel (p() >= 1 alone is not enough: C++'s
   // division rounds a negative remainder toward zero).
   const int64_t extent_h = dilation * (s.r - 1) + 1, extent_w = dilation * (s.s - 1) + 1;
-  DPT_CHECK(s.h + 2 * pad >= extent_h && s.w + 2 * pad >= extent_w, "conv2d: weight " + shape_str(w.shape()) + " (dilation " +
-                                          std::to_string(dilation) + ") does not fit input " + shape_str(x.shape()) +
-                                          " with padding " + std::to_string(pad));
+  DPT_CHECK(s.h + 2 * pad >= extent_h && s.w + 2 * pad >= extent_w,
+            "conv2d: weight " + shape_str(w.shape()) + " (dilation " + std::to_string(dilation) +
+                ") does not fit input " + shape_str(x.shape()) + " with padding " + std::to_string(pad));
   const Device d = x.device();
   Tensor y = Tensor::empty({s.n, s.k, s.p(), s.q()}, DType::f32, d);
   const float* bias = b.defined() ? b.f32() : nullptr;
-  DPT_DNN_OR_CPU(d,
-                 {
-                   Workspace ws = workspace(d, s);
-                   cuda::conv2d_forward(dnn_of(d), context(d).precision, s, x.f32(), w.f32(), bias, y.f32(),
-                                        ws.t.data(), ws.bytes);
-                 },
-                 cpu::conv2d_forward(s, x.f32(), w.f32(), bias, y.f32()));
+  DPT_DNN_OR_CPU(
+      d,
+      {
+        Workspace ws = workspace(d, s);
+        cuda::conv2d_forward(dnn_of(d), context(d).precision, s, x.f32(), w.f32(), bias, y.f32(), ws.t.data(),
+                             ws.bytes);
+      },
+      cpu::conv2d_forward(s, x.f32(), w.f32(), bias, y.f32()));
   if (any_requires_grad({&x, &w, &b})) {
     std::vector<Tensor> in{x, w};
     if (b.defined()) in.push_back(b);
@@ -235,9 +242,9 @@ Tensor pool2d(const Tensor& x, Pool kind, int64_t kh, int64_t kw, int64_t stride
             "pool2d: window " + std::to_string(kh) + "x" + std::to_string(kw) + ", stride " + std::to_string(stride) +
                 ", padding " + std::to_string(pad) + " (at most half the window)");
   const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3), kh, kw, stride, pad};
-  DPT_CHECK(s.h + 2 * pad >= kh && s.w + 2 * pad >= kw, "pool2d: window " + std::to_string(kh) + "x" + std::to_string(kw) +
-                                          " does not fit input " + shape_str(x.shape()) + " with padding " +
-                                          std::to_string(pad));
+  DPT_CHECK(s.h + 2 * pad >= kh && s.w + 2 * pad >= kw,
+            "pool2d: window " + std::to_string(kh) + "x" + std::to_string(kw) + " does not fit input " +
+                shape_str(x.shape()) + " with padding " + std::to_string(pad));
   const Device d = x.device();
   Tensor y = Tensor::empty({s.n, s.c, s.p(), s.q()}, DType::f32, d);
   DPT_DNN_OR_CPU(d, cuda::pool2d_forward(dnn_of(d), s, kind, x.f32(), y.f32()),
@@ -270,12 +277,12 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta, co
   if (n * hw < 2)
     throw Error("batch_norm2d: training needs more than one value per channel, got input " + shape_str(x.shape()));
   Tensor mean = Tensor::empty({c}, DType::f32, d), invstd = Tensor::empty({c}, DType::f32, d);
-  DPT_DNN_OR_CPU(d,
-                 cuda::batchnorm_forward_train(dnn_of(d), n, c, hw, x.f32(), gamma.f32(), beta.f32(), a,
-                                               running_mean.f32(), running_var.f32(), y.f32(), mean.f32(),
-                                               invstd.f32()),
-                 cpu::batchnorm_forward_train(n, c, hw, x.f32(), gamma.f32(), beta.f32(), a, running_mean.f32(),
-                                              running_var.f32(), y.f32(), mean.f32(), invstd.f32()));
+  DPT_DNN_OR_CPU(
+      d,
+      cuda::batchnorm_forward_train(dnn_of(d), n, c, hw, x.f32(), gamma.f32(), beta.f32(), a, running_mean.f32(),
+                                    running_var.f32(), y.f32(), mean.f32(), invstd.f32()),
+      cpu::batchnorm_forward_train(n, c, hw, x.f32(), gamma.f32(), beta.f32(), a, running_mean.f32(), running_var.f32(),
+                                   y.f32(), mean.f32(), invstd.f32()));
   if (grad) record(y, std::make_shared<BatchNormNode>(x, gamma, beta, mean, invstd), {x, gamma, beta});
   return y;
 }

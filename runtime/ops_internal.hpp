@@ -20,10 +20,10 @@
       cpu_call;                                 \
     }                                           \
   } while (0)
-#define DPT_CPU_ONLY(dev, missing, cpu_call)                                              \
-  do {                                                                                    \
+#define DPT_CPU_ONLY(dev, missing, cpu_call)                                                  \
+  do {                                                                                        \
     if ((dev).is_cuda()) throw ::dpt::Error(std::string("this op on CUDA needs ") + missing); \
-    cpu_call;                                                                             \
+    cpu_call;                                                                                 \
   } while (0)
 
 #if DPT_WITH_CUDA
@@ -34,8 +34,7 @@
 #if DPT_WITH_CUDNN
 #define DPT_DNN_OR_CPU(dev, dnn_call, cpu_call) DPT_GPU_OR_CPU(dev, dnn_call, cpu_call)
 #else
-#define DPT_DNN_OR_CPU(dev, dnn_call, cpu_call) \
-  DPT_CPU_ONLY(dev, "dptrain built with cuDNN (convolutions)", cpu_call)
+#define DPT_DNN_OR_CPU(dev, dnn_call, cpu_call) DPT_CPU_ONLY(dev, "dptrain built with cuDNN (convolutions)", cpu_call)
 #endif
 
 namespace dpt::detail {

@@ -4,10 +4,10 @@
 #include <map>
 
 #include <dptrain/error.hpp>
-#include "allocator.hpp"
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/ops.hpp>
+#include "allocator.hpp"
 
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/check.hpp"
@@ -19,9 +19,12 @@ size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
   }
   return "?";
 }
@@ -38,14 +41,12 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
-Storage::Storage(Device d, size_t b)
-    : device(d), bytes(b), ptr(allocator(d).allocate(b, context(d).pool())) {}
+Storage::Storage(Device d, size_t b) : device(d), bytes(b), ptr(allocator(d).allocate(b, context(d).pool())) {}
 
 Storage::~Storage() { allocator(device).free(ptr); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
-  for (int64_t d : shape)
-    DPT_CHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
+  for (int64_t d : shape) DPT_CHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
   Tensor t;
   t.storage_ = std::make_shared<Storage>(device, static_cast<size_t>(dpt::numel(shape)) * dtype_size(dtype));
   t.shape_ = shape;
@@ -134,8 +135,7 @@ Tensor Tensor::from_host(const std::vector<float>& values, const Shape& shape, c
   return t;
 }
 
-Tensor Tensor::from_host_i32(const std::vector<int32_t>& values, const Shape& shape,
-                             const Device& device) {
+Tensor Tensor::from_host_i32(const std::vector<int32_t>& values, const Shape& shape, const Device& device) {
   DPT_CHECK(static_cast<int64_t>(values.size()) == dpt::numel(shape),
             "from_host_i32: " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
   Tensor t = empty(shape, DType::i32, device);
@@ -220,8 +220,8 @@ const Tensor& Tensor::grad() const {
 }
 
 void Tensor::set_grad(const Tensor& g) {
-  DPT_CHECK(!g.defined() || g.shape() == shape_, "set_grad: shape " + shape_str(g.shape()) +
-                                                     " for a tensor of shape " + shape_str(shape_));
+  DPT_CHECK(!g.defined() || g.shape() == shape_,
+            "set_grad: shape " + shape_str(g.shape()) + " for a tensor of shape " + shape_str(shape_));
   meta().grad = g;
 }
 
@@ -261,8 +261,7 @@ void copy(const Tensor& dst, const Tensor& src) {
     DPT_CUDA_CHECK(cudaSetDevice(d.index));
     if (d.index == s.index)
       DPT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
-    else
-      DPT_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data(), d.index, src.data(), s.index, bytes, stream));
+    else DPT_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data(), d.index, src.data(), s.index, bytes, stream));
     return;
   }
   if (d.is_cuda()) {

@@ -7,11 +7,11 @@
 #include <functional>
 #include <vector>
 
-#include "../kernels/bf16.hpp"
-#include "../kernels/cpu/cpu.hpp"
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/runtime/tensor.hpp>
+#include "../kernels/bf16.hpp"
+#include "../kernels/cpu/cpu.hpp"
 
 namespace dpt::test {
 

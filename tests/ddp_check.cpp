@@ -9,8 +9,8 @@
 #include <cstring>
 #include <string>
 
-#include <dptrain/train/trainer.hpp>
 #include <dptrain/parallel/process_group.hpp>
+#include <dptrain/train/trainer.hpp>
 #include "common.hpp"
 
 using namespace dpt;
@@ -59,10 +59,11 @@ int main(int argc, char** argv) {
         const TrainResult r1 = one.run();
         const double err = test::rel_error(ddp.model().flat_params().to_host(), one.model().flat_params().to_host());
         const bool ok = err <= 1e-5 && std::fabs(r.final_loss - r1.final_loss) <= 1e-5 * std::fabs(r1.final_loss);
-        std::printf("%s %s %s, %d ranks, batch %lld, grad-accum %d: weights rel. error %.3g, loss %.6g vs %.6g, "
-                    "hash %016llx: %s\n",
-                    model.c_str(), data::task_name(task), opt.c_str(), g.size(), static_cast<long long>(batch), accum,
-                    err, r.final_loss, r1.final_loss, static_cast<unsigned long long>(hash), ok ? "ok" : "FAILED");
+        std::printf(
+            "%s %s %s, %d ranks, batch %lld, grad-accum %d: weights rel. error %.3g, loss %.6g vs %.6g, "
+            "hash %016llx: %s\n",
+            model.c_str(), data::task_name(task), opt.c_str(), g.size(), static_cast<long long>(batch), accum, err,
+            r.final_loss, r1.final_loss, static_cast<unsigned long long>(hash), ok ? "ok" : "FAILED");
         if (!ok) ++failures;
       }
     };

@@ -37,8 +37,8 @@ TEST_CASE("bf16 linear equals the fp32 linear on bf16-rounded operands, rounded 
       INFO(nn::act_name(act) << (bias ? " with bias" : " without bias"));
       Tensor x = randn_tensor({37, 29}, 1, host), W = randn_tensor({23, 29}, 2, host, 0.3f);
       Tensor b = bias ? randn_tensor({23}, 3, host) : Tensor();
-      Tensor y = linear_bf16(cast(x, DType::bf16), W, b, cast(W, DType::bf16), bias ? cast(b, DType::bf16) : Tensor(),
-                             act);
+      Tensor y =
+          linear_bf16(cast(x, DType::bf16), W, b, cast(W, DType::bf16), bias ? cast(b, DType::bf16) : Tensor(), act);
       REQUIRE(y.dtype() == DType::bf16);
       // The definition: fp32 arithmetic on the bf16 values, the result rounded once.
       Tensor want = linear(rounded(x), rounded(W), bias ? rounded(b) : Tensor(), act);
@@ -61,8 +61,8 @@ TEST_CASE("bf16 linear matches the fp32 linear within bf16 precision, forward an
     Tensor x2 = Tensor::from_host(xv, {37, 29}, host).set_requires_grad(true);
     Tensor W2 = Tensor::from_host(Wv, {23, 29}, host).set_requires_grad(true);
     Tensor b2 = Tensor::from_host(bv, {23}, host).set_requires_grad(true);
-    Tensor y2 = linear_bf16(cast(x2, DType::bf16), W2, b2, cast(W2.detach(), DType::bf16),
-                            cast(b2.detach(), DType::bf16), act);
+    Tensor y2 =
+        linear_bf16(cast(x2, DType::bf16), W2, b2, cast(W2.detach(), DType::bf16), cast(b2.detach(), DType::bf16), act);
     mse_loss(y2, t).backward();
     REQUIRE(x2.grad().dtype() == DType::f32);  // the cast's gradient comes back as f32
     REQUIRE(W2.grad().dtype() == DType::f32);  // the masters' gradients are fp32

@@ -34,8 +34,7 @@ struct TempDir {
   fs::path path;
   TempDir() {
     static int serial = 0;
-    path = fs::temp_directory_path() /
-           ("dpt_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(serial++));
+    path = fs::temp_directory_path() / ("dpt_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(serial++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -102,8 +101,8 @@ ckpt::Checkpoint sample() {
                          tensor(ckpt::DType::f32, {2, 4},
                                 std::vector<float>{1.5f, -0.0f, INFINITY, -INFINITY, nan, 1e-45f, 3.4e38f, 0.1f}));
   c.tensors.emplace_back("bf16", tensor(ckpt::DType::bf16, {4}, std::vector<uint16_t>{0x3f80, 0xbf80, 0x7fc1, 1}));
-  c.tensors.emplace_back("ints", tensor(ckpt::DType::i32, {3, 2},
-                                        std::vector<int32_t>{INT32_MIN, -1, 0, INT32_MAX, 7, 9}));
+  c.tensors.emplace_back("ints",
+                         tensor(ckpt::DType::i32, {3, 2}, std::vector<int32_t>{INT32_MIN, -1, 0, INT32_MAX, 7, 9}));
   c.tensors.emplace_back("scalar", tensor(ckpt::DType::f32, {}, std::vector<float>{42.0f}));
   c.tensors.emplace_back("none", tensor(ckpt::DType::f32, {0, 3}, std::vector<float>{}));
   return c;
@@ -209,11 +208,12 @@ TEST_CASE("files from other safetensors writers load", "[checkpoint]") {
   const std::string path = dir.file("other.safetensors");
   // Keys in any order against the offsets, whitespace inside, padding of either kind
   // after the object, a scalar, empty tensors sharing an offset, and escapes.
-  const std::string header = "{ \"b\" : {\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[4,8]},\n"
-                             "\t\"a\":{\"data_offsets\":[0,4],\"shape\":[],\"dtype\":\"F32\"},"
-                             "\"e0\":{\"dtype\":\"BF16\",\"shape\":[0],\"data_offsets\":[4,4]},"
-                             "\"e1\":{\"dtype\":\"F32\",\"shape\":[3,0],\"data_offsets\":[4,4]},"
-                             "\"__metadata__\":{\"k\\u00e9\\ud83d\\ude00\":\"\\\"\\\\\\/\\b\\f\\n\\r\\t\"}}  \n ";
+  const std::string header =
+      "{ \"b\" : {\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[4,8]},\n"
+      "\t\"a\":{\"data_offsets\":[0,4],\"shape\":[],\"dtype\":\"F32\"},"
+      "\"e0\":{\"dtype\":\"BF16\",\"shape\":[0],\"data_offsets\":[4,4]},"
+      "\"e1\":{\"dtype\":\"F32\",\"shape\":[3,0],\"data_offsets\":[4,4]},"
+      "\"__metadata__\":{\"k\\u00e9\\ud83d\\ude00\":\"\\\"\\\\\\/\\b\\f\\n\\r\\t\"}}  \n ";
   std::vector<uint8_t> bytes = file_of(header, 8);
   bytes[8 + header.size() + 4] = 5;
   CHECK(error_of(path, bytes).empty());
@@ -323,8 +323,7 @@ TEST_CASE("malformed checkpoints are refused with the file and the problem named
          "shape is not a list of at most 64"},
         {R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8,
          "tensor 'w': shape [4294967296, 4294967296] has too many elements"},
-        {R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})", 0,
-         "has too many elements"},
+        {R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})", 0, "has too many elements"},
         {R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8,
          "tensor 'w': shape [3] of F32 does not fit data_offsets [0, 8] (8 bytes)"},
         {R"({"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,8]}})", 8, "shape [2] of BF16 does not fit"},
@@ -652,7 +651,6 @@ TEST_CASE("a bf16 run resumes bit-identically from its fp32 master weights", "[c
         // The shadow follows the loaded masters before the first step, and ends as the full run's.
         if (!full)
           CHECK(test::bf16_bits(resumed.model().flat_shadow()) == test::bf16_bits(resumed.model().flat_params()));
-        else
-          CHECK(test::bf16_bits(resumed.model().flat_shadow()) == test::bf16_bits(full->model().flat_shadow()));
+        else CHECK(test::bf16_bits(resumed.model().flat_shadow()) == test::bf16_bits(full->model().flat_shadow()));
       });
 }

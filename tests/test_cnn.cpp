@@ -4,9 +4,9 @@
 // sample index.
 #include <set>
 
+#include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
-#include <dptrain/data/synthetic.hpp>
 #include "catch.hpp"
 #include "common.hpp"
 
@@ -32,21 +32,28 @@ TEST_CASE("CNN specs build the layers they describe", "[cnn]") {
       {"cnn-small",
        "Sequential(Conv2d(3, 16, 3, padding 1, relu), MaxPool2d(2), Conv2d(16, 32, 3, padding 1, relu), MaxPool2d(2), "
        "Flatten, Linear(512, 10))",
-       {3, 16, 16}, 10},
+       {3, 16, 16},
+       10},
       {"cnn:1x9x7-c4k3s2p0-a3s1p1-f6-f2",
        "Sequential(Conv2d(1, 4, 3, stride 2, relu), AvgPool2d(3, stride 1, padding 1), Flatten, Linear(48, 6, relu), "
        "Linear(6, 2))",
-       {1, 9, 7}, 2},
+       {1, 9, 7},
+       2},
       {"cnn:3x8x8-c4k3-bn-p2-c6k3d2-g-f5",
        "Sequential(Conv2d(3, 4, 3, padding 1), BatchNorm2d(4, relu), MaxPool2d(2), Conv2d(4, 6, 3, padding 2, "
        "dilation 2, relu), AdaptiveAvgPool2d(1), Flatten, Linear(6, 5))",
-       {3, 8, 8}, 5},
-      {"cnn:2x5x5-bn-c3k1-f4", "Sequential(BatchNorm2d(2), Conv2d(2, 3, 1, relu), Flatten, Linear(75, 4))", {2, 5, 5}, 4},
+       {3, 8, 8},
+       5},
+      {"cnn:2x5x5-bn-c3k1-f4",
+       "Sequential(BatchNorm2d(2), Conv2d(2, 3, 1, relu), Flatten, Linear(75, 4))",
+       {2, 5, 5},
+       4},
       {"cnn",  // the benchmark workload of BENCHMARKS.md and torch_bench.py
        "Sequential(Conv2d(3, 64, 3, padding 1), BatchNorm2d(64, relu), MaxPool2d(2), Conv2d(64, 128, 3, padding 1), "
        "BatchNorm2d(128, relu), MaxPool2d(2), Conv2d(128, 256, 3, padding 1), BatchNorm2d(256, relu), MaxPool2d(2), "
        "AdaptiveAvgPool2d(1), Flatten, Linear(256, 10))",
-       {3, 32, 32}, 10},
+       {3, 32, 32},
+       10},
   };
   for (const Case& c : cases) {
     INFO(c.spec);
@@ -69,12 +76,14 @@ TEST_CASE("CNN specs build the layers they describe", "[cnn]") {
 TEST_CASE("bad CNN specs are refused with one line naming the layer and the shapes", "[cnn]") {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"cnn:3x8x8-c16k9p0-f10", "layer 1 'c16k9p0': kernel 9 does not fit the input 3x8x8 with padding 0"},
-      {"cnn:3x8x8-c4k5d3p0-f10", "layer 1 'c4k5d3p0': kernel 5 (dilation 3) does not fit the input 3x8x8 with padding 0"},
+      {"cnn:3x8x8-c4k5d3p0-f10",
+       "layer 1 'c4k5d3p0': kernel 5 (dilation 3) does not fit the input 3x8x8 with padding 0"},
       {"cnn:3x4x4-p2-p2-p2-f10", "layer 3 'p2': window 2 does not fit the input 3x1x1"},
       {"cnn:3x6x6-a7-f2", "layer 1 'a7': window 7 does not fit the input 3x6x6"},
       {"cnn:3x6x6-p2p2-f2", "layer 1 'p2p2': padding 2 is more than half the window 2"},
-      {"cnn:3x8x8-f10-bn-f5", "layer 2 'bn': batch norm needs an image [C, H, W], but after a linear layer the input "
-                              "is 10 features"},
+      {"cnn:3x8x8-f10-bn-f5",
+       "layer 2 'bn': batch norm needs an image [C, H, W], but after a linear layer the input "
+       "is 10 features"},
       {"cnn:3x8x8-f10-c3k3-f4", "layer 2 'c3k3': a convolution needs an image"},
       {"cnn:3x8x8-f10-g-f4", "layer 2 'g': global pooling needs an image"},
       {"cnn:3x8x8-c16q3-f10", "layer 1 'c16q3': 'c16q3' is not a layer (expected cNkK[sS][pP][dD], bn"},

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <utility>
 
-#include "../kernels/cpu/cpu.hpp"
 #include <dptrain/error.hpp>
+#include "../kernels/cpu/cpu.hpp"
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/cuda.hpp"
 #endif
@@ -17,9 +17,9 @@
 #include "../kernels/cuda/dnn.hpp"
 #endif
 #include <dptrain/layers/loss.hpp>
+#include <dptrain/runtime/context.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../runtime/allocator.hpp"
-#include <dptrain/runtime/context.hpp>
 #include "catch.hpp"
 #include "common.hpp"
 
@@ -46,8 +46,7 @@ void compare(const std::function<std::vector<Tensor>(const Device&)>& f, double 
 }
 
 // An op's value and the gradients of mse(op, target) for each input.
-std::vector<Tensor> value_and_grads(const std::function<Tensor(std::vector<Tensor>&)>& op,
-                                    std::vector<Tensor> inputs) {
+std::vector<Tensor> value_and_grads(const std::function<Tensor(std::vector<Tensor>&)>& op, std::vector<Tensor> inputs) {
   for (auto& t : inputs) t.set_requires_grad(true);
   Tensor y = op(inputs);
   Tensor target = Tensor::from_host(randn(y.numel(), 77), y.shape(), y.device());
@@ -59,7 +58,9 @@ std::vector<Tensor> value_and_grads(const std::function<Tensor(std::vector<Tenso
 }  // namespace
 
 TEST_CASE("GEMMs (cuBLAS, native, small-batch) match the CPU at every transpose and odd sizes", "[gpu][gemm]") {
-  struct Size { int64_t m, n, k; };
+  struct Size {
+    int64_t m, n, k;
+  };
 #if DPT_WITH_CUDA
   // Each library directly: gemm() hands small-batch shapes to gemm_small.cu's kernels.
   const cublasHandle_t h = static_cast<cublasHandle_t>(context(gpu).blas());
@@ -105,7 +106,9 @@ TEST_CASE("GEMMs (cuBLAS, native, small-batch) match the CPU at every transpose 
 TEST_CASE("cuBLASLt GEMMs with the bias and ReLU epilogue match the CPU", "[gpu][gemm]") {
   // Linear takes this path only for large GEMMs; here it is called directly at odd
   // sizes, every transpose, with and without bias, beta 0 (over NaN) and beta != 0.
-  struct Size { int64_t m, n, k; };
+  struct Size {
+    int64_t m, n, k;
+  };
   const cublasHandle_t h = static_cast<cublasHandle_t>(context(gpu).blas());
   const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, gpu);
@@ -136,7 +139,9 @@ TEST_CASE("cuBLASLt GEMMs with the bias and ReLU epilogue match the CPU", "[gpu]
 
 #if DPT_WITH_CUDA
 TEST_CASE("the activation backward with a transposed copy matches the CPU", "[gpu][ops]") {
-  struct Size { int64_t rows, cols; };
+  struct Size {
+    int64_t rows, cols;
+  };
   for (Size sz : {Size{1, 1}, Size{33, 65}, Size{64, 31}, Size{100, 257}})
     for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh}) {
       INFO(sz.rows << "x" << sz.cols << " act " << static_cast<int>(act));
@@ -170,7 +175,8 @@ TEST_CASE("the activation backward with a transposed copy matches the CPU", "[gp
       bool transposed = true;
       for (int64_t r = 0; r < sz.rows; ++r)
         for (int64_t c = 0; c < sz.cols; ++c)
-          transposed = transposed && dxt[static_cast<size_t>(c * sz.rows + r)] == dx[static_cast<size_t>(r * sz.cols + c)];
+          transposed =
+              transposed && dxt[static_cast<size_t>(c * sz.rows + r)] == dx[static_cast<size_t>(r * sz.cols + c)];
       CHECK(transposed);
     }
   // Linear's TF32 backward takes this path at 2^30 multiply-adds: within TF32 of the CPU.
@@ -273,7 +279,8 @@ TEST_CASE("optimizers, clipping, casts and argmax match the CPU", "[gpu][ops]") 
   a[5] = b[5] = 0;
   CHECK(a == b);
   auto scores = randn(513 * 37, 17);
-  CHECK(argmax_rows(on(host, scores, {513, 37})).to_host_i32() == argmax_rows(on(gpu, scores, {513, 37})).to_host_i32());
+  CHECK(argmax_rows(on(host, scores, {513, 37})).to_host_i32() ==
+        argmax_rows(on(gpu, scores, {513, 37})).to_host_i32());
 }
 
 TEST_CASE("Philox gives the same values on the GPU as on the CPU", "[gpu][random]") {
@@ -463,7 +470,8 @@ TEST_CASE("a host batch is split, staged through pinned memory and trained exact
     auto m = nn::mlp("6-16-3");
     m->to(gpu, 4);
     return std::make_unique<DataParallel>(
-        m, std::move(devs), [](nn::Module& r) { return std::make_unique<optim::SGD>(r, optim::SGD::Options{.lr = 0.1f}); },
+        m, std::move(devs),
+        [](nn::Module& r) { return std::make_unique<optim::SGD>(r, optim::SGD::Options{.lr = 0.1f}); },
         DataParallelOptions{.reduce = Reduce::p2p});
   };
   auto single = make({gpu}), multi = make({gpu, gpu, gpu});
@@ -543,7 +551,8 @@ TEST_CASE("cuDNN convolution matches the CPU forward and backward, at fp32 and t
       // Few inputs per output (c*r*s <= 32): the weight gradient through im2col and cuBLAS.
       {"3x3 stride 2 pad 2 dilation 2, 2 channels",
        {.n = 3, .c = 2, .h = 13, .w = 10, .k = 7, .r = 3, .s = 3, .stride = 2, .pad = 2, .dilation = 2}},
-      {"the cnn's first layer, 3 -> 64 channels", {.n = 8, .c = 3, .h = 32, .w = 32, .k = 64, .r = 3, .s = 3, .pad = 1}},
+      {"the cnn's first layer, 3 -> 64 channels",
+       {.n = 8, .c = 3, .h = 32, .w = 32, .k = 64, .r = 3, .s = 3, .pad = 1}},
       // im2col's buffer holds 56 of these images: two chunks, summed in order.
       {"large images, in chunks", {.n = 64, .c = 1, .h = 128, .w = 128, .k = 4, .r = 3, .s = 3, .pad = 1}},
   };
@@ -570,11 +579,12 @@ TEST_CASE("cuDNN convolution matches the CPU forward and backward, at fp32 and t
       cuda::conv2d_forward(h, precision, s, gx.f32(), gw.f32(), gb.f32(), gy.f32(), ws.data(), bytes);
       cuda::conv2d_forward(h, precision, s, gx.f32(), gw.f32(), nullptr, gy_nobias.f32(), ws.data(), bytes);
       cuda::conv2d_backward_data(h, precision, s, gdy.f32(), gw.f32(), gdx.f32(), ws.data(), bytes);
-      cuda::conv2d_backward_filter(h, blas_handle(), precision, s, gx.f32(), gdy.f32(), 0.0f, gdw.f32(), gdb.f32(), ws.data(), bytes);
-      cuda::conv2d_backward_filter(h, blas_handle(), precision, s, gx.f32(), gdy.f32(), 0.0f, gdw_nobias.f32(), nullptr, ws.data(),
-                                   bytes);
-      cuda::conv2d_backward_filter(h, blas_handle(), precision, s, gx.f32(), gdy.f32(), 1.0f, gdw_acc.f32(), gdb_acc.f32(),
+      cuda::conv2d_backward_filter(h, blas_handle(), precision, s, gx.f32(), gdy.f32(), 0.0f, gdw.f32(), gdb.f32(),
                                    ws.data(), bytes);
+      cuda::conv2d_backward_filter(h, blas_handle(), precision, s, gx.f32(), gdy.f32(), 0.0f, gdw_nobias.f32(), nullptr,
+                                   ws.data(), bytes);
+      cuda::conv2d_backward_filter(h, blas_handle(), precision, s, gx.f32(), gdy.f32(), 1.0f, gdw_acc.f32(),
+                                   gdb_acc.f32(), ws.data(), bytes);
       check_close(gy, y, tol, "y");
       check_close(gy_nobias, y_nobias, tol, "y without bias");
       check_close(gdx, dx, tol, "dx");
@@ -587,11 +597,12 @@ TEST_CASE("cuDNN convolution matches the CPU forward and backward, at fp32 and t
   }
 }
 
-TEST_CASE("cuDNN convolution plans are made once: same workspace, no allocation, errors first", "[gpu][conv][allocator]") {
+TEST_CASE("cuDNN convolution plans are made once: same workspace, no allocation, errors first",
+          "[gpu][conv][allocator]") {
   const cudnnHandle_t h = dnn_handle();
   // The second shape's weight gradient runs through im2col and cuBLAS (c*r*s <= 32).
   for (const ConvShape& s : {ConvShape{.n = 8, .c = 32, .h = 16, .w = 16, .k = 64, .r = 3, .s = 3, .pad = 1},
-                            ConvShape{.n = 8, .c = 3, .h = 16, .w = 16, .k = 16, .r = 3, .s = 3, .pad = 1}}) {
+                             ConvShape{.n = 8, .c = 3, .h = 16, .w = 16, .k = 16, .r = 3, .s = 3, .pad = 1}}) {
     const int64_t nx = s.n * s.c * s.h * s.w, nw = s.k * s.c * s.r * s.s, ny = s.n * s.k * s.p() * s.q();
     Tensor x = dev(randn(nx, 61)), w = dev(randn(nw, 62, 0.1f)), b = dev(randn(s.k, 63)), dy = dev(randn(ny, 64));
     Tensor y = Tensor::empty({ny}, DType::f32, gpu), dx = Tensor::empty({nx}, DType::f32, gpu);
@@ -604,7 +615,8 @@ TEST_CASE("cuDNN convolution plans are made once: same workspace, no allocation,
       auto step = [&](size_t ws_bytes) {
         cuda::conv2d_forward(h, p, s, x.f32(), w.f32(), b.f32(), y.f32(), ws.data(), ws_bytes);
         cuda::conv2d_backward_data(h, p, s, dy.f32(), w.f32(), dx.f32(), ws.data(), ws_bytes);
-        cuda::conv2d_backward_filter(h, blas_handle(), p, s, x.f32(), dy.f32(), 0.0f, dw.f32(), db.f32(), ws.data(), ws_bytes);
+        cuda::conv2d_backward_filter(h, blas_handle(), p, s, x.f32(), dy.f32(), 0.0f, dw.f32(), db.f32(), ws.data(),
+                                     ws_bytes);
       };
       step(bytes);
       context(gpu).synchronize();
@@ -616,7 +628,7 @@ TEST_CASE("cuDNN convolution plans are made once: same workspace, no allocation,
       context(gpu).synchronize();
       REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
       CHECK(allocator(gpu).stats().system_allocs == allocs);
-      CHECK(free_after == free_before);  // nor does cuDNN allocate behind the allocator's back
+      CHECK(free_after == free_before);                // nor does cuDNN allocate behind the allocator's back
       if (bytes > 0) CHECK_THROWS_AS(step(0), Error);  // too small a workspace is refused
     }
   }
@@ -632,7 +644,9 @@ TEST_CASE("cuDNN max and average pooling match the CPU, with padding and global 
   };
   const Case cases[] = {
       {"max 2x2 stride 2, odd width", Pool::max, {.n = 2, .c = 3, .h = 8, .w = 9, .kh = 2, .kw = 2, .stride = 2}},
-      {"max 3x3 stride 2 pad 1, overlapping", Pool::max, {.n = 2, .c = 5, .h = 11, .w = 10, .kh = 3, .kw = 3, .stride = 2, .pad = 1}},
+      {"max 3x3 stride 2 pad 1, overlapping",
+       Pool::max,
+       {.n = 2, .c = 5, .h = 11, .w = 10, .kh = 3, .kw = 3, .stride = 2, .pad = 1}},
       {"avg 3x3 stride 1 pad 1", Pool::avg, {.n = 2, .c = 4, .h = 7, .w = 9, .kh = 3, .kw = 3, .stride = 1, .pad = 1}},
       {"avg 2x2 stride 2, batch 1", Pool::avg, {.n = 1, .c = 6, .h = 8, .w = 7, .kh = 2, .kw = 2, .stride = 2}},
       {"global average", Pool::avg, {.n = 4, .c = 10, .h = 7, .w = 5, .kh = 7, .kw = 5}},
@@ -691,8 +705,8 @@ TEST_CASE("cuDNN batch norm matches the CPU: training, running statistics, eval,
   };
   const Case cases[] = {
       {4, 3, 25, {}},
-      {1, 5, 49, {}},                                    // batch 1
-      {8, 13, 1, {.eps = 1e-2f, .momentum = 0.3f}},      // hw 1 (BatchNorm1d), a large eps
+      {1, 5, 49, {}},                                // batch 1
+      {8, 13, 1, {.eps = 1e-2f, .momentum = 0.3f}},  // hw 1 (BatchNorm1d), a large eps
       {2, 16, 9, {.eps = 1e-3f, .momentum = 0.1f}},
   };
   const cudnnHandle_t h = dnn_handle();
@@ -706,8 +720,8 @@ TEST_CASE("cuDNN batch norm matches the CPU: training, running statistics, eval,
     auto rv0 = randn(c, 46);
     for (auto& v : rv0) v = 0.5f + v * v;  // a variance
     const auto dg0 = randn(c, 47), db0 = randn(c, 48);
-    std::vector<float> y(nx), mean(c), invstd(c), rm = rm0, rv = rv0, y_eval(nx), dx(nx), dg(c), db(c),
-        dg_acc = dg0, db_acc = db0;
+    std::vector<float> y(nx), mean(c), invstd(c), rm = rm0, rv = rv0, y_eval(nx), dx(nx), dg(c), db(c), dg_acc = dg0,
+                                                  db_acc = db0;
     cpu::batchnorm_forward_train(n, c, hw, x.data(), gamma.data(), beta.data(), a, rm.data(), rv.data(), y.data(),
                                  mean.data(), invstd.data());
     cpu::batchnorm_forward_eval(n, c, hw, x.data(), gamma.data(), beta.data(), a, rm0.data(), rv0.data(),
@@ -913,7 +927,9 @@ void compare_bf16(const std::function<std::vector<Tensor>(const Device&)>& f, in
 #if DPT_WITH_CUDA
 TEST_CASE("bf16 cuBLASLt GEMMs (bf16 or f32 out, bias, ReLU) match the CPU at odd sizes and every transpose",
           "[gpu][gemm][bf16]") {
-  struct Size { int64_t m, n, k; };
+  struct Size {
+    int64_t m, n, k;
+  };
   const cublasHandle_t h = static_cast<cublasHandle_t>(context(gpu).blas());
   const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, gpu);
@@ -967,8 +983,8 @@ TEST_CASE("cuBLASLt with a bf16 D and an fp32 bias: supported and right, or refu
   cpu::bias_act_forward(want.data(), b.data(), Act::relu, m, n, nullptr, want.data());
   Tensor dA = on_bf16(gpu, A, {m, k}), dB = on_bf16(gpu, B, {n, k}), db = on(gpu, b, {n});
   Tensor dC = Tensor::empty({m, n}, DType::bf16, gpu);
-  if (cuda::gemm_lt(h, st, Precision::fp32, cuda::LtTypes{DType::bf16, DType::bf16, DType::f32}, false, true, m, n,
-                    k, 1.0f, dA.data(), dB.data(), 0.0f, dC.data(), db.data(), Act::relu, ws.data(),
+  if (cuda::gemm_lt(h, st, Precision::fp32, cuda::LtTypes{DType::bf16, DType::bf16, DType::f32}, false, true, m, n, k,
+                    1.0f, dA.data(), dB.data(), 0.0f, dC.data(), db.data(), Act::relu, ws.data(),
                     cuda::kLtWorkspaceBytes)) {
     const double err = rel_error(dC.to_host(), want);
     WARN("cuBLASLt accepts a bf16 D with an fp32 bias; relative error " << err);
@@ -981,48 +997,58 @@ TEST_CASE("cuBLASLt with a bf16 D and an fp32 bias: supported and right, or refu
 
 TEST_CASE("bf16 GEMMs through cuBLAS (f32 and bf16 out) match the CPU at odd sizes and every transpose",
           "[gpu][gemm][bf16]") {
-  struct Size { int64_t m, n, k; };
+  struct Size {
+    int64_t m, n, k;
+  };
   for (Size s : {Size{1, 1, 1}, Size{17, 33, 65}, Size{64, 1000, 1000}, Size{130, 67, 129}})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         INFO(s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb);
         const Shape sa = ta ? Shape{s.k, s.m} : Shape{s.m, s.k}, sb = tb ? Shape{s.n, s.k} : Shape{s.k, s.n};
         auto A = randn(numel(sa), 1), B = randn(numel(sb), 2), C = randn(s.m * s.n, 3);
-        compare([&](const Device& d) {
-          Tensor a = on_bf16(d, A, sa), b = on_bf16(d, B, sb), c = on(d, C, {s.m, s.n});
-          gemm(ta, tb, 0.5f, a, b, 0.25f, c);  // beta != 0 reads C
-          Tensor c0 = Tensor::empty({s.m, s.n}, DType::f32, d);
-          fill_(c0, NAN);  // beta == 0 must not read C
-          gemm(ta, tb, 1.0f, a, b, 0.0f, c0);
-          return std::vector<Tensor>{c, c0};
-        }, 1e-5);
-        compare([&](const Device& d) {  // bf16 C: read, and rounded once
-          Tensor c = on_bf16(d, C, {s.m, s.n});
-          gemm(ta, tb, 0.5f, on_bf16(d, A, sa), on_bf16(d, B, sb), 0.25f, c);
-          return std::vector<Tensor>{c};
-        }, 4e-3);
+        compare(
+            [&](const Device& d) {
+              Tensor a = on_bf16(d, A, sa), b = on_bf16(d, B, sb), c = on(d, C, {s.m, s.n});
+              gemm(ta, tb, 0.5f, a, b, 0.25f, c);  // beta != 0 reads C
+              Tensor c0 = Tensor::empty({s.m, s.n}, DType::f32, d);
+              fill_(c0, NAN);  // beta == 0 must not read C
+              gemm(ta, tb, 1.0f, a, b, 0.0f, c0);
+              return std::vector<Tensor>{c, c0};
+            },
+            1e-5);
+        compare(
+            [&](const Device& d) {  // bf16 C: read, and rounded once
+              Tensor c = on_bf16(d, C, {s.m, s.n});
+              gemm(ta, tb, 0.5f, on_bf16(d, A, sa), on_bf16(d, B, sb), 0.25f, c);
+              return std::vector<Tensor>{c};
+            },
+            4e-3);
       }
 }
 
 TEST_CASE("bf16 linear, activations and losses match the CPU bf16 ops, forward and backward", "[gpu][ops][bf16]") {
   // linear_bf16 below 2^30 multiply-adds: cuBLAS to fp32, then the bias/activation kernel.
   // At 2^30 and above (relu, none): cuBLASLt's epilogue writes y directly.
-  struct Size { int64_t rows, in, out; };
+  struct Size {
+    int64_t rows, in, out;
+  };
   for (Size s : {Size{37, 53, 29}, Size{1024, 1024, 1024}})
     for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh}) {
       if (s.rows == 1024 && (act == Act::gelu || act == Act::tanh)) continue;  // the same path as the small size
       INFO(s.rows << "x" << s.in << " -> " << s.out << " " << nn::act_name(act));
       const auto x = randn(s.rows * s.in, 6), W = randn(s.out * s.in, 7, 0.3f), b = randn(s.out, 8);
       const auto t = randn(s.rows * s.out, 9);
-      compare([&](const Device& d) {
-        Tensor xx = on(d, x, {s.rows, s.in}).set_requires_grad(true);
-        Tensor WW = on(d, W, {s.out, s.in}).set_requires_grad(true), bb = on(d, b, {s.out}).set_requires_grad(true);
-        Tensor y = linear_bf16(cast(xx, DType::bf16), WW, bb, cast(WW.detach(), DType::bf16),
-                               cast(bb.detach(), DType::bf16), act);
-        Tensor loss = mse_loss(y, on(d, t, {s.rows, s.out}));
-        loss.backward();
-        return std::vector<Tensor>{y.detach(), loss, xx.grad(), WW.grad(), bb.grad()};
-      }, 5e-3);
+      compare(
+          [&](const Device& d) {
+            Tensor xx = on(d, x, {s.rows, s.in}).set_requires_grad(true);
+            Tensor WW = on(d, W, {s.out, s.in}).set_requires_grad(true), bb = on(d, b, {s.out}).set_requires_grad(true);
+            Tensor y = linear_bf16(cast(xx, DType::bf16), WW, bb, cast(WW.detach(), DType::bf16),
+                                   cast(bb.detach(), DType::bf16), act);
+            Tensor loss = mse_loss(y, on(d, t, {s.rows, s.out}));
+            loss.backward();
+            return std::vector<Tensor>{y.detach(), loss, xx.grad(), WW.grad(), bb.grad()};
+          },
+          5e-3);
     }
   for (Act act : {Act::relu, Act::gelu, Act::tanh, Act::none}) {
     INFO(nn::act_name(act));
@@ -1031,36 +1057,44 @@ TEST_CASE("bf16 linear, activations and losses match the CPU bf16 ops, forward a
     const auto dy = randn(1001 * 7, 14);
     // The backward from the same dy; tanh's and relu's derivative come from each side's
     // own output, which a last-bit difference of tanhf may round the other way.
-    compare([&](const Device& d) {
-      Tensor xx = on_bf16(d, x, {1001, 7}).set_requires_grad(true);
-      run_backward(activation(xx, act), on_bf16(d, dy, {1001, 7}));
-      return std::vector<Tensor>{xx.grad()};
-    }, 1e-2);
+    compare(
+        [&](const Device& d) {
+          Tensor xx = on_bf16(d, x, {1001, 7}).set_requires_grad(true);
+          run_backward(activation(xx, act), on_bf16(d, dy, {1001, 7}));
+          return std::vector<Tensor>{xx.grad()};
+        },
+        1e-2);
   }
   auto logits = randn(300 * 11, 11, 3.0f);
   std::vector<int32_t> labels(300);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 7) % 11);
-  compare_bf16([&](const Device& d) {
-    Tensor l = on_bf16(d, logits, {300, 11}).set_requires_grad(true);
-    Tensor loss = cross_entropy(l, Tensor::from_host_i32(labels, {300}, d));
-    loss.backward();
-    return std::vector<Tensor>{loss, l.grad()};
-  }, 2);
+  compare_bf16(
+      [&](const Device& d) {
+        Tensor l = on_bf16(d, logits, {300, 11}).set_requires_grad(true);
+        Tensor loss = cross_entropy(l, Tensor::from_host_i32(labels, {300}, d));
+        loss.backward();
+        return std::vector<Tensor>{loss, l.grad()};
+      },
+      2);
   // The fused MSE over more elements than one block covers, and an odd size (scalar tail).
   for (int64_t n : {int64_t(1) << 20, int64_t(100003)}) {
     INFO("mse over " << n);
     auto y = randn(n, 12), t = randn(n, 13);
-    compare_bf16([&](const Device& d) {
-      Tensor yy = on_bf16(d, y, {n}).set_requires_grad(true);
-      Tensor loss = mse_loss(yy, on(d, t, {n}));
-      loss.backward();
-      return std::vector<Tensor>{loss, yy.grad()};
-    }, 0);
-    compare_bf16([&](const Device& d) {  // the separate backward kernel (a seed other than 1)
-      Tensor yy = on_bf16(d, y, {n}).set_requires_grad(true);
-      run_backward(mse_loss(yy, on(d, t, {n})), 0.25f);
-      return std::vector<Tensor>{yy.grad()};
-    }, 0);
+    compare_bf16(
+        [&](const Device& d) {
+          Tensor yy = on_bf16(d, y, {n}).set_requires_grad(true);
+          Tensor loss = mse_loss(yy, on(d, t, {n}));
+          loss.backward();
+          return std::vector<Tensor>{loss, yy.grad()};
+        },
+        0);
+    compare_bf16(
+        [&](const Device& d) {  // the separate backward kernel (a seed other than 1)
+          Tensor yy = on_bf16(d, y, {n}).set_requires_grad(true);
+          run_backward(mse_loss(yy, on(d, t, {n})), 0.25f);
+          return std::vector<Tensor>{yy.grad()};
+        },
+        0);
   }
 }
 
@@ -1069,20 +1103,24 @@ TEST_CASE("the fused optimizers write the bf16 shadow on the GPU as on the CPU",
   auto p = randn(n, 12), g = randn(n, 13), m = randn(n, 14, 0.1f);
   auto v = randn(n, 15, 0.1f);
   for (auto& e : v) e = e * e;
-  compare_bf16([&](const Device& d) {
-    Tensor P = on(d, p, {n}), G = on(d, g, {n}), M = on(d, m, {n});
-    Tensor S = Tensor::zeros({n}, DType::bf16, d);
-    sgd_step(P, G, M, SgdArgs{0.1f, 0.9f, 0.0f, 0.01f, true}, Tensor(), S);
-    CHECK(test::bf16_bits(S) == test::bf16_bits(P));  // exactly the cast of the result
-    return std::vector<Tensor>{P, M, S};
-  }, 1);
-  compare_bf16([&](const Device& d) {
-    Tensor P = on(d, p, {n}), G = on(d, g, {n}), M = on(d, m, {n}), V = on(d, v, {n});
-    Tensor S = Tensor::zeros({n}, DType::bf16, d);
-    adamw_step(P, G, M, V, AdamArgs{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.19f, 0.002f}, Tensor(), S);
-    CHECK(test::bf16_bits(S) == test::bf16_bits(P));
-    return std::vector<Tensor>{P, M, V, S};
-  }, 1);
+  compare_bf16(
+      [&](const Device& d) {
+        Tensor P = on(d, p, {n}), G = on(d, g, {n}), M = on(d, m, {n});
+        Tensor S = Tensor::zeros({n}, DType::bf16, d);
+        sgd_step(P, G, M, SgdArgs{0.1f, 0.9f, 0.0f, 0.01f, true}, Tensor(), S);
+        CHECK(test::bf16_bits(S) == test::bf16_bits(P));  // exactly the cast of the result
+        return std::vector<Tensor>{P, M, S};
+      },
+      1);
+  compare_bf16(
+      [&](const Device& d) {
+        Tensor P = on(d, p, {n}), G = on(d, g, {n}), M = on(d, m, {n}), V = on(d, v, {n});
+        Tensor S = Tensor::zeros({n}, DType::bf16, d);
+        adamw_step(P, G, M, V, AdamArgs{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.19f, 0.002f}, Tensor(), S);
+        CHECK(test::bf16_bits(S) == test::bf16_bits(P));
+        return std::vector<Tensor>{P, M, V, S};
+      },
+      1);
 }
 
 TEST_CASE("30 bf16 training steps on CUDA follow the CPU bf16 run", "[gpu][train][bf16]") {
@@ -1171,7 +1209,8 @@ TEST_CASE("the bf16 mlp step stores less than the fp32 one and allocates nothing
     CHECK(allocator(gpu).stats().system_allocs == allocs);
     CHECK(last < first);
     const size_t peak = allocator(gpu).stats().peak_allocated;
-    return std::pair<double, double>{static_cast<double>(peak) / (1 << 20), static_cast<double>(peak - held) / (1 << 20)};
+    return std::pair<double, double>{static_cast<double>(peak) / (1 << 20),
+                                     static_cast<double>(peak - held) / (1 << 20)};
   };
   const auto [f32, f32_step] = peak_mib(DType::f32);
   const auto [bf16, bf16_step] = peak_mib(DType::bf16);
@@ -1187,7 +1226,9 @@ TEST_CASE("the bf16 mlp step stores less than the fp32 one and allocates nothing
 TEST_CASE("the fused activation backward and bias gradient match the CPU, fp32 and bf16", "[gpu][ops][bf16]") {
   // Shapes: one chunk (no second stage), several chunks, a partial last chunk, columns
   // that are not whole vectors (the scalar kernel), a single element, a tall matrix.
-  struct Size { int64_t rows, cols; };
+  struct Size {
+    int64_t rows, cols;
+  };
   const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
   for (Size sz : {Size{64, 1000}, Size{1, 1}, Size{3, 5}, Size{1000, 264}, Size{700, 37}, Size{4097, 8}})
     for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh})
@@ -1195,8 +1236,8 @@ TEST_CASE("the fused activation backward and bias gradient match the CPU, fp32 a
         INFO(sz.rows << "x" << sz.cols << " act " << static_cast<int>(act) << " beta " << beta);
         const int64_t n = sz.rows * sz.cols;
         const auto dy = randn(n, 21), saved = randn(n, 22), db0 = randn(sz.cols, 23);
-        Tensor work = Tensor::empty({std::max<int64_t>(1, cuda::act_bias_backward_work(sz.rows, sz.cols))},
-                                    DType::f32, gpu);
+        Tensor work =
+            Tensor::empty({std::max<int64_t>(1, cuda::act_bias_backward_work(sz.rows, sz.cols))}, DType::f32, gpu);
         {  // fp32, in place
           std::vector<float> want = dy, want_db = db0;
           cpu::act_bias_backward(want.data(), saved.data(), act, sz.rows, sz.cols, want.data(), beta, want_db.data());
@@ -1225,7 +1266,9 @@ TEST_CASE("the fused activation backward and bias gradient match the CPU, fp32 a
 TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match the CPU", "[gpu][gemm]") {
   context(gpu).precision = Precision::fp32;  // (a Trainer earlier may have left another)
   const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
-  struct Size { int64_t m, n, k; };
+  struct Size {
+    int64_t m, n, k;
+  };
   // Skinny: one row to the most rows, one split to sixteen, k not a whole float4 (scalar
   // loads), k == 0 (C = act(beta C + bias)), the seed workload's shape.
   // The epilogue's 16-byte path (n % 4 == 0) with sixteen slices, one slice and none.
@@ -1234,7 +1277,8 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
     for (Act act : {Act::none, Act::relu, Act::gelu})
       for (float beta : {0.0f, 0.5f}) {
         INFO("skinny " << s.m << "x" << s.n << "x" << s.k << " act " << static_cast<int>(act) << " beta " << beta);
-        const auto A = randn(s.m * s.k, 31), B = randn(s.n * s.k, 32, 0.05f), b = randn(s.n, 33), C = randn(s.m * s.n, 34);
+        const auto A = randn(s.m * s.k, 31), B = randn(s.n * s.k, 32, 0.05f), b = randn(s.n, 33),
+                   C = randn(s.m * s.n, 34);
         std::vector<float> want = C, want_z(static_cast<size_t>(s.m * s.n));
         cpu::gemm(false, true, s.m, s.n, s.k, 1.5f, A.data(), B.data(), beta, want.data());
         cpu::bias_act_forward(want.data(), b.data(), act, s.m, s.n, want_z.data(), want.data());
@@ -1243,7 +1287,8 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
         Tensor db = on(gpu, b, {s.n}), z = Tensor::empty({s.m * s.n}, DType::f32, gpu);
         Tensor dC = on(gpu, beta == 0.0f ? std::vector<float>(C.size(), NAN) : C, {s.m * s.n});
         Tensor work = Tensor::empty({cuda::gemm_skinny_work(s.m, s.n, s.k)}, DType::f32, gpu);
-        cuda::gemm_skinny(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), beta, dC.f32(), db.f32(), act, z.f32(), work.f32(), st);
+        cuda::gemm_skinny(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), beta, dC.f32(), db.f32(), act, z.f32(), work.f32(),
+                          st);
         CHECK(rel_error(dC.to_host(), want) < 1e-5);
         CHECK(rel_error(z.to_host(), want_z) < 1e-5);
         if (beta == 0.0f && act == Act::none) {  // the same bits on a second run
@@ -1254,8 +1299,8 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
         }
       }
   // Short k: edges in m and n, float4 and scalar loads, k == 0, the seed's weight gradient.
-  for (Size s : {Size{1000, 1000, 64}, Size{1, 1, 1}, Size{67, 130, 17}, Size{64, 64, 0}, Size{130, 67, 64},
-                 Size{4, 1028, 3}})
+  for (Size s :
+       {Size{1000, 1000, 64}, Size{1, 1, 1}, Size{67, 130, 17}, Size{64, 64, 0}, Size{130, 67, 64}, Size{4, 1028, 3}})
     for (float beta : {0.0f, 1.0f}) {
       INFO("short k " << s.m << "x" << s.n << "x" << s.k << " beta " << beta);
       const auto A = randn(s.k * s.m, 35), B = randn(s.k * s.n, 36), C = randn(s.m * s.n, 37);

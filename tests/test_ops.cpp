@@ -126,10 +126,12 @@ TEST_CASE("a tensor used twice gets the sum of both gradients", "[autograd]") {
   // loss = mse(x @ W1 + (x @ W1) @ W2 ...) exercises a node whose output feeds two consumers.
   Tensor x = randn_tensor({3, 4}, 11, host);
   Tensor W = randn_tensor({4, 4}, 12, host, 0.5f);
-  check_gradients([&] {
-    Tensor h = matmul(x, W);
-    return matmul(h, h, false, true);  // h h^T: h feeds both operands
-  }, {x, W});
+  check_gradients(
+      [&] {
+        Tensor h = matmul(x, W);
+        return matmul(h, h, false, true);  // h h^T: h feeds both operands
+      },
+      {x, W});
 }
 
 TEST_CASE("SGD matches torch.optim.SGD's update rule", "[optim]") {
@@ -261,7 +263,8 @@ Tensor spaced_tensor(const Shape& s, uint64_t seed) {
 }
 }  // namespace
 
-TEST_CASE("conv2d gradients match finite differences for strides, padding, dilation and odd shapes", "[ops][grad][conv]") {
+TEST_CASE("conv2d gradients match finite differences for strides, padding, dilation and odd shapes",
+          "[ops][grad][conv]") {
   struct Case {
     Shape x, w;
     int64_t stride, pad, dilation;
@@ -276,8 +279,8 @@ TEST_CASE("conv2d gradients match finite differences for strides, padding, dilat
       {{3, 1, 4, 4}, {2, 1, 4, 4}, 1, 0, 1, true},   // the kernel covers the whole image
   };
   for (const Case& c : cases) {
-    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " stride " << c.stride << " pad " << c.pad
-              << " dilation " << c.dilation);
+    INFO("x " << shape_str(c.x) << " w " << shape_str(c.w) << " stride " << c.stride << " pad " << c.pad << " dilation "
+              << c.dilation);
     Tensor x = randn_tensor(c.x, 21, host);
     Tensor w = randn_tensor(c.w, 22, host, 0.5f);
     Tensor b = c.bias ? randn_tensor({c.w[0]}, 23, host, 0.5f) : Tensor();
@@ -316,12 +319,13 @@ TEST_CASE("pooling gradients match finite differences", "[ops][grad][conv]") {
     int64_t kh, kw, stride, pad;
   };
   const std::vector<Case> cases = {
-      {{2, 3, 6, 6}, Pool::max, 2, 2, 2, 0}, {{2, 2, 7, 5}, Pool::max, 3, 3, 2, 1}, {{1, 2, 5, 5}, Pool::max, 3, 3, 1, 1},
-      {{2, 3, 6, 6}, Pool::avg, 2, 2, 2, 0}, {{2, 2, 7, 5}, Pool::avg, 3, 3, 2, 1}, {{1, 2, 5, 7}, Pool::avg, 5, 7, 1, 0},
+      {{2, 3, 6, 6}, Pool::max, 2, 2, 2, 0}, {{2, 2, 7, 5}, Pool::max, 3, 3, 2, 1},
+      {{1, 2, 5, 5}, Pool::max, 3, 3, 1, 1}, {{2, 3, 6, 6}, Pool::avg, 2, 2, 2, 0},
+      {{2, 2, 7, 5}, Pool::avg, 3, 3, 2, 1}, {{1, 2, 5, 7}, Pool::avg, 5, 7, 1, 0},
   };
   for (const Case& c : cases) {
-    INFO((c.kind == Pool::max ? "max" : "avg") << " x " << shape_str(c.x) << " window " << c.kh << "x" << c.kw
-                                                << " stride " << c.stride << " pad " << c.pad);
+    INFO((c.kind == Pool::max ? "max" : "avg")
+         << " x " << shape_str(c.x) << " window " << c.kh << "x" << c.kw << " stride " << c.stride << " pad " << c.pad);
     Tensor x = spaced_tensor(c.x, 27);
     check_gradients([&] { return pool2d(x, c.kind, c.kh, c.kw, c.stride, c.pad); }, {x});
   }
@@ -358,7 +362,8 @@ TEST_CASE("batch norm: batch statistics in training, running statistics in evalu
   Tensor x = randn_tensor(s, 31, host, 3.0f);
   Tensor gamma = Tensor::from_host({1.0f, 2.0f, -0.5f}, {3}, host);
   Tensor beta = Tensor::from_host({0.0f, 1.0f, 0.25f}, {3}, host);
-  Tensor rmean = Tensor::from_host({0.5f, 0.0f, -1.0f}, {3}, host), rvar = Tensor::from_host({1.0f, 2.0f, 0.5f}, {3}, host);
+  Tensor rmean = Tensor::from_host({0.5f, 0.0f, -1.0f}, {3}, host),
+         rvar = Tensor::from_host({1.0f, 2.0f, 0.5f}, {3}, host);
   const auto xs = x.to_host(), g = gamma.to_host(), b = beta.to_host(), m0 = rmean.to_host(), v0 = rvar.to_host();
   const BatchNormArgs a{1e-5f, 0.1f};
   const auto y = batch_norm2d(x, gamma, beta, rmean, rvar, true, a).to_host();
@@ -383,8 +388,8 @@ TEST_CASE("batch norm: batch statistics in training, running statistics in evalu
   }
   // Evaluation has no backward: asking for one is an error, not a missing gradient.
   gamma.set_requires_grad(true);
-  CHECK_THROWS_AS(mse_loss(batch_norm2d(x, gamma, beta, rmean, rvar, false), Tensor::zeros(s, DType::f32, host)).backward(),
-                  Error);
+  CHECK_THROWS_AS(
+      mse_loss(batch_norm2d(x, gamma, beta, rmean, rvar, false), Tensor::zeros(s, DType::f32, host)).backward(), Error);
   Tensor one = randn_tensor({1, 3, 1, 1}, 32, host);
   CHECK_THROWS_AS(batch_norm2d(one, gamma, beta, rmean, rvar, true), Error);  // one value per channel
 }
@@ -399,8 +404,8 @@ TEST_CASE("flatten keeps the data and passes the gradient back in the input's sh
 
 TEST_CASE("convolution ops refuse shapes that do not fit", "[ops][conv]") {
   Tensor x = randn_tensor({1, 3, 4, 4}, 35, host);
-  CHECK_THROWS_AS(conv2d(x, randn_tensor({2, 2, 3, 3}, 1, host), Tensor()), Error);          // channels
-  CHECK_THROWS_AS(conv2d(x, randn_tensor({2, 3, 5, 5}, 1, host), Tensor()), Error);          // kernel > image
+  CHECK_THROWS_AS(conv2d(x, randn_tensor({2, 2, 3, 3}, 1, host), Tensor()), Error);                    // channels
+  CHECK_THROWS_AS(conv2d(x, randn_tensor({2, 3, 5, 5}, 1, host), Tensor()), Error);                    // kernel > image
   CHECK_THROWS_AS(conv2d(x, randn_tensor({2, 3, 3, 3}, 1, host), randn_tensor({3}, 1, host)), Error);  // bias
   CHECK_THROWS_AS(conv2d(x.reshape({3, 16}), randn_tensor({2, 3, 1, 1}, 1, host), Tensor()), Error);   // not NCHW
   CHECK_THROWS_AS(pool2d(x, Pool::max, 5, 5, 1), Error);

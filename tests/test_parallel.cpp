@@ -220,7 +220,8 @@ TEST_CASE("reducing after backward (no overlap) and with gradient accumulation g
     }
 }
 
-TEST_CASE("data-parallel steps allocate nothing after the first, replicas sharing a device or not", "[parallel][memory]") {
+TEST_CASE("data-parallel steps allocate nothing after the first, replicas sharing a device or not",
+          "[parallel][memory]") {
   int next = 400;  // fresh devices: each allocator's count belongs to this test alone
   for (Reduce path : {Reduce::host, Reduce::p2p})
     for (bool shared : {false, true}) {

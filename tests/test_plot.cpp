@@ -1,14 +1,14 @@
 // The SVG line-chart writer (apps/plot.hpp): ticks, gaps, escaping, stacked charts and
 // atomic writes. Well-formedness of a whole chart is checked by dpbench_test.sh (Python's
 // XML parser on dpbench's speedup.svg).
+#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unistd.h>
 
-#include "../apps/plot.hpp"
 #include <dptrain/error.hpp>
+#include "../apps/plot.hpp"
 #include "../train/atomic_file.hpp"
 #include "catch.hpp"
 
@@ -31,8 +31,7 @@ std::string read(const std::filesystem::path& p) {
 
 // A fresh folder for one test case, removed at its end.
 struct TempDir {
-  std::filesystem::path path =
-      std::filesystem::temp_directory_path() / ("dpt_plot_test_" + std::to_string(::getpid()));
+  std::filesystem::path path = std::filesystem::temp_directory_path() / ("dpt_plot_test_" + std::to_string(::getpid()));
   TempDir() { std::filesystem::create_directories(path); }
   ~TempDir() { std::filesystem::remove_all(path); }
 };

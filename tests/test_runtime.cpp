@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/layers.hpp>
-#include <dptrain/data/synthetic.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../runtime/allocator.hpp"
 #include "catch.hpp"
@@ -69,7 +69,7 @@ TEST_CASE("a recording reuses the blocks it frees and keeps its blocks from ever
   void* before2 = a.allocate(1000, rec);
   CHECK(before2 != before);  // live before the recording: the graph's, but recorded kernels may read it
   void* c = a.allocate(5000, rec);
-  CHECK(c == cached);  // the pool's cached block, taken into the graph
+  CHECK(c == cached);                 // the pool's cached block, taken into the graph
   void* out = a.allocate(3000, rec);  // still held by a tensor when the recording ends
   a.free(t2);
   a.free(c);
@@ -278,11 +278,14 @@ TEST_CASE("configuration errors name the field and the value, not a flag", "[tra
   auto sgd = [](nn::Module& m) { return std::make_unique<optim::SGD>(m, optim::SGD::Options{}); };
   DataParallelOptions o;
   o.grad_accum = 0;
-  CHECK(message([&] { DataParallel(model, {{DeviceType::cpu, 0}}, sgd, o); }) ==
-        "DataParallelOptions::grad_accum must be >= 1, got 0");
+  CHECK(message([&] {
+          DataParallel(model, {{DeviceType::cpu, 0}}, sgd, o);
+        }) == "DataParallelOptions::grad_accum must be >= 1, got 0");
   CHECK(message([&] { optim::SGD(*model, {.momentum = 0.0f, .nesterov = true}); }) ==
         "SGD::Options::nesterov needs SGD::Options::momentum > 0 and dampening 0, got momentum 0 and dampening 0");
-  CHECK(message([&] { (void)resolve_reduce(Reduce::nccl, {{DeviceType::cpu, 0}}); }).rfind("DataParallelOptions::reduce nccl", 0) == 0);
+  CHECK(message([&] {
+          (void)resolve_reduce(Reduce::nccl, {{DeviceType::cpu, 0}});
+        }).rfind("DataParallelOptions::reduce nccl", 0) == 0);
 }
 
 TEST_CASE("the library reports notes through the handler the program installs, and never prints", "[train]") {

@@ -27,9 +27,9 @@
 namespace dpt::ckpt {
 namespace {
 
-constexpr uint64_t kLenBytes = 8;               // the little-endian header length
-constexpr uint64_t kMaxHeader = 100'000'000;    // safetensors' own limit
-constexpr size_t kMaxDims = 64;                 // bounds what one shape may allocate
+constexpr uint64_t kLenBytes = 8;             // the little-endian header length
+constexpr uint64_t kMaxHeader = 100'000'000;  // safetensors' own limit
+constexpr size_t kMaxDims = 64;               // bounds what one shape may allocate
 constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
 constexpr const char* kMetadataKey = "__metadata__";
 constexpr const char* kFaultVar = "DPT_CKPT_FAIL_AFTER_BYTES";
@@ -138,8 +138,7 @@ void append_utf8(std::string& out, uint32_t cp) {
   } else if (cp < 0x10000) {
     byte(0xE0 | cp >> 12), byte(0x80 | (cp >> 6 & 0x3F)), byte(0x80 | (cp & 0x3F));
   } else {
-    byte(0xF0 | cp >> 18), byte(0x80 | (cp >> 12 & 0x3F)), byte(0x80 | (cp >> 6 & 0x3F)),
-        byte(0x80 | (cp & 0x3F));
+    byte(0xF0 | cp >> 18), byte(0x80 | (cp >> 12 & 0x3F)), byte(0x80 | (cp >> 6 & 0x3F)), byte(0x80 | (cp & 0x3F));
   }
 }
 
@@ -188,8 +187,7 @@ class HeaderReader {
   }
 
   void skip_ws() {
-    while (pos_ < n_ && (p_[pos_] == ' ' || p_[pos_] == '\t' || p_[pos_] == '\n' || p_[pos_] == '\r'))
-      ++pos_;
+    while (pos_ < n_ && (p_[pos_] == ' ' || p_[pos_] == '\t' || p_[pos_] == '\n' || p_[pos_] == '\r')) ++pos_;
   }
   // Skips whitespace; then whether c comes next.
   bool next_is(char c) {
@@ -245,15 +243,32 @@ class HeaderReader {
     const uint8_t e = p_[pos_ + 1];
     pos_ += 2;
     switch (e) {
-      case '"': s += '"'; return;
-      case '\\': s += '\\'; return;
-      case '/': s += '/'; return;
-      case 'b': s += '\b'; return;
-      case 'f': s += '\f'; return;
-      case 'n': s += '\n'; return;
-      case 'r': s += '\r'; return;
-      case 't': s += '\t'; return;
-      case 'u': break;
+      case '"':
+        s += '"';
+        return;
+      case '\\':
+        s += '\\';
+        return;
+      case '/':
+        s += '/';
+        return;
+      case 'b':
+        s += '\b';
+        return;
+      case 'f':
+        s += '\f';
+        return;
+      case 'n':
+        s += '\n';
+        return;
+      case 'r':
+        s += '\r';
+        return;
+      case 't':
+        s += '\t';
+        return;
+      case 'u':
+        break;
       default:
         pos_ -= 2;
         syntax("invalid escape in a string");
@@ -261,8 +276,7 @@ class HeaderReader {
     uint32_t cp = hex4();
     if (cp >= 0xDC00 && cp <= 0xDFFF) syntax("unpaired UTF-16 surrogate in a string");
     if (cp >= 0xD800 && cp <= 0xDBFF) {  // a high surrogate: its low half must follow
-      if (n_ - pos_ < 2 || p_[pos_] != '\\' || p_[pos_ + 1] != 'u')
-        syntax("unpaired UTF-16 surrogate in a string");
+      if (n_ - pos_ < 2 || p_[pos_] != '\\' || p_[pos_ + 1] != 'u') syntax("unpaired UTF-16 surrogate in a string");
       pos_ += 2;
       const uint32_t low = hex4();
       if (low < 0xDC00 || low > 0xDFFF) syntax("unpaired UTF-16 surrogate in a string");
@@ -346,8 +360,8 @@ class HeaderReader {
         else fail(file_, what + "unsupported dtype " + printable(d) + " (dptrain reads F32, BF16 and I32)");
       } else if (key == "shape") {
         once(has_shape, key);
-        const std::string problem = what + "shape is not a list of at most " + std::to_string(kMaxDims) +
-                                    " non-negative integers";
+        const std::string problem =
+            what + "shape is not a list of at most " + std::to_string(kMaxDims) + " non-negative integers";
         for (uint64_t d : integers(problem, kMaxDims)) {
           if (d > static_cast<uint64_t>(kMaxInt64)) fail(file_, problem);
           e.shape.push_back(static_cast<int64_t>(d));
@@ -380,16 +394,15 @@ class HeaderReader {
 void check_layout(const std::vector<Entry>& entries, uint64_t data_size, const std::string& file) {
   for (const Entry& e : entries) {
     const std::string what = "tensor " + printable(e.name) + ": ";
-    const std::string offsets =
-        "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "]";
+    const std::string offsets = "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "]";
     if (e.begin > e.end) fail(file, what + offsets + " begin after they end");
     if (e.end > data_size)
       fail(file, what + offsets + " run past the end of the data (" + std::to_string(data_size) + " bytes)");
     const int64_t count = element_count(e.shape);
     if (count < 0) fail(file, what + "shape " + shape_text(e.shape) + " has too many elements");
     if (!holds(e.end - e.begin, count, e.dtype))
-      fail(file, what + "shape " + shape_text(e.shape) + " of " + dtype_name(e.dtype) + " does not fit " +
-                     offsets + " (" + std::to_string(e.end - e.begin) + " bytes)");
+      fail(file, what + "shape " + shape_text(e.shape) + " of " + dtype_name(e.dtype) + " does not fit " + offsets +
+                     " (" + std::to_string(e.end - e.begin) + " bytes)");
   }
   // The header's order need not follow the offsets (the spec does not ask it to).
   std::vector<const Entry*> by_offset;
@@ -400,11 +413,9 @@ void check_layout(const std::vector<Entry>& entries, uint64_t data_size, const s
   uint64_t covered = 0;
   const Entry* prev = nullptr;
   for (const Entry* e : by_offset) {
-    if (e->begin < covered)
-      fail(file, "tensors " + printable(prev->name) + " and " + printable(e->name) + " overlap");
+    if (e->begin < covered) fail(file, "tensors " + printable(prev->name) + " and " + printable(e->name) + " overlap");
     if (e->begin > covered)
-      fail(file, "data bytes " + std::to_string(covered) + " to " + std::to_string(e->begin) +
-                     " belong to no tensor");
+      fail(file, "data bytes " + std::to_string(covered) + " to " + std::to_string(e->begin) + " belong to no tensor");
     covered = e->end;
     prev = e;
   }
@@ -423,11 +434,10 @@ uint64_t header_length(const uint8_t* first8, uint64_t file_size, const std::str
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = n << 8 | first8[i];
   if (n > kMaxHeader)
-    fail(file, "header length " + std::to_string(n) + " is over the limit of " + std::to_string(kMaxHeader) +
-                   " bytes");
+    fail(file, "header length " + std::to_string(n) + " is over the limit of " + std::to_string(kMaxHeader) + " bytes");
   if (n > file_size - kLenBytes)
-    fail(file, "header length " + std::to_string(n) + " runs past the end of the file (" +
-                   std::to_string(file_size) + " bytes)");
+    fail(file, "header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(file_size) +
+                   " bytes)");
   return n;
 }
 
@@ -494,8 +504,8 @@ std::string make_header(const Checkpoint& c, const std::string& file) {
     const int64_t count = element_count(t.shape);
     if (count < 0) fail(file, what + "invalid shape " + shape_text(t.shape));
     if (!holds(t.data.size(), count, t.dtype))
-      fail(file, what + std::to_string(t.data.size()) + " bytes of data for shape " + shape_text(t.shape) +
-                     " of " + dtype_name(t.dtype));
+      fail(file, what + std::to_string(t.data.size()) + " bytes of data for shape " + shape_text(t.shape) + " of " +
+                     dtype_name(t.dtype));
     separate();
     put_string(h, name);
     h += ":{\"dtype\":\"" + std::string(dtype_name(t.dtype)) + "\",\"shape\":[";
@@ -525,9 +535,12 @@ void inject_full_disk(AtomicFile& file, const std::string& path) {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::i32: return "I32";
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::i32:
+      return "I32";
   }
   return "?";
 }

@@ -9,9 +9,9 @@
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/layers/loss.hpp>
-#include <dptrain/train/checkpoint.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
+#include <dptrain/train/checkpoint.hpp>
 
 namespace dpt {
 
@@ -66,10 +66,11 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   }
   if (!cfg.ddp) (void)resolve_reduce(cfg.reduce, cfg.devices);
   if (!(cfg.bucket_mb > 0.0)) bad("bucket_mb", "must be positive" + got(cfg.bucket_mb));
-  if (cfg.cuda_graph && (cfg.devices.size() != 1 || !cfg.devices.front().is_cuda() || cfg.ddp ||
-                         cfg.grad_accum != 1 || cfg.optimizer != "sgd"))
-    bad("cuda_graph", "records one replica on one GPU with TrainConfig::optimizer sgd (no TrainConfig::ddp or "
-                      "TrainConfig::grad_accum)");
+  if (cfg.cuda_graph && (cfg.devices.size() != 1 || !cfg.devices.front().is_cuda() || cfg.ddp || cfg.grad_accum != 1 ||
+                         cfg.optimizer != "sgd"))
+    bad("cuda_graph",
+        "records one replica on one GPU with TrainConfig::optimizer sgd (no TrainConfig::ddp or "
+        "TrainConfig::grad_accum)");
   if (cfg.devices.front().is_cpu() && cfg.gemm == GemmImpl::native)
     bad("gemm", "native is a CUDA kernel; the CPU has one GEMM");
   if (cfg.gemm == GemmImpl::native && cfg.precision != Precision::fp32)
@@ -103,8 +104,8 @@ Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
   for (const Device& d : cfg_.devices) data_.push_back(std::make_unique<data::Synthetic>(dc, d));
   OptimizerFactory make_opt = [this](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
     if (cfg_.optimizer == "sgd")
-      return std::make_unique<optim::SGD>(m, optim::SGD::Options{cfg_.lr, cfg_.momentum, 0.0f, cfg_.weight_decay,
-                                                                  cfg_.nesterov});
+      return std::make_unique<optim::SGD>(
+          m, optim::SGD::Options{cfg_.lr, cfg_.momentum, 0.0f, cfg_.weight_decay, cfg_.nesterov});
     return std::make_unique<optim::AdamW>(
         m, optim::AdamW::Options{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
   };
@@ -214,7 +215,7 @@ void Trainer::resume(const std::string& path) {
   for (size_t r = 0; r < dp_->size(); ++r) {
     for (auto& [name, p] : dp_->replica(r).named_parameters()) fetch(name, p->value);
     for (auto& [name, b] : dp_->replica(r).named_buffers()) fetch(name, b->value);
-    dp_->replica(r).refresh_shadow();  // bf16 compute: the copy follows the loaded masters
+    dp_->replica(r).refresh_shadow();       // bf16 compute: the copy follows the loaded masters
     context(dp_->device(r)).synchronize();  // written on this thread's stream; the replica's may differ
   }
   for (optim::Optimizer* o : dp_->optimizers()) {
@@ -235,8 +236,9 @@ std::string Trainer::nonfinite_parameter() {
 StepLoss Trainer::step(int64_t s) {
   dp_->set_lr(sched_.at(s));
   const LossFn loss = cfg_.task == data::Task::regression ? LossFn(nn::MSELoss()) : LossFn(nn::CrossEntropyLoss());
-  StepLoss l = dp_->train_step(s * cfg_.batch, cfg_.batch,
-                               [this](size_t r, int64_t first, int64_t n) { return data_[r]->batch(first, n); }, loss);
+  StepLoss l = dp_->train_step(
+      s * cfg_.batch, cfg_.batch, [this](size_t r, int64_t first, int64_t n) { return data_[r]->batch(first, n); },
+      loss);
   steps_done_ = s + 1;
   return l;
 }
@@ -291,7 +293,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     }
     const bool first = s == begin;
     if (first || done % cfg_.log_every == 0 || done == cfg_.steps) {
-      dp_->synchronize();                 // bounded by --comm-timeout across ranks
+      dp_->synchronize();                // bounded by --comm-timeout across ranks
       const float value = loss.value();  // the only host synchronization of a step
       const auto now = clock::now();
       if (first) {

@@ -39,10 +39,9 @@ void report(Severity severity, const std::string& message);
 const char* severity_name(Severity severity);  // "note", "warning", "error"
 
 // Throws dpt::Error with file:line when cond is false. For internal invariants and shapes.
-#define DPT_CHECK(cond, msg)                                                          \
-  do {                                                                                \
-    if (!(cond))                                                                      \
-      throw ::dpt::Error(std::string(msg) + " (" __FILE__ ":" + std::to_string(__LINE__) + ")"); \
+#define DPT_CHECK(cond, msg)                                                                                \
+  do {                                                                                                      \
+    if (!(cond)) throw ::dpt::Error(std::string(msg) + " (" __FILE__ ":" + std::to_string(__LINE__) + ")"); \
   } while (0)
 
 }  // namespace dpt

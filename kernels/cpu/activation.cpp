@@ -9,10 +9,14 @@ namespace dpt::cpu {
 namespace {
 float activate(Act act, float z) {
   switch (act) {
-    case Act::relu: return z > 0.0f ? z : 0.0f;
-    case Act::gelu: return 0.5f * z * std::erfc(-z * 0.70710678118654752f);  // erfc: no cancellation for z << 0
-    case Act::tanh: return std::tanh(z);
-    case Act::none: break;
+    case Act::relu:
+      return z > 0.0f ? z : 0.0f;
+    case Act::gelu:
+      return 0.5f * z * std::erfc(-z * 0.70710678118654752f);  // erfc: no cancellation for z << 0
+    case Act::tanh:
+      return std::tanh(z);
+    case Act::none:
+      break;
   }
   return z;
 }
@@ -20,19 +24,21 @@ float activate(Act act, float z) {
 // Derivative from what the forward saved: the output y (relu, tanh, none) or z (gelu).
 float derivative(Act act, float saved) {
   switch (act) {
-    case Act::relu: return saved > 0.0f ? 1.0f : 0.0f;
+    case Act::relu:
+      return saved > 0.0f ? 1.0f : 0.0f;
     case Act::gelu:
       return 0.5f * std::erfc(-saved * 0.70710678118654752f) +
              saved * std::exp(-0.5f * saved * saved) * 0.3989422804014327f;
-    case Act::tanh: return 1.0f - saved * saved;
-    case Act::none: break;
+    case Act::tanh:
+      return 1.0f - saved * saved;
+    case Act::none:
+      break;
   }
   return 1.0f;
 }
 }  // namespace
 
-void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols,
-                      float* z, float* y) {
+void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols, float* z, float* y) {
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t e = i * cols + j;
@@ -46,8 +52,8 @@ void act_backward(const float* dy, const float* saved, Act act, int64_t n, float
   for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * derivative(act, saved[i]);
 }
 
-void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols,
-                             float* dx, float* dxt) {
+void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dx,
+                             float* dxt) {
   act_backward(dy, saved, act, rows * cols, dx);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) dxt[c * rows + r] = dx[r * cols + c];
@@ -61,14 +67,14 @@ void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* d
   }
 }
 
-void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz,
-                       float beta, float* db) {
+void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz, float beta,
+                       float* db) {
   if (act != Act::none) act_backward(dy, saved, act, rows * cols, dz);
   bias_grad(act != Act::none ? dz : dy, rows, cols, beta, db);
 }
 
-void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
-                           uint16_t* z, uint16_t* y) {
+void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols, uint16_t* z,
+                           uint16_t* y) {
   const int64_t n = rows * cols;
   std::vector<float> zf(z ? static_cast<size_t>(n) : 0), yf(static_cast<size_t>(n));
   const auto b = bias ? widen(bias, cols) : std::vector<float>();

@@ -85,8 +85,7 @@ void conv2d_backward_data(const ConvShape& s, const float* dy, const float* w, f
     }
 }
 
-void conv2d_backward_filter(const ConvShape& s, const float* x, const float* dy, float beta, float* dw,
-                            float* db) {
+void conv2d_backward_filter(const ConvShape& s, const float* x, const float* dy, float beta, float* dw, float* db) {
   const int64_t P = s.p(), Q = s.q();
   for (int64_t k = 0; k < s.k; ++k) {
     for (int64_t c = 0; c < s.c; ++c)
@@ -135,8 +134,7 @@ void pool2d_forward(const PoolShape& s, Pool kind, const float* x, float* y) {
         }
 }
 
-void pool2d_backward(const PoolShape& s, Pool kind, const float* x, const float* y, const float* dy,
-                     float* dx) {
+void pool2d_backward(const PoolShape& s, Pool kind, const float* x, const float* y, const float* dy, float* dx) {
   // Each input position gathers from the windows that contain it: all of them with the
   // weight 1/window for avg; for max, those whose first maximum it is.
   const int64_t P = s.p(), Q = s.q();
@@ -177,9 +175,9 @@ void pool2d_backward(const PoolShape& s, Pool kind, const float* x, const float*
     }
 }
 
-void batchnorm_forward_train(int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma,
-                             const float* beta, const BatchNormArgs& a, float* running_mean,
-                             float* running_var, float* y, float* save_mean, float* save_invstd) {
+void batchnorm_forward_train(int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma, const float* beta,
+                             const BatchNormArgs& a, float* running_mean, float* running_var, float* y,
+                             float* save_mean, float* save_invstd) {
   const double m = static_cast<double>(n * hw);
   for (int64_t ch = 0; ch < c; ++ch) {
     double sum = 0.0;
@@ -208,9 +206,8 @@ void batchnorm_forward_train(int64_t n, int64_t c, int64_t hw, const float* x, c
   }
 }
 
-void batchnorm_forward_eval(int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma,
-                            const float* beta, const BatchNormArgs& a, const float* running_mean,
-                            const float* running_var, float* y) {
+void batchnorm_forward_eval(int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma, const float* beta,
+                            const BatchNormArgs& a, const float* running_mean, const float* running_var, float* y) {
   for (int64_t ch = 0; ch < c; ++ch) {
     const double invstd = 1.0 / std::sqrt(static_cast<double>(running_var[ch]) + a.eps);
     for (int64_t i = 0; i < n; ++i)
@@ -221,9 +218,9 @@ void batchnorm_forward_eval(int64_t n, int64_t c, int64_t hw, const float* x, co
   }
 }
 
-void batchnorm_backward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy,
-                        const float* gamma, const float* save_mean, const float* save_invstd,
-                        float* dx, float param_beta, float* dgamma, float* dbeta) {
+void batchnorm_backward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy, const float* gamma,
+                        const float* save_mean, const float* save_invstd, float* dx, float param_beta, float* dgamma,
+                        float* dbeta) {
   // With xhat = (x - mean) * invstd over m values: dbeta = sum dy, dgamma = sum dy xhat,
   // dx = gamma * invstd * (dy - dbeta / m - xhat * dgamma / m).
   const double m = static_cast<double>(n * hw);

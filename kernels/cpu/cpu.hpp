@@ -15,37 +15,36 @@ namespace dpt::cpu {
 
 // gemm.cpp — C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C.
 // A is stored k x m when ta, else m x k; B is stored n x k when tb, else k x n.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
-          const float* B, float beta, float* C);
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta,
+          float* C);
 // The same with bf16 A and B: products summed in float as above; C in float, or in bf16
 // (read as floats when beta != 0, rounded once when written).
-void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A,
-               const uint16_t* B, float beta, float* C);
-void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A,
-               const uint16_t* B, float beta, uint16_t* C);
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A, const uint16_t* B,
+               float beta, float* C);
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A, const uint16_t* B,
+               float beta, uint16_t* C);
 
 // activation.cpp — y = act(x + bias) row by row (bias may be null; x may equal y).
 // When z is not null it receives x + bias (the pre-activation that GELU's backward needs).
-void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols,
-                      float* z, float* y);
+void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols, float* z, float* y);
 // dx = dy * act'(.), where `saved` is the output y for relu/tanh/none and the
 // pre-activation z for gelu. dx may equal dy.
 void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx);
 // The same over a rows x cols matrix, also writing dx transposed into dxt ([cols, rows]).
-void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols,
-                             float* dx, float* dxt);
+void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dx,
+                             float* dxt);
 // db = beta * db + sum over rows of dy.
 void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db);
 // A Linear layer's backward over its output gradient: dz = dy * act'(saved) (dz may be dy;
 // for Act::none dz is dy and is not written) and db = beta * db + column sums of dz.
-void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz,
-                       float beta, float* db);
+void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz, float beta,
+                       float* db);
 // bf16: y (and z, may be null) = act(x + bias) from the fp32 GEMM result x and a bf16 bias
 // (may be null); y = act(x) of a bf16 x (x may equal y); dx = dy * act'(saved), all bf16
 // (dx may equal dy); act_bias_backward over bf16 dy, saved, dz (db fp32, the sums of the
 // rounded dz).
-void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
-                           uint16_t* z, uint16_t* y);
+void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols, uint16_t* z,
+                           uint16_t* y);
 void act_forward_bf16(const uint16_t* x, Act act, int64_t n, uint16_t* y);
 void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t n, uint16_t* dx);
 void act_bias_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t rows, int64_t cols,
@@ -55,19 +54,15 @@ void act_bias_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, 
 // seed of 1, 2 (y - t) / n; mse_backward scales that gradient by scale and by *dloss
 // (dloss may be null).
 void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy);
-void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale,
-                  float* dy);
+void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale, float* dy);
 // Softmax cross-entropy, mean over rows; labels in [0, cols).
-void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
-                           float* loss);
-void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows,
-                            int64_t cols, const float* dloss, float* dlogits);
+void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss);
+void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, const float* dloss,
+                            float* dlogits);
 // bf16 predictions or logits: the loss in fp32, the gradient in bf16 (the target stays f32).
 void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy);
-void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale,
-                       uint16_t* dy);
-void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
-                                float* loss);
+void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale, uint16_t* dy);
+void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss);
 void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                  const float* dloss, uint16_t* dlogits);
 
@@ -75,10 +70,10 @@ void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, 
 // multiplies every gradient first (gradient clipping); when it is not finite the update
 // is skipped altogether (the gradients were not finite). shadow (may be null) receives
 // the updated parameters rounded to bf16: the bf16 copy that bf16 compute reads.
-void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a,
-              const float* grad_scale, uint16_t* shadow);
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
-                const float* grad_scale, uint16_t* shadow);
+void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, const float* grad_scale,
+              uint16_t* shadow);
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
+                uint16_t* shadow);
 // The step's gradient scale from ||g||^2: min(1, max_norm / (||g|| + 1e-6)), or 1 when
 // max_norm <= 0 (no clipping), or NaN when ||g||^2 is not finite (skip the step).
 void clip_coef(const float* norm_sq, float max_norm, float* out);
@@ -91,31 +86,26 @@ void cast_f32_bf16(const float* x, uint16_t* y, int64_t n);   // round to neares
 void cast_bf16_f32(const uint16_t* x, float* y, int64_t n);
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out);
 void normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float std);
-void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float lo,
-             float hi);
+void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi);
 
 // conv.cpp — convolution, pooling and batch norm over NCHW (shapes in types.hpp), written
 // as direct loops. beta = 1 accumulates into existing gradients (the flat buffer), 0
 // overwrites them; bias / db may be null (no bias).
-void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* bias,
-                    float* y);
+void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* bias, float* y);
 void conv2d_backward_data(const ConvShape& s, const float* dy, const float* w, float* dx);
-void conv2d_backward_filter(const ConvShape& s, const float* x, const float* dy, float beta,
-                            float* dw, float* db);
+void conv2d_backward_filter(const ConvShape& s, const float* x, const float* dy, float beta, float* dw, float* db);
 void pool2d_forward(const PoolShape& s, Pool kind, const float* x, float* y);
 // dx is overwritten; max pooling sends each dy to the first maximum of its window.
-void pool2d_backward(const PoolShape& s, Pool kind, const float* x, const float* y,
-                     const float* dy, float* dx);
+void pool2d_backward(const PoolShape& s, Pool kind, const float* x, const float* y, const float* dy, float* dx);
 // x, y [n, c, hw]; gamma, beta, running statistics and saved statistics [c].
-void batchnorm_forward_train(int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma,
-                             const float* beta, const BatchNormArgs& a, float* running_mean,
-                             float* running_var, float* y, float* save_mean, float* save_invstd);
-void batchnorm_forward_eval(int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma,
-                            const float* beta, const BatchNormArgs& a, const float* running_mean,
-                            const float* running_var, float* y);
+void batchnorm_forward_train(int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma, const float* beta,
+                             const BatchNormArgs& a, float* running_mean, float* running_var, float* y,
+                             float* save_mean, float* save_invstd);
+void batchnorm_forward_eval(int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma, const float* beta,
+                            const BatchNormArgs& a, const float* running_mean, const float* running_var, float* y);
 // dx is overwritten; dgamma and dbeta get param_beta * old + the new gradient.
-void batchnorm_backward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy,
-                        const float* gamma, const float* save_mean, const float* save_invstd,
-                        float* dx, float param_beta, float* dgamma, float* dbeta);
+void batchnorm_backward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy, const float* gamma,
+                        const float* save_mean, const float* save_invstd, float* dx, float param_beta, float* dgamma,
+                        float* dbeta);
 
 }  // namespace dpt::cpu

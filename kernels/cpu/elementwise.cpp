@@ -38,14 +38,11 @@ void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) {
 }
 
 void normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float std) {
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = std * philox::normal(seed, stream, offset + static_cast<uint64_t>(i));
+  for (int64_t i = 0; i < n; ++i) out[i] = std * philox::normal(seed, stream, offset + static_cast<uint64_t>(i));
 }
 
-void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float lo,
-             float hi) {
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = philox::uniform(seed, stream, offset + static_cast<uint64_t>(i), lo, hi);
+void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi) {
+  for (int64_t i = 0; i < n; ++i) out[i] = philox::uniform(seed, stream, offset + static_cast<uint64_t>(i), lo, hi);
 }
 
 }  // namespace dpt::cpu

@@ -9,8 +9,8 @@
 
 namespace dpt::cpu {
 
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
-          const float* B, float beta, float* C) {
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta,
+          float* C) {
   // op(B) as a contiguous k x n matrix, so the hot loop always streams rows.
   std::vector<float> bt;
   if (tb) {
@@ -36,14 +36,14 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
   }
 }
 
-void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A,
-               const uint16_t* B, float beta, float* C) {
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A, const uint16_t* B,
+               float beta, float* C) {
   const auto a = widen(A, m * k), b = widen(B, k * n);
   gemm(ta, tb, m, n, k, alpha, a.data(), b.data(), beta, C);
 }
 
-void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A,
-               const uint16_t* B, float beta, uint16_t* C) {
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A, const uint16_t* B,
+               float beta, uint16_t* C) {
   std::vector<float> c = beta == 0.0f ? std::vector<float>(static_cast<size_t>(m * n)) : widen(C, m * n);
   gemm_bf16(ta, tb, m, n, k, alpha, A, B, beta, c.data());
   narrow(c, C);

@@ -17,8 +17,7 @@ void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* 
   if (dy) mse_backward(y, t, n, nullptr, 1.0f, dy);
 }
 
-void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale,
-                  float* dy) {
+void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale, float* dy) {
   const float s = 2.0f * scale * (dloss ? *dloss : 1.0f) / static_cast<float>(n);
   for (int64_t i = 0; i < n; ++i) dy[i] = s * (y[i] - t[i]);
 }
@@ -34,8 +33,7 @@ double logsumexp(const float* row, int64_t cols) {
 }
 }  // namespace
 
-void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
-                           float* loss) {
+void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss) {
   double s = 0.0;
   for (int64_t i = 0; i < rows; ++i) {
     const float* row = logits + i * cols;
@@ -44,8 +42,8 @@ void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t r
   *loss = static_cast<float>(s / static_cast<double>(rows));
 }
 
-void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows,
-                            int64_t cols, const float* dloss, float* dlogits) {
+void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, const float* dloss,
+                            float* dlogits) {
   const double scale = static_cast<double>(*dloss) / static_cast<double>(rows);
   for (int64_t i = 0; i < rows; ++i) {
     const float* row = logits + i * cols;
@@ -63,8 +61,7 @@ void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss,
   if (dy) mse_backward_bf16(y, t, n, nullptr, 1.0f, dy);
 }
 
-void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale,
-                       uint16_t* dy) {
+void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale, uint16_t* dy) {
   const auto v = widen(y, n);
   std::vector<float> g(static_cast<size_t>(n));
   mse_backward(v.data(), t, n, dloss, scale, g.data());

@@ -9,8 +9,8 @@
 
 namespace dpt::cpu {
 
-void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a,
-              const float* grad_scale, uint16_t* shadow) {
+void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a, const float* grad_scale,
+              uint16_t* shadow) {
   const float scale = grad_scale ? *grad_scale : 1.0f;
   if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   for (int64_t i = 0; i < n; ++i) {
@@ -25,8 +25,8 @@ void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a,
   }
 }
 
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
-                const float* grad_scale, uint16_t* shadow) {
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
+                uint16_t* shadow) {
   const float scale = grad_scale ? *grad_scale : 1.0f;
   if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   for (int64_t i = 0; i < n; ++i) {

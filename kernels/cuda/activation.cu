@@ -23,8 +23,8 @@ namespace {
 
 // n elements of rows x cols; x may be y (each element is read before it is written).
 template <Act A>
-static __global__ void bias_act_forward_kernel(const float* x, const float* bias, int64_t n,
-                                               int64_t cols, float* z, float* y) {
+static __global__ void bias_act_forward_kernel(const float* x, const float* bias, int64_t n, int64_t cols, float* z,
+                                               float* y) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = bias ? x[i] + bias[i % cols] : x[i];
@@ -35,9 +35,8 @@ static __global__ void bias_act_forward_kernel(const float* x, const float* bias
 
 // The same over float4s: n4 = n / 4 vectors, cols4 = cols / 4 per row.
 template <Act A>
-static __global__ void bias_act_forward_vec_kernel(const float4* x, const float4* bias,
-                                                   int64_t n4, int64_t cols4, float4* z,
-                                                   float4* y) {
+static __global__ void bias_act_forward_vec_kernel(const float4* x, const float4* bias, int64_t n4, int64_t cols4,
+                                                   float4* z, float4* y) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float4 v = x[i];
@@ -49,21 +48,19 @@ static __global__ void bias_act_forward_vec_kernel(const float4* x, const float4
       v.w += b.w;
     }
     if (z) z[i] = v;
-    y[i] = make_float4(act_forward<A>(v.x), act_forward<A>(v.y), act_forward<A>(v.z),
-                       act_forward<A>(v.w));
+    y[i] = make_float4(act_forward<A>(v.x), act_forward<A>(v.y), act_forward<A>(v.z), act_forward<A>(v.w));
   }
 }
 
 template <Act A>
-void bias_act_forward_launch(const float* x, const float* bias, int64_t rows, int64_t cols,
-                             float* z, float* y, cudaStream_t stream) {
+void bias_act_forward_launch(const float* x, const float* bias, int64_t rows, int64_t cols, float* z, float* y,
+                             cudaStream_t stream) {
   const int64_t n = rows * cols;
-  const bool vec = cols % 4 == 0 && aligned16(x) && aligned16(y) && (!z || aligned16(z)) &&
-                   (!bias || aligned16(bias));
+  const bool vec = cols % 4 == 0 && aligned16(x) && aligned16(y) && (!z || aligned16(z)) && (!bias || aligned16(bias));
   if (vec) {
     bias_act_forward_vec_kernel<A><<<blocks_for(n / 4), kThreads, 0, stream>>>(
-        reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(bias), n / 4,
-        cols / 4, reinterpret_cast<float4*>(z), reinterpret_cast<float4*>(y));
+        reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(bias), n / 4, cols / 4,
+        reinterpret_cast<float4*>(z), reinterpret_cast<float4*>(y));
   } else {
     bias_act_forward_kernel<A><<<blocks_for(n), kThreads, 0, stream>>>(x, bias, n, cols, z, y);
   }
@@ -73,32 +70,29 @@ void bias_act_forward_launch(const float* x, const float* bias, int64_t rows, in
 
 // dx may be dy.
 template <Act A>
-static __global__ void act_backward_kernel(const float* dy, const float* saved, int64_t n,
-                                           float* dx) {
+static __global__ void act_backward_kernel(const float* dy, const float* saved, int64_t n, float* dx) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     dx[i] = dy[i] * act_derivative<A>(saved[i]);
 }
 
 template <Act A>
-static __global__ void act_backward_vec_kernel(const float4* dy, const float4* saved, int64_t n4,
-                                               float4* dx) {
+static __global__ void act_backward_vec_kernel(const float4* dy, const float4* saved, int64_t n4, float4* dx) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float4 g = dy[i];
     const float4 s = saved[i];
-    dx[i] = make_float4(g.x * act_derivative<A>(s.x), g.y * act_derivative<A>(s.y),
-                        g.z * act_derivative<A>(s.z), g.w * act_derivative<A>(s.w));
+    dx[i] = make_float4(g.x * act_derivative<A>(s.x), g.y * act_derivative<A>(s.y), g.z * act_derivative<A>(s.z),
+                        g.w * act_derivative<A>(s.w));
   }
 }
 
 template <Act A>
-void act_backward_launch(const float* dy, const float* saved, int64_t n, float* dx,
-                         cudaStream_t stream) {
+void act_backward_launch(const float* dy, const float* saved, int64_t n, float* dx, cudaStream_t stream) {
   if (n % 4 == 0 && aligned16(dy) && aligned16(saved) && aligned16(dx)) {
-    act_backward_vec_kernel<A><<<blocks_for(n / 4), kThreads, 0, stream>>>(
-        reinterpret_cast<const float4*>(dy), reinterpret_cast<const float4*>(saved), n / 4,
-        reinterpret_cast<float4*>(dx));
+    act_backward_vec_kernel<A><<<blocks_for(n / 4), kThreads, 0, stream>>>(reinterpret_cast<const float4*>(dy),
+                                                                           reinterpret_cast<const float4*>(saved),
+                                                                           n / 4, reinterpret_cast<float4*>(dx));
   } else {
     act_backward_kernel<A><<<blocks_for(n), kThreads, 0, stream>>>(dy, saved, n, dx);
   }
@@ -106,8 +100,8 @@ void act_backward_launch(const float* dy, const float* saved, int64_t n, float* 
 
 // ---- act_backward_transposed ------------------------------------------------------------
 
-constexpr int kTile = 32;      // a 32 x 32 tile of the rows x cols matrix per block
-constexpr int kTileRows = 8;   // threads per tile column: each handles 4 rows
+constexpr int kTile = 32;     // a 32 x 32 tile of the rows x cols matrix per block
+constexpr int kTileRows = 8;  // threads per tile column: each handles 4 rows
 
 // dx = dy * act'(saved) as act_backward, and dxt = dx transposed ([cols, rows]). A tile
 // goes through shared memory (one padding column against bank conflicts), so both the
@@ -115,9 +109,8 @@ constexpr int kTileRows = 8;   // threads per tile column: each handles 4 rows
 // written). With col_part, the tile's column sums over its 32 rows (in row order) go to
 // col_part[tile row][column], for the bias gradient (finished by bias_grad_finish).
 template <Act A>
-static __global__ void act_backward_transposed_kernel(const float* dy, const float* saved,
-                                                      int64_t rows, int64_t cols, float* dx,
-                                                      float* dxt, float* col_part) {
+static __global__ void act_backward_transposed_kernel(const float* dy, const float* saved, int64_t rows, int64_t cols,
+                                                      float* dx, float* dxt, float* col_part) {
   __shared__ float tile[kTile][kTile + 1];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
@@ -151,8 +144,7 @@ constexpr int kGradRows = 32;  // warps per block, each striding over the rows
 // column c0 + tx; the 32 partial sums of a column are then added in a fixed order, so the
 // result does not depend on scheduling.
 template <typename T>
-static __global__ void bias_grad_kernel(const T* dy, int64_t rows, int64_t cols, float beta,
-                                        float* db) {
+static __global__ void bias_grad_kernel(const T* dy, int64_t rows, int64_t cols, float beta, float* db) {
   __shared__ float part[kGradRows][kGradCols + 1];  // +1: the column reads below hit 32 banks
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = blockIdx.x * static_cast<int64_t>(kGradCols) + tx;
@@ -237,8 +229,7 @@ static __global__ void act_bias_backward_kernel(const T* dy, const T* saved, int
 // adds its run of chunks in order (four loads in flight at a time), then the column's
 // kFinY runs are added in order. A fixed order, so the same bits every run.
 constexpr int kFinX = 32, kFinY = 8;
-static __global__ void bias_grad_finish_kernel(const float* part, int64_t chunks, int64_t cols, float beta,
-                                               float* db) {
+static __global__ void bias_grad_finish_kernel(const float* part, int64_t chunks, int64_t cols, float beta, float* db) {
   DPT_WAIT_PREVIOUS_GRID();
   __shared__ float runs[kFinY][kFinX + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -267,12 +258,11 @@ static __global__ void bias_grad_finish_kernel(const float* part, int64_t chunks
   db[c] = beta != 0.f ? beta * db[c] + total : total;
 }
 
-void bias_grad_finish(const float* part, int64_t chunks, int64_t cols, float beta, float* db,
-                      cudaStream_t stream) {
+void bias_grad_finish(const float* part, int64_t chunks, int64_t cols, float beta, float* db, cudaStream_t stream) {
   const int64_t blocks = (cols + kFinX - 1) / kFinX;
   DPT_CHECK(blocks <= 0x7fffffff, "bias gradient: too many columns");
-  launch_after_previous(bias_grad_finish_kernel, static_cast<unsigned>(blocks), dim3(kFinX, kFinY), stream, part, chunks,
-                        cols, beta, db);
+  launch_after_previous(bias_grad_finish_kernel, static_cast<unsigned>(blocks), dim3(kFinX, kFinY), stream, part,
+                        chunks, cols, beta, db);
 }
 
 // Rows per chunk: kBgChunkRows, more when the chunks would not fit the grid's y limit.
@@ -282,14 +272,14 @@ int64_t bg_chunk_rows(int64_t rows) {
 }
 
 template <typename T, int V>
-void act_bias_backward_launch(const T* dy, const T* saved, Act act, int64_t rows, int64_t cols, T* dz,
-                              float beta, float* db, float* part, cudaStream_t stream) {
+void act_bias_backward_launch(const T* dy, const T* saved, Act act, int64_t rows, int64_t cols, T* dz, float beta,
+                              float* db, float* part, cudaStream_t stream) {
   const int64_t chunk_rows = bg_chunk_rows(rows), chunks = (rows + chunk_rows - 1) / chunk_rows;
   const int64_t bx = (cols + kBgX * V - 1) / (kBgX * V);
   DPT_CHECK(bx <= 0x7fffffff, "act_bias_backward: too many columns");
   const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(chunks)), block(kBgX, kBgY);
-  const auto kernel = dispatch_act(act, "act_bias_backward",
-                                   [](auto a) { return act_bias_backward_kernel<T, V, decltype(a)::value>; });
+  const auto kernel =
+      dispatch_act(act, "act_bias_backward", [](auto a) { return act_bias_backward_kernel<T, V, decltype(a)::value>; });
   launch_after_previous(kernel, grid, block, stream, dy, saved, rows, cols, chunk_rows, dz, beta, db, part);
   if (chunks > 1) bias_grad_finish(part, chunks, cols, beta, db, stream);
 }
@@ -313,8 +303,7 @@ void act_bias_backward_checked(const char* name, const T* dy, const T* saved, Ac
   if (cols % V == 0 && aligned(dy, kPackBytes) &&
       (act == Act::none || (aligned(saved, kPackBytes) && aligned(dz, kPackBytes))))
     act_bias_backward_launch<T, V>(dy, saved, act, rows, cols, dz, beta, db, part, stream);
-  else
-    act_bias_backward_launch<T, 1>(dy, saved, act, rows, cols, dz, beta, db, part, stream);
+  else act_bias_backward_launch<T, 1>(dy, saved, act, rows, cols, dz, beta, db, part, stream);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -327,8 +316,8 @@ struct alignas(16) Bf16x8 {
 
 // y (and z) = act(x + bias): x the fp32 GEMM result, bias bf16 (may be null).
 template <Act A>
-static __global__ void bias_act_forward_bf16_kernel(const float* x, const uint16_t* bias, int64_t n,
-                                                    int64_t cols, uint16_t* z, uint16_t* y) {
+static __global__ void bias_act_forward_bf16_kernel(const float* x, const uint16_t* bias, int64_t n, int64_t cols,
+                                                    uint16_t* z, uint16_t* y) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = bias ? x[i] + bf16_float(bias[i % cols]) : x[i];
@@ -339,8 +328,8 @@ static __global__ void bias_act_forward_bf16_kernel(const float* x, const uint16
 
 // The same four at a time: n4 = n / 4, cols4 = cols / 4.
 template <Act A>
-static __global__ void bias_act_forward_bf16_vec_kernel(const float4* x, const ushort4* bias, int64_t n4,
-                                                        int64_t cols4, ushort4* z, ushort4* y) {
+static __global__ void bias_act_forward_bf16_vec_kernel(const float4* x, const ushort4* bias, int64_t n4, int64_t cols4,
+                                                        ushort4* z, ushort4* y) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float4 v = x[i];
@@ -358,8 +347,8 @@ static __global__ void bias_act_forward_bf16_vec_kernel(const float4* x, const u
 }
 
 template <Act A>
-void bias_act_forward_bf16_launch(const float* x, const uint16_t* bias, int64_t rows, int64_t cols,
-                                  uint16_t* z, uint16_t* y, cudaStream_t stream) {
+void bias_act_forward_bf16_launch(const float* x, const uint16_t* bias, int64_t rows, int64_t cols, uint16_t* z,
+                                  uint16_t* y, cudaStream_t stream) {
   const int64_t n = rows * cols;
   if (cols % 4 == 0 && aligned16(x) && aligned(y, 8) && (!z || aligned(z, 8)) && (!bias || aligned(bias, 8))) {
     bias_act_forward_bf16_vec_kernel<A><<<blocks_for(n / 4), kThreads, 0, stream>>>(
@@ -391,8 +380,7 @@ static __global__ void act_forward_bf16_kernel(const uint16_t* x, int64_t n, uin
 
 // dx = dy * act'(saved), all bf16; dx may be dy.
 template <Act A, bool Vec>
-static __global__ void act_backward_bf16_kernel(const uint16_t* dy, const uint16_t* saved, int64_t n,
-                                                uint16_t* dx) {
+static __global__ void act_backward_bf16_kernel(const uint16_t* dy, const uint16_t* saved, int64_t n, uint16_t* dx) {
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   int64_t done = 0;
@@ -415,23 +403,20 @@ template <Act A>
 void act_forward_bf16_launch(const uint16_t* x, int64_t n, uint16_t* y, cudaStream_t stream) {
   if (aligned16(x) && aligned16(y))
     act_forward_bf16_kernel<A, true><<<blocks_for(n / 8 + 1), kThreads, 0, stream>>>(x, n, y);
-  else
-    act_forward_bf16_kernel<A, false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, y);
+  else act_forward_bf16_kernel<A, false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, y);
 }
 
 template <Act A>
-void act_backward_bf16_launch(const uint16_t* dy, const uint16_t* saved, int64_t n, uint16_t* dx,
-                              cudaStream_t stream) {
+void act_backward_bf16_launch(const uint16_t* dy, const uint16_t* saved, int64_t n, uint16_t* dx, cudaStream_t stream) {
   if (aligned16(dy) && aligned16(saved) && aligned16(dx))
     act_backward_bf16_kernel<A, true><<<blocks_for(n / 8 + 1), kThreads, 0, stream>>>(dy, saved, n, dx);
-  else
-    act_backward_bf16_kernel<A, false><<<blocks_for(n), kThreads, 0, stream>>>(dy, saved, n, dx);
+  else act_backward_bf16_kernel<A, false><<<blocks_for(n), kThreads, 0, stream>>>(dy, saved, n, dx);
 }
 
 }  // namespace
 
-void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols,
-                      float* z, float* y, cudaStream_t stream) {
+void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols, float* z, float* y,
+                      cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols >= 0, "bias_act_forward: negative shape");
   if (rows == 0 || cols == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "bias_act_forward: null x or y");
@@ -440,8 +425,7 @@ void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, 
   DPT_CUDA_CHECK_LAUNCH();
 }
 
-void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx,
-                  cudaStream_t stream) {
+void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "act_backward: negative size");
   if (n == 0) return;
   DPT_CHECK(dy != nullptr && saved != nullptr && dx != nullptr, "act_backward: null pointer");
@@ -449,8 +433,8 @@ void act_backward(const float* dy, const float* saved, Act act, int64_t n, float
   DPT_CUDA_CHECK_LAUNCH();
 }
 
-void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols,
-                             float* dx, float* dxt, float beta, float* db, float* work, cudaStream_t stream) {
+void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dx,
+                             float* dxt, float beta, float* db, float* work, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols >= 0, "act_backward_transposed: negative shape");
   if (rows == 0 || cols == 0) {
     if (db && cols > 0) bias_grad_finish(nullptr, 0, cols, beta, db, stream);  // db = beta db
@@ -478,8 +462,8 @@ int64_t act_bias_backward_work(int64_t rows, int64_t cols) {
   return chunks > 1 ? chunks * cols : 0;
 }
 
-void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz,
-                       float beta, float* db, float* work, cudaStream_t stream) {
+void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz, float beta,
+                       float* db, float* work, cudaStream_t stream) {
   act_bias_backward_checked<float, 4>("act_bias_backward", dy, saved, act, rows, cols, dz, beta, db, work, stream);
 }
 
@@ -489,21 +473,19 @@ void act_bias_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, 
                                          stream);
 }
 
-void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db,
-               cudaStream_t stream) {
+void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols >= 0, "bias_grad: negative shape");
   if (cols == 0) return;
   DPT_CHECK(db != nullptr && (rows == 0 || dy != nullptr), "bias_grad: null pointer");
   const int64_t blocks = (cols + kGradCols - 1) / kGradCols;
   DPT_CHECK(blocks <= 0x7fffffff, "bias_grad: too many columns");
   // rows == 0 still runs: db = beta * db + 0.
-  bias_grad_kernel<<<static_cast<unsigned>(blocks), dim3(kGradCols, kGradRows), 0, stream>>>(
-      dy, rows, cols, beta, db);
+  bias_grad_kernel<<<static_cast<unsigned>(blocks), dim3(kGradCols, kGradRows), 0, stream>>>(dy, rows, cols, beta, db);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
-void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
-                           uint16_t* z, uint16_t* y, cudaStream_t stream) {
+void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols, uint16_t* z,
+                           uint16_t* y, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols >= 0, "bias_act_forward_bf16: negative shape");
   if (rows == 0 || cols == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "bias_act_forward_bf16: null x or y");

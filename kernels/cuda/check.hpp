@@ -20,19 +20,17 @@ inline std::string current_device_name() {
   return "cuda:" + std::to_string(d);
 }
 
-[[noreturn]] inline void fail(const char* what, const char* call, const std::string& text,
-                              const char* file, int line) {
-  throw ::dpt::Error(std::string(what) + " failed on " + current_device_name() + ": " + call +
-                     ": " + text + " (" + file + ":" + std::to_string(line) + ")");
+[[noreturn]] inline void fail(const char* what, const char* call, const std::string& text, const char* file, int line) {
+  throw ::dpt::Error(std::string(what) + " failed on " + current_device_name() + ": " + call + ": " + text + " (" +
+                     file + ":" + std::to_string(line) + ")");
 }
 
 }  // namespace dpt::cuda
 
-#define DPT_CUDA_CHECK(call)                                                              \
-  do {                                                                                    \
-    cudaError_t dpt_err_ = (call);                                                        \
-    if (dpt_err_ != cudaSuccess)                                                          \
-      ::dpt::cuda::fail("CUDA", #call, cudaGetErrorString(dpt_err_), __FILE__, __LINE__); \
+#define DPT_CUDA_CHECK(call)                                                                                         \
+  do {                                                                                                               \
+    cudaError_t dpt_err_ = (call);                                                                                   \
+    if (dpt_err_ != cudaSuccess) ::dpt::cuda::fail("CUDA", #call, cudaGetErrorString(dpt_err_), __FILE__, __LINE__); \
   } while (0)
 
 #define DPT_CUBLAS_CHECK(call)                                                                \
@@ -43,17 +41,17 @@ inline std::string current_device_name() {
   } while (0)
 
 #if DPT_WITH_CUDNN
-#define DPT_CUDNN_CHECK(call)                                                               \
-  do {                                                                                      \
-    cudnnStatus_t dpt_st_ = (call);                                                         \
-    if (dpt_st_ != CUDNN_STATUS_SUCCESS)                                                    \
+#define DPT_CUDNN_CHECK(call)                                                              \
+  do {                                                                                     \
+    cudnnStatus_t dpt_st_ = (call);                                                        \
+    if (dpt_st_ != CUDNN_STATUS_SUCCESS)                                                   \
       ::dpt::cuda::fail("cuDNN", #call, cudnnGetErrorString(dpt_st_), __FILE__, __LINE__); \
   } while (0)
 
-#define DPT_CUDNN_WARN(call)                                                                   \
-  do {                                                                                         \
-    cudnnStatus_t dpt_st_ = (call);                                                            \
-    if (dpt_st_ != CUDNN_STATUS_SUCCESS)                                                       \
+#define DPT_CUDNN_WARN(call)                                                                             \
+  do {                                                                                                   \
+    cudnnStatus_t dpt_st_ = (call);                                                                      \
+    if (dpt_st_ != CUDNN_STATUS_SUCCESS)                                                                 \
       ::dpt::report(::dpt::Severity::warning, std::string(#call) + ": " + cudnnGetErrorString(dpt_st_)); \
   } while (0)
 #endif
@@ -61,9 +59,9 @@ inline std::string current_device_name() {
 // After every kernel launch: catches bad launch configurations at once.
 #define DPT_CUDA_CHECK_LAUNCH() DPT_CUDA_CHECK(cudaGetLastError())
 
-#define DPT_CUDA_WARN(call)                                                                  \
-  do {                                                                                       \
-    cudaError_t dpt_err_ = (call);                                                           \
-    if (dpt_err_ != cudaSuccess)                                                             \
+#define DPT_CUDA_WARN(call)                                                                              \
+  do {                                                                                                   \
+    cudaError_t dpt_err_ = (call);                                                                       \
+    if (dpt_err_ != cudaSuccess)                                                                         \
       ::dpt::report(::dpt::Severity::warning, std::string(#call) + ": " + cudaGetErrorString(dpt_err_)); \
   } while (0)

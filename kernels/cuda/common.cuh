@@ -76,8 +76,7 @@ __device__ __forceinline__ float act_forward(float v) {
 template <Act A>
 __device__ __forceinline__ float act_derivative(float s) {
   if constexpr (A == Act::relu) return s > 0.f ? 1.f : 0.f;
-  if constexpr (A == Act::gelu)
-    return 0.5f * erfcf(-s * kInvSqrt2) + s * expf(-0.5f * s * s) * kInvSqrt2Pi;
+  if constexpr (A == Act::gelu) return 0.5f * erfcf(-s * kInvSqrt2) + s * expf(-0.5f * s * s) * kInvSqrt2Pi;
   if constexpr (A == Act::tanh) return 1.f - s * s;
   return 1.f;
 }
@@ -88,10 +87,14 @@ __device__ __forceinline__ float act_derivative(float s) {
 template <typename F>
 decltype(auto) dispatch_act(Act act, const char* who, F&& f) {
   switch (act) {
-    case Act::none: return f(std::integral_constant<Act, Act::none>{});
-    case Act::relu: return f(std::integral_constant<Act, Act::relu>{});
-    case Act::gelu: return f(std::integral_constant<Act, Act::gelu>{});
-    case Act::tanh: return f(std::integral_constant<Act, Act::tanh>{});
+    case Act::none:
+      return f(std::integral_constant<Act, Act::none>{});
+    case Act::relu:
+      return f(std::integral_constant<Act, Act::relu>{});
+    case Act::gelu:
+      return f(std::integral_constant<Act, Act::gelu>{});
+    case Act::tanh:
+      return f(std::integral_constant<Act, Act::tanh>{});
   }
   throw ::dpt::Error(std::string(who) + ": unknown activation");
 }

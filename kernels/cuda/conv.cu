@@ -48,8 +48,7 @@ __global__ void channel_bias_add_vec_kernel(float4* y, const float* b, int64_t n
 __global__ void row_sums_kernel(const float* x, int64_t rows, int64_t len, float* out) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; row < rows;
-       row += warps) {
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
     const float* p = x + row * len;
     float s = 0.f;
     if (len % 4 == 0 && aligned16(p)) {
@@ -88,8 +87,7 @@ void channel_bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw
   if (hw % 4 == 0 && aligned16(y))
     channel_bias_add_vec_kernel<<<blocks_for(n * c * hw / 4, kConvMaxBlocks), kThreads, 0, stream>>>(
         reinterpret_cast<float4*>(y), b, n, c, hw / 4);
-  else
-    channel_bias_add_kernel<<<blocks_for(n * c * hw, kConvMaxBlocks), kThreads, 0, stream>>>(y, b, n, c, hw);
+  else channel_bias_add_kernel<<<blocks_for(n * c * hw, kConvMaxBlocks), kThreads, 0, stream>>>(y, b, n, c, hw);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -125,24 +123,24 @@ size_t conv_wgrad_gemm_work_bytes(const ConvShape& s) {
   return static_cast<size_t>(wgrad_images_per_chunk(s) * s.c * s.r * s.s * (s.p() * s.q() + s.k)) * sizeof(float);
 }
 
-void conv_wgrad_gemm(cublasHandle_t handle, Precision precision, const ConvShape& s, const float* x,
-                     const float* dy, float beta, float* dw, float* work, cudaStream_t stream) {
+void conv_wgrad_gemm(cublasHandle_t handle, Precision precision, const ConvShape& s, const float* x, const float* dy,
+                     float beta, float* dw, float* work, cudaStream_t stream) {
   const int64_t P = s.p(), Q = s.q(), crs = s.c * s.r * s.s;
   DPT_CHECK(s.n >= 1 && crs >= 1 && s.k >= 1 && P >= 1 && Q >= 1, "conv_wgrad_gemm: empty shape");
   DPT_CHECK(x != nullptr && dy != nullptr && dw != nullptr && work != nullptr, "conv_wgrad_gemm: null pointer");
   const int64_t chunk = wgrad_images_per_chunk(s);
-  float* col = work;                            // [chunk][crs][P*Q]
+  float* col = work;                              // [chunk][crs][P*Q]
   float* per_image = work + chunk * crs * P * Q;  // [chunk][k][crs]
   for (int64_t n0 = 0; n0 < s.n; n0 += chunk) {
     ConvShape part = s;
     part.n = std::min(chunk, s.n - n0);
-    im2col_kernel<<<blocks_for(part.n * crs * P * Q, kConvMaxBlocks), kThreads, 0, stream>>>(
-        x + n0 * s.c * s.h * s.w, part, P, Q, col);
+    im2col_kernel<<<blocks_for(part.n * crs * P * Q, kConvMaxBlocks), kThreads, 0, stream>>>(x + n0 * s.c * s.h * s.w,
+                                                                                             part, P, Q, col);
     DPT_CUDA_CHECK_LAUNCH();
     // per_image[i] = dy[i] [k, PQ] . col[i]^T [PQ, crs]; bf16 runs as TF32, as in cuDNN's passes.
-    gemm_cublas_strided_batched(handle, precision == Precision::fp32 ? Precision::fp32 : Precision::tf32, false,
-                                true, s.k, crs, P * Q, 1.0f, dy + n0 * s.k * P * Q, s.k * P * Q, col, crs * P * Q,
-                                0.0f, per_image, s.k * crs, part.n);
+    gemm_cublas_strided_batched(handle, precision == Precision::fp32 ? Precision::fp32 : Precision::tf32, false, true,
+                                s.k, crs, P * Q, 1.0f, dy + n0 * s.k * P * Q, s.k * P * Q, col, crs * P * Q, 0.0f,
+                                per_image, s.k * crs, part.n);
     // The images' sum in order, onto beta dw for the first chunk and onto the sum so far after.
     bias_grad(per_image, part.n, s.k * crs, n0 == 0 ? beta : 1.0f, dw, stream);
   }

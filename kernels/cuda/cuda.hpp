@@ -22,8 +22,8 @@ constexpr int64_t kReduceWork = 1024;
 
 // gemm_native.cu — hand-written tiled SGEMM (shared-memory tiles, register blocking,
 // vectorized loads); strict fp32. Same contract as cpu::gemm.
-void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
-                 const float* B, float beta, float* C, cudaStream_t stream);
+void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B,
+                 float beta, float* C, cudaStream_t stream);
 // gemm_small.cu — strict fp32 kernels for a Linear layer's shapes at small batches:
 // gemm_skinny: C = act(alpha A B^T + beta C + bias) (row-major A [m, k], B [n, k]; bias [n]
 // and z, the pre-activation, may be null) for m <= kSkinnyRows, through `work`
@@ -41,22 +41,20 @@ void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, 
                   cudaStream_t stream, float* colsum_A = nullptr, float colsum_beta = 0.0f);
 // gemm_cublas.cu — the same through cuBLAS; `precision` picks fp32, TF32 or bf16 tensor
 // cores (fp32 storage and accumulation). The handle must already be bound to its stream.
-void gemm_cublas(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m,
-                 int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta,
-                 float* C);
+void gemm_cublas(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                 float alpha, const float* A, const float* B, float beta, float* C);
 // bf16 A and B on bf16 tensor cores, fp32 accumulation (CUBLAS_COMPUTE_32F); C in fp32
 // or in bf16. Whatever the precision setting: the operands are bf16 already.
-void gemm_bf16(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-               const uint16_t* A, const uint16_t* B, float beta, float* C);
-void gemm_bf16(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-               const uint16_t* A, const uint16_t* B, float beta, uint16_t* C);
+void gemm_bf16(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A,
+               const uint16_t* B, float beta, float* C);
+void gemm_bf16(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A,
+               const uint16_t* B, float beta, uint16_t* C);
 
 // The same for `batch` independent products C_i = alpha op(A_i) op(B_i) + beta C_i, the
 // operands `stride_*` floats apart (fp32 storage; fp32 or TF32 math by precision).
-void gemm_cublas_strided_batched(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m,
-                                 int64_t n, int64_t k, float alpha, const float* A, int64_t stride_a,
-                                 const float* B, int64_t stride_b, float beta, float* C, int64_t stride_c,
-                                 int64_t batch);
+void gemm_cublas_strided_batched(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m, int64_t n,
+                                 int64_t k, float alpha, const float* A, int64_t stride_a, const float* B,
+                                 int64_t stride_b, float beta, float* C, int64_t stride_c, int64_t batch);
 // gemm_lt.cu — C = act(alpha op(A) op(B) + beta C + bias) through cuBLASLt, the bias [n]
 // (may be null) and the activation (none or relu) fused into the GEMM's epilogue. Same
 // layout contract as gemm_cublas; m, n, k >= 1. `workspace` is device memory of
@@ -64,10 +62,9 @@ void gemm_cublas_strided_batched(cublasHandle_t handle, Precision precision, boo
 // False when cuBLASLt has no kernel for the call (nothing launched): the caller takes an
 // unfused path.
 constexpr size_t kLtWorkspaceBytes = size_t(4) << 20;
-bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bool ta, bool tb,
-             int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B,
-             float beta, float* C, const float* bias, Act act, void* workspace,
-             size_t workspace_bytes);
+bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bool ta, bool tb, int64_t m, int64_t n,
+             int64_t k, float alpha, const float* A, const float* B, float beta, float* C, const float* bias, Act act,
+             void* workspace, size_t workspace_bytes);
 // The same over other element types: A and B both f32 or both bf16, C (= D) f32 or bf16,
 // the bias f32 or bf16 (cuBLASLt's default is D's type; another is asked for through
 // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE). bf16 operands compute in CUBLAS_COMPUTE_32F
@@ -77,35 +74,33 @@ struct LtTypes {
   DType c = DType::f32;
   DType bias = DType::f32;
 };
-bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta,
-             bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B,
-             float beta, void* C, const void* bias, Act act, void* workspace, size_t workspace_bytes);
+bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta, bool tb,
+             int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
+             const void* bias, Act act, void* workspace, size_t workspace_bytes);
 
 // activation.cu
-void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols,
-                      float* z, float* y, cudaStream_t stream);
-void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx,
-                  cudaStream_t stream);
+void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols, float* z, float* y,
+                      cudaStream_t stream);
+void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx, cudaStream_t stream);
 // act_backward over a rows x cols matrix that also writes dx transposed into dxt
 // ([cols, rows]): the weight gradient's GEMM then reads a K-major operand (see ops.cpp).
 // dx may be null (only dxt is written). With db (may be null), also db = beta db + the
 // column sums of dx, deterministically, through `work` (act_backward_transposed_work floats).
-void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols,
-                             float* dx, float* dxt, float beta, float* db, float* work, cudaStream_t stream);
+void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dx,
+                             float* dxt, float beta, float* db, float* work, cudaStream_t stream);
 int64_t act_backward_transposed_work(int64_t rows, int64_t cols);
 // The bias gradient db = beta db + column sums of dy over rows (deterministic); used by
 // the convolutions (kernels of their own shape).
-void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db,
-               cudaStream_t stream);
+void bias_grad(const float* dy, int64_t rows, int64_t cols, float beta, float* db, cudaStream_t stream);
 // A Linear layer's backward pass over its output gradient in one read: dz = dy * act'(saved)
 // (dz may be dy; Act::none: dz = dy, saved and dz unused and may be null) and db = beta db +
 // the column sums of dz, deterministically: the same bits every run. `work` holds
 // act_bias_backward_work(rows, cols) floats (none for up to 256 rows).
 int64_t act_bias_backward_work(int64_t rows, int64_t cols);
-void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz,
-                       float beta, float* db, float* work, cudaStream_t stream);
-void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols,
-                           uint16_t* z, uint16_t* y, cudaStream_t stream);
+void act_bias_backward(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dz, float beta,
+                       float* db, float* work, cudaStream_t stream);
+void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_t rows, int64_t cols, uint16_t* z,
+                           uint16_t* y, cudaStream_t stream);
 void act_forward_bf16(const uint16_t* x, Act act, int64_t n, uint16_t* y, cudaStream_t stream);
 void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t n, uint16_t* dx,
                        cudaStream_t stream);
@@ -117,30 +112,29 @@ void act_bias_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, 
 // its reduction in one kernel through `counter`: device memory holding 0 that the kernel
 // leaves at 0 (Context::counter()), used by one stream. mse_backward's dloss (device, may
 // be null) and scale (host) multiply the gradient.
-void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy, float* work,
-                 unsigned* counter, cudaStream_t stream);
-void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale,
-                  float* dy, cudaStream_t stream);
-void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
-                           float* loss, float* work, cudaStream_t stream);
-void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows,
-                            int64_t cols, const float* dloss, float* dlogits, cudaStream_t stream);
+void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy, float* work, unsigned* counter,
+                 cudaStream_t stream);
+void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale, float* dy,
+                  cudaStream_t stream);
+void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss,
+                           float* work, cudaStream_t stream);
+void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, const float* dloss,
+                            float* dlogits, cudaStream_t stream);
 // bf16 predictions or logits (the target stays f32): loss in fp32, gradient in bf16.
-void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy,
-                      float* work, unsigned* counter, cudaStream_t stream);
-void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale,
-                       uint16_t* dy, cudaStream_t stream);
-void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows,
-                                int64_t cols, float* loss, float* work, cudaStream_t stream);
-void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows,
-                                 int64_t cols, const float* dloss, uint16_t* dlogits,
-                                 cudaStream_t stream);
+void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy, float* work,
+                      unsigned* counter, cudaStream_t stream);
+void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale, uint16_t* dy,
+                       cudaStream_t stream);
+void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss,
+                                float* work, cudaStream_t stream);
+void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                                 const float* dloss, uint16_t* dlogits, cudaStream_t stream);
 
 // optim.cu — shadow (may be null) receives the updated parameters rounded to bf16.
-void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a,
-              const float* grad_scale, uint16_t* shadow, cudaStream_t stream);
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
-                const float* grad_scale, uint16_t* shadow, cudaStream_t stream);
+void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, const float* grad_scale,
+              uint16_t* shadow, cudaStream_t stream);
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
+                uint16_t* shadow, cudaStream_t stream);
 void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t stream);
 
 // elementwise.cu
@@ -150,10 +144,9 @@ void sum_squares(const float* x, int64_t n, float* out, float* work, cudaStream_
 void cast_f32_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 void cast_bf16_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
-void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std,
-            cudaStream_t stream);
-void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float lo,
-             float hi, cudaStream_t stream);
+void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std, cudaStream_t stream);
+void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float lo, float hi,
+             cudaStream_t stream);
 
 // conv.cu — NCHW convolution pieces done here rather than through cuDNN (see conv.cu).
 // y[n][c][.] += b[c] over images of hw values.
@@ -165,7 +158,7 @@ void channel_bias_grad(const float* dy, int64_t n, int64_t c, int64_t hw, float 
 // convolutions with few inputs per output, where cuDNN's deterministic algorithms are slow.
 inline bool conv_wgrad_by_gemm(const ConvShape& s) { return s.c * s.r * s.s <= 32; }
 size_t conv_wgrad_gemm_work_bytes(const ConvShape& s);
-void conv_wgrad_gemm(cublasHandle_t handle, Precision precision, const ConvShape& s, const float* x,
-                     const float* dy, float beta, float* dw, float* work, cudaStream_t stream);
+void conv_wgrad_gemm(cublasHandle_t handle, Precision precision, const ConvShape& s, const float* x, const float* dy,
+                     float beta, float* dw, float* work, cudaStream_t stream);
 
 }  // namespace dpt::cuda

@@ -37,24 +37,23 @@ constexpr size_t kMaxWorkspace = size_t(256) << 20;
 
 // cuDNN's legacy API takes int sizes.
 int to_int(int64_t v, const char* what, int64_t lo = 1) {
-  DPT_CHECK(v >= lo && v <= INT_MAX, std::string(what) + " " + std::to_string(v) +
-                                         " is out of cuDNN's range [" + std::to_string(lo) +
-                                         ", INT_MAX]");
+  DPT_CHECK(v >= lo && v <= INT_MAX, std::string(what) + " " + std::to_string(v) + " is out of cuDNN's range [" +
+                                         std::to_string(lo) + ", INT_MAX]");
   return static_cast<int>(v);
 }
 
 // Owning descriptors: a plan that fails half-way through being made frees what it made.
-#define DPT_CUDNN_DESCRIPTOR(Name, Kind)                                         \
-  class Name {                                                                   \
-   public:                                                                       \
-    Name() { DPT_CUDNN_CHECK(cudnnCreate##Kind##Descriptor(&d_)); }              \
-    ~Name() { DPT_CUDNN_WARN(cudnnDestroy##Kind##Descriptor(d_)); }              \
-    Name(const Name&) = delete;                                                  \
-    Name& operator=(const Name&) = delete;                                       \
-    operator cudnn##Kind##Descriptor_t() const { return d_; }                    \
-                                                                                 \
-   private:                                                                      \
-    cudnn##Kind##Descriptor_t d_ = nullptr;                                      \
+#define DPT_CUDNN_DESCRIPTOR(Name, Kind)                            \
+  class Name {                                                      \
+   public:                                                          \
+    Name() { DPT_CUDNN_CHECK(cudnnCreate##Kind##Descriptor(&d_)); } \
+    ~Name() { DPT_CUDNN_WARN(cudnnDestroy##Kind##Descriptor(d_)); } \
+    Name(const Name&) = delete;                                     \
+    Name& operator=(const Name&) = delete;                          \
+    operator cudnn##Kind##Descriptor_t() const { return d_; }       \
+                                                                    \
+   private:                                                         \
+    cudnn##Kind##Descriptor_t d_ = nullptr;                         \
   };
 DPT_CUDNN_DESCRIPTOR(TensorDesc, Tensor)
 DPT_CUDNN_DESCRIPTOR(FilterDesc, Filter)
@@ -63,9 +62,8 @@ DPT_CUDNN_DESCRIPTOR(PoolDesc, Pooling)
 #undef DPT_CUDNN_DESCRIPTOR
 
 void set_nchw(cudnnTensorDescriptor_t d, int64_t n, int64_t c, int64_t h, int64_t w) {
-  DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
-                                             to_int(n, "n"), to_int(c, "c"), to_int(h, "h"),
-                                             to_int(w, "w")));
+  DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(n, "n"), to_int(c, "c"),
+                                             to_int(h, "h"), to_int(w, "w")));
 }
 
 // The plans of every shape seen, made by make() on first use.
@@ -110,9 +108,8 @@ using ConvKey = std::array<int64_t, 12>;
 
 std::string shape_str(const ConvShape& s) {
   auto d = [](int64_t v) { return std::to_string(v); };
-  return "x [" + d(s.n) + ", " + d(s.c) + ", " + d(s.h) + ", " + d(s.w) + "] * w [" + d(s.k) +
-         ", " + d(s.c) + ", " + d(s.r) + ", " + d(s.s) + "], stride " + d(s.stride) + ", pad " +
-         d(s.pad) + ", dilation " + d(s.dilation);
+  return "x [" + d(s.n) + ", " + d(s.c) + ", " + d(s.h) + ", " + d(s.w) + "] * w [" + d(s.k) + ", " + d(s.c) + ", " +
+         d(s.r) + ", " + d(s.s) + "], stride " + d(s.stride) + ", pad " + d(s.pad) + ", dilation " + d(s.dilation);
 }
 
 // From the heuristics' ranking, the first algorithm that can run (status success), that
@@ -122,8 +119,7 @@ std::string shape_str(const ConvShape& s) {
 // algorithm. Leaves `conv` set to the chosen algorithm's math type.
 template <class Perf, class Workspace>
 std::pair<decltype(Perf::algo), size_t> pick(const std::vector<Perf>& ranked, bool strict,
-                                             cudnnConvolutionDescriptor_t conv,
-                                             Workspace workspace, const char* pass,
+                                             cudnnConvolutionDescriptor_t conv, Workspace workspace, const char* pass,
                                              const ConvShape& s) {
   for (bool deterministic : {true, false})
     for (const Perf& p : ranked) {
@@ -134,80 +130,72 @@ std::pair<decltype(Perf::algo), size_t> pick(const std::vector<Perf>& ranked, bo
       const size_t bytes = workspace(p.algo);
       if (bytes <= kMaxWorkspace) return {p.algo, bytes};
     }
-  throw Error(std::string("cuDNN has no ") + (strict ? "strict fp32 " : "") + pass +
-              " algorithm within " + std::to_string(kMaxWorkspace >> 20) +
-              " MiB of workspace for " + shape_str(s) + " on " + current_device_name());
+  throw Error(std::string("cuDNN has no ") + (strict ? "strict fp32 " : "") + pass + " algorithm within " +
+              std::to_string(kMaxWorkspace >> 20) + " MiB of workspace for " + shape_str(s) + " on " +
+              current_device_name());
 }
 
 std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t h, bool strict, const ConvShape& s) {
   const int pad = to_int(s.pad, "conv2d: pad", 0), stride = to_int(s.stride, "conv2d: stride"),
             dil = to_int(s.dilation, "conv2d: dilation");
-  DPT_CHECK(s.h + 2 * s.pad >= s.dilation * (s.r - 1) + 1 &&
-                s.w + 2 * s.pad >= s.dilation * (s.s - 1) + 1,
+  DPT_CHECK(s.h + 2 * s.pad >= s.dilation * (s.r - 1) + 1 && s.w + 2 * s.pad >= s.dilation * (s.s - 1) + 1,
             "conv2d: the kernel is larger than the padded input: " + shape_str(s));
   auto p = std::make_unique<ConvPlan>();
   set_nchw(p->x, s.n, s.c, s.h, s.w);
   set_nchw(p->y, s.n, s.k, s.p(), s.q());
   set_nchw(p->bias, 1, s.k, 1, 1);
-  DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-                                             to_int(s.k, "k"), to_int(s.c, "c"),
-                                             to_int(s.r, "r"), to_int(s.s, "s")));
+  DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, to_int(s.k, "k"),
+                                             to_int(s.c, "c"), to_int(s.r, "r"), to_int(s.s, "s")));
   // Strict fp32 is FMA math; otherwise cuDNN's default, which lets fp32 data run on TF32
   // tensor cores (what torch does with allow_tf32).
   const cudnnMathType_t math = strict ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
   for (const ConvDesc* d : {&p->fwd, &p->data, &p->filter}) {
-    DPT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(*d, pad, pad, stride, stride, dil, dil,
-                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    DPT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(*d, pad, pad, stride, stride, dil, dil, CUDNN_CROSS_CORRELATION,
+                                                    CUDNN_DATA_FLOAT));
     DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(*d, math));
   }
   int dims[4] = {};
-  DPT_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p->fwd, p->x, p->w, &dims[0], &dims[1],
-                                                        &dims[2], &dims[3]));
+  DPT_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p->fwd, p->x, p->w, &dims[0], &dims[1], &dims[2], &dims[3]));
   DPT_CHECK(dims[2] == s.p() && dims[3] == s.q(),
             "conv2d: cuDNN's output size differs from ConvShape's for " + shape_str(s));
 
   int max = 0, got = 0;
   DPT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
   std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(static_cast<size_t>(max));
-  DPT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->fwd, p->y, max, &got,
-                                                         fwd.data()));
+  DPT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->fwd, p->y, max, &got, fwd.data()));
   fwd.resize(static_cast<size_t>(got));
   std::tie(p->fwd_algo, p->fwd_ws) = pick(
       fwd, strict, p->fwd,
       [&](cudnnConvolutionFwdAlgo_t a) {
         size_t b = 0;
-        DPT_CUDNN_CHECK(
-            cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->fwd, p->y, a, &b));
+        DPT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->fwd, p->y, a, &b));
         return b;
       },
       "forward", s);
 
   DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
   std::vector<cudnnConvolutionBwdDataAlgoPerf_t> data(static_cast<size_t>(max));
-  DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->data, p->x, max,
-                                                              &got, data.data()));
+  DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->data, p->x, max, &got, data.data()));
   data.resize(static_cast<size_t>(got));
   std::tie(p->data_algo, p->data_ws) = pick(
       data, strict, p->data,
       [&](cudnnConvolutionBwdDataAlgo_t a) {
         size_t b = 0;
-        DPT_CUDNN_CHECK(
-            cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->data, p->x, a, &b));
+        DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->data, p->x, a, &b));
         return b;
       },
       "backward-data", s);
 
   DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
   std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> filter(static_cast<size_t>(max));
-  DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->filter, p->w,
-                                                                max, &got, filter.data()));
+  DPT_CUDNN_CHECK(
+      cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->filter, p->w, max, &got, filter.data()));
   filter.resize(static_cast<size_t>(got));
   std::tie(p->filter_algo, p->filter_ws) = pick(
       filter, strict, p->filter,
       [&](cudnnConvolutionBwdFilterAlgo_t a) {
         size_t b = 0;
-        DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->filter,
-                                                                       p->w, a, &b));
+        DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->filter, p->w, a, &b));
         return b;
       },
       "backward-filter", s);
@@ -224,9 +212,8 @@ const ConvPlan& conv_plan(cudnnHandle_t h, Precision precision, const ConvShape&
 }
 
 void check_workspace(size_t need, size_t have, const char* pass, const ConvShape& s) {
-  DPT_CHECK(have >= need, std::string("conv2d ") + pass + ": workspace of " +
-                              std::to_string(have) + " B, needs " + std::to_string(need) +
-                              " B (conv2d_workspace_bytes) for " + shape_str(s));
+  DPT_CHECK(have >= need, std::string("conv2d ") + pass + ": workspace of " + std::to_string(have) + " B, needs " +
+                              std::to_string(need) + " B (conv2d_workspace_bytes) for " + shape_str(s));
 }
 
 // ---- Pooling ----------------------------------------------------------------------------
@@ -245,11 +232,10 @@ const PoolPlan& pool_plan(cudnnHandle_t h, const PoolShape& s, Pool kind) {
     const int pad = to_int(s.pad, "pool2d: pad", 0), stride = to_int(s.stride, "pool2d: stride");
     // As torch: a window may not be more than half padding (else a max window could see
     // nothing but padding).
-    DPT_CHECK(2 * s.pad <= std::min(s.kh, s.kw) && s.h + 2 * s.pad >= s.kh &&
-                  s.w + 2 * s.pad >= s.kw,
-              "pool2d: bad window " + std::to_string(s.kh) + "x" + std::to_string(s.kw) +
-                  ", stride " + std::to_string(s.stride) + ", pad " + std::to_string(s.pad) +
-                  " over " + std::to_string(s.h) + "x" + std::to_string(s.w));
+    DPT_CHECK(2 * s.pad <= std::min(s.kh, s.kw) && s.h + 2 * s.pad >= s.kh && s.w + 2 * s.pad >= s.kw,
+              "pool2d: bad window " + std::to_string(s.kh) + "x" + std::to_string(s.kw) + ", stride " +
+                  std::to_string(s.stride) + ", pad " + std::to_string(s.pad) + " over " + std::to_string(s.h) + "x" +
+                  std::to_string(s.w));
     auto p = std::make_unique<PoolPlan>();
     set_nchw(p->x, s.n, s.c, s.h, s.w);
     set_nchw(p->y, s.n, s.c, s.p(), s.q());
@@ -257,16 +243,13 @@ const PoolPlan& pool_plan(cudnnHandle_t h, const PoolShape& s, Pool kind) {
     // one on a tie cuDNN does not document, where the CPU twin picks the first). Padding
     // never wins a max window. Average: padding counts as zeros in a full window, torch's
     // count_include_pad=True.
-    const cudnnPoolingMode_t mode = kind == Pool::max ? CUDNN_POOLING_MAX_DETERMINISTIC
-                                                      : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING;
-    DPT_CUDNN_CHECK(cudnnSetPooling2dDescriptor(p->pool, mode, CUDNN_PROPAGATE_NAN,
-                                                to_int(s.kh, "kh"), to_int(s.kw, "kw"), pad, pad,
-                                                stride, stride));
+    const cudnnPoolingMode_t mode =
+        kind == Pool::max ? CUDNN_POOLING_MAX_DETERMINISTIC : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING;
+    DPT_CUDNN_CHECK(cudnnSetPooling2dDescriptor(p->pool, mode, CUDNN_PROPAGATE_NAN, to_int(s.kh, "kh"),
+                                                to_int(s.kw, "kw"), pad, pad, stride, stride));
     int dims[4] = {};
-    DPT_CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(p->pool, p->x, &dims[0], &dims[1],
-                                                      &dims[2], &dims[3]));
-    DPT_CHECK(dims[2] == s.p() && dims[3] == s.q(),
-              "pool2d: cuDNN's output size differs from PoolShape's");
+    DPT_CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(p->pool, p->x, &dims[0], &dims[1], &dims[2], &dims[3]));
+    DPT_CHECK(dims[2] == s.p() && dims[3] == s.q(), "pool2d: cuDNN's output size differs from PoolShape's");
     return p;
   });
 }
@@ -291,8 +274,7 @@ const BatchNormPlan& batchnorm_plan(cudnnHandle_t h, int64_t n, int64_t c, int64
 }
 
 void check_eps(float eps) {
-  DPT_CHECK(eps >= CUDNN_BN_MIN_EPSILON, "batchnorm: eps " + std::to_string(eps) +
-                                             " is below cuDNN's minimum " +
+  DPT_CHECK(eps >= CUDNN_BN_MIN_EPSILON, "batchnorm: eps " + std::to_string(eps) + " is below cuDNN's minimum " +
                                              std::to_string(CUDNN_BN_MIN_EPSILON));
 }
 
@@ -307,12 +289,11 @@ size_t conv2d_workspace_bytes(cudnnHandle_t h, Precision precision, const ConvSh
   return std::max({p.fwd_ws, p.data_ws, filter_bytes, bias_grad_bytes});
 }
 
-void conv2d_forward(cudnnHandle_t h, Precision precision, const ConvShape& s, const float* x,
-                    const float* w, const float* bias, float* y, void* ws, size_t ws_bytes) {
+void conv2d_forward(cudnnHandle_t h, Precision precision, const ConvShape& s, const float* x, const float* w,
+                    const float* bias, float* y, void* ws, size_t ws_bytes) {
   const ConvPlan& p = conv_plan(h, precision, s);
   check_workspace(p.fwd_ws, ws_bytes, "forward", s);
-  DPT_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, p.x, x, p.w, w, p.fwd, p.fwd_algo, ws,
-                                          ws_bytes, &kZero, p.y, y));
+  DPT_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, p.x, x, p.w, w, p.fwd, p.fwd_algo, ws, ws_bytes, &kZero, p.y, y));
   if (bias) {
     cudaStream_t stream = nullptr;
     DPT_CUDNN_CHECK(cudnnGetStream(h, &stream));
@@ -320,12 +301,12 @@ void conv2d_forward(cudnnHandle_t h, Precision precision, const ConvShape& s, co
   }
 }
 
-void conv2d_backward_data(cudnnHandle_t h, Precision precision, const ConvShape& s,
-                          const float* dy, const float* w, float* dx, void* ws, size_t ws_bytes) {
+void conv2d_backward_data(cudnnHandle_t h, Precision precision, const ConvShape& s, const float* dy, const float* w,
+                          float* dx, void* ws, size_t ws_bytes) {
   const ConvPlan& p = conv_plan(h, precision, s);
   check_workspace(p.data_ws, ws_bytes, "backward data", s);
-  DPT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, p.w, w, p.y, dy, p.data, p.data_algo,
-                                               ws, ws_bytes, &kZero, p.x, dx));
+  DPT_CUDNN_CHECK(
+      cudnnConvolutionBackwardData(h, &kOne, p.w, w, p.y, dy, p.data, p.data_algo, ws, ws_bytes, &kZero, p.x, dx));
 }
 
 void conv2d_backward_filter(cudnnHandle_t h, cublasHandle_t blas, Precision precision, const ConvShape& s,
@@ -337,11 +318,10 @@ void conv2d_backward_filter(cudnnHandle_t h, cublasHandle_t blas, Precision prec
   DPT_CUDNN_CHECK(cudnnGetStream(h, &stream));
   // beta = 1 adds to the gradients already in the flat buffer; with beta = 0 neither path
   // reads dw or db.
-  if (conv_wgrad_by_gemm(s))
-    conv_wgrad_gemm(blas, precision, s, x, dy, beta, dw, static_cast<float*>(ws), stream);
+  if (conv_wgrad_by_gemm(s)) conv_wgrad_gemm(blas, precision, s, x, dy, beta, dw, static_cast<float*>(ws), stream);
   else
-    DPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, p.x, x, p.y, dy, p.filter,
-                                                   p.filter_algo, ws, ws_bytes, &beta, p.w, dw));
+    DPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, p.x, x, p.y, dy, p.filter, p.filter_algo, ws, ws_bytes,
+                                                   &beta, p.w, dw));
   // Our own reduction: cudnnConvolutionBackwardBias took 3.5x longer (conv.cu).
   if (db) channel_bias_grad(dy, s.n, s.k, s.p() * s.q(), beta, db, static_cast<float*>(ws), stream);
 }
@@ -351,51 +331,47 @@ void pool2d_forward(cudnnHandle_t h, const PoolShape& s, Pool kind, const float*
   DPT_CUDNN_CHECK(cudnnPoolingForward(h, p.pool, &kOne, p.x, x, &kZero, p.y, y));
 }
 
-void pool2d_backward(cudnnHandle_t h, const PoolShape& s, Pool kind, const float* x,
-                     const float* y, const float* dy, float* dx) {
+void pool2d_backward(cudnnHandle_t h, const PoolShape& s, Pool kind, const float* x, const float* y, const float* dy,
+                     float* dx) {
   const PoolPlan& p = pool_plan(h, s, kind);
-  DPT_CUDNN_CHECK(
-      cudnnPoolingBackward(h, p.pool, &kOne, p.y, y, p.y, dy, p.x, x, &kZero, p.x, dx));
+  DPT_CUDNN_CHECK(cudnnPoolingBackward(h, p.pool, &kOne, p.y, y, p.y, dy, p.x, x, &kZero, p.x, dx));
 }
 
 // cuDNN moves the running variance toward the batch's unbiased variance (times m/(m-1),
 // m = n*hw), as torch and the CPU twin do (torch hands its running_var to cuDNN as it
 // is); the GPU test checks it against a variance computed on the host.
-void batchnorm_forward_train(cudnnHandle_t h, int64_t n, int64_t c, int64_t hw, const float* x,
-                             const float* gamma, const float* beta, const BatchNormArgs& a,
-                             float* running_mean, float* running_var, float* y, float* save_mean,
-                             float* save_invstd) {
+void batchnorm_forward_train(cudnnHandle_t h, int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma,
+                             const float* beta, const BatchNormArgs& a, float* running_mean, float* running_var,
+                             float* y, float* save_mean, float* save_invstd) {
   check_eps(a.eps);
-  DPT_CHECK(n * hw > 1, "batchnorm: training needs more than one value per channel, got n " +
-                            std::to_string(n) + " x hw " + std::to_string(hw));
+  DPT_CHECK(n * hw > 1, "batchnorm: training needs more than one value per channel, got n " + std::to_string(n) +
+                            " x hw " + std::to_string(hw));
   const BatchNormPlan& p = batchnorm_plan(h, n, c, hw);
-  DPT_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-      h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p.x, x, p.x, y, p.stats, gamma, beta,
-      a.momentum, running_mean, running_var, a.eps, save_mean, save_invstd));
+  DPT_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p.x, x, p.x, y,
+                                                         p.stats, gamma, beta, a.momentum, running_mean, running_var,
+                                                         a.eps, save_mean, save_invstd));
 }
 
-void batchnorm_forward_eval(cudnnHandle_t h, int64_t n, int64_t c, int64_t hw, const float* x,
-                            const float* gamma, const float* beta, const BatchNormArgs& a,
-                            const float* running_mean, const float* running_var, float* y) {
+void batchnorm_forward_eval(cudnnHandle_t h, int64_t n, int64_t c, int64_t hw, const float* x, const float* gamma,
+                            const float* beta, const BatchNormArgs& a, const float* running_mean,
+                            const float* running_var, float* y) {
   check_eps(a.eps);
   const BatchNormPlan& p = batchnorm_plan(h, n, c, hw);
-  DPT_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-      h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p.x, x, p.x, y, p.stats, gamma, beta,
-      running_mean, running_var, a.eps));
+  DPT_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, p.x, x, p.x, y,
+                                                          p.stats, gamma, beta, running_mean, running_var, a.eps));
 }
 
-void batchnorm_backward(cudnnHandle_t h, int64_t n, int64_t c, int64_t hw, const float* x,
-                        const float* dy, const float* gamma, const float* save_mean,
-                        const float* save_invstd, float* dx, float param_beta, float* dgamma,
-                        float* dbeta) {
+void batchnorm_backward(cudnnHandle_t h, int64_t n, int64_t c, int64_t hw, const float* x, const float* dy,
+                        const float* gamma, const float* save_mean, const float* save_invstd, float* dx,
+                        float param_beta, float* dgamma, float* dbeta) {
   DPT_CHECK(save_mean && save_invstd, "batchnorm_backward: needs the saved statistics");
   const BatchNormPlan& p = batchnorm_plan(h, n, c, hw);
   // cuDNN reads eps only to recompute the inverse std when none is saved; the saved one
   // already holds the forward's eps, so the default stands in (the signature, as the
   // CPU twin's, has none). The test runs a non-default eps to show it.
-  DPT_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-      h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &param_beta, p.x, x, p.x, dy, p.x, dx,
-      p.stats, gamma, dgamma, dbeta, BatchNormArgs{}.eps, save_mean, save_invstd));
+  DPT_CUDNN_CHECK(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &param_beta, p.x, x,
+                                                  p.x, dy, p.x, dx, p.stats, gamma, dgamma, dbeta, BatchNormArgs{}.eps,
+                                                  save_mean, save_invstd));
 }
 
 }  // namespace dpt::cuda

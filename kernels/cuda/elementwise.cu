@@ -18,12 +18,8 @@
 namespace dpt::cuda {
 namespace {
 
-__device__ __forceinline__ int64_t global_tid() {
-  return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-}
-__device__ __forceinline__ int64_t grid_stride() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
+__device__ __forceinline__ int64_t global_tid() { return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; }
+__device__ __forceinline__ int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
 // ---- fill, axpy -------------------------------------------------------------------------
 
@@ -130,8 +126,7 @@ static __global__ void cast_bf16_f32_kernel(const uint16_t* x, float* y, int64_t
 // from element 0; so NaNs never win, except a NaN at element 0, which nothing beats. Each
 // lane keeps the first maximum of its columns (NaNs skipped), and the warp merges by
 // (larger value, then smaller index), which is the same answer in any merge order.
-static __global__ void argmax_rows_kernel(const float* x, int64_t rows, int64_t cols,
-                                          int32_t* out) {
+static __global__ void argmax_rows_kernel(const float* x, int64_t rows, int64_t cols, int32_t* out) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -159,15 +154,15 @@ static __global__ void argmax_rows_kernel(const float* x, int64_t rows, int64_t 
 
 // ---- random fills -----------------------------------------------------------------------
 
-static __global__ void normal_kernel(float* out, int64_t n, uint64_t seed, uint64_t stream_id,
-                                     uint64_t offset, float std) {
+static __global__ void normal_kernel(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset,
+                                     float std) {
   for (int64_t i = global_tid(); i < n; i += grid_stride())
     out[i] = std * philox::normal(seed, stream_id, offset + static_cast<uint64_t>(i));
 }
 
 // philox::uniform pins its rounding on the device, so both streams agree bit for bit.
-static __global__ void uniform_kernel(float* out, int64_t n, uint64_t seed, uint64_t stream_id,
-                                      uint64_t offset, float lo, float hi) {
+static __global__ void uniform_kernel(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset,
+                                      float lo, float hi) {
   for (int64_t i = global_tid(); i < n; i += grid_stride())
     out[i] = philox::uniform(seed, stream_id, offset + static_cast<uint64_t>(i), lo, hi);
 }
@@ -178,10 +173,8 @@ void fill(float* x, int64_t n, float value, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "fill: negative size");
   if (n == 0) return;
   DPT_CHECK(x != nullptr, "fill: null pointer");
-  if (aligned16(x))
-    fill_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, n, value);
-  else
-    fill_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, value);
+  if (aligned16(x)) fill_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, n, value);
+  else fill_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, value);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -189,27 +182,22 @@ void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream)
   DPT_CHECK(n >= 0, "axpy: negative size");
   if (n == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "axpy: null pointer");
-  if (aligned16(x) && aligned16(y))
-    axpy_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(n, alpha, x, y);
-  else
-    axpy_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(n, alpha, x, y);
+  if (aligned16(x) && aligned16(y)) axpy_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(n, alpha, x, y);
+  else axpy_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(n, alpha, x, y);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
 void sum_squares(const float* x, int64_t n, float* out, float* work, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "sum_squares: negative size");
-  DPT_CHECK(out != nullptr && work != nullptr && (n == 0 || x != nullptr),
-            "sum_squares: null pointer");
+  DPT_CHECK(out != nullptr && work != nullptr && (n == 0 || x != nullptr), "sum_squares: null pointer");
   if (n == 0) {  // the empty sum: finish with no partials writes 0
     finish_sum_kernel<<<1, kFinishThreads, 0, stream>>>(work, 0, out);
     DPT_CUDA_CHECK_LAUNCH();
     return;
   }
   const unsigned blocks = reduce_blocks(n, 16);  // about 16 elements a thread
-  if (aligned16(x))
-    sum_squares_partial_kernel<true><<<blocks, kThreads, 0, stream>>>(x, n, work);
-  else
-    sum_squares_partial_kernel<false><<<blocks, kThreads, 0, stream>>>(x, n, work);
+  if (aligned16(x)) sum_squares_partial_kernel<true><<<blocks, kThreads, 0, stream>>>(x, n, work);
+  else sum_squares_partial_kernel<false><<<blocks, kThreads, 0, stream>>>(x, n, work);
   DPT_CUDA_CHECK_LAUNCH();
   finish_sum_kernel<<<1, kFinishThreads, 0, stream>>>(work, blocks, out);
   DPT_CUDA_CHECK_LAUNCH();
@@ -219,10 +207,8 @@ void cast_f32_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) 
   DPT_CHECK(n >= 0, "cast_f32_bf16: negative size");
   if (n == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "cast_f32_bf16: null pointer");
-  if (aligned16(x) && aligned(y, 8))
-    cast_f32_bf16_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
-  else
-    cast_f32_bf16_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  if (aligned16(x) && aligned(y, 8)) cast_f32_bf16_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
+  else cast_f32_bf16_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -230,10 +216,8 @@ void cast_bf16_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) 
   DPT_CHECK(n >= 0, "cast_bf16_f32: negative size");
   if (n == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "cast_bf16_f32: null pointer");
-  if (aligned(x, 8) && aligned16(y))
-    cast_bf16_f32_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
-  else
-    cast_bf16_f32_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  if (aligned(x, 8) && aligned16(y)) cast_bf16_f32_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
+  else cast_bf16_f32_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -249,8 +233,7 @@ void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaS
   DPT_CUDA_CHECK_LAUNCH();
 }
 
-void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std,
-            cudaStream_t stream) {
+void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "normal: negative size");
   if (n == 0) return;
   DPT_CHECK(out != nullptr, "normal: null pointer");
@@ -258,8 +241,8 @@ void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t o
   DPT_CUDA_CHECK_LAUNCH();
 }
 
-void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float lo,
-             float hi, cudaStream_t stream) {
+void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float lo, float hi,
+             cudaStream_t stream) {
   DPT_CHECK(n >= 0, "uniform: negative size");
   if (n == 0) return;
   DPT_CHECK(out != nullptr, "uniform: null pointer");

@@ -44,8 +44,8 @@ uint32_t alignment(const void* p) {
 }
 
 // The device too: a stream's address can come back for a new stream on another GPU.
-using PlanKey = std::tuple<int, cudaStream_t, bool, bool, int64_t, int64_t, int64_t, int, int, int,
-                           int, int, uint32_t, uint32_t, uint32_t, uint32_t, size_t>;
+using PlanKey = std::tuple<int, cudaStream_t, bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, uint32_t,
+                           uint32_t, uint32_t, uint32_t, size_t>;
 
 constexpr int kCandidates = 8;  // algorithms asked of the heuristic
 
@@ -58,9 +58,12 @@ struct Plan {
 
 cudaDataType_t data_type(DType t) {
   switch (t) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::i32: break;
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::i32:
+      break;
   }
   throw ::dpt::Error("gemm_lt: unsupported element type");
 }
@@ -71,9 +74,12 @@ const char* type_name(DType t) { return t == DType::f32 ? "f32" : t == DType::bf
 cublasComputeType_t compute_type(Precision p, DType ab) {
   if (ab == DType::bf16) return CUBLAS_COMPUTE_32F;
   switch (p) {
-    case Precision::fp32: return CUBLAS_COMPUTE_32F;
-    case Precision::tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
-    case Precision::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+    case Precision::fp32:
+      return CUBLAS_COMPUTE_32F;
+    case Precision::tf32:
+      return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case Precision::bf16:
+      return CUBLAS_COMPUTE_32F_FAST_16BF;
   }
   throw ::dpt::Error("gemm_lt: unknown precision " + std::to_string(static_cast<int>(p)));
 }
@@ -83,9 +89,8 @@ cublasLtEpilogue_t epilogue(bool bias, Act act) {
   return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta, bool tb, uint64_t M,
-               uint64_t N, uint64_t K, cublasLtEpilogue_t epi, const void* bias, const uint32_t align[4],
-               size_t workspace_bytes) {
+Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta, bool tb, uint64_t M, uint64_t N,
+               uint64_t K, cublasLtEpilogue_t epi, const void* bias, const uint32_t align[4], size_t workspace_bytes) {
   Plan p;
   DPT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_type(precision, types.ab), CUDA_R_32F));
   // cuBLASLt's "A" is our B and its "B" is our A (see the top of the file).
@@ -98,8 +103,8 @@ Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta,
     DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   if (bias && types.bias != types.c) {  // the default bias type is D's
     const int32_t bias_type = static_cast<int32_t>(data_type(types.bias));
-    DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                                      sizeof(bias_type)));
+    DPT_CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
   }
   // Stored shapes, column-major: our B is k x n row-major (n x k when tb), our A m x k.
   const cudaDataType_t ab = data_type(types.ab), c = data_type(types.c);
@@ -141,8 +146,8 @@ Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta,
   for (int i = 0; i < found; ++i) {
     int32_t split = 1;
     size_t written = 0;
-    DPT_CUBLASLT_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                            &split, sizeof(split), &written));
+    DPT_CUBLASLT_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                                            sizeof(split), &written));
     if (split <= 1) {
       p.algo = results[i].algo;
       break;
@@ -153,17 +158,16 @@ Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta,
 
 }  // namespace
 
-bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bool ta, bool tb,
-             int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B,
-             float beta, float* C, const float* bias, Act act, void* workspace,
-             size_t workspace_bytes) {
+bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bool ta, bool tb, int64_t m, int64_t n,
+             int64_t k, float alpha, const float* A, const float* B, float beta, float* C, const float* bias, Act act,
+             void* workspace, size_t workspace_bytes) {
   return gemm_lt(handle, stream, precision, LtTypes{}, ta, tb, m, n, k, alpha, A, B, beta, C, bias, act, workspace,
                  workspace_bytes);
 }
 
-bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta,
-             bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B,
-             float beta, void* C, const void* bias, Act act, void* workspace, size_t workspace_bytes) {
+bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta, bool tb,
+             int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
+             const void* bias, Act act, void* workspace, size_t workspace_bytes) {
   DPT_CHECK(handle != nullptr, "gemm_lt: null cuBLAS handle");
   DPT_CHECK((types.ab == DType::f32 && types.c == DType::f32) ||
                 (types.ab == DType::bf16 && (types.c == DType::bf16 || types.c == DType::f32)),
@@ -177,9 +181,23 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
   const uint32_t align[4] = {alignment(B), alignment(A), alignment(C), alignment(C)};
   int device = -1;
   DPT_CUDA_CHECK(cudaGetDevice(&device));
-  const PlanKey key{device, stream, ta, tb, m, n, k, static_cast<int>(precision), static_cast<int>(types.ab),
-                    static_cast<int>(types.c), static_cast<int>(types.bias), static_cast<int>(epi),
-                    align[0], align[1], align[2], alignment(bias), workspace_bytes};
+  const PlanKey key{device,
+                    stream,
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    static_cast<int>(precision),
+                    static_cast<int>(types.ab),
+                    static_cast<int>(types.c),
+                    static_cast<int>(types.bias),
+                    static_cast<int>(epi),
+                    align[0],
+                    align[1],
+                    align[2],
+                    alignment(bias),
+                    workspace_bytes};
   static std::mutex mu;
   static std::map<PlanKey, Plan> plans;
   // A cuBLAS handle is a valid cuBLASLt handle (cuBLAS is built on cuBLASLt; PyTorch
@@ -190,18 +208,18 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
     std::lock_guard<std::mutex> lock(mu);
     auto it = plans.find(key);
     if (it == plans.end())
-      it = plans.emplace(key, make_plan(lt, precision, types, ta, tb, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
-                                        static_cast<uint64_t>(k), epi, bias, align, workspace_bytes))
+      it = plans
+               .emplace(key, make_plan(lt, precision, types, ta, tb, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
+                                       static_cast<uint64_t>(k), epi, bias, align, workspace_bytes))
                .first;
     plan = &it->second;  // map nodes stay put; only this stream's thread uses this plan
   }
   if (!plan->supported) return false;
   if (bias)
-    DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                      &bias, sizeof(bias)));
-  DPT_CUBLASLT_CHECK(cublasLtMatmul(lt, plan->desc, &alpha, B,
-                                    plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &plan->algo,
-                                    workspace, workspace_bytes, stream));
+    DPT_CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  DPT_CUBLASLT_CHECK(cublasLtMatmul(lt, plan->desc, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c,
+                                    &plan->algo, workspace, workspace_bytes, stream));
   return true;
 }
 

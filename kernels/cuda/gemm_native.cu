@@ -30,9 +30,9 @@
 namespace dpt::cuda {
 namespace {
 
-constexpr int kBM = 128;      // rows of C per block
-constexpr int kBN = 128;      // columns of C per block
-constexpr int kBK = 8;        // k per shared-memory slab (16 measured slower: 128-reg cap)
+constexpr int kBM = 128;           // rows of C per block
+constexpr int kBN = 128;           // columns of C per block
+constexpr int kBK = 8;             // k per shared-memory slab (16 measured slower: 128-reg cap)
 constexpr int kTileThreads = 256;  // a block: the 8 warps of the thread layout below
 // Row pitch of a slab in shared memory. The +4 makes the transposing store (4 scalar
 // stores per float4, rows 4 apart) land the two halves of a warp on different banks,
@@ -55,14 +55,13 @@ struct SlabLoader {
   int s_off[kLoads];       // where the first of them goes in the shared slab
   int64_t step;            // distance from one slab to the next in global memory
 
-  __device__ __forceinline__ SlabLoader(const float* base, int64_t ld, int mn0, int mn_size,
-                                        int tid)
+  __device__ __forceinline__ SlabLoader(const float* base, int64_t ld, int mn0, int mn_size, int tid)
       : step(KMajor ? kBK : kBK * ld) {
     const int mn_left = mn_size - mn0;
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
       const int idx = tid + l * kTileThreads;
-      const int r = idx / kVecPerRow;         // [mn][k] if KMajor, else [k][mn]
+      const int r = idx / kVecPerRow;  // [mn][k] if KMajor, else [k][mn]
       const int c = (idx % kVecPerRow) * 4;
       if constexpr (KMajor) {
         kk[l] = c;
@@ -126,8 +125,8 @@ struct SlabLoader {
 // consecutive B float4s (all 32 banks once) per k.
 template <bool TA, bool TB, bool Vec>
 static __global__ void __launch_bounds__(kTileThreads, 2)
-    gemm_native_kernel(int M, int N, int K, float alpha, const float* A, const float* B,
-                       float beta, float* C, bool vec_c) {
+    gemm_native_kernel(int M, int N, int K, float alpha, const float* A, const float* B, float beta, float* C,
+                       bool vec_c) {
   __shared__ __align__(16) float As[2][kBK * kPitch];
   __shared__ __align__(16) float Bs[2][kBK * kPitch];
 
@@ -224,29 +223,23 @@ static __global__ void __launch_bounds__(kTileThreads, 2)
 }
 
 template <bool TA, bool TB>
-void launch(dim3 grid, cudaStream_t stream, bool vec, int m, int n, int k, float alpha,
-            const float* A, const float* B, float beta, float* C, bool vec_c) {
-  if (vec)
-    gemm_native_kernel<TA, TB, true>
-        <<<grid, kTileThreads, 0, stream>>>(m, n, k, alpha, A, B, beta, C, vec_c);
-  else
-    gemm_native_kernel<TA, TB, false>
-        <<<grid, kTileThreads, 0, stream>>>(m, n, k, alpha, A, B, beta, C, vec_c);
+void launch(dim3 grid, cudaStream_t stream, bool vec, int m, int n, int k, float alpha, const float* A, const float* B,
+            float beta, float* C, bool vec_c) {
+  if (vec) gemm_native_kernel<TA, TB, true><<<grid, kTileThreads, 0, stream>>>(m, n, k, alpha, A, B, beta, C, vec_c);
+  else gemm_native_kernel<TA, TB, false><<<grid, kTileThreads, 0, stream>>>(m, n, k, alpha, A, B, beta, C, vec_c);
 }
 
 }  // namespace
 
-void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
-                 const float* B, float beta, float* C, cudaStream_t stream) {
+void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B,
+                 float beta, float* C, cudaStream_t stream) {
   DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_native: negative size");
   if (m == 0 || n == 0) return;
   // The kernel indexes tiles and edges in int; element offsets are 64-bit.
   DPT_CHECK(m <= INT_MAX - kBM && n <= INT_MAX - kBN && k <= INT_MAX - kBK,
             "gemm_native: a dimension does not fit in int");
-  DPT_CHECK(C != nullptr && (k == 0 || (A != nullptr && B != nullptr)),
-            "gemm_native: null matrix");
-  const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN),
-                  static_cast<unsigned>((m + kBM - 1) / kBM));
+  DPT_CHECK(C != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_native: null matrix");
+  const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN), static_cast<unsigned>((m + kBM - 1) / kBM));
   DPT_CHECK(grid.y <= 65535u, "gemm_native: m too large for the grid");
   const int64_t lda = ta ? m : k;
   const int64_t ldb = tb ? k : n;

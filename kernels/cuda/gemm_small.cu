@@ -103,9 +103,8 @@ __device__ __forceinline__ ChunkSlot chunk_slot(int t, int l) {
 // B [n, k] are both k-contiguous, so each float4 runs along k and is transposed on its way
 // into shared memory.
 template <bool Vec>
-static __global__ void __launch_bounds__(kTileThreads) skinny_partial_kernel(int m, int n, int k, int k_per_split,
-                                                                             const float* A, const float* B,
-                                                                             float* part) {
+static __global__ void __launch_bounds__(kTileThreads)
+    skinny_partial_kernel(int m, int n, int k, int k_per_split, const float* A, const float* B, float* part) {
   DPT_WAIT_PREVIOUS_GRID();
   __shared__ __align__(16) float As[kChunk][kPitch];
   __shared__ __align__(16) float Bs[kChunk][kPitch];
@@ -159,8 +158,8 @@ __device__ __forceinline__ void skinny_finish(float s, int64_t i, int n, float a
 // Vec (n % 4 == 0): four outputs a thread, every slice's load issued before the first add
 // (a loop of dependent loads waited on the memory once per slice).
 template <Act A, bool Vec>
-static __global__ void skinny_epilogue_kernel(const float* part, int splits, int64_t mn, int n, float alpha,
-                                              float beta, float* C, const float* bias, float* z) {
+static __global__ void skinny_epilogue_kernel(const float* part, int splits, int64_t mn, int n, float alpha, float beta,
+                                              float* C, const float* bias, float* z) {
   DPT_WAIT_PREVIOUS_GRID();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   if constexpr (Vec) {
@@ -208,9 +207,9 @@ SkinnySplit skinny_split(int64_t n, int64_t k) {
 // the tiles of A they hold anyway: four threads a column, each summing its quarter of every
 // chunk's rows, then the quarters added in order (a fixed order: the same bits every run).
 template <bool Vec>
-static __global__ void __launch_bounds__(kTileThreads) short_k_kernel(int m, int n, int k, float alpha, const float* A,
-                                                                      const float* B, float beta, float* C,
-                                                                      float* colsum, float colsum_beta) {
+static __global__ void __launch_bounds__(kTileThreads)
+    short_k_kernel(int m, int n, int k, float alpha, const float* A, const float* B, float beta, float* C,
+                   float* colsum, float colsum_beta) {
   DPT_WAIT_PREVIOUS_GRID();
   __shared__ __align__(16) float As[kChunk][kPitch];
   __shared__ __align__(16) float Bs[kChunk][kPitch];
@@ -282,17 +281,16 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
   // k / 2: a split's end (its start plus its length) is computed in int.
   DPT_CHECK(n <= INT_MAX - kTile && k <= INT_MAX / 2, "gemm_skinny: a dimension does not fit in int");
   if (m == 0 || n == 0) return;
-  DPT_CHECK(C != nullptr && work != nullptr && (k == 0 || (A != nullptr && B != nullptr)),
-            "gemm_skinny: null pointer");
+  DPT_CHECK(C != nullptr && work != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_skinny: null pointer");
   DPT_CHECK(aligned16(work), "gemm_skinny: work must be 16-byte aligned");  // its 16-byte accesses
   const SkinnySplit sp = skinny_split(n, k);
   DPT_CHECK(sp.splits <= kMaxSplit, "gemm_skinny: more slices than the epilogue adds");
   const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(sp.splits));
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   if (k > 0)
-    launch_after_previous(k % 4 == 0 && aligned16(A) && aligned16(B) ? skinny_partial_kernel<true>
-                                                                      : skinny_partial_kernel<false>,
-                          grid, kTileThreads, stream, M, N, K, sp.per_split, A, B, work);
+    launch_after_previous(
+        k % 4 == 0 && aligned16(A) && aligned16(B) ? skinny_partial_kernel<true> : skinny_partial_kernel<false>, grid,
+        kTileThreads, stream, M, N, K, sp.per_split, A, B, work);
   const int splits = k > 0 ? sp.splits : 0;  // k == 0: C = act(beta C + bias)
   const int64_t mn = m * n;
   const bool vec = n % 4 == 0;
@@ -318,9 +316,9 @@ void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, 
   DPT_CHECK(by <= 65535, "gemm_short_k: m too large for the grid");
   const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(by));
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-  launch_after_previous(m % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B) ? short_k_kernel<true>
-                                                                                : short_k_kernel<false>,
-                        grid, kTileThreads, stream, M, N, K, alpha, A, B, beta, C, colsum_A, colsum_beta);
+  launch_after_previous(
+      m % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B) ? short_k_kernel<true> : short_k_kernel<false>, grid,
+      kTileThreads, stream, M, N, K, alpha, A, B, beta, C, colsum_A, colsum_beta);
 }
 
 }  // namespace dpt::cuda

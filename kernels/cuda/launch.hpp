@@ -19,8 +19,7 @@
 #include "check.hpp"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define DPT_WAIT_PREVIOUS_GRID() \
-  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#define DPT_WAIT_PREVIOUS_GRID() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define DPT_WAIT_PREVIOUS_GRID() \
   do {                           \

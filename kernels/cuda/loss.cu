@@ -21,16 +21,14 @@ namespace dpt::cuda {
 namespace {
 
 // Stage two: *out = scale * sum(part[0 .. count)), one block, fixed order.
-static __global__ void finish_sum_kernel(const float* part, int64_t count, double scale,
-                                         float* out) {
+static __global__ void finish_sum_kernel(const float* part, int64_t count, double scale, float* out) {
   double s = 0;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += part[i];
   s = block_sum(s);
   if (threadIdx.x == 0) *out = static_cast<float>(s * scale);
 }
 
-void finish_sum(const float* part, int64_t count, double scale, float* out,
-                cudaStream_t stream) {
+void finish_sum(const float* part, int64_t count, double scale, float* out, cudaStream_t stream) {
   finish_sum_kernel<<<1, kFinishThreads, 0, stream>>>(part, count, scale, out);
 }
 
@@ -132,13 +130,12 @@ void mse_forward_launch(const char* who, const T* y, const float* t, int64_t n, 
   const unsigned blocks = reduce_blocks(n, 4);
   if (aligned(y, 4 * sizeof(T)) && aligned16(t) && (!dy || aligned(dy, 4 * sizeof(T))))
     launch_after_previous(mse_kernel<T, true>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
-  else
-    launch_after_previous(mse_kernel<T, false>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
+  else launch_after_previous(mse_kernel<T, false>, blocks, kThreads, stream, y, t, n, dy, work, counter, loss);
 }
 
 template <typename T>
-void mse_backward_launch(const char* who, const T* y, const float* t, int64_t n, const float* dloss, float scale,
-                         T* dy, cudaStream_t stream) {
+void mse_backward_launch(const char* who, const T* y, const float* t, int64_t n, const float* dloss, float scale, T* dy,
+                         cudaStream_t stream) {
   DPT_CHECK(n >= 0, std::string(who) + ": negative size");
   if (n == 0) return;
   DPT_CHECK(y != nullptr && t != nullptr && dy != nullptr, std::string(who) + ": null pointer");
@@ -159,9 +156,7 @@ struct RowStats {
 
 // s (a sum taken against max m) rescaled to the max `to` >= m. While m is still -inf, s
 // is 0, or NaN if a NaN came first: it passes through as it is, the NaN included.
-__device__ __forceinline__ float scaled(float s, float m, float to) {
-  return m == -INFINITY ? s : s * expf(m - to);
-}
+__device__ __forceinline__ float scaled(float s, float m, float to) { return m == -INFINITY ? s : s * expf(m - to); }
 
 __device__ __forceinline__ void online_add(float v, float& m, float& s) {
   if (v > m) {
@@ -178,16 +173,15 @@ __device__ __forceinline__ RowStats row_stats(const T* x, int64_t cols, int lane
   int64_t c = lane;
   // Four loads in flight before the (branchy) updates, which stay in column order.
   for (; c + 96 < cols; c += 128) {
-    const float v0 = as_float(x[c]), v1 = as_float(x[c + 32]), v2 = as_float(x[c + 64]),
-                v3 = as_float(x[c + 96]);
+    const float v0 = as_float(x[c]), v1 = as_float(x[c + 32]), v2 = as_float(x[c + 64]), v3 = as_float(x[c + 96]);
     online_add(v0, m, s);
     online_add(v1, m, s);
     online_add(v2, m, s);
     online_add(v3, m, s);
   }
   for (; c < cols; c += 32) online_add(as_float(x[c]), m, s);
-  // Butterfly merge: the two terms of the sum swap between partners, and float addition
-  // is commutative, so all lanes end with the same bits.
+    // Butterfly merge: the two terms of the sum swap between partners, and float addition
+    // is commutative, so all lanes end with the same bits.
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float om = __shfl_xor_sync(0xffffffffu, m, o);
@@ -202,8 +196,8 @@ __device__ __forceinline__ RowStats row_stats(const T* x, int64_t cols, int lane
 // work[r] = logsumexp(row r) - row r [label r]. A label outside [0, cols) gives NaN, so a
 // bad label shows in the loss instead of reading out of bounds.
 template <typename T>
-static __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels,
-                                                 int64_t rows, int64_t cols, float* work) {
+static __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                                                 float* work) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -218,8 +212,7 @@ static __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t*
 // dlogits = (*dloss / rows) (softmax(row) - onehot(label)). dlogits may be logits: each
 // element is read by the lane that then overwrites it, after the row's stats are known.
 template <typename T>
-static __global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* labels,
-                                                     int64_t rows, int64_t cols,
+static __global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                                      const float* dloss, T* dlogits) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
   if (r >= rows) return;
@@ -238,8 +231,8 @@ static __global__ void cross_entropy_backward_kernel(const T* logits, const int3
 }
 
 template <typename T>
-void cross_entropy_forward_launch(const char* who, const T* logits, const int32_t* labels, int64_t rows,
-                                  int64_t cols, float* loss, float* work, cudaStream_t stream) {
+void cross_entropy_forward_launch(const char* who, const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                                  float* loss, float* work, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols > 0, std::string(who) + ": bad shape (cols must be > 0)");
   DPT_CHECK(loss != nullptr && work != nullptr && (rows == 0 || (logits != nullptr && labels != nullptr)),
             std::string(who) + ": null pointer");
@@ -250,69 +243,66 @@ void cross_entropy_forward_launch(const char* who, const T* logits, const int32_
   }
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
-  cross_entropy_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows, cols,
-                                                                                    work);
+  cross_entropy_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows, cols, work);
   DPT_CUDA_CHECK_LAUNCH();
   finish_sum(work, rows, 1.0 / static_cast<double>(rows), loss, stream);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
-void cross_entropy_backward_launch(const char* who, const T* logits, const int32_t* labels, int64_t rows,
-                                   int64_t cols, const float* dloss, T* dlogits, cudaStream_t stream) {
+void cross_entropy_backward_launch(const char* who, const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                                   const float* dloss, T* dlogits, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols >= 0, std::string(who) + ": negative shape");
   if (rows == 0 || cols == 0) return;
   DPT_CHECK(logits != nullptr && labels != nullptr && dloss != nullptr && dlogits != nullptr,
             std::string(who) + ": null pointer");
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
-  cross_entropy_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows,
-                                                                                        cols, dloss, dlogits);
+  cross_entropy_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows, cols,
+                                                                                        dloss, dlogits);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy, float* work,
-                 unsigned* counter, cudaStream_t stream) {
+void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy, float* work, unsigned* counter,
+                 cudaStream_t stream) {
   mse_forward_launch("mse_forward", y, t, n, loss, dy, work, counter, stream);
 }
 
-void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale,
-                  float* dy, cudaStream_t stream) {
+void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale, float* dy,
+                  cudaStream_t stream) {
   mse_backward_launch("mse_backward", y, t, n, dloss, scale, dy, stream);
 }
 
-void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols,
-                           float* loss, float* work, cudaStream_t stream) {
+void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss,
+                           float* work, cudaStream_t stream) {
   cross_entropy_forward_launch("cross_entropy_forward", logits, labels, rows, cols, loss, work, stream);
 }
 
-void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows,
-                            int64_t cols, const float* dloss, float* dlogits, cudaStream_t stream) {
+void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, const float* dloss,
+                            float* dlogits, cudaStream_t stream) {
   cross_entropy_backward_launch("cross_entropy_backward", logits, labels, rows, cols, dloss, dlogits, stream);
 }
 
-void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy,
-                      float* work, unsigned* counter, cudaStream_t stream) {
+void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy, float* work,
+                      unsigned* counter, cudaStream_t stream) {
   mse_forward_launch("mse_forward_bf16", y, t, n, loss, dy, work, counter, stream);
 }
 
-void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale,
-                       uint16_t* dy, cudaStream_t stream) {
+void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale, uint16_t* dy,
+                       cudaStream_t stream) {
   mse_backward_launch("mse_backward_bf16", y, t, n, dloss, scale, dy, stream);
 }
 
-void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows,
-                                int64_t cols, float* loss, float* work, cudaStream_t stream) {
+void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss,
+                                float* work, cudaStream_t stream) {
   cross_entropy_forward_launch("cross_entropy_forward_bf16", logits, labels, rows, cols, loss, work, stream);
 }
 
-void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows,
-                                 int64_t cols, const float* dloss, uint16_t* dlogits,
-                                 cudaStream_t stream) {
-  cross_entropy_backward_launch("cross_entropy_backward_bf16", logits, labels, rows, cols, dloss, dlogits,
-                                stream);
+void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                                 const float* dloss, uint16_t* dlogits, cudaStream_t stream) {
+  cross_entropy_backward_launch("cross_entropy_backward_bf16", logits, labels, rows, cols, dloss, dlogits, stream);
 }
 
 }  // namespace dpt::cuda

@@ -17,8 +17,7 @@ namespace dpt::cuda {
 namespace {
 
 // The same expressions, in the same order, as the CPU twin.
-__device__ __forceinline__ void sgd_update(float& p, float g, float& buf, const SgdArgs& a,
-                                           float scale) {
+__device__ __forceinline__ void sgd_update(float& p, float g, float& buf, const SgdArgs& a, float scale) {
   float d = g * scale + a.weight_decay * p;
   if (a.momentum != 0.f) {
     buf = a.momentum * buf + (1.f - a.dampening) * d;
@@ -27,8 +26,7 @@ __device__ __forceinline__ void sgd_update(float& p, float g, float& buf, const 
   p -= a.lr * d;
 }
 
-__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v,
-                                             const AdamArgs& a, float scale) {
+__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamArgs& a, float scale) {
   const float d = g * scale;
   p -= a.lr * a.weight_decay * p;
   m = a.beta1 * m + (1.f - a.beta1) * d;
@@ -80,8 +78,8 @@ static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int
 }
 
 template <bool Vec>
-static __global__ void adamw_step_kernel(float* p, const float* g, float* m, float* v, int64_t n,
-                                         AdamArgs a, const float* grad_scale, uint16_t* shadow) {
+static __global__ void adamw_step_kernel(float* p, const float* g, float* m, float* v, int64_t n, AdamArgs a,
+                                         const float* grad_scale, uint16_t* shadow) {
   DPT_WAIT_PREVIOUS_GRID();
   const float scale = grad_scale ? *grad_scale : 1.f;
   if (!isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
@@ -133,8 +131,8 @@ static __global__ void clip_coef_kernel(const float* norm_sq, float max_norm, fl
 
 }  // namespace
 
-void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a,
-              const float* grad_scale, uint16_t* shadow, cudaStream_t stream) {
+void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, const float* grad_scale,
+              uint16_t* shadow, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "sgd_step: negative size");
   if (n == 0) return;
   DPT_CHECK(p != nullptr && g != nullptr, "sgd_step: null parameters or gradients");
@@ -145,16 +143,15 @@ void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const Sg
     launch_after_previous(sgd_step_kernel<true>, blocks_for(n / 4), kThreads, stream, p, g, momentum_buf, n, a,
                           grad_scale, shadow);
   else
-    launch_after_previous(sgd_step_kernel<false>, blocks_for(n), kThreads, stream, p, g, momentum_buf, n, a,
-                          grad_scale, shadow);
+    launch_after_previous(sgd_step_kernel<false>, blocks_for(n), kThreads, stream, p, g, momentum_buf, n, a, grad_scale,
+                          shadow);
 }
 
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
-                const float* grad_scale, uint16_t* shadow, cudaStream_t stream) {
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
+                uint16_t* shadow, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "adamw_step: negative size");
   if (n == 0) return;
-  DPT_CHECK(p != nullptr && g != nullptr && m != nullptr && v != nullptr,
-            "adamw_step: null pointer");
+  DPT_CHECK(p != nullptr && g != nullptr && m != nullptr && v != nullptr, "adamw_step: null pointer");
   const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned(shadow, 8);
   if (vec)
     launch_after_previous(adamw_step_kernel<true>, blocks_for(n / 4), kThreads, stream, p, g, m, v, n, a, grad_scale,

@@ -15,12 +15,12 @@ namespace dpt::data {
 
 struct SyntheticConfig {
   Task task = Task::regression;
-  int64_t in = 0;             // input width (images: C * H * W, filled in from `image`)
-  int64_t out = 0;            // output width (number of classes for classification)
-  Shape image{};              // [C, H, W] for image classification; empty for vectors
+  int64_t in = 0;   // input width (images: C * H * W, filled in from `image`)
+  int64_t out = 0;  // output width (number of classes for classification)
+  Shape image{};    // [C, H, W] for image classification; empty for vectors
   uint64_t seed = 1;
-  int64_t samples = 0;        // dataset size; 0 = an endless stream of new samples
-  float noise = 0.05f;        // regression target noise (standard deviation)
+  int64_t samples = 0;          // dataset size; 0 = an endless stream of new samples
+  float noise = 0.05f;          // regression target noise (standard deviation)
   int64_t teacher_hidden = 64;  // the teacher's hidden width, or its channels for images
 };
 

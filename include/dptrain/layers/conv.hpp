@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
-#include <dptrain/types.hpp>
-#include <dptrain/runtime/ops.hpp>
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/module.hpp>
+#include <dptrain/runtime/ops.hpp>
+#include <dptrain/types.hpp>
 
 namespace dpt::nn {
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include <dptrain/types.hpp>
 #include <dptrain/layers/module.hpp>
+#include <dptrain/types.hpp>
 
 namespace dpt::nn {
 

@@ -12,10 +12,10 @@
 namespace dpt::nn {
 
 struct ModelSpec {
-  std::string text;             // as given (a preset keeps its name)
+  std::string text;  // as given (a preset keeps its name)
   bool is_cnn = false;
-  std::vector<int64_t> widths;  // an MLP's layer widths, its input first
-  CnnSpec cnn;                  // a CNN's input and layers
+  std::vector<int64_t> widths;                                              // an MLP's layer widths, its input first
+  CnnSpec cnn;                                                              // a CNN's input and layers
   int64_t outputs() const { return is_cnn ? cnn.classes : widths.back(); }  // width, or classes
 };
 

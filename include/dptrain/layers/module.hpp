@@ -18,7 +18,7 @@ struct Parameter {
   Shape shape;
   float init_bound;  // initialized uniform in init_value +- init_bound
   float init_value;
-  Tensor value;      // a view into the flat parameter buffer once materialized
+  Tensor value;  // a view into the flat parameter buffer once materialized
   // In bf16 compute (Module::set_compute_dtype): the bf16 copy of `value` that the layers
   // compute with, a view into the module's flat bf16 shadow buffer; else undefined.
   Tensor shadow;

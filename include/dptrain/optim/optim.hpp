@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include <dptrain/types.hpp>
 #include <dptrain/layers/module.hpp>
+#include <dptrain/types.hpp>
 
 namespace dpt::optim {
 

@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
-#include <dptrain/layers/module.hpp>
 #include <dptrain/data/batch.hpp>
-#include <dptrain/runtime/context.hpp>
+#include <dptrain/layers/module.hpp>
+#include <dptrain/optim/optim.hpp>
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/parallel/shard_plan.hpp>
-#include <dptrain/optim/optim.hpp>
+#include <dptrain/runtime/context.hpp>
 
 namespace dpt {
 
@@ -47,9 +47,9 @@ struct DataParallelOptions {
   // from bf16 copies of its fp32 master weights (Module::set_compute_dtype).
   Precision precision = Precision::fp32;
   GemmImpl gemm = GemmImpl::cublas;
-  float clip = 0.0f;        // clip the global gradient norm (after reduction); 0 = off
-  int grad_accum = 1;       // micro-batches per step; only the last one communicates
-  bool overlap = true;      // reduce buckets during backward (false: all after it, to measure the gain)
+  float clip = 0.0f;    // clip the global gradient norm (after reduction); 0 = off
+  int grad_accum = 1;   // micro-batches per step; only the last one communicates
+  bool overlap = true;  // reduce buckets during backward (false: all after it, to measure the gain)
   // Computes the gradient norm every step: a non-finite one makes the optimizer skip the
   // update (on the device), and last_scale() tells the caller.
   bool check_finite = false;
@@ -85,8 +85,8 @@ struct StepTimes {
 class DataParallel {
  public:
   // `model` must already be on devices[0]; the replicas are copies of it.
-  DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device> devices,
-               const OptimizerFactory& make_optimizer, DataParallelOptions options = {});
+  DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device> devices, const OptimizerFactory& make_optimizer,
+               DataParallelOptions options = {});
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;

@@ -7,17 +7,17 @@
 #include <string>
 #include <vector>
 
-#include <dptrain/types.hpp>
 #include <dptrain/runtime/device.hpp>
+#include <dptrain/types.hpp>
 
 namespace dpt {
 
 enum class GemmImpl { cublas, native };
 
-const char* precision_name(Precision p);       // "fp32", "tf32", "bf16"
+const char* precision_name(Precision p);             // "fp32", "tf32", "bf16"
 Precision parse_precision(const std::string& name);  // UsageError when unknown
-const char* gemm_name(GemmImpl g);              // "cublas", "native"
-GemmImpl parse_gemm(const std::string& name);   // UsageError when unknown
+const char* gemm_name(GemmImpl g);                   // "cublas", "native"
+GemmImpl parse_gemm(const std::string& name);        // UsageError when unknown
 
 class Context {
  public:
@@ -27,13 +27,13 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   Device device() const { return device_; }
-  void* stream() const { return stream_; }        // cudaStream_t; nullptr on the CPU
+  void* stream() const { return stream_; }  // cudaStream_t; nullptr on the CPU
   // What the caching allocator keys its pools by: the stream on a GPU (work on it is
   // ordered, so its freed blocks can be reused at once); the context itself on the CPU,
   // so that replicas sharing a CPU device, which run in threads at once, never hand
   // blocks to each other.
   void* pool() const { return stream_ ? stream_ : const_cast<Context*>(this); }
-  void* blas() const { return blas_; }            // cublasHandle_t; nullptr on the CPU
+  void* blas() const { return blas_; }  // cublasHandle_t; nullptr on the CPU
   // A device counter that holds 0 and that every kernel using it leaves at 0: it lets a
   // reduction finish in one kernel (the last block to finish adds the partials). Work on
   // one stream never overlaps, so one counter per context is enough. nullptr on the CPU.
@@ -97,8 +97,8 @@ class Graph {
 
  private:
   Context& ctx_;
-  void* graph_ = nullptr;  // cudaGraph_t
-  void* exec_ = nullptr;   // cudaGraphExec_t
+  void* graph_ = nullptr;   // cudaGraph_t
+  void* exec_ = nullptr;    // cudaGraphExec_t
   bool recording_ = false;  // between begin() and end()
   std::vector<void*> held_;
 };

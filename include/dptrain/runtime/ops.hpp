@@ -4,8 +4,8 @@
 #pragma once
 #include <cstdint>
 
-#include <dptrain/types.hpp>
 #include <dptrain/runtime/tensor.hpp>
+#include <dptrain/types.hpp>
 
 namespace dpt {
 
@@ -43,8 +43,8 @@ void axpy_(float alpha, const Tensor& x, const Tensor& y);
 void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C);
 // dst = src converted to dst's type (f32 <-> bf16, or a copy), on one device.
 void copy_cast(const Tensor& dst, const Tensor& src);
-Tensor sum_squares(const Tensor& x);                         // scalar sum of x^2
-Tensor argmax_rows(const Tensor& x);                         // i32 [rows]
+Tensor sum_squares(const Tensor& x);  // scalar sum of x^2
+Tensor argmax_rows(const Tensor& x);  // i32 [rows]
 // Philox fills: element i gets the value of index offset + i of stream (seed, stream).
 void normal_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float std = 1.0f);
 void uniform_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi);
@@ -52,10 +52,10 @@ void uniform_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, 
 Tensor clip_coef(const Tensor& norm_sq, float max_norm);
 // Fused optimizer updates over flat buffers; grad_scale may be undefined. shadow (bf16,
 // may be undefined) receives the updated parameters rounded to bf16, in the same pass.
-void sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const SgdArgs& a,
-              const Tensor& grad_scale, const Tensor& shadow = {});
-void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                const AdamArgs& a, const Tensor& grad_scale, const Tensor& shadow = {});
+void sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const SgdArgs& a, const Tensor& grad_scale,
+              const Tensor& shadow = {});
+void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
+                const Tensor& grad_scale, const Tensor& shadow = {});
 
 // ---- Convolutional networks (ops_conv.cpp): differentiable, over NCHW tensors --------
 // y = x * w + b as torch.nn.functional.conv2d: x [n, c, h, w], w [k, c, r, s], b [k] (may

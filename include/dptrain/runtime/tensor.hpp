@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include <dptrain/types.hpp>
 #include <dptrain/runtime/device.hpp>
+#include <dptrain/types.hpp>
 
 namespace dpt {
 
@@ -45,8 +45,7 @@ class Tensor {
   static Tensor zeros(const Shape& shape, DType dtype, const Device& device);
   static Tensor full(const Shape& shape, float value, const Device& device);
   static Tensor from_host(const std::vector<float>& values, const Shape& shape, const Device& device);
-  static Tensor from_host_i32(const std::vector<int32_t>& values, const Shape& shape,
-                              const Device& device);
+  static Tensor from_host_i32(const std::vector<int32_t>& values, const Shape& shape, const Device& device);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

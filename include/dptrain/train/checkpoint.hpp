@@ -35,7 +35,7 @@ struct HostTensor {
 HostTensor make_tensor(DType dtype, std::vector<int64_t> shape, const void* bytes);
 
 struct Checkpoint {
-  std::map<std::string, std::string> metadata;  // safetensors allows string values only
+  std::map<std::string, std::string> metadata;              // safetensors allows string values only
   std::vector<std::pair<std::string, HostTensor>> tensors;  // in file order
   const HostTensor* find(const std::string& name) const;    // nullptr when absent
 };

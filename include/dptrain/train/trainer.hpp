@@ -7,13 +7,13 @@
 #include <memory>
 #include <string>
 
+#include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/model_spec.hpp>
-#include <dptrain/data/synthetic.hpp>
-#include <dptrain/runtime/memory.hpp>
-#include <dptrain/runtime/context.hpp>
-#include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/optim/optim.hpp>
+#include <dptrain/parallel/data_parallel.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/memory.hpp>
 
 namespace dpt {
 
@@ -21,10 +21,10 @@ struct TrainConfig {
   std::string model = "16-128x2-4";  // MLP or CNN spec (layers/conv.hpp) or preset (seed, mlp, cnn-small)
   Act act = Act::relu;
   data::Task task = data::Task::regression;  // a CNN always classifies (validate() sets it)
-  int64_t batch = 256;     // global batch
-  int64_t steps = 500;     // total optimizer steps (derived from epochs when epochs > 0)
+  int64_t batch = 256;                       // global batch
+  int64_t steps = 500;                       // total optimizer steps (derived from epochs when epochs > 0)
   int64_t epochs = 0;
-  int64_t samples = 0;     // dataset size; 0 = endless stream of samples
+  int64_t samples = 0;            // dataset size; 0 = endless stream of samples
   std::string optimizer = "sgd";  // sgd | adamw
   float lr = 0.05f;
   float momentum = 0.9f;
@@ -33,14 +33,14 @@ struct TrainConfig {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   std::string schedule = "constant";
   int64_t warmup = 0;
-  float clip = 0.0f;       // global gradient-norm clipping; 0 = off
+  float clip = 0.0f;  // global gradient-norm clipping; 0 = off
   Precision precision = Precision::fp32;
   GemmImpl gemm = GemmImpl::cublas;
   std::vector<Device> devices;  // empty: every GPU there is, else the CPU
   Reduce reduce = Reduce::automatic;
   double bucket_mb = 25.0;
-  int grad_accum = 1;           // micro-batches per optimizer step
-  bool overlap = true;          // reduce gradient buckets while backward runs
+  int grad_accum = 1;   // micro-batches per optimizer step
+  bool overlap = true;  // reduce gradient buckets while backward runs
   // A step whose gradients are not finite is never applied; then "stop" ends the run
   // (NonFiniteError) and "skip-step" goes on. Costs one scalar read per step.
   std::string on_nonfinite = "stop";
@@ -66,12 +66,12 @@ class NonFiniteError : public Error {
 nn::ModelSpec validate(TrainConfig& cfg);
 
 struct StepLog {
-  int64_t step;           // 1-based, the number of steps done
+  int64_t step;  // 1-based, the number of steps done
   int64_t total;
-  float loss;             // loss of this step's batch
+  float loss;  // loss of this step's batch
   float lr;
-  double samples_per_s;   // since the previous log line
-  double step_ms;         // mean wall time per step since the previous log line
+  double samples_per_s;  // since the previous log line
+  double step_ms;        // mean wall time per step since the previous log line
   double elapsed_s;
 };
 
@@ -80,12 +80,12 @@ struct TrainResult {
   float final_loss = 0.0f;
   int64_t steps = 0;
   double seconds = 0.0;
-  double samples_per_s = 0.0;   // over all steps after the first
-  double step_ms = 0.0;         // mean over all steps after the first
+  double samples_per_s = 0.0;                             // over all steps after the first
+  double step_ms = 0.0;                                   // mean over all steps after the first
   std::vector<std::pair<Device, AllocatorStats>> memory;  // every device used
-  StepTimes times;              // the last step's phases on the master
-  int64_t skipped = 0;          // steps skipped for non-finite gradients
-  bool stopped = false;         // ended early because stop() asked so
+  StepTimes times;                                        // the last step's phases on the master
+  int64_t skipped = 0;                                    // steps skipped for non-finite gradients
+  bool stopped = false;                                   // ended early because stop() asked so
 };
 
 class Trainer {
@@ -94,8 +94,7 @@ class Trainer {
   // Trains up to cfg.steps steps, calling on_log at every logged step. `stop` (may be
   // empty) is asked before every step; when it says yes (on any rank of a DDP run) the
   // run ends after the current step, with a checkpoint when cfg.save is set.
-  TrainResult run(const std::function<void(const StepLog&)>& on_log = {},
-                  const std::function<bool()>& stop = {});
+  TrainResult run(const std::function<void(const StepLog&)>& on_log = {}, const std::function<bool()>& stop = {});
   // Writes a checkpoint of the weights, the buffers (running statistics), the optimizer
   // state and the position in the run (safetensors; atomically). In a DDP run only rank
   // 0 writes.
