@@ -1,6 +1,8 @@
 // What dptrain and dpbench share on the command line: the device flags (--devices LIST,
-// --gpus N or --cpus N, at most one of them), and parsing that ends in one error line.
+// --gpus N or --cpus N, at most one of them), integers read as decimal and range-checked,
+// a bounded --config file, and parsing that ends in one error line.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,24 @@ class DeviceFlags {
   int gpus_ = 0, cpus_ = 0;
   CLI::Option *list_flag_ = nullptr, *gpus_flag_ = nullptr, *cpus_flag_ = nullptr;
 };
+
+// An integer option, on the command line and in a config file alike, read as decimal
+// ("010" is 10: CLI11 alone reads it as octal 8, and "0x10" as 16) and refused when it
+// does not fit the type (CLI11 alone saturates or wraps: "-1" became 2^64 - 1 for an
+// unsigned seed). The value's own range (a batch >= 1) is the library's to check.
+CLI::Option* add_integer(CLI::App& app, const std::string& name, int64_t& into, const std::string& help);
+CLI::Option* add_integer(CLI::App& app, const std::string& name, int& into, const std::string& help);
+CLI::Option* add_integer(CLI::App& app, const std::string& name, uint64_t& into, const std::string& help);
+
+// The largest config file read: a file of flags is a few hundred bytes, and a bound keeps
+// `--config /dev/zero` from reading without end.
+constexpr uintmax_t kMaxConfigBytes = 1 << 20;
+
+// --config FILE: flags from a TOML file, its keys the flags' names without the dashes,
+// with '-' or '_' between words (log-every or log_every); a misspelt key is an error. The
+// file must be a regular file of at most kMaxConfigBytes, checked when the flag is read,
+// before anything opens it (a FIFO would block that open).
+void add_config_flag(CLI::App& app);
 
 // Parses the command line. --help and --version print and give their exit status (0); a
 // bad command line gives one line on stderr, "PROGRAM: error: ... (see --help)" (none

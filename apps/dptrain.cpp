@@ -2,10 +2,14 @@
 // flags (CLI11), report progress, write metrics, print a summary. Exit status: 0 done,
 // 1 runtime error, 2 bad input, 3 out of memory, 4 non-finite loss or gradients,
 // 130/143 stopped by SIGINT/SIGTERM (after saving when --save is given).
+#include <sys/stat.h>
 #include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +22,10 @@
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/parallel/process_group.hpp>
+#include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
+
+#include "../train/atomic_file.hpp"
 #include "cli.hpp"
 #include "plot.hpp"
 
@@ -50,6 +57,10 @@ void install_signal_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
+// A float in JSON: the shortest text that reads back as the same value; JSON has no NaN or
+// infinity, so those are null.
+std::string json_number(float v) { return std::isfinite(v) ? dpt::format_float(v) : "null"; }
+
 std::string duration(double s) {
   char buf[32];
   if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
@@ -62,8 +73,13 @@ struct Options {
   dpt::TrainConfig cfg;
   std::string task = "regression", act = "relu", precision = "fp32", gemm = "cublas", reduce = "auto";
   dpt::app::DeviceFlags devices;
-  bool task_given = false;
+  float lr = 0.0f;
+  bool no_overlap = false, auto_resume = false;
   std::string metrics, plot;
+  // Flags given (on the command line or in the config file) that resolve() checks against
+  // each other: options of one optimizer are refused with the other.
+  std::vector<std::string> given;
+  bool was_given(const std::string& flag) const { return std::find(given.begin(), given.end(), flag) != given.end(); }
 };
 
 void add_flags(CLI::App& app, Options& o) {
@@ -72,14 +88,16 @@ void add_flags(CLI::App& app, Options& o) {
                  "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:3x32x32-c32k3-p2-c64k3-p2-f10, README) "
                  "or preset: seed, mlp, cnn-small, cnn")
       ->capture_default_str();
-  app.add_option("--act", o.act, "Hidden activation: relu, gelu, tanh")->capture_default_str();
+  app.add_option("--act", o.act, "Hidden activation: relu, gelu, tanh, or none (a linear model)")
+      ->capture_default_str();
   app.add_option("--task", o.task, "Synthetic task: regression or classification (a CNN classifies images)")
       ->capture_default_str();
-  app.add_option("--batch", c.batch, "Global batch size")->capture_default_str();
-  app.add_option("--steps", c.steps, "Total optimizer steps")->capture_default_str();
-  app.add_option("--epochs", c.epochs, "Epochs over --samples (sets the number of steps)");
-  app.add_option("--samples", c.samples, "Dataset size (default: an endless stream of new samples)");
-  app.add_option("--lr", c.lr, "Learning rate")->capture_default_str();
+  using dpt::app::add_integer;
+  add_integer(app, "--batch", c.batch, "Global batch size")->capture_default_str();
+  add_integer(app, "--steps", c.steps, "Total optimizer steps")->capture_default_str();
+  add_integer(app, "--epochs", c.epochs, "Epochs over --samples (sets the number of steps)");
+  add_integer(app, "--samples", c.samples, "Dataset size (default: an endless stream of new samples)");
+  app.add_option("--lr", o.lr, "Learning rate (default: 0.05 for sgd, 0.001 for adamw)");
   app.add_option("--optimizer", c.optimizer, "sgd or adamw")->capture_default_str();
   app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
   app.add_flag("--nesterov", c.nesterov, "Nesterov momentum (SGD)");
@@ -88,7 +106,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
   app.add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--schedule", c.schedule, "Learning-rate schedule: constant, warmup, cosine")->capture_default_str();
-  app.add_option("--warmup", c.warmup, "Linear warm-up steps (warmup, cosine)")->capture_default_str();
+  add_integer(app, "--warmup", c.warmup, "Linear warm-up steps (warmup, cosine)")->capture_default_str();
   app.add_option("--clip", c.clip, "Clip the global gradient norm to this value (0: off)")->capture_default_str();
   app.add_option("--precision", o.precision,
                  "Precision: fp32, tf32 (TF32 GEMMs), bf16 (bf16 storage, fp32 master weights)")
@@ -101,28 +119,35 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--bucket-mb", o.cfg.bucket_mb, "Gradient bucket size in MiB, reduced as soon as it is ready")
       ->capture_default_str();
-  app.add_option("--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
+  add_integer(app, "--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
       ->capture_default_str();
   app.add_option("--save", o.cfg.save,
-                 "Write a checkpoint (safetensors) here at the end, on SIGINT/SIGTERM and every --save-every steps");
-  app.add_option("--save-every", o.cfg.save_every, "Also write the checkpoint every N steps");
-  app.add_option("--resume", o.cfg.resume, "Continue from this checkpoint (--steps stays the total)");
+                 "Write a checkpoint (safetensors) here at the end, on SIGINT/SIGTERM and every --save-every steps")
+      ->type_name("FILE");
+  add_integer(app, "--save-every", o.cfg.save_every, "Also write the checkpoint every N steps");
+  auto* resume = app.add_option("--resume", o.cfg.resume, "Continue from this checkpoint (--steps stays the total)")
+                     ->type_name("FILE");
+  app.add_flag("--auto-resume", o.auto_resume,
+               "Continue from the --save checkpoint when it exists, else start afresh (one command to retry)")
+      ->excludes(resume);
   app.add_option("--on-nonfinite", o.cfg.on_nonfinite,
                  "When a loss or gradient is not finite: stop (exit 4) or skip-step (the update is never applied)")
       ->capture_default_str();
   app.add_flag("--cuda-graph", o.cfg.cuda_graph,
                "Record the whole step as a CUDA graph and replay it (one GPU, SGD; re-recorded when the lr changes)");
-  app.add_flag("!--no-overlap", o.cfg.overlap, "Reduce gradients only after backward (to measure what overlap gains)");
+  app.add_flag("--no-overlap", o.no_overlap, "Reduce gradients only after backward (to measure what overlap gains)");
   app.add_flag("--ddp", o.cfg.ddp, "One process per device under mpirun (MPI bootstrap, NCCL or MPI reduction)");
   app.add_option("--comm-timeout", o.cfg.comm_timeout,
                  "Seconds a --ddp rank waits for the others before the job is ended")
       ->capture_default_str();
-  app.add_option("--seed", c.seed, "Seed of the data, the teacher and the initial weights")->capture_default_str();
-  app.add_option("--log-every", c.log_every, "Read the loss back and log every N steps")->capture_default_str();
-  app.add_option("--metrics", o.metrics, "Write one JSON object per logged step to this file (JSONL)");
-  app.add_option("--plot", o.plot, "Draw the loss curve and samples/s of the run into this SVG file");
-  app.set_config("--config", "", "Read flags from a TOML/INI config file");
-  app.allow_config_extras(CLI::config_extras_mode::error);  // a misspelt key is an error, not ignored
+  add_integer(app, "--seed", c.seed, "Seed of the data, the teacher and the initial weights")->capture_default_str();
+  add_integer(app, "--log-every", c.log_every, "Read the loss back and log every N steps")->capture_default_str();
+  app.add_option("--metrics", o.metrics,
+                 "Write one JSON object per logged step to this file (JSONL; continued on --resume)")
+      ->type_name("FILE");
+  app.add_option("--plot", o.plot, "Draw the loss curve and samples/s of the run into this SVG file")
+      ->type_name("FILE");
+  dpt::app::add_config_flag(app);
   app.set_version_flag("--version", std::string("dptrain ") + DPT_VERSION);
 }
 
@@ -131,13 +156,30 @@ void add_flags(CLI::App& app, Options& o) {
 void resolve(Options& o) {
   auto& c = o.cfg;
   c.task = dpt::data::parse_task(o.task);
-  if (o.task_given && c.task == dpt::data::Task::regression && dpt::nn::is_cnn_spec(c.model))
+  if (o.was_given("--lr")) c.lr = o.lr;
+  c.overlap = !o.no_overlap;
+  // An option of the other optimizer would be silently ignored: refuse it instead.
+  const bool sgd = c.optimizer == "sgd";
+  for (const char* flag : {"--momentum", "--nesterov", "--beta1", "--beta2"}) {
+    const bool sgd_flag = flag[2] != 'b';
+    if (o.was_given(flag) && sgd_flag != sgd && (c.optimizer == "sgd" || c.optimizer == "adamw"))
+      throw dpt::UsageError(std::string(flag) + " is an option of --optimizer " + (sgd_flag ? "sgd" : "adamw") +
+                            ", and this run trains with " + c.optimizer);
+  }
+  if (o.auto_resume) {
+    if (c.save.empty()) throw dpt::UsageError("--auto-resume needs --save (the checkpoint to continue from)");
+    struct stat st {};
+    if (::stat(c.save.c_str(), &st) == 0) c.resume = c.save;  // else a fresh start
+  }
+  if (o.was_given("--task") && c.task == dpt::data::Task::regression && dpt::nn::is_cnn_spec(c.model))
     throw dpt::UsageError("--task regression: a CNN model ('" + c.model + "') trains image classification");
   c.act = dpt::nn::parse_act(o.act);
   c.precision = dpt::parse_precision(o.precision);
   c.gemm = dpt::parse_gemm(o.gemm);
   c.devices = o.devices.devices();
   c.reduce = dpt::parse_reduce(o.reduce);
+  dpt::check_output_file(o.plot, "--plot");
+  dpt::check_output_file(o.metrics, "--metrics");
 }
 
 // The library names the option fields it checks (TrainConfig::grad_accum,
@@ -176,29 +218,55 @@ std::string in_flags(const std::string& message) {
 }
 
 std::string json_line(const dpt::StepLog& s) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"samples_per_s\": %.6g, \"step_ms\": %.6g, "
-                "\"elapsed_s\": %.6g}",
-                static_cast<long long>(s.step), s.loss, s.lr, s.samples_per_s, s.step_ms, s.elapsed_s);
-  return buf;
+  using dpt::format_float;
+  char rates[160];
+  std::snprintf(rates, sizeof rates, ", \"samples_per_s\": %.6g, \"step_ms\": %.6g, \"elapsed_s\": %.6g}",
+                s.samples_per_s, s.step_ms, s.elapsed_s);
+  return "{\"step\": " + std::to_string(s.step) + ", \"loss\": " + json_number(s.loss) +
+         (std::isnan(s.accuracy) ? "" : ", \"accuracy\": " + json_number(s.accuracy)) +
+         ", \"lr\": " + json_number(s.lr) + rates;
 }
 
-// Refuses, before any training, an output file whose folder cannot be written: a run of
-// hours must not end in a failed save.
-void check_writable(const std::string& path, const char* flag) {
-  if (path.empty()) return;
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (access(dir.c_str(), W_OK | X_OK) != 0)
-    throw dpt::UsageError(std::string(flag) + " '" + path + "': folder '" + dir + "' is not writable (" +
-                          std::strerror(errno) + ")");
+// The step of a metrics line this program wrote ({"step": N, ...}), or -1.
+int64_t step_of(const std::string& line) {
+  const std::string key = "{\"step\": ";
+  if (line.compare(0, key.size(), key) != 0) return -1;
+  int64_t step = -1;
+  std::from_chars(line.data() + key.size(), line.data() + line.size(), step);
+  return step;
+}
+
+// A resumed run continues its metrics file, so the file reads as one run: the records
+// of steps up to the checkpoint's are kept, later ones (written by a run killed after
+// its last checkpoint) are dropped, and the new records follow.
+void continue_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;  // none yet: a fresh file
+  std::string kept, line;
+  while (std::getline(in, line))
+    if (step_of(line) <= step) kept += line + '\n';
+  dpt::write_file_atomic(path, kept);
+}
+
+// Progress that redraws one line needs a terminal that a person watches. Under mpirun a
+// rank's stdout is a pty of Open MPI's even when mpirun's own output goes to a file, so
+// a launched rank prints plain lines.
+bool interactive_terminal() {
+  if (!isatty(STDOUT_FILENO)) return false;
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_STEP_ID"})
+    if (std::getenv(var)) return false;
+  const char* term = std::getenv("TERM");
+  return !term || std::string(term) != "dumb";
+}
+
+std::string percent(float share) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * share);
+  return buf;
 }
 
 int train(Options& o) {
   resolve(o);
-  check_writable(o.plot, "--plot");
-  check_writable(o.cfg.save, "--save");
   dpt::Trainer trainer(o.cfg);
   g_group = trainer.group();
   const auto& c = trainer.config();  // with --ddp: this rank's device
@@ -206,10 +274,11 @@ int train(Options& o) {
   const bool lead = !g_group || g_group->rank() == 0;
   std::ofstream metrics;
   if (lead && !o.metrics.empty()) {
-    metrics.open(o.metrics, std::ios::out | std::ios::trunc);
+    if (trainer.resumed()) continue_metrics(o.metrics, trainer.steps_done());
+    metrics.open(o.metrics, trainer.resumed() ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
     if (!metrics) throw dpt::UsageError("cannot write the metrics file '" + o.metrics + "'");
   }
-  const bool tty = lead && isatty(STDOUT_FILENO);
+  const bool tty = lead && interactive_terminal();
   std::string where = dpt::describe_device(c.devices.front());
   if (g_group) {
     where = std::to_string(g_group->size()) + " processes (rank 0 on " + c.devices.front().str() + "), reduce " +
@@ -229,6 +298,12 @@ int train(Options& o) {
                 trainer.optimizer().describe().c_str(), dpt::precision_name(c.precision),
                 c.devices.front().is_cpu() ? "cpu" : o.gemm.c_str());
     if (c.grad_accum > 1) std::printf("  gradient accumulation: %d micro-batches per step\n", c.grad_accum);
+    if (const auto& r = trainer.resumed()) {
+      std::string changed;
+      for (const auto& ch : r->changed) changed += (changed.empty() ? "; changed: " : ", ") + ch;
+      std::printf("  resumed from '%s' at step %lld%s\n", r->path.c_str(), static_cast<long long>(r->step),
+                  changed.c_str());
+    }
     std::fflush(stdout);
   }
 
@@ -246,16 +321,19 @@ int train(Options& o) {
       metrics.flush();
       if (!metrics) throw dpt::Error("writing the metrics file '" + o.metrics + "' failed");
     }
-    const double eta = s.step_ms * 1e-3 * static_cast<double>(s.total - s.step);
+    const std::string eta = duration(s.step_ms * 1e-3 * static_cast<double>(s.total - s.step));
+    const std::string acc = std::isnan(s.accuracy) ? "" : percent(s.accuracy);
     if (tty) {
-      std::printf("\r\x1b[Kstep %lld/%lld | loss %.6g | %s samples/s | ETA %s", static_cast<long long>(s.step),
-                  static_cast<long long>(s.total), s.loss, dpt::format_si(s.samples_per_s).c_str(),
-                  duration(eta).c_str());
+      std::printf("\r\x1b[Kstep %lld/%lld | loss %.6g%s%s | %s samples/s | ETA %s", static_cast<long long>(s.step),
+                  static_cast<long long>(s.total), s.loss, acc.empty() ? "" : " | accuracy ", acc.c_str(),
+                  dpt::format_si(s.samples_per_s).c_str(), eta.c_str());
       g_progress_open = s.step != s.total;
       if (!g_progress_open) std::printf("\n");
     } else {
-      std::printf("step %lld/%lld loss %.6g lr %.4g samples/s %s step_ms %.3f\n", static_cast<long long>(s.step),
-                  static_cast<long long>(s.total), s.loss, s.lr, dpt::format_si(s.samples_per_s).c_str(), s.step_ms);
+      std::printf("step %lld/%lld loss %.6g%s%s lr %s samples/s %s step_ms %.3f ETA %s\n",
+                  static_cast<long long>(s.step), static_cast<long long>(s.total), s.loss,
+                  acc.empty() ? "" : " accuracy ", acc.c_str(), dpt::format_float(s.lr).c_str(),
+                  dpt::format_si(s.samples_per_s).c_str(), s.step_ms, eta.c_str());
     }
     std::fflush(stdout);
   };
@@ -263,6 +341,10 @@ int train(Options& o) {
   const dpt::TrainResult r = trainer.run(on_log, [] { return g_signal != 0; });
   const uint64_t hash = trainer.parameter_hash();  // with --ddp: compared across every rank
   if (!lead) return r.stopped ? 128 + g_signal : 0;
+  if (g_progress_open) {  // a stopped run ends the progress line before its summary
+    std::printf("\n");
+    g_progress_open = false;
+  }
   if (!o.plot.empty()) {
     dpt::plot::Chart lc{"dptrain " + c.model + ": loss", "step", "loss (log scale)", {loss_curve}, {}};
     lc.options.log_y = true;
@@ -270,9 +352,15 @@ int train(Options& o) {
     dpt::plot::write_line_charts(o.plot, {lc, sc});
   }
   const double ratio = r.first_loss != 0.0f ? 100.0 * r.final_loss / r.first_loss : 0.0;
-  std::printf("done: %lld steps in %s; loss %.6g -> %.6g (%.1f%% of the first); %s samples/s; %.3f ms/step\n",
-              static_cast<long long>(r.steps), duration(r.seconds).c_str(), r.first_loss, r.final_loss, ratio,
-              dpt::format_si(r.samples_per_s).c_str(), r.step_ms);
+  if (r.steps == 0 && !r.stopped)
+    std::printf("done: nothing to train, the run was complete at step %lld of %lld\n",
+                static_cast<long long>(trainer.steps_done()), static_cast<long long>(c.steps));
+  else
+    std::printf("%s: %lld steps in %s; loss %.6g -> %.6g (%.1f%% of the first); %s samples/s; %.3f ms/step\n",
+                r.stopped ? "stopped" : "done", static_cast<long long>(r.steps), duration(r.seconds).c_str(),
+                r.first_loss, r.final_loss, ratio, dpt::format_si(r.samples_per_s).c_str(), r.step_ms);
+  if (!std::isnan(r.final_accuracy))
+    std::printf("accuracy: %s of the last logged batch\n", percent(r.final_accuracy).c_str());
   std::printf("step time (last step, master): compute %.3f ms, reduce %.3f ms, update %.3f ms\n", r.times.compute,
               r.times.reduce, r.times.update);
   for (const auto& [dev, m] : r.memory)
@@ -318,7 +406,8 @@ int main(int argc, char** argv) {
   // Every rank finds the same fault in the command line; rank 0 alone reports it.
   if (const int status = dpt::app::parse_command_line(app, argc, argv, "dptrain", launcher_rank() != 0); status >= 0)
     return status;
-  o.task_given = app.count("--task") > 0;
+  for (const CLI::Option* opt : app.get_options())
+    if (opt->count() > 0) o.given.push_back(opt->get_name());
   try {
     return train(o);
   } catch (const dpt::UsageError& e) {

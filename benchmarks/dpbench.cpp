@@ -44,6 +44,9 @@ constexpr float kLr = 0.01f;   // BENCHMARKS.md: SGD, lr 0.01, no momentum
 // median block is reported, so one slow block (a page fault, another process) does not
 // move the figure, and steps inside a block queue up as they do in training.
 constexpr size_t kBlocks = 7;
+// The workload on CPU devices when no --model is given.
+constexpr const char* kCpuModel = "16-128x2-4";
+constexpr int64_t kCpuSteps = 20, kCpuWarmup = 2;
 
 enum class Scaling { weak, strong };
 
@@ -82,7 +85,8 @@ struct Plan {
   int64_t batch = 0;           // per device in weak scaling; times devices.size() in strong
   int64_t steps = 0, warmup = 0;
   double bucket_mb = 0;
-  bool cuda_graph = false;  // the step recorded once as a CUDA graph and replayed (one GPU)
+  bool cuda_graph = false;   // the step recorded once as a CUDA graph and replayed (one GPU)
+  bool cpu_default = false;  // CPU devices and no --model: the small CPU workload
   std::vector<Precision> precisions;
   std::vector<Reduce> reduces;  // resolved paths: what `auto` means for these devices
   std::vector<Scaling> scalings;
@@ -96,11 +100,13 @@ void add_flags(CLI::App& app, Flags& f) {
   f.devices.add_to(app,
                    "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
                    "runs use the first 1, 2, 4, ... of them");
-  app.add_option("--batch", f.batch,
-                 "Batch per device in weak scaling; strong scaling splits batch x (most devices) "
-                 "(default: 64 for seed, 4096 for mlp, 256 otherwise)");
-  app.add_option("--steps", f.steps, "Timed steps per run")->capture_default_str();
-  app.add_option("--warmup", f.warmup, "Untimed steps before them (at least 1: the first step allocates)")
+  using dpt::app::add_integer;
+  add_integer(app, "--batch", f.batch,
+              "Batch per device in weak scaling; strong scaling splits batch x (most devices) "
+              "(default: 64 for seed, 4096 for mlp, 256 otherwise)");
+  add_integer(app, "--steps", f.steps, "Timed steps per run (default 100; 20 on CPU devices without --model)")
+      ->capture_default_str();
+  add_integer(app, "--warmup", f.warmup, "Untimed steps before them (at least 1: the first step allocates)")
       ->capture_default_str();
   app.add_option(
          "--precision", f.precision,
@@ -122,32 +128,43 @@ void add_flags(CLI::App& app, Flags& f) {
   app.set_version_flag("--version", std::string("dpbench ") + DPT_VERSION);
 }
 
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
 // Checks every flag before any run, so bad input never costs a benchmark; throws
 // dpt::UsageError with a one-line reason.
 Plan make_plan(const Flags& f, const CLI::App& app) {
   Plan p;
-  p.model = dpt::nn::parse_model_spec(f.model);
-  if (p.model.is_cnn && p.model.outputs() < 2)
-    throw dpt::UsageError("a CNN classifies: it needs at least 2 output classes, '" + f.model + "' has " +
-                          std::to_string(p.model.outputs()));
   p.devices = f.devices.devices();
   if (p.devices.empty()) p.devices = dpt::default_devices();
   for (const Device& d : p.devices) dpt::check_device(d);
   for (size_t n = 1; n < p.devices.size(); n *= 2) p.counts.push_back(n);
   p.counts.push_back(p.devices.size());
+  // The GPU workload (mlp, 110 steps) takes the CPU about ten minutes a run: CPU devices
+  // default to dptrain's default job, which measures in seconds.
+  p.cpu_default = p.devices.front().is_cpu() && app.count("--model") == 0;
+  const std::string model = p.cpu_default ? kCpuModel : f.model;
+  p.model = dpt::nn::parse_model_spec(model);
+  if (p.model.is_cnn && p.model.outputs() < 2)
+    throw dpt::UsageError("a CNN classifies: it needs at least 2 output classes, '" + model + "' has " +
+                          std::to_string(p.model.outputs()));
 
-  p.batch = app.count("--batch") > 0 ? f.batch : f.model == "seed" ? 64 : f.model == "mlp" ? 4096 : 256;
+  p.batch = app.count("--batch") > 0 ? f.batch : model == "seed" ? 64 : model == "mlp" ? 4096 : 256;
+  p.steps = p.cpu_default && app.count("--steps") == 0 ? kCpuSteps : f.steps;
+  p.warmup = p.cpu_default && app.count("--warmup") == 0 ? kCpuWarmup : f.warmup;
   if (p.batch < 1) throw dpt::UsageError("--batch must be at least 1, got " + std::to_string(p.batch));
-  if (f.steps < 1) throw dpt::UsageError("--steps must be at least 1, got " + std::to_string(f.steps));
-  if (f.warmup < 1)
+  if (p.steps < 1) throw dpt::UsageError("--steps must be at least 1, got " + std::to_string(p.steps));
+  if (p.warmup < 1)
     throw dpt::UsageError("--warmup must be at least 1 (the first step allocates memory), got " +
-                          std::to_string(f.warmup));
-  if (!(f.bucket_mb > 0.0)) throw dpt::UsageError("--bucket-mb must be positive");
+                          std::to_string(p.warmup));
+  if (!(f.bucket_mb > 0.0) || f.bucket_mb > 1048576.0)
+    throw dpt::UsageError("--bucket-mb must be in (0, 1048576] MiB, got " + fmt("%g", f.bucket_mb));
   if (f.cuda_graph && (p.devices.size() != 1 || !p.devices.front().is_cuda()))
     throw dpt::UsageError("--cuda-graph records one GPU's step: give one CUDA device (--gpus 1)");
   p.cuda_graph = f.cuda_graph;
-  p.steps = f.steps;
-  p.warmup = f.warmup;
   p.bucket_mb = f.bucket_mb;
 
   for (const auto& s : f.precision) p.precisions.push_back(dpt::parse_precision(s));
@@ -306,17 +323,14 @@ std::string join(const std::vector<std::string>& parts, const char* sep) {
   return s;
 }
 
-std::string fmt(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-
 void print_header(const Plan& p, int64_t parameters) {
   std::printf("dpbench %s: %s %s (%lld parameters, ReLU), %s + SGD lr %g, fixed random batch\n", DPT_VERSION,
               p.model.is_cnn ? "CNN" : "MLP", p.model.text.c_str(), static_cast<long long>(parameters),
               p.model.is_cnn ? "cross-entropy" : "MSE", static_cast<double>(kLr));
   for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
+  if (p.cpu_default)
+    std::printf("  CPU devices: the default workload is %s, batch %lld, %lld steps (GPUs: mlp; --model to choose)\n",
+                kCpuModel, static_cast<long long>(p.batch), static_cast<long long>(p.steps));
   std::printf(
       "  weak: batch %lld per device; strong: global batch %lld; %lld timed steps (median of %zu blocks) "
       "after %lld warm-up\n",

@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include <dptrain/error.hpp>
+#include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
 
 namespace dpt::optim {
@@ -39,8 +40,8 @@ std::vector<std::pair<std::string, Tensor>> SGD::state() const {
 }
 
 std::string SGD::describe() const {
-  return "SGD(lr=" + std::to_string(lr_) + ", momentum=" + std::to_string(o_.momentum) +
-         (o_.nesterov ? ", nesterov" : "") + ", weight_decay=" + std::to_string(o_.weight_decay) + ")";
+  return "SGD(lr=" + format_float(lr_) + ", momentum=" + format_float(o_.momentum) + (o_.nesterov ? ", nesterov" : "") +
+         ", weight_decay=" + format_float(o_.weight_decay) + ")";
 }
 
 AdamW::AdamW(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
@@ -66,8 +67,8 @@ std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
 }
 
 std::string AdamW::describe() const {
-  return "AdamW(lr=" + std::to_string(lr_) + ", betas=(" + std::to_string(o_.beta1) + ", " + std::to_string(o_.beta2) +
-         "), weight_decay=" + std::to_string(o_.weight_decay) + ")";
+  return "AdamW(lr=" + format_float(lr_) + ", betas=(" + format_float(o_.beta1) + ", " + format_float(o_.beta2) +
+         "), eps=" + format_float(o_.eps) + ", weight_decay=" + format_float(o_.weight_decay) + ")";
 }
 
 float Schedule::at(int64_t step) const {

@@ -1,5 +1,6 @@
 #include <dptrain/parallel/data_parallel.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -68,6 +69,15 @@ float StepLoss::value() const {
   double v = 0.0;
   for (size_t i = 0; i < losses.size(); ++i)
     if (losses[i].defined()) v += weights[i] * losses[i].item();
+  return static_cast<float>(group ? group->sum(v) : v);
+}
+
+float StepLoss::metric() const {
+  if (metrics.empty()) return NAN;
+  if (owner) owner->synchronize();
+  double v = 0.0;
+  for (size_t i = 0; i < metrics.size(); ++i)
+    if (metrics[i].defined()) v += weights[i] * metrics[i].item();
   return static_cast<float>(group ? group->sum(v) : v);
 }
 
@@ -218,7 +228,8 @@ void DataParallel::run_on_all(const std::function<void(size_t)>& fn) {
 }
 
 void DataParallel::forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss_fn,
-                                    Tensor& loss_out, bool first_micro, bool last_micro) {
+                                    Tensor& loss_out, const LossFn& metric, Tensor& metric_out, bool first_micro,
+                                    bool last_micro) {
   Replica& rep = replicas_[r];
   if (first_micro) {
     if (r == 0 && !recording_) rep.t_start->record(*rep.ctx);
@@ -247,7 +258,9 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     Tensor loss;
     {
       NvtxRange range(rep.nvtx_forward.c_str());
-      loss = loss_fn(rep.model->forward(shard.x), shard.y);
+      const Tensor out = rep.model->forward(shard.x);
+      loss = loss_fn(out, shard.y);
+      if (metric) metric_out = metric(out.detach(), shard.y);  // before backward may reuse the output
     }
     // The gradient of weight * loss: summed over replicas, ranks and micro-batches, the
     // full batch's gradient.
@@ -292,7 +305,8 @@ void DataParallel::update(size_t r) {
   if (r == 0 && !recording_) rep.t_updated->record(*rep.ctx);
 }
 
-StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss) {
+StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
+                                  const LossFn& metric) {
   Replica& rep = replicas_[0];
   ContextGuard g(*rep.ctx);
   const data::Batch batch = source(0, first, count);
@@ -300,6 +314,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   out.owner = this;
   out.weights = {1.0};
   out.losses.resize(1);
+  if (metric) out.metrics.resize(1);
   const bool fits = graph_x_.defined() && graph_x_.shape() == batch.x.shape() && graph_y_.shape() == batch.y.shape();
   if (!fits) {
     graph_.reset();
@@ -311,7 +326,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   copy(graph_y_, batch.y);
   const data::Batch fixed{graph_x_, graph_y_};
   if (!graph_warm_) {  // an eager step first: cuBLAS and the allocator set up outside the graph
-    forward_backward(0, fixed, 1.0, loss, out.losses[0], true, true);
+    forward_backward(0, fixed, 1.0, loss, out.losses[0], metric, metric ? out.metrics[0] : graph_metric_, true, true);
     update(0);
     graph_warm_ = true;
     return out;
@@ -322,7 +337,8 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     const int64_t t = rep.opt->steps_taken();
     recording_ = true;
     graph_->begin();
-    forward_backward(0, fixed, 1.0, loss, graph_loss_, true, true);
+    graph_metric_ = Tensor();
+    forward_backward(0, fixed, 1.0, loss, graph_loss_, metric, graph_metric_, true, true);
     update(0);
     graph_->end();
     recording_ = false;
@@ -335,10 +351,12 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   for (auto* e : {rep.t_backward.get(), rep.t_reduced.get(), rep.t_updated.get()}) e->record(*rep.ctx);
   rep.opt->set_steps_taken(rep.opt->steps_taken() + 1);
   out.losses[0] = graph_loss_;
+  if (metric) out.metrics[0] = graph_metric_;
   return out;
 }
 
-StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss) {
+StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
+                                  const LossFn& metric) {
   // The replicas follow the master's train()/eval() mode, set before or after they were made.
   const bool training = replicas_[0].model->training();
   for (Replica& rep : replicas_)
@@ -346,7 +364,7 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
   // With several processes, this one trains its rank's contiguous part of the batch; its
   // replicas split that, and each trains its shard as K micro-batches.
   const ShardPlan& shares = plan(count);  // refuses an empty batch
-  if (use_graph_) return graph_step(first, count, source, loss);
+  if (use_graph_) return graph_step(first, count, source, loss, metric);
   if (shares.idle_replicas() > 0 && !warned_small_batch_) {
     if (!group_ || group_->rank() == 0)
       report(Severity::note, "batch " + std::to_string(count) + " is smaller than the " +
@@ -361,6 +379,8 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
   out.owner = this;
   out.losses.resize(replicas_.size() * per_replica);
   out.weights.resize(replicas_.size() * per_replica);
+  if (metric) out.metrics.resize(replicas_.size() * per_replica);
+  Tensor no_metric;  // written by no one: metric is empty
   run_on_all([&](size_t r) {
     // The last step's gradient scale is not needed any more: freed now, its block serves
     // this step's backward, and steps after the first allocate nothing.
@@ -370,7 +390,8 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
       const size_t slot = r * per_replica + static_cast<size_t>(k);
       out.weights[slot] = shares.weight(r, k);
       data::Batch shard = m.count > 0 ? source(r, first + m.first, m.count) : data::Batch{};
-      forward_backward(r, shard, out.weights[slot], loss, out.losses[slot], k == 0, k + 1 == k_total);
+      forward_backward(r, shard, out.weights[slot], loss, out.losses[slot], metric,
+                       metric ? out.metrics[slot] : no_metric, k == 0, k + 1 == k_total);
     }
   });
   if (reducer_) {
@@ -402,7 +423,7 @@ void DataParallel::broadcast_buffers() {
   }
 }
 
-StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss) {
+StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss, const LossFn& metric) {
   DPT_CHECK(batch.x.defined() && batch.y.defined() && batch.x.dim() >= 1 && batch.y.dim() >= 1 &&
                 batch.x.size(0) == batch.y.size(0),
             "train_step: inputs and targets must have the same number of rows");
@@ -423,7 +444,7 @@ StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss) 
       [&](size_t r, int64_t first, int64_t n) {
         return data::Batch{rows(batch.x, first, n, replicas_[r].device), rows(batch.y, first, n, replicas_[r].device)};
       },
-      loss);
+      loss, metric);
 }
 
 size_t DataParallel::buckets() const { return buckets_.size(); }

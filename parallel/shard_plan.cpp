@@ -31,12 +31,19 @@ ShardPlan::ShardPlan(int64_t batch, int ranks, int rank, size_t replicas, int mi
   if (batch < 1) throw UsageError("a batch must hold at least one sample, got " + std::to_string(batch));
   DPT_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && replicas >= 1 && micro_batches >= 1,
             "ShardPlan: no process, replica or micro-batch to train on");
+  // More micro-batches than a replica has samples would only train empty ones (and a
+  // hostile count would allocate without end).
+  const int64_t workers = static_cast<int64_t>(ranks) * static_cast<int64_t>(replicas);
+  const int64_t largest = batch / workers + (batch % workers != 0);
+  if (micro_batches > largest)
+    throw UsageError("DataParallelOptions::grad_accum must be <= " + std::to_string(largest) +
+                     ", the most samples a replica gets of a batch of " + std::to_string(batch) + " over " +
+                     std::to_string(workers) + " replica(s), got " + std::to_string(micro_batches));
   rank_part_ = ranges(0, split_evenly(batch, static_cast<size_t>(ranks)))[static_cast<size_t>(rank)];
   replica_ = ranges(rank_part_.first, split_evenly(rank_part_.count, replicas));
   for (const SampleRange& r : replica_)
     for (const SampleRange& m : ranges(r.first, split_evenly(r.count, static_cast<size_t>(micro_batches))))
       micro_.push_back(m);
-  const int64_t workers = static_cast<int64_t>(ranks) * static_cast<int64_t>(replicas);
   idle_ = batch < workers ? workers - batch : 0;
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -43,6 +44,12 @@ std::string format_bytes(size_t bytes) {
   else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
   else std::snprintf(buf, sizeof buf, "%zu B", bytes);
   return buf;
+}
+
+std::string format_float(float v) {
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return ec == std::errc() ? std::string(buf, end) : std::string("?");
 }
 
 std::string format_si(double v) {

@@ -731,6 +731,29 @@ Tensor mse_loss(const Tensor& y, const Tensor& target) {
   return loss;
 }
 
+Tensor accuracy(const Tensor& logits, const Tensor& labels) {
+  need_float(logits, "accuracy");
+  DPT_CHECK(labels.defined() && labels.dtype() == DType::i32, "accuracy: labels must be i32");
+  same_device(logits, labels, "accuracy");
+  DPT_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0 &&
+                logits.size(1) > 0,
+            "accuracy: logits " + shape_str(logits.shape()) + " and labels " + shape_str(labels.shape()));
+  const Device d = logits.device();
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  Tensor out = Tensor::empty({1}, DType::f32, d);
+  if (is_bf16(logits)) {
+    DPT_CUDA_OR_CPU(d,
+                    cuda::accuracy_bf16(logits.bf16(), labels.i32(), rows, cols, out.f32(), reduce_work(d, rows).f32(),
+                                        stream_of(d)),
+                    cpu::accuracy_bf16(logits.bf16(), labels.i32(), rows, cols, out.f32()));
+  } else {
+    DPT_CUDA_OR_CPU(
+        d, cuda::accuracy(logits.f32(), labels.i32(), rows, cols, out.f32(), reduce_work(d, rows).f32(), stream_of(d)),
+        cpu::accuracy(logits.f32(), labels.i32(), rows, cols, out.f32()));
+  }
+  return out;
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   need_float(logits, "cross_entropy");
   DPT_CHECK(labels.defined() && labels.dtype() == DType::i32, "cross_entropy: labels must be i32");

@@ -18,16 +18,27 @@ if "${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 20 --batch 32 --log-ever
 grep -q 'identical on all 2 ranks' "$tmp/out" && ok || bad "no agreed parameter hash: $(cat "$tmp/out")"
 grep -q '2 processes' "$tmp/out" && ok || bad "no process count in the header"
 [ "$(wc -l <"$tmp/m.jsonl")" -eq 3 ] && ok || bad "metrics: expected 3 lines from rank 0 alone"
+# mpirun's output goes to a file: plain lines, never a redrawn progress line (Open MPI
+# gives its ranks a pty, so a rank cannot tell from isatty alone).
+! grep -q $'\r' "$tmp/out" && grep -q '^step 20/20 loss ' "$tmp/out" && ok ||
+  bad "progress under mpirun is not plain lines: $(cat -A "$tmp/out" | head -5)"
 
 # Gradient accumulation through the CLI.
 "${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 5 --batch 32 --grad-accum 4 >"$tmp/out" 2>&1 &&
   grep -q 'gradient accumulation: 4' "$tmp/out" && ok || bad "--grad-accum: $(cat "$tmp/out")"
 
-# An error on one rank reaches the user with that rank's number, and the job ends.
+# An error on one rank reaches the user with that rank's number, and the job ends: rank 0
+# alone writes the checkpoint, and here its disk is full.
+DPT_CKPT_FAIL_AFTER_BYTES=100 "${run[@]}" -x DPT_CKPT_FAIL_AFTER_BYTES -np 2 "$exe" --ddp --devices cpu --steps 5 \
+  --save "$tmp/ck.safetensors" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -ne 0 ] && grep -q "dptrain: error: rank 0: checkpoint '$tmp/ck.safetensors': writing failed" "$tmp/err" && ok ||
+  bad "error without its rank (rc $rc): $(cat "$tmp/err")"
+# A bad output path is bad input, found before the job starts: one line, exit 2.
 "${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 5 --metrics "$tmp/no/dir/m.jsonl" >"$tmp/out" 2>"$tmp/err"
 rc=$?
-[ $rc -ne 0 ] && grep -q 'dptrain: error: rank 0: cannot write the metrics file' "$tmp/err" && ok ||
-  bad "error without its rank (rc $rc): $(cat "$tmp/err")"
+[ $rc -eq 2 ] && [ "$(grep -c 'dptrain: error: --metrics' "$tmp/err")" -eq 1 ] && ok ||
+  bad "a bad --metrics path under mpirun (rc $rc): $(cat "$tmp/err")"
 
 # Bad input under mpirun: one line (from rank 0), exit 2.
 "${run[@]}" -np 2 "$exe" --ddp --batch 0 >"$tmp/out" 2>"$tmp/err"

@@ -530,7 +530,7 @@ TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temp
     CHECK(msg.find("No such file or directory") != std::string::npos);
   }
 
-  SECTION("a folder in the way of the rename") {
+  SECTION("a folder, a FIFO or a device node in the way: never replaced") {
     const std::string folder = dir.file("folder.safetensors");
     fs::create_directory(folder);
     std::string msg;
@@ -540,10 +540,19 @@ TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temp
       msg = e.what();
     }
     INFO("message: " << msg);
-    CHECK(msg.rfind("checkpoint '" + folder + "': rename of '" + folder + ".tmp", 0) == 0);
-    CHECK(msg.find("Is a directory") != std::string::npos);
+    CHECK(msg == "checkpoint '" + folder + "': is a folder; only a regular file is replaced");
     CHECK(fs::is_directory(folder));
-    CHECK(dir.entries() == std::vector<std::string>{"folder.safetensors", "run.safetensors"});
+    const std::string fifo = dir.file("fifo.safetensors");
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    CHECK_THROWS_WITH(ckpt::save(fifo, after), "checkpoint '" + fifo + "': is a FIFO; only a regular file is replaced");
+    CHECK(fs::is_fifo(fifo));
+    // A symlink to the FIFO is followed, and the FIFO still refused.
+    const std::string link = dir.file("link.safetensors");
+    fs::create_symlink(fifo, link);
+    CHECK_THROWS_WITH(ckpt::save(link, after), "checkpoint '" + link + "': is a FIFO; only a regular file is replaced");
+    CHECK(fs::is_symlink(link));
+    CHECK(dir.entries() ==
+          std::vector<std::string>{"fifo.safetensors", "folder.safetensors", "link.safetensors", "run.safetensors"});
   }
 }
 

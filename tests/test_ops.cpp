@@ -96,6 +96,23 @@ TEST_CASE("cross-entropy is stable for large logits and matches its definition",
   CHECK(std::fabs(l - 0.5 * std::log(3.0)) < 1e-6);
 }
 
+TEST_CASE("accuracy counts rows whose first largest logit is the label; NaN never wins", "[ops]") {
+  Tensor logits = Tensor::from_host({1, 3, 2,             // row 0: 1 is largest
+                                     5, 5, 0,             // row 1: a tie, the first (0) wins
+                                     NAN, 0, -1,          // row 2: NaN skipped, 1 is largest
+                                     NAN, NAN, NAN,       // row 3: no largest logit: wrong
+                                     -INFINITY, -7, -7},  // row 4: the first -7 (1) wins
+                                    {5, 3}, host);
+  auto acc = [&](std::vector<int32_t> labels) {
+    return accuracy(logits, Tensor::from_host_i32(labels, {5}, host)).item();
+  };
+  CHECK(acc({1, 0, 1, 0, 1}) == 0.8f);
+  CHECK(acc({1, 1, 1, 0, 2}) == 0.4f);
+  CHECK(acc({0, 2, 0, 1, 0}) == 0.0f);
+  CHECK(accuracy(cast(logits, DType::bf16), Tensor::from_host_i32({1, 0, 1, 0, 1}, {5}, host)).item() == 0.8f);
+  CHECK_THROWS_AS(accuracy(logits, Tensor::from_host_i32({1, 0}, {2}, host)), Error);
+}
+
 TEST_CASE("mse loss and its gradient match the definition", "[ops]") {
   Tensor y = Tensor::from_host({1, 2, 3, 4}, {2, 2}, host).set_requires_grad(true);
   Tensor t = Tensor::from_host({0, 2, 5, 4}, {2, 2}, host);

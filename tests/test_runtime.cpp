@@ -270,9 +270,33 @@ TEST_CASE("configuration errors name the field and the value, not a flag", "[tra
   };
   CHECK(config_error([](TrainConfig& c) { c.batch = 0; }) == "TrainConfig::batch must be >= 1, got 0");
   CHECK(config_error([](TrainConfig& c) { c.grad_accum = -2; }) == "TrainConfig::grad_accum must be >= 1, got -2");
-  CHECK(config_error([](TrainConfig& c) { c.bucket_mb = 0; }) == "TrainConfig::bucket_mb must be positive, got 0");
+  CHECK(config_error([](TrainConfig& c) { c.bucket_mb = 0; }) ==
+        "TrainConfig::bucket_mb must be in (0, 1048576] MiB, got 0");
   CHECK(config_error([](TrainConfig& c) { c.save_every = 5; }) ==
         "TrainConfig::save_every needs TrainConfig::save (a checkpoint path)");
+  // NaN is outside every range; products that overflow are refused, not wrapped.
+  CHECK(config_error([](TrainConfig& c) { c.momentum = NAN; }) == "TrainConfig::momentum must be in [0, 1), got nan");
+  CHECK(config_error([](TrainConfig& c) { c.beta2 = -1; }) == "TrainConfig::beta2 must be in [0, 1), got -1");
+  CHECK(config_error([](TrainConfig& c) { c.clip = INFINITY; }) ==
+        "TrainConfig::clip must be a finite number >= 0 (0: off), got inf");
+  CHECK(config_error([](TrainConfig& c) { c.eps = 0; }) == "TrainConfig::eps must be a positive number, got 0");
+  CHECK(config_error([](TrainConfig& c) {
+          c.epochs = 99999999999;
+          c.samples = 99999999999;
+          c.batch = 1;
+        }) == "TrainConfig::epochs times TrainConfig::samples is more samples than fit in 64 bits, got 99999999999");
+  CHECK(config_error([](TrainConfig& c) { c.save = "/"; }) == "TrainConfig::save '/': names a folder, not a file");
+  // Each optimizer has its own default learning rate.
+  for (const char* opt : {"sgd", "adamw"}) {
+    TrainConfig cfg;
+    cfg.optimizer = opt;
+    validate(cfg);
+    CHECK(*cfg.lr == (std::string(opt) == "sgd" ? 0.05f : 1e-3f));
+  }
+  CHECK(message([] { ShardPlan(10, 1, 0, 3, 5); }) ==
+        "DataParallelOptions::grad_accum must be <= 4, the most samples a replica gets of a batch of 10 over 3 "
+        "replica(s), got 5");
+  CHECK(message([] { ShardPlan(10, 2, 0, 1, 5); }) == "(no error)");  // 5 + 5: one a micro-batch
   auto model = nn::mlp("4-8-2");
   model->to({DeviceType::cpu, 0}, 1);
   auto sgd = [](nn::Module& m) { return std::make_unique<optim::SGD>(m, optim::SGD::Options{}); };

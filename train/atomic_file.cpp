@@ -1,11 +1,15 @@
 #include "atomic_file.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -14,15 +18,108 @@
 
 namespace dpt {
 
-AtomicFile::AtomicFile(const std::string& path, std::string label, std::string kept)
-    : target_(path), label_(std::move(label)), kept_(std::move(kept)) {
-  // A name of our own beside the target; O_EXCL never touches a file someone else is writing.
+namespace {
+
+const char* const kTmpMark = ".tmp";
+
+// A new temporary file of our own beside `target` (TARGET.tmp<pid>.<n>); O_EXCL never
+// touches a file someone else is writing. Returns the descriptor, or -1 with errno set.
+int create_temporary(const std::string& target, std::string& name) {
   static std::atomic<unsigned> serial{0};
-  for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
-    tmp_ = path + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(serial++);
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd_ < 0 && errno != EEXIST) break;
+  int fd = -1;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    name = target + kTmpMark + std::to_string(::getpid()) + "." + std::to_string(serial++);
+    fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
   }
+  return fd;
+}
+
+std::string folder_of(const std::string& path) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+}  // namespace
+
+std::string file_kind(unsigned mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symlink";
+  return "not a regular file";
+}
+
+std::string resolve_output_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p.string();
+    std::error_code ec;
+    const fs::path to = fs::read_symlink(p, ec);
+    if (ec) return p.string();  // unreadable: whatever opening it says is the error
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  throw UsageError("'" + path + "': too many levels of symbolic links");
+}
+
+void check_output_file(const std::string& path, const std::string& label) {
+  if (path.empty()) return;
+  auto refuse = [&](const std::string& why) { throw UsageError(label + " '" + path + "': " + why); };
+  if (path.back() == '/') refuse("names a folder, not a file");
+  const std::string target = resolve_output_path(path);
+  const std::string dir = folder_of(target);
+  struct stat st {};
+  const bool exists = ::stat(target.c_str(), &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) refuse("is " + file_kind(st.st_mode) + "; only a regular file is replaced");
+  struct stat dst {};
+  if (::stat(dir.c_str(), &dst) != 0) refuse("its folder '" + dir + "' does not exist (" + std::strerror(errno) + ")");
+  if (!S_ISDIR(dst.st_mode)) refuse("'" + dir + "' is not a folder");
+  // A sticky folder (/tmp) lets only a file's owner, the folder's owner or root replace it.
+  const uid_t me = ::geteuid();
+  if (exists && (dst.st_mode & S_ISVTX) && me != 0 && st.st_uid != me && dst.st_uid != me)
+    refuse("belongs to another user in a sticky folder, so it cannot be replaced");
+  // Try what the save will do: create a file of our own beside the target.
+  std::string probe;
+  const int fd = create_temporary(target, probe);
+  if (fd < 0) refuse("cannot create a file in its folder '" + dir + "' (" + std::strerror(errno) + ")");
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void remove_stale_temporaries(const std::string& target) {
+  namespace fs = std::filesystem;
+  const std::string base = fs::path(target).filename().string() + kTmpMark;
+  DIR* d = ::opendir(folder_of(target).c_str());
+  if (!d) return;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, base.size(), base) != 0) continue;
+    // TARGET.tmp<pid>.<n>, digits only: anything else is not ours.
+    const size_t dot = name.find('.', base.size());
+    if (dot == std::string::npos || dot == base.size() || dot + 1 == name.size()) continue;
+    const auto digits = [](const std::string& s) { return s.find_first_not_of("0123456789") == std::string::npos; };
+    if (!digits(name.substr(base.size(), dot - base.size())) || !digits(name.substr(dot + 1))) continue;
+    long pid = 0;
+    const auto [end, ec] = std::from_chars(name.data() + base.size(), name.data() + dot, pid);
+    if (ec != std::errc() || pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to ask)
+    ::unlink((fs::path(folder_of(target)) / name).c_str());
+  }
+  ::closedir(d);
+}
+
+AtomicFile::AtomicFile(const std::string& path, std::string label, std::string kept)
+    : target_(resolve_output_path(path)), label_(std::move(label)), kept_(std::move(kept)) {
+  struct stat st {};
+  if (::stat(target_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail("is " + file_kind(st.st_mode) + "; only a regular file is replaced");
+  remove_stale_temporaries(target_);
+  fd_ = create_temporary(target_, tmp_);
   if (fd_ < 0) {
     const int err = errno;
     fail("cannot create '" + tmp_ + "': " + std::strerror(err));
@@ -56,11 +153,14 @@ void AtomicFile::write(const void* data, uint64_t n) {
 void AtomicFile::commit() {
   if (::fsync(fd_) != 0) failed("fsync");
   if (::close(std::exchange(fd_, -1)) != 0) failed("close");
+  // The target may have changed since the constructor looked (a FIFO made meanwhile).
+  struct stat st {};
+  if (::stat(target_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail("has become " + file_kind(st.st_mode) + "; it is not replaced");
   if (::rename(tmp_.c_str(), target_.c_str()) != 0) failed("rename");
   renamed_ = true;
   // The rename is durable only once the folder holding the entry is synced too.
-  std::string dir = std::filesystem::path(target_).parent_path().string();
-  if (dir.empty()) dir = ".";
+  const std::string dir = folder_of(target_);
   const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   // EINVAL: a file system that cannot sync folders; there is nothing more to do.
   const bool synced = d >= 0 && (::fsync(d) == 0 || errno == EINVAL);

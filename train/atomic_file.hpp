@@ -3,13 +3,34 @@
 // beside the target (same folder, so the rename is atomic; O_EXCL, so it is never someone
 // else's), which is fsynced and renamed over the target, and then the folder is fsynced.
 // Until commit() the target keeps its old contents; on any failure, or when commit() is
-// never reached, the temporary file is removed. Internal to the library.
+// never reached, the temporary file is removed. Only regular files are replaced: a target
+// that is a device node, a FIFO, a socket or a folder is refused (renaming over /dev/null
+// would turn it into a file). A symlink is followed: the file it points to is replaced, in
+// its own folder. Internal to the library.
 #pragma once
 #include <cstdint>
 #include <limits>
 #include <string>
 
 namespace dpt {
+
+// "a FIFO", "a character device", "a folder", ... (a stat mode), for error messages.
+std::string file_kind(unsigned mode);
+
+// Where a write to `path` lands: symlinks followed (a relative link read from its own
+// folder); the path itself when it is no link. Throws UsageError for a loop of links.
+std::string resolve_output_path(const std::string& path);
+
+// Refuses, before any work is done, a path that an AtomicFile could not replace: one that
+// names a folder (or ends in '/'), an existing target that is not a regular file, or one
+// whose folder does not let this process create and rename a file there (tried, since
+// access() says yes to root on a read-only file system). Throws UsageError
+// "<label> 'PATH': <why>", e.g. label "TrainConfig::save".
+void check_output_file(const std::string& path, const std::string& label);
+
+// Temporary files of `target` (TARGET.tmp<pid>.<n>) left by processes that no longer
+// exist (a save killed half-way) are removed; those of live processes are kept.
+void remove_stale_temporaries(const std::string& target);
 
 class AtomicFile {
  public:
@@ -26,7 +47,8 @@ class AtomicFile {
   void fail_after(uint64_t bytes, std::string why);
   // Writes all n bytes, or throws.
   void write(const void* data, uint64_t n);
-  // fsync, close, rename over the target, fsync its folder: the new file is in place, whole.
+  // fsync, close, rename over the target (unless it has become something other than a
+  // regular file meanwhile), fsync its folder: the new file is in place, whole.
   void commit();
 
  private:

@@ -42,29 +42,6 @@ constexpr const char* kNotReplaced = "; any previous checkpoint there is unchang
 
 std::string errno_text(int err) { return std::strerror(err); }
 
-// A name from the file, quoted for an error message: control bytes escaped (the message
-// stays one line) and long names cut short.
-std::string printable(const std::string& s) {
-  constexpr size_t kMax = 80;
-  size_t len = s.size();
-  if (len > kMax) {
-    len = kMax;
-    while (len > 0 && (static_cast<uint8_t>(s[len]) & 0xC0) == 0x80) --len;  // whole UTF-8 characters
-  }
-  std::string out = "'";
-  for (size_t i = 0; i < len; ++i) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    if (c < 0x20 || c == 0x7F) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += s[i];
-    }
-  }
-  return out + (len < s.size() ? "...'" : "'");
-}
-
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -532,6 +509,29 @@ void inject_full_disk(AtomicFile& file, const std::string& path) {
 }
 
 }  // namespace
+
+// A name from the file, quoted for an error message: control bytes escaped (the message
+// stays one line) and long names cut short.
+std::string printable(const std::string& s) {
+  constexpr size_t kMax = 80;
+  size_t len = s.size();
+  if (len > kMax) {
+    len = kMax;
+    while (len > 0 && (static_cast<uint8_t>(s[len]) & 0xC0) == 0x80) --len;  // whole UTF-8 characters
+  }
+  std::string out = "'";
+  for (size_t i = 0; i < len; ++i) {
+    const auto c = static_cast<uint8_t>(s[i]);
+    if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += s[i];
+    }
+  }
+  return out + (len < s.size() ? "...'" : "'");
+}
 
 const char* dtype_name(DType t) {
   switch (t) {

@@ -1,10 +1,12 @@
 #include <dptrain/train/trainer.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
@@ -12,6 +14,8 @@
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/checkpoint.hpp>
+
+#include "atomic_file.hpp"
 
 namespace dpt {
 
@@ -23,6 +27,7 @@ namespace {
 }
 std::string got(int64_t v) { return ", got " + std::to_string(v); }
 std::string got(int v) { return got(int64_t{v}); }
+std::string got(float v) { return ", got " + format_float(v); }
 std::string got(double v) {
   char buf[40];
   std::snprintf(buf, sizeof buf, ", got %g", v);
@@ -30,23 +35,40 @@ std::string got(double v) {
 }
 }  // namespace
 
+float default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3f : 0.05f; }
+
 nn::ModelSpec validate(TrainConfig& cfg) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  // NaN fails every comparison: each range is written so that NaN falls outside it.
+  auto within = [](double v, double lo, double hi) { return v >= lo && v <= hi; };
   if (cfg.batch < 1) bad("batch", "must be >= 1" + got(cfg.batch));
   if (cfg.epochs < 0) bad("epochs", "must be >= 0" + got(cfg.epochs));
   if (cfg.samples < 0) bad("samples", "must be >= 0" + got(cfg.samples));
   if (cfg.epochs > 0) {
     if (cfg.samples < 1) bad("epochs", "needs TrainConfig::samples (the dataset size)");
-    cfg.steps = (cfg.epochs * cfg.samples + cfg.batch - 1) / cfg.batch;
+    if (cfg.epochs > kMax / cfg.samples)
+      bad("epochs", "times TrainConfig::samples is more samples than fit in 64 bits" + got(cfg.epochs));
+    const int64_t total = cfg.epochs * cfg.samples;
+    cfg.steps = total / cfg.batch + (total % cfg.batch != 0);
   }
   if (cfg.steps < 1) bad("steps", "must be >= 1" + got(cfg.steps));
-  if (!(cfg.lr > 0.0f) || !std::isfinite(cfg.lr)) bad("lr", "must be a positive number" + got(cfg.lr));
-  if (cfg.momentum < 0.0f || cfg.momentum >= 1.0f) bad("momentum", "must be in [0, 1)" + got(cfg.momentum));
-  if (cfg.weight_decay < 0.0f) bad("weight_decay", "must be >= 0" + got(cfg.weight_decay));
-  if (cfg.clip < 0.0f) bad("clip", "must be >= 0" + got(cfg.clip));
-  if (cfg.log_every < 1) bad("log_every", "must be >= 1" + got(cfg.log_every));
-  if (cfg.warmup < 0) bad("warmup", "must be >= 0" + got(cfg.warmup));
+  // Sample indices run to steps * batch (the data's position is one counter).
+  if (cfg.steps > kMax / cfg.batch)
+    bad("steps", "times TrainConfig::batch is more samples than fit in 64 bits" + got(cfg.steps));
   if (cfg.optimizer != "sgd" && cfg.optimizer != "adamw")
     bad("optimizer", "'" + cfg.optimizer + "' is unknown: expected sgd or adamw");
+  if (!cfg.lr) cfg.lr = default_lr(cfg.optimizer);
+  if (!(*cfg.lr > 0.0f) || !std::isfinite(*cfg.lr)) bad("lr", "must be a positive number" + got(*cfg.lr));
+  if (!within(cfg.momentum, 0.0, 1.0) || cfg.momentum == 1.0f) bad("momentum", "must be in [0, 1)" + got(cfg.momentum));
+  if (!within(cfg.weight_decay, 0.0, HUGE_VAL) || std::isinf(cfg.weight_decay))
+    bad("weight_decay", "must be a finite number >= 0" + got(cfg.weight_decay));
+  if (!within(cfg.beta1, 0.0, 1.0) || cfg.beta1 == 1.0f) bad("beta1", "must be in [0, 1)" + got(cfg.beta1));
+  if (!within(cfg.beta2, 0.0, 1.0) || cfg.beta2 == 1.0f) bad("beta2", "must be in [0, 1)" + got(cfg.beta2));
+  if (!(cfg.eps > 0.0f) || std::isinf(cfg.eps)) bad("eps", "must be a positive number" + got(cfg.eps));
+  if (!within(cfg.clip, 0.0, HUGE_VAL) || std::isinf(cfg.clip))
+    bad("clip", "must be a finite number >= 0 (0: off)" + got(cfg.clip));
+  if (cfg.log_every < 1) bad("log_every", "must be >= 1" + got(cfg.log_every));
+  if (cfg.warmup < 0) bad("warmup", "must be >= 0" + got(cfg.warmup));
   (void)optim::parse_schedule(cfg.schedule);
   nn::ModelSpec spec = nn::parse_model_spec(cfg.model);
   if (spec.is_cnn) cfg.task = data::Task::classification;  // a CNN classifies images
@@ -57,7 +79,9 @@ nn::ModelSpec validate(TrainConfig& cfg) {
     bad("on_nonfinite", "'" + cfg.on_nonfinite + "' is unknown: expected stop or skip-step");
   if (cfg.save_every < 0) bad("save_every", "must be >= 0" + got(cfg.save_every));
   if (cfg.save_every > 0 && cfg.save.empty()) bad("save_every", "needs TrainConfig::save (a checkpoint path)");
-  if (!(cfg.comm_timeout > 0.0)) bad("comm_timeout", "must be positive" + got(cfg.comm_timeout));
+  check_output_file(cfg.save, "TrainConfig::save");
+  if (!(cfg.comm_timeout > 0.0) || std::isinf(cfg.comm_timeout))
+    bad("comm_timeout", "must be a positive number of seconds" + got(cfg.comm_timeout));
   if (cfg.devices.empty()) cfg.devices = default_devices();
   if (cfg.ddp && !built_with_mpi()) bad("ddp", "needs a build with MPI (install libopenmpi-dev and rebuild)");
   for (const Device& d : cfg.devices) {
@@ -65,7 +89,9 @@ nn::ModelSpec validate(TrainConfig& cfg) {
     if (d.type != cfg.devices.front().type) bad("devices", "cannot mix CPU and CUDA devices");
   }
   if (!cfg.ddp) (void)resolve_reduce(cfg.reduce, cfg.devices);
-  if (!(cfg.bucket_mb > 0.0)) bad("bucket_mb", "must be positive" + got(cfg.bucket_mb));
+  // More than a TiB a bucket is no bucket at all (and its byte count would not fit).
+  if (!(cfg.bucket_mb > 0.0) || cfg.bucket_mb > 1048576.0)
+    bad("bucket_mb", "must be in (0, 1048576] MiB" + got(cfg.bucket_mb));
   if (cfg.cuda_graph && (cfg.devices.size() != 1 || !cfg.devices.front().is_cuda() || cfg.ddp || cfg.grad_accum != 1 ||
                          cfg.optimizer != "sgd"))
     bad("cuda_graph",
@@ -105,9 +131,9 @@ Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
   OptimizerFactory make_opt = [this](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
     if (cfg_.optimizer == "sgd")
       return std::make_unique<optim::SGD>(
-          m, optim::SGD::Options{cfg_.lr, cfg_.momentum, 0.0f, cfg_.weight_decay, cfg_.nesterov});
+          m, optim::SGD::Options{*cfg_.lr, cfg_.momentum, 0.0f, cfg_.weight_decay, cfg_.nesterov});
     return std::make_unique<optim::AdamW>(
-        m, optim::AdamW::Options{cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
+        m, optim::AdamW::Options{*cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
   };
   DataParallelOptions o;
   o.reduce = cfg_.reduce;
@@ -121,7 +147,8 @@ Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
   o.cuda_graph = cfg_.cuda_graph;
   o.group = group_;
   dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, make_opt, o);
-  sched_ = {optim::parse_schedule(cfg_.schedule), cfg_.lr, cfg_.warmup, cfg_.steps};
+  (void)dp_->plan(cfg_.batch);  // refuses a split that cannot work before any step
+  sched_ = {optim::parse_schedule(cfg_.schedule), *cfg_.lr, cfg_.warmup, cfg_.steps};
   if (!cfg_.resume.empty()) resume(cfg_.resume);
 }
 
@@ -149,7 +176,7 @@ void Trainer::save(const std::string& path) {
                 {"task", data::task_name(cfg_.task)},
                 {"optimizer", optimizer().kind()},
                 {"optimizer_steps", std::to_string(optimizer().steps_taken())},
-                {"lr", fmt(cfg_.lr)},
+                {"lr", fmt(*cfg_.lr)},
                 {"momentum", fmt(cfg_.momentum)},
                 {"nesterov", cfg_.nesterov ? "true" : "false"},
                 {"weight_decay", fmt(cfg_.weight_decay)},
@@ -198,18 +225,38 @@ void Trainer::resume(const std::string& path) {
   must_match("seed", std::to_string(cfg_.seed));  // the data and teacher follow from it
   must_match("batch", std::to_string(cfg_.batch));
   must_match("samples", std::to_string(cfg_.samples));
-  const int64_t step = std::stoll(meta("step"));
-  if (step < 0 || step > cfg_.steps)
+  // Every number is read whole and range-checked: "12abc" is no step count.
+  auto meta_int = [&](const std::string& key, int64_t lo, int64_t hi) {
+    const std::string text = meta(key);
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
+      throw UsageError("checkpoint '" + path + "': metadata '" + key + "' must be a whole number in [" +
+                       std::to_string(lo) + ", " + std::to_string(hi) + "], got " + ckpt::printable(text));
+    return v;
+  };
+  const int64_t step = meta_int("step", 0, std::numeric_limits<int64_t>::max());
+  if (step > cfg_.steps)
     throw UsageError("checkpoint '" + path + "' is at step " + std::to_string(step) + ", past TrainConfig::steps " +
                      std::to_string(cfg_.steps));
+  // An optimizer steps at most once a training step (skipped steps do not count).
+  const int64_t optimizer_steps = meta_int("optimizer_steps", 0, step);
   auto fetch = [&](const std::string& name, const Tensor& into) {
     const ckpt::HostTensor* t = c.find(name);
     if (!t) throw UsageError("checkpoint '" + path + "' has no tensor '" + name + "'");
-    if (t->dtype != ckpt::DType::f32 || t->shape != into.shape())
+    if (t->dtype != ckpt::DType::f32)
+      throw UsageError("checkpoint '" + path + "': tensor '" + name + "' is " + ckpt::dtype_name(t->dtype) +
+                       ", the model needs F32");
+    if (t->shape != into.shape())
       throw UsageError("checkpoint '" + path + "': tensor '" + name + "' has shape " + shape_str(t->shape) +
                        ", the model needs " + shape_str(into.shape()));
     std::vector<float> v(static_cast<size_t>(into.numel()));
     std::memcpy(v.data(), t->data.data(), t->data.size());
+    // Training on from a NaN would only spread it, and save it again.
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i]))
+        throw UsageError("checkpoint '" + path + "': tensor '" + name + "' holds " + format_float(v[i]) + " at index " +
+                         std::to_string(i) + "; weights and optimizer state must be finite");
     copy(into, Tensor::from_host(v, into.shape(), into.device()));
   };
   for (size_t r = 0; r < dp_->size(); ++r) {
@@ -220,10 +267,32 @@ void Trainer::resume(const std::string& path) {
   }
   for (optim::Optimizer* o : dp_->optimizers()) {
     for (auto& [name, t] : o->state()) fetch(name, t);
-    o->set_steps_taken(std::stoll(meta("optimizer_steps")));
+    o->set_steps_taken(optimizer_steps);
   }
   dp_->synchronize();
   steps_done_ = step;
+  ResumeInfo info{path, step, {}};
+  auto changed = [&](const std::string& key, const std::string& now, bool number) {
+    const auto it = c.metadata.find(key);
+    if (it == c.metadata.end()) return;
+    if (number) {
+      const float was = std::strtof(it->second.c_str(), nullptr);
+      if (fmt(was) != now)
+        info.changed.push_back(key + " " + format_float(was) + " -> " +
+                               format_float(std::strtof(now.c_str(), nullptr)));
+    } else if (it->second != now) {
+      info.changed.push_back(key + " " + it->second + " -> " + now);
+    }
+  };
+  changed("lr", fmt(*cfg_.lr), true);
+  changed("schedule", cfg_.schedule, false);
+  changed("warmup", std::to_string(cfg_.warmup), false);
+  changed("momentum", fmt(cfg_.momentum), true);
+  changed("nesterov", cfg_.nesterov ? "true" : "false", false);
+  changed("weight_decay", fmt(cfg_.weight_decay), true);
+  changed("beta1", fmt(cfg_.beta1), true);
+  changed("beta2", fmt(cfg_.beta2), true);
+  resumed_ = std::move(info);
 }
 
 std::string Trainer::nonfinite_parameter() {
@@ -233,12 +302,15 @@ std::string Trainer::nonfinite_parameter() {
   return "";
 }
 
-StepLoss Trainer::step(int64_t s) {
+StepLoss Trainer::step(int64_t s, bool measure) {
   dp_->set_lr(sched_.at(s));
-  const LossFn loss = cfg_.task == data::Task::regression ? LossFn(nn::MSELoss()) : LossFn(nn::CrossEntropyLoss());
+  const bool classify = cfg_.task == data::Task::classification;
+  const LossFn loss = classify ? LossFn(nn::CrossEntropyLoss()) : LossFn(nn::MSELoss());
+  // A recorded step cannot change what it computes: with a CUDA graph, every step measures.
+  const LossFn metric = classify && (measure || cfg_.cuda_graph) ? LossFn(dpt::accuracy) : LossFn();
   StepLoss l = dp_->train_step(
       s * cfg_.batch, cfg_.batch, [this](size_t r, int64_t first, int64_t n) { return data_[r]->batch(first, n); },
-      loss);
+      loss, metric);
   steps_done_ = s + 1;
   return l;
 }
@@ -263,6 +335,16 @@ uint64_t Trainer::parameter_hash() {
   return h;
 }
 
+namespace {
+// "9.7 hours", "42 minutes": the size of a wait, for a warning.
+std::string rough_duration(double seconds) {
+  char buf[40];
+  if (seconds >= 2 * 3600) std::snprintf(buf, sizeof buf, "%.1f hours", seconds / 3600);
+  else std::snprintf(buf, sizeof buf, "%.0f minutes", seconds / 60);
+  return buf;
+}
+}  // namespace
+
 TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, const std::function<bool()>& stop) {
   using clock = std::chrono::steady_clock;
   TrainResult r;
@@ -270,6 +352,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
   auto last = start, after_first = start;
   const int64_t begin = steps_done_;
   int64_t last_step = begin;
+  StepLoss unread;  // the last step's loss when it was not logged
   for (int64_t s = begin; s < cfg_.steps; ++s) {
     if (stop) {
       // Every rank must stop at the same step: the decision is shared.
@@ -279,8 +362,11 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
         break;
       }
     }
-    const StepLoss loss = step(s);
+    unread = StepLoss();  // freed before the step, which reuses its memory
     const int64_t done = s + 1;
+    const bool first = s == begin;
+    const bool logged = first || done % cfg_.log_every == 0 || done == cfg_.steps;
+    StepLoss loss = step(s, logged);
     if (const float scale = dp_->last_scale(); !std::isfinite(scale)) {
       const std::string where = nonfinite_parameter();
       const std::string what = "step " + std::to_string(done) + ": the gradient of " +
@@ -291,26 +377,43 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       if (!group_ || group_->rank() == 0) report(Severity::warning, what);
       ++r.skipped;
     }
-    const bool first = s == begin;
-    if (first || done % cfg_.log_every == 0 || done == cfg_.steps) {
+    if (logged) {
       dp_->synchronize();                // bounded by --comm-timeout across ranks
       const float value = loss.value();  // the only host synchronization of a step
+      const float accuracy = loss.metric();
       const auto now = clock::now();
+      const double dt = std::chrono::duration<double>(now - last).count();
+      const int64_t n = done - last_step;
       if (first) {
         r.first_loss = value;
         after_first = now;
+        // A CPU device can be slower than a GPU by a thousand times: say so once, early,
+        // rather than let hours pass in silence.
+        const double left = dt / static_cast<double>(n) * static_cast<double>(cfg_.steps - done);
+        char per_step[32];
+        std::snprintf(per_step, sizeof per_step, "%.3g", dt / static_cast<double>(n));
+        if (cfg_.devices.front().is_cpu() && left > 3600 && (!group_ || group_->rank() == 0))
+          report(Severity::warning,
+                 std::string("at ") + per_step + " s a step, the " + std::to_string(cfg_.steps - done) +
+                     " steps left will take about " + rough_duration(left) +
+                     " on the CPU; a GPU (TrainConfig::devices cuda:0) trains this model far faster");
       }
-      const double dt = std::chrono::duration<double>(now - last).count();
-      const int64_t n = done - last_step;
       if (on_log)
-        on_log({done, cfg_.steps, value, sched_.at(s), dt > 0 ? static_cast<double>(n * cfg_.batch) / dt : 0.0,
-                1e3 * dt / static_cast<double>(n), std::chrono::duration<double>(now - start).count()});
+        on_log({done, cfg_.steps, value, accuracy, sched_.at(s),
+                dt > 0 ? static_cast<double>(n * cfg_.batch) / dt : 0.0, 1e3 * dt / static_cast<double>(n),
+                std::chrono::duration<double>(now - start).count()});
       r.final_loss = value;
+      r.final_accuracy = accuracy;
       last = now;
       last_step = done;
+    } else {
+      unread = std::move(loss);
     }
     if (cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps) save(cfg_.save);
   }
+  // A stopped run reports the loss of the last step it did, logged or not (every rank
+  // stopped at the same step, so the collective read matches).
+  if (!unread.losses.empty()) r.final_loss = unread.value();
   if (!cfg_.save.empty()) save(cfg_.save);
   dp_->synchronize();
   const auto end = clock::now();

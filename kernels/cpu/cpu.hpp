@@ -59,6 +59,10 @@ void mse_backward(const float* y, const float* t, int64_t n, const float* dloss,
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss);
 void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, const float* dloss,
                             float* dlogits);
+// The share of rows whose largest logit (the first, when several are equal) is at the
+// label; a row of NaNs has no largest logit and counts as wrong.
+void accuracy(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out);
+void accuracy_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out);
 // bf16 predictions or logits: the loss in fp32, the gradient in bf16 (the target stays f32).
 void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy);
 void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale, uint16_t* dy);

@@ -68,6 +68,21 @@ void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float
   narrow(g, dy);
 }
 
+void accuracy(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out) {
+  int64_t right = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* row = logits + i * cols;
+    int64_t best = -1;
+    for (int64_t c = 0; c < cols; ++c)
+      if (!std::isnan(row[c]) && (best < 0 || row[c] > row[best])) best = c;
+    right += best >= 0 && best == labels[i];
+  }
+  *out = static_cast<float>(static_cast<double>(right) / static_cast<double>(rows));
+}
+void accuracy_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out) {
+  const auto v = widen(logits, rows * cols);
+  accuracy(v.data(), labels, rows, cols, out);
+}
 void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                 float* loss) {
   const auto v = widen(logits, rows * cols);

@@ -120,6 +120,12 @@ void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t r
                            float* work, cudaStream_t stream);
 void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, const float* dloss,
                             float* dlogits, cudaStream_t stream);
+// The share of rows whose largest logit (the first of equal ones) is at the label, into
+// *out; `work` holds at least max(rows, kReduceWork) floats (as cross_entropy_forward).
+void accuracy(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out, float* work,
+              cudaStream_t stream);
+void accuracy_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out, float* work,
+                   cudaStream_t stream);
 // bf16 predictions or logits (the target stays f32): loss in fp32, gradient in bf16.
 void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy, float* work,
                       unsigned* counter, cudaStream_t stream);

@@ -230,6 +230,46 @@ static __global__ void cross_entropy_backward_kernel(const T* logits, const int3
   }
 }
 
+// work[r] = 1 when row r's largest logit (the first of equal ones; NaNs never win) is at
+// its label, else 0. A warp a row: each lane keeps the best of its columns, then the
+// lanes merge, the larger value winning and the lower column breaking ties, so the
+// result is the CPU's scan from the left.
+template <typename T>
+static __global__ void accuracy_rows_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
+                                            float* work) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const T* x = logits + r * cols;
+  float best = 0.f;
+  int64_t at = -1;
+  for (int64_t c = lane; c < cols; c += 32) {
+    const float v = as_float(x[c]);
+    if (!isnan(v) && (at < 0 || v > best)) best = v, at = c;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int64_t oa = __shfl_xor_sync(0xffffffffu, at, o);
+    if (oa >= 0 && (at < 0 || ob > best || (ob == best && oa < at))) best = ob, at = oa;
+  }
+  if (lane == 0) work[r] = at >= 0 && at == labels[r] ? 1.f : 0.f;
+}
+
+template <typename T>
+void accuracy_launch(const char* who, const T* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out,
+                     float* work, cudaStream_t stream) {
+  DPT_CHECK(rows > 0 && cols > 0, std::string(who) + ": bad shape (rows and cols must be > 0)");
+  DPT_CHECK(logits != nullptr && labels != nullptr && out != nullptr && work != nullptr,
+            std::string(who) + ": null pointer");
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
+  accuracy_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows, cols, work);
+  DPT_CUDA_CHECK_LAUNCH();
+  finish_sum(work, rows, 1.0 / static_cast<double>(rows), out, stream);  // counts: exact in any order
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T>
 void cross_entropy_forward_launch(const char* who, const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                   float* loss, float* work, cudaStream_t stream) {
@@ -278,6 +318,16 @@ void mse_backward(const float* y, const float* t, int64_t n, const float* dloss,
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss,
                            float* work, cudaStream_t stream) {
   cross_entropy_forward_launch("cross_entropy_forward", logits, labels, rows, cols, loss, work, stream);
+}
+
+void accuracy(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out, float* work,
+              cudaStream_t stream) {
+  accuracy_launch("accuracy", logits, labels, rows, cols, out, work, stream);
+}
+
+void accuracy_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out, float* work,
+                   cudaStream_t stream) {
+  accuracy_launch("accuracy_bf16", logits, labels, rows, cols, out, work, stream);
 }
 
 void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, const float* dloss,

@@ -67,14 +67,17 @@ using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>
 using ShardSource = std::function<data::Batch(size_t replica, int64_t first, int64_t count)>;
 
 // The loss of one step: per-replica device scalars, weighted by shard share. Reading
-// value() waits for the step; nothing else in a step does.
+// value() waits for the step; nothing else in a step does. When the step was asked for a
+// metric (a per-shard mean such as accuracy), metric() is its weighted mean the same way.
 class DataParallel;
 struct StepLoss {
   std::vector<Tensor> losses;
+  std::vector<Tensor> metrics;  // empty when no metric was asked for
   std::vector<double> weights;
-  ProcessGroup* group = nullptr;  // when set, value() sums over every rank (collective)
+  ProcessGroup* group = nullptr;  // when set, value() and metric() sum over every rank (collective)
   DataParallel* owner = nullptr;  // value() waits for its replicas' streams first
   float value() const;
+  float metric() const;  // NaN when no metric was asked for
 };
 
 // Wall time of one step's phases on the master, in ms (CUDA events on a GPU).
@@ -96,10 +99,13 @@ class DataParallel {
   const ShardPlan& plan(int64_t batch);
 
   // One step on samples [first, first + count), each replica making its own shard.
-  StepLoss train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss);
+  // `metric` (may be empty) is computed from each shard's output and targets, without a
+  // gradient; with a CUDA graph it is part of the recording, so pass it every step or never.
+  StepLoss train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
+                      const LossFn& metric = {});
   // One step on a batch held anywhere (host or a device): shards are copied to their
   // replicas asynchronously.
-  StepLoss train_step(const data::Batch& batch, const LossFn& loss);
+  StepLoss train_step(const data::Batch& batch, const LossFn& loss, const LossFn& metric = {});
 
   void set_lr(float lr);
   size_t size() const { return devices_.size(); }
@@ -126,7 +132,7 @@ class DataParallel {
   struct Replica;
   void run_on_all(const std::function<void(size_t)>& fn);
   void forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss, Tensor& loss_out,
-                        bool first_micro, bool last_micro);
+                        const LossFn& metric, Tensor& metric_out, bool first_micro, bool last_micro);
   void update(size_t r);
   // Copies the master's buffers (batch norm's running statistics, which each replica
   // updated from its own shard) to every replica, or rank 0's to every rank, as
@@ -150,8 +156,9 @@ class DataParallel {
   float graph_lr_ = 0.0f;
   bool graph_warm_ = false;
   bool recording_ = false;  // timing events cannot be recorded into a graph
-  Tensor graph_x_, graph_y_, graph_loss_;
-  StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss);
+  Tensor graph_x_, graph_y_, graph_loss_, graph_metric_;
+  StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
+                      const LossFn& metric);
   ProcessGroup* group_ = nullptr;
   ShardPlan plan_;  // of the last batch size
   bool warned_small_batch_ = false;

@@ -29,5 +29,8 @@ void empty_cache(const Device& device);
 std::string format_bytes(size_t bytes);
 // 35200 -> "35.2k", 1.2e6 -> "1.20M": rates that span six orders of magnitude.
 std::string format_si(double v);
+// A float as a person writes it, the shortest text that reads back as the same float:
+// 0.05f -> "0.05" (not "0.050000"), 1e30f -> "1e+30", NaN -> "nan".
+std::string format_float(float v);
 
 }  // namespace dpt

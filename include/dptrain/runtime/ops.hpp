@@ -28,6 +28,8 @@ Tensor activation(const Tensor& x, Act act);
 Tensor mse_loss(const Tensor& y, const Tensor& target);
 // Softmax cross-entropy, mean over rows: logits [batch, classes], labels i32 [batch].
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
+// f32 [1]: the share of rows whose largest logit is at the label (no gradient).
+Tensor accuracy(const Tensor& logits, const Tensor& labels);
 // f32 <-> bf16 (round to nearest even): differentiable, the gradient cast back to t's type.
 // The same type gives t itself.
 Tensor cast(const Tensor& t, DType to);

@@ -53,6 +53,10 @@ void save(const std::string& path, const Checkpoint& c);
 // F32, BF16 or I32. Throws dpt::Error "checkpoint 'PATH': <problem>".
 Checkpoint load(const std::string& path);
 
+// A string from a file, quoted for a one-line error message: 'text', control bytes
+// escaped, long strings cut short.
+std::string printable(const std::string& s);
+
 // `s` as a JSON string literal, quotes and escapes included (for JSON this project writes).
 std::string json_quote(const std::string& s);
 

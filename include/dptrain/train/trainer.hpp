@@ -2,10 +2,13 @@
 // clipping wired together. dptrain's CLI is a thin layer over it, and tests use it to
 // compare whole runs across devices.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
@@ -26,7 +29,8 @@ struct TrainConfig {
   int64_t epochs = 0;
   int64_t samples = 0;            // dataset size; 0 = endless stream of samples
   std::string optimizer = "sgd";  // sgd | adamw
-  float lr = 0.05f;
+  // The learning rate; none: the optimizer's own default (validate() fills it in).
+  std::optional<float> lr;
   float momentum = 0.9f;
   float weight_decay = 0.0f;
   bool nesterov = false;
@@ -65,10 +69,15 @@ class NonFiniteError : public Error {
 // reason naming the field (TrainConfig::batch). The Trainer calls it once, itself.
 nn::ModelSpec validate(TrainConfig& cfg);
 
+// The learning rate an optimizer trains with when none is given: SGD 0.05, AdamW 1e-3
+// (PyTorch's default for AdamW).
+float default_lr(const std::string& optimizer);
+
 struct StepLog {
   int64_t step;  // 1-based, the number of steps done
   int64_t total;
-  float loss;  // loss of this step's batch
+  float loss;      // loss of this step's batch
+  float accuracy;  // classification: the share of this step's batch classified right; else NaN
   float lr;
   double samples_per_s;  // since the previous log line
   double step_ms;        // mean wall time per step since the previous log line
@@ -77,7 +86,8 @@ struct StepLog {
 
 struct TrainResult {
   float first_loss = 0.0f;
-  float final_loss = 0.0f;
+  float final_loss = 0.0f;     // of the last step done (also when the run was stopped)
+  float final_accuracy = NAN;  // classification: of the last logged step's batch
   int64_t steps = 0;
   double seconds = 0.0;
   double samples_per_s = 0.0;                             // over all steps after the first
@@ -86,6 +96,15 @@ struct TrainResult {
   StepTimes times;                                        // the last step's phases on the master
   int64_t skipped = 0;                                    // steps skipped for non-finite gradients
   bool stopped = false;                                   // ended early because stop() asked so
+};
+
+// Where a resumed run came from, and which settings it changed (the schedule, the learning
+// rate and the optimizer's hyper-parameters may change on resume; the model, data and
+// batch may not).
+struct ResumeInfo {
+  std::string path;
+  int64_t step = 0;
+  std::vector<std::string> changed;  // "lr 0.05 -> 0.01", "schedule constant -> cosine"
 };
 
 class Trainer {
@@ -103,13 +122,16 @@ class Trainer {
   // and the step count. Throws UsageError when it does not fit this configuration.
   void resume(const std::string& path);
   // One step on samples [step * batch, (step + 1) * batch); reading the loss waits for it.
-  StepLoss step(int64_t step_index);
+  // `measure`: a classification step also measures its batch's accuracy (StepLoss::metric).
+  StepLoss step(int64_t step_index, bool measure = false);
 
   const TrainConfig& config() const { return cfg_; }
   nn::Module& model() { return *model_; }  // the master replica
   DataParallel& parallel() { return *dp_; }
   optim::Optimizer& optimizer() { return dp_->optimizer(); }
   int64_t steps_done() const { return steps_done_; }
+  // Set when the run continues from a checkpoint.
+  const std::optional<ResumeInfo>& resumed() const { return resumed_; }
   // The process group of a DDP run, else null.
   ProcessGroup* group() const { return group_; }
   // FNV-1a hash of the master's parameters and buffers; in a DDP run every rank's hash is compared
@@ -123,6 +145,7 @@ class Trainer {
   std::unique_ptr<DataParallel> dp_;
   optim::Schedule sched_;
   int64_t steps_done_ = 0;
+  std::optional<ResumeInfo> resumed_;
   ProcessGroup* group_ = nullptr;
   // The name of the first parameter whose gradient is not finite ("" if none).
   std::string nonfinite_parameter();

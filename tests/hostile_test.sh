@@ -1,0 +1,254 @@
+#!/usr/bin/env bash
+# dptrain against hostile input: paths that are not regular files, numbers that would wrap
+# or read as octal, hyper-parameters that are not numbers, checkpoints with bad metadata
+# or non-finite values; and what a long job needs: metrics that continue on resume,
+# --auto-resume, plain log lines off a terminal, a stop summary, a warning before hours
+# of CPU work. Bad input must give exactly one line on stderr and exit status 2, at once
+# (every command runs under a timeout), and leave every file as it was.
+# Usage: hostile_test.sh DPTRAIN DPBENCH SOURCE_DIR
+# shellcheck disable=SC2015  # `check && ok || bad`: ok never fails
+set -u
+exe=$1 bench=$2 src=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp" || exit 1
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+run() { timeout 60 "$exe" "$@"; }
+
+# Exit 2, one error line on stderr that contains $1 (a fixed string), within 10 s.
+refuse() {
+  local want=$1
+  shift
+  timeout 10 "$exe" "$@" >out 2>err
+  local rc=$?
+  if [ "$rc" -ne 2 ]; then bad "dptrain $* exited $rc, not 2: $(cat err)"
+  elif [ "$(wc -l <err)" -ne 1 ]; then bad "dptrain $*: $(wc -l <err) lines on stderr: $(cat err)"
+  elif ! grep -qF -- "$want" err; then bad "dptrain $*: '$(cat err)' does not say '$want'"
+  else ok; fi
+}
+cpu=(--devices cpu --steps 2 --log-every 1)
+
+# ---- Files the run writes or reads -------------------------------------------------
+# Never replace what is not a regular file: device nodes (made here, never the system's),
+# FIFOs, sockets, folders, and symlinks to them. Each is refused before training and is
+# still what it was afterwards.
+mkfifo fifo
+ln -s fifo link-to-fifo
+python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' sock
+mkdir folder
+nodes=(fifo link-to-fifo sock folder)
+if [ "$(id -u)" -eq 0 ] && mknod null c 1 3 2>/dev/null && mknod full c 1 7 2>/dev/null; then
+  nodes+=(null full)
+else
+  echo "note: not root (or no mknod here): the device-node cases are left out"
+fi
+for node in "${nodes[@]}"; do
+  for flag in --save --plot --metrics; do
+    refuse "$flag '$node': is a" "${cpu[@]}" "$flag" "$node"
+  done
+done
+[ -p fifo ] && [ -L link-to-fifo ] && [ -S sock ] && [ -d folder ] && ok || bad "a FIFO, link, socket or folder was replaced"
+if [ -e null ]; then [ -c null ] && [ -c full ] && ok || bad "a device node was replaced by a file"; fi
+refuse "names a folder" "${cpu[@]}" --save "folder/"
+refuse "does not exist" "${cpu[@]}" --save "no/such/folder/ck.safetensors"
+refuse "does not exist" "${cpu[@]}" --plot "no/such/folder/run.svg"
+# A folder this process cannot write into (root writes anywhere, so run as nobody there).
+mkdir locked && chmod 555 locked
+as_other=()
+if [ "$(id -u)" -eq 0 ]; then
+  if command -v setpriv >/dev/null && setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
+    as_other=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+    chmod 755 "$tmp"
+  fi
+fi
+if [ "$(id -u)" -ne 0 ] || [ ${#as_other[@]} -gt 0 ]; then
+  "${as_other[@]}" timeout 10 "$exe" "${cpu[@]}" --save locked/ck.safetensors >out 2>err
+  rc=$?
+  [ $rc -eq 2 ] && grep -q "cannot create a file in its folder 'locked'" err && ok ||
+    bad "an unwritable folder is not refused up front: rc $rc: $(cat err)"
+fi
+# A symlink to a regular file is followed: the file it points to is replaced, the link stays.
+printf 'old' >target.safetensors
+ln -s target.safetensors link.safetensors
+run "${cpu[@]}" --save link.safetensors >out 2>err && [ -L link.safetensors ] &&
+  [ "$(wc -c <target.safetensors)" -gt 100 ] && ok || bad "--save through a symlink: $(cat err)"
+
+# Inputs are bounded: a config file must be a regular file of at most 1 MiB.
+refuse "--config: 'fifo' is a FIFO, not a regular file" "${cpu[@]}" --config fifo
+refuse "--config: '/dev/zero' is a character device" "${cpu[@]}" --config /dev/zero
+refuse "is a folder" "${cpu[@]}" --config folder
+head -c 1048577 /dev/zero | tr '\0' '#' >big.toml
+refuse "more than the 1048576 a config file may have" "${cpu[@]}" --config big.toml
+refuse "checkpoint 'fifo': not a regular file" "${cpu[@]}" --resume fifo
+refuse "checkpoint '/dev/zero': not a regular file" "${cpu[@]}" --resume /dev/zero
+
+# Leftovers: a save removes the temporaries of its own target that dead processes left,
+# and keeps those of live processes and files that are not its temporaries.
+dead=999999
+while kill -0 $dead 2>/dev/null; do dead=$((dead - 1)); done
+touch ck.safetensors.tmp$dead.0 ck.safetensors.tmp$$.1 ck.safetensors.tmpnotes other.safetensors.tmp$dead.0
+run "${cpu[@]}" --save ck.safetensors >out 2>err || bad "save failed: $(cat err)"
+[ ! -e ck.safetensors.tmp$dead.0 ] && [ -e ck.safetensors.tmp$$.1 ] && [ -e ck.safetensors.tmpnotes ] &&
+  [ -e other.safetensors.tmp$dead.0 ] && ok || bad "stale temporaries: $(ls)"
+
+# ---- Numbers ------------------------------------------------------------------------
+# Leading zeros are decimal, on the command line and in a config file.
+run --devices cpu --batch 0256 --steps 010 --log-every 100 >out 2>&1
+grep -q 'batch 256, 10 steps' out && ok || bad "--batch 0256 --steps 010: $(head -2 out)"
+printf 'batch = 0256\nsteps = 010\nlog_every = 100\n' >zeros.toml
+run --devices cpu --config zeros.toml >out 2>&1
+grep -q 'batch 256, 10 steps' out && ok || bad "leading zeros in a config file: $(head -2 out)"
+refuse "--batch: '0x10' is not a whole decimal number" "${cpu[@]}" --batch 0x10
+refuse "--batch: '1e3' is not a whole decimal number" "${cpu[@]}" --batch 1e3
+# Out of range is an error, never wrapped or clamped.
+refuse "--steps: '99999999999999999999' is out of range" "${cpu[@]}" --steps 99999999999999999999
+refuse "--seed: '-1' is out of range" "${cpu[@]}" --seed -1
+refuse "--seed: '18446744073709551616' is out of range" "${cpu[@]}" --seed 18446744073709551616
+refuse "--grad-accum: '2147483648' is out of range" "${cpu[@]}" --grad-accum 2147483648
+refuse "--cpus: '99999999999' is out of range" --cpus 99999999999
+refuse "--epochs times --samples is more samples than fit in 64 bits" --devices cpu --epochs 99999999999 --samples 99999999999 --batch 1
+refuse "--steps times --batch is more samples than fit in 64 bits" --devices cpu --steps 9223372036854775807 --batch 2
+refuse "--bucket-mb must be in (0, 1048576] MiB, got inf" "${cpu[@]}" --bucket-mb inf
+refuse "--bucket-mb must be in (0, 1048576] MiB, got 1e+300" "${cpu[@]}" --bucket-mb 1e300
+refuse "--bucket-mb must be in (0, 1048576] MiB, got nan" "${cpu[@]}" --bucket-mb nan
+# Hyper-parameters are validated before training, each with its range.
+refuse "--momentum must be in [0, 1), got nan" "${cpu[@]}" --momentum nan
+refuse "--momentum must be in [0, 1), got 1" "${cpu[@]}" --momentum 1
+refuse "--weight-decay must be a finite number >= 0, got nan" "${cpu[@]}" --weight-decay nan
+refuse "--weight-decay must be a finite number >= 0, got inf" "${cpu[@]}" --weight-decay inf
+refuse "--beta1 must be in [0, 1), got nan" "${cpu[@]}" --optimizer adamw --beta1 nan
+refuse "--beta1 must be in [0, 1), got 2" "${cpu[@]}" --optimizer adamw --beta1 2
+refuse "--beta2 must be in [0, 1), got -1" "${cpu[@]}" --optimizer adamw --beta2 -1
+refuse "--clip must be a finite number >= 0 (0: off), got nan" "${cpu[@]}" --clip nan
+refuse "--clip must be a finite number >= 0 (0: off), got inf" "${cpu[@]}" --clip inf
+refuse "--lr must be a positive number, got nan" "${cpu[@]}" --lr nan
+refuse "--lr must be a positive number, got inf" "${cpu[@]}" --lr inf
+refuse "--lr must be a positive number, got 0" "${cpu[@]}" --lr 0
+refuse "--comm-timeout must be a positive number of seconds, got inf" "${cpu[@]}" --comm-timeout inf
+# Options of the other optimizer are refused, not ignored.
+refuse "--nesterov is an option of --optimizer sgd, and this run trains with adamw" "${cpu[@]}" --optimizer adamw --nesterov
+refuse "--momentum is an option of --optimizer sgd, and this run trains with adamw" "${cpu[@]}" --optimizer adamw --momentum 0.5
+refuse "--beta1 is an option of --optimizer adamw, and this run trains with sgd" "${cpu[@]}" --beta1 0.8
+printf 'optimizer = "adamw"\nmomentum = 0.5\n' >mixed.toml
+refuse "--momentum is an option of --optimizer sgd" "${cpu[@]}" --config mixed.toml
+# Each optimizer has its own default learning rate, and the header says which is used.
+run "${cpu[@]}" --optimizer adamw >out 2>&1
+grep -q 'AdamW(lr=0.001,' out && ok || bad "AdamW's default lr: $(sed -n 2p out)"
+run "${cpu[@]}" --lr 1e30 --on-nonfinite skip-step >out 2>&1
+grep -q 'SGD(lr=1e+30,' out && ok || bad "lr 1e30 is not printed as 1e+30: $(sed -n 2p out)"
+# More micro-batches than a replica has samples: refused at once, before any allocation.
+refuse "--grad-accum must be <= 10, the most samples a replica gets of a batch of 10" --devices cpu --grad-accum 100000000 --batch 10
+refuse "--grad-accum must be <= 4" --cpus 3 --grad-accum 5 --batch 10
+refuse "--grad-accum must be <= 10" --devices cpu --grad-accum 2000000000 --batch 10
+
+# ---- Checkpoints ----------------------------------------------------------------------
+run --devices cpu --steps 4 --optimizer adamw --save good.safetensors >/dev/null 2>&1 || bad "no checkpoint to edit"
+# edit.py IN OUT KEY VALUE: metadata KEY set to VALUE; "dtype NAME D": tensor NAME's dtype
+# written as D; "nan NAME I" / "inf NAME I": element I of tensor NAME made non-finite.
+cat >edit.py <<'PY'
+import json, struct, sys
+src, dst, what = sys.argv[1], sys.argv[2], sys.argv[3:]
+data = open(src, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header, body = json.loads(data[8:8 + n]), bytearray(data[8 + n:])
+if what[0] == "dtype":
+    header[what[1]]["dtype"] = what[2]
+elif what[0] in ("nan", "inf"):
+    begin = header[what[1]]["data_offsets"][0] + 4 * int(what[2])
+    body[begin:begin + 4] = struct.pack("<f", float(what[0]))
+else:
+    header["__metadata__"][what[0]] = what[1]
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(dst, "wb").write(struct.pack("<Q", len(text)) + text + bytes(body))
+PY
+resume_bad() {  # resume_bad "EXPECTED" EDIT...
+  local want=$1
+  shift
+  python3 edit.py good.safetensors bad.safetensors "$@"
+  refuse "$want" --devices cpu --steps 8 --optimizer adamw --resume bad.safetensors
+}
+resume_bad "metadata 'step' must be a whole number in [0, 9223372036854775807], got 'abc'" step abc
+resume_bad "metadata 'step' must be a whole number" step ""
+resume_bad "metadata 'step' must be a whole number" step 99999999999999999999
+resume_bad "metadata 'step' must be a whole number" step 12abc
+resume_bad "metadata 'step' must be a whole number" step " 3"
+resume_bad "metadata 'optimizer_steps' must be a whole number in [0, 4], got '-1'" optimizer_steps -1
+resume_bad "metadata 'optimizer_steps' must be a whole number in [0, 4], got '5'" optimizer_steps 5
+resume_bad "is at step 9, past --steps 8" step 9
+resume_bad "tensor '0.weight' is I32, the model needs F32" dtype 0.weight I32
+resume_bad "tensor '0.weight' holds nan at index 5; weights and optimizer state must be finite" nan 0.weight 5
+resume_bad "tensor 'optimizer.exp_avg_sq' holds inf at index 0" inf optimizer.exp_avg_sq 0
+resume_bad "tensor '2.bias' holds nan at index 3" nan 2.bias 3
+resume_bad "'bad.safetensors'" step abc  # the file is named
+
+# ---- Runs, logs and long jobs ---------------------------------------------------------
+# --metrics continues on resume: the records of steps after the checkpoint's (written by
+# a run killed after it) are dropped, the new ones appended.
+run --devices cpu --steps 10 --log-every 5 --save m.safetensors --metrics m.jsonl >/dev/null 2>&1
+echo '{"step": 15, "loss": 1, "lr": 0.05, "samples_per_s": 1, "step_ms": 1, "elapsed_s": 1}' >>m.jsonl
+run --devices cpu --steps 20 --log-every 5 --resume m.safetensors --metrics m.jsonl >out 2>&1
+python3 - m.jsonl <<'PY' && ok || bad "--metrics on resume: $(cat m.jsonl)"
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1])]
+assert steps == [1, 5, 10, 11, 15, 20], steps
+PY
+grep -q "resumed from 'm.safetensors' at step 10" out && ok || bad "the header does not say it resumed: $(head -3 out)"
+run --devices cpu --steps 20 --log-every 5 --resume m.safetensors --lr 0.01 --schedule cosine >out 2>&1
+grep -q "changed: lr 0.05 -> 0.01, schedule constant -> cosine" out && ok || bad "changed settings: $(sed -n 3p out)"
+# --auto-resume: a fresh start, then a continuation, then nothing left to do (exit 0).
+run --devices cpu --steps 6 --auto-resume --save auto.safetensors >out 2>&1 && ! grep -q resumed out && ok ||
+  bad "--auto-resume without a checkpoint: $(cat out)"
+run --devices cpu --steps 12 --auto-resume --save auto.safetensors >out 2>&1 &&
+  grep -q "resumed from 'auto.safetensors' at step 6" out && ok || bad "--auto-resume: $(cat out)"
+run --devices cpu --steps 12 --auto-resume --save auto.safetensors >out 2>&1 &&
+  grep -q "done: nothing to train, the run was complete at step 12 of 12" out && ok || bad "--auto-resume, done: $(cat out)"
+refuse "--auto-resume needs --save" "${cpu[@]}" --auto-resume
+refuse "--resume excludes --auto-resume" "${cpu[@]}" --auto-resume --save x.safetensors --resume x.safetensors
+# Off a terminal the progress is plain lines, with the ETA; no carriage returns.
+run --devices cpu --steps 5 >out 2>&1
+! grep -q $'\r' out && grep -q '^step 5/5 loss .* ETA ' out && ok || bad "plain progress lines: $(cat -A out | head -5)"
+# A stopped run ends with 'stopped:' on a line of its own and the loss it got to; a run
+# that will take hours on a CPU device warns once, early. A short run says nothing.
+timeout 60 "$exe" --devices cpu --steps 100000000 --log-every 100000 --batch 8 >out 2>err &
+pid=$!
+sleep 1
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] && grep -q '^stopped: [0-9]* steps in .*; loss [0-9.e+-]* -> [0-9.e+-]* ' out && ! grep -q '^done:' out &&
+  ok || bad "stop summary (rc $rc): $(cat out)"
+grep -q '^dptrain: warning: at .* s a step, the .* steps left will take about .* hours on the CPU; a GPU (--devices cuda:0)' err &&
+  [ "$(wc -l <err)" -eq 1 ] && ok || bad "no warning before hours of CPU work: $(cat err)"
+run "${cpu[@]}" >out 2>err && [ ! -s err ] && ok || bad "a short run wrote on stderr: $(cat err)"
+# dpbench on CPU devices with no workload given measures one that takes seconds, row by row.
+timeout 120 "$bench" --cpus 2 --out bench >out 2>err && grep -q 'CPU devices: the default workload is 16-128x2-4' out &&
+  [ "$(grep -cE '^(weak|strong) ' out)" -eq 4 ] && ok || bad "dpbench's CPU default: $(cat out err)"
+# Classification reports the logged batch's accuracy: progress line, summary, metrics.
+run --devices cpu --task classification --model 16-32-4 --steps 10 --log-every 5 --metrics acc.jsonl >out 2>&1
+grep -q '^step 5/10 loss [0-9.]* accuracy [0-9.]*%' out && grep -q '^accuracy: [0-9.]*% of the last logged batch' out &&
+  ok || bad "accuracy in the output: $(cat out)"
+python3 - acc.jsonl <<'PY' && ok || bad "accuracy in --metrics: $(cat acc.jsonl)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 3 and all(0 <= r["accuracy"] <= 1 for r in rows), rows
+PY
+run "${cpu[@]}" --metrics reg.jsonl >/dev/null 2>&1
+! grep -q accuracy reg.jsonl && grep -q '"lr": 0.05,' reg.jsonl && ok || bad "regression metrics: $(cat reg.jsonl)"
+
+# ---- Small things a new user meets ------------------------------------------------------
+run --devices cpu --config "$src/examples/run.toml" --steps 20 >out 2>&1 && grep -q 'AdamW(lr=0.003' out && ok ||
+  bad "examples/run.toml: $(cat out)"
+"$exe" --help >out
+grep -q -- '--no-overlap  ' out && ! grep -q '{false}' out && grep -q -- '--config FILE' out && ok ||
+  bad "--help: $(grep -E 'overlap|config' out)"
+grep -q -- '--act TEXT=relu *Hidden activation: relu, gelu, tanh, or none' out && ok || bad "--act none is not documented"
+run "${cpu[@]}" --act none >out 2>&1 && grep -q 'Linear(16, 128),' out && ok || bad "--act none: $(head -1 out)"
+run "${cpu[@]}" >out 2>&1
+grep -q 'SGD(lr=0.05, momentum=0.9, weight_decay=0)' out && grep -q '^step 1/2 loss .* lr 0.05 ' out && ok ||
+  bad "floats as a person writes them: $(head -3 out)"
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
