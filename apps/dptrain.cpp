@@ -159,13 +159,13 @@ void resolve(Options& o) {
   if (o.was_given("--lr")) c.lr = o.lr;
   c.overlap = !o.no_overlap;
   // An option of the other optimizer would be silently ignored: refuse it instead.
-  const bool sgd = c.optimizer == "sgd";
-  for (const char* flag : {"--momentum", "--nesterov", "--beta1", "--beta2"}) {
-    const bool sgd_flag = flag[2] != 'b';
-    if (o.was_given(flag) && sgd_flag != sgd && (c.optimizer == "sgd" || c.optimizer == "adamw"))
-      throw dpt::UsageError(std::string(flag) + " is an option of --optimizer " + (sgd_flag ? "sgd" : "adamw") +
-                            ", and this run trains with " + c.optimizer);
-  }
+  static const std::pair<const char*, const char*> kOptimizerOf[] = {
+      {"--momentum", "sgd"}, {"--nesterov", "sgd"}, {"--beta1", "adamw"}, {"--beta2", "adamw"}};
+  if (c.optimizer == "sgd" || c.optimizer == "adamw")  // else validate() names the unknown one
+    for (const auto& [flag, owner] : kOptimizerOf)
+      if (o.was_given(flag) && c.optimizer != owner)
+        throw dpt::UsageError(std::string(flag) + " is an option of --optimizer " + owner +
+                              ", and this run trains with " + c.optimizer);
   if (o.auto_resume) {
     if (c.save.empty()) throw dpt::UsageError("--auto-resume needs --save (the checkpoint to continue from)");
     struct stat st {};
