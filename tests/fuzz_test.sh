@@ -23,9 +23,11 @@ if ! "$cxx" -fsanitize=fuzzer "$tmp/probe.cpp" -o "$tmp/probe" 2>/dev/null; then
   echo "$cxx has no libFuzzer runtime here: the checkpoint fuzzer is skipped"
   exit 77
 fi
-# The loader depends on nothing but the standard library and <dptrain/error.hpp>.
+# The loader depends on nothing but the standard library and <dptrain/error.hpp>; its
+# header parser is data/safetensors.cpp, which data files share.
 if ! "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-    -I "$src/include" "$src/tests/fuzz_checkpoint.cpp" "$src/train/checkpoint.cpp" "$src/train/atomic_file.cpp" -o "$tmp/fuzz"; then
+    -I "$src/include" "$src/tests/fuzz_checkpoint.cpp" "$src/train/checkpoint.cpp" "$src/train/atomic_file.cpp" \
+    "$src/data/safetensors.cpp" "$src/data/array.cpp" -o "$tmp/fuzz"; then
   echo "FAIL: the fuzz target does not build"
   exit 1
 fi

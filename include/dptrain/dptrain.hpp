@@ -19,6 +19,7 @@
 
 #include <dptrain/optim/optim.hpp>
 
+#include <dptrain/data/array.hpp>
 #include <dptrain/data/batch.hpp>
 #include <dptrain/data/synthetic.hpp>
 
