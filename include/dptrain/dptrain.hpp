@@ -21,6 +21,9 @@
 
 #include <dptrain/data/array.hpp>
 #include <dptrain/data/batch.hpp>
+#include <dptrain/data/dataset.hpp>
+#include <dptrain/data/npy.hpp>
+#include <dptrain/data/shuffle.hpp>
 #include <dptrain/data/synthetic.hpp>
 
 #include <dptrain/parallel/data_parallel.hpp>
