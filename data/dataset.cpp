@@ -10,7 +10,6 @@
 
 #include <dptrain/data/npy.hpp>
 #include <dptrain/error.hpp>
-#include <dptrain/runtime/autograd.hpp>
 #include "../kernels/bf16.hpp"
 #include "safetensors.hpp"
 
@@ -184,7 +183,6 @@ void Dataset::gather(std::span<const int64_t> rows, const Batch& into) const {
     return;
   }
   // A GPU's tensors are filled from host memory (the caching allocator's, on the CPU).
-  NoGradGuard no_grad;
   const Device host{};
   Batch staged;
   staged.x = Tensor::empty(into.x.shape(), DType::f32, host);

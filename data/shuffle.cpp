@@ -33,10 +33,12 @@ void epoch_permutation(int64_t rows, uint64_t seed, int64_t epoch, std::vector<i
   out.resize(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) out[static_cast<size_t>(i)] = i;
   const uint64_t stream = kShuffle + static_cast<uint64_t>(epoch);
+  philox::U4 r{};
+  uint64_t block = UINT64_MAX;
   for (int64_t i = rows - 1; i > 0; --i) {
     // Counter block i / 2 holds two 64-bit draws: lanes 0-1 for even i, 2-3 for odd.
     const auto u = static_cast<uint64_t>(i);
-    const philox::U4 r = philox::philox4x32(seed, stream, u >> 1);
+    if (u >> 1 != block) r = philox::philox4x32(seed, stream, block = u >> 1);
     const uint64_t bits = (u & 1) ? (uint64_t{r.z} << 32 | r.w) : (uint64_t{r.x} << 32 | r.y);
     const auto j = static_cast<int64_t>(mulhi64(bits, u + 1));
     std::swap(out[static_cast<size_t>(i)], out[static_cast<size_t>(j)]);

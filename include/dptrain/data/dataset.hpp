@@ -1,8 +1,10 @@
 // Data sets: rows of inputs and targets that the trainer draws batches from. A Dataset
 // says how many rows it has, the shape of a row, what its targets are, and gathers any
-// list of rows (a slice of an epoch's permutation, shuffle.hpp) into host buffers or into
-// a Batch on a device. Gathering is const and touches no shared state, so every replica's
-// loader thread may gather from one data set at once.
+// list of rows (a slice of an epoch's permutation, shuffle.hpp) into host buffers (an input
+// pipeline's pinned buffers) or into a Batch on a device. An ArrayDataset's gathers are
+// const and touch no shared state, so every replica's loader thread may gather from one at
+// once; a Synthetic makes its rows with its device's ops (one a device, as the Trainer
+// keeps them).
 //
 // ArrayDataset holds arrays: memory-mapped .npy or safetensors files (never read whole:
 // pages come in as rows are gathered) or arrays the embedding program owns. Its rows are
