@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <dptrain/error.hpp>
@@ -99,6 +100,71 @@ Batch Synthetic::batch(int64_t first, int64_t count) const {
   }
   b.y = out;
   return b;
+}
+
+Shape Synthetic::input_shape() const { return cfg_.image.empty() ? Shape{cfg_.in} : cfg_.image; }
+
+Shape Synthetic::target_shape() const { return cfg_.task == Task::classification ? Shape{} : Shape{cfg_.out}; }
+
+template <class F>
+void Synthetic::for_runs(std::span<const int64_t> rows, F&& f) const {
+  size_t at = 0;
+  while (at < rows.size()) {
+    const int64_t first = rows[at];
+    if (first < 0 || (cfg_.samples > 0 && first >= cfg_.samples))
+      throw Error("Synthetic: row " + std::to_string(first) + " is outside [0, " + std::to_string(cfg_.samples) + ")");
+    size_t end = at + 1;
+    while (end < rows.size() && rows[end] == rows[end - 1] + 1 && (cfg_.samples == 0 || rows[end] < cfg_.samples))
+      ++end;
+    f(at, first, static_cast<int64_t>(end - at));
+    at = end;
+  }
+}
+
+void Synthetic::gather_host(std::span<const int64_t> rows, const HostRows& into) const {
+  DPT_CHECK(!into.y || cfg_.task == Task::regression, "Synthetic::gather_host: no regression targets to gather");
+  DPT_CHECK(!into.labels || cfg_.task == Task::classification, "Synthetic::gather_host: no class labels to gather");
+  const auto in = static_cast<size_t>(cfg_.in), out = static_cast<size_t>(cfg_.out);
+  for_runs(rows, [&](size_t at, int64_t first, int64_t count) {
+    const Batch b = batch(first, count);
+    if (into.x) {
+      const std::vector<float> x = b.x.to_host();
+      std::memcpy(into.x + at * in, x.data(), x.size() * sizeof(float));
+    }
+    if (into.y) {
+      const std::vector<float> y = b.y.to_host();
+      std::memcpy(into.y + at * out, y.data(), y.size() * sizeof(float));
+    }
+    if (into.labels) {
+      const std::vector<int32_t> y = b.y.to_host_i32();
+      std::memcpy(into.labels + at, y.data(), y.size() * sizeof(int32_t));
+    }
+  });
+}
+
+void Synthetic::gather(std::span<const int64_t> rows, const Batch& into) const {
+  DPT_CHECK(into.x.defined() && into.x.size(0) == static_cast<int64_t>(rows.size()) &&
+                into.x.numel() == static_cast<int64_t>(rows.size()) * cfg_.in,
+            "Synthetic::gather: x does not hold the rows");
+  DPT_CHECK(!into.y.defined() || into.y.size(0) == static_cast<int64_t>(rows.size()),
+            "Synthetic::gather: y does not hold the rows");
+  for_runs(rows, [&](size_t at, int64_t first, int64_t count) {
+    const Batch b = batch(first, count);
+    const auto row = static_cast<int64_t>(at);
+    copy(into.x.view(row * cfg_.in, b.x.shape()), b.x);
+    if (into.y.defined()) copy(into.y.view(row * (b.y.numel() / count), b.y.shape()), b.y);
+  });
+}
+
+Batch Synthetic::batch(int64_t first, int64_t count, const Device& device) const {
+  Batch b = batch(first, count);
+  if (device == device_) return b;
+  Batch moved;
+  moved.x = Tensor::empty(b.x.shape(), b.x.dtype(), device);
+  moved.y = Tensor::empty(b.y.shape(), b.y.dtype(), device);
+  copy(moved.x, b.x);
+  copy(moved.y, b.y);
+  return moved;
 }
 
 Tensor random_labels(int64_t count, int64_t classes, uint64_t seed, uint64_t stream, int64_t first,

@@ -16,6 +16,7 @@
 
 #include "../kernels/cuda/dnn.hpp"
 #endif
+#include <dptrain/data/dataset.hpp>
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/train/trainer.hpp>
@@ -1383,3 +1384,26 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
   CHECK(rel_error(got[1].to_host(), want[1].to_host()) < 1e-5);
 }
 #endif
+
+TEST_CASE("data sets gather rows into GPU batches as they gather them on the host", "[gpu][data]") {
+  // An array data set (float16 inputs, labels) and a synthetic one on the CPU.
+  std::vector<uint16_t> x(9 * 5);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint16_t>(0x3c00 + i);  // 1.0 and up
+  const std::vector<int64_t> y = {4, 0, 3, 1, 2, 0, 1, 4, 3};
+  const data::ArrayDataset a({x.data(), data::ArrayDType::f16, {9, 5}}, {y.data(), data::ArrayDType::i64, {9}});
+  const data::Synthetic s({.task = data::Task::regression, .in = 5, .out = 2, .seed = 3, .samples = 30}, host);
+  const std::vector<int64_t> rows = {8, 1, 2, 2, 7};
+  for (const data::Dataset* d : {static_cast<const data::Dataset*>(&a), static_cast<const data::Dataset*>(&s)}) {
+    INFO(d->inputs_name());
+    data::Batch on_host = d->empty_batch(5, host), on_gpu = d->empty_batch(5, gpu);
+    d->gather(rows, on_host);
+    d->gather(rows, on_gpu);
+    CHECK(on_gpu.x.device() == gpu);
+    CHECK(on_gpu.x.to_host() == on_host.x.to_host());
+    if (d->task() == data::Task::classification) CHECK(on_gpu.y.to_host_i32() == on_host.y.to_host_i32());
+    else CHECK(on_gpu.y.to_host() == on_host.y.to_host());
+    const data::Batch b = d->batch(6, 5, gpu), h = d->batch(6, 5, host);  // wraps around the array's 9 rows
+    CHECK(b.x.device() == gpu);
+    CHECK(b.x.to_host() == h.x.to_host());
+  }
+}

@@ -19,7 +19,11 @@
 
 #include <dptrain/optim/optim.hpp>
 
+#include <dptrain/data/array.hpp>
 #include <dptrain/data/batch.hpp>
+#include <dptrain/data/dataset.hpp>
+#include <dptrain/data/npy.hpp>
+#include <dptrain/data/shuffle.hpp>
 #include <dptrain/data/synthetic.hpp>
 
 #include <dptrain/parallel/data_parallel.hpp>

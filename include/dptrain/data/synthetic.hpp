@@ -5,10 +5,16 @@
 // output, classification takes its argmax as the label. Images ([n, C, H, W], for CNNs)
 // are labelled by a teacher CNN built from the same ops, so it runs on any device:
 // x -> W2 avgpool(tanh(conv3x3(x, W1))), the argmax of its output.
+//
+// Synthetic is a Dataset (dataset.hpp): rows() is its size (0 for an endless stream), and
+// gathering any list of rows makes each contiguous run of them on its own device.
 #pragma once
 #include <cstdint>
+#include <span>
+#include <string>
 
 #include <dptrain/data/batch.hpp>
+#include <dptrain/data/dataset.hpp>
 #include <dptrain/runtime/tensor.hpp>
 
 namespace dpt::data {
@@ -24,7 +30,7 @@ struct SyntheticConfig {
   int64_t teacher_hidden = 64;  // the teacher's hidden width, or its channels for images
 };
 
-class Synthetic {
+class Synthetic : public Dataset {
  public:
   // The teacher's weights are made on the host from the seed and copied to `device`.
   Synthetic(const SyntheticConfig& config, const Device& device);
@@ -32,8 +38,25 @@ class Synthetic {
   Batch batch(int64_t first, int64_t count) const;
   const SyntheticConfig& config() const { return cfg_; }
 
+  // The Dataset interface. Rows are made on this object's device and copied where they
+  // are asked for.
+  int64_t rows() const override { return cfg_.samples; }
+  Shape input_shape() const override;
+  bool has_targets() const override { return true; }
+  Task task() const override { return cfg_.task; }
+  Shape target_shape() const override;
+  std::string inputs_name() const override { return "synthetic data: x"; }
+  std::string targets_name() const override { return "synthetic data: y"; }
+  void gather_host(std::span<const int64_t> rows, const HostRows& into) const override;
+  void gather(std::span<const int64_t> rows, const Batch& into) const override;
+  Batch batch(int64_t first, int64_t count, const Device& device) const override;
+
  private:
   void fill_inputs(const Tensor& x, int64_t first) const;
+  // Calls f(at, first, count) for each run of consecutive samples in `rows`: rows[at ..
+  // at + count) are samples first .. first + count - 1.
+  template <class F>
+  void for_runs(std::span<const int64_t> rows, F&& f) const;
   SyntheticConfig cfg_;
   Device device_;
   Tensor w1_, w2_;

@@ -5,8 +5,9 @@
 // gives one dpt::Error line "checkpoint 'FILE': <problem>", never a crash, and nothing
 // is allocated beyond what the file's own size justifies.
 //
-// This file and checkpoint.cpp use only the standard library, POSIX and
-// kernels/error.hpp, so the fuzzer (tests/fuzz_test.sh) can build them on their own.
+// The format's header parser is the one data files use (data/safetensors.cpp). This file,
+// checkpoint.cpp and that parser use only the standard library, POSIX and
+// <dptrain/error.hpp>, so the fuzzer (tests/fuzz_test.sh) can build them on their own.
 #pragma once
 #include <cstddef>
 #include <cstdint>
