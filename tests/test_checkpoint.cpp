@@ -544,12 +544,20 @@ TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temp
     CHECK(fs::is_directory(folder));
     const std::string fifo = dir.file("fifo.safetensors");
     REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
-    CHECK_THROWS_WITH(ckpt::save(fifo, after), "checkpoint '" + fifo + "': is a FIFO; only a regular file is replaced");
+    auto refusal = [&](const std::string& target) {
+      try {
+        ckpt::save(target, after);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("(saved)");
+    };
+    CHECK(refusal(fifo) == "checkpoint '" + fifo + "': is a FIFO; only a regular file is replaced");
     CHECK(fs::is_fifo(fifo));
     // A symlink to the FIFO is followed, and the FIFO still refused.
     const std::string link = dir.file("link.safetensors");
     fs::create_symlink(fifo, link);
-    CHECK_THROWS_WITH(ckpt::save(link, after), "checkpoint '" + link + "': is a FIFO; only a regular file is replaced");
+    CHECK(refusal(link) == "checkpoint '" + link + "': is a FIFO; only a regular file is replaced");
     CHECK(fs::is_symlink(link));
     CHECK(dir.entries() ==
           std::vector<std::string>{"fifo.safetensors", "folder.safetensors", "link.safetensors", "run.safetensors"});
