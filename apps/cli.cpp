@@ -3,9 +3,12 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -20,14 +23,25 @@ void DeviceFlags::add_to(CLI::App& app, const std::string& list_help) {
   list_flag_ = app.add_option("--devices", list_, list_help)->type_name("LIST");
   gpus_flag_ = add_integer(app, "--gpus", gpus_, "The first N GPUs (cuda:0..cuda:N-1)");
   cpus_flag_ = add_integer(app, "--cpus", cpus_, "N virtual CPU devices (cpu:0..cpu:N-1)");
-  list_flag_->excludes(gpus_flag_)->excludes(cpus_flag_);
-  gpus_flag_->excludes(cpus_flag_);
 }
 
-std::vector<Device> DeviceFlags::devices() const {
-  if (list_flag_->count() > 0) return parse_devices(list_);
-  const bool gpus = gpus_flag_->count() > 0;
-  if (!gpus && cpus_flag_->count() == 0) return {};
+std::vector<Device> DeviceFlags::devices(const std::vector<std::string>& on_command_line) const {
+  // Which one counts: the command line's, else the config file's; two from the same place
+  // contradict each other.
+  std::vector<const CLI::Option*> given, typed;
+  for (const CLI::Option* f : {list_flag_, gpus_flag_, cpus_flag_}) {
+    if (f->count() == 0) continue;
+    given.push_back(f);
+    if (std::find(on_command_line.begin(), on_command_line.end(), f->get_name()) != on_command_line.end())
+      typed.push_back(f);
+  }
+  const auto& chosen = typed.empty() ? given : typed;
+  if (chosen.size() > 1)
+    throw UsageError(chosen[0]->get_name() + " excludes " + chosen[1]->get_name() +
+                     (typed.empty() ? " (both in the config file)" : ""));
+  if (chosen.empty()) return {};
+  if (chosen[0] == list_flag_) return parse_devices(list_);
+  const bool gpus = chosen[0] == gpus_flag_;
   const int n = gpus ? gpus_ : cpus_;
   const char* flag = gpus ? "--gpus" : "--cpus";
   if (n < 1) throw UsageError(std::string(flag) + " must be at least 1, got " + std::to_string(n));
@@ -95,7 +109,106 @@ CLI::Validator regular_file_at_most(uintmax_t max_bytes) {
   return CLI::Validator(check, "", "config file");
 }
 
+// A float's text that its float cannot hold: too large (infinity) or too small (zero).
+CLI::Validator representable_float() {
+  auto check = [](std::string& text) -> std::string {
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || std::isnan(v) || std::isinf(v)) return "";  // CLI11 and the library judge those
+    const float f = static_cast<float>(v);
+    if (std::isinf(f) || (errno == ERANGE && std::fabs(v) > 1.0))
+      return "'" + text + "' is out of range (a float holds at most 3.4e+38)";
+    if ((f == 0.0f && v != 0.0) || (errno == ERANGE && std::fabs(v) < 1.0))
+      return "'" + text + "' is too small for a float (it would become 0; the smallest is 1.4e-45)";
+    return "";
+  };
+  return CLI::Validator(check, "", "float");
+}
+
+CLI::Validator boolean_value() {
+  auto check = [](std::string& text) -> std::string {
+    for (const char* ok : {"true", "false", "1", "0", "on", "off", "yes", "no"})
+      if (text == ok) return "";
+    return "'" + text + "' is not true or false";
+  };
+  return CLI::Validator(check, "", "boolean");
+}
+
+CLI::Validator non_empty() {
+  return CLI::Validator([](std::string& text) { return text.empty() ? std::string("an empty path") : std::string(); },
+                        "", "path");
+}
+
 }  // namespace
+
+CLI::Option* add_float(CLI::App& app, const std::string& name, float& into, const std::string& help) {
+  return app.add_option(name, into, help)->type_name("FLOAT")->check(representable_float());
+}
+
+CLI::Option* add_switch(CLI::App& app, const std::string& name, bool& into, const std::string& help) {
+  return app.add_flag(name, into, help)->check(boolean_value());
+}
+
+CLI::Option* add_path(CLI::App& app, const std::string& name, std::string& into, const std::string& help) {
+  return app.add_option(name, into, help)->type_name("FILE")->check(non_empty());
+}
+
+std::vector<std::string> command_line_flags(int argc, char** argv) {
+  std::vector<std::string> out;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (a.size() > 2 && a.compare(0, 2, "--") == 0) out.push_back(a.substr(0, a.find('=')));
+  }
+  return out;
+}
+
+std::string one_line(const std::string& message) {
+  std::string out;
+  for (const char c : message) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7F) {
+      out += c;
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, c == '\n' ? "\\n" : "\\x%02x", u);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+std::string in_flags(const std::string& message) {
+  static const std::pair<const char*, const char*> kSpecial[] = {
+      {"DataParallelOptions::group", "--ddp"},
+      {"ProcessGroup::world", "--ddp"},
+      {"ProcessGroup::set_timeout", "--comm-timeout"},
+      {"DataParallelOptions::overlap", "--no-overlap"},
+  };
+  static const char* const kOwners[] = {
+      "TrainConfig::", "DataParallelOptions::", "SGD::Options::", "AdamW::Options::", "ProcessGroup::"};
+  std::string out;
+  size_t at = 0;
+  while (at < message.size()) {
+    size_t next = std::string::npos;
+    const char* owner = nullptr;
+    for (const char* o : kOwners)
+      if (const size_t k = message.find(o, at); k < next) next = k, owner = o;
+    if (!owner) break;
+    size_t end = next + std::strlen(owner);
+    while (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_'))
+      ++end;
+    const std::string field = message.substr(next, end - next);
+    std::string flag = "--" + field.substr(std::strlen(owner));
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    for (const auto& [f, special] : kSpecial)
+      if (field == f) flag = special;
+    out += message.substr(at, next - at) + flag;
+    at = end;
+  }
+  return out + message.substr(std::min(at, message.size()));
+}
 
 CLI::Option* add_integer(CLI::App& app, const std::string& name, int64_t& into, const std::string& help) {
   return add_checked(app, name, into, help);
@@ -126,7 +239,7 @@ int parse_command_line(CLI::App& app, int argc, char** argv, const char* program
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    if (!quiet) std::fprintf(stderr, "%s: error: %s (see --help)\n", program, e.what());
+    if (!quiet) std::fprintf(stderr, "%s: error: %s (see --help)\n", program, one_line(e.what()).c_str());
     return 2;
   }
   return -1;

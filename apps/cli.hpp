@@ -17,8 +17,10 @@ class DeviceFlags {
   // `list_help` says what the devices are used for.
   void add_to(CLI::App& app, const std::string& list_help);
   // The devices the flags name (UsageError for one that does not exist or a count < 1);
-  // empty when none was given.
-  std::vector<Device> devices() const;
+  // empty when none was given. At most one of the three may be given on the command line
+  // (`on_command_line`, from command_line_flags()); one given there wins over another
+  // from the config file.
+  std::vector<Device> devices(const std::vector<std::string>& on_command_line) const;
 
  private:
   std::string list_;
@@ -33,6 +35,31 @@ class DeviceFlags {
 CLI::Option* add_integer(CLI::App& app, const std::string& name, int64_t& into, const std::string& help);
 CLI::Option* add_integer(CLI::App& app, const std::string& name, int& into, const std::string& help);
 CLI::Option* add_integer(CLI::App& app, const std::string& name, uint64_t& into, const std::string& help);
+
+// A float option whose value must be representable as a float: 1e-50 (which would become
+// 0, turning --clip off) and 1e39 (infinity) are refused naming the value given. NaN and
+// infinity written as such pass: the library's range checks name them.
+CLI::Option* add_float(CLI::App& app, const std::string& name, float& into, const std::string& help);
+
+// A flag that takes no value, or true/false, 1/0, on/off, yes/no (CLI11 alone reads
+// --nesterov=2, or nesterov = 99 in a config file, as true).
+CLI::Option* add_switch(CLI::App& app, const std::string& name, bool& into, const std::string& help);
+
+// A file path option: an empty path (--resume '') is refused, never read as "none".
+CLI::Option* add_path(CLI::App& app, const std::string& name, std::string& into, const std::string& help);
+
+// The long options (--name) that argv itself gives, as opposed to a config file.
+std::vector<std::string> command_line_flags(int argc, char** argv);
+
+// `message` on one line: control characters (a newline inside a value the user gave)
+// written as escapes, so that an error is always exactly one line.
+std::string one_line(const std::string& message);
+
+// The library names the option fields it checks (TrainConfig::grad_accum,
+// DataParallelOptions::reduce); the user of a program knows flags. This maps one to the
+// other: a field's flag is its name with dashes (TrainConfig::grad_accum is
+// --grad-accum), but for the few the programs spell otherwise.
+std::string in_flags(const std::string& message);
 
 // The largest config file read: a file of flags is a few hundred bytes, and a bound keeps
 // `--config /dev/zero` from reading without end.

@@ -2,6 +2,7 @@
 // flags (CLI11), report progress, write metrics, print a summary. Exit status: 0 done,
 // 1 runtime error, 2 bad input, 3 out of memory, 4 non-finite loss or gradients,
 // 130/143 stopped by SIGINT/SIGTERM (after saving when --save is given).
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -44,8 +46,8 @@ int launcher_rank() {
 
 constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3, kExitNonFinite = 4;
 
-// SIGINT/SIGTERM ask the run to stop after the current step (and to save); a second
-// signal ends it at once (SA_RESETHAND restores the default action).
+// SIGINT/SIGTERM (and SIGPIPE) ask the run to stop after the current step (and to save);
+// a second signal ends it at once (SA_RESETHAND restores the default action).
 volatile std::sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
 void install_signal_handlers() {
@@ -55,6 +57,9 @@ void install_signal_handlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  // A reader that goes away (dptrain ... | head) is a request to stop too: the run ends
+  // after the step, with its checkpoint, instead of dying in the middle of a line.
+  sigaction(SIGPIPE, &sa, nullptr);
 }
 
 // A float in JSON: the shortest text that reads back as the same value; JSON has no NaN or
@@ -75,10 +80,11 @@ struct Options {
   dpt::app::DeviceFlags devices;
   float lr = 0.0f;
   bool no_overlap = false, auto_resume = false;
-  std::string metrics, plot;
+  std::string metrics, plot, config;
   // Flags given (on the command line or in the config file) that resolve() checks against
   // each other: options of one optimizer are refused with the other.
   std::vector<std::string> given;
+  std::vector<std::string> on_command_line;  // the flags argv itself gives
   bool was_given(const std::string& flag) const { return std::find(given.begin(), given.end(), flag) != given.end(); }
 };
 
@@ -92,22 +98,23 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--task", o.task, "Synthetic task: regression or classification (a CNN classifies images)")
       ->capture_default_str();
-  using dpt::app::add_integer;
+  using dpt::app::add_float, dpt::app::add_integer, dpt::app::add_path, dpt::app::add_switch;
   add_integer(app, "--batch", c.batch, "Global batch size")->capture_default_str();
-  add_integer(app, "--steps", c.steps, "Total optimizer steps")->capture_default_str();
-  add_integer(app, "--epochs", c.epochs, "Epochs over --samples (sets the number of steps)");
+  auto* steps = add_integer(app, "--steps", c.steps, "Total optimizer steps")->capture_default_str();
+  add_integer(app, "--epochs", c.epochs, "Epochs over --samples (sets the number of steps instead of --steps)")
+      ->excludes(steps);
   add_integer(app, "--samples", c.samples, "Dataset size (default: an endless stream of new samples)");
-  app.add_option("--lr", o.lr, "Learning rate (default: 0.05 for sgd, 0.001 for adamw)");
+  add_float(app, "--lr", o.lr, "Learning rate (default: 0.05 for sgd, 0.001 for adamw)");
   app.add_option("--optimizer", c.optimizer, "sgd or adamw")->capture_default_str();
-  app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
-  app.add_flag("--nesterov", c.nesterov, "Nesterov momentum (SGD)");
-  app.add_option("--weight-decay", c.weight_decay, "Weight decay (L2 for SGD, decoupled for AdamW)")
+  add_float(app, "--momentum", c.momentum, "SGD momentum")->capture_default_str();
+  add_switch(app, "--nesterov", c.nesterov, "Nesterov momentum (SGD)");
+  add_float(app, "--weight-decay", c.weight_decay, "Weight decay (L2 for SGD, decoupled for AdamW)")
       ->capture_default_str();
-  app.add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
+  add_float(app, "--beta1", c.beta1, "AdamW beta1")->capture_default_str();
+  add_float(app, "--beta2", c.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--schedule", c.schedule, "Learning-rate schedule: constant, warmup, cosine")->capture_default_str();
   add_integer(app, "--warmup", c.warmup, "Linear warm-up steps (warmup, cosine)")->capture_default_str();
-  app.add_option("--clip", c.clip, "Clip the global gradient norm to this value (0: off)")->capture_default_str();
+  add_float(app, "--clip", c.clip, "Clip the global gradient norm to this value (0: off)")->capture_default_str();
   app.add_option("--precision", o.precision,
                  "Precision: fp32, tf32 (TF32 GEMMs), bf16 (bf16 storage, fp32 master weights)")
       ->capture_default_str();
@@ -121,38 +128,66 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   add_integer(app, "--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
       ->capture_default_str();
-  app.add_option("--save", o.cfg.save,
-                 "Write a checkpoint (safetensors) here at the end, on SIGINT/SIGTERM and every --save-every steps")
-      ->type_name("FILE");
+  add_path(app, "--save", o.cfg.save,
+           "Write a checkpoint (safetensors) here at the end, on SIGINT/SIGTERM and every --save-every steps");
   add_integer(app, "--save-every", o.cfg.save_every, "Also write the checkpoint every N steps");
-  auto* resume = app.add_option("--resume", o.cfg.resume, "Continue from this checkpoint (--steps stays the total)")
-                     ->type_name("FILE");
-  app.add_flag("--auto-resume", o.auto_resume,
-               "Continue from the --save checkpoint when it exists, else start afresh (one command to retry)")
+  auto* resume = add_path(app, "--resume", o.cfg.resume, "Continue from this checkpoint (--steps stays the total)");
+  add_switch(app, "--auto-resume", o.auto_resume,
+             "Continue from the --save checkpoint when it exists, else start afresh (one command to retry)")
       ->excludes(resume);
   app.add_option("--on-nonfinite", o.cfg.on_nonfinite,
                  "When a loss or gradient is not finite: stop (exit 4) or skip-step (the update is never applied)")
       ->capture_default_str();
-  app.add_flag("--cuda-graph", o.cfg.cuda_graph,
-               "Record the whole step as a CUDA graph and replay it (one GPU, SGD; re-recorded when the lr changes)");
-  app.add_flag("--no-overlap", o.no_overlap, "Reduce gradients only after backward (to measure what overlap gains)");
-  app.add_flag("--ddp", o.cfg.ddp, "One process per device under mpirun (MPI bootstrap, NCCL or MPI reduction)");
+  add_switch(app, "--cuda-graph", o.cfg.cuda_graph,
+             "Record the whole step as a CUDA graph and replay it (one GPU, SGD; re-recorded when the lr changes)");
+  add_switch(app, "--no-overlap", o.no_overlap, "Reduce gradients only after backward (to measure what overlap gains)");
+  add_switch(app, "--ddp", o.cfg.ddp, "One process per device under mpirun (MPI bootstrap, NCCL or MPI reduction)");
   app.add_option("--comm-timeout", o.cfg.comm_timeout,
                  "Seconds a --ddp rank waits for the others before the job is ended")
       ->capture_default_str();
   add_integer(app, "--seed", c.seed, "Seed of the data, the teacher and the initial weights")->capture_default_str();
   add_integer(app, "--log-every", c.log_every, "Read the loss back and log every N steps")->capture_default_str();
-  app.add_option("--metrics", o.metrics,
-                 "Write one JSON object per logged step to this file (JSONL; continued on --resume)")
-      ->type_name("FILE");
-  app.add_option("--plot", o.plot, "Draw the loss curve and samples/s of the run into this SVG file")
-      ->type_name("FILE");
+  add_path(app, "--metrics", o.metrics,
+           "Write one JSON object per logged step to this file (JSONL; continued on --resume)");
+  add_path(app, "--plot", o.plot, "Draw the loss curve and samples/s of the run into this SVG file");
   dpt::app::add_config_flag(app);
   app.set_version_flag("--version", std::string("dptrain ") + DPT_VERSION);
 }
 
 // Turns the string flags into the config; throws dpt::UsageError on bad values. The
 // Trainer checks the rest of it.
+// What a path names, for comparing two paths: the file a symlink leads to, in its folder
+// made absolute and canonical (the file itself need not exist yet).
+std::string file_identity(const std::string& path) {
+  std::error_code ec;
+  const auto p = std::filesystem::weakly_canonical(std::filesystem::absolute(dpt::resolve_output_path(path)), ec);
+  return ec ? path : p.string();
+}
+
+// Two outputs in one file would leave only the last written; an output over an input
+// destroys the input. Only --save may name the --resume checkpoint (it replaces it, as a
+// continuing run should).
+void check_distinct_files(const Options& o) {
+  struct Named {
+    const char* flag;
+    const std::string& path;
+    bool output;
+  };
+  const Named files[] = {{"--save", o.cfg.save, true},
+                         {"--plot", o.plot, true},
+                         {"--metrics", o.metrics, true},
+                         {"--resume", o.cfg.resume, false},
+                         {"--config", o.config, false}};
+  for (size_t i = 0; i < std::size(files); ++i)
+    for (size_t j = i + 1; j < std::size(files); ++j) {
+      const Named &a = files[i], &b = files[j];
+      if (a.path.empty() || b.path.empty() || (!a.output && !b.output)) continue;
+      if (std::string(a.flag) == "--save" && std::string(b.flag) == "--resume") continue;
+      if (file_identity(a.path) == file_identity(b.path))
+        throw dpt::UsageError(std::string(a.flag) + " and " + b.flag + " name the same file '" + b.path + "'");
+    }
+}
+
 void resolve(Options& o) {
   auto& c = o.cfg;
   c.task = dpt::data::parse_task(o.task);
@@ -176,45 +211,21 @@ void resolve(Options& o) {
   c.act = dpt::nn::parse_act(o.act);
   c.precision = dpt::parse_precision(o.precision);
   c.gemm = dpt::parse_gemm(o.gemm);
-  c.devices = o.devices.devices();
+  c.devices = o.devices.devices(o.on_command_line);
   c.reduce = dpt::parse_reduce(o.reduce);
+  // Given, these mean a data set; 0 would silently mean "no data set" (the defaults).
+  if (o.was_given("--epochs") && c.epochs < 1)
+    throw dpt::UsageError("--epochs must be >= 1, got " + std::to_string(c.epochs));
+  if (o.was_given("--samples") && c.samples < 1)
+    throw dpt::UsageError("--samples must be >= 1 (leave it out for an endless stream), got " +
+                          std::to_string(c.samples));
+  if (c.ddp && o.was_given("--reduce"))
+    throw dpt::UsageError(
+        "--reduce chooses how one process's replicas reduce; --ddp ranks all-reduce with NCCL (GPUs) "
+        "or MPI (CPUs)");
   dpt::check_output_file(o.plot, "--plot");
   dpt::check_output_file(o.metrics, "--metrics");
-}
-
-// The library names the option fields it checks (TrainConfig::grad_accum,
-// DataParallelOptions::reduce); the user of this program knows flags. This is the one
-// place that maps one to the other: a field's flag is its name with dashes
-// (TrainConfig::grad_accum is --grad-accum), but for the few below.
-std::string in_flags(const std::string& message) {
-  static const std::pair<const char*, const char*> kSpecial[] = {
-      {"DataParallelOptions::group", "--ddp"},
-      {"ProcessGroup::world", "--ddp"},
-      {"ProcessGroup::set_timeout", "--comm-timeout"},
-      {"DataParallelOptions::overlap", "--no-overlap"},
-  };
-  static const char* const kOwners[] = {
-      "TrainConfig::", "DataParallelOptions::", "SGD::Options::", "AdamW::Options::", "ProcessGroup::"};
-  std::string out;
-  size_t at = 0;
-  while (at < message.size()) {
-    size_t next = std::string::npos;
-    const char* owner = nullptr;
-    for (const char* o : kOwners)
-      if (const size_t k = message.find(o, at); k < next) next = k, owner = o;
-    if (!owner) break;
-    size_t end = next + std::strlen(owner);
-    while (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_'))
-      ++end;
-    const std::string field = message.substr(next, end - next);
-    std::string flag = "--" + field.substr(std::strlen(owner));
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    for (const auto& [f, special] : kSpecial)
-      if (field == f) flag = special;
-    out += message.substr(at, next - at) + flag;
-    at = end;
-  }
-  return out + message.substr(std::min(at, message.size()));
+  check_distinct_files(o);
 }
 
 std::string json_line(const dpt::StepLog& s) {
@@ -237,15 +248,38 @@ int64_t step_of(const std::string& line) {
 }
 
 // A resumed run continues its metrics file, so the file reads as one run: the records
-// of steps up to the checkpoint's are kept, later ones (written by a run killed after
-// its last checkpoint) are dropped, and the new records follow.
+// of steps up to the checkpoint's are kept, and the file is cut at the first record of a
+// later step (written by a run killed after its last checkpoint: the records after it
+// are later still). The file is read once, a line at a time, and never rewritten; a line
+// longer than any record (not a metrics file of ours) is refused.
 void continue_metrics(const std::string& path, int64_t step) {
-  std::ifstream in(path);
-  if (!in) return;  // none yet: a fresh file
-  std::string kept, line;
-  while (std::getline(in, line))
-    if (step_of(line) <= step) kept += line + '\n';
-  dpt::write_file_atomic(path, kept);
+  constexpr size_t kMaxLine = 64 * 1024;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;  // none yet: a fresh file
+  std::vector<char> buf(kMaxLine);
+  std::string line;        // the line being read, up to kMaxLine bytes
+  off_t at = 0, keep = 0;  // bytes read; bytes of the records kept
+  bool cut = false, long_line = false;
+  for (ssize_t n; !cut && !long_line && (n = ::read(fd, buf.data(), buf.size())) > 0;)
+    for (ssize_t i = 0; i < n && !cut && !long_line; ++i, ++at) {
+      if (buf[static_cast<size_t>(i)] != '\n') {
+        line += buf[static_cast<size_t>(i)];
+        long_line = line.size() > kMaxLine;
+        continue;
+      }
+      if (step_of(line) > step) cut = true;
+      else keep = at + 1;
+      line.clear();
+    }
+  cut = cut || (!long_line && step_of(line) > step);  // a last line without its newline
+  const bool ok = !cut || ::ftruncate(fd, keep) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (long_line)
+    throw dpt::UsageError("--metrics '" + path + "' has a line over 64 KiB: not a metrics file of dptrain's");
+  if (!ok)
+    throw dpt::Error("cannot cut the metrics file '" + path + "' at step " + std::to_string(step) + ": " +
+                     std::strerror(err));
 }
 
 // Progress that redraws one line needs a terminal that a person watches. Under mpirun a
@@ -270,14 +304,21 @@ int train(Options& o) {
   dpt::Trainer trainer(o.cfg);
   g_group = trainer.group();
   const auto& c = trainer.config();  // with --ddp: this rank's device
+  const size_t listed = o.cfg.devices.empty() ? dpt::default_devices().size() : o.cfg.devices.size();
+  if (g_group && g_group->size() == 1 && listed > 1)
+    dpt::report(dpt::Severity::note, "--ddp with one process trains on " + c.devices.front().str() + " alone, of the " +
+                                         std::to_string(listed) + " devices; start a process per device: mpirun -np " +
+                                         std::to_string(listed) + " dptrain --ddp ...");
   // Rank 0 alone prints and writes metrics; every rank trains and checks.
   const bool lead = !g_group || g_group->rank() == 0;
+  // The metrics file is opened (and a fresh run's emptied) at the first record, so a run
+  // that ends before its first step leaves an existing file as it was.
   std::ofstream metrics;
-  if (lead && !o.metrics.empty()) {
+  auto open_metrics = [&] {
     if (trainer.resumed()) continue_metrics(o.metrics, trainer.steps_done());
     metrics.open(o.metrics, trainer.resumed() ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
     if (!metrics) throw dpt::UsageError("cannot write the metrics file '" + o.metrics + "'");
-  }
+  };
   const bool tty = lead && interactive_terminal();
   std::string where = dpt::describe_device(c.devices.front());
   if (g_group) {
@@ -316,6 +357,7 @@ int train(Options& o) {
       speed.x.push_back(static_cast<double>(s.step));
       speed.y.push_back(s.samples_per_s);
     }
+    if (!o.metrics.empty() && !metrics.is_open()) open_metrics();
     if (metrics.is_open()) {
       metrics << json_line(s) << '\n';
       metrics.flush();
@@ -373,7 +415,10 @@ int train(Options& o) {
   if (!c.save.empty())
     std::printf("checkpoint: %s (step %lld)\n", c.save.c_str(), static_cast<long long>(trainer.steps_done()));
   if (r.stopped) {
-    std::printf("stopped by %s after step %lld\n", g_signal == SIGINT ? "SIGINT" : "SIGTERM",
+    std::printf("stopped by %s after step %lld\n",
+                g_signal == SIGINT    ? "SIGINT"
+                : g_signal == SIGTERM ? "SIGTERM"
+                                      : "SIGPIPE",
                 static_cast<long long>(trainer.steps_done()));
     return 128 + g_signal;  // 130 for SIGINT, 143 for SIGTERM, as shells expect
   }
@@ -386,7 +431,8 @@ int train(Options& o) {
 int fail(int status, const char* what) {
   if (g_group && g_group->size() > 1) g_group->abort(what, status);
   if (!g_group && launcher_rank() != 0) return status;  // rank 0 reports what every rank found
-  std::fprintf(stderr, "%sdptrain: error: %s\n", g_progress_open ? "\n" : "", in_flags(what).c_str());
+  std::fprintf(stderr, "%sdptrain: error: %s\n", g_progress_open ? "\n" : "",
+               dpt::app::one_line(dpt::app::in_flags(what)).c_str());
   return status;
 }
 
@@ -396,7 +442,7 @@ int main(int argc, char** argv) {
   // The library's notes and warnings, and the error that ends a --ddp job, as lines of our own.
   dpt::set_message_handler([](dpt::Severity severity, const std::string& message) {
     std::fprintf(stderr, "%sdptrain: %s: %s\n", g_progress_open ? "\n" : "", dpt::severity_name(severity),
-                 in_flags(message).c_str());
+                 dpt::app::one_line(dpt::app::in_flags(message)).c_str());
     std::fflush(stderr);
     g_progress_open = false;
   });
@@ -408,6 +454,8 @@ int main(int argc, char** argv) {
     return status;
   for (const CLI::Option* opt : app.get_options())
     if (opt->count() > 0) o.given.push_back(opt->get_name());
+  o.on_command_line = dpt::app::command_line_flags(argc, argv);
+  if (app.count("--config") > 0) o.config = app["--config"]->as<std::string>();
   try {
     return train(o);
   } catch (const dpt::UsageError& e) {
@@ -416,6 +464,9 @@ int main(int argc, char** argv) {
     return fail(kExitOom, e.what());
   } catch (const dpt::NonFiniteError& e) {
     return fail(kExitNonFinite, e.what());
+  } catch (const std::bad_alloc&) {  // a host allocation the allocator does not make
+    return fail(kExitOom,
+                "out of memory on the host (a host allocation failed); use a smaller batch (--batch) or model");
   } catch (const std::exception& e) {
     return fail(kExitError, e.what());
   }

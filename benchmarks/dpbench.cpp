@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -70,7 +71,8 @@ std::vector<T> unique_in_order(const std::vector<T>& v) {
 struct Flags {
   std::string model = "mlp", out = "dpbench-out";
   dpt::app::DeviceFlags devices;
-  int64_t batch = 0;  // when not given: the workload's reference batch
+  std::vector<std::string> on_command_line;  // every flag: dpbench reads no config file
+  int64_t batch = 0;                         // when not given: the workload's reference batch
   int64_t steps = 100, warmup = 10;
   double bucket_mb = 25.0;
   bool cuda_graph = false;
@@ -138,7 +140,7 @@ std::string fmt(const char* format, double v) {
 // dpt::UsageError with a one-line reason.
 Plan make_plan(const Flags& f, const CLI::App& app) {
   Plan p;
-  p.devices = f.devices.devices();
+  p.devices = f.devices.devices(f.on_command_line);
   if (p.devices.empty()) p.devices = dpt::default_devices();
   for (const Device& d : p.devices) dpt::check_device(d);
   for (size_t n = 1; n < p.devices.size(); n *= 2) p.counts.push_back(n);
@@ -160,6 +162,15 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   if (p.warmup < 1)
     throw dpt::UsageError("--warmup must be at least 1 (the first step allocates memory), got " +
                           std::to_string(p.warmup));
+  // A run of more steps than this is a typo, not a benchmark (it would run for years).
+  constexpr int64_t kMaxSteps = 1'000'000'000;
+  if (p.steps > kMaxSteps || p.warmup > kMaxSteps)
+    throw dpt::UsageError("--steps and --warmup must be at most " + std::to_string(kMaxSteps) + ", got " +
+                          std::to_string(std::max(p.steps, p.warmup)));
+  // Weak scaling trains batch x devices samples a step, strong scaling's global batch too.
+  if (p.batch > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(p.devices.size()))
+    throw dpt::UsageError("--batch times the " + std::to_string(p.devices.size()) +
+                          " devices is more samples than fit in 64 bits, got " + std::to_string(p.batch));
   if (!(f.bucket_mb > 0.0) || f.bucket_mb > 1048576.0)
     throw dpt::UsageError("--bucket-mb must be in (0, 1048576] MiB, got " + fmt("%g", f.bucket_mb));
   if (f.cuda_graph && (p.devices.size() != 1 || !p.devices.front().is_cuda()))
@@ -187,6 +198,8 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   std::filesystem::create_directories(p.out, ec);
   if (ec || !std::filesystem::is_directory(p.out) || ::access(p.out.c_str(), W_OK) != 0)
     throw dpt::UsageError("cannot write to the output folder '" + p.out + "'" + (ec ? ": " + ec.message() : ""));
+  for (const char* name : {"dpbench.csv", "dpbench.json", "speedup.svg"})  // before any run, not after them all
+    dpt::check_output_file(p.out + "/" + name, "--out");
   return p;
 }
 
@@ -470,7 +483,7 @@ int run(const Plan& p) {
 
 int fail(int status, const char* what) {
   std::fflush(stdout);
-  std::fprintf(stderr, "dpbench: error: %s\n", what);
+  std::fprintf(stderr, "dpbench: error: %s\n", dpt::app::one_line(dpt::app::in_flags(what)).c_str());
   return status;
 }
 
@@ -478,7 +491,8 @@ int fail(int status, const char* what) {
 
 int main(int argc, char** argv) {
   dpt::set_message_handler([](dpt::Severity severity, const std::string& message) {
-    std::fprintf(stderr, "dpbench: %s: %s\n", dpt::severity_name(severity), message.c_str());
+    std::fprintf(stderr, "dpbench: %s: %s\n", dpt::severity_name(severity),
+                 dpt::app::one_line(dpt::app::in_flags(message)).c_str());
   });
   CLI::App app{
       "dpbench: one workload on 1, 2, 4, ... devices, weak and strong scaling, every reduction path "
@@ -486,12 +500,15 @@ int main(int argc, char** argv) {
   Flags f;
   add_flags(app, f);
   if (const int status = dpt::app::parse_command_line(app, argc, argv, "dpbench"); status >= 0) return status;
+  f.on_command_line = dpt::app::command_line_flags(argc, argv);
   try {
     return run(make_plan(f, app));
   } catch (const dpt::UsageError& e) {
     return fail(kExitUsage, e.what());
   } catch (const dpt::OutOfMemory& e) {
     return fail(kExitOom, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(kExitOom, "out of memory on the host (a host allocation failed); use a smaller --batch or --model");
   } catch (const std::exception& e) {
     return fail(kExitError, e.what());
   }

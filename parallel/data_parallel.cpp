@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <set>
 #include <unordered_map>
 
@@ -219,6 +220,10 @@ void DataParallel::run_on_all(const std::function<void(size_t)>& fn) {
       throw;  // names its device already
     } catch (const UsageError&) {
       throw;
+    } catch (const std::bad_alloc&) {  // a host buffer of the step (the CPU's own kernels, staging)
+      throw OutOfMemory("out of memory on the host while replica " + std::to_string(i) + " on " +
+                        replicas_[i].device.str() +
+                        " stepped (a host allocation failed); use a smaller batch (TrainConfig::batch) or model");
     } catch (const std::exception& e) {
       throw Error(std::string(e.what()) + " [replica " + std::to_string(i) + " on " + replicas_[i].device.str() + "]");
     }

@@ -31,7 +31,9 @@ const char* dtype_name(DType t) {
 
 int64_t numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (__builtin_mul_overflow(n, d, &n))
+      throw Error("shape " + shape_str(s) + " has more elements than fit in 64 bits");
   return n;
 }
 
@@ -47,8 +49,15 @@ Storage::~Storage() { allocator(device).free(ptr); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
   for (int64_t d : shape) DPT_CHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
+  // A shape whose bytes do not fit in 63 bits is more memory than any device has, not a
+  // size to wrap around to a small one (and then write past).
+  int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(bytes, d, &bytes))
+      throw OutOfMemory("out of memory on " + device.str() + ": asked for a tensor of shape " + shape_str(shape) +
+                        ", more than 8 EiB; use a smaller batch (TrainConfig::batch) or model");
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(device, static_cast<size_t>(dpt::numel(shape)) * dtype_size(dtype));
+  t.storage_ = std::make_shared<Storage>(device, static_cast<size_t>(bytes));
   t.shape_ = shape;
   t.dtype_ = dtype;
   t.meta_ = std::make_shared<AutogradMeta>();  // shared by every copy of this tensor

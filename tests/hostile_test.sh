@@ -255,5 +255,103 @@ run "${cpu[@]}" >out 2>&1
 grep -q 'SGD(lr=0.05, momentum=0.9, weight_decay=0)' out && grep -q '^step 1/2 loss .* lr 0.05 ' out && ok ||
   bad "floats as a person writes them: $(head -3 out)"
 
+# ---- Found by a second hostile pass ---------------------------------------------------
+# Sizes past 2^63 bytes are out of memory (exit 3, one line), never a wrapped size.
+outofmem() {
+  timeout 20 "$exe" "$@" >out 2>err
+  local rc=$?
+  [ $rc -eq 3 ] && [ "$(wc -l <err)" -eq 1 ] && grep -q '^dptrain: error: out of memory on ' err && ok ||
+    bad "dptrain $*: rc $rc, not 3: $(cat err)"
+}
+outofmem --devices cpu --steps 1 --batch 288230376151711744
+outofmem --devices cpu --steps 1 --batch 288230376151711744 --samples 1
+outofmem --devices cpu --steps 1 --batch 4398046511104 --model 1048576-4
+outofmem --devices cpu --epochs 9223372036854775807 --samples 1 --batch 9223372036854775807
+timeout 20 "$bench" --cpus 1 --batch 1152921504606846976 --steps 1 --warmup 1 --out bench >out 2>err
+[ $? -eq 3 ] && [ "$(wc -l <err)" -eq 1 ] && ok || bad "dpbench, a batch of 2^60: $(cat err)"
+# Two outputs in one file, or an output over an input, are refused up front; --save may
+# replace the --resume checkpoint.
+refuse "--save and --plot name the same file 'x.out'" "${cpu[@]}" --save x.out --plot x.out
+refuse "--save and --metrics name the same file" "${cpu[@]}" --save x.out --metrics x.out
+refuse "--plot and --metrics name the same file" "${cpu[@]}" --plot x.out --metrics ./x.out
+ln -sf good.safetensors alias.svg
+refuse "--plot and --resume name the same file 'good.safetensors'" --devices cpu --steps 8 --optimizer adamw --resume good.safetensors --plot alias.svg
+refuse "--metrics and --resume name the same file" --devices cpu --steps 8 --optimizer adamw --resume good.safetensors --metrics good.safetensors
+printf 'steps = 3\n' >own.toml
+refuse "--save and --config name the same file 'own.toml'" --devices cpu --config own.toml --save own.toml
+cp good.safetensors again.safetensors
+run --devices cpu --steps 6 --optimizer adamw --resume again.safetensors --save again.safetensors >/dev/null 2>&1 && ok ||
+  bad "--save over the --resume checkpoint is refused"
+# A closed pipe stops the run like SIGTERM: the checkpoint is written.
+rm -f pipe.safetensors
+"$exe" --devices cpu --steps 100000 --log-every 1 --batch 8 --save pipe.safetensors 2>/dev/null | head -1 >/dev/null
+[ -s pipe.safetensors ] && ok || bad "a closed stdout killed the run without its checkpoint"
+# Control characters in a value stay inside the one error line.
+refuse "'8\\n'" "${cpu[@]}" --batch $'8\n'
+refuse "invalid model spec" "${cpu[@]}" --model $'16-8\n-4'
+refuse "does not exist" "${cpu[@]}" --save $'no\nsuch/x.safetensors'
+# A run that fails before its first step leaves an existing metrics file as it was.
+echo old >old.jsonl
+timeout 20 "$exe" --devices cpu --steps 2 --batch 17179869184 --metrics old.jsonl >/dev/null 2>&1
+[ "$(cat old.jsonl)" = old ] && ok || bad "a failed run emptied the metrics file"
+# A huge or foreign metrics file on resume: cut without reading it into memory, or refused.
+run --devices cpu --steps 4 --log-every 2 --save big.safetensors --metrics big.jsonl >/dev/null 2>&1
+truncate -s 2G big.jsonl
+refuse "has a line over 64 KiB" --devices cpu --steps 6 --log-every 2 --resume big.safetensors --metrics big.jsonl
+# Floats that a float cannot hold are refused naming the value given.
+refuse "--clip: '1e-50' is too small for a float" "${cpu[@]}" --clip 1e-50
+refuse "--lr: '1e308' is out of range" "${cpu[@]}" --lr 1e308
+# Given values mean what they say: --epochs 0 or --samples 0 is no data set, --epochs
+# replaces --steps, an empty path is no path, a switch is true or false.
+refuse "--epochs must be >= 1, got 0" --devices cpu --epochs 0 --samples 10 --batch 4
+refuse "--samples must be >= 1" --devices cpu --samples 0 --steps 3
+refuse "--steps excludes --epochs" --devices cpu --epochs 2 --samples 10 --batch 4 --steps 7
+refuse "--resume: an empty path" "${cpu[@]}" --resume ''
+refuse "--save: an empty path" "${cpu[@]}" --save ''
+refuse "--nesterov: '2' is not true or false" "${cpu[@]}" --nesterov=2
+printf 'nesterov = 99\n' >bool.toml
+refuse "'99' is not true or false" "${cpu[@]}" --config bool.toml
+run "${cpu[@]}" --nesterov=false >/dev/null 2>&1 && ok || bad "--nesterov=false is refused"
+# --ddp: --reduce has no meaning; one process over several devices says what it uses.
+refuse "--reduce chooses how one process's replicas reduce" --devices cpu --steps 2 --ddp --reduce host
+# The command line wins over the config file, for the device flags too.
+printf 'cpus = 2\n' >cpus.toml
+run --config cpus.toml --devices cpu --steps 2 >out 2>&1 && grep -q 'on cpu:0 (host)' out && ok ||
+  bad "--devices on the command line does not win over the config's cpus: $(cat out)"
+refuse "--devices excludes --cpus" --devices cpu --cpus 2 --steps 2
+# A file name of 250 bytes (legal) still has temporaries.
+long=$(printf 'b%.0s' $(seq 1 250))
+run "${cpu[@]}" --metrics "$long" --save "$long.st" >/dev/null 2>err && [ -s "$long.st" ] && ok ||
+  bad "a 250-byte file name: $(cat err)"
+# Checkpoint metadata a resumed run may change is checked too; tensors no one takes are refused.
+resume_bad "metadata 'data_position' must be a whole number in [0, 9223372036854775807], got '-1'" data_position -1
+resume_bad "metadata 'data_position' 33 is not step 4 times batch 256" data_position 33
+resume_bad "metadata 'lr' must be a number in (0, inf), got 'nan'" lr nan
+resume_bad "metadata 'momentum' must be a number in [0, 1), got '5'" momentum 5
+resume_bad "metadata 'beta2' must be a number in [0, 1), got '0,999'" beta2 0,999
+resume_bad "metadata 'warmup' must be a whole number" warmup -1
+python3 - good.safetensors extra.safetensors <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header, body = json.loads(data[8:8 + n]), data[8 + n:]
+end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+header["9.weight"] = {"dtype": "F32", "shape": [1], "data_offsets": [end, end + 4]}
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + body + b"\0\0\0\0")
+PY
+refuse "has a tensor '9.weight' that this model and optimizer do not have" --devices cpu --steps 8 --optimizer adamw --resume extra.safetensors
+# dpbench checks its outputs and sizes before measuring.
+mkdir -p bo && rm -f bo/dpbench.csv && mkfifo bo/dpbench.csv
+timeout 20 "$bench" --cpus 1 --steps 2 --warmup 1 --out bo >out 2>err
+[ $? -eq 2 ] && ! grep -q '^weak' out && grep -q "is a FIFO" err && ok || bad "dpbench --out with a FIFO: $(cat err)"
+timeout 20 "$bench" --cpus 3 --batch 6148914691236517206 --scaling strong --steps 2 --warmup 1 --out bench >out 2>err
+[ $? -eq 2 ] && grep -q "more samples than fit in 64 bits" err && ok || bad "dpbench batch x devices: $(cat err)"
+timeout 20 "$bench" --cpus 1 --steps 9223372036854775807 --warmup 1 --out bench >out 2>err
+[ $? -eq 2 ] && grep -q "must be at most 1000000000" err && ok || bad "dpbench --steps huge: $(cat err)"
+timeout 20 "$bench" --cpus 1 --reduce nccl --out bench >out 2>err
+[ $? -eq 2 ] && grep -q "^dpbench: error: --reduce nccl" err && ok || bad "dpbench names library fields: $(cat err)"
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

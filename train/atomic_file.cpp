@@ -22,13 +22,20 @@ namespace {
 
 const char* const kTmpMark = ".tmp";
 
+// The name of `target`'s temporaries up to the pid: TARGET.tmp, with TARGET's name cut to
+// 200 bytes so that a name of up to 255 bytes (NAME_MAX) still has temporaries.
+std::string temporary_prefix(const std::string& target) {
+  const std::filesystem::path p(target);
+  return (p.parent_path() / p.filename().string().substr(0, 200)).string() + kTmpMark;
+}
+
 // A new temporary file of our own beside `target` (TARGET.tmp<pid>.<n>); O_EXCL never
 // touches a file someone else is writing. Returns the descriptor, or -1 with errno set.
 int create_temporary(const std::string& target, std::string& name) {
   static std::atomic<unsigned> serial{0};
   int fd = -1;
   for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    name = target + kTmpMark + std::to_string(::getpid()) + "." + std::to_string(serial++);
+    name = temporary_prefix(target) + std::to_string(::getpid()) + "." + std::to_string(serial++);
     fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST) break;
   }
@@ -93,7 +100,7 @@ void check_output_file(const std::string& path, const std::string& label) {
 
 void remove_stale_temporaries(const std::string& target) {
   namespace fs = std::filesystem;
-  const std::string base = fs::path(target).filename().string() + kTmpMark;
+  const std::string base = fs::path(temporary_prefix(target)).filename().string();
   DIR* d = ::opendir(folder_of(target).c_str());
   if (!d) return;
   while (const dirent* e = ::readdir(d)) {

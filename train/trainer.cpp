@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
@@ -241,9 +242,60 @@ void Trainer::resume(const std::string& path) {
                      std::to_string(cfg_.steps));
   // An optimizer steps at most once a training step (skipped steps do not count).
   const int64_t optimizer_steps = meta_int("optimizer_steps", 0, step);
+  // The data's position is one counter, the samples the steps have taken.
+  if (meta_int("data_position", 0, std::numeric_limits<int64_t>::max()) != step * cfg_.batch)
+    throw UsageError("checkpoint '" + path + "': metadata 'data_position' " + meta("data_position") + " is not step " +
+                     std::to_string(step) + " times batch " + std::to_string(cfg_.batch));
+  // The settings a resumed run may change are checked as well, each in its own range,
+  // and reported when they differ.
+  ResumeInfo info{path, step, {}};
+  auto setting = [&](const std::string& key, double lo, double hi, bool lo_open, bool hi_open, float now) {
+    const auto it = c.metadata.find(key);
+    if (it == c.metadata.end()) return;  // older checkpoints may not have it
+    const std::string& text = it->second;
+    char* end = nullptr;
+    const float was = std::strtof(text.c_str(), &end);
+    const bool inside = std::isfinite(was) && (lo_open ? was > lo : was >= lo) && (hi_open ? was < hi : was <= hi);
+    if (text.empty() || end != text.c_str() + text.size() || !inside)
+      throw UsageError("checkpoint '" + path + "': metadata '" + key + "' must be a number in " +
+                       (lo_open ? "(" : "[") + fmt(lo) + ", " + fmt(hi) + (hi_open ? ")" : "]") + ", got " +
+                       ckpt::printable(text));
+    if (was != now) info.changed.push_back(key + " " + format_float(was) + " -> " + format_float(now));
+  };
+  constexpr double kInf = HUGE_VAL;
+  setting("lr", 0, kInf, true, true, *cfg_.lr);
+  setting("momentum", 0, 1, false, true, cfg_.momentum);
+  setting("weight_decay", 0, kInf, false, true, cfg_.weight_decay);
+  setting("beta1", 0, 1, false, true, cfg_.beta1);
+  setting("beta2", 0, 1, false, true, cfg_.beta2);
+  setting("eps", 0, kInf, true, true, cfg_.eps);
+  if (c.metadata.count("warmup")) {
+    const int64_t was = meta_int("warmup", 0, std::numeric_limits<int64_t>::max());
+    if (was != cfg_.warmup)
+      info.changed.push_back("warmup " + std::to_string(was) + " -> " + std::to_string(cfg_.warmup));
+  }
+  if (c.metadata.count("schedule")) {
+    const std::string was = meta("schedule");
+    try {
+      (void)optim::parse_schedule(was);
+    } catch (const UsageError&) {
+      throw UsageError("checkpoint '" + path + "': metadata 'schedule' " + ckpt::printable(was) + " is no schedule");
+    }
+    if (was != cfg_.schedule) info.changed.push_back("schedule " + was + " -> " + cfg_.schedule);
+  }
+  if (c.metadata.count("nesterov")) {
+    const std::string was = meta("nesterov");
+    if (was != "true" && was != "false")
+      throw UsageError("checkpoint '" + path + "': metadata 'nesterov' must be true or false, got " +
+                       ckpt::printable(was));
+    if ((was == "true") != cfg_.nesterov)
+      info.changed.push_back("nesterov " + was + " -> " + (cfg_.nesterov ? "true" : "false"));
+  }
+  std::set<std::string> used;  // every tensor the model and optimizer take; no other may be in the file
   auto fetch = [&](const std::string& name, const Tensor& into) {
     const ckpt::HostTensor* t = c.find(name);
     if (!t) throw UsageError("checkpoint '" + path + "' has no tensor '" + name + "'");
+    used.insert(name);
     if (t->dtype != ckpt::DType::f32)
       throw UsageError("checkpoint '" + path + "': tensor '" + name + "' is " + ckpt::dtype_name(t->dtype) +
                        ", the model needs F32");
@@ -269,29 +321,13 @@ void Trainer::resume(const std::string& path) {
     for (auto& [name, t] : o->state()) fetch(name, t);
     o->set_steps_taken(optimizer_steps);
   }
+  // A tensor no one takes means the file is another model's or another optimizer's.
+  for (const auto& [name, t] : c.tensors)
+    if (!used.count(name))
+      throw UsageError("checkpoint '" + path + "' has a tensor " + ckpt::printable(name) +
+                       " that this model and optimizer do not have");
   dp_->synchronize();
   steps_done_ = step;
-  ResumeInfo info{path, step, {}};
-  auto changed = [&](const std::string& key, const std::string& now, bool number) {
-    const auto it = c.metadata.find(key);
-    if (it == c.metadata.end()) return;
-    if (number) {
-      const float was = std::strtof(it->second.c_str(), nullptr);
-      if (fmt(was) != now)
-        info.changed.push_back(key + " " + format_float(was) + " -> " +
-                               format_float(std::strtof(now.c_str(), nullptr)));
-    } else if (it->second != now) {
-      info.changed.push_back(key + " " + it->second + " -> " + now);
-    }
-  };
-  changed("lr", fmt(*cfg_.lr), true);
-  changed("schedule", cfg_.schedule, false);
-  changed("warmup", std::to_string(cfg_.warmup), false);
-  changed("momentum", fmt(cfg_.momentum), true);
-  changed("nesterov", cfg_.nesterov ? "true" : "false", false);
-  changed("weight_decay", fmt(cfg_.weight_decay), true);
-  changed("beta1", fmt(cfg_.beta1), true);
-  changed("beta2", fmt(cfg_.beta2), true);
   resumed_ = std::move(info);
 }
 
