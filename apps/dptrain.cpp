@@ -25,6 +25,7 @@
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/runtime/memory.hpp>
+#include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>
 
 #include "../train/atomic_file.hpp"
@@ -79,7 +80,7 @@ struct Options {
   std::string task = "regression", act = "relu", precision = "fp32", gemm = "cublas", reduce = "auto";
   dpt::app::DeviceFlags devices;
   float lr = 0.0f;
-  bool no_overlap = false, auto_resume = false;
+  bool no_overlap = false, auto_resume = false, shuffle = true, no_shuffle = false;
   std::string metrics, plot, config;
   // Flags given (on the command line or in the config file) that resolve() checks against
   // each other: options of one optimizer are refused with the other.
@@ -103,7 +104,18 @@ void add_flags(CLI::App& app, Options& o) {
   auto* steps = add_integer(app, "--steps", c.steps, "Total optimizer steps")->capture_default_str();
   add_integer(app, "--epochs", c.epochs, "Epochs over --samples (sets the number of steps instead of --steps)")
       ->excludes(steps);
-  add_integer(app, "--samples", c.samples, "Dataset size (default: an endless stream of new samples)");
+  add_integer(app, "--samples", c.samples, "Synthetic dataset size (default: an endless stream of new samples)");
+  add_path(app, "--data", c.data,
+           "Train on this file: .safetensors (x, y, optional x_val, y_val) or .npy of inputs (with --targets)");
+  add_path(app, "--targets", c.targets, "The .npy file of targets: float rows (regression) or integer class labels");
+  add_path(app, "--val-data", c.val_data, "Validation inputs (.npy, with --val-targets, or .safetensors)");
+  add_path(app, "--val-targets", c.val_targets, "Validation targets (.npy)");
+  app.add_option("--val-fraction", c.val_fraction,
+                 "Validate on the last F of the --data rows (never shuffled into training)");
+  add_integer(app, "--eval-every", c.eval_every, "Validate every N steps (default: once an epoch)");
+  auto* shuffle =
+      add_switch(app, "--shuffle", o.shuffle, "File data: a new order of the rows every epoch (the default)");
+  add_switch(app, "--no-shuffle", o.no_shuffle, "File data: keep the file's order")->excludes(shuffle);
   add_float(app, "--lr", o.lr, "Learning rate (default: 0.05 for sgd, 0.001 for adamw)");
   app.add_option("--optimizer", c.optimizer, "sgd or adamw")->capture_default_str();
   add_float(app, "--momentum", c.momentum, "SGD momentum")->capture_default_str();
@@ -193,6 +205,9 @@ void resolve(Options& o) {
   c.task = dpt::data::parse_task(o.task);
   if (o.was_given("--lr")) c.lr = o.lr;
   c.overlap = !o.no_overlap;
+  c.shuffle = !o.no_shuffle;
+  if ((o.was_given("--shuffle") || o.no_shuffle) && c.data.empty())
+    throw dpt::UsageError("--shuffle and --no-shuffle order the rows of --data; synthetic data has no order to change");
   // An option of the other optimizer would be silently ignored: refuse it instead.
   static const std::pair<const char*, const char*> kOptimizerOf[] = {
       {"--momentum", "sgd"}, {"--nesterov", "sgd"}, {"--beta1", "adamw"}, {"--beta2", "adamw"}};
@@ -206,6 +221,8 @@ void resolve(Options& o) {
     struct stat st {};
     if (::stat(c.save.c_str(), &st) == 0) c.resume = c.save;  // else a fresh start
   }
+  if (o.was_given("--task") && !c.data.empty())
+    throw dpt::UsageError("--task: the task of --data follows from its targets (float rows or integer labels)");
   if (o.was_given("--task") && c.task == dpt::data::Task::regression && dpt::nn::is_cnn_spec(c.model))
     throw dpt::UsageError("--task regression: a CNN model ('" + c.model + "') trains image classification");
   c.act = dpt::nn::parse_act(o.act);
@@ -235,7 +252,13 @@ std::string json_line(const dpt::StepLog& s) {
                 s.samples_per_s, s.step_ms, s.elapsed_s);
   return "{\"step\": " + std::to_string(s.step) + ", \"loss\": " + json_number(s.loss) +
          (std::isnan(s.accuracy) ? "" : ", \"accuracy\": " + json_number(s.accuracy)) +
-         ", \"lr\": " + json_number(s.lr) + rates;
+         ", \"lr\": " + json_number(s.lr) +
+         (s.val.rows == 0 ? ""
+                          : ", \"val_loss\": " + json_number(static_cast<float>(s.val.loss)) +
+                                (std::isnan(s.val.accuracy)
+                                     ? ""
+                                     : ", \"val_accuracy\": " + json_number(static_cast<float>(s.val.accuracy)))) +
+         rates;
 }
 
 // The step of a metrics line this program wrote ({"step": N, ...}), or -1.
@@ -339,6 +362,13 @@ int train(Options& o) {
                 trainer.optimizer().describe().c_str(), dpt::precision_name(c.precision),
                 c.devices.front().is_cpu() ? "cpu" : o.gemm.c_str());
     if (c.grad_accum > 1) std::printf("  gradient accumulation: %d micro-batches per step\n", c.grad_accum);
+    if (const dpt::data::Dataset* d = trainer.train_data()) {
+      std::printf("  data: %s, %lld rows, %s", d->inputs_name().c_str(), static_cast<long long>(d->rows()),
+                  c.shuffle ? "shuffled every epoch" : "in file order");
+      if (const dpt::data::Dataset* v = trainer.val_data())
+        std::printf("; validation: %lld rows", static_cast<long long>(v->rows()));
+      std::printf("\n");
+    }
     if (const auto& r = trainer.resumed()) {
       std::string changed;
       for (const auto& ch : r->changed) changed += (changed.empty() ? "; changed: " : ", ") + ch;
@@ -349,10 +379,15 @@ int train(Options& o) {
   }
 
   dpt::plot::Series loss_curve{"loss", {}, {}, false}, speed{"samples/s", {}, {}, false};
+  dpt::plot::Series val_curve{"validation loss", {}, {}, false};
   auto on_log = [&](const dpt::StepLog& s) {
     if (!lead) return;
     loss_curve.x.push_back(static_cast<double>(s.step));
     loss_curve.y.push_back(s.loss);
+    if (s.val.rows > 0) {
+      val_curve.x.push_back(static_cast<double>(s.step));
+      val_curve.y.push_back(s.val.loss);
+    }
     if (s.step > 1) {  // the first step's speed includes warm-up
       speed.x.push_back(static_cast<double>(s.step));
       speed.y.push_back(s.samples_per_s);
@@ -365,16 +400,23 @@ int train(Options& o) {
     }
     const std::string eta = duration(s.step_ms * 1e-3 * static_cast<double>(s.total - s.step));
     const std::string acc = std::isnan(s.accuracy) ? "" : percent(s.accuracy);
+    std::string val;  // " val_loss 0.31 val_accuracy 91.2%" when this step was validated
+    if (s.val.rows > 0) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " val_loss %.6g", s.val.loss);
+      val = buf;
+      if (!std::isnan(s.val.accuracy)) val += " val_accuracy " + percent(static_cast<float>(s.val.accuracy));
+    }
     if (tty) {
-      std::printf("\r\x1b[Kstep %lld/%lld | loss %.6g%s%s | %s samples/s | ETA %s", static_cast<long long>(s.step),
+      std::printf("\r\x1b[Kstep %lld/%lld | loss %.6g%s%s%s%s | %s samples/s | ETA %s", static_cast<long long>(s.step),
                   static_cast<long long>(s.total), s.loss, acc.empty() ? "" : " | accuracy ", acc.c_str(),
-                  dpt::format_si(s.samples_per_s).c_str(), eta.c_str());
+                  val.empty() ? "" : " |", val.c_str(), dpt::format_si(s.samples_per_s).c_str(), eta.c_str());
       g_progress_open = s.step != s.total;
       if (!g_progress_open) std::printf("\n");
     } else {
-      std::printf("step %lld/%lld loss %.6g%s%s lr %s samples/s %s step_ms %.3f ETA %s\n",
+      std::printf("step %lld/%lld loss %.6g%s%s%s lr %s samples/s %s step_ms %.3f ETA %s\n",
                   static_cast<long long>(s.step), static_cast<long long>(s.total), s.loss,
-                  acc.empty() ? "" : " accuracy ", acc.c_str(), dpt::format_float(s.lr).c_str(),
+                  acc.empty() ? "" : " accuracy ", acc.c_str(), val.c_str(), dpt::format_float(s.lr).c_str(),
                   dpt::format_si(s.samples_per_s).c_str(), s.step_ms, eta.c_str());
     }
     std::fflush(stdout);
@@ -388,7 +430,9 @@ int train(Options& o) {
     g_progress_open = false;
   }
   if (!o.plot.empty()) {
-    dpt::plot::Chart lc{"dptrain " + c.model + ": loss", "step", "loss (log scale)", {loss_curve}, {}};
+    std::vector<dpt::plot::Series> losses{loss_curve};
+    if (!val_curve.x.empty()) losses.push_back(val_curve);
+    dpt::plot::Chart lc{"dptrain " + c.model + ": loss", "step", "loss (log scale)", losses, {}};
     lc.options.log_y = true;
     dpt::plot::Chart sc{"throughput", "step", "samples/s", {speed}, {}};
     dpt::plot::write_line_charts(o.plot, {lc, sc});
@@ -403,6 +447,10 @@ int train(Options& o) {
                 r.first_loss, r.final_loss, ratio, dpt::format_si(r.samples_per_s).c_str(), r.step_ms);
   if (!std::isnan(r.final_accuracy))
     std::printf("accuracy: %s of the last logged batch\n", percent(r.final_accuracy).c_str());
+  if (r.val.rows > 0)
+    std::printf("validation: loss %.6g%s over %lld rows\n", r.val.loss,
+                std::isnan(r.val.accuracy) ? "" : (", accuracy " + percent(static_cast<float>(r.val.accuracy))).c_str(),
+                static_cast<long long>(r.val.rows));
   std::printf("step time (last step, master): compute %.3f ms, reduce %.3f ms, update %.3f ms\n", r.times.compute,
               r.times.reduce, r.times.update);
   for (const auto& [dev, m] : r.memory)
@@ -422,6 +470,96 @@ int train(Options& o) {
                 static_cast<long long>(trainer.steps_done()));
     return 128 + g_signal;  // 130 for SIGINT, 143 for SIGTERM, as shells expect
   }
+  return 0;
+}
+
+// `dptrain predict` and `dptrain eval`: a trained model (from its checkpoint) over a data
+// set, on every device of one process.
+struct AfterTraining {
+  dpt::InferenceConfig cfg;
+  dpt::app::DeviceFlags devices;
+  std::string data, targets, out, probabilities, precision = "fp32";
+  std::vector<std::string> on_command_line;
+};
+
+void add_after_training_flags(CLI::App& sub, AfterTraining& a, bool predict) {
+  using dpt::app::add_integer, dpt::app::add_path;
+  add_path(sub, "--resume", a.cfg.checkpoint, "The checkpoint of the trained model")->required();
+  add_path(sub, "--data", a.data, "Inputs: .npy (with --targets for eval) or .safetensors (x, and y for eval)")
+      ->required();
+  if (predict) {
+    add_path(sub, "--out", a.out,
+             "Write the outputs here (.npy): float rows (regression) or int32 class indices (classification)")
+        ->required();
+    add_path(sub, "--probabilities", a.probabilities,
+             "Classification: also write the softmax probabilities here (.npy, float32 [rows, classes])");
+  } else {
+    add_path(sub, "--targets", a.targets, "Targets (.npy) of a .npy --data");
+  }
+  add_integer(sub, "--batch", a.cfg.batch, "Rows a device computes at a time")->capture_default_str();
+  sub.add_option("--precision", a.precision, "fp32, tf32 or bf16")->capture_default_str();
+  a.devices.add_to(sub, "Devices, e.g. cuda:0,cuda:1 or cpu (default: every GPU, else cpu)");
+}
+
+// Class index and softmax probabilities of each row of scores (in double: an output file
+// holds what the model says, rounded once).
+void classify(const std::vector<float>& scores, int64_t rows, int64_t classes, std::vector<int32_t>& index,
+              std::vector<float>& probabilities) {
+  index.resize(static_cast<size_t>(rows));
+  probabilities.resize(scores.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = scores.data() + r * classes;
+    int64_t best = 0;
+    for (int64_t c = 1; c < classes; ++c)
+      if (row[c] > row[best]) best = c;
+    double sum = 0;
+    for (int64_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(row[c]) - row[best]);
+    for (int64_t c = 0; c < classes; ++c)
+      probabilities[static_cast<size_t>(r * classes + c)] =
+          static_cast<float>(std::exp(static_cast<double>(row[c]) - row[best]) / sum);
+    index[static_cast<size_t>(r)] = static_cast<int32_t>(best);
+  }
+}
+
+int after_training(AfterTraining& a, bool predict) {
+  a.cfg.devices = a.devices.devices(a.on_command_line);
+  a.cfg.precision = dpt::parse_precision(a.precision);
+  for (const std::string* out : {&a.out, &a.probabilities}) {
+    dpt::check_output_file(*out, out == &a.out ? "--out" : "--probabilities");
+    if (!out->empty() &&
+        (file_identity(*out) == file_identity(a.data) || file_identity(*out) == file_identity(a.cfg.checkpoint)))
+      throw dpt::UsageError((out == &a.out ? "--out" : "--probabilities") + std::string(" '") + *out +
+                            "' is an input of this run");
+  }
+  if (!a.probabilities.empty() && file_identity(a.probabilities) == file_identity(a.out))
+    throw dpt::UsageError("--out and --probabilities name the same file '" + a.out + "'");
+  dpt::Inference model(a.cfg);
+  const auto data = dpt::open_dataset(a.data, a.targets, "data", "targets");
+  const auto classes = model.spec().outputs();
+  const bool classify_rows = model.task() == dpt::data::Task::classification;
+  if (!predict) {
+    const dpt::EvalResult r = model.evaluate(*data);
+    std::printf("eval: %s on %s: loss %.6g%s over %lld rows\n", model.model_text().c_str(), data->inputs_name().c_str(),
+                r.loss, std::isnan(r.accuracy) ? "" : (", accuracy " + percent(static_cast<float>(r.accuracy))).c_str(),
+                static_cast<long long>(r.rows));
+    return 0;
+  }
+  if (!a.probabilities.empty() && !classify_rows)
+    throw dpt::UsageError("--probabilities: the model of '" + a.cfg.checkpoint + "' does regression");
+  const std::vector<float> y = model.predict(*data);
+  const int64_t rows = data->rows();
+  if (classify_rows) {
+    std::vector<int32_t> index;
+    std::vector<float> probabilities;
+    classify(y, rows, classes, index, probabilities);
+    dpt::write_npy_file(a.out, {index.data(), dpt::data::ArrayDType::i32, {rows}});
+    if (!a.probabilities.empty())
+      dpt::write_npy_file(a.probabilities, {probabilities.data(), dpt::data::ArrayDType::f32, {rows, classes}});
+  } else {
+    dpt::write_npy_file(a.out, {y.data(), dpt::data::ArrayDType::f32, {rows, classes}});
+  }
+  std::printf("predict: %s on %lld rows of %s -> %s%s%s\n", model.model_text().c_str(), static_cast<long long>(rows),
+              data->inputs_name().c_str(), a.out.c_str(), a.probabilities.empty() ? "" : ", ", a.probabilities.c_str());
   return 0;
 }
 
@@ -449,9 +587,35 @@ int main(int argc, char** argv) {
   CLI::App app{"dptrain: data-parallel training of MLPs and CNNs on synthetic data, on GPUs or the CPU"};
   Options o;
   add_flags(app, o);
+  AfterTraining predict_args, eval_args;
+  CLI::App* predict = app.add_subcommand("predict", "Write a trained model's outputs for every row of a data set");
+  CLI::App* eval = app.add_subcommand("eval", "Print a trained model's loss and accuracy on a data set");
+  add_after_training_flags(*predict, predict_args, true);
+  add_after_training_flags(*eval, eval_args, false);
+  app.require_subcommand(0, 1);
   // Every rank finds the same fault in the command line; rank 0 alone reports it.
   if (const int status = dpt::app::parse_command_line(app, argc, argv, "dptrain", launcher_rank() != 0); status >= 0)
     return status;
+  if (*predict || *eval) {
+    AfterTraining& a = *predict ? predict_args : eval_args;
+    a.on_command_line = dpt::app::command_line_flags(argc, argv);
+    // The training flags mean nothing here: given before the subcommand, they are an error.
+    for (const CLI::Option* opt : app.get_options())
+      if (opt->count() > 0 && opt->get_name() != "--help")
+        return fail(kExitUsage, (opt->get_name() + " is a training flag; " + (*predict ? "predict" : "eval") +
+                                 " takes --resume, --data and its own flags (see dptrain " +
+                                 (*predict ? "predict" : "eval") + " --help)")
+                                    .c_str());
+    try {
+      return after_training(a, static_cast<bool>(*predict));
+    } catch (const dpt::UsageError& e) {
+      return fail(kExitUsage, e.what());
+    } catch (const dpt::OutOfMemory& e) {
+      return fail(kExitOom, e.what());
+    } catch (const std::exception& e) {
+      return fail(kExitError, e.what());
+    }
+  }
   for (const CLI::Option* opt : app.get_options())
     if (opt->count() > 0) o.given.push_back(opt->get_name());
   o.on_command_line = dpt::app::command_line_flags(argc, argv);

@@ -409,6 +409,50 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
   return out;
 }
 
+void DataParallel::infer(int64_t first, int64_t count, const ShardSource& source, const OutputFn& take) {
+  // Its own split: the step's plan is for the training batch size and its micro-batches.
+  const ShardPlan shares(count, group_ ? group_->size() : 1, group_ ? group_->rank() : 0, replicas_.size(), 1);
+  run_on_all([&](size_t r) {
+    Replica& rep = replicas_[r];
+    const SampleRange part = shares.replica_part(r);
+    if (part.count == 0) return;
+    const bool was_training = rep.model->training();
+    rep.model->train(false);
+    try {
+      NoGradGuard no_grad;
+      const data::Batch shard = source(r, first + part.first, part.count);
+      take(r, part, rep.model->forward(shard.x));
+    } catch (...) {
+      rep.model->train(was_training);
+      throw;
+    }
+    rep.model->train(was_training);
+  });
+}
+
+StepLoss DataParallel::evaluate(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
+                                const LossFn& metric) {
+  StepLoss out;
+  out.group = group_;
+  out.owner = this;
+  out.losses.resize(replicas_.size());
+  out.weights.assign(replicas_.size(), 0.0);
+  if (metric) out.metrics.resize(replicas_.size());
+  // The targets travel with the inputs: the source is asked once, and the targets kept.
+  std::vector<Tensor> targets(replicas_.size());
+  const ShardSource keep_targets = [&](size_t r, int64_t f, int64_t n) {
+    data::Batch b = source(r, f, n);
+    targets[r] = b.y;
+    return b;
+  };
+  infer(first, count, keep_targets, [&](size_t r, SampleRange part, const Tensor& output) {
+    out.weights[r] = static_cast<double>(part.count) / static_cast<double>(count);
+    out.losses[r] = loss(output, targets[r]);
+    if (metric) out.metrics[r] = metric(output, targets[r]);
+  });
+  return out;
+}
+
 void DataParallel::broadcast_buffers() {
   const Tensor& master = replicas_[0].model->flat_buffers();
   if (!master.defined()) return;

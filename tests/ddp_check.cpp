@@ -7,8 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include <dptrain/data/dataset.hpp>
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "common.hpp"
@@ -30,7 +33,21 @@ int main(int argc, char** argv) {
     int failures = 0;
     // `compare`: DDP must give one process's weights; otherwise (batch norm: statistics
     // per rank) the ranks must agree with each other, buffers included.
-    auto check = [&](const std::string& model, data::Task task, const std::string& opt, bool compare) {
+    // File data (host arrays, the same on every rank): 37 rows of 12 inputs, shuffled, over
+    // three epochs; regression targets of 5 or labels of 5 classes.
+    std::vector<float> xs(37 * 12), ys(37 * 5);
+    std::vector<int32_t> labels(37);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37f * static_cast<float>(i));
+    for (size_t i = 0; i < ys.size(); ++i) ys[i] = std::cos(0.11f * static_cast<float>(i));
+    for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 7) % 5);
+    auto arrays = [&](data::Task task) {
+      const data::Array x{xs.data(), data::ArrayDType::f32, {37, 12}};
+      const data::Array y = task == data::Task::regression ? data::Array{ys.data(), data::ArrayDType::f32, {37, 5}}
+                                                           : data::Array{labels.data(), data::ArrayDType::i32, {37}};
+      return std::make_shared<data::ArrayDataset>(x, y);
+    };
+    auto check = [&](const std::string& model, data::Task task, const std::string& opt, bool compare,
+                     bool file_data = false) {
       TrainConfig c;
       c.model = model;
       c.task = task;
@@ -47,7 +64,13 @@ int main(int argc, char** argv) {
       d.devices = devs;
       d.ddp = true;
       d.grad_accum = accum;
-      Trainer ddp(d);
+      std::shared_ptr<const data::Dataset> rows;
+      if (file_data) {
+        rows = arrays(task);
+        c.epochs = d.epochs = 3;
+        c.steps = d.steps = 0;
+      }
+      Trainer ddp(d, rows);
       if (ddp.parallel().buckets() < 2) ++failures;
       const TrainResult r = ddp.run();
       const uint64_t hash = ddp.parameter_hash();  // throws if the ranks disagree
@@ -55,15 +78,16 @@ int main(int argc, char** argv) {
         std::printf("%s %s, %d ranks: hash %016llx on every rank: ok\n", model.c_str(), opt.c_str(), g.size(),
                     static_cast<unsigned long long>(hash));
       if (g.rank() == 0 && compare) {
-        Trainer one(c);  // one process, the whole batch, no accumulation
+        Trainer one(c, rows);  // one process, the whole batch, no accumulation
         const TrainResult r1 = one.run();
         const double err = test::rel_error(ddp.model().flat_params().to_host(), one.model().flat_params().to_host());
         const bool ok = err <= 1e-5 && std::fabs(r.final_loss - r1.final_loss) <= 1e-5 * std::fabs(r1.final_loss);
         std::printf(
-            "%s %s %s, %d ranks, batch %lld, grad-accum %d: weights rel. error %.3g, loss %.6g vs %.6g, "
+            "%s %s %s%s, %d ranks, batch %lld, grad-accum %d: weights rel. error %.3g, loss %.6g vs %.6g, "
             "hash %016llx: %s\n",
-            model.c_str(), data::task_name(task), opt.c_str(), g.size(), static_cast<long long>(batch), accum, err,
-            r.final_loss, r1.final_loss, static_cast<unsigned long long>(hash), ok ? "ok" : "FAILED");
+            model.c_str(), data::task_name(task), opt.c_str(), file_data ? " on file data" : "", g.size(),
+            static_cast<long long>(batch), accum, err, r.final_loss, r1.final_loss,
+            static_cast<unsigned long long>(hash), ok ? "ok" : "FAILED");
         if (!ok) ++failures;
       }
     };
@@ -71,6 +95,7 @@ int main(int argc, char** argv) {
       for (std::string opt : {"sgd", "adamw"}) check("12-24x2-5", task, opt, true);
     check("cnn:2x7x7-c4k3-p2-c6k3s2-f3", data::Task::classification, "sgd", true);
     check("cnn:2x6x6-c4k3-bn-p2-f3", data::Task::classification, "sgd", false);
+    for (auto task : {data::Task::regression, data::Task::classification}) check("12-24x2-5", task, "sgd", true, true);
     double total = g.sum(failures);
     if (g.rank() == 0) std::printf("%s\n", total == 0 ? "all checks passed" : "some checks FAILED");
     return total == 0 ? 0 : 1;

@@ -17,6 +17,7 @@
 #include <dptrain/train/checkpoint.hpp>
 
 #include "atomic_file.hpp"
+#include "model_state.hpp"
 
 namespace dpt {
 
@@ -69,6 +70,12 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (!within(cfg.clip, 0.0, HUGE_VAL) || std::isinf(cfg.clip))
     bad("clip", "must be a finite number >= 0 (0: off)" + got(cfg.clip));
   if (cfg.log_every < 1) bad("log_every", "must be >= 1" + got(cfg.log_every));
+  if (cfg.eval_every < 0) bad("eval_every", "must be >= 0 (0: once an epoch)" + got(cfg.eval_every));
+  if (!(cfg.val_fraction >= 0.0 && cfg.val_fraction < 1.0))
+    bad("val_fraction", "must be in [0, 1)" + got(cfg.val_fraction));
+  if (cfg.data.empty() &&
+      !(cfg.targets.empty() && cfg.val_data.empty() && cfg.val_targets.empty() && cfg.val_fraction == 0.0))
+    bad("data", "is needed by TrainConfig::targets, val_data, val_targets and val_fraction (file data)");
   if (cfg.warmup < 0) bad("warmup", "must be >= 0" + got(cfg.warmup));
   (void)optim::parse_schedule(cfg.schedule);
   nn::ModelSpec spec = nn::parse_model_spec(cfg.model);
@@ -105,8 +112,79 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   return spec;
 }
 
-Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
+namespace {
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// A data file's training rows, and its validation rows when it holds them (x_val, y_val).
+data::DataSplit open_data(const std::string& path, const std::string& targets, const char* field,
+                          const char* targets_field) {
+  if (ends_with(path, ".safetensors")) {
+    if (!targets.empty()) bad(targets_field, "'" + targets + "': a safetensors data file holds its own targets (y)");
+    return data::ArrayDataset::from_safetensors(path);
+  }
+  if (!ends_with(path, ".npy")) bad(field, "'" + path + "' is neither a .npy nor a .safetensors file");
+  if (targets.empty())
+    bad(targets_field, "is needed with a .npy data file (the targets: a .npy file of rows or labels)");
+  return {data::ArrayDataset::from_npy(path, targets), std::nullopt};
+}
+
+// The rows of TrainConfig::data, and the validation rows that the config asks for.
+std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> load_files(
+    const TrainConfig& cfg) {
+  data::DataSplit main = open_data(cfg.data, cfg.targets, "data", "targets");
+  std::optional<data::ArrayDataset> val = std::move(main.val);
+  const int sources = (val ? 1 : 0) + (cfg.val_data.empty() ? 0 : 1) + (cfg.val_fraction > 0 ? 1 : 0);
+  if (sources > 1)
+    bad("val_data",
+        "and TrainConfig::val_fraction (and a data file's x_val) are other sources of validation rows: "
+        "give one");
+  if (!cfg.val_data.empty()) {
+    data::DataSplit v = open_data(cfg.val_data, cfg.val_targets, "val_data", "val_targets");
+    if (v.val) bad("val_data", "'" + cfg.val_data + "' holds validation rows of its own (x_val)");
+    val = std::move(v.train);
+  } else if (!cfg.val_targets.empty()) {
+    bad("val_targets", "needs TrainConfig::val_data (the validation inputs)");
+  }
+  if (cfg.val_fraction > 0) {
+    data::DataSplit split = main.train.split(cfg.val_fraction);
+    main.train = std::move(split.train);
+    val = std::move(split.val);
+  }
+  std::shared_ptr<const data::Dataset> v;
+  if (val) v = std::make_shared<data::ArrayDataset>(std::move(*val));
+  return {std::make_shared<data::ArrayDataset>(std::move(main.train)), v};
+}
+
+// The shape of one input row a model spec takes: {features} or {C, H, W}.
+Shape input_shape(const nn::ModelSpec& spec) {
+  if (spec.is_cnn) return {spec.cnn.input[0], spec.cnn.input[1], spec.cnn.input[2]};
+  return {spec.widths.front()};
+}
+}  // namespace
+
+Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val)
+    : cfg_(std::move(cfg)), train_data_(std::move(train)), val_data_(std::move(val)) {
+  if (!cfg_.data.empty() && train_data_) bad("data", "and a data set of the program's: give one");
+  if (!cfg_.data.empty()) std::tie(train_data_, val_data_) = load_files(cfg_);
+  if (val_data_ && !train_data_) bad("data", "is needed for validation rows");
+  if (train_data_) {
+    // The file is the data set: its size, and its targets say the task.
+    if (cfg_.samples != 0) bad("samples", "is the data file's own size; leave it out with TrainConfig::data");
+    if (!train_data_->has_targets()) bad("data", "'" + train_data_->inputs_name() + "' has no targets to train on");
+    cfg_.samples = train_data_->rows();
+    cfg_.task = train_data_->task();
+  }
   const nn::ModelSpec spec = validate(cfg_);
+  if (train_data_) {
+    train_data_->check_model(input_shape(spec), cfg_.task, spec.outputs());
+    if (val_data_) val_data_->check_model(input_shape(spec), cfg_.task, spec.outputs());
+    const int64_t per_epoch = (cfg_.samples + cfg_.batch - 1) / cfg_.batch;
+    eval_every_ = val_data_ ? (cfg_.eval_every > 0 ? cfg_.eval_every : per_epoch) : 0;
+  } else if (cfg_.eval_every > 0) {
+    bad("eval_every", "needs validation rows (TrainConfig::val_data, val_fraction or a file's x_val)");
+  }
   if (cfg_.ddp) {
     // One device per process: the local rank picks it from the node's device list.
     group_ = &ProcessGroup::world();
@@ -116,19 +194,24 @@ Trainer::Trainer(TrainConfig cfg) : cfg_(std::move(cfg)) {
   }
   const Device master = cfg_.devices.front();
   model_ = nn::make_model(spec, cfg_.act);
-  data::SyntheticConfig dc;
-  if (spec.is_cnn) {
-    dc.image = spec.cnn.input;
-    dc.teacher_hidden = 16;  // teacher channels: labelling stays cheap next to the student's step
-  } else {
-    dc.in = spec.widths.front();
-  }
-  dc.out = spec.outputs();
   model_->to(master, cfg_.seed);
-  dc.task = cfg_.task;
-  dc.seed = cfg_.seed;
-  dc.samples = cfg_.samples;
-  for (const Device& d : cfg_.devices) data_.push_back(std::make_unique<data::Synthetic>(dc, d));
+  if (train_data_) {
+    for (size_t r = 0; r < cfg_.devices.size(); ++r) orders_.emplace_back(cfg_.samples, cfg_.seed, cfg_.shuffle);
+    picked_.resize(cfg_.devices.size());
+  } else {
+    data::SyntheticConfig dc;
+    if (spec.is_cnn) {
+      dc.image = spec.cnn.input;
+      dc.teacher_hidden = 16;  // teacher channels: labelling stays cheap next to the student's step
+    } else {
+      dc.in = spec.widths.front();
+    }
+    dc.out = spec.outputs();
+    dc.task = cfg_.task;
+    dc.seed = cfg_.seed;
+    dc.samples = cfg_.samples;
+    for (const Device& d : cfg_.devices) data_.push_back(std::make_unique<data::Synthetic>(dc, d));
+  }
   OptimizerFactory make_opt = [this](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
     if (cfg_.optimizer == "sgd")
       return std::make_unique<optim::SGD>(
@@ -166,6 +249,22 @@ ckpt::HostTensor host_tensor(const Tensor& t) {
 }
 }  // namespace
 
+// What the data is, as far as a resumed run must see the same: synthetic, or the rows, the
+// order and each file's size and header hash (not its path: files move).
+std::string Trainer::data_identity() const {
+  if (!train_data_) return "synthetic";
+  std::string id = "rows " + std::to_string(train_data_->rows()) + ", shuffle " + (cfg_.shuffle ? "on" : "off");
+  const auto* arrays = dynamic_cast<const data::ArrayDataset*>(train_data_.get());
+  if (arrays && arrays->first_row() > 0) id += ", from row " + std::to_string(arrays->first_row());
+  if (!arrays || arrays->files().empty()) return id + ", the program's arrays";
+  for (const data::FileIdentity& f : arrays->files()) {
+    char hash[24];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(f.header_hash));
+    id += ", a file of " + std::to_string(f.size) + " bytes with header hash " + hash;
+  }
+  return id;
+}
+
 void Trainer::save(const std::string& path) {
   dp_->synchronize();
   if (group_ && group_->rank() != 0) return;
@@ -192,7 +291,13 @@ void Trainer::save(const std::string& path) {
                 // Data and randomness are counter-based: the next sample index is the
                 // whole of their state.
                 {"rng", "philox4x32-10, seed " + std::to_string(cfg_.seed)},
-                {"data_position", std::to_string(steps_done_ * cfg_.batch)}};
+                {"data_position", std::to_string(steps_done_ * cfg_.batch)},
+                {"data", data_identity()}};
+  if (train_data_) {  // where the position falls in the epochs, for a reader of the file
+    const data::SamplePosition at = data::sample_position(steps_done_ * cfg_.batch, cfg_.samples);
+    c.metadata["data_epoch"] = std::to_string(at.epoch);
+    c.metadata["data_index"] = std::to_string(at.index);
+  }
   for (auto& [name, p] : model_->named_parameters()) c.tensors.push_back({name, host_tensor(p->value)});
   for (auto& [name, b] : model_->named_buffers()) c.tensors.push_back({name, host_tensor(b->value)});
   for (auto& [name, t] : optimizer().state()) c.tensors.push_back({name, host_tensor(t)});
@@ -200,14 +305,7 @@ void Trainer::save(const std::string& path) {
 }
 
 void Trainer::resume(const std::string& path) {
-  ckpt::Checkpoint c;
-  try {
-    c = ckpt::load(path);
-  } catch (const UsageError&) {
-    throw;
-  } catch (const Error& e) {
-    throw UsageError(e.what());  // a missing or broken file to resume from is bad input
-  }
+  const ckpt::Checkpoint c = load_checkpoint(path);
   auto meta = [&](const std::string& key) {
     auto it = c.metadata.find(key);
     if (it == c.metadata.end()) throw UsageError("checkpoint '" + path + "' has no '" + key + "' in its metadata");
@@ -225,6 +323,12 @@ void Trainer::resume(const std::string& path) {
   must_match("optimizer", optimizer().kind());
   must_match("seed", std::to_string(cfg_.seed));  // the data and teacher follow from it
   must_match("batch", std::to_string(cfg_.batch));
+  // The same data, in the same order: else the position in it means nothing.
+  const auto data_it = c.metadata.find("data");
+  const std::string made_on = data_it == c.metadata.end() ? "synthetic" : data_it->second;
+  if (made_on != data_identity())
+    throw UsageError("checkpoint '" + path + "' was made on other data (TrainConfig::data): " +
+                     ckpt::printable(made_on) + ", this run has '" + data_identity() + "'");
   must_match("samples", std::to_string(cfg_.samples));
   // Every number is read whole and range-checked: "12abc" is no step count.
   auto meta_int = [&](const std::string& key, int64_t lo, int64_t hi) {
@@ -292,40 +396,12 @@ void Trainer::resume(const std::string& path) {
       info.changed.push_back("nesterov " + was + " -> " + (cfg_.nesterov ? "true" : "false"));
   }
   std::set<std::string> used;  // every tensor the model and optimizer take; no other may be in the file
-  auto fetch = [&](const std::string& name, const Tensor& into) {
-    const ckpt::HostTensor* t = c.find(name);
-    if (!t) throw UsageError("checkpoint '" + path + "' has no tensor '" + name + "'");
-    used.insert(name);
-    if (t->dtype != ckpt::DType::f32)
-      throw UsageError("checkpoint '" + path + "': tensor '" + name + "' is " + ckpt::dtype_name(t->dtype) +
-                       ", the model needs F32");
-    if (t->shape != into.shape())
-      throw UsageError("checkpoint '" + path + "': tensor '" + name + "' has shape " + shape_str(t->shape) +
-                       ", the model needs " + shape_str(into.shape()));
-    std::vector<float> v(static_cast<size_t>(into.numel()));
-    std::memcpy(v.data(), t->data.data(), t->data.size());
-    // Training on from a NaN would only spread it, and save it again.
-    for (size_t i = 0; i < v.size(); ++i)
-      if (!std::isfinite(v[i]))
-        throw UsageError("checkpoint '" + path + "': tensor '" + name + "' holds " + format_float(v[i]) + " at index " +
-                         std::to_string(i) + "; weights and optimizer state must be finite");
-    copy(into, Tensor::from_host(v, into.shape(), into.device()));
-  };
-  for (size_t r = 0; r < dp_->size(); ++r) {
-    for (auto& [name, p] : dp_->replica(r).named_parameters()) fetch(name, p->value);
-    for (auto& [name, b] : dp_->replica(r).named_buffers()) fetch(name, b->value);
-    dp_->replica(r).refresh_shadow();       // bf16 compute: the copy follows the loaded masters
-    context(dp_->device(r)).synchronize();  // written on this thread's stream; the replica's may differ
-  }
+  load_replicas(c, path, *dp_, used);
   for (optim::Optimizer* o : dp_->optimizers()) {
-    for (auto& [name, t] : o->state()) fetch(name, t);
+    for (auto& [name, t] : o->state()) fetch_tensor(c, path, name, t, used);
     o->set_steps_taken(optimizer_steps);
   }
-  // A tensor no one takes means the file is another model's or another optimizer's.
-  for (const auto& [name, t] : c.tensors)
-    if (!used.count(name))
-      throw UsageError("checkpoint '" + path + "' has a tensor " + ckpt::printable(name) +
-                       " that this model and optimizer do not have");
+  check_all_used(c, path, used);
   dp_->synchronize();
   steps_done_ = step;
   resumed_ = std::move(info);
@@ -338,6 +414,45 @@ std::string Trainer::nonfinite_parameter() {
   return "";
 }
 
+data::Batch Trainer::shard(size_t r, int64_t first, int64_t count) {
+  if (!train_data_) return data_[r]->batch(first, count);
+  // Global samples to rows of this epoch's order (a batch may reach into the next epoch).
+  orders_[r].rows(first, count, picked_[r]);
+  data::Batch b = train_data_->empty_batch(count, dp_->device(r));
+  train_data_->gather(picked_[r], b);
+  return b;
+}
+
+EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch) {
+  DPT_CHECK(batch >= 1 && d.rows() > 0 && d.has_targets(), "evaluate: a data set of rows with targets, a batch >= 1");
+  const bool classify = d.task() == data::Task::classification;
+  const LossFn loss = classify ? LossFn(nn::CrossEntropyLoss()) : LossFn(nn::MSELoss());
+  const LossFn metric = classify ? LossFn(dpt::accuracy) : LossFn();
+  std::vector<std::vector<int64_t>> rows(dp.size());
+  const ShardSource source = [&](size_t r, int64_t first, int64_t n) {
+    rows[r].resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) rows[r][static_cast<size_t>(i)] = first + i;
+    data::Batch b = d.empty_batch(n, dp.device(r));
+    d.gather(rows[r], b);
+    return b;
+  };
+  // Each chunk's means weighted by its rows: the means over the whole set.
+  double loss_sum = 0, right_sum = 0;
+  for (int64_t first = 0; first < d.rows(); first += batch) {
+    const int64_t n = std::min(batch, d.rows() - first);
+    const StepLoss l = dp.evaluate(first, n, source, loss, metric);
+    loss_sum += static_cast<double>(l.value()) * static_cast<double>(n);
+    if (classify) right_sum += static_cast<double>(l.metric()) * static_cast<double>(n);
+  }
+  const double rows_total = static_cast<double>(d.rows());
+  return {loss_sum / rows_total, classify ? right_sum / rows_total : NAN, d.rows()};
+}
+
+EvalResult Trainer::validate_now() {
+  if (!val_data_) return {};
+  return evaluate(*dp_, *val_data_, cfg_.batch);
+}
+
 StepLoss Trainer::step(int64_t s, bool measure) {
   dp_->set_lr(sched_.at(s));
   const bool classify = cfg_.task == data::Task::classification;
@@ -345,8 +460,8 @@ StepLoss Trainer::step(int64_t s, bool measure) {
   // A recorded step cannot change what it computes: with a CUDA graph, every step measures.
   const LossFn metric = classify && (measure || cfg_.cuda_graph) ? LossFn(dpt::accuracy) : LossFn();
   StepLoss l = dp_->train_step(
-      s * cfg_.batch, cfg_.batch, [this](size_t r, int64_t first, int64_t n) { return data_[r]->batch(first, n); },
-      loss, metric);
+      s * cfg_.batch, cfg_.batch, [this](size_t r, int64_t first, int64_t n) { return shard(r, first, n); }, loss,
+      metric);
   steps_done_ = s + 1;
   return l;
 }
@@ -389,6 +504,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
   const int64_t begin = steps_done_;
   int64_t last_step = begin;
   StepLoss unread;  // the last step's loss when it was not logged
+  double eval_seconds = 0;
   for (int64_t s = begin; s < cfg_.steps; ++s) {
     if (stop) {
       // Every rank must stop at the same step: the decision is shared.
@@ -401,7 +517,8 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     unread = StepLoss();  // freed before the step, which reuses its memory
     const int64_t done = s + 1;
     const bool first = s == begin;
-    const bool logged = first || done % cfg_.log_every == 0 || done == cfg_.steps;
+    const bool evaluated = eval_every_ > 0 && (done % eval_every_ == 0 || done == cfg_.steps);
+    const bool logged = first || evaluated || done % cfg_.log_every == 0 || done == cfg_.steps;
     StepLoss loss = step(s, logged);
     if (const float scale = dp_->last_scale(); !std::isfinite(scale)) {
       const std::string where = nonfinite_parameter();
@@ -434,13 +551,18 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
                      " steps left will take about " + rough_duration(left) +
                      " on the CPU; a GPU (TrainConfig::devices cuda:0) trains this model far faster");
       }
+      EvalResult val;
+      if (evaluated) {  // not step time: the rates leave it out
+        r.val = val = validate_now();
+        eval_seconds += std::chrono::duration<double>(clock::now() - now).count();
+      }
       if (on_log)
         on_log({done, cfg_.steps, value, accuracy, sched_.at(s),
                 dt > 0 ? static_cast<double>(n * cfg_.batch) / dt : 0.0, 1e3 * dt / static_cast<double>(n),
-                std::chrono::duration<double>(now - start).count()});
+                std::chrono::duration<double>(now - start).count(), val});
       r.final_loss = value;
       r.final_accuracy = accuracy;
-      last = now;
+      last = evaluated ? clock::now() : now;
       last_step = done;
     } else {
       unread = std::move(loss);
@@ -455,7 +577,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
   const auto end = clock::now();
   r.steps = steps_done_ - begin;
   r.seconds = std::chrono::duration<double>(end - start).count();
-  const double timed = std::chrono::duration<double>(end - after_first).count();
+  const double timed = std::chrono::duration<double>(end - after_first).count() - eval_seconds;
   if (r.steps > 1 && timed > 0) {
     r.samples_per_s = static_cast<double>((r.steps - 1) * cfg_.batch) / timed;
     r.step_ms = 1e3 * timed / static_cast<double>(r.steps - 1);

@@ -31,4 +31,5 @@
 #include <dptrain/parallel/shard_plan.hpp>
 
 #include <dptrain/train/checkpoint.hpp>
+#include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>

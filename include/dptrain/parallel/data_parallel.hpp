@@ -107,6 +107,17 @@ class DataParallel {
   // replicas asynchronously.
   StepLoss train_step(const data::Batch& batch, const LossFn& loss, const LossFn& metric = {});
 
+  // Forward only, without gradients and in evaluation mode (batch norm's running
+  // statistics), on every replica at once: each makes its shard of samples [first, first +
+  // count) (split as a step splits it) and computes `loss` and, when given, `metric` from
+  // its output. Nothing is updated. With several processes every rank evaluates its part.
+  StepLoss evaluate(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
+                    const LossFn& metric = {});
+  // The same, handing each replica's output to `take` on that replica's thread (samples
+  // [first + part.first, ...) of the batch; for predictions).
+  using OutputFn = std::function<void(size_t replica, SampleRange part, const Tensor& output)>;
+  void infer(int64_t first, int64_t count, const ShardSource& source, const OutputFn& take);
+
   void set_lr(float lr);
   size_t size() const { return devices_.size(); }
   nn::Module& replica(size_t i);

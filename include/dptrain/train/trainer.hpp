@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <dptrain/data/dataset.hpp>
+#include <dptrain/data/shuffle.hpp>
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/model_spec.hpp>
@@ -27,7 +29,16 @@ struct TrainConfig {
   int64_t batch = 256;                       // global batch
   int64_t steps = 500;                       // total optimizer steps (derived from epochs when epochs > 0)
   int64_t epochs = 0;
-  int64_t samples = 0;            // dataset size; 0 = endless stream of samples
+  int64_t samples = 0;  // synthetic dataset size; 0 = endless stream of samples
+  // Data from files instead of synthetic data: `data` is a .safetensors file (tensors x
+  // and y, and optionally x_val and y_val) or a .npy file of inputs, with `targets` a .npy
+  // file of targets (float rows: regression; integer labels: classification, which the
+  // task follows). Validation rows come from x_val/y_val, from `val_data` (and
+  // `val_targets`), or are the last `val_fraction` of the rows, never shuffled in.
+  std::string data, targets, val_data, val_targets;
+  double val_fraction = 0.0;
+  int64_t eval_every = 0;         // steps between validations; 0: once an epoch, when there is validation data
+  bool shuffle = true;            // file data: each epoch visits the rows in a permutation of (seed, epoch)
   std::string optimizer = "sgd";  // sgd | adamw
   // The learning rate; none: the optimizer's own default (validate() fills it in).
   std::optional<float> lr;
@@ -73,6 +84,17 @@ nn::ModelSpec validate(TrainConfig& cfg);
 // (PyTorch's default for AdamW).
 float default_lr(const std::string& optimizer);
 
+// Loss, and accuracy for classification (else NaN), over every row of a data set.
+struct EvalResult {
+  double loss = NAN;
+  double accuracy = NAN;
+  int64_t rows = 0;
+};
+
+// `d`'s loss (and accuracy) computed without gradients on every replica of `dp` (and
+// every rank) at once, `batch` rows at a time; the model is left in training mode.
+EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch);
+
 struct StepLog {
   int64_t step;  // 1-based, the number of steps done
   int64_t total;
@@ -82,6 +104,7 @@ struct StepLog {
   double samples_per_s;  // since the previous log line
   double step_ms;        // mean wall time per step since the previous log line
   double elapsed_s;
+  EvalResult val;  // the validation set's, when this step was evaluated (else val.rows == 0)
 };
 
 struct TrainResult {
@@ -95,6 +118,7 @@ struct TrainResult {
   std::vector<std::pair<Device, AllocatorStats>> memory;  // every device used
   StepTimes times;                                        // the last step's phases on the master
   int64_t skipped = 0;                                    // steps skipped for non-finite gradients
+  EvalResult val;                                         // the last validation (rows 0: none)
   bool stopped = false;                                   // ended early because stop() asked so
 };
 
@@ -109,7 +133,10 @@ struct ResumeInfo {
 
 class Trainer {
  public:
-  explicit Trainer(TrainConfig cfg);
+  // `train` and `val` (may be null) are data sets the program made (e.g. ArrayDatasets
+  // over its own arrays); without them the Trainer reads cfg.data, or makes synthetic data.
+  explicit Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train = {},
+                   std::shared_ptr<const data::Dataset> val = {});
   // Trains up to cfg.steps steps, calling on_log at every logged step. `stop` (may be
   // empty) is asked before every step; when it says yes (on any rank of a DDP run) the
   // run ends after the current step, with a checkpoint when cfg.save is set.
@@ -130,6 +157,11 @@ class Trainer {
   DataParallel& parallel() { return *dp_; }
   optim::Optimizer& optimizer() { return dp_->optimizer(); }
   int64_t steps_done() const { return steps_done_; }
+  // The file or program data trained on and validated against (null: synthetic data, none).
+  const data::Dataset* train_data() const { return train_data_.get(); }
+  const data::Dataset* val_data() const { return val_data_.get(); }
+  // The validation set's loss and accuracy now.
+  EvalResult validate_now();
   // Set when the run continues from a checkpoint.
   const std::optional<ResumeInfo>& resumed() const { return resumed_; }
   // The process group of a DDP run, else null.
@@ -141,7 +173,13 @@ class Trainer {
  private:
   TrainConfig cfg_;
   std::shared_ptr<nn::Sequential> model_;
-  std::vector<std::unique_ptr<data::Synthetic>> data_;  // one per replica, on its device
+  std::vector<std::unique_ptr<data::Synthetic>> data_;  // synthetic data: one per replica, on its device
+  std::shared_ptr<const data::Dataset> train_data_, val_data_;
+  std::vector<data::RowOrder> orders_;        // file data: a replica's epoch order
+  std::vector<std::vector<int64_t>> picked_;  // the rows it gathers this step
+  int64_t eval_every_ = 0;
+  data::Batch shard(size_t replica, int64_t first, int64_t count);
+  std::string data_identity() const;
   std::unique_ptr<DataParallel> dp_;
   optim::Schedule sched_;
   int64_t steps_done_ = 0;

@@ -1,0 +1,237 @@
+// Training on the user's own data (TrainConfig::data, or data sets of the program's): N
+// replicas equal one device on shuffled, uneven, multi-epoch data; a resumed run continues
+// bit-identically mid-epoch and refuses other data; validation equals a computation by
+// hand; predictions equal the model's forward pass; no allocation after the first step.
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <dptrain/data/dataset.hpp>
+#include <dptrain/error.hpp>
+#include <dptrain/layers/loss.hpp>
+#include <dptrain/runtime/autograd.hpp>
+#include <dptrain/train/inference.hpp>
+#include <dptrain/train/trainer.hpp>
+#include "../runtime/allocator.hpp"
+#include "catch.hpp"
+#include "common.hpp"
+
+using namespace dpt;
+
+namespace {
+
+std::vector<Device> cpu_devices(int n, int first) {
+  std::vector<Device> d;
+  for (int i = 0; i < n; ++i) d.push_back({DeviceType::cpu, first + i});
+  return d;
+}
+
+// 53 rows of 12 inputs (so that batch 10 over 3 replicas is uneven and epochs end
+// inside a batch), with regression targets of 5 and labels of 5 classes.
+struct Rows {
+  std::vector<float> x = test::randn(53 * 12, 41);
+  std::vector<float> y = test::randn(53 * 5, 42);
+  std::vector<int32_t> labels;
+  Rows() {
+    for (int i = 0; i < 53; ++i) labels.push_back((i * 3 + 1) % 5);
+  }
+  std::shared_ptr<const data::ArrayDataset> set(data::Task task, int64_t first = 0, int64_t count = 53) const {
+    const data::Array xa{x.data() + first * 12, data::ArrayDType::f32, {count, 12}};
+    const data::Array ya = task == data::Task::regression
+                               ? data::Array{y.data() + first * 5, data::ArrayDType::f32, {count, 5}}
+                               : data::Array{labels.data() + first, data::ArrayDType::i32, {count}};
+    return std::make_shared<data::ArrayDataset>(xa, ya);
+  }
+};
+
+TrainConfig config(const std::string& opt) {
+  TrainConfig c;
+  c.model = "12-24x2-5";
+  c.optimizer = opt;
+  c.lr = opt == "sgd" ? 0.05f : 0.003f;
+  c.batch = 10;
+  c.epochs = 3;
+  c.log_every = 1000;
+  c.bucket_mb = 0.001;  // several buckets
+  return c;
+}
+
+struct TempDir {
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("dpt_train_data_" + std::to_string(::getpid()));
+  TempDir() { std::filesystem::create_directories(path); }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+}  // namespace
+
+TEST_CASE("file data on N CPU replicas trains as one device: shuffled, uneven shards, three epochs", "[train][data]") {
+  const Rows rows;
+  int next = 700;  // fresh devices
+  for (auto task : {data::Task::regression, data::Task::classification})
+    for (std::string opt : {"sgd", "adamw"}) {
+      INFO(data::task_name(task) << " " << opt);
+      TrainConfig one = config(opt);
+      one.devices = cpu_devices(1, next++);
+      Trainer a(one, rows.set(task));
+      CHECK(a.config().steps == 16);  // ceil(3 * 53 / 10)
+      CHECK(a.config().task == task);
+      const TrainResult ra = a.run();
+      CHECK(ra.final_loss < ra.first_loss);
+      for (int n : {2, 3}) {
+        TrainConfig many = one;
+        many.devices = cpu_devices(n, next);
+        next += n;
+        Trainer b(many, rows.set(task));
+        b.run();
+        const double err = test::rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host());
+        INFO(n << " replicas: relative error " << err);
+        CHECK(err < 1e-5);
+        CHECK(b.parallel().replicas_identical());
+      }
+      // Shuffling changes the order, and so the weights; the file's order is another run.
+      TrainConfig ordered = one;
+      ordered.shuffle = false;
+      ordered.devices = cpu_devices(1, next++);
+      Trainer c(ordered, rows.set(task));
+      c.run();
+      CHECK(c.model().flat_params().to_host() != a.model().flat_params().to_host());
+    }
+}
+
+TEST_CASE("a run on file data resumed mid-epoch continues bit-identically; other data is refused", "[train][data]") {
+  const TempDir dir;
+  const Rows rows;
+  // The data as .npy files, as a user hands them over.
+  write_npy_file(dir.file("x.npy"), {rows.x.data(), data::ArrayDType::f32, {53, 12}});
+  write_npy_file(dir.file("y.npy"), {rows.labels.data(), data::ArrayDType::i32, {53}});
+  write_npy_file(dir.file("x2.npy"), {rows.x.data(), data::ArrayDType::f32, {52, 12}});
+  write_npy_file(dir.file("y2.npy"), {rows.labels.data(), data::ArrayDType::i32, {52}});
+  for (const Device d : {Device{DeviceType::cpu, 0}, Device{DeviceType::cpu, 1}}) {
+    TrainConfig c = config("adamw");
+    c.data = dir.file("x.npy");
+    c.targets = dir.file("y.npy");
+    c.devices = d.index == 0 ? std::vector<Device>{d} : cpu_devices(3, 720);
+    Trainer full(c);
+    full.run();
+    TrainConfig first = c;
+    first.epochs = 0;
+    first.steps = 7;  // samples 0..69: the second epoch has begun
+    first.save = dir.file("ck.safetensors");
+    Trainer part(first);
+    part.run();
+    TrainConfig rest = c;
+    rest.resume = first.save;
+    Trainer resumed(rest);
+    CHECK(resumed.steps_done() == 7);
+    resumed.run();
+    CHECK(resumed.parameter_hash() == full.parameter_hash());
+  }
+  TrainConfig other = config("adamw");
+  other.steps = 16;
+  other.epochs = 0;
+  other.data = dir.file("x2.npy");
+  other.targets = dir.file("y2.npy");
+  other.resume = dir.file("ck.safetensors");
+  other.devices = {{DeviceType::cpu, 0}};
+  try {
+    Trainer t(other);
+    FAIL("a checkpoint of other data was taken");
+  } catch (const UsageError& e) {
+    CHECK(std::string(e.what()).find("was made on other data") != std::string::npos);
+  }
+}
+
+TEST_CASE("validation loss and accuracy equal a computation by hand, on any number of replicas", "[train][data]") {
+  const Rows rows;
+  for (auto task : {data::Task::regression, data::Task::classification}) {
+    INFO(data::task_name(task));
+    TrainConfig c = config("sgd");
+    c.devices = cpu_devices(3, 730);
+    Trainer t(c, rows.set(task, 0, 40), rows.set(task, 40, 13));
+    t.run();
+    const EvalResult got = evaluate(t.parallel(), *t.val_data(), 4);  // 4 rows at a time over 3 replicas
+    CHECK(got.rows == 13);
+    // By hand: the master's forward over the 13 rows at once, the loss on the host.
+    NoGradGuard no_grad;
+    t.model().train(false);
+    const auto out = t.model().forward(Tensor::from_host(std::vector<float>(rows.x.begin() + 40 * 12, rows.x.end()),
+                                                         {13, 12}, t.parallel().device(0)));
+    t.model().train(true);
+    const std::vector<float> o = out.to_host();
+    double loss = 0, right = 0;
+    for (int r = 0; r < 13; ++r) {
+      if (task == data::Task::regression) {
+        for (int k = 0; k < 5; ++k) {
+          const double e = o[static_cast<size_t>(r * 5 + k)] - rows.y[static_cast<size_t>((40 + r) * 5 + k)];
+          loss += e * e / 5.0;
+        }
+      } else {
+        const int label = rows.labels[static_cast<size_t>(40 + r)];
+        double m = -INFINITY, sum = 0;
+        int best = 0;
+        for (int k = 0; k < 5; ++k) m = std::max(m, static_cast<double>(o[static_cast<size_t>(r * 5 + k)]));
+        for (int k = 0; k < 5; ++k) {
+          sum += std::exp(o[static_cast<size_t>(r * 5 + k)] - m);
+          if (o[static_cast<size_t>(r * 5 + k)] > o[static_cast<size_t>(r * 5 + best)]) best = k;
+        }
+        loss += std::log(sum) + m - o[static_cast<size_t>(r * 5 + label)];
+        right += best == label;
+      }
+    }
+    CHECK(std::fabs(got.loss - loss / 13) <= 1e-5 * std::fabs(loss / 13));
+    if (task == data::Task::classification) CHECK(got.accuracy == right / 13);
+    else CHECK(std::isnan(got.accuracy));
+  }
+}
+
+TEST_CASE("predictions are the model's forward pass, row for row, on any number of devices", "[train][data]") {
+  const TempDir dir;
+  const Rows rows;
+  TrainConfig c = config("sgd");
+  c.devices = cpu_devices(1, 740);
+  c.save = dir.file("model.safetensors");
+  Trainer t(c, rows.set(data::Task::regression));
+  t.run();
+  NoGradGuard no_grad;
+  const std::vector<float> want =
+      t.model().forward(Tensor::from_host(rows.x, {53, 12}, t.parallel().device(0))).to_host();
+  for (int n : {1, 3}) {
+    INFO(n << " devices");
+    Inference model({.checkpoint = c.save, .devices = cpu_devices(n, 741), .batch = 7});
+    CHECK(model.task() == data::Task::regression);
+    const std::vector<float> got = model.predict(*rows.set(data::Task::regression));
+    CHECK(test::rel_error(got, want) < 1e-6);
+    const EvalResult e = model.evaluate(*rows.set(data::Task::regression));
+    CHECK(e.rows == 53);
+    CHECK(std::isfinite(e.loss));
+  }
+  // A data set that does not fit the model is one line naming both shapes.
+  const std::vector<float> narrow(53 * 11, 0.5f);
+  const data::ArrayDataset wrong({narrow.data(), data::ArrayDType::f32, {53, 11}}, {});
+  Inference model({.checkpoint = c.save, .devices = cpu_devices(1, 745)});
+  CHECK_THROWS_AS(model.predict(wrong), UsageError);
+}
+
+TEST_CASE("steps on file data allocate nothing after the first", "[train][data][memory]") {
+  const Rows rows;
+  TrainConfig c = config("adamw");
+  c.devices = cpu_devices(3, 750);
+  c.epochs = 5;
+  Trainer t(c, rows.set(data::Task::classification, 0, 40), rows.set(data::Task::classification, 40, 13));
+  t.step(0, /*measure=*/true);  // as a run's first step, which is logged
+  (void)t.validate_now();       // and the first validation
+  auto allocs = [&] {
+    int64_t n = 0;
+    for (const Device& d : c.devices) n += allocator(d).stats().system_allocs;
+    return n;
+  };
+  const int64_t after_first = allocs();
+  t.run();
+  CHECK(allocs() == after_first);
+}

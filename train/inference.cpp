@@ -1,0 +1,118 @@
+#include <dptrain/train/inference.hpp>
+
+#include <cstring>
+#include <set>
+
+#include <dptrain/error.hpp>
+#include <dptrain/layers/conv.hpp>
+#include <dptrain/optim/optim.hpp>
+
+#include <dptrain/data/npy.hpp>
+
+#include "atomic_file.hpp"
+#include "model_state.hpp"
+
+namespace dpt {
+
+Inference::Inference(InferenceConfig cfg) : cfg_(std::move(cfg)) {
+  if (cfg_.batch < 1) throw UsageError("InferenceConfig::batch must be >= 1, got " + std::to_string(cfg_.batch));
+  if (cfg_.checkpoint.empty()) throw UsageError("InferenceConfig::checkpoint: a checkpoint to read the model from");
+  const ckpt::Checkpoint c = load_checkpoint(cfg_.checkpoint);
+  auto meta = [&](const std::string& key) {
+    const auto it = c.metadata.find(key);
+    if (it == c.metadata.end())
+      throw UsageError("checkpoint '" + cfg_.checkpoint + "' has no '" + key + "' in its metadata");
+    return it->second;
+  };
+  if (meta("format") != "dptrain-1")
+    throw UsageError("checkpoint '" + cfg_.checkpoint + "' is not a dptrain checkpoint");
+  model_ = meta("model");
+  spec_ = nn::parse_model_spec(model_);
+  task_ = data::parse_task(meta("task"));
+  const Act act = nn::parse_act(meta("act"));
+  if (cfg_.devices.empty()) cfg_.devices = default_devices();
+  for (const Device& d : cfg_.devices) {
+    check_device(d);
+    if (d.type != cfg_.devices.front().type)
+      throw UsageError("InferenceConfig::devices cannot mix CPU and CUDA devices");
+  }
+  auto model = nn::make_model(spec_, act);
+  model->to(cfg_.devices.front(), 0);  // the checkpoint's weights replace these
+  DataParallelOptions o;
+  o.precision = cfg_.precision;
+  o.gemm = cfg_.gemm;
+  o.reduce = resolve_reduce(Reduce::automatic, cfg_.devices);
+  // Nothing is trained: the replicator wants an optimizer all the same (plain SGD keeps
+  // no state).
+  dp_ = std::make_unique<DataParallel>(
+      model, cfg_.devices, [](nn::Module& m) { return std::make_unique<optim::SGD>(m, optim::SGD::Options{}); }, o);
+  std::set<std::string> used;
+  load_replicas(c, cfg_.checkpoint, *dp_, used);
+  dp_->synchronize();
+}
+
+Inference::~Inference() = default;
+
+void Inference::check(const data::Dataset& d) const {
+  const Shape input =
+      spec_.is_cnn ? Shape{spec_.cnn.input[0], spec_.cnn.input[1], spec_.cnn.input[2]} : Shape{spec_.widths.front()};
+  d.check_model(input, task_, spec_.outputs());
+  if (d.has_targets() && d.task() != task_)
+    throw UsageError(d.targets_name() + " holds " + (d.task() == data::Task::classification ? "class labels" : "rows") +
+                     ", and the model of checkpoint '" + cfg_.checkpoint + "' does " + data::task_name(task_));
+}
+
+EvalResult Inference::evaluate(const data::Dataset& d) {
+  check(d);
+  if (!d.has_targets()) throw UsageError(d.inputs_name() + ": no targets to evaluate against");
+  return dpt::evaluate(*dp_, d, cfg_.batch);
+}
+
+std::vector<float> Inference::predict(const data::Dataset& d) {
+  check(d);
+  const int64_t outputs = spec_.outputs();
+  std::vector<float> out(static_cast<size_t>(d.rows() * outputs));
+  std::vector<std::vector<int64_t>> rows(dp_->size());
+  const ShardSource source = [&](size_t r, int64_t first, int64_t n) {
+    rows[r].resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) rows[r][static_cast<size_t>(i)] = first + i;
+    data::Batch b = d.empty_batch(n, dp_->device(r));
+    b.y = Tensor();  // inputs alone
+    d.gather(rows[r], b);
+    return b;
+  };
+  for (int64_t first = 0; first < d.rows(); first += cfg_.batch) {
+    const int64_t n = std::min(cfg_.batch, d.rows() - first);
+    dp_->infer(first, n, source, [&](size_t, SampleRange part, const Tensor& y) {
+      const std::vector<float> host = cast(y, DType::f32).to_host();  // each replica its own rows
+      std::memcpy(out.data() + (first + part.first) * outputs, host.data(), host.size() * sizeof(float));
+    });
+  }
+  return out;
+}
+
+void write_npy_file(const std::string& path, const data::Array& array) {
+  AtomicFile f(path, "cannot write '" + path + "'", "");
+  data::write_npy([&](const void* bytes, size_t n) { f.write(bytes, n); }, array);
+  f.commit();
+}
+
+std::shared_ptr<const data::ArrayDataset> open_dataset(const std::string& path, const std::string& targets,
+                                                       const char* field, const char* targets_field) {
+  auto ends_with = [&](const char* tail) {
+    const std::string t = tail;
+    return path.size() >= t.size() && path.compare(path.size() - t.size(), t.size(), t) == 0;
+  };
+  if (ends_with(".safetensors")) {
+    if (!targets.empty())
+      throw UsageError(std::string("TrainConfig::") + targets_field + " '" + targets +
+                       "': a safetensors data file holds its own targets (y)");
+    return std::make_shared<data::ArrayDataset>(data::ArrayDataset::from_safetensors(path).train);
+  }
+  if (!ends_with(".npy"))
+    throw UsageError(std::string("TrainConfig::") + field + " '" + path +
+                     "' is neither a .npy nor a .safetensors file");
+  return std::make_shared<data::ArrayDataset>(data::ArrayDataset::from_npy(path, targets));
+}
+
+}  // namespace dpt

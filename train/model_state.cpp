@@ -1,0 +1,61 @@
+#include "model_state.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/memory.hpp>
+#include <dptrain/runtime/ops.hpp>
+
+namespace dpt {
+
+void fetch_tensor(const ckpt::Checkpoint& c, const std::string& path, const std::string& name, const Tensor& into,
+                  std::set<std::string>& used) {
+  const ckpt::HostTensor* t = c.find(name);
+  if (!t) throw UsageError("checkpoint '" + path + "' has no tensor '" + name + "'");
+  used.insert(name);
+  if (t->dtype != ckpt::DType::f32)
+    throw UsageError("checkpoint '" + path + "': tensor '" + name + "' is " + ckpt::dtype_name(t->dtype) +
+                     ", the model needs F32");
+  if (t->shape != into.shape())
+    throw UsageError("checkpoint '" + path + "': tensor '" + name + "' has shape " + shape_str(t->shape) +
+                     ", the model needs " + shape_str(into.shape()));
+  std::vector<float> v(static_cast<size_t>(into.numel()));
+  std::memcpy(v.data(), t->data.data(), t->data.size());
+  // Training on from a NaN would only spread it, and save it again.
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      throw UsageError("checkpoint '" + path + "': tensor '" + name + "' holds " + format_float(v[i]) + " at index " +
+                       std::to_string(i) + "; weights and optimizer state must be finite");
+  copy(into, Tensor::from_host(v, into.shape(), into.device()));
+}
+
+void load_replicas(const ckpt::Checkpoint& c, const std::string& path, DataParallel& dp, std::set<std::string>& used) {
+  for (size_t r = 0; r < dp.size(); ++r) {
+    for (auto& [name, p] : dp.replica(r).named_parameters()) fetch_tensor(c, path, name, p->value, used);
+    for (auto& [name, b] : dp.replica(r).named_buffers()) fetch_tensor(c, path, name, b->value, used);
+    dp.replica(r).refresh_shadow();       // bf16 compute: the copy follows the loaded masters
+    context(dp.device(r)).synchronize();  // written on this thread's stream; the replica's may differ
+  }
+}
+
+void check_all_used(const ckpt::Checkpoint& c, const std::string& path, const std::set<std::string>& used) {
+  for (const auto& [name, t] : c.tensors)
+    if (!used.count(name))
+      throw UsageError("checkpoint '" + path + "' has a tensor " + ckpt::printable(name) +
+                       " that this model and optimizer do not have");
+}
+
+ckpt::Checkpoint load_checkpoint(const std::string& path) {
+  try {
+    return ckpt::load(path);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());  // a missing or broken file to resume from is bad input
+  }
+}
+
+}  // namespace dpt

@@ -1,0 +1,30 @@
+// Reading a model's state out of a checkpoint, shared by the Trainer (resume) and
+// Inference (predict, eval). Internal to the library.
+#pragma once
+#include <set>
+#include <string>
+
+#include <dptrain/parallel/data_parallel.hpp>
+#include <dptrain/runtime/tensor.hpp>
+#include <dptrain/train/checkpoint.hpp>
+
+namespace dpt {
+
+// Copies tensor `name` of checkpoint `c` (read from `path`) into `into`, and adds the name
+// to `used`. Throws UsageError when the tensor is missing, is not F32, has another shape,
+// or holds a value that is not finite (naming the tensor and the first bad index).
+void fetch_tensor(const ckpt::Checkpoint& c, const std::string& path, const std::string& name, const Tensor& into,
+                  std::set<std::string>& used);
+
+// Every replica's parameters and buffers from `c` (the bf16 copies follow), names added
+// to `used`.
+void load_replicas(const ckpt::Checkpoint& c, const std::string& path, DataParallel& dp, std::set<std::string>& used);
+
+// Throws UsageError naming the first tensor of `c` that is not in `used`: a tensor no one
+// takes means the file is another model's or another optimizer's.
+void check_all_used(const ckpt::Checkpoint& c, const std::string& path, const std::set<std::string>& used);
+
+// Checkpoint `path`, loaded; a missing or broken file is bad input (UsageError).
+ckpt::Checkpoint load_checkpoint(const std::string& path);
+
+}  // namespace dpt
