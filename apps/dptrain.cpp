@@ -166,8 +166,6 @@ void add_flags(CLI::App& app, Options& o) {
   app.set_version_flag("--version", std::string("dptrain ") + DPT_VERSION);
 }
 
-// Turns the string flags into the config; throws dpt::UsageError on bad values. The
-// Trainer checks the rest of it.
 // What a path names, for comparing two paths: the file a symlink leads to, in its folder
 // made absolute and canonical (the file itself need not exist yet).
 std::string file_identity(const std::string& path) {
@@ -189,7 +187,11 @@ void check_distinct_files(const Options& o) {
                          {"--plot", o.plot, true},
                          {"--metrics", o.metrics, true},
                          {"--resume", o.cfg.resume, false},
-                         {"--config", o.config, false}};
+                         {"--config", o.config, false},
+                         {"--data", o.cfg.data, false},
+                         {"--targets", o.cfg.targets, false},
+                         {"--val-data", o.cfg.val_data, false},
+                         {"--val-targets", o.cfg.val_targets, false}};
   for (size_t i = 0; i < std::size(files); ++i)
     for (size_t j = i + 1; j < std::size(files); ++j) {
       const Named &a = files[i], &b = files[j];
@@ -200,6 +202,8 @@ void check_distinct_files(const Options& o) {
     }
 }
 
+// Turns the string flags into the config; throws dpt::UsageError on bad values. The
+// Trainer checks the rest of it.
 void resolve(Options& o) {
   auto& c = o.cfg;
   c.task = dpt::data::parse_task(o.task);

@@ -57,9 +57,6 @@ void Inference::check(const data::Dataset& d) const {
   const Shape input =
       spec_.is_cnn ? Shape{spec_.cnn.input[0], spec_.cnn.input[1], spec_.cnn.input[2]} : Shape{spec_.widths.front()};
   d.check_model(input, task_, spec_.outputs());
-  if (d.has_targets() && d.task() != task_)
-    throw UsageError(d.targets_name() + " holds " + (d.task() == data::Task::classification ? "class labels" : "rows") +
-                     ", and the model of checkpoint '" + cfg_.checkpoint + "' does " + data::task_name(task_));
 }
 
 EvalResult Inference::evaluate(const data::Dataset& d) {

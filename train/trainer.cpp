@@ -167,6 +167,8 @@ Shape input_shape(const nn::ModelSpec& spec) {
 Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val)
     : cfg_(std::move(cfg)), train_data_(std::move(train)), val_data_(std::move(val)) {
   if (!cfg_.data.empty() && train_data_) bad("data", "and a data set of the program's: give one");
+  if (!(cfg_.val_fraction >= 0.0 && cfg_.val_fraction < 1.0))  // before the files are split by it
+    bad("val_fraction", "must be in [0, 1)" + got(cfg_.val_fraction));
   if (!cfg_.data.empty()) std::tie(train_data_, val_data_) = load_files(cfg_);
   if (val_data_ && !train_data_) bad("data", "is needed for validation rows");
   if (train_data_) {
@@ -182,9 +184,9 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     if (val_data_) val_data_->check_model(input_shape(spec), cfg_.task, spec.outputs());
     const int64_t per_epoch = (cfg_.samples + cfg_.batch - 1) / cfg_.batch;
     eval_every_ = val_data_ ? (cfg_.eval_every > 0 ? cfg_.eval_every : per_epoch) : 0;
-  } else if (cfg_.eval_every > 0) {
-    bad("eval_every", "needs validation rows (TrainConfig::val_data, val_fraction or a file's x_val)");
   }
+  if (cfg_.eval_every > 0 && !val_data_)
+    bad("eval_every", "needs validation rows (TrainConfig::val_data, val_fraction or a file's x_val)");
   if (cfg_.ddp) {
     // One device per process: the local rank picks it from the node's device list.
     group_ = &ProcessGroup::world();

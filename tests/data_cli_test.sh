@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# dptrain on the user's own data, as README's worked example does it: arrays written with
+# NumPy, a classifier trained with validation, predictions on new rows read back; then
+# hostile data files, each one line on stderr and exit status 2 at once. Needs numpy
+# (skipped, exit 77, without it).
+# Usage: data_cli_test.sh DPTRAIN
+# shellcheck disable=SC2015  # `check && ok || bad`: ok never fails
+set -u
+exe=$1
+python3 -c 'import numpy' 2>/dev/null || { echo "no numpy here: the file-data CLI test is skipped"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp" || exit 1
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+run() { timeout 120 "$exe" "$@"; }
+refuse() {  # refuse "EXPECTED" ARGS...: exit 2, one line on stderr saying EXPECTED
+  local want=$1
+  shift
+  timeout 10 "$exe" "$@" >out 2>err
+  local rc=$?
+  if [ "$rc" -ne 2 ]; then bad "dptrain $* exited $rc, not 2: $(cat err)"
+  elif [ "$(wc -l <err)" -ne 1 ]; then bad "dptrain $*: $(wc -l <err) lines on stderr: $(cat err)"
+  elif ! grep -qF -- "$want" err; then bad "dptrain $*: '$(cat err)' does not say '$want'"
+  else ok; fi
+}
+
+# ---- README's worked example ----------------------------------------------------------
+python3 - <<'PY'
+import numpy as np
+rng = np.random.default_rng(0)
+x = rng.standard_normal((6000, 20)).astype(np.float32)
+w = rng.standard_normal((20, 3))
+np.save("x.npy", x)
+np.save("y.npy", (x @ w).argmax(1))            # int64 class labels 0..2
+np.save("new.npy", rng.standard_normal((500, 20)).astype(np.float32))
+PY
+run --devices cpu --data x.npy --targets y.npy --model 20-64-3 --epochs 5 --batch 128 --val-fraction 0.1 \
+  --save model.safetensors --metrics run.jsonl --plot run.svg >train.out 2>train.err || bad "training failed: $(cat train.err)"
+grep -q "data: data file 'x.npy': x, 5400 rows, shuffled every epoch; validation: 600 rows" train.out && ok ||
+  bad "the header does not describe the data: $(head -4 train.out)"
+grep -q '^validation: loss [0-9.]*, accuracy [0-9.]*% over 600 rows' train.out && ok ||
+  bad "no validation summary: $(tail -8 train.out)"
+python3 - run.jsonl <<'PY' && ok || bad "val_loss / val_accuracy in --metrics: $(tail -2 run.jsonl)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+val = [r for r in rows if "val_loss" in r]
+assert [r["step"] for r in val] == [43, 86, 129, 172, 211], [r["step"] for r in val]  # once an epoch, and the end
+assert val[-1]["val_accuracy"] > 0.9 and val[-1]["val_loss"] < val[0]["val_loss"], val
+PY
+grep -q 'validation loss' run.svg && ok || bad "--plot has no validation curve"
+run eval --resume model.safetensors --data x.npy --targets y.npy --devices cpu >eval.out 2>&1 &&
+  grep -q '^eval: 20-64-3 on data file .x.npy.: x: loss [0-9.]*, accuracy [0-9.]*% over 6000 rows' eval.out && ok ||
+  bad "eval: $(cat eval.out)"
+run predict --resume model.safetensors --data new.npy --out pred.npy --probabilities prob.npy --cpus 3 >pred.out 2>&1 ||
+  bad "predict: $(cat pred.out)"
+python3 - <<'PY' && ok || bad "the predictions are not what the model says"
+import numpy as np
+pred, prob = np.load("pred.npy"), np.load("prob.npy")
+assert pred.shape == (500,) and pred.dtype == np.int32 and prob.shape == (500, 3), (pred.shape, prob.shape)
+assert np.allclose(prob.sum(1), 1, atol=1e-5) and (prob.argmax(1) == pred).all()
+PY
+# A resumed run goes on from the checkpoint on the same file; another file is refused.
+run --devices cpu --data x.npy --targets y.npy --model 20-64-3 --epochs 6 --batch 128 --val-fraction 0.1 \
+  --resume model.safetensors --save model.safetensors >out 2>&1 && grep -q "resumed from 'model.safetensors' at step 211" out &&
+  ok || bad "resume on file data: $(cat out)"
+python3 -c 'import numpy as np; np.save("x2.npy", np.load("x.npy")[:5999]); np.save("y2.npy", np.load("y.npy")[:5999])'
+refuse "was made on other data" --devices cpu --data x2.npy --targets y2.npy --model 20-64-3 --epochs 7 --batch 128 \
+  --val-fraction 0.1 --resume model.safetensors
+
+# ---- Hostile data files and flags --------------------------------------------------------
+python3 - <<'PY'
+import numpy as np
+x = np.load("x.npy")
+open("truncated.npy", "wb").write(open("x.npy", "rb").read()[:5000])
+np.save("complex.npy", x.astype(np.complex64))
+np.save("bigendian.npy", x.astype(">f4"))
+np.save("fortran.npy", np.asfortranarray(x))
+y = np.load("y.npy").copy(); y[17] = 3
+np.save("labels_out.npy", y)
+y = np.load("y.npy").copy(); y[4] = -1
+np.save("labels_neg.npy", y)
+xn = x.copy(); xn[9, 2] = np.nan
+np.save("nan.npy", xn)
+np.save("short.npy", np.load("y.npy")[:100])
+np.save("floaty.npy", x[:, :3])
+raw = bytearray(open("x.npy", "rb").read())
+at = raw.index(b"(6000, 20)")
+raw[at:at + 10] = b"(9000, 20)"
+open("shape_big.npy", "wb").write(bytes(raw))
+PY
+mkfifo fifo.npy
+m=(--devices cpu --model 20-64-3 --epochs 1 --batch 128)
+refuse "data file 'truncated.npy'" "${m[@]}" --data truncated.npy --targets y.npy
+refuse "data file 'complex.npy'" "${m[@]}" --data complex.npy --targets y.npy
+refuse "big-endian" "${m[@]}" --data bigendian.npy --targets y.npy
+refuse "ortran" "${m[@]}" --data fortran.npy --targets y.npy
+refuse "data file 'shape_big.npy'" "${m[@]}" --data shape_big.npy --targets y.npy
+refuse "y[17] is 3, outside [0, 3)" "${m[@]}" --data x.npy --targets labels_out.npy
+refuse "labels_neg.npy" "${m[@]}" --data x.npy --targets labels_neg.npy
+refuse "x[9, 2] is nan" --devices cpu --model 20-64-3 --steps 500 --batch 128 --no-shuffle --data nan.npy --targets y.npy
+refuse "short.npy" "${m[@]}" --data x.npy --targets short.npy
+refuse "the model takes [21]" --devices cpu --model 21-64-3 --epochs 1 --data x.npy --targets y.npy
+refuse "not a regular file" "${m[@]}" --data fifo.npy --targets y.npy
+refuse "not a regular file" "${m[@]}" --data x.npy --targets /dev/zero
+refuse "is neither a .npy nor a .safetensors file" "${m[@]}" --data x.csv --targets y.npy
+refuse "--targets is needed with a .npy data file" "${m[@]}" --data x.npy
+refuse "--data is needed by --targets" --devices cpu --targets y.npy
+refuse "--task: the task of --data follows from its targets" "${m[@]}" --data x.npy --targets y.npy --task regression
+refuse "--samples is the data file's own size" "${m[@]}" --data x.npy --targets y.npy --samples 10
+refuse "--shuffle and --no-shuffle order the rows of --data" --devices cpu --steps 2 --no-shuffle
+refuse "--val-fraction must be in [0, 1), got 1" "${m[@]}" --data x.npy --targets y.npy --val-fraction 1
+refuse "--eval-every needs validation rows" "${m[@]}" --data x.npy --targets y.npy --eval-every 5
+refuse "--metrics and --data name the same file" "${m[@]}" --data x.npy --targets y.npy --metrics x.npy
+refuse "--out 'new.npy' is an input of this run" predict --resume model.safetensors --data new.npy --out new.npy
+run --devices cpu --data x.npy --targets floaty.npy --model 20-16-3 --epochs 1 --save reg.safetensors >/dev/null 2>&1
+refuse "--probabilities: the model of 'reg.safetensors' does regression" predict --resume reg.safetensors --data new.npy \
+  --out p.npy --probabilities q.npy --devices cpu
+refuse "holds class labels (integers), but the task is regression" eval --resume reg.safetensors \
+  --data x.npy --targets y.npy --devices cpu
+refuse "--steps is a training flag" --steps 3 predict --resume model.safetensors --data new.npy --out p.npy
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
