@@ -1,11 +1,14 @@
 #include <dptrain/runtime/tensor.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include "allocator.hpp"
 
@@ -135,6 +138,65 @@ void download(const Tensor& t, void* dst, size_t bytes) {
 #endif
 }
 }  // namespace
+
+PinnedBuffer::PinnedBuffer(size_t bytes, const Device& device) : bytes_(bytes) {
+  if (bytes == 0) return;
+#if DPT_WITH_CUDA
+  if (device.is_cuda()) {
+    DPT_CUDA_CHECK(cudaSetDevice(device.index));
+    if (cudaHostAlloc(&ptr_, bytes, cudaHostAllocDefault) == cudaSuccess) {
+      pinned_ = true;
+      return;
+    }
+    (void)cudaGetLastError();  // reported below; the next call must not see it
+    ptr_ = nullptr;
+  }
+#endif
+  if (!device.is_cuda()) ptr_ = std::malloc(bytes);
+  if (!ptr_)
+    throw OutOfMemory("out of " + std::string(device.is_cuda() ? "page-locked " : "") + "host memory: asked " +
+                      format_bytes(bytes) + " for the input pipeline of " + device.str() +
+                      "; use a smaller batch (TrainConfig::batch)");
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (!ptr_) return;
+#if DPT_WITH_CUDA
+  if (pinned_) {
+    cudaFreeHost(ptr_);  // nothing to report from a destructor (and at exit the runtime may be gone)
+    return;
+  }
+#endif
+  std::free(ptr_);
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      pinned_(std::exchange(other.pinned_, false)) {}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    PinnedBuffer gone(std::move(*this));
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    pinned_ = std::exchange(other.pinned_, false);
+  }
+  return *this;
+}
+
+void copy_from_host_async(const Tensor& dst, const void* src, const Context& ctx) {
+  DPT_CHECK(dst.device() == ctx.device(), "copy_from_host_async: the tensor is not on the context's device");
+  if (dst.device().is_cpu()) {
+    std::memcpy(dst.data(), src, dst.nbytes());
+    return;
+  }
+#if DPT_WITH_CUDA
+  DPT_CUDA_CHECK(cudaSetDevice(dst.device().index));
+  DPT_CUDA_CHECK(
+      cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, static_cast<cudaStream_t>(ctx.stream())));
+#endif
+}
 
 Tensor Tensor::from_host(const std::vector<float>& values, const Shape& shape, const Device& device) {
   DPT_CHECK(static_cast<int64_t>(values.size()) == dpt::numel(shape),

@@ -338,6 +338,44 @@ TEST_CASE("50 training steps on CUDA match the same run on the CPU", "[gpu][trai
     }
 }
 
+TEST_CASE("file data through the GPU input pipeline trains as on the CPU, with no cudaMalloc after the first step",
+          "[gpu][train][data]") {
+  // 203 rows (epochs end inside batches), shuffled, three epochs; one GPU and two logical
+  // replicas on it (each with its own loader thread, pinned buffers and copy stream).
+  const auto xs = randn(203 * 32, 61), ys = randn(203 * 8, 62);
+  std::vector<int32_t> labels(203);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 5 + 2) % 8);
+  for (auto task : {data::Task::regression, data::Task::classification}) {
+    INFO(data::task_name(task));
+    const data::Array x{xs.data(), data::ArrayDType::f32, {203, 32}};
+    const data::Array y = task == data::Task::regression ? data::Array{ys.data(), data::ArrayDType::f32, {203, 8}}
+                                                         : data::Array{labels.data(), data::ArrayDType::i32, {203}};
+    const auto rows = std::make_shared<data::ArrayDataset>(x, y);
+    TrainConfig cfg;
+    cfg.model = "32-64x2-8";
+    cfg.optimizer = "adamw";
+    cfg.lr = 0.003f;
+    cfg.batch = 64;
+    cfg.epochs = 3;
+    cfg.log_every = 1000;
+    cfg.devices = {host};
+    Trainer a(cfg, rows);
+    a.run();
+    for (size_t n : {1, 2}) {
+      cfg.devices = std::vector<Device>(n, gpu);
+      cfg.reduce = n > 1 ? Reduce::p2p : Reduce::automatic;
+      Trainer b(cfg, rows);
+      b.step(0, /*measure=*/true);
+      const int64_t after_first = allocator(gpu).stats().system_allocs;
+      b.run();
+      CHECK(allocator(gpu).stats().system_allocs == after_first);
+      const double err = rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host());
+      INFO(n << " replica(s): weights relative error " << err);
+      CHECK(err < 1e-4);
+    }
+  }
+}
+
 TEST_CASE("the GPU allocator makes no cudaMalloc after the first training step", "[gpu][allocator]") {
   for (GemmImpl impl : {GemmImpl::cublas, GemmImpl::native}) {
     TrainConfig cfg;

@@ -11,12 +11,15 @@
 #include <vector>
 
 #include <dptrain/data/dataset.hpp>
+#include <dptrain/data/shuffle.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/context.hpp>
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../runtime/allocator.hpp"
+#include "../train/input_pipeline.hpp"
 #include "catch.hpp"
 #include "common.hpp"
 
@@ -234,4 +237,40 @@ TEST_CASE("steps on file data allocate nothing after the first", "[train][data][
   const int64_t after_first = allocs();
   t.run();
   CHECK(allocs() == after_first);
+}
+
+TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected or not, and its errors",
+          "[train][data][pipeline]") {
+  // On a CPU device the copies are plain memcpy, but the slots, the loader thread and the
+  // events take the GPU's path.
+  const Rows rows;
+  const Device d{DeviceType::cpu, 760};
+  for (auto task : {data::Task::regression, data::Task::classification}) {
+    INFO(data::task_name(task));
+    const auto set = rows.set(task);
+    ShardLoader loader(*set, d, 8, 5, true);
+    data::RowOrder order(53, 5, true);
+    std::vector<int64_t> picked;
+    // Expected calls (first + stride), then a jump (as after a resume), then a smaller count.
+    const std::vector<std::pair<int64_t, int64_t>> calls = {{3, 8},  {13, 8},  {23, 8},  {33, 8},  {43, 8},
+                                                            {53, 8}, {200, 8}, {210, 8}, {220, 5}, {230, 5}};
+    for (const auto& [first, count] : calls) {
+      const data::Batch got = loader.get(first, count, 10, context(d));
+      order.rows(first, count, picked);
+      const data::Batch want = set->empty_batch(count, d);
+      set->gather(picked, want);
+      CHECK(got.x.to_host() == want.x.to_host());
+      if (task == data::Task::regression) CHECK(got.y.to_host() == want.y.to_host());
+      else CHECK(got.y.to_host_i32() == want.y.to_host_i32());
+    }
+  }
+  // A bad row is reported by the call that asks for it, not by the prefetch that met it.
+  std::vector<float> x = rows.x;
+  x[17 * 12 + 4] = NAN;  // row 17
+  const data::ArrayDataset bad({x.data(), data::ArrayDType::f32, {53, 12}},
+                               {rows.y.data(), data::ArrayDType::f32, {53, 5}});
+  ShardLoader loader(bad, d, 10, 5, false);          // file order: row 17 is in samples 10..19
+  CHECK_NOTHROW(loader.get(0, 10, 10, context(d)));  // loads 10..19 behind the scenes
+  CHECK_THROWS_AS(loader.get(10, 10, 10, context(d)), UsageError);
+  CHECK_NOTHROW(loader.get(20, 10, 10, context(d)));
 }

@@ -17,6 +17,7 @@
 #include <dptrain/train/checkpoint.hpp>
 
 #include "atomic_file.hpp"
+#include "input_pipeline.hpp"
 #include "model_state.hpp"
 
 namespace dpt {
@@ -233,7 +234,17 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   o.cuda_graph = cfg_.cuda_graph;
   o.group = group_;
   dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, make_opt, o);
-  (void)dp_->plan(cfg_.batch);  // refuses a split that cannot work before any step
+  const ShardPlan& plan = dp_->plan(cfg_.batch);  // refuses a split that cannot work before any step
+  // GPU replicas on file data load their next shard while the step computes (one
+  // micro-batch a step, so the next request is known).
+  if (train_data_ && cfg_.grad_accum == 1)
+    for (size_t r = 0; r < dp_->size(); ++r) {
+      const int64_t rows = plan.replica_part(r).count;
+      loaders_.push_back(
+          dp_->device(r).is_cuda() && rows > 0
+              ? std::make_unique<ShardLoader>(*train_data_, dp_->device(r), rows, cfg_.seed, cfg_.shuffle)
+              : nullptr);
+    }
   sched_ = {optim::parse_schedule(cfg_.schedule), *cfg_.lr, cfg_.warmup, cfg_.steps};
   if (!cfg_.resume.empty()) resume(cfg_.resume);
 }
@@ -416,8 +427,11 @@ std::string Trainer::nonfinite_parameter() {
   return "";
 }
 
+Trainer::~Trainer() = default;
+
 data::Batch Trainer::shard(size_t r, int64_t first, int64_t count) {
   if (!train_data_) return data_[r]->batch(first, count);
+  if (r < loaders_.size() && loaders_[r]) return loaders_[r]->get(first, count, cfg_.batch, context(dp_->device(r)));
   // Global samples to rows of this epoch's order (a batch may reach into the next epoch).
   orders_[r].rows(first, count, picked_[r]);
   data::Batch b = train_data_->empty_batch(count, dp_->device(r));

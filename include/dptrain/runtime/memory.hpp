@@ -1,12 +1,14 @@
 // What a device's memory holds: the statistics of its caching allocator (every tensor's
-// memory comes from one per device, runtime/allocator.hpp), and the formats dptrain
-// prints sizes and rates in.
+// memory comes from one per device, runtime/allocator.hpp), page-locked host memory for
+// copies to a GPU, and the formats dptrain prints sizes and rates in.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/device.hpp>
+#include <dptrain/runtime/tensor.hpp>
 
 namespace dpt {
 
@@ -24,6 +26,32 @@ AllocatorStats memory_stats(const Device& device);
 void reset_peak_memory(const Device& device);
 // Returns the device's cached (free) blocks to the system.
 void empty_cache(const Device& device);
+
+// Page-locked host memory, which a copy to a GPU reads directly and asynchronously (for a
+// CPU device, plain host memory). An input pipeline gathers rows into it.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  // `bytes` for copies to `device`; OutOfMemory naming the bytes when there are none.
+  PinnedBuffer(size_t bytes, const Device& device);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* data() const { return ptr_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  bool pinned_ = false;  // from cudaHostAlloc, else malloc
+};
+
+// Queues a copy of dst.nbytes() bytes of host memory at `src` into `dst` on ctx's stream;
+// the host does not wait, so `src` (pinned) must stay as it is until the copy is done
+// (an Event recorded on ctx after it says when). A CPU tensor is copied at once.
+void copy_from_host_async(const Tensor& dst, const void* src, const Context& ctx);
 
 // "1.50 GiB", "12.0 MiB", "512 B".
 std::string format_bytes(size_t bytes);

@@ -131,12 +131,17 @@ struct ResumeInfo {
   std::vector<std::string> changed;  // "lr 0.05 -> 0.01", "schedule constant -> cosine"
 };
 
+class ShardLoader;  // internal (train/input_pipeline.hpp)
+
 class Trainer {
  public:
   // `train` and `val` (may be null) are data sets the program made (e.g. ArrayDatasets
   // over its own arrays); without them the Trainer reads cfg.data, or makes synthetic data.
   explicit Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train = {},
                    std::shared_ptr<const data::Dataset> val = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
   // Trains up to cfg.steps steps, calling on_log at every logged step. `stop` (may be
   // empty) is asked before every step; when it says yes (on any rank of a DDP run) the
   // run ends after the current step, with a checkpoint when cfg.save is set.
@@ -177,6 +182,8 @@ class Trainer {
   std::shared_ptr<const data::Dataset> train_data_, val_data_;
   std::vector<data::RowOrder> orders_;        // file data: a replica's epoch order
   std::vector<std::vector<int64_t>> picked_;  // the rows it gathers this step
+  // File data on a GPU: a replica's rows loaded a step ahead (null where there is none).
+  std::vector<std::unique_ptr<ShardLoader>> loaders_;
   int64_t eval_every_ = 0;
   data::Batch shard(size_t replica, int64_t first, int64_t count);
   std::string data_identity() const;
