@@ -17,6 +17,7 @@ class WorkerPool {
   // Runs job(i) on worker i for every i at once and waits for all; rethrows the first
   // error (by worker index).
   void run(const std::function<void(size_t)>& job);
+  size_t size() const { return workers_.size(); }
 
  private:
   struct Worker;

@@ -264,6 +264,21 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
       else CHECK(got.y.to_host_i32() == want.y.to_host_i32());
     }
   }
+  // A shard of over 1 MiB is gathered by several threads, each into its own rows.
+  const auto big_x = test::randn(300 * 1024, 43), big_y = test::randn(300 * 2, 44);
+  const data::ArrayDataset big({big_x.data(), data::ArrayDType::f32, {300, 1024}},
+                               {big_y.data(), data::ArrayDType::f32, {300, 2}});
+  ShardLoader wide(big, d, 290, 9, true);
+  data::RowOrder big_order(300, 9, true);
+  std::vector<int64_t> big_rows;
+  for (int64_t first : {0, 290, 580, 870}) {
+    const data::Batch got = wide.get(first, 290, 290, context(d));
+    big_order.rows(first, 290, big_rows);
+    const data::Batch want = big.empty_batch(290, d);
+    big.gather(big_rows, want);
+    CHECK(got.x.to_host() == want.x.to_host());
+    CHECK(got.y.to_host() == want.y.to_host());
+  }
   // A bad row is reported by the call that asks for it, not by the prefetch that met it.
   std::vector<float> x = rows.x;
   x[17 * 12 + 4] = NAN;  // row 17

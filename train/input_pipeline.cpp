@@ -1,5 +1,7 @@
 #include "input_pipeline.hpp"
 
+#include <algorithm>
+#include <span>
 #include <utility>
 
 #include <dptrain/error.hpp>
@@ -21,6 +23,10 @@ ShardLoader::ShardLoader(const data::Dataset& data, const Device& device, int64_
       copy_ctx_(device),
       order_(data.rows(), seed, shuffle) {
   DPT_CHECK(max_rows >= 1 && data.has_targets(), "ShardLoader: rows with targets to load");
+  constexpr int64_t kParallelBytes = 1 << 20;  // below it one thread is as fast
+  const unsigned threads = std::min(4u, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads > 1 && max_rows * (x_row_ + y_row_) * 4 >= kParallelBytes)
+    gatherers_ = std::make_unique<WorkerPool>(threads);
   for (Slot& s : slots_) {
     s.host_x = PinnedBuffer(static_cast<size_t>(max_rows * x_row_) * sizeof(float), device);
     s.host_y = PinnedBuffer(static_cast<size_t>(max_rows * y_row_) * 4, device);  // float or int32
@@ -59,9 +65,25 @@ Tensor first_rows(const Tensor& t, int64_t count) {
 void ShardLoader::load(Slot& s, int64_t first, int64_t count) {
   s.copied->synchronize();  // the host buffers' last copy to the device is over
   order_.rows(first, count, rows_);
-  auto* hy = s.host_y.data();
-  data_.gather_host(rows_, {static_cast<float*>(s.host_x.data()), labels_ ? nullptr : static_cast<float*>(hy),
-                            labels_ ? static_cast<int32_t*>(hy) : nullptr});
+  auto* hx = static_cast<float*>(s.host_x.data());
+  auto* hy = static_cast<float*>(s.host_y.data());    // regression rows, or:
+  auto* hl = static_cast<int32_t*>(s.host_y.data());  // class labels
+  // Rows [begin, end) of the shard into their places in the buffers.
+  auto gather = [&](int64_t begin, int64_t end) {
+    if (begin >= end) return;
+    const std::span<const int64_t> part(rows_.data() + begin, static_cast<size_t>(end - begin));
+    data_.gather_host(part,
+                      {hx + begin * x_row_, labels_ ? nullptr : hy + begin * y_row_, labels_ ? hl + begin : nullptr});
+  };
+  if (gatherers_) {
+    const auto parts = static_cast<int64_t>(gatherers_->size());
+    gatherers_->run([&](size_t i) {
+      const auto k = static_cast<int64_t>(i);
+      gather(count * k / parts, count * (k + 1) / parts);
+    });
+  } else {
+    gather(0, count);
+  }
   // The device buffers are refilled once the compute stream is past the batch they held.
   if (s.consumed_recorded) s.consumed->wait_in(copy_ctx_);
   copy_from_host_async(first_rows(s.x, count), s.host_x.data(), copy_ctx_);

@@ -20,6 +20,8 @@
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/memory.hpp>
 
+#include "../parallel/worker_pool.hpp"
+
 namespace dpt {
 
 class ShardLoader {
@@ -57,6 +59,9 @@ class ShardLoader {
   int64_t max_rows_, x_row_, y_row_;
   bool labels_;
   Context copy_ctx_;  // the copy stream
+  // Large shards are gathered by several threads: one copies rows at a few GB/s, less than
+  // a GPU's step of a large model reads.
+  std::unique_ptr<WorkerPool> gatherers_;
   data::RowOrder order_;
   std::vector<int64_t> rows_;
   Slot slots_[2];
