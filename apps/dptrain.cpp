@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -578,6 +579,24 @@ int fail(int status, const char* what) {
   return status;
 }
 
+// Runs `job`, turning its errors into their exit status and one line on stderr.
+int with_exit_status(const std::function<int()>& job) {
+  try {
+    return job();
+  } catch (const dpt::UsageError& e) {
+    return fail(kExitUsage, e.what());
+  } catch (const dpt::OutOfMemory& e) {
+    return fail(kExitOom, e.what());
+  } catch (const dpt::NonFiniteError& e) {
+    return fail(kExitNonFinite, e.what());
+  } catch (const std::bad_alloc&) {  // a host allocation the allocator does not make
+    return fail(kExitOom,
+                "out of memory on the host (a host allocation failed); use a smaller batch (--batch) or model");
+  } catch (const std::exception& e) {
+    return fail(kExitError, e.what());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -610,32 +629,11 @@ int main(int argc, char** argv) {
                                  " takes --resume, --data and its own flags (see dptrain " +
                                  (*predict ? "predict" : "eval") + " --help)")
                                     .c_str());
-    try {
-      return after_training(a, static_cast<bool>(*predict));
-    } catch (const dpt::UsageError& e) {
-      return fail(kExitUsage, e.what());
-    } catch (const dpt::OutOfMemory& e) {
-      return fail(kExitOom, e.what());
-    } catch (const std::exception& e) {
-      return fail(kExitError, e.what());
-    }
+    return with_exit_status([&] { return after_training(a, static_cast<bool>(*predict)); });
   }
   for (const CLI::Option* opt : app.get_options())
     if (opt->count() > 0) o.given.push_back(opt->get_name());
   o.on_command_line = dpt::app::command_line_flags(argc, argv);
   if (app.count("--config") > 0) o.config = app["--config"]->as<std::string>();
-  try {
-    return train(o);
-  } catch (const dpt::UsageError& e) {
-    return fail(kExitUsage, e.what());
-  } catch (const dpt::OutOfMemory& e) {
-    return fail(kExitOom, e.what());
-  } catch (const dpt::NonFiniteError& e) {
-    return fail(kExitNonFinite, e.what());
-  } catch (const std::bad_alloc&) {  // a host allocation the allocator does not make
-    return fail(kExitOom,
-                "out of memory on the host (a host allocation failed); use a smaller batch (--batch) or model");
-  } catch (const std::exception& e) {
-    return fail(kExitError, e.what());
-  }
+  return with_exit_status([&] { return train(o); });
 }

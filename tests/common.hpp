@@ -1,10 +1,16 @@
-// Helpers shared by the tests: relative error, random tensors, finite differences.
+// Helpers shared by the tests: relative error, random tensors, finite differences, a
+// temporary folder.
 #pragma once
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include <dptrain/runtime/autograd.hpp>
@@ -77,5 +83,31 @@ inline int64_t max_ulps(const std::vector<uint16_t>& a, const std::vector<uint16
   }
   return worst;
 }
+
+// A fresh folder, removed with everything in it at the end of the test.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    static std::atomic<int> serial{0};
+    path = std::filesystem::temp_directory_path() /
+           ("dpt_test_" + std::to_string(::getpid()) + "_" + std::to_string(serial++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  // The names in the folder, sorted: a leftover temporary file shows up here.
+  std::vector<std::string> entries() const {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(path)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+};
 
 }  // namespace dpt::test

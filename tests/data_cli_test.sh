@@ -8,23 +8,13 @@
 set -u
 exe=$1
 python3 -c 'import numpy' 2>/dev/null || { echo "no numpy here: the file-data CLI test is skipped"; exit 77; }
+lib="$(cd "$(dirname "$0")" && pwd)/cli_lib.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp" || exit 1
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# shellcheck source=cli_lib.sh
+source "$lib"
 run() { timeout 120 "$exe" "$@"; }
-refuse() {  # refuse "EXPECTED" ARGS...: exit 2, one line on stderr saying EXPECTED
-  local want=$1
-  shift
-  timeout 10 "$exe" "$@" >out 2>err
-  local rc=$?
-  if [ "$rc" -ne 2 ]; then bad "dptrain $* exited $rc, not 2: $(cat err)"
-  elif [ "$(wc -l <err)" -ne 1 ]; then bad "dptrain $*: $(wc -l <err) lines on stderr: $(cat err)"
-  elif ! grep -qF -- "$want" err; then bad "dptrain $*: '$(cat err)' does not say '$want'"
-  else ok; fi
-}
 
 # ---- README's worked example ----------------------------------------------------------
 python3 - <<'PY'
@@ -121,5 +111,4 @@ refuse "holds class labels (integers), but the task is regression" eval --resume
   --data x.npy --targets y.npy --devices cpu
 refuse "--steps is a training flag" --steps 3 predict --resume model.safetensors --data new.npy --out p.npy
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -9,25 +9,13 @@
 # shellcheck disable=SC2015  # `check && ok || bad`: ok never fails
 set -u
 exe=$1 bench=$2 src=$3
+lib="$(cd "$(dirname "$0")" && pwd)/cli_lib.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp" || exit 1
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# shellcheck source=cli_lib.sh
+source "$lib"
 run() { timeout 60 "$exe" "$@"; }
-
-# Exit 2, one error line on stderr that contains $1 (a fixed string), within 10 s.
-refuse() {
-  local want=$1
-  shift
-  timeout 10 "$exe" "$@" >out 2>err
-  local rc=$?
-  if [ "$rc" -ne 2 ]; then bad "dptrain $* exited $rc, not 2: $(cat err)"
-  elif [ "$(wc -l <err)" -ne 1 ]; then bad "dptrain $*: $(wc -l <err) lines on stderr: $(cat err)"
-  elif ! grep -qF -- "$want" err; then bad "dptrain $*: '$(cat err)' does not say '$want'"
-  else ok; fi
-}
 cpu=(--devices cpu --steps 2 --log-every 1)
 
 # ---- Files the run writes or reads -------------------------------------------------
@@ -353,5 +341,4 @@ timeout 20 "$bench" --cpus 1 --steps 9223372036854775807 --warmup 1 --out bench 
 timeout 20 "$bench" --cpus 1 --reduce nccl --out bench >out 2>err
 [ $? -eq 2 ] && grep -q "^dpbench: error: --reduce nccl" err && ok || bad "dpbench names library fields: $(cat err)"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

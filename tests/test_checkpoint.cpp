@@ -29,31 +29,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh folder, removed with everything in it at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int serial = 0;
-    path = fs::temp_directory_path() / ("dpt_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(serial++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  // The names in the folder: a leftover temporary file shows up here.
-  std::vector<std::string> entries() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(path)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-};
-
 // Sets an environment variable for the scope of the object.
 struct ScopedEnv {
   const char* name;
@@ -165,7 +140,7 @@ const std::string kTensorW = R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0
 }  // namespace
 
 TEST_CASE("a checkpoint round-trips bit for bit, in a deterministic file", "[checkpoint]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("run.safetensors");
   const ckpt::Checkpoint c = sample();
   ckpt::save(path, c);
@@ -204,7 +179,7 @@ TEST_CASE("a checkpoint round-trips bit for bit, in a deterministic file", "[che
 }
 
 TEST_CASE("files from other safetensors writers load", "[checkpoint]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("other.safetensors");
   // Keys in any order against the offsets, whitespace inside, padding of either kind
   // after the object, a scalar, empty tensors sharing an offset, and escapes.
@@ -231,7 +206,7 @@ TEST_CASE("files from other safetensors writers load", "[checkpoint]") {
 }
 
 TEST_CASE("malformed checkpoints are refused with the file and the problem named", "[checkpoint]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("bad.safetensors");
 
   SECTION("files that are not there or not files") {
@@ -384,7 +359,7 @@ TEST_CASE("malformed checkpoints are refused with the file and the problem named
 }
 
 TEST_CASE("every truncation of a valid checkpoint is refused cleanly", "[checkpoint]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("whole.safetensors");
   ckpt::save(path, sample());
   const std::vector<uint8_t> whole = read_file(path);
@@ -399,7 +374,7 @@ TEST_CASE("every truncation of a valid checkpoint is refused cleanly", "[checkpo
 }
 
 TEST_CASE("random mutations of a checkpoint either load or are refused", "[checkpoint]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("seed.safetensors");
   ckpt::save(path, sample());
   const std::vector<uint8_t> good = read_file(path);
@@ -437,7 +412,7 @@ TEST_CASE("random mutations of a checkpoint either load or are refused", "[check
 }
 
 TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temporary file", "[checkpoint]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("run.safetensors");
   const ckpt::Checkpoint before = sample();
   ckpt::save(path, before);
@@ -446,7 +421,7 @@ TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temp
   after.tensors.emplace_back("big", tensor(ckpt::DType::f32, {1024}, std::vector<float>(1024, 2.0f)));
   uint64_t total = 0;  // the size of the new file
   {
-    TempDir other;
+    test::TempDir other;
     ckpt::save(other.file("x"), after);
     total = fs::file_size(other.file("x"));
   }
@@ -565,7 +540,7 @@ TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temp
 }
 
 TEST_CASE("save refuses what load would refuse, and writes nothing", "[checkpoint]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("run.safetensors");
   auto refused = [&](const ckpt::Checkpoint& c, const std::string& problem) {
     std::string msg;
@@ -633,7 +608,7 @@ void check_resume(TrainConfig c, const std::string& path,
 }
 
 TEST_CASE("a CNN with batch norm resumes bit-identically, running statistics included", "[checkpoint][cnn]") {
-  TempDir dir;
+  test::TempDir dir;
   TrainConfig c;
   c.model = "cnn:2x6x6-c4k3-bn-p2-f3";
   c.batch = 10;
@@ -649,7 +624,7 @@ TEST_CASE("a CNN with batch norm resumes bit-identically, running statistics inc
 }
 
 TEST_CASE("a bf16 run resumes bit-identically from its fp32 master weights", "[checkpoint][bf16]") {
-  TempDir dir;
+  test::TempDir dir;
   TrainConfig c;
   c.model = "10-24x2-3";
   c.precision = Precision::bf16;

@@ -27,6 +27,7 @@
 #include <dptrain/error.hpp>
 #include <dptrain/parallel/shard_plan.hpp>
 #include "catch.hpp"
+#include "common.hpp"
 
 using namespace dpt;
 using namespace dpt::data;
@@ -35,24 +36,6 @@ namespace fs = std::filesystem;
 namespace {
 
 const Device kCpu{DeviceType::cpu, 0};
-
-// A fresh folder, removed with everything in it at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int serial = 0;
-    path = fs::temp_directory_path() / ("dpt_data_" + std::to_string(::getpid()) + "_" + std::to_string(serial++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -203,7 +186,7 @@ float bits_to_float(uint32_t b) {
 // ---- .npy -------------------------------------------------------------------------
 
 TEST_CASE("npy files round-trip for every dtype and format version", "[data][npy]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("a.npy");
   const std::vector<float> f32 = {1.5f, -0.0f, 3.25f, -1e-30f, 65504.0f, 7.0f};
   const std::vector<double> f64 = {1e-300, -2.5, 3.0, 1e300, 0.1, -7.0};
@@ -256,7 +239,7 @@ TEST_CASE("npy files round-trip for every dtype and format version", "[data][npy
 }
 
 TEST_CASE("npy headers numpy and older writers produce are read", "[data][npy]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("ok.npy");
   struct Case {
     std::string dict;
@@ -288,7 +271,7 @@ TEST_CASE("npy headers numpy and older writers produce are read", "[data][npy]")
 }
 
 TEST_CASE("hostile npy headers are refused with the file and the problem named", "[data][npy]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("bad.npy");
   SECTION("the magic, the version and the length") {
     std::vector<uint8_t> v2 = npy_of(dict_of("<f4", "(2,)"), 8, 2);
@@ -417,7 +400,7 @@ TEST_CASE("hostile npy headers are refused with the file and the problem named",
 }
 
 TEST_CASE("every truncation of a npy file is refused, and mutations either read or are refused", "[data][npy]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::vector<float> v = {1, 2, 3, 4, 5, 6};
   for (int major : {1, 2}) {
     const std::vector<uint8_t> whole = npy_bytes(array_of(v, ArrayDType::f32, {2, 3}), major);
@@ -456,7 +439,7 @@ TEST_CASE("every truncation of a npy file is refused, and mutations either read 
 }
 
 TEST_CASE("what is not a regular file is refused before it is read", "[data][npy]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string fifo = dir.file("fifo.npy");
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   // A blocking open of a FIFO would wait for a writer for ever: these return at once.
@@ -476,7 +459,7 @@ TEST_CASE("what is not a regular file is refused before it is read", "[data][npy
 // ---- Data sets --------------------------------------------------------------------
 
 TEST_CASE("rows gathered from npy files are the file's values", "[data]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string xp = dir.file("x.npy"), yp = dir.file("y.npy");
   std::vector<float> x(6 * 4);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) * 0.5f - 3.0f;
@@ -626,7 +609,7 @@ TEST_CASE("host arrays are used in place, and shapes that do not fit are refused
 }
 
 TEST_CASE("a data set is checked against the model: both shapes, or the first label out of range", "[data]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string xp = dir.file("x.npy"), yp = dir.file("y.npy"), rp = dir.file("r.npy");
   const std::vector<float> x(10 * 8, 0.25f);
   const std::vector<int64_t> y = {0, 1, 2, 1, 0, 7, 2, 9, 1, 0};
@@ -730,7 +713,7 @@ TEST_CASE("the validation split is the last rows, a slice of the same arrays", "
 }
 
 TEST_CASE("safetensors data files: x and y, and x_val and y_val, checked as strictly as checkpoints", "[data]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string path = dir.file("data.safetensors");
   const std::vector<uint8_t> x = {0, 51, 102, 153, 204, 255};  // 3 bytes a row: y starts unaligned
   const std::vector<int64_t> y = {1, 0};
@@ -824,7 +807,7 @@ TEST_CASE("safetensors data files: x and y, and x_val and y_val, checked as stri
 }
 
 TEST_CASE("a file's identity is its size and the hash of its header", "[data]") {
-  TempDir dir;
+  test::TempDir dir;
   const std::string a = dir.file("a.npy"), b = dir.file("b.npy");
   std::vector<float> v(12, 1.0f);
   write_npy_file(a, array_of(v, ArrayDType::f32, {3, 4}));

@@ -63,14 +63,6 @@ TrainConfig config(const std::string& opt) {
   return c;
 }
 
-struct TempDir {
-  std::filesystem::path path =
-      std::filesystem::temp_directory_path() / ("dpt_train_data_" + std::to_string(::getpid()));
-  TempDir() { std::filesystem::create_directories(path); }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
 }  // namespace
 
 TEST_CASE("file data on N CPU replicas trains as one device: shuffled, uneven shards, three epochs", "[train][data]") {
@@ -108,7 +100,7 @@ TEST_CASE("file data on N CPU replicas trains as one device: shuffled, uneven sh
 }
 
 TEST_CASE("a run on file data resumed mid-epoch continues bit-identically; other data is refused", "[train][data]") {
-  const TempDir dir;
+  const test::TempDir dir;
   const Rows rows;
   // The data as .npy files, as a user hands them over.
   write_npy_file(dir.file("x.npy"), {rows.x.data(), data::ArrayDType::f32, {53, 12}});
@@ -194,7 +186,7 @@ TEST_CASE("validation loss and accuracy equal a computation by hand, on any numb
 }
 
 TEST_CASE("predictions are the model's forward pass, row for row, on any number of devices", "[train][data]") {
-  const TempDir dir;
+  const test::TempDir dir;
   const Rows rows;
   TrainConfig c = config("sgd");
   c.devices = cpu_devices(1, 740);
