@@ -456,6 +456,14 @@ int train(Options& o) {
     std::printf("validation: loss %.6g%s over %lld rows\n", r.val.loss,
                 std::isnan(r.val.accuracy) ? "" : (", accuracy " + percent(static_cast<float>(r.val.accuracy))).c_str(),
                 static_cast<long long>(r.val.rows));
+  if (r.input.loads > 0) {
+    const double per = static_cast<double>(r.input.loads);
+    std::printf(
+        "input pipeline: %lld shards gathered at %.2f GB/s on the host (%.3f ms each), copied in %.3f ms each "
+        "(%.0f%% of a step, beside it)\n",
+        static_cast<long long>(r.input.loads), r.input.gather_gb_per_s(), 1e3 * r.input.gather_s / per,
+        r.input.copy_ms / per, r.step_ms > 0 ? 100.0 * r.input.copy_ms / per / r.step_ms : 0.0);
+  }
   std::printf("step time (last step, master): compute %.3f ms, reduce %.3f ms, update %.3f ms\n", r.times.compute,
               r.times.reduce, r.times.update);
   for (const auto& [dev, m] : r.memory)

@@ -256,6 +256,15 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
       else CHECK(got.y.to_host_i32() == want.y.to_host_i32());
     }
   }
+  // The loader counts what it gathered.
+  {
+    const auto set = rows.set(data::Task::regression);
+    ShardLoader counted(*set, d, 8, 5, true);
+    for (int64_t first : {0, 10, 20}) (void)counted.get(first, 8, 10, context(d));
+    const InputStats st = counted.stats();
+    CHECK(st.loads >= 3);
+    CHECK(st.bytes == static_cast<uint64_t>(st.loads * 8 * (12 + 5) * 4));
+  }
   // A shard of over 1 MiB is gathered by several threads, each into its own rows.
   const auto big_x = test::randn(300 * 1024, 43), big_y = test::randn(300 * 2, 44);
   const data::ArrayDataset big({big_x.data(), data::ArrayDType::f32, {300, 1024}},

@@ -1,6 +1,7 @@
 #include "input_pipeline.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <span>
 #include <utility>
 
@@ -33,6 +34,7 @@ ShardLoader::ShardLoader(const data::Dataset& data, const Device& device, int64_
     const data::Batch buffers = data.empty_batch(max_rows, device);
     s.x = buffers.x;
     s.y = buffers.y;
+    s.copy_start = std::make_unique<Event>(device);
     s.copied = std::make_unique<Event>(device);
     s.consumed = std::make_unique<Event>(device);
   }
@@ -64,6 +66,9 @@ Tensor first_rows(const Tensor& t, int64_t count) {
 
 void ShardLoader::load(Slot& s, int64_t first, int64_t count) {
   s.copied->synchronize();  // the host buffers' last copy to the device is over
+  const double copy_ms = s.timing ? s.copied->ms_since(*s.copy_start) : 0.0;
+  s.timing = false;
+  const auto started = std::chrono::steady_clock::now();
   order_.rows(first, count, rows_);
   auto* hx = static_cast<float*>(s.host_x.data());
   auto* hy = static_cast<float*>(s.host_y.data());    // regression rows, or:
@@ -84,11 +89,21 @@ void ShardLoader::load(Slot& s, int64_t first, int64_t count) {
   } else {
     gather(0, count);
   }
+  const double gathered = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   // The device buffers are refilled once the compute stream is past the batch they held.
   if (s.consumed_recorded) s.consumed->wait_in(copy_ctx_);
+  s.copy_start->record(copy_ctx_);
   copy_from_host_async(first_rows(s.x, count), s.host_x.data(), copy_ctx_);
   copy_from_host_async(first_rows(s.y, count), s.host_y.data(), copy_ctx_);
   s.copied->record(copy_ctx_);
+  s.timing = true;
+  {
+    std::lock_guard<std::mutex> lk(stats_m_);
+    stats_.loads += 1;
+    stats_.bytes += static_cast<uint64_t>(count * (x_row_ + y_row_) * 4);
+    stats_.gather_s += gathered;
+    stats_.copy_ms += copy_ms;
+  }
   s.first = first;
   s.count = count;
 }
@@ -119,6 +134,11 @@ void ShardLoader::loader_main() {
     }
     cv_.notify_all();
   }
+}
+
+InputStats ShardLoader::stats() {
+  std::lock_guard<std::mutex> lk(stats_m_);
+  return stats_;
 }
 
 data::Batch ShardLoader::get(int64_t first, int64_t count, int64_t stride, const Context& ctx) {

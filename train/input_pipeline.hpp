@@ -19,6 +19,7 @@
 #include <dptrain/data/shuffle.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/memory.hpp>
+#include <dptrain/train/trainer.hpp>
 
 #include "../parallel/worker_pool.hpp"
 
@@ -39,12 +40,15 @@ class ShardLoader {
   // little slower, all the same. The tensors are the loader's buffers: valid until the
   // call after next.
   data::Batch get(int64_t first, int64_t count, int64_t stride, const Context& ctx);
+  // What the loader has done so far: gathers done, copies whose time is known.
+  InputStats stats();
 
  private:
   struct Slot {
     PinnedBuffer host_x, host_y;
     Tensor x, y;  // device buffers of max_rows rows
-    std::unique_ptr<Event> copied, consumed;
+    std::unique_ptr<Event> copy_start, copied, consumed;
+    bool timing = false;  // copy_start..copied is a copy not yet added to the stats
     int64_t first = -1, count = 0;
     bool loaded = false, consumed_recorded = false;
     std::exception_ptr error;
@@ -71,6 +75,8 @@ class ShardLoader {
   Slot* job_ = nullptr;  // the slot the loader thread is to fill
   int64_t job_first_ = 0, job_count_ = 0;
   bool busy_ = false, stop_ = false;
+  std::mutex stats_m_;
+  InputStats stats_;
   std::thread thread_;
 };
 

@@ -599,6 +599,14 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     r.step_ms = 1e3 * timed / static_cast<double>(r.steps - 1);
   }
   if (r.steps > 0) r.times = dp_->last_times();
+  for (const auto& l : loaders_)
+    if (l) {
+      const InputStats s = l->stats();
+      r.input.loads += s.loads;
+      r.input.bytes += s.bytes;
+      r.input.gather_s += s.gather_s;
+      r.input.copy_ms += s.copy_ms;
+    }
   std::vector<Device> seen;
   for (const Device& d : cfg_.devices)
     if (std::find(seen.begin(), seen.end(), d) == seen.end()) {

@@ -107,6 +107,16 @@ struct StepLog {
   EvalResult val;  // the validation set's, when this step was evaluated (else val.rows == 0)
 };
 
+// What the GPU input pipeline did (file data on GPUs; all zero otherwise), summed over
+// the replicas: the host's gather of rows into page-locked memory, and the copies.
+struct InputStats {
+  int64_t loads = 0;      // shards gathered and copied
+  uint64_t bytes = 0;     // bytes gathered (inputs and targets)
+  double gather_s = 0.0;  // host seconds spent gathering them
+  double copy_ms = 0.0;   // device milliseconds of their copies
+  double gather_gb_per_s() const { return gather_s > 0 ? static_cast<double>(bytes) / gather_s / 1e9 : 0.0; }
+};
+
 struct TrainResult {
   float first_loss = 0.0f;
   float final_loss = 0.0f;     // of the last step done (also when the run was stopped)
@@ -119,6 +129,7 @@ struct TrainResult {
   StepTimes times;                                        // the last step's phases on the master
   int64_t skipped = 0;                                    // steps skipped for non-finite gradients
   EvalResult val;                                         // the last validation (rows 0: none)
+  InputStats input;                                       // the input pipeline's work
   bool stopped = false;                                   // ended early because stop() asked so
 };
 
