@@ -361,16 +361,17 @@ TEST_CASE("file data through the GPU input pipeline trains as on the CPU, with n
     cfg.devices = {host};
     Trainer a(cfg, rows);
     a.run();
-    for (size_t n : {1, 2}) {
+    for (auto [n, accum] : {std::pair<size_t, int>{1, 1}, {2, 1}, {2, 3}}) {
       cfg.devices = std::vector<Device>(n, gpu);
       cfg.reduce = n > 1 ? Reduce::p2p : Reduce::automatic;
+      cfg.grad_accum = accum;  // the loader then asks for each micro-batch in turn
       Trainer b(cfg, rows);
       b.step(0, /*measure=*/true);
       const int64_t after_first = allocator(gpu).stats().system_allocs;
       b.run();
       CHECK(allocator(gpu).stats().system_allocs == after_first);
       const double err = rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host());
-      INFO(n << " replica(s): weights relative error " << err);
+      INFO(n << " replica(s), " << accum << " micro-batch(es): weights relative error " << err);
       CHECK(err < 1e-4);
     }
   }

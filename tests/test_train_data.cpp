@@ -231,6 +231,20 @@ TEST_CASE("steps on file data allocate nothing after the first", "[train][data][
   CHECK(allocs() == after_first);
 }
 
+TEST_CASE("the input pipeline expects each replica's next micro-batch, and the next step's first", "[train][data]") {
+  // Batch 10 over 3 replicas (4, 3, 3) in 2 micro-batches: replica 0 has [0, 2) [2, 4),
+  // replica 2 has [7, 9) [9, 10).
+  const ShardPlan plan(10, 1, 0, 3, 2);
+  CHECK(next_shard(plan, 0, 30) == SampleRange{32, 2});
+  CHECK(next_shard(plan, 0, 32) == SampleRange{40, 2});
+  CHECK(next_shard(plan, 2, 57) == SampleRange{59, 1});
+  CHECK(next_shard(plan, 2, 59) == SampleRange{67, 2});
+  // Batch 3 over 2 replicas (2, 1) in 2 micro-batches: replica 1's second is empty.
+  const ShardPlan thin(3, 1, 0, 2, 2);
+  CHECK(next_shard(thin, 1, 2) == SampleRange{5, 1});
+  CHECK_THROWS_AS(next_shard(plan, 0, 31), Error);
+}
+
 TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected or not, and its errors",
           "[train][data][pipeline]") {
   // On a CPU device the copies are plain memcpy, but the slots, the loader thread and the
@@ -243,11 +257,11 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
     ShardLoader loader(*set, d, 8, 5, true);
     data::RowOrder order(53, 5, true);
     std::vector<int64_t> picked;
-    // Expected calls (first + stride), then a jump (as after a resume), then a smaller count.
+    // Expected calls (the next at first + 10), then a jump (as after a resume), then a smaller count.
     const std::vector<std::pair<int64_t, int64_t>> calls = {{3, 8},  {13, 8},  {23, 8},  {33, 8},  {43, 8},
                                                             {53, 8}, {200, 8}, {210, 8}, {220, 5}, {230, 5}};
     for (const auto& [first, count] : calls) {
-      const data::Batch got = loader.get(first, count, 10, context(d));
+      const data::Batch got = loader.get(first, count, first + 10, count, context(d));
       order.rows(first, count, picked);
       const data::Batch want = set->empty_batch(count, d);
       set->gather(picked, want);
@@ -260,7 +274,7 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   {
     const auto set = rows.set(data::Task::regression);
     ShardLoader counted(*set, d, 8, 5, true);
-    for (int64_t first : {0, 10, 20}) (void)counted.get(first, 8, 10, context(d));
+    for (int64_t first : {0, 10, 20}) (void)counted.get(first, 8, first + 10, 8, context(d));
     const InputStats st = counted.stats();
     CHECK(st.loads >= 3);
     CHECK(st.bytes == static_cast<uint64_t>(st.loads * 8 * (12 + 5) * 4));
@@ -273,7 +287,7 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   data::RowOrder big_order(300, 9, true);
   std::vector<int64_t> big_rows;
   for (int64_t first : {0, 290, 580, 870}) {
-    const data::Batch got = wide.get(first, 290, 290, context(d));
+    const data::Batch got = wide.get(first, 290, first + 290, 290, context(d));
     big_order.rows(first, 290, big_rows);
     const data::Batch want = big.empty_batch(290, d);
     big.gather(big_rows, want);
@@ -285,8 +299,8 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   x[17 * 12 + 4] = NAN;  // row 17
   const data::ArrayDataset bad({x.data(), data::ArrayDType::f32, {53, 12}},
                                {rows.y.data(), data::ArrayDType::f32, {53, 5}});
-  ShardLoader loader(bad, d, 10, 5, false);          // file order: row 17 is in samples 10..19
-  CHECK_NOTHROW(loader.get(0, 10, 10, context(d)));  // loads 10..19 behind the scenes
-  CHECK_THROWS_AS(loader.get(10, 10, 10, context(d)), UsageError);
-  CHECK_NOTHROW(loader.get(20, 10, 10, context(d)));
+  ShardLoader loader(bad, d, 10, 5, false);              // file order: row 17 is in samples 10..19
+  CHECK_NOTHROW(loader.get(0, 10, 10, 10, context(d)));  // loads 10..19 behind the scenes
+  CHECK_THROWS_AS(loader.get(10, 10, 20, 10, context(d)), UsageError);
+  CHECK_NOTHROW(loader.get(20, 10, 30, 10, context(d)));
 }

@@ -14,6 +14,19 @@ namespace {
 int64_t elements(const Shape& s) { return numel(s); }
 }  // namespace
 
+SampleRange next_shard(const ShardPlan& plan, size_t replica, int64_t first) {
+  const int64_t batch = plan.batch(), step_first = first - first % batch, offset = first % batch;
+  const int k_total = plan.micro_batches();
+  int k = 0;
+  while (k < k_total && plan.micro(replica, k).first != offset) ++k;
+  DPT_CHECK(k < k_total, "next_shard: sample " + std::to_string(first) + " starts no micro-batch of replica " +
+                             std::to_string(replica));
+  int next = k + 1;
+  while (next < k_total && plan.micro(replica, next).count == 0) ++next;
+  if (next < k_total) return {step_first + plan.micro(replica, next).first, plan.micro(replica, next).count};
+  return {step_first + batch + plan.micro(replica, 0).first, plan.micro(replica, 0).count};
+}
+
 ShardLoader::ShardLoader(const data::Dataset& data, const Device& device, int64_t max_rows, uint64_t seed, bool shuffle)
     : data_(data),
       device_(device),
@@ -141,10 +154,11 @@ InputStats ShardLoader::stats() {
   return stats_;
 }
 
-data::Batch ShardLoader::get(int64_t first, int64_t count, int64_t stride, const Context& ctx) {
+data::Batch ShardLoader::get(int64_t first, int64_t count, int64_t next_first, int64_t next_count, const Context& ctx) {
   DPT_CHECK(count >= 1 && count <= max_rows_,
             "ShardLoader::get: " + std::to_string(count) + " rows, at most " + std::to_string(max_rows_));
   DPT_CHECK(ctx.device() == device_, "ShardLoader::get: a context of another device");
+  DPT_CHECK(next_count >= 1 && next_count <= max_rows_, "ShardLoader::get: the next call's rows do not fit");
   Slot* use = nullptr;
   {
     std::unique_lock<std::mutex> lk(m_);
@@ -179,8 +193,8 @@ data::Batch ShardLoader::get(int64_t first, int64_t count, int64_t stride, const
     next.loaded = false;
     next.error = nullptr;
     job_ = &next;
-    job_first_ = first + stride;
-    job_count_ = count;
+    job_first_ = next_first;
+    job_count_ = next_count;
     busy_ = true;
   }
   cv_.notify_all();

@@ -17,6 +17,7 @@
 #include <dptrain/data/batch.hpp>
 #include <dptrain/data/dataset.hpp>
 #include <dptrain/data/shuffle.hpp>
+#include <dptrain/parallel/shard_plan.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
@@ -24,6 +25,11 @@
 #include "../parallel/worker_pool.hpp"
 
 namespace dpt {
+
+// The samples replica `replica` asks for after samples from `first` (global: step * batch
+// + its micro-batch's offset): its next micro-batch of the step (empty ones ask for
+// nothing), else its first of the next step.
+SampleRange next_shard(const ShardPlan& plan, size_t replica, int64_t first);
 
 class ShardLoader {
  public:
@@ -35,11 +41,11 @@ class ShardLoader {
   ShardLoader& operator=(const ShardLoader&) = delete;
 
   // Samples [first, first + count) on the device, for work queued on `ctx` from now on
-  // (ctx waits for their copy). The next call is expected at first + stride with the same
-  // count, and its rows are loaded now, in the background; another call is served, a
-  // little slower, all the same. The tensors are the loader's buffers: valid until the
-  // call after next.
-  data::Batch get(int64_t first, int64_t count, int64_t stride, const Context& ctx);
+  // (ctx waits for their copy). The next call is expected for samples [next_first,
+  // next_first + next_count), whose rows are loaded now, in the background; another call
+  // is served, a little slower, all the same. The tensors are the loader's buffers: valid
+  // until the call after next.
+  data::Batch get(int64_t first, int64_t count, int64_t next_first, int64_t next_count, const Context& ctx);
   // What the loader has done so far: gathers done, copies whose time is known.
   InputStats stats();
 

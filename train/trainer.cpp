@@ -235,11 +235,10 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   o.group = group_;
   dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, make_opt, o);
   const ShardPlan& plan = dp_->plan(cfg_.batch);  // refuses a split that cannot work before any step
-  // GPU replicas on file data load their next shard while the step computes (one
-  // micro-batch a step, so the next request is known).
-  if (train_data_ && cfg_.grad_accum == 1)
+  // GPU replicas on file data load their next shard (micro-batch) while the step computes.
+  if (train_data_)
     for (size_t r = 0; r < dp_->size(); ++r) {
-      const int64_t rows = plan.replica_part(r).count;
+      const int64_t rows = plan.micro(r, 0).count;  // the first micro-batches are the largest
       loaders_.push_back(
           dp_->device(r).is_cuda() && rows > 0
               ? std::make_unique<ShardLoader>(*train_data_, dp_->device(r), rows, cfg_.seed, cfg_.shuffle)
@@ -431,7 +430,10 @@ Trainer::~Trainer() = default;
 
 data::Batch Trainer::shard(size_t r, int64_t first, int64_t count) {
   if (!train_data_) return data_[r]->batch(first, count);
-  if (r < loaders_.size() && loaders_[r]) return loaders_[r]->get(first, count, cfg_.batch, context(dp_->device(r)));
+  if (r < loaders_.size() && loaders_[r]) {
+    const SampleRange following = next_shard(dp_->plan(cfg_.batch), r, first);
+    return loaders_[r]->get(first, count, following.first, following.count, context(dp_->device(r)));
+  }
   // Global samples to rows of this epoch's order (a batch may reach into the next epoch).
   orders_[r].rows(first, count, picked_[r]);
   data::Batch b = train_data_->empty_batch(count, dp_->device(r));
