@@ -113,7 +113,7 @@ void add_flags(CLI::App& app, Options& o) {
   add_path(app, "--val-targets", c.val_targets, "Validation targets (.npy)");
   app.add_option("--val-fraction", c.val_fraction,
                  "Validate on the last F of the --data rows (never shuffled into training)");
-  add_integer(app, "--eval-every", c.eval_every, "Validate every N steps (default: once an epoch)");
+  add_integer(app, "--eval-every", c.eval_every, "Validate every N steps (default: at the end of each epoch)");
   auto* shuffle =
       add_switch(app, "--shuffle", o.shuffle, "File data: a new order of the rows every epoch (the default)");
   add_switch(app, "--no-shuffle", o.no_shuffle, "File data: keep the file's order")->excludes(shuffle);
@@ -457,12 +457,14 @@ int train(Options& o) {
                 std::isnan(r.val.accuracy) ? "" : (", accuracy " + percent(static_cast<float>(r.val.accuracy))).c_str(),
                 static_cast<long long>(r.val.rows));
   if (r.input.loads > 0) {
-    const double per = static_cast<double>(r.input.loads);
+    const double copy = r.input.timed_copies > 0 ? r.input.copy_ms / static_cast<double>(r.input.timed_copies) : 0.0;
+    const double per_step = copy * c.grad_accum;  // a replica copies a shard a micro-batch
     std::printf(
         "input pipeline: %lld shards gathered at %.2f GB/s on the host (%.3f ms each), copied in %.3f ms each "
         "(%.0f%% of a step, beside it)\n",
-        static_cast<long long>(r.input.loads), r.input.gather_gb_per_s(), 1e3 * r.input.gather_s / per,
-        r.input.copy_ms / per, r.step_ms > 0 ? 100.0 * r.input.copy_ms / per / r.step_ms : 0.0);
+        static_cast<long long>(r.input.loads), r.input.gather_gb_per_s(),
+        1e3 * r.input.gather_s / static_cast<double>(r.input.loads), copy,
+        r.step_ms > 0 ? 100.0 * per_step / r.step_ms : 0.0);
   }
   std::printf("step time (last step, master): compute %.3f ms, reduce %.3f ms, update %.3f ms\n", r.times.compute,
               r.times.reduce, r.times.update);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <new>
 #include <set>
 #include <unordered_map>
@@ -386,6 +387,10 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
   out.weights.resize(replicas_.size() * per_replica);
   if (metric) out.metrics.resize(replicas_.size() * per_replica);
   Tensor no_metric;  // written by no one: metric is empty
+  // A replica whose source fails (a bad row of a data file) still takes part in the
+  // step's collectives, with an empty shard, so that no other replica waits for it in an
+  // all-reduce; the step is then abandoned before the update and the error rethrown.
+  std::vector<std::exception_ptr> source_error(replicas_.size());
   run_on_all([&](size_t r) {
     // The last step's gradient scale is not needed any more: freed now, its block serves
     // this step's backward, and steps after the first allocate nothing.
@@ -394,7 +399,12 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
       const SampleRange m = shares.micro(r, k);
       const size_t slot = r * per_replica + static_cast<size_t>(k);
       out.weights[slot] = shares.weight(r, k);
-      data::Batch shard = m.count > 0 ? source(r, first + m.first, m.count) : data::Batch{};
+      data::Batch shard;
+      if (m.count > 0 && !source_error[r]) try {
+          shard = source(r, first + m.first, m.count);
+        } catch (...) {
+          source_error[r] = std::current_exception();
+        }
       forward_backward(r, shard, out.weights[slot], loss, out.losses[slot], metric,
                        metric ? out.metrics[slot] : no_metric, k == 0, k + 1 == k_total);
     }
@@ -403,6 +413,11 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
     NvtxRange range("reduce");
     reducer_->reduce();
   }
+  for (const std::exception_ptr& e : source_error)
+    if (e) {
+      synchronize();  // the collectives are done, on every replica
+      std::rethrow_exception(e);
+    }
   run_on_all([&](size_t r) { update(r); });
   if (reducer_ && !reducer_->every_replica_updates()) reducer_->broadcast_params();
   broadcast_buffers();

@@ -304,3 +304,27 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   CHECK_THROWS_AS(loader.get(10, 10, 20, 10, context(d)), UsageError);
   CHECK_NOTHROW(loader.get(20, 10, 30, 10, context(d)));
 }
+
+TEST_CASE("a bad row in one replica's shard abandons the step on every replica alike", "[train][data]") {
+  // Replica 2's shard of the fourth step holds a NaN: its source fails, the other
+  // replicas still finish the step's reduction, nobody updates, and the error is the row's.
+  Rows rows;
+  std::vector<float> x = rows.x;
+  TrainConfig c = config("sgd");
+  c.shuffle = false;  // file order: step s reads rows 10s .. 10s + 9; replica 2 the last three
+  c.devices = cpu_devices(3, 780);
+  x[static_cast<size_t>(38 * 12 + 5)] = NAN;  // row 38: step 3, replica 2
+  const auto bad = std::make_shared<data::ArrayDataset>(data::Array{x.data(), data::ArrayDType::f32, {53, 12}},
+                                                        data::Array{rows.y.data(), data::ArrayDType::f32, {53, 5}});
+  Trainer t(c, bad);
+  for (int64_t s = 0; s < 3; ++s) t.step(s);
+  const std::vector<float> before = t.model().flat_params().to_host();
+  try {
+    t.step(3);
+    FAIL("the NaN row was trained on");
+  } catch (const UsageError& e) {
+    CHECK(std::string(e.what()).find("x[38, 5] is nan") != std::string::npos);
+  }
+  CHECK(t.parallel().replicas_identical());
+  CHECK(t.model().flat_params().to_host() == before);
+}

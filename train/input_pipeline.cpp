@@ -39,7 +39,7 @@ ShardLoader::ShardLoader(const data::Dataset& data, const Device& device, int64_
   DPT_CHECK(max_rows >= 1 && data.has_targets(), "ShardLoader: rows with targets to load");
   constexpr int64_t kParallelBytes = 1 << 20;  // below it one thread is as fast
   const unsigned threads = std::min(4u, std::max(1u, std::thread::hardware_concurrency()));
-  if (threads > 1 && max_rows * (x_row_ + y_row_) * 4 >= kParallelBytes)
+  if (threads > 1 && data.concurrent_gathers() && max_rows * (x_row_ + y_row_) * 4 >= kParallelBytes)
     gatherers_ = std::make_unique<WorkerPool>(threads);
   for (Slot& s : slots_) {
     s.host_x = PinnedBuffer(static_cast<size_t>(max_rows * x_row_) * sizeof(float), device);
@@ -51,6 +51,9 @@ ShardLoader::ShardLoader(const data::Dataset& data, const Device& device, int64_
     s.copied = std::make_unique<Event>(device);
     s.consumed = std::make_unique<Event>(device);
   }
+  // The buffers were made on this thread's stream; the copy stream and the replica's
+  // stream use them from now on.
+  context(device).synchronize();
   thread_ = std::thread([this] { loader_main(); });
 }
 
@@ -116,6 +119,7 @@ void ShardLoader::load(Slot& s, int64_t first, int64_t count) {
     stats_.bytes += static_cast<uint64_t>(count * (x_row_ + y_row_) * 4);
     stats_.gather_s += gathered;
     stats_.copy_ms += copy_ms;
+    if (copy_ms > 0) stats_.timed_copies += 1;
   }
   s.first = first;
   s.count = count;
@@ -158,7 +162,7 @@ data::Batch ShardLoader::get(int64_t first, int64_t count, int64_t next_first, i
   DPT_CHECK(count >= 1 && count <= max_rows_,
             "ShardLoader::get: " + std::to_string(count) + " rows, at most " + std::to_string(max_rows_));
   DPT_CHECK(ctx.device() == device_, "ShardLoader::get: a context of another device");
-  DPT_CHECK(next_count >= 1 && next_count <= max_rows_, "ShardLoader::get: the next call's rows do not fit");
+  DPT_CHECK(next_count >= 0 && next_count <= max_rows_, "ShardLoader::get: the next call's rows do not fit");
   Slot* use = nullptr;
   {
     std::unique_lock<std::mutex> lk(m_);
@@ -188,7 +192,7 @@ data::Batch ShardLoader::get(int64_t first, int64_t count, int64_t next_first, i
   last_ = index;
   // The next call's rows, into the other slot, while this batch is computed on.
   Slot& next = slots_[1 - index];
-  if (&next != use) {
+  if (next_count > 0) {  // none after the run's last step
     std::lock_guard<std::mutex> lk(m_);
     next.loaded = false;
     next.error = nullptr;

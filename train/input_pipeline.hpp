@@ -42,8 +42,8 @@ class ShardLoader {
 
   // Samples [first, first + count) on the device, for work queued on `ctx` from now on
   // (ctx waits for their copy). The next call is expected for samples [next_first,
-  // next_first + next_count), whose rows are loaded now, in the background; another call
-  // is served, a little slower, all the same. The tensors are the loader's buffers: valid
+  // next_first + next_count) (none: 0), whose rows are loaded now, in the background;
+  // another call is served, a little slower, all the same. The tensors are the loader's buffers: valid
   // until the call after next.
   data::Batch get(int64_t first, int64_t count, int64_t next_first, int64_t next_count, const Context& ctx);
   // What the loader has done so far: gathers done, copies whose time is known.

@@ -33,6 +33,7 @@ void fetch_tensor(const ckpt::Checkpoint& c, const std::string& path, const std:
 }
 
 void load_replicas(const ckpt::Checkpoint& c, const std::string& path, DataParallel& dp, std::set<std::string>& used) {
+  dp.synchronize();  // the replicas' own streams are done making them (copies, zeroed state)
   for (size_t r = 0; r < dp.size(); ++r) {
     for (auto& [name, p] : dp.replica(r).named_parameters()) fetch_tensor(c, path, name, p->value, used);
     for (auto& [name, b] : dp.replica(r).named_buffers()) fetch_tensor(c, path, name, b->value, used);

@@ -167,7 +167,7 @@ Shape input_shape(const nn::ModelSpec& spec) {
 
 Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val)
     : cfg_(std::move(cfg)), train_data_(std::move(train)), val_data_(std::move(val)) {
-  if (!cfg_.data.empty() && train_data_) bad("data", "and a data set of the program's: give one");
+  if (!cfg_.data.empty() && (train_data_ || val_data_)) bad("data", "and data sets of the program's: give one");
   if (!(cfg_.val_fraction >= 0.0 && cfg_.val_fraction < 1.0))  // before the files are split by it
     bad("val_fraction", "must be in [0, 1)" + got(cfg_.val_fraction));
   if (!cfg_.data.empty()) std::tie(train_data_, val_data_) = load_files(cfg_);
@@ -183,8 +183,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   if (train_data_) {
     train_data_->check_model(input_shape(spec), cfg_.task, spec.outputs());
     if (val_data_) val_data_->check_model(input_shape(spec), cfg_.task, spec.outputs());
-    const int64_t per_epoch = (cfg_.samples + cfg_.batch - 1) / cfg_.batch;
-    eval_every_ = val_data_ ? (cfg_.eval_every > 0 ? cfg_.eval_every : per_epoch) : 0;
+    eval_every_ = val_data_ ? cfg_.eval_every : 0;  // 0: at the end of every epoch
   }
   if (cfg_.eval_every > 0 && !val_data_)
     bad("eval_every", "needs validation rows (TrainConfig::val_data, val_fraction or a file's x_val)");
@@ -413,6 +412,7 @@ void Trainer::resume(const std::string& path) {
     for (auto& [name, t] : o->state()) fetch_tensor(c, path, name, t, used);
     o->set_steps_taken(optimizer_steps);
   }
+  for (size_t r = 0; r < dp_->size(); ++r) context(dp_->device(r)).synchronize();  // written on this thread's stream
   check_all_used(c, path, used);
   dp_->synchronize();
   steps_done_ = step;
@@ -426,18 +426,31 @@ std::string Trainer::nonfinite_parameter() {
   return "";
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // Nothing queued may still read the input pipeline's buffers when they are freed.
+  try {
+    if (dp_) dp_->synchronize();
+  } catch (const std::exception& e) {
+    report(Severity::warning, std::string("the last step failed while the trainer ended: ") + e.what());
+  }
+}
 
 data::Batch Trainer::shard(size_t r, int64_t first, int64_t count) {
   if (!train_data_) return data_[r]->batch(first, count);
   if (r < loaders_.size() && loaders_[r]) {
     const SampleRange following = next_shard(dp_->plan(cfg_.batch), r, first);
-    return loaders_[r]->get(first, count, following.first, following.count, context(dp_->device(r)));
+    const bool last = following.first >= cfg_.steps * cfg_.batch;  // nothing to load after the run
+    return loaders_[r]->get(first, count, following.first, last ? 0 : following.count, context(dp_->device(r)));
   }
   // Global samples to rows of this epoch's order (a batch may reach into the next epoch).
   orders_[r].rows(first, count, picked_[r]);
   data::Batch b = train_data_->empty_batch(count, dp_->device(r));
-  train_data_->gather(picked_[r], b);
+  if (train_data_->concurrent_gathers()) {
+    train_data_->gather(picked_[r], b);
+  } else {  // a data set of the program's: one replica's thread at a time
+    std::lock_guard<std::mutex> lk(gather_m_);
+    train_data_->gather(picked_[r], b);
+  }
   return b;
 }
 
@@ -468,7 +481,8 @@ EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch) {
 
 EvalResult Trainer::validate_now() {
   if (!val_data_) return {};
-  return evaluate(*dp_, *val_data_, cfg_.batch);
+  // In the micro-batches' size: what fits a step's forward fits validation's.
+  return evaluate(*dp_, *val_data_, (cfg_.batch + cfg_.grad_accum - 1) / cfg_.grad_accum);
 }
 
 StepLoss Trainer::step(int64_t s, bool measure) {
@@ -535,7 +549,11 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     unread = StepLoss();  // freed before the step, which reuses its memory
     const int64_t done = s + 1;
     const bool first = s == begin;
-    const bool evaluated = eval_every_ > 0 && (done % eval_every_ == 0 || done == cfg_.steps);
+    // Validation every eval_every steps, or by default at each step that ends an epoch
+    // (whose samples reach the next epoch's first), and at the end.
+    const bool epoch_ended = train_data_ && (done * cfg_.batch) / cfg_.samples != (s * cfg_.batch) / cfg_.samples;
+    const bool evaluated = val_data_ && (eval_every_ > 0 ? done % eval_every_ == 0 || done == cfg_.steps
+                                                         : epoch_ended || done == cfg_.steps);
     const bool logged = first || evaluated || done % cfg_.log_every == 0 || done == cfg_.steps;
     StepLoss loss = step(s, logged);
     if (const float scale = dp_->last_scale(); !std::isfinite(scale)) {
@@ -608,6 +626,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       r.input.bytes += s.bytes;
       r.input.gather_s += s.gather_s;
       r.input.copy_ms += s.copy_ms;
+      r.input.timed_copies += s.timed_copies;
     }
   std::vector<Device> seen;
   for (const Device& d : cfg_.devices)

@@ -76,6 +76,10 @@ class Dataset {
   // (classification): naming both shapes, or the first label outside [0, outputs).
   // Without targets only the inputs are checked.
   virtual void check_model(const Shape& input, Task task, int64_t outputs) const;
+
+  // Whether gather_host may run on several threads at once (an ArrayDataset's may; a
+  // data set of the program's, by default, is gathered by one thread at a time).
+  virtual bool concurrent_gathers() const { return false; }
 };
 
 struct DataSplit;
@@ -104,6 +108,7 @@ class ArrayDataset : public Dataset {
   std::string targets_name() const override { return y_source_ + ": " + y_name_; }
   void gather_host(std::span<const int64_t> rows, const HostRows& into) const override;
   void check_model(const Shape& input, Task task, int64_t outputs) const override;
+  bool concurrent_gathers() const override { return true; }
 
   // Rows [first, first + count) of this data set, sharing its arrays (and mappings).
   ArrayDataset slice(int64_t first, int64_t count) const;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,7 +38,7 @@ struct TrainConfig {
   // `val_targets`), or are the last `val_fraction` of the rows, never shuffled in.
   std::string data, targets, val_data, val_targets;
   double val_fraction = 0.0;
-  int64_t eval_every = 0;         // steps between validations; 0: once an epoch, when there is validation data
+  int64_t eval_every = 0;         // steps between validations; 0: at each epoch's end, when there is validation data
   bool shuffle = true;            // file data: each epoch visits the rows in a permutation of (seed, epoch)
   std::string optimizer = "sgd";  // sgd | adamw
   // The learning rate; none: the optimizer's own default (validate() fills it in).
@@ -113,7 +114,8 @@ struct InputStats {
   int64_t loads = 0;      // shards gathered and copied
   uint64_t bytes = 0;     // bytes gathered (inputs and targets)
   double gather_s = 0.0;  // host seconds spent gathering them
-  double copy_ms = 0.0;   // device milliseconds of their copies
+  double copy_ms = 0.0;   // device milliseconds of the copies timed so far
+  int64_t timed_copies = 0;
   double gather_gb_per_s() const { return gather_s > 0 ? static_cast<double>(bytes) / gather_s / 1e9 : 0.0; }
 };
 
@@ -176,7 +178,7 @@ class Trainer {
   // The file or program data trained on and validated against (null: synthetic data, none).
   const data::Dataset* train_data() const { return train_data_.get(); }
   const data::Dataset* val_data() const { return val_data_.get(); }
-  // The validation set's loss and accuracy now.
+  // The validation set's loss and accuracy now (with DDP, every rank must call it).
   EvalResult validate_now();
   // Set when the run continues from a checkpoint.
   const std::optional<ResumeInfo>& resumed() const { return resumed_; }
@@ -195,6 +197,7 @@ class Trainer {
   std::vector<std::vector<int64_t>> picked_;  // the rows it gathers this step
   // File data on a GPU: a replica's rows loaded a step ahead (null where there is none).
   std::vector<std::unique_ptr<ShardLoader>> loaders_;
+  std::mutex gather_m_;  // a program's data set that gathers on one thread at a time
   int64_t eval_every_ = 0;
   data::Batch shard(size_t replica, int64_t first, int64_t count);
   std::string data_identity() const;
