@@ -251,7 +251,6 @@ void resolve(Options& o) {
 }
 
 std::string json_line(const dpt::StepLog& s) {
-  using dpt::format_float;
   char rates[160];
   std::snprintf(rates, sizeof rates, ", \"samples_per_s\": %.6g, \"step_ms\": %.6g, \"elapsed_s\": %.6g}",
                 s.samples_per_s, s.step_ms, s.elapsed_s);
@@ -549,7 +548,8 @@ int after_training(AfterTraining& a, bool predict) {
   if (!a.probabilities.empty() && file_identity(a.probabilities) == file_identity(a.out))
     throw dpt::UsageError("--out and --probabilities name the same file '" + a.out + "'");
   dpt::Inference model(a.cfg);
-  const auto data = dpt::open_dataset(a.data, a.targets, "data", "targets");
+  const auto data = std::make_shared<dpt::data::ArrayDataset>(
+      dpt::open_data_file(a.data, a.targets, "data", "targets", /*need_targets=*/false).train);
   const auto classes = model.spec().outputs();
   const bool classify_rows = model.task() == dpt::data::Task::classification;
   if (!predict) {

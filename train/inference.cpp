@@ -53,11 +53,7 @@ Inference::Inference(InferenceConfig cfg) : cfg_(std::move(cfg)) {
 
 Inference::~Inference() = default;
 
-void Inference::check(const data::Dataset& d) const {
-  const Shape input =
-      spec_.is_cnn ? Shape{spec_.cnn.input[0], spec_.cnn.input[1], spec_.cnn.input[2]} : Shape{spec_.widths.front()};
-  d.check_model(input, task_, spec_.outputs());
-}
+void Inference::check(const data::Dataset& d) const { d.check_model(spec_.input_shape(), task_, spec_.outputs()); }
 
 EvalResult Inference::evaluate(const data::Dataset& d) {
   check(d);
@@ -92,24 +88,6 @@ void write_npy_file(const std::string& path, const data::Array& array) {
   AtomicFile f(path, "cannot write '" + path + "'", "");
   data::write_npy([&](const void* bytes, size_t n) { f.write(bytes, n); }, array);
   f.commit();
-}
-
-std::shared_ptr<const data::ArrayDataset> open_dataset(const std::string& path, const std::string& targets,
-                                                       const char* field, const char* targets_field) {
-  auto ends_with = [&](const char* tail) {
-    const std::string t = tail;
-    return path.size() >= t.size() && path.compare(path.size() - t.size(), t.size(), t) == 0;
-  };
-  if (ends_with(".safetensors")) {
-    if (!targets.empty())
-      throw UsageError(std::string("TrainConfig::") + targets_field + " '" + targets +
-                       "': a safetensors data file holds its own targets (y)");
-    return std::make_shared<data::ArrayDataset>(data::ArrayDataset::from_safetensors(path).train);
-  }
-  if (!ends_with(".npy"))
-    throw UsageError(std::string("TrainConfig::") + field + " '" + path +
-                     "' is neither a .npy nor a .safetensors file");
-  return std::make_shared<data::ArrayDataset>(data::ArrayDataset::from_npy(path, targets));
 }
 
 }  // namespace dpt

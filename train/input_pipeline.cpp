@@ -10,10 +10,6 @@
 
 namespace dpt {
 
-namespace {
-int64_t elements(const Shape& s) { return numel(s); }
-}  // namespace
-
 SampleRange next_shard(const ShardPlan& plan, size_t replica, int64_t first) {
   const int64_t batch = plan.batch(), step_first = first - first % batch, offset = first % batch;
   const int k_total = plan.micro_batches();
@@ -31,8 +27,8 @@ ShardLoader::ShardLoader(const data::Dataset& data, const Device& device, int64_
     : data_(data),
       device_(device),
       max_rows_(max_rows),
-      x_row_(elements(data.input_shape())),
-      y_row_(data.task() == data::Task::classification ? 1 : elements(data.target_shape())),
+      x_row_(numel(data.input_shape())),
+      y_row_(data.task() == data::Task::classification ? 1 : numel(data.target_shape())),
       labels_(data.task() == data::Task::classification),
       copy_ctx_(device),
       order_(data.rows(), seed, shuffle) {

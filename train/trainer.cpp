@@ -113,28 +113,26 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   return spec;
 }
 
-namespace {
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-// A data file's training rows, and its validation rows when it holds them (x_val, y_val).
-data::DataSplit open_data(const std::string& path, const std::string& targets, const char* field,
-                          const char* targets_field) {
-  if (ends_with(path, ".safetensors")) {
+data::DataSplit open_data_file(const std::string& path, const std::string& targets, const char* field,
+                               const char* targets_field, bool need_targets) {
+  auto ends_with = [&](const std::string& tail) {
+    return path.size() >= tail.size() && path.compare(path.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (ends_with(".safetensors")) {
     if (!targets.empty()) bad(targets_field, "'" + targets + "': a safetensors data file holds its own targets (y)");
     return data::ArrayDataset::from_safetensors(path);
   }
-  if (!ends_with(path, ".npy")) bad(field, "'" + path + "' is neither a .npy nor a .safetensors file");
-  if (targets.empty())
+  if (!ends_with(".npy")) bad(field, "'" + path + "' is neither a .npy nor a .safetensors file");
+  if (targets.empty() && need_targets)
     bad(targets_field, "is needed with a .npy data file (the targets: a .npy file of rows or labels)");
   return {data::ArrayDataset::from_npy(path, targets), std::nullopt};
 }
 
+namespace {
 // The rows of TrainConfig::data, and the validation rows that the config asks for.
 std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> load_files(
     const TrainConfig& cfg) {
-  data::DataSplit main = open_data(cfg.data, cfg.targets, "data", "targets");
+  data::DataSplit main = open_data_file(cfg.data, cfg.targets, "data", "targets", true);
   std::optional<data::ArrayDataset> val = std::move(main.val);
   const int sources = (val ? 1 : 0) + (cfg.val_data.empty() ? 0 : 1) + (cfg.val_fraction > 0 ? 1 : 0);
   if (sources > 1)
@@ -142,7 +140,7 @@ std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Data
         "and TrainConfig::val_fraction (and a data file's x_val) are other sources of validation rows: "
         "give one");
   if (!cfg.val_data.empty()) {
-    data::DataSplit v = open_data(cfg.val_data, cfg.val_targets, "val_data", "val_targets");
+    data::DataSplit v = open_data_file(cfg.val_data, cfg.val_targets, "val_data", "val_targets", true);
     if (v.val) bad("val_data", "'" + cfg.val_data + "' holds validation rows of its own (x_val)");
     val = std::move(v.train);
   } else if (!cfg.val_targets.empty()) {
@@ -158,11 +156,6 @@ std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Data
   return {std::make_shared<data::ArrayDataset>(std::move(main.train)), v};
 }
 
-// The shape of one input row a model spec takes: {features} or {C, H, W}.
-Shape input_shape(const nn::ModelSpec& spec) {
-  if (spec.is_cnn) return {spec.cnn.input[0], spec.cnn.input[1], spec.cnn.input[2]};
-  return {spec.widths.front()};
-}
 }  // namespace
 
 Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val)
@@ -181,8 +174,8 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   }
   const nn::ModelSpec spec = validate(cfg_);
   if (train_data_) {
-    train_data_->check_model(input_shape(spec), cfg_.task, spec.outputs());
-    if (val_data_) val_data_->check_model(input_shape(spec), cfg_.task, spec.outputs());
+    train_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
+    if (val_data_) val_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
     eval_every_ = val_data_ ? cfg_.eval_every : 0;  // 0: at the end of every epoch
   }
   if (cfg_.eval_every > 0 && !val_data_)

@@ -17,6 +17,8 @@ struct ModelSpec {
   std::vector<int64_t> widths;                                              // an MLP's layer widths, its input first
   CnnSpec cnn;                                                              // a CNN's input and layers
   int64_t outputs() const { return is_cnn ? cnn.classes : widths.back(); }  // width, or classes
+  // The shape of one input row: {features}, or {C, H, W} for a CNN.
+  Shape input_shape() const { return is_cnn ? Shape{cnn.input[0], cnn.input[1], cnn.input[2]} : Shape{widths.front()}; }
 };
 
 // Throws UsageError with one line naming the problem.

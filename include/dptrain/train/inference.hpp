@@ -56,11 +56,4 @@ class Inference {
 // the target, as checkpoints are); errors are dpt::Error "cannot write 'PATH': ...".
 void write_npy_file(const std::string& path, const data::Array& array);
 
-// A data set of `path`: a .npy file of inputs (with `targets` a .npy of targets, or ""),
-// or a .safetensors file of x (and y; its x_val and y_val, when there, are left out).
-// Throws UsageError, naming `field` or `targets_field`, for any other file.
-std::shared_ptr<const data::ArrayDataset> open_dataset(const std::string& path, const std::string& targets,
-                                                       const char* field = "data",
-                                                       const char* targets_field = "targets");
-
 }  // namespace dpt

@@ -92,6 +92,13 @@ struct EvalResult {
   int64_t rows = 0;
 };
 
+// The rows of data file `path`: a .safetensors file (x, y when there, and x_val, y_val as
+// the split's val), or a .npy file of inputs with `targets` a .npy file of targets ("" for
+// none, unless `need_targets`). Throws UsageError naming TrainConfig::`field` or
+// TrainConfig::`targets_field` for any other file.
+data::DataSplit open_data_file(const std::string& path, const std::string& targets, const char* field,
+                               const char* targets_field, bool need_targets);
+
 // `d`'s loss (and accuracy) computed without gradients on every replica of `dp` (and
 // every rank) at once, `batch` rows at a time; the model is left in training mode.
 EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch);
