@@ -5,7 +5,8 @@
 #   single: one GPU, seed (batch 64), mlp (batch 4096) and cnn (batch 256 of 3x32x32,
 #           cross-entropy), fp32/tf32/bf16; dptrain's
 #           plain step against PyTorch eager, and PyTorch's CUDA-graph step against
-#           dptrain's where dpbench has --cuda-graph
+#           dptrain's where dpbench has --cuda-graph; and training from .npy files
+#           against synthetic data and PyTorch's DataLoader loop (file_data_bench.sh)
 #   multi:  (more than one GPU) mlp fp32 on 1, 2, 4, ... N GPUs, weak scaling (4096 per
 #           GPU) and strong scaling (4096 x N in all): dptrain nccl against DDP, dptrain
 #           p2p against nn.DataParallel; efficiency against each side's plain 1-GPU step
@@ -54,6 +55,8 @@ if [ "$what" != multi ]; then
       done
     done
   done 2>&1 | tee "$out/torch-single.log"
+  cmake --build build --target dptrain_cli >>"$out/build.log" 2>&1 || { grep -E 'error' "$out/build.log" | head; exit 1; }
+  OUT="$out/file-data" bash benchmarks/file_data_bench.sh build >"$out/file-data.txt" 2>&1
 fi
 
 if [ "$what" != single ] && [ "$gpus" -gt 1 ]; then
@@ -174,3 +177,7 @@ if multi:
     print("(1-GPU rows: dptrain runs one device without reduction; PyTorch runs DDP world size 1 and "
           "nn.DataParallel(device_ids=[0]))")
 PY
+if [ -f "$out/file-data.txt" ]; then
+  echo
+  sed -n '/^== training from/,$p' "$out/file-data.txt"
+fi

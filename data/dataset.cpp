@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -88,22 +89,22 @@ int64_t first_nonfinite(const float* v, int64_t n) {
 }
 
 // n elements of `t` at p as floats at out (uint8 scaled to [0, 1] when `scale_u8`).
-// Returns the index of the first that is not finite as a float, or -1 (integers always
-// are).
-int64_t to_float(const uint8_t* p, ArrayDType t, int64_t n, float* out, bool scale_u8) {
+// Returns the index of the first that is not finite as a float when `check`, else -1
+// (integers always are finite).
+int64_t to_float(const uint8_t* p, ArrayDType t, int64_t n, float* out, bool scale_u8, bool check) {
   switch (t) {
     case ArrayDType::f32:
       std::memcpy(out, p, static_cast<size_t>(n) * 4);
-      return first_nonfinite(out, n);
+      return check ? first_nonfinite(out, n) : -1;
     case ArrayDType::f64:
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load<double>(p + 8 * i));
-      return first_nonfinite(out, n);
+      return check ? first_nonfinite(out, n) : -1;
     case ArrayDType::f16:
       for (int64_t i = 0; i < n; ++i) out[i] = half_float(load<uint16_t>(p + 2 * i));
-      return first_nonfinite(out, n);
+      return check ? first_nonfinite(out, n) : -1;
     case ArrayDType::bf16:
       for (int64_t i = 0; i < n; ++i) out[i] = bf16_float(load<uint16_t>(p + 2 * i));
-      return first_nonfinite(out, n);
+      return check ? first_nonfinite(out, n) : -1;
     case ArrayDType::u8:
       if (scale_u8) {
         const auto& s = u8_scale();
@@ -235,6 +236,7 @@ void ArrayDataset::init(const Array& x, const Array& y) {
   if (x_width_ == 0) bad_x(x_is + ": its rows are empty");
   x_ = x;
   rows_ = x.shape[0];
+  finite_.reset(new std::atomic<uint64_t>[static_cast<size_t>((rows_ + 31) / 32)]());
   if (y.data == nullptr && y.shape.empty()) return;  // inputs alone
   const std::string y_is = "is " + std::string(array_dtype_name(y.dtype)) + " " + shape_text(y.shape);
   if (y.data == nullptr && element_count(y.shape) != 0) bad_y("has no data");
@@ -356,23 +358,31 @@ void ArrayDataset::gather_host(std::span<const int64_t> rows, const HostRows& in
       throw Error("ArrayDataset::gather_host: row " + std::to_string(r) + " is outside [0, " + std::to_string(rows_) +
                   ")");
     const auto at = static_cast<size_t>(first_ + r);
+    // Bits 2 at and 2 at + 1 of the finite map: this row's inputs, its targets were checked.
+    std::atomic<uint64_t>& word = finite_[at / 32];
+    const uint64_t x_bit = uint64_t(1) << (2 * (at % 32)), y_bit = x_bit << 1;
+    const uint64_t known = word.load(std::memory_order_relaxed);
     if (into.x) {
       const uint8_t* src = xp + at * x_row;
-      const int64_t bad = to_float(src, x_.dtype, x_width_, into.x + i * static_cast<size_t>(x_width_), true);
+      const bool check = !(known & x_bit);
+      const int64_t bad = to_float(src, x_.dtype, x_width_, into.x + i * static_cast<size_t>(x_width_), true, check);
       if (bad >= 0)
         throw UsageError(x_source_ + ": " + element_text(x_name_, x_.shape, first_ + r, bad) + " is " +
                          value_text(element(src + static_cast<size_t>(bad) * array_dtype_size(x_.dtype), x_.dtype)) +
                          " (non-finite inputs are refused)");
+      if (check) word.fetch_or(x_bit, std::memory_order_relaxed);
     }
     if (into.y) {
       const uint8_t* src = yp + at * y_row;
-      const int64_t bad = to_float(src, y_.dtype, y_width_, into.y + i * static_cast<size_t>(y_width_), false);
+      const bool check = !(known & y_bit);
+      const int64_t bad = to_float(src, y_.dtype, y_width_, into.y + i * static_cast<size_t>(y_width_), false, check);
       if (bad >= 0) {
         const std::vector<int64_t> shape = {y_.shape[0], y_width_};
         throw UsageError(y_source_ + ": " + element_text(y_name_, shape, first_ + r, bad) + " is " +
                          value_text(element(src + static_cast<size_t>(bad) * array_dtype_size(y_.dtype), y_.dtype)) +
                          " (non-finite targets are refused)");
       }
+      if (check) word.fetch_or(y_bit, std::memory_order_relaxed);
     }
     if (into.labels) into.labels[i] = static_cast<int32_t>(label(yp + at * y_row, y_.dtype));
   }

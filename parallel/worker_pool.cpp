@@ -1,5 +1,6 @@
 #include "worker_pool.hpp"
 
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -51,21 +52,30 @@ WorkerPool::~WorkerPool() {
   }
 }
 
-void WorkerPool::run(const std::function<void(size_t)>& job) {
-  for (size_t i = 0; i < workers_.size(); ++i) {
+void WorkerPool::start(const std::function<void(size_t)>& job, size_t n) {
+  job_ = &job;
+  running_ = std::min(n, workers_.size());
+  for (size_t i = 0; i < running_; ++i) {
     Worker& w = *workers_[i];
     std::lock_guard<std::mutex> lock(w.mu);
-    w.job = [&job, i] { job(i); };
+    w.job = [this, i] { (*job_)(i); };
     w.error = nullptr;
     w.busy = true;
     w.cv.notify_all();
   }
+}
+
+void WorkerPool::wait() {
   std::exception_ptr first;
-  for (auto& w : workers_) {
+  for (size_t i = 0; i < running_; ++i) {
+    const auto& w = workers_[i];
     std::unique_lock<std::mutex> lock(w->mu);
     w->cv.wait(lock, [&w] { return !w->busy; });
+    // Taken, not shared: the error's last owner is the thread that handles it.
     if (w->error && !first) first = w->error;
+    w->error = nullptr;
   }
+  job_ = nullptr;
   if (first) std::rethrow_exception(first);
 }
 

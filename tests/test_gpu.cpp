@@ -17,10 +17,12 @@
 #include "../kernels/cuda/dnn.hpp"
 #endif
 #include <dptrain/data/dataset.hpp>
+#include <dptrain/data/shuffle.hpp>
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../runtime/allocator.hpp"
+#include "../train/input_pipeline.hpp"
 #include "catch.hpp"
 #include "common.hpp"
 
@@ -375,6 +377,36 @@ TEST_CASE("file data through the GPU input pipeline trains as on the CPU, with n
       CHECK(err < 1e-4);
     }
   }
+}
+
+TEST_CASE("the GPU input pipeline copies chunked shards as a direct gather makes them, ahead and after a jump",
+          "[gpu][data][pipeline]") {
+  // 1100 rows of 1026 floats: over 4 MiB, so two chunks, each gathered by four threads
+  // and copied while the next is gathered; the ring runs ahead on the copy stream.
+  const auto xs = randn(1200 * 1024, 63), ys = randn(1200 * 2, 64);
+  const data::ArrayDataset set({xs.data(), data::ArrayDType::f32, {1200, 1024}},
+                               {ys.data(), data::ArrayDType::f32, {1200, 2}});
+  ShardLoader loader(
+      set, gpu, 1100, 3, true,
+      [](int64_t first) {
+        return SampleRange{first + 1100, 1100};
+      },
+      4);
+  data::RowOrder order(1200, 3, true);
+  std::vector<int64_t> rows;
+  for (int64_t first : {0, 1100, 2200, 3300, 9000, 10100}) {  // 9000: not foreseen
+    INFO("samples from " << first);
+    const data::Batch got = loader.get(first, 1100, context(gpu));
+    order.rows(first, 1100, rows);
+    const data::Batch want = set.empty_batch(1100, gpu);
+    set.gather(rows, want);
+    CHECK(got.x.to_host() == want.x.to_host());
+    CHECK(got.y.to_host() == want.y.to_host());
+  }
+  const InputStats st = loader.stats();
+  CHECK(st.loads >= 6);
+  CHECK(st.timed_copies >= 1);
+  CHECK(st.copy_ms > 0);
 }
 
 TEST_CASE("the GPU allocator makes no cudaMalloc after the first training step", "[gpu][allocator]") {

@@ -4,10 +4,12 @@
 // hand; predictions equal the model's forward pass; no allocation after the first step.
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <dptrain/data/dataset.hpp>
@@ -251,17 +253,19 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   // events take the GPU's path.
   const Rows rows;
   const Device d{DeviceType::cpu, 760};
+  const auto ten_on = [](int64_t first) { return SampleRange{first + 10, 8}; };
   for (auto task : {data::Task::regression, data::Task::classification}) {
     INFO(data::task_name(task));
     const auto set = rows.set(task);
-    ShardLoader loader(*set, d, 8, 5, true);
+    ShardLoader loader(*set, d, 8, 5, true, ten_on, 2);
     data::RowOrder order(53, 5, true);
     std::vector<int64_t> picked;
-    // Expected calls (the next at first + 10), then a jump (as after a resume), then a smaller count.
+    // Calls the loader
+    // foreseen (the next at first + 10, of 8), then a jump (as after a resume), then smaller counts.
     const std::vector<std::pair<int64_t, int64_t>> calls = {{3, 8},  {13, 8},  {23, 8},  {33, 8},  {43, 8},
                                                             {53, 8}, {200, 8}, {210, 8}, {220, 5}, {230, 5}};
     for (const auto& [first, count] : calls) {
-      const data::Batch got = loader.get(first, count, first + 10, count, context(d));
+      const data::Batch got = loader.get(first, count, context(d));
       order.rows(first, count, picked);
       const data::Batch want = set->empty_batch(count, d);
       set->gather(picked, want);
@@ -273,36 +277,72 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   // The loader counts what it gathered.
   {
     const auto set = rows.set(data::Task::regression);
-    ShardLoader counted(*set, d, 8, 5, true);
-    for (int64_t first : {0, 10, 20}) (void)counted.get(first, 8, first + 10, 8, context(d));
+    ShardLoader counted(*set, d, 8, 5, true, ten_on, 1);
+    for (int64_t first : {0, 10, 20}) (void)counted.get(first, 8, context(d));
     const InputStats st = counted.stats();
     CHECK(st.loads >= 3);
     CHECK(st.bytes == static_cast<uint64_t>(st.loads * 8 * (12 + 5) * 4));
   }
-  // A shard of over 1 MiB is gathered by several threads, each into its own rows.
-  const auto big_x = test::randn(300 * 1024, 43), big_y = test::randn(300 * 2, 44);
-  const data::ArrayDataset big({big_x.data(), data::ArrayDType::f32, {300, 1024}},
-                               {big_y.data(), data::ArrayDType::f32, {300, 2}});
-  ShardLoader wide(big, d, 290, 9, true);
-  data::RowOrder big_order(300, 9, true);
+  // The loader runs ahead by its ring: it fills every slot but the one handed out, and no
+  // more until the next call frees that one.
+  {
+    const auto set = rows.set(data::Task::regression);
+    ShardLoader ahead(*set, d, 8, 5, true, ten_on, 1);
+    REQUIRE(ahead.slots() >= 3);  // small shards: a deep ring
+    (void)ahead.get(0, 8, context(d));
+    const auto loads = [&] { return static_cast<size_t>(ahead.stats().loads); };
+    for (int i = 0; i < 1000 && loads() < ahead.slots(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK(loads() == ahead.slots());
+    (void)ahead.get(10, 8, context(d));
+    for (int i = 0; i < 1000 && loads() < ahead.slots() + 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(loads() == ahead.slots() + 1);
+  }
+  // A shard of over 4 MiB is gathered in chunks (each copied while the next is gathered),
+  // each chunk by several threads, each into its own rows.
+  const auto big_x = test::randn(1200 * 1024, 43), big_y = test::randn(1200 * 2, 44);
+  const data::ArrayDataset big({big_x.data(), data::ArrayDType::f32, {1200, 1024}},
+                               {big_y.data(), data::ArrayDType::f32, {1200, 2}});
+  const auto eleven_hundred_on = [](int64_t first) { return SampleRange{first + 1100, 1100}; };
+  ShardLoader wide(big, d, 1100, 9, true, eleven_hundred_on, 4);
+  data::RowOrder big_order(1200, 9, true);
   std::vector<int64_t> big_rows;
-  for (int64_t first : {0, 290, 580, 870}) {
-    const data::Batch got = wide.get(first, 290, first + 290, 290, context(d));
-    big_order.rows(first, 290, big_rows);
-    const data::Batch want = big.empty_batch(290, d);
+  for (int64_t first : {0, 1100, 2200, 3300}) {
+    const data::Batch got = wide.get(first, 1100, context(d));
+    big_order.rows(first, 1100, big_rows);
+    const data::Batch want = big.empty_batch(1100, d);
     big.gather(big_rows, want);
     CHECK(got.x.to_host() == want.x.to_host());
     CHECK(got.y.to_host() == want.y.to_host());
+  }
+  // A bad row in a chunk gathered by several threads fails that call alone. File order:
+  // samples 1100..2199 are rows 1100..1199, 0..999 (row 960 is in their second chunk),
+  // samples 2200..3299 are rows 1000..1199, 0..899.
+  {
+    std::vector<float> nan_x = big_x;
+    nan_x[960 * 1024 + 7] = NAN;
+    const data::ArrayDataset bad_big({nan_x.data(), data::ArrayDType::f32, {1200, 1024}},
+                                     {big_y.data(), data::ArrayDType::f32, {1200, 2}});
+    ShardLoader chunked(bad_big, d, 1100, 9, false, eleven_hundred_on, 4);
+    try {
+      (void)chunked.get(1100, 1100, context(d));
+      FAIL("the NaN row was handed out");
+    } catch (const UsageError& e) {
+      CHECK(std::string(e.what()).find("x[960, 7] is nan") != std::string::npos);
+    }
+    CHECK_NOTHROW(chunked.get(2200, 1100, context(d)));
   }
   // A bad row is reported by the call that asks for it, not by the prefetch that met it.
   std::vector<float> x = rows.x;
   x[17 * 12 + 4] = NAN;  // row 17
   const data::ArrayDataset bad({x.data(), data::ArrayDType::f32, {53, 12}},
                                {rows.y.data(), data::ArrayDType::f32, {53, 5}});
-  ShardLoader loader(bad, d, 10, 5, false);              // file order: row 17 is in samples 10..19
-  CHECK_NOTHROW(loader.get(0, 10, 10, 10, context(d)));  // loads 10..19 behind the scenes
-  CHECK_THROWS_AS(loader.get(10, 10, 20, 10, context(d)), UsageError);
-  CHECK_NOTHROW(loader.get(20, 10, 30, 10, context(d)));
+  const auto ten_of_ten = [](int64_t first) { return SampleRange{first + 10, 10}; };
+  ShardLoader loader(bad, d, 10, 5, false, ten_of_ten, 1);  // file order: row 17 is in samples 10..19
+  CHECK_NOTHROW(loader.get(0, 10, context(d)));             // loads 10..19 behind the scenes
+  CHECK_THROWS_AS(loader.get(10, 10, context(d)), UsageError);
+  CHECK_NOTHROW(loader.get(20, 10, context(d)));
 }
 
 TEST_CASE("a bad row in one replica's shard abandons the step on every replica alike", "[train][data]") {

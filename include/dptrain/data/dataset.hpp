@@ -18,6 +18,7 @@
 // model, without a pass over the whole file at load (check_finite() makes that pass, for
 // a program that wants to refuse such a file up front).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -87,7 +88,8 @@ struct DataSplit;
 class ArrayDataset : public Dataset {
  public:
   // Arrays the program owns, not copied: they must outlive this data set and every slice
-  // of it. x is [N, features] or [N, C, H, W]; y is [N, outputs] (or [N]: one output) of a
+  // of it, and not change (each row is checked for non-finite values once, when first
+  // gathered). x is [N, features] or [N, C, H, W]; y is [N, outputs] (or [N]: one output) of a
   // float type for regression, [N] of an integer type for class labels, or an Array with
   // no data and no shape for no targets. Throws UsageError ("host arrays: ...") for shapes
   // that do not fit, and for a negative label (naming its row).
@@ -137,6 +139,9 @@ class ArrayDataset : public Dataset {
   int64_t x_width_ = 0, y_width_ = 0;  // elements a row
   std::string x_source_ = "host arrays", y_source_ = "host arrays", x_name_ = "x", y_name_ = "y";
   std::vector<FileIdentity> files_;
+  // Two bits a row of the whole arrays: its inputs, its regression targets were found
+  // finite. A row is checked when first gathered, not at every epoch (shared by slices).
+  std::shared_ptr<std::atomic<uint64_t>[]> finite_;
 };
 
 // A data set's training rows and, when it has them, its validation rows.
