@@ -10,6 +10,7 @@
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include "../runtime/nvtx.hpp"
 #include "reducer.hpp"
@@ -542,11 +543,18 @@ StepTimes DataParallel::last_times() {
           m.t_updated->ms_since(*m.t_reduced)};
 }
 
-float DataParallel::last_scale() {
-  const Tensor& s = replicas_[0].scale;
-  if (!s.defined()) return 1.0f;
-  synchronize();
-  return s.item();
+void DataParallel::record_nonfinite(int32_t* host, Event& done) {
+  Replica& m = replicas_[0];
+  if (!m.scale.defined()) {
+    const float one = 1.0f;
+    std::memcpy(host, &one, 4);
+    host[1] = -1;
+  } else {
+    ContextGuard g(*m.ctx);
+    // Freed at once: the block is reused only by work queued after the copy.
+    copy_to_host_async(host, nonfinite_record(m.scale, m.model->flat_grads()), *m.ctx);
+  }
+  done.record(*m.ctx);
 }
 
 bool DataParallel::replicas_identical() {

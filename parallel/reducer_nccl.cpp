@@ -107,6 +107,7 @@ class NcclReducer : public Reducer {
     }
     // Poll instead of cudaStreamSynchronize: an all-reduce waiting for a dead rank
     // would never return, and the job must end within the timeout instead.
+    note_host_wait();
     DPT_CUDA_CHECK(cudaSetDevice(ctx.device().index));
     auto stream = static_cast<cudaStream_t>(ctx.stream());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(group_->timeout());

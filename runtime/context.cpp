@@ -1,5 +1,6 @@
 #include <dptrain/runtime/context.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -92,7 +93,19 @@ void* Context::dnn() const {
   return dnn_;
 }
 
+namespace {
+std::atomic<int64_t> g_host_waits{0};
+thread_local bool t_count_host_waits = true;
+}  // namespace
+
+int64_t host_waits() { return g_host_waits.load(std::memory_order_relaxed); }
+void count_host_waits(bool on) { t_count_host_waits = on; }
+void note_host_wait() {
+  if (t_count_host_waits) g_host_waits.fetch_add(1, std::memory_order_relaxed);
+}
+
 void Context::synchronize() const {
+  note_host_wait();
 #if DPT_WITH_CUDA
   if (stream_) {
     DPT_CUDA_CHECK(cudaSetDevice(device_.index));
@@ -141,9 +154,21 @@ void Event::wait_in(const Context& ctx) const {
 }
 
 void Event::synchronize() const {
+  note_host_wait();
 #if DPT_WITH_CUDA
   if (event_) DPT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
 #endif
+}
+
+bool Event::ready() const {
+#if DPT_WITH_CUDA
+  if (event_) {
+    const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(event_));
+    if (q == cudaErrorNotReady) return false;
+    DPT_CUDA_CHECK(q);
+  }
+#endif
+  return true;
 }
 
 double Event::ms_since(const Event& start) const {

@@ -275,6 +275,18 @@ Tensor clip_coef(const Tensor& norm_sq, float max_norm) {
   return out;
 }
 
+Tensor nonfinite_record(const Tensor& scale, const Tensor& grads) {
+  need_f32(scale, "nonfinite_record");
+  need_f32(grads, "nonfinite_record");
+  same_device(scale, grads, "nonfinite_record");
+  DPT_CHECK(scale.numel() == 1, "nonfinite_record: the scale is one value");
+  Tensor out = Tensor::empty({2}, DType::i32, scale.device());
+  DPT_CUDA_OR_CPU(scale.device(),
+                  cuda::nonfinite_record(scale.f32(), grads.f32(), grads.numel(), out.i32(), stream_of(scale.device())),
+                  cpu::nonfinite_record(scale.f32(), grads.f32(), grads.numel(), out.i32()));
+  return out;
+}
+
 namespace {
 // The shadow's pointer (null when undefined), checked against the parameters.
 uint16_t* shadow_of(const Tensor& shadow, const Tensor& p, const char* op) {

@@ -111,6 +111,7 @@ void upload(const Tensor& t, const void* src, size_t bytes) {
   auto s = static_cast<cudaStream_t>(ctx.stream());
   PinnedStage& st = t_pinned[t.device().index];
   if (!st.done) DPT_CUDA_CHECK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming));
+  note_host_wait();
   DPT_CUDA_CHECK(cudaEventSynchronize(st.done));  // the last transfer out of this buffer is over
   if (st.capacity < bytes) {
     if (st.ptr) DPT_CUDA_CHECK(cudaFreeHost(st.ptr));
@@ -125,6 +126,7 @@ void upload(const Tensor& t, const void* src, size_t bytes) {
 }
 
 void download(const Tensor& t, void* dst, size_t bytes) {
+  note_host_wait();
   if (t.device().is_cpu()) {
     std::memcpy(dst, t.data(), bytes);
     return;
@@ -195,6 +197,19 @@ void copy_from_host_async(const Tensor& dst, const void* src, const Context& ctx
   DPT_CUDA_CHECK(cudaSetDevice(dst.device().index));
   DPT_CUDA_CHECK(
       cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, static_cast<cudaStream_t>(ctx.stream())));
+#endif
+}
+
+void copy_to_host_async(void* dst, const Tensor& src, const Context& ctx) {
+  DPT_CHECK(src.device() == ctx.device(), "copy_to_host_async: the tensor is not on the context's device");
+  if (src.device().is_cpu()) {
+    std::memcpy(dst, src.data(), src.nbytes());
+    return;
+  }
+#if DPT_WITH_CUDA
+  DPT_CUDA_CHECK(cudaSetDevice(src.device().index));
+  DPT_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(ctx.stream())));
 #endif
 }
 

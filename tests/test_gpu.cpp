@@ -3,6 +3,7 @@
 // and batch-norm kernels, a 50-step training run, the allocator's steady state and its
 // out-of-memory message. Runs only where there is a GPU (main.cpp exits 77 otherwise,
 // and ctest reports the test skipped).
+#include <climits>
 #include <cmath>
 #include <utility>
 
@@ -292,6 +293,21 @@ TEST_CASE("optimizers, clipping, casts and argmax match the CPU", "[gpu][ops]") 
     adamw_step(P, G, M, V, AdamArgs{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.19f, 0.002f}, Tensor());
     return std::vector<Tensor>{P, M, V};
   });
+  // The non-finite record: the scale's bits and the first bad gradient, found by atomicMin.
+  auto bad = randn(n, 17);
+  bad[70001] = INFINITY;
+  bad[99999] = NAN;
+  bad[80000] = -INFINITY;
+  for (float sc : {0.25f, NAN}) {
+    INFO("scale " << sc);
+    for (const auto* values : {&g, &bad}) {
+      const std::vector<float> one{sc};
+      const auto c = nonfinite_record(on(host, one, {1}), on(host, *values, {n})).to_host_i32();
+      const auto d = nonfinite_record(on(gpu, one, {1}), on(gpu, *values, {n})).to_host_i32();
+      CHECK(c == d);
+      CHECK(c[1] == (std::isnan(sc) ? (values == &bad ? 70001 : INT32_MAX) : -1));
+    }
+  }
   // Casts and argmax are exact.
   auto x = randn(n, 16, 100.0f);
   x[5] = NAN;

@@ -2,6 +2,7 @@
 // optimizer, cast, random, convolution, pooling and batch-norm kernels against their
 // definitions or known answers.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -194,6 +195,25 @@ TEST_CASE("gradient clipping scales the update to the norm asked", "[optim]") {
   CHECK(std::fabs(coef - 0.2f) < 1e-6f);
   cpu::clip_coef(&sq, 10.0f, &coef);
   CHECK(coef == 1.0f);
+}
+
+TEST_CASE("a step's non-finite record holds the scale and the first bad gradient", "[optim]") {
+  std::vector<float> g(1000, 1.0f);
+  int32_t rec[2] = {0, 0};
+  float scale = 0.5f, read = 0;
+  cpu::nonfinite_record(&scale, g.data(), 1000, rec);  // a good step: nothing searched
+  std::memcpy(&read, rec, 4);
+  CHECK(read == 0.5f);
+  CHECK(rec[1] == -1);
+  scale = NAN;
+  cpu::nonfinite_record(&scale, g.data(), 1000, rec);  // every value finite: the norm overflowed
+  CHECK(rec[1] == INT32_MAX);
+  g[777] = INFINITY;
+  g[901] = NAN;
+  cpu::nonfinite_record(&scale, g.data(), 1000, rec);
+  std::memcpy(&read, rec, 4);
+  CHECK(std::isnan(read));
+  CHECK(rec[1] == 777);
 }
 
 TEST_CASE("bf16 casts round to nearest even and keep NaN", "[ops]") {

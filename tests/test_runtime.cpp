@@ -2,12 +2,15 @@
 // on the CPU.
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../runtime/allocator.hpp"
+#include "../train/nonfinite_watch.hpp"
 #include "catch.hpp"
 #include "common.hpp"
 
@@ -211,6 +214,87 @@ TEST_CASE("training on the CPU is deterministic, reduces the loss and allocates 
       b.run();
       CHECK(a.model().flat_params().to_host() == b.model().flat_params().to_host());
     }
+}
+
+TEST_CASE("the training loop waits for its devices only at log points", "[train][sync]") {
+  // stop() is asked before every step: the host's waits between two asks are the step's.
+  TrainConfig cfg;
+  cfg.model = "16-64x2-4";
+  cfg.batch = 48;
+  cfg.steps = 40;
+  cfg.log_every = 10;
+  cfg.clip = 1.0f;  // the gradient check and the clipping scale, read behind the steps
+  struct Case {
+    const char* what;
+    size_t replicas;
+    int accum;
+  };
+  for (const Case c :
+       {Case{"one device", 1, 1}, Case{"3 replicas", 3, 1}, Case{"3 replicas x 2 micro-batches", 3, 2}}) {
+    INFO(c.what);
+    cfg.devices = std::vector<Device>(c.replicas, Device{DeviceType::cpu, 7});
+    cfg.grad_accum = c.accum;
+    Trainer t(cfg);
+    std::vector<int64_t> at;
+    t.run({}, [&] {
+      at.push_back(host_waits());
+      return false;
+    });
+    REQUIRE(at.size() == 40);
+    for (size_t s = 0; s + 1 < at.size(); ++s) {
+      const int64_t done = static_cast<int64_t>(s) + 1;
+      if (s == 0 || done % cfg.log_every == 0) continue;  // logged: the loss is read
+      INFO("step " << done);
+      CHECK(at[s + 1] - at[s] == 0);
+    }
+    CHECK(at.back() > at.front());  // the count counts: the log points waited
+  }
+}
+
+TEST_CASE("a non-finite step is never applied, stops the run within kLag steps, and skip-step counts exactly",
+          "[train][sync]") {
+  TrainConfig cfg;
+  cfg.model = "16-64x2-4";
+  cfg.batch = 32;
+  cfg.steps = 60;
+  cfg.lr = 1e30f;  // the weights overflow within a few steps
+  cfg.devices = {{DeviceType::cpu, 8}};
+  // Read at every step (every step logged) against read behind the steps.
+  auto stopped_at = [&](int64_t log_every, int64_t* steps_done) {
+    cfg.log_every = log_every;
+    Trainer t(cfg);
+    try {
+      t.run();
+    } catch (const NonFiniteError& e) {
+      *steps_done = t.steps_done();
+      return std::string(e.what());
+    }
+    FAIL("the run did not stop");
+    return std::string();
+  };
+  int64_t now_done = 0, late_done = 0;
+  const std::string now = stopped_at(1, &now_done), late = stopped_at(1000, &late_done);
+  INFO(now << "\n" << late);
+  // "step K: the gradient of parameter P is not finite; the update was not applied; run stopped"
+  CHECK(now.find("the gradient of parameter ") != std::string::npos);
+  CHECK(now.find("run stopped at step") == std::string::npos);
+  const int64_t bad = now_done;  // stopped at once, at the bad step
+  CHECK(now.rfind("step " + std::to_string(bad) + ": ", 0) == 0);
+  CHECK(late.rfind("step " + std::to_string(bad) + ": ", 0) == 0);  // the same step, named
+  CHECK(late_done > bad);
+  CHECK(late_done <= bad + NonFiniteWatch::kLag);
+  CHECK(late.find("run stopped at step " + std::to_string(late_done)) != std::string::npos);
+  // skip-step: the same count read at every step, behind the steps, and on 3 replicas.
+  cfg.on_nonfinite = "skip-step";
+  std::vector<int64_t> skipped;
+  for (auto [log_every, replicas] : {std::pair<int64_t, size_t>{1, 1}, {1000, 1}, {7, 3}}) {
+    cfg.log_every = log_every;
+    cfg.devices = std::vector<Device>(replicas, Device{DeviceType::cpu, 8});
+    skipped.push_back(Trainer(cfg).run().skipped);
+  }
+  CHECK(skipped[0] > 0);
+  CHECK(skipped[1] == skipped[0]);
+  CHECK(skipped[2] == skipped[0]);
 }
 
 TEST_CASE("the default job brings the loss below 10% of its first value", "[train]") {

@@ -198,6 +198,7 @@ void ShardLoader::load(Slot& s, int64_t first, int64_t count) {
 }
 
 void ShardLoader::loader_main() {
+  count_host_waits(false);  // its waits are beside the steps, not in their way
   std::unique_lock<std::mutex> lk(m_);
   for (;;) {
     cv_.wait(lk, [&] { return stop_ || (want_count_ > 0 && slots_[fill_].state == State::free); });

@@ -20,6 +20,7 @@
 #include "atomic_file.hpp"
 #include "input_pipeline.hpp"
 #include "model_state.hpp"
+#include "nonfinite_watch.hpp"
 
 namespace dpt {
 
@@ -424,10 +425,12 @@ void Trainer::resume(const std::string& path) {
   resumed_ = std::move(info);
 }
 
-std::string Trainer::nonfinite_parameter() {
-  for (auto& [name, p] : model_->named_parameters())
-    for (float g : p->value.grad().to_host())
-      if (!std::isfinite(g)) return name;
+std::string Trainer::parameter_at(int64_t index) {
+  int64_t total = 0;
+  const std::vector<int64_t> offsets = model_->layout(&total);
+  const auto named = model_->named_parameters();
+  for (size_t k = 0; k < named.size() && k < offsets.size(); ++k)
+    if (index >= offsets[k] && index < offsets[k] + numel(named[k].second->shape)) return named[k].first;
   return "";
 }
 
@@ -538,6 +541,23 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
   int64_t last_step = begin;
   StepLoss unread;  // the last step's loss when it was not logged
   double eval_seconds = 0;
+  if (!watch_) watch_ = std::make_unique<NonFiniteWatch>(dp_->device(0));
+  // Findings of non-finite gradients, `now` the steps done: stop or count them.
+  auto handle_nonfinite = [&](const std::vector<NonFiniteWatch::Finding>& found, int64_t now) {
+    for (const NonFiniteWatch::Finding& f : found) {
+      const std::string where = f.index == std::numeric_limits<int32_t>::max() ? "" : parameter_at(f.index);
+      const std::string what = "step " + std::to_string(f.step + 1) + ": the gradient" +
+                               (where.empty() ? std::string("'s norm") : " of parameter " + where) + " is not finite" +
+                               (where.empty() ? " (its squares overflowed)" : "") + "; the update was not applied";
+      if (cfg_.on_nonfinite == "stop") {
+        const std::string later = now > f.step + 1 ? " at step " + std::to_string(now) : "";
+        throw NonFiniteError(what + "; run stopped" + later +
+                             (cfg_.save.empty() ? "" : ", the last checkpoint is intact"));
+      }
+      if (!group_ || group_->rank() == 0) report(Severity::warning, what);
+      ++r.skipped;
+    }
+  };
   for (int64_t s = begin; s < cfg_.steps; ++s) {
     if (stop) {
       // Every rank must stop at the same step: the decision is shared.
@@ -557,16 +577,10 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
                                                          : epoch_ended || done == cfg_.steps);
     const bool logged = first || evaluated || done % cfg_.log_every == 0 || done == cfg_.steps;
     StepLoss loss = step(s, logged);
-    if (const float scale = dp_->last_scale(); !std::isfinite(scale)) {
-      const std::string where = nonfinite_parameter();
-      const std::string what = "step " + std::to_string(done) + ": the gradient of " +
-                               (where.empty() ? std::string("the loss") : "parameter " + where) +
-                               " is not finite (the loss is " + fmt(loss.value()) + "); the update was not applied";
-      if (cfg_.on_nonfinite == "stop")
-        throw NonFiniteError(what + "; run stopped" + (cfg_.save.empty() ? "" : ", the last checkpoint is intact"));
-      if (!group_ || group_->rank() == 0) report(Severity::warning, what);
-      ++r.skipped;
-    }
+    // The device skipped the update of a non-finite step; the host learns of it kLag
+    // steps later, or at the next log point or save, without waiting for each step.
+    handle_nonfinite(watch_->after_step(*dp_, s), done);
+    if (logged || (cfg_.save_every > 0 && done % cfg_.save_every == 0)) handle_nonfinite(watch_->drain(), done);
     if (logged) {
       dp_->synchronize();                // bounded by --comm-timeout across ranks
       const float value = loss.value();  // the only host synchronization of a step
@@ -606,6 +620,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     }
     if (cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps) save(cfg_.save);
   }
+  handle_nonfinite(watch_->drain(), steps_done_);  // before the last save
   // A stopped run reports the loss of the last step it did, logged or not (every rank
   // stopped at the same step, so the collective read matches).
   if (!unread.losses.empty()) r.final_loss = unread.value();

@@ -81,6 +81,10 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
 // The step's gradient scale from ||g||^2: min(1, max_norm / (||g|| + 1e-6)), or 1 when
 // max_norm <= 0 (no clipping), or NaN when ||g||^2 is not finite (skip the step).
 void clip_coef(const float* norm_sq, float max_norm, float* out);
+// A step's record for the host to read later: out[0] the bits of *scale, out[1] -1 when
+// *scale is finite, else the index of the first non-finite of g's n values (INT32_MAX
+// when all are finite: the norm overflowed; n is searched up to INT32_MAX - 1).
+void nonfinite_record(const float* scale, const float* g, int64_t n, int32_t* out);
 
 // elementwise.cpp
 void fill(float* x, int64_t n, float value);

@@ -2,6 +2,7 @@
 // (torch.optim.SGD and torch.optim.AdamW), so results can be compared with it.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "../bf16.hpp"
@@ -45,6 +46,19 @@ void clip_coef(const float* norm_sq, float max_norm, float* out) {
     return;
   }
   *out = max_norm > 0.0f ? std::min(1.0f, max_norm / (std::sqrt(*norm_sq) + 1e-6f)) : 1.0f;
+}
+
+void nonfinite_record(const float* scale, const float* g, int64_t n, int32_t* out) {
+  std::memcpy(out, scale, 4);
+  out[1] = -1;
+  if (std::isfinite(*scale)) return;
+  out[1] = std::numeric_limits<int32_t>::max();
+  const int64_t searched = std::min<int64_t>(n, std::numeric_limits<int32_t>::max() - 1);
+  for (int64_t i = 0; i < searched; ++i)
+    if (!std::isfinite(g[i])) {
+      out[1] = static_cast<int32_t>(i);
+      return;
+    }
 }
 
 }  // namespace dpt::cpu

@@ -142,6 +142,7 @@ void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const Sg
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
                 uint16_t* shadow, cudaStream_t stream);
 void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t stream);
+void nonfinite_record(const float* scale, const float* g, int64_t n, int32_t* out, cudaStream_t stream);
 
 // elementwise.cu
 void fill(float* x, int64_t n, float value, cudaStream_t stream);

@@ -6,6 +6,8 @@
 // gradient scale stays on the device (clip_coef writes it), so clipping needs no host
 // round trip. With a bf16 shadow (bf16 training) the same pass also writes the updated
 // parameters rounded to bf16, so the copy that the GEMMs read costs no pass of its own.
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "../bf16.hpp"
@@ -129,6 +131,25 @@ static __global__ void clip_coef_kernel(const float* norm_sq, float max_norm, fl
   *out = c < 1.f ? c : 1.f;
 }
 
+// The record's first half; the search below fills in the index when the scale is not finite.
+static __global__ void nonfinite_record_start_kernel(const float* scale, int32_t* out) {
+  const float sc = *scale;
+  out[0] = __float_as_int(sc);
+  out[1] = isfinite(sc) ? -1 : INT_MAX;
+}
+
+// Exits at once on a finite scale (every step but a bad one), else finds the first
+// non-finite gradient with atomicMin.
+static __global__ void nonfinite_search_kernel(const float* scale, const float* g, int64_t n, int32_t* out) {
+  if (isfinite(*scale)) return;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    if (!isfinite(g[i])) {
+      atomicMin(out + 1, static_cast<int32_t>(i));
+      return;  // the thread's later elements have larger indices
+    }
+}
+
 }  // namespace
 
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, const float* grad_scale,
@@ -159,6 +180,18 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
   else
     launch_after_previous(adamw_step_kernel<false>, blocks_for(n), kThreads, stream, p, g, m, v, n, a, grad_scale,
                           shadow);
+}
+
+void nonfinite_record(const float* scale, const float* g, int64_t n, int32_t* out, cudaStream_t stream) {
+  DPT_CHECK(scale != nullptr && out != nullptr && (n == 0 || g != nullptr), "nonfinite_record: null pointer");
+  nonfinite_record_start_kernel<<<1, 1, 0, stream>>>(scale, out);
+  DPT_CUDA_CHECK_LAUNCH();
+  const int64_t searched = n < INT_MAX - 1 ? n : INT_MAX - 1;
+  if (searched == 0) return;
+  // A small grid: on a good step it only reads the scale and exits.
+  const int blocks = static_cast<int>(std::min<int64_t>(132, (searched + kThreads - 1) / kThreads));
+  nonfinite_search_kernel<<<blocks, kThreads, 0, stream>>>(scale, g, searched, out);
+  DPT_CUDA_CHECK_LAUNCH();
 }
 
 void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t stream) {

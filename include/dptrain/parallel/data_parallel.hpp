@@ -51,7 +51,7 @@ struct DataParallelOptions {
   int grad_accum = 1;   // micro-batches per step; only the last one communicates
   bool overlap = true;  // reduce buckets during backward (false: all after it, to measure the gain)
   // Computes the gradient norm every step: a non-finite one makes the optimizer skip the
-  // update (on the device), and last_scale() tells the caller.
+  // update (on the device), and record_nonfinite() tells the caller, later.
   bool check_finite = false;
   // Records the whole step (forward, backward, update) as a CUDA graph and replays it:
   // one GPU, one replica, SGD; the graph is recorded again when the learning rate changes.
@@ -129,10 +129,13 @@ class DataParallel {
   size_t buckets() const;  // how many pieces the gradient buffer is reduced in (0: no reduction)
   // The phases of the last step (waits for it).
   StepTimes last_times();
-  // The last step's gradient scale on the master (waits for it): 1, the clipping
-  // factor, or NaN when the gradients were not finite and the update was skipped.
-  // Always 1 without clipping or check_finite.
-  float last_scale();
+  // The last step's gradient check, queued on the master's stream, without waiting: two
+  // int32 (as ops' nonfinite_record: the scale's bits, -1 or the first non-finite
+  // gradient's flat index) are copied into `host` (pinned, for the copy to be
+  // asynchronous) and then `done` is recorded. The scale is 1, the clipping factor, or NaN
+  // when the gradients were not finite and the update was skipped; always 1 without
+  // clipping or check_finite.
+  void record_nonfinite(int32_t* host, Event& done);
   // Whether every replica holds bitwise the master's parameters, bf16 shadow and buffers
   // (waits; for tests).
   bool replicas_identical();

@@ -3,6 +3,7 @@
 // cuBLAS or the hand-written kernel). Each device has a default context; a thread can
 // make its own current (data parallelism gives each replica its own stream).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,8 @@ class Event {
   void wait_in(const Context& ctx) const;
   // Blocks the host until the event has happened.
   void synchronize() const;
+  // Whether it has happened, without waiting (always on the CPU).
+  bool ready() const;
   // Milliseconds from `start` to this event; both must have happened.
   double ms_since(const Event& start) const;
 
@@ -79,6 +82,15 @@ class Event {
   void* event_ = nullptr;  // cudaEvent_t
   double host_ms_ = 0.0;   // CPU: when it was recorded
 };
+
+// How many times the host has waited for a device: every Context and Event
+// synchronize, every read of a tensor to the host (on the CPU too, where they cost
+// nothing, so that tests there see where a GPU would wait). The training loop's tests
+// assert that its steady state makes none. A thread that waits off the loop, beside the
+// steps (the input pipeline's loader), leaves its waits out with count_host_waits(false).
+int64_t host_waits();
+void count_host_waits(bool on);  // for the calling thread
+void note_host_wait();           // the runtime's waits call it
 
 // A CUDA graph: the work one thread queues on a GPU context between begin() and end(),
 // recorded once and replayed by launch() with a single launch, so a step of many small

@@ -52,6 +52,10 @@ class PinnedBuffer {
 // the host does not wait, so `src` (pinned) must stay as it is until the copy is done
 // (an Event recorded on ctx after it says when). A CPU tensor is copied at once.
 void copy_from_host_async(const Tensor& dst, const void* src, const Context& ctx);
+// The other way: src.nbytes() bytes of `src` into host memory at `dst` (pinned, for the
+// copy to be asynchronous), on ctx's stream; an Event recorded after it says when they
+// are there. A CPU tensor is copied at once.
+void copy_to_host_async(void* dst, const Tensor& src, const Context& ctx);
 
 // "1.50 GiB", "12.0 MiB", "512 B".
 std::string format_bytes(size_t bytes);

@@ -52,6 +52,11 @@ void normal_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, f
 void uniform_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi);
 // The gradient-clipping coefficient min(1, max_norm / (||g|| + 1e-6)) from ||g||^2.
 Tensor clip_coef(const Tensor& norm_sq, float max_norm);
+// What the host needs to know of a step's gradient, to read later without waiting: an
+// int32 [2] of the bits of `scale` (clip_coef's, NaN when the gradient is not finite) and
+// -1 when it is finite, else the index into `grads` (flat) of the first non-finite value
+// (INT32_MAX when every value is finite and only their norm overflowed).
+Tensor nonfinite_record(const Tensor& scale, const Tensor& grads);
 // Fused optimizer updates over flat buffers; grad_scale may be undefined. shadow (bf16,
 // may be undefined) receives the updated parameters rounded to bf16, in the same pass.
 void sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const SgdArgs& a, const Tensor& grad_scale,

@@ -58,7 +58,9 @@ struct TrainConfig {
   int grad_accum = 1;   // micro-batches per optimizer step
   bool overlap = true;  // reduce gradient buckets while backward runs
   // A step whose gradients are not finite is never applied; then "stop" ends the run
-  // (NonFiniteError) and "skip-step" goes on. Costs one scalar read per step.
+  // (NonFiniteError) and "skip-step" goes on. The check is read behind the steps, without
+  // waiting for them: a bad step stops the run at most 8 steps later (at once at a log
+  // point or a save; no checkpoint is written after it).
   std::string on_nonfinite = "stop";
   bool cuda_graph = false;      // record the step as a CUDA graph and replay it (one GPU, SGD)
   std::string save;             // checkpoint path ("" = none), written at the end
@@ -151,7 +153,8 @@ struct ResumeInfo {
   std::vector<std::string> changed;  // "lr 0.05 -> 0.01", "schedule constant -> cosine"
 };
 
-class ShardLoader;  // internal (train/input_pipeline.hpp)
+class ShardLoader;     // internal (train/input_pipeline.hpp)
+class NonFiniteWatch;  // internal (train/nonfinite_watch.hpp)
 
 class Trainer {
  public:
@@ -213,8 +216,10 @@ class Trainer {
   int64_t steps_done_ = 0;
   std::optional<ResumeInfo> resumed_;
   ProcessGroup* group_ = nullptr;
-  // The name of the first parameter whose gradient is not finite ("" if none).
-  std::string nonfinite_parameter();
+  // Steps' gradient checks, read behind the steps (run() makes it).
+  std::unique_ptr<NonFiniteWatch> watch_;
+  // The parameter holding element `index` of the flat gradient ("" if none does).
+  std::string parameter_at(int64_t index);
 };
 
 }  // namespace dpt
