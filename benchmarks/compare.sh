@@ -5,8 +5,11 @@
 #   single: one GPU, seed (batch 64), mlp (batch 4096) and cnn (batch 256 of 3x32x32,
 #           cross-entropy), fp32/tf32/bf16; dptrain's
 #           plain step against PyTorch eager, and PyTorch's CUDA-graph step against
-#           dptrain's where dpbench has --cuda-graph; and training from .npy files
-#           against synthetic data and PyTorch's DataLoader loop (file_data_bench.sh)
+#           dptrain's where dpbench has --cuda-graph; the training loop end to end
+#           (dptrain's CLI against torch_loop_bench.py, a loop that also makes its batch on
+#           the GPU each step and reads the loss every 100 steps, eager and graph); and
+#           training from .npy files against synthetic data and PyTorch's DataLoader loop
+#           (file_data_bench.sh)
 #   multi:  (more than one GPU) mlp fp32 on 1, 2, 4, ... N GPUs, weak scaling (4096 per
 #           GPU) and strong scaling (4096 x N in all): dptrain nccl against DDP, dptrain
 #           p2p against nn.DataParallel; efficiency against each side's plain 1-GPU step
@@ -56,6 +59,23 @@ if [ "$what" != multi ]; then
     done
   done 2>&1 | tee "$out/torch-single.log"
   cmake --build build --target dptrain_cli >>"$out/build.log" 2>&1 || { grep -E 'error' "$out/build.log" | head; exit 1; }
+  # The loop end to end: dptrain's summary ms/step beside PyTorch's loop (the same steps).
+  {
+    for w in "default 256 fp32 5000" "seed 64 fp32 5000" "mlp 4096 tf32 300" "mlp 4096 bf16 300"; do
+      read -r model batch prec steps <<<"$w"
+      margs=()
+      [ "$model" != default ] && margs=(--model "$model" --batch "$batch")
+      for graph_flag in "" --cuda-graph; do
+        ms=$(build/apps/dptrain --devices cuda:0 "${margs[@]}" --precision "$prec" --lr 0.01 --momentum 0 \
+          --steps "$steps" --log-every 100 $graph_flag | grep -E '^done' | grep -oE '[0-9.]+ ms/step')
+        echo "dptrain-loop $model batch $batch $prec ${graph_flag:-eager}: $ms"
+      done
+      for mode in eager graph; do
+        python3 benchmarks/torch_loop_bench.py --model "$model" --batch "$batch" --precision "$prec" --mode "$mode" \
+          --steps "$steps" --log-every 100
+      done
+    done
+  } 2>&1 | tee "$out/loop.log"
   OUT="$out/file-data" bash benchmarks/file_data_bench.sh build >"$out/file-data.txt" 2>&1
 fi
 
@@ -177,6 +197,25 @@ if multi:
     print("(1-GPU rows: dptrain runs one device without reduction; PyTorch runs DDP world size 1 and "
           "nn.DataParallel(device_ids=[0]))")
 PY
+if [ -f "$out/loop.log" ]; then
+  echo
+  echo "training loop end to end, ms/step (dptrain's summary; PyTorch's loop makes its batch on the GPU too)"
+  python3 - "$out/loop.log" <<'PY'
+import re, sys
+ms = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"(dptrain|torch)-loop (\S+) batch (\d+) (\S+) (\S+): ([\d.]+)", line)
+    if m:
+        side, model, batch, prec, mode, v = m.groups()
+        ms[(side, model, batch, prec, "graph" if mode in ("graph", "--cuda-graph") else "eager")] = float(v)
+print(f"{'workload':<10}{'batch':>6}{'prec':>6}{'mode':>7}{'dptrain':>10}{'torch':>10}{'speed-up':>10}")
+for (side, model, batch, prec, mode), v in ms.items():
+    if side != "dptrain":
+        continue
+    t = ms.get(("torch", model, batch, prec, mode))
+    print(f"{model:<10}{batch:>6}{prec:>6}{mode:>7}{v:>10.4f}{(t or 0):>10.4f}{(f'{t / v:.2f}x' if t else '-'):>10}")
+PY
+fi
 if [ -f "$out/file-data.txt" ]; then
   echo
   sed -n '/^== training from/,$p' "$out/file-data.txt"

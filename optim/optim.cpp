@@ -2,18 +2,34 @@
 
 #include <cmath>
 #include <cstdio>
-#include <numbers>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
+#include "../kernels/hd.hpp"
 
 namespace dpt::optim {
 
-Optimizer::Optimizer(nn::Module& model, float lr) : model_(&model), lr_(lr) {
+Optimizer::Optimizer(nn::Module& model, float lr) : model_(&model), schedule_(Schedule::constant_lr(lr)) {
   DPT_CHECK(model.materialized(), "an optimizer needs a module placed on a device (Module::to)");
   params_ = model.flat_params();
   grads_ = model.flat_grads();
+  counter_ = Tensor::zeros({2}, DType::i32, params_.device());  // int64 0
+  step_values_ = Tensor::zeros({3}, DType::f32, params_.device());
+}
+
+void Optimizer::set_steps_taken(int64_t t) {
+  DPT_CHECK(t >= 0, "set_steps_taken: a negative count");
+  t_ = t;
+  const std::vector<int32_t> halves = {static_cast<int32_t>(static_cast<uint64_t>(t) & 0xffffffffu),
+                                       static_cast<int32_t>(static_cast<uint64_t>(t) >> 32)};  // little-endian
+  copy(counter_, Tensor::from_host_i32(halves, {2}, params_.device()));  // in place: a graph may read it
+}
+
+const Tensor& Optimizer::advance(float beta1, float beta2) {
+  optimizer_advance(counter_, schedule_.args(), beta1, beta2, step_values_);
+  ++t_;
+  return step_values_;
 }
 
 SGD::SGD(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
@@ -28,10 +44,8 @@ SGD::SGD(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
 
 void SGD::step(const Tensor& grad_scale) {
   model_->settle_grads();
-  SgdArgs a = o_;
-  a.lr = lr_;
-  sgd_step(params_, grads_, buf_, a, grad_scale, shadow());
-  ++t_;
+  const Tensor& values = advance(0.0f, 0.0f);  // SGD reads only the lr
+  sgd_step(params_, grads_, buf_, o_, grad_scale, shadow(), values);
 }
 
 std::vector<std::pair<std::string, Tensor>> SGD::state() const {
@@ -40,8 +54,8 @@ std::vector<std::pair<std::string, Tensor>> SGD::state() const {
 }
 
 std::string SGD::describe() const {
-  return "SGD(lr=" + format_float(lr_) + ", momentum=" + format_float(o_.momentum) + (o_.nesterov ? ", nesterov" : "") +
-         ", weight_decay=" + format_float(o_.weight_decay) + ")";
+  return "SGD(lr=" + format_float(schedule_.base_lr) + ", momentum=" + format_float(o_.momentum) +
+         (o_.nesterov ? ", nesterov" : "") + ", weight_decay=" + format_float(o_.weight_decay) + ")";
 }
 
 AdamW::AdamW(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
@@ -51,15 +65,9 @@ AdamW::AdamW(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o
 
 void AdamW::step(const Tensor& grad_scale) {
   model_->settle_grads();
-  ++t_;
-  AdamArgs a{lr_,
-             o_.beta1,
-             o_.beta2,
-             o_.eps,
-             o_.weight_decay,
-             1.0f - std::pow(o_.beta1, static_cast<float>(t_)),
-             1.0f - std::pow(o_.beta2, static_cast<float>(t_))};
-  adamw_step(params_, grads_, m_, v_, a, grad_scale, shadow());
+  const Tensor& values = advance(o_.beta1, o_.beta2);
+  const AdamArgs a{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1.0f, 1.0f};  // lr, corrections: values'
+  adamw_step(params_, grads_, m_, v_, a, grad_scale, shadow(), values);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
@@ -67,20 +75,16 @@ std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
 }
 
 std::string AdamW::describe() const {
-  return "AdamW(lr=" + format_float(lr_) + ", betas=(" + format_float(o_.beta1) + ", " + format_float(o_.beta2) +
-         "), eps=" + format_float(o_.eps) + ", weight_decay=" + format_float(o_.weight_decay) + ")";
+  return "AdamW(lr=" + format_float(schedule_.base_lr) + ", betas=(" + format_float(o_.beta1) + ", " +
+         format_float(o_.beta2) + "), eps=" + format_float(o_.eps) + ", weight_decay=" + format_float(o_.weight_decay) +
+         ")";
 }
 
-float Schedule::at(int64_t step) const {
-  if (kind != Kind::constant && step < warmup)
-    return base_lr * static_cast<float>(step + 1) / static_cast<float>(warmup);
-  if (kind == Kind::cosine) {
-    const double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
-    const double t = std::min(1.0, static_cast<double>(step - warmup) / span);
-    return static_cast<float>(0.5 * base_lr * (1.0 + std::cos(std::numbers::pi * t)));
-  }
-  return base_lr;
+ScheduleArgs Schedule::args() const {
+  return {kind == Kind::constant ? 0 : kind == Kind::warmup ? 1 : 2, base_lr, warmup, total};
 }
+
+float Schedule::at(int64_t step) const { return schedule_lr(args(), step); }
 
 Schedule::Kind parse_schedule(const std::string& name) {
   if (name == "constant") return Schedule::Kind::constant;

@@ -197,10 +197,6 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       ContextGuard g(*replicas_[i].ctx);
       replicas_[i].opt = make_optimizer(*replicas_[i].model);
     }
-  if (use_graph_ && std::string(replicas_[0].opt->kind()) != "sgd")
-    throw UsageError(
-        "DataParallelOptions::cuda_graph needs an SGD optimizer (AdamW's bias correction changes every "
-        "step)");
   if (n > 1) pool_ = std::make_unique<WorkerPool>(n);
   buffers_ready_ = std::make_unique<Event>(devices_[0]);
 }
@@ -338,8 +334,10 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     graph_warm_ = true;
     return out;
   }
-  if (!graph_ || graph_lr_ != rep.opt->lr()) {
-    // Record once; the optimizer's host step count must not move while recording.
+  if (!graph_) {
+    // Recorded once: the schedule's learning rate (and AdamW's bias corrections) are
+    // computed in the graph, from the optimizer's counter on the device. The host's count
+    // must not move while recording.
     graph_ = std::make_unique<Graph>(*rep.ctx);
     const int64_t t = rep.opt->steps_taken();
     recording_ = true;
@@ -350,7 +348,6 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     graph_->end();
     recording_ = false;
     rep.opt->set_steps_taken(t);
-    graph_lr_ = rep.opt->lr();
   }
   // The whole replay counts as compute: the phases inside a graph are not timed apart.
   rep.t_start->record(*rep.ctx);
@@ -522,11 +519,6 @@ std::vector<optim::Optimizer*> DataParallel::optimizers() {
   for (auto& r : replicas_)
     if (r.opt) out.push_back(r.opt.get());
   return out;
-}
-
-void DataParallel::set_lr(float lr) {
-  for (auto& r : replicas_)
-    if (r.opt) r.opt->set_lr(lr);
 }
 
 void DataParallel::synchronize() {

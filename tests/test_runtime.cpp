@@ -8,6 +8,8 @@
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/layers.hpp>
+#include <dptrain/optim/optim.hpp>
+#include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../runtime/allocator.hpp"
 #include "../train/nonfinite_watch.hpp"
@@ -166,6 +168,68 @@ TEST_CASE("learning-rate schedules", "[optim]") {
   CHECK(std::fabs(k.at(60) - 0.05f) < 1e-6f);
   CHECK(k.at(110) < 1e-7f);
   CHECK_THROWS_AS(optim::parse_schedule("linear"), UsageError);
+}
+
+TEST_CASE("optimizers follow their schedule from a counter on the device, as the host computes it", "[optim]") {
+  // Each step's lr and AdamW's bias corrections come from optimizer_advance on the
+  // device; the same steps taken with host values (the update ops given lr and the
+  // corrections of step t) give the same parameters, bit for bit. A resumed count
+  // (set_steps_taken) continues the schedule where it was.
+  const Device dev{DeviceType::cpu, 9};
+  const optim::Schedule sched{optim::Schedule::Kind::cosine, 0.05f, 3, 20};
+  auto grads_of = [&](nn::Module& m, int t) {  // a gradient that changes with the step
+    std::vector<float> g(static_cast<size_t>(m.flat_grads().numel()));
+    for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(t));
+    copy(m.flat_grads(), Tensor::from_host(g, m.flat_grads().shape(), dev));
+  };
+  for (std::string kind : {"sgd", "adamw"}) {
+    INFO(kind);
+    auto make = [&] {
+      auto m = nn::mlp("6-10-3");
+      m->to(dev, 4);
+      return m;
+    };
+    auto a = make(), b = make(), c = make();
+    auto opt = [&](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+      std::unique_ptr<optim::Optimizer> o;
+      if (kind == "sgd") o = std::make_unique<optim::SGD>(m, optim::SGD::Options{.lr = 0.05f});
+      else o = std::make_unique<optim::AdamW>(m, optim::AdamW::Options{.lr = 0.05f});
+      o->set_schedule(sched);
+      return o;
+    };
+    auto oa = opt(*a), oc = opt(*c);
+    Tensor m1 = Tensor::zeros(b->flat_params().shape(), DType::f32, dev);
+    Tensor v1 = Tensor::zeros(b->flat_params().shape(), DType::f32, dev);
+    for (int t = 0; t < 20; ++t) {
+      CHECK(oa->lr() == sched.at(t));
+      grads_of(*a, t);
+      oa->step();
+      grads_of(*b, t);
+      if (kind == "sgd") {
+        sgd_step(b->flat_params(), b->flat_grads(), Tensor(), SgdArgs{.lr = sched.at(t)}, Tensor());
+      } else {
+        const float bc1 = 1.0f - std::pow(0.9f, static_cast<float>(t + 1));
+        const float bc2 = 1.0f - std::pow(0.999f, static_cast<float>(t + 1));
+        adamw_step(b->flat_params(), b->flat_grads(), m1, v1,
+                   AdamArgs{sched.at(t), 0.9f, 0.999f, 1e-8f, 0.01f, bc1, bc2}, Tensor());
+      }
+    }
+    CHECK(oa->steps_taken() == 20);
+    CHECK(a->flat_params().to_host() == b->flat_params().to_host());
+    if (kind == "sgd") {  // stateless: a fresh optimizer told the count continues the schedule
+      for (int t = 0; t < 12; ++t) {
+        grads_of(*c, t);
+        oc->step();
+      }
+      auto resumed = opt(*c);
+      resumed->set_steps_taken(12);
+      for (int t = 12; t < 20; ++t) {
+        grads_of(*c, t);
+        resumed->step();
+      }
+      CHECK(c->flat_params().to_host() == a->flat_params().to_host());
+    }
+  }
 }
 
 TEST_CASE("synthetic samples are a pure function of (seed, index)", "[data]") {

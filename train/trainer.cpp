@@ -103,11 +103,8 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   // More than a TiB a bucket is no bucket at all (and its byte count would not fit).
   if (!(cfg.bucket_mb > 0.0) || cfg.bucket_mb > 1048576.0)
     bad("bucket_mb", "must be in (0, 1048576] MiB" + got(cfg.bucket_mb));
-  if (cfg.cuda_graph && (cfg.devices.size() != 1 || !cfg.devices.front().is_cuda() || cfg.ddp || cfg.grad_accum != 1 ||
-                         cfg.optimizer != "sgd"))
-    bad("cuda_graph",
-        "records one replica on one GPU with TrainConfig::optimizer sgd (no TrainConfig::ddp or "
-        "TrainConfig::grad_accum)");
+  if (cfg.cuda_graph && (cfg.devices.size() != 1 || !cfg.devices.front().is_cuda() || cfg.ddp || cfg.grad_accum != 1))
+    bad("cuda_graph", "records one replica on one GPU (no TrainConfig::ddp or TrainConfig::grad_accum)");
   if (cfg.devices.front().is_cpu() && cfg.gemm == GemmImpl::native)
     bad("gemm", "native is a CUDA kernel; the CPU has one GEMM");
   if (cfg.gemm == GemmImpl::native && cfg.precision != Precision::fp32)
@@ -227,7 +224,14 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   o.check_finite = true;
   o.cuda_graph = cfg_.cuda_graph;
   o.group = group_;
-  dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, make_opt, o);
+  sched_ = {optim::parse_schedule(cfg_.schedule), *cfg_.lr, cfg_.warmup, cfg_.steps};
+  // Every optimizer consults the run's schedule, on the device, each step.
+  const OptimizerFactory scheduled = [this, make_opt](nn::Module& m) {
+    std::unique_ptr<optim::Optimizer> opt = make_opt(m);
+    opt->set_schedule(sched_);
+    return opt;
+  };
+  dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, scheduled, o);
   const ShardPlan& plan = dp_->plan(cfg_.batch);  // refuses a split that cannot work before any step
   // GPU replicas on file data load their next shards while the steps compute, each loader
   // with its share of three quarters of the host's cores (at most 12 gathering threads:
@@ -249,7 +253,6 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
                              : nullptr);
     }
   }
-  sched_ = {optim::parse_schedule(cfg_.schedule), *cfg_.lr, cfg_.warmup, cfg_.steps};
   if (!cfg_.resume.empty()) resume(cfg_.resume);
 }
 
@@ -490,7 +493,6 @@ EvalResult Trainer::validate_now() {
 }
 
 StepLoss Trainer::step(int64_t s, bool measure) {
-  dp_->set_lr(sched_.at(s));
   const bool classify = cfg_.task == data::Task::classification;
   const LossFn loss = classify ? LossFn(nn::CrossEntropyLoss()) : LossFn(nn::MSELoss());
   // A recorded step cannot change what it computes: with a CUDA graph, every step measures.

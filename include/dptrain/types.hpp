@@ -22,7 +22,18 @@ struct SgdArgs {
   bool nesterov = false;
 };
 
-// bias_correction1/2 = 1 - beta^t, computed on the host for the step t (1-based).
+// A learning-rate schedule as the update's step values are computed from it, on the
+// device: the rate at step s (0-based) is constant; or rises linearly from 0 over `warmup`
+// steps, then stays (warmup); or after the warm-up decays as a cosine to 0 at `total`.
+struct ScheduleArgs {
+  int kind = 0;  // 0 constant, 1 warmup, 2 cosine
+  float base_lr = 0.01f;
+  int64_t warmup = 0;
+  int64_t total = 1;
+};
+
+// bias_correction1/2 = 1 - beta^t for the step t (1-based). An update given step values
+// (optimizer_advance's) takes lr and the corrections from them instead.
 struct AdamArgs {
   float lr = 1e-3f;
   float beta1 = 0.9f;

@@ -6,14 +6,17 @@
 #include <limits>
 
 #include "../bf16.hpp"
+#include "../hd.hpp"
 #include "cpu.hpp"
 
 namespace dpt::cpu {
 
-void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a, const float* grad_scale,
-              uint16_t* shadow) {
+void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& args, const float* grad_scale,
+              uint16_t* shadow, const float* step_values) {
   const float scale = grad_scale ? *grad_scale : 1.0f;
   if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
+  SgdArgs a = args;
+  if (step_values) a.lr = step_values[0];
   for (int64_t i = 0; i < n; ++i) {
     float d = g[i] * scale + a.weight_decay * p[i];
     if (a.momentum != 0.0f) {
@@ -26,10 +29,16 @@ void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a,
   }
 }
 
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
-                uint16_t* shadow) {
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& args, const float* grad_scale,
+                uint16_t* shadow, const float* step_values) {
   const float scale = grad_scale ? *grad_scale : 1.0f;
   if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
+  AdamArgs a = args;
+  if (step_values) {
+    a.lr = step_values[0];
+    a.bias_correction1 = step_values[1];
+    a.bias_correction2 = step_values[2];
+  }
   for (int64_t i = 0; i < n; ++i) {
     const float d = g[i] * scale;
     p[i] -= a.lr * a.weight_decay * p[i];
@@ -46,6 +55,10 @@ void clip_coef(const float* norm_sq, float max_norm, float* out) {
     return;
   }
   *out = max_norm > 0.0f ? std::min(1.0f, max_norm / (std::sqrt(*norm_sq) + 1e-6f)) : 1.0f;
+}
+
+void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float beta2, float* values) {
+  advance_step_values(t, a, beta1, beta2, values);
 }
 
 void nonfinite_record(const float* scale, const float* g, int64_t n, int32_t* out) {

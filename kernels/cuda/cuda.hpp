@@ -138,9 +138,10 @@ void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, 
 
 // optim.cu — shadow (may be null) receives the updated parameters rounded to bf16.
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, const float* grad_scale,
-              uint16_t* shadow, cudaStream_t stream);
+              uint16_t* shadow, const float* step_values, cudaStream_t stream);
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
-                uint16_t* shadow, cudaStream_t stream);
+                uint16_t* shadow, const float* step_values, cudaStream_t stream);
+void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float beta2, float* values, cudaStream_t stream);
 void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t stream);
 void nonfinite_record(const float* scale, const float* g, int64_t n, int32_t* out, cudaStream_t stream);
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "../bf16.hpp"
+#include "../hd.hpp"
 #include "check.hpp"
 #include "common.cuh"
 #include "cuda.hpp"
@@ -40,10 +41,11 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
 // shadow (may be null) gets bf16(p) of every updated element.
 template <bool Vec>
 static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int64_t n, SgdArgs a,
-                                       const float* grad_scale, uint16_t* shadow) {
+                                       const float* grad_scale, uint16_t* shadow, const float* step_values) {
   DPT_WAIT_PREVIOUS_GRID();
   const float scale = grad_scale ? *grad_scale : 1.f;
   if (!isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
+  if (step_values) a.lr = step_values[0];
   const bool mom = a.momentum != 0.f;
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -81,10 +83,15 @@ static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int
 
 template <bool Vec>
 static __global__ void adamw_step_kernel(float* p, const float* g, float* m, float* v, int64_t n, AdamArgs a,
-                                         const float* grad_scale, uint16_t* shadow) {
+                                         const float* grad_scale, uint16_t* shadow, const float* step_values) {
   DPT_WAIT_PREVIOUS_GRID();
   const float scale = grad_scale ? *grad_scale : 1.f;
   if (!isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
+  if (step_values) {
+    a.lr = step_values[0];
+    a.bias_correction1 = step_values[1];
+    a.bias_correction2 = step_values[2];
+  }
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   int64_t done = 0;
@@ -131,6 +138,10 @@ static __global__ void clip_coef_kernel(const float* norm_sq, float max_norm, fl
   *out = c < 1.f ? c : 1.f;
 }
 
+static __global__ void optimizer_advance_kernel(int64_t* t, ScheduleArgs a, float beta1, float beta2, float* values) {
+  advance_step_values(t, a, beta1, beta2, values);
+}
+
 // The record's first half; the search below fills in the index when the scale is not finite.
 static __global__ void nonfinite_record_start_kernel(const float* scale, int32_t* out) {
   const float sc = *scale;
@@ -153,7 +164,7 @@ static __global__ void nonfinite_search_kernel(const float* scale, const float* 
 }  // namespace
 
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, const float* grad_scale,
-              uint16_t* shadow, cudaStream_t stream) {
+              uint16_t* shadow, const float* step_values, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "sgd_step: negative size");
   if (n == 0) return;
   DPT_CHECK(p != nullptr && g != nullptr, "sgd_step: null parameters or gradients");
@@ -162,24 +173,31 @@ void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const Sg
   const bool vec = aligned16(p) && aligned16(g) && (!mom || aligned16(momentum_buf)) && aligned(shadow, 8);
   if (vec)
     launch_after_previous(sgd_step_kernel<true>, blocks_for(n / 4), kThreads, stream, p, g, momentum_buf, n, a,
-                          grad_scale, shadow);
+                          grad_scale, shadow, step_values);
   else
     launch_after_previous(sgd_step_kernel<false>, blocks_for(n), kThreads, stream, p, g, momentum_buf, n, a, grad_scale,
-                          shadow);
+                          shadow, step_values);
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
-                uint16_t* shadow, cudaStream_t stream) {
+                uint16_t* shadow, const float* step_values, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "adamw_step: negative size");
   if (n == 0) return;
   DPT_CHECK(p != nullptr && g != nullptr && m != nullptr && v != nullptr, "adamw_step: null pointer");
   const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned(shadow, 8);
   if (vec)
     launch_after_previous(adamw_step_kernel<true>, blocks_for(n / 4), kThreads, stream, p, g, m, v, n, a, grad_scale,
-                          shadow);
+                          shadow, step_values);
   else
     launch_after_previous(adamw_step_kernel<false>, blocks_for(n), kThreads, stream, p, g, m, v, n, a, grad_scale,
-                          shadow);
+                          shadow, step_values);
+}
+
+void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float beta2, float* values,
+                       cudaStream_t stream) {
+  DPT_CHECK(t != nullptr && values != nullptr, "optimizer_advance: null pointer");
+  optimizer_advance_kernel<<<1, 1, 0, stream>>>(t, a, beta1, beta2, values);
+  DPT_CUDA_CHECK_LAUNCH();
 }
 
 void nonfinite_record(const float* scale, const float* g, int64_t n, int32_t* out, cudaStream_t stream) {

@@ -11,20 +11,41 @@
 
 namespace dpt::optim {
 
+// Learning rate as a function of the step (0-based): constant; linear warm-up from 0
+// over `warmup` steps then constant; or warm-up then cosine decay to 0 at `total`.
+struct Schedule {
+  enum class Kind { constant, warmup, cosine };
+  Kind kind = Kind::constant;
+  float base_lr = 0.01f;
+  int64_t warmup = 0;
+  int64_t total = 1;
+  float at(int64_t step) const;  // on the host, as the device computes it
+  ScheduleArgs args() const;     // what the device computes it from
+  // A constant rate.
+  static Schedule constant_lr(float lr) { return {Kind::constant, lr, 0, 1}; }
+};
+Schedule::Kind parse_schedule(const std::string& name);  // UsageError when unknown
+
 class Optimizer {
  public:
   // The model must outlive the optimizer: each step also refreshes its bf16 shadow (bf16
-  // compute), whenever that was switched on.
+  // compute), whenever that was switched on. The learning rate is `lr` at every step
+  // until set_schedule gives a schedule.
   Optimizer(nn::Module& model, float lr);
   virtual ~Optimizer() = default;
   // One update from the module's gradients; grad_scale (a device scalar, may be
-  // undefined) multiplies them first, as gradient clipping asks.
+  // undefined) multiplies them first, as gradient clipping asks. What changes from step
+  // to step (the schedule's learning rate, AdamW's bias corrections) is computed on the
+  // device from the optimizer's step counter, first thing in the step: nothing for the
+  // caller to set before a step, and a CUDA graph of a step replays the schedule.
   virtual void step(const Tensor& grad_scale = {}) = 0;
   virtual std::string describe() const = 0;
-  void set_lr(float lr) { lr_ = lr; }
-  float lr() const { return lr_; }
+  // The schedule the steps consult, by the optimizer's step count (0-based).
+  void set_schedule(const Schedule& schedule) { schedule_ = schedule; }
+  const Schedule& schedule() const { return schedule_; }
+  float lr() const { return schedule_.at(t_); }  // the next step's (on the host)
   int64_t steps_taken() const { return t_; }
-  void set_steps_taken(int64_t t) { t_ = t; }
+  void set_steps_taken(int64_t t);  // and the device's counter (a resume)
   // "sgd" or "adamw", and the optimizer's state as named flat buffers (what a
   // checkpoint saves and a resume restores).
   virtual const char* kind() const = 0;
@@ -33,16 +54,22 @@ class Optimizer {
  protected:
   // The bf16 copy of the parameters that the update also writes (undefined in f32 compute).
   const Tensor& shadow() const { return model_->flat_shadow(); }
+  // Moves the step counter on, on the device, and returns the step's values there (f32
+  // [3]: lr, 1 - beta1^t, 1 - beta2^t for this step t): ops' optimizer_advance.
+  const Tensor& advance(float beta1, float beta2);
   nn::Module* model_;
   Tensor params_, grads_;
-  float lr_;
-  int64_t t_ = 0;
+  Schedule schedule_;
+  int64_t t_ = 0;  // the host's count of the device's counter
+
+ private:
+  Tensor counter_, step_values_;
 };
 
 class SGD : public Optimizer {
  public:
   // lr, momentum, dampening, weight_decay, nesterov: the arguments the update kernel takes
-  // (lr is the starting one; set_lr moves it).
+  // (lr: of every step, until set_schedule gives a schedule).
   using Options = SgdArgs;
   SGD(nn::Module& model, const Options& o);
   void step(const Tensor& grad_scale = {}) override;
@@ -77,18 +104,6 @@ class AdamW : public Optimizer {
   Options o_;
   Tensor m_, v_;
 };
-
-// Learning rate as a function of the step (0-based): constant; linear warm-up from 0
-// over `warmup` steps then constant; or warm-up then cosine decay to 0 at `total`.
-struct Schedule {
-  enum class Kind { constant, warmup, cosine };
-  Kind kind = Kind::constant;
-  float base_lr = 0.01f;
-  int64_t warmup = 0;
-  int64_t total = 1;
-  float at(int64_t step) const;
-};
-Schedule::Kind parse_schedule(const std::string& name);  // UsageError when unknown
 
 // Global gradient-norm clipping: returns the device scalar min(1, max_norm / ||g||)
 // that Optimizer::step applies (no host synchronization), and ||g||^2 in norm_sq.

@@ -54,7 +54,8 @@ struct DataParallelOptions {
   // update (on the device), and record_nonfinite() tells the caller, later.
   bool check_finite = false;
   // Records the whole step (forward, backward, update) as a CUDA graph and replays it:
-  // one GPU, one replica, SGD; the graph is recorded again when the learning rate changes.
+  // one GPU, one replica, no grad_accum; recorded once (the optimizers compute what changes
+  // from step to step on the device).
   bool cuda_graph = false;
   // Several processes (DDP): this process trains its rank's part of every batch on its
   // one device, and gradients are summed over every rank (NCCL on GPUs, MPI on CPUs).
@@ -118,7 +119,6 @@ class DataParallel {
   using OutputFn = std::function<void(size_t replica, SampleRange part, const Tensor& output)>;
   void infer(int64_t first, int64_t count, const ShardSource& source, const OutputFn& take);
 
-  void set_lr(float lr);
   size_t size() const { return devices_.size(); }
   nn::Module& replica(size_t i);
   const Device& device(size_t i) const { return devices_[i]; }
@@ -167,7 +167,6 @@ class DataParallel {
   // CUDA-graph mode: the batch is copied into fixed buffers that the graph reads.
   bool use_graph_ = false;
   std::unique_ptr<Graph> graph_;
-  float graph_lr_ = 0.0f;
   bool graph_warm_ = false;
   bool recording_ = false;  // timing events cannot be recorded into a graph
   Tensor graph_x_, graph_y_, graph_loss_, graph_metric_;

@@ -59,10 +59,18 @@ Tensor clip_coef(const Tensor& norm_sq, float max_norm);
 Tensor nonfinite_record(const Tensor& scale, const Tensor& grads);
 // Fused optimizer updates over flat buffers; grad_scale may be undefined. shadow (bf16,
 // may be undefined) receives the updated parameters rounded to bf16, in the same pass.
+// step_values (f32 [3], may be undefined): the step's lr and AdamW's bias corrections,
+// as optimizer_advance writes them on the device, used instead of a's.
 void sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const SgdArgs& a, const Tensor& grad_scale,
-              const Tensor& shadow = {});
+              const Tensor& shadow = {}, const Tensor& step_values = {});
 void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
-                const Tensor& grad_scale, const Tensor& shadow = {});
+                const Tensor& grad_scale, const Tensor& shadow = {}, const Tensor& step_values = {});
+// On the device, from an optimizer's step counter (int64 in an i32 [2] tensor): the
+// step's values (f32 [3]: the lr of schedule `a` at the counter, 1 - beta1^t and
+// 1 - beta2^t for the step t it starts), and the counter moved on by one. A recorded CUDA
+// graph replays it, so its steps follow the schedule without the host.
+void optimizer_advance(const Tensor& counter, const ScheduleArgs& a, float beta1, float beta2,
+                       const Tensor& step_values);
 
 // ---- Convolutional networks (ops_conv.cpp): differentiable, over NCHW tensors --------
 // y = x * w + b as torch.nn.functional.conv2d: x [n, c, h, w], w [k, c, r, s], b [k] (may
