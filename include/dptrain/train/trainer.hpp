@@ -62,7 +62,7 @@ struct TrainConfig {
   // waiting for them: a bad step stops the run at most 8 steps later (at once at a log
   // point or a save; no checkpoint is written after it).
   std::string on_nonfinite = "stop";
-  bool cuda_graph = false;      // record the step as a CUDA graph and replay it (one GPU, SGD)
+  bool cuda_graph = false;      // record the step once as a CUDA graph and replay it (one GPU, one replica)
   std::string save;             // checkpoint path ("" = none), written at the end
   int64_t save_every = 0;       // and every N steps
   std::string resume;           // checkpoint to continue from
