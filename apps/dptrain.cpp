@@ -139,6 +139,9 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--bucket-mb", o.cfg.bucket_mb, "Gradient bucket size in MiB, reduced as soon as it is ready")
       ->capture_default_str();
+  add_integer(app, "--zero", o.cfg.zero,
+              "ZeRO stage: 0 off, 1 the optimizer state sharded over the devices (CPU devices so far)")
+      ->capture_default_str();
   add_integer(app, "--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
       ->capture_default_str();
   add_path(app, "--save", o.cfg.save,
@@ -366,6 +369,7 @@ int train(Options& o) {
                 trainer.optimizer().describe().c_str(), dpt::precision_name(c.precision),
                 c.devices.front().is_cpu() ? "cpu" : o.gemm.c_str());
     if (c.grad_accum > 1) std::printf("  gradient accumulation: %d micro-batches per step\n", c.grad_accum);
+    if (c.zero > 0) std::printf("  ZeRO stage %d: the optimizer state sharded over the devices\n", c.zero);
     if (const dpt::data::Dataset* d = trainer.train_data()) {
       std::printf("  data: %s, %lld rows, %s", d->inputs_name().c_str(), static_cast<long long>(d->rows()),
                   c.shuffle ? "shuffled every epoch" : "in file order");
@@ -467,6 +471,11 @@ int train(Options& o) {
   }
   std::printf("step time (last step, master): compute %.3f ms, reduce %.3f ms, update %.3f ms\n", r.times.compute,
               r.times.reduce, r.times.update);
+  for (const dpt::ModelStateBytes& b : r.model_state)
+    std::printf("model state %s: parameters %s, gradients %s, optimizer state %s\n", b.device.str().c_str(),
+                dpt::format_bytes(static_cast<size_t>(b.parameters)).c_str(),
+                dpt::format_bytes(static_cast<size_t>(b.gradients)).c_str(),
+                dpt::format_bytes(static_cast<size_t>(b.optimizer)).c_str());
   for (const auto& [dev, m] : r.memory)
     std::printf("memory %s: peak %s allocated, %s reserved, %lld system allocations\n", dev.str().c_str(),
                 dpt::format_bytes(m.peak_allocated).c_str(), dpt::format_bytes(m.peak_reserved).c_str(),

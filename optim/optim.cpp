@@ -18,6 +18,23 @@ Optimizer::Optimizer(nn::Module& model, float lr) : model_(&model), schedule_(Sc
   step_values_ = Tensor::zeros({3}, DType::f32, params_.device());
 }
 
+void Optimizer::restrict_to(int64_t begin, int64_t end) {
+  const int64_t total = model_->flat_params().numel();
+  DPT_CHECK(begin >= 0 && begin <= end && end <= total, "restrict_to: [" + std::to_string(begin) + ", " +
+                                                            std::to_string(end) + ") is no range of " +
+                                                            std::to_string(total) + " parameters");
+  begin_ = begin;
+  params_ = model_->flat_params().view(begin, {end - begin});
+  grads_ = model_->flat_grads().view(begin, {end - begin});
+  reset_state(end - begin);
+}
+
+Tensor Optimizer::shadow() const {
+  const Tensor& s = model_->flat_shadow();
+  if (!s.defined() || params_.numel() == s.numel()) return s;
+  return s.view(begin_, {params_.numel()});
+}
+
 void Optimizer::set_steps_taken(int64_t t) {
   DPT_CHECK(t >= 0, "set_steps_taken: a negative count");
   t_ = t;
@@ -39,12 +56,17 @@ SGD::SGD(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
                   static_cast<double>(o.dampening));
     throw UsageError(std::string("SGD::Options::nesterov needs SGD::Options::momentum > 0 and dampening 0, ") + got);
   }
-  if (o.momentum != 0.0f) buf_ = Tensor::zeros(params_.shape(), DType::f32, params_.device());
+  reset_state(params_.numel());
+}
+
+void SGD::reset_state(int64_t n) {
+  buf_ = o_.momentum != 0.0f && n > 0 ? Tensor::zeros({n}, DType::f32, params_.device()) : Tensor();
 }
 
 void SGD::step(const Tensor& grad_scale) {
   model_->settle_grads();
   const Tensor& values = advance(0.0f, 0.0f);  // SGD reads only the lr
+  if (params_.numel() == 0) return;            // an empty shard
   sgd_step(params_, grads_, buf_, o_, grad_scale, shadow(), values);
 }
 
@@ -53,24 +75,33 @@ std::vector<std::pair<std::string, Tensor>> SGD::state() const {
   return {{"optimizer.momentum_buffer", buf_}};
 }
 
+std::vector<std::string> SGD::state_names() const {
+  if (o_.momentum == 0.0f) return {};
+  return {"optimizer.momentum_buffer"};
+}
+
 std::string SGD::describe() const {
   return "SGD(lr=" + format_float(schedule_.base_lr) + ", momentum=" + format_float(o_.momentum) +
          (o_.nesterov ? ", nesterov" : "") + ", weight_decay=" + format_float(o_.weight_decay) + ")";
 }
 
-AdamW::AdamW(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
-  m_ = Tensor::zeros(params_.shape(), DType::f32, params_.device());
-  v_ = Tensor::zeros(params_.shape(), DType::f32, params_.device());
+AdamW::AdamW(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) { reset_state(params_.numel()); }
+
+void AdamW::reset_state(int64_t n) {
+  m_ = n > 0 ? Tensor::zeros({n}, DType::f32, params_.device()) : Tensor();
+  v_ = n > 0 ? Tensor::zeros({n}, DType::f32, params_.device()) : Tensor();
 }
 
 void AdamW::step(const Tensor& grad_scale) {
   model_->settle_grads();
   const Tensor& values = advance(o_.beta1, o_.beta2);
+  if (params_.numel() == 0) return;                                                  // an empty shard
   const AdamArgs a{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1.0f, 1.0f};  // lr, corrections: values'
   adamw_step(params_, grads_, m_, v_, a, grad_scale, shadow(), values);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
+  if (!m_.defined()) return {};
   return {{"optimizer.exp_avg", m_}, {"optimizer.exp_avg_sq", v_}};
 }
 

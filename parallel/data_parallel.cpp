@@ -123,6 +123,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   grad_accum_ = options.grad_accum;
   overlap_ = options.overlap;
   check_finite_ = options.check_finite;
+  if (options.zero < 0 || options.zero > 1)
+    throw UsageError("DataParallelOptions::zero must be 0 or 1, got " + std::to_string(options.zero));
   use_graph_ = options.cuda_graph;
   if (use_graph_ && (devices_.size() != 1 || !devices_[0].is_cuda() || group_ || options.grad_accum != 1 ||
                      options.reduce != Reduce::automatic))
@@ -185,17 +187,30 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     std::vector<ReplicaBuffers> bufs;
     for (auto& r : replicas_)
       bufs.push_back({r.ctx, r.model->flat_params(), r.model->flat_grads(), r.model->flat_shadow()});
+    if (options.zero > 0) {
+      if (reduce_ != Reduce::host)
+        throw UsageError(std::string("DataParallelOptions::zero is implemented for CPU devices so far (the host "
+                                     "and MPI reductions), not for the ") +
+                         reduce_name(reduce_) + " reduction");
+      // One shard a replica, or a rank (which has one replica).
+      shards_ = dpt::zero_shards(total, group_ ? static_cast<size_t>(group_->size()) : n);
+    }
     if (group_)
       reducer_ = reduce_ == Reduce::nccl ? make_nccl_rank_reducer(*group_, bufs[0], buckets_)
-                                         : make_mpi_reducer(*group_, bufs[0], buckets_);
+                                         : make_mpi_reducer(*group_, bufs[0], buckets_, shards_);
     else if (reduce_ == Reduce::nccl) reducer_ = make_nccl_reducer(std::move(bufs), buckets_);
-    else reducer_ = make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p);
+    else reducer_ = make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p, shards_);
   }
   const bool every = !reducer_ || reducer_->every_replica_updates();
   for (size_t i = 0; i < n; ++i)
     if (i == 0 || every) {
       ContextGuard g(*replicas_[i].ctx);
       replicas_[i].opt = make_optimizer(*replicas_[i].model);
+      if (!shards_.empty()) {
+        const SampleRange& k = shard_of(i);
+        replicas_[i].opt->restrict_to(k.first, k.first + k.count);
+        partial_.push_back(Tensor::zeros({1}, DType::f32, devices_[i]));
+      }
     }
   if (n > 1) pool_ = std::make_unique<WorkerPool>(n);
   buffers_ready_ = std::make_unique<Event>(devices_[0]);
@@ -303,7 +318,9 @@ void DataParallel::update(size_t r) {
   NvtxRange range(rep.nvtx_update.c_str());
   // Every replica scales (clips) the same reduced gradient, so all make the same update;
   // a non-finite norm gives a NaN scale, on which the optimizer skips the step.
-  rep.scale = clip_ > 0.0f || check_finite_ ? clip_coef(sum_squares(rep.model->flat_grads()), clip_) : Tensor();
+  if (clip_ > 0.0f || check_finite_)
+    rep.scale = clip_coef(shards_.empty() ? sum_squares(rep.model->flat_grads()) : partial_[r], clip_);
+  else rep.scale = Tensor();
   rep.opt->step(rep.scale);
   if (r == 0 && !recording_) rep.t_updated->record(*rep.ctx);
 }
@@ -416,8 +433,19 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
       synchronize();  // the collectives are done, on every replica
       std::rethrow_exception(e);
     }
+  if (!shards_.empty() && (clip_ > 0.0f || check_finite_)) {
+    // ZeRO: each replica holds the summed gradient of its shard alone; the global norm is
+    // the sum of the shards' parts.
+    run_on_all([&](size_t r) {
+      const SampleRange& k = shard_of(r);
+      if (k.count > 0) copy(partial_[r], sum_squares(replicas_[r].model->flat_grads().view(k.first, {k.count})));
+      else fill_(partial_[r], 0.0f);
+    });
+    reducer_->sum_partials(partial_);
+  }
   run_on_all([&](size_t r) { update(r); });
-  if (reducer_ && !reducer_->every_replica_updates()) reducer_->broadcast_params();
+  if (reducer_ && reducer_->sharded()) reducer_->gather_params();
+  else if (reducer_ && !reducer_->every_replica_updates()) reducer_->broadcast_params();
   broadcast_buffers();
   return out;
 }
@@ -513,6 +541,53 @@ size_t DataParallel::buckets() const { return buckets_.size(); }
 
 nn::Module& DataParallel::replica(size_t i) { return *replicas_.at(i).model; }
 optim::Optimizer& DataParallel::optimizer() { return *replicas_[0].opt; }
+
+std::vector<std::pair<std::string, Tensor>> DataParallel::optimizer_state() {
+  if (shards_.empty()) return optimizer().state();
+  // ZeRO: the shards into whole buffers, on the master (and across ranks, on every rank).
+  const Tensor& flat = replicas_[0].model->flat_params();
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const std::string& name : optimizer().state_names())
+    out.push_back({name, Tensor::zeros(flat.shape(), DType::f32, devices_[0])});
+  for (auto& rep : replicas_) {
+    const optim::Optimizer& o = *rep.opt;
+    const auto parts = o.state();  // none for an empty shard
+    for (size_t i = 0; i < parts.size(); ++i)
+      copy(out[i].second.view(o.shard_begin(), {o.shard_size()}), parts[i].second);
+  }
+  if (group_) {
+    std::vector<int64_t> firsts, counts;
+    for (const SampleRange& k : shards_) {
+      firsts.push_back(k.first);
+      counts.push_back(k.count);
+    }
+    for (auto& [name, t] : out) {
+      std::vector<float> host = t.to_host();
+      group_->all_gather(host.data(), firsts, counts);
+      t = Tensor::from_host(host, flat.shape(), devices_[0]);
+    }
+  }
+  return out;
+}
+
+const SampleRange& DataParallel::shard_of(size_t r) const {
+  return shards_.at(group_ ? static_cast<size_t>(group_->rank()) : r);  // a rank has one replica
+}
+
+std::vector<ModelStateBytes> DataParallel::model_state_bytes() {
+  std::vector<ModelStateBytes> out;
+  for (auto& rep : replicas_) {
+    ModelStateBytes b{rep.device};
+    const nn::Module& m = *rep.model;
+    b.parameters =
+        static_cast<int64_t>(m.flat_params().nbytes() + (m.flat_shadow().defined() ? m.flat_shadow().nbytes() : 0));
+    b.gradients = static_cast<int64_t>(m.flat_grads().nbytes());
+    if (rep.opt)
+      for (const auto& [name, t] : rep.opt->state()) b.optimizer += static_cast<int64_t>(t.nbytes());
+    out.push_back(b);
+  }
+  return out;
+}
 
 std::vector<optim::Optimizer*> DataParallel::optimizers() {
   std::vector<optim::Optimizer*> out;

@@ -27,6 +27,8 @@ double ProcessGroup::sum(double v) { return v; }
 std::vector<uint64_t> ProcessGroup::gather_all(uint64_t v) { return {v}; }
 void ProcessGroup::barrier() {}
 void ProcessGroup::start_sum(float*, int64_t) {}
+void ProcessGroup::start_reduce(float*, int64_t, int) {}
+void ProcessGroup::all_gather(float*, const std::vector<int64_t>&, const std::vector<int64_t>&) {}
 void ProcessGroup::wait_all() {}
 void ProcessGroup::wait(void*, int, const char*) {}
 void ProcessGroup::abort(const std::string& why, int status) {
@@ -141,6 +143,31 @@ void ProcessGroup::start_sum(float* data, int64_t n) {
   static_assert(sizeof(r) <= sizeof(slot));
   std::memcpy(&slot, &r, sizeof r);
   pending_.push_back(slot);
+}
+
+void ProcessGroup::start_reduce(float* data, int64_t n, int root) {
+  DPT_CHECK(n <= INT32_MAX, "a reduction of more than 2^31 floats in one piece");
+  MPI_Request r;
+  DPT_MPI_CHECK(MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : data, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, root,
+                            MPI_COMM_WORLD, &r));
+  uint64_t slot = 0;
+  std::memcpy(&slot, &r, sizeof r);
+  pending_.push_back(slot);
+}
+
+void ProcessGroup::all_gather(float* data, const std::vector<int64_t>& firsts, const std::vector<int64_t>& counts) {
+  DPT_CHECK(firsts.size() == static_cast<size_t>(size_) && counts.size() == firsts.size(),
+            "all_gather: a part for every rank");
+  std::vector<int> displs(firsts.size()), sizes(counts.size());
+  for (size_t k = 0; k < firsts.size(); ++k) {
+    DPT_CHECK(firsts[k] + counts[k] <= INT32_MAX, "all_gather: more than 2^31 floats");
+    displs[k] = static_cast<int>(firsts[k]);
+    sizes[k] = static_cast<int>(counts[k]);
+  }
+  MPI_Request r;
+  DPT_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, sizes.data(), displs.data(), MPI_FLOAT,
+                                MPI_COMM_WORLD, &r));
+  wait(&r, 1, "a parameter all-gather");
 }
 
 void ProcessGroup::wait_all() {

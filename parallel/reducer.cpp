@@ -1,6 +1,7 @@
 #include "reducer.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include <dptrain/error.hpp>
 #include <dptrain/parallel/process_group.hpp>
@@ -22,14 +23,24 @@ std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes) {
   return out;
 }
 
+void Reducer::sum_partials(std::vector<Tensor>&) {
+  throw UsageError(std::string("DataParallelOptions::zero is not available with the ") + name() + " reduction");
+}
+
+void Reducer::gather_params() {
+  throw UsageError(std::string("DataParallelOptions::zero is not available with the ") + name() + " reduction");
+}
+
 namespace {
 
 class MasterReducer : public Reducer {
  public:
-  MasterReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, bool master_updates)
+  MasterReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, bool master_updates,
+                std::vector<SampleRange> shards)
       : r_(std::move(replicas)),
         buckets_(std::move(buckets)),
         master_updates_(master_updates),
+        shards_(std::move(shards)),
         comm_(r_[0].ctx->device()),
         done_(r_[0].ctx->device()),
         params_ready_(r_[0].ctx->device()) {
@@ -49,10 +60,13 @@ class MasterReducer : public Reducer {
       staging_ = Tensor::empty({largest}, DType::f32, master);
     }
     DPT_CHECK(master_updates_ || master.is_cpu(), "the host reduction is for CPU devices");
+    DPT_CHECK(shards_.empty() || (!master_updates_ && shards_.size() == r_.size()),
+              "ZeRO shards are for the host reduction, one a replica");
   }
 
   const char* name() const override { return master_updates_ ? "p2p" : "host"; }
   bool every_replica_updates() const override { return !master_updates_; }
+  bool sharded() const override { return !shards_.empty(); }
 
   void bucket_ready(size_t r, size_t b) override { ready_[r][b]->record(*r_[r].ctx); }
 
@@ -77,9 +91,39 @@ class MasterReducer : public Reducer {
         }
       }
     }
-    if (!master_updates_)  // host: every replica gets the sum (CPU work is done when queued)
-      for (size_t i = 1; i < r_.size(); ++i) copy(r_[i].grads, sum);
+    // host: every replica gets the sum, or (ZeRO) its shard of it (CPU work is done when queued)
+    if (!master_updates_)
+      for (size_t i = 1; i < r_.size(); ++i) {
+        if (shards_.empty()) {
+          copy(r_[i].grads, sum);
+        } else if (const SampleRange& k = shards_[i]; k.count > 0) {
+          std::memcpy(r_[i].grads.f32() + k.first, sum.f32() + k.first, sizeof(float) * static_cast<size_t>(k.count));
+        }
+      }
     done_.record(comm_);
+  }
+
+  void sum_partials(std::vector<Tensor>& partial) override {
+    DPT_CHECK(sharded() && partial.size() == r_.size(), "sum_partials: one partial sum a replica, ZeRO");
+    float total = 0.0f;  // CPU devices: the partials are host memory, complete when queued
+    for (const Tensor& p : partial) total += *p.f32();
+    for (Tensor& p : partial) *p.f32() = total;
+  }
+
+  void gather_params() override {
+    DPT_CHECK(sharded(), "gather_params: ZeRO");
+    for (size_t k = 0; k < r_.size(); ++k) {
+      const SampleRange& s = shards_[k];
+      for (size_t i = 0; i < r_.size(); ++i)
+        if (i != k && s.count > 0)
+          std::memcpy(r_[i].params.f32() + s.first, r_[k].params.f32() + s.first,
+                      sizeof(float) * static_cast<size_t>(s.count));
+    }
+    for (size_t i = 0; i < r_.size(); ++i)
+      if (r_[i].shadow.defined()) {
+        ContextGuard g(*r_[i].ctx);
+        copy_cast(r_[i].shadow, r_[i].params);
+      }
   }
 
   void wait(size_t r) override { done_.wait_in(*r_[r].ctx); }
@@ -98,7 +142,8 @@ class MasterReducer : public Reducer {
   std::vector<ReplicaBuffers> r_;
   std::vector<Bucket> buckets_;
   bool master_updates_;
-  Context comm_;  // the master's communication stream
+  std::vector<SampleRange> shards_;  // ZeRO: replica r's shard of the flat buffers
+  Context comm_;                     // the master's communication stream
   Event done_, params_ready_;
   std::vector<std::vector<std::unique_ptr<Event>>> ready_;  // [replica][bucket]
   Tensor staging_;
@@ -108,32 +153,67 @@ class MasterReducer : public Reducer {
 // produced it (CPU work is complete when queued, so the sum can start at once).
 class MpiReducer : public Reducer {
  public:
-  MpiReducer(ProcessGroup& g, ReplicaBuffers r, std::vector<Bucket> buckets)
-      : g_(g), r_(std::move(r)), buckets_(std::move(buckets)) {
+  MpiReducer(ProcessGroup& g, ReplicaBuffers r, std::vector<Bucket> buckets, std::vector<SampleRange> shards)
+      : g_(g), r_(std::move(r)), buckets_(std::move(buckets)), shards_(std::move(shards)) {
     DPT_CHECK(r_.ctx->device().is_cpu(), "the MPI reduction is for CPU tensors");
+    DPT_CHECK(shards_.empty() || shards_.size() == static_cast<size_t>(g_.size()), "ZeRO shards: one a rank");
   }
   const char* name() const override { return "mpi"; }
   bool every_replica_updates() const override { return true; }
-  void bucket_ready(size_t, size_t b) override { g_.start_sum(r_.grads.f32() + buckets_[b].offset, buckets_[b].count); }
+  bool sharded() const override { return !shards_.empty(); }
+  void bucket_ready(size_t, size_t b) override {
+    float* grads = r_.grads.f32();
+    const Bucket& k = buckets_[b];
+    if (shards_.empty()) {
+      g_.start_sum(grads + k.offset, k.count);
+      return;
+    }
+    // ZeRO: each rank's piece of the bucket is summed into that rank alone, in the same
+    // order on every rank.
+    for (size_t owner = 0; owner < shards_.size(); ++owner) {
+      const int64_t begin = std::max(k.offset, shards_[owner].first);
+      const int64_t end = std::min(k.offset + k.count, shards_[owner].first + shards_[owner].count);
+      if (begin < end) g_.start_reduce(grads + begin, end - begin, static_cast<int>(owner));
+    }
+  }
   void reduce() override {}
   void wait(size_t) override { g_.wait_all(); }
+  void sum_partials(std::vector<Tensor>& partial) override {
+    DPT_CHECK(sharded() && partial.size() == 1, "sum_partials: one partial sum a rank, ZeRO");
+    *partial[0].f32() = static_cast<float>(g_.sum(static_cast<double>(*partial[0].f32())));
+  }
+  void gather_params() override {
+    DPT_CHECK(sharded(), "gather_params: ZeRO");
+    std::vector<int64_t> firsts, counts;
+    for (const SampleRange& s : shards_) {
+      firsts.push_back(s.first);
+      counts.push_back(s.count);
+    }
+    g_.all_gather(r_.params.f32(), firsts, counts);
+    if (r_.shadow.defined()) {
+      ContextGuard guard(*r_.ctx);
+      copy_cast(r_.shadow, r_.params);
+    }
+  }
 
  private:
   ProcessGroup& g_;
   ReplicaBuffers r_;
   std::vector<Bucket> buckets_;
+  std::vector<SampleRange> shards_;
 };
 
 }  // namespace
 
-std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets) {
-  return std::make_unique<MpiReducer>(group, std::move(replica), std::move(buckets));
+std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets,
+                                          std::vector<SampleRange> shards) {
+  return std::make_unique<MpiReducer>(group, std::move(replica), std::move(buckets), std::move(shards));
 }
 
 std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                             bool master_updates) {
+                                             bool master_updates, std::vector<SampleRange> shards) {
   DPT_CHECK(!replicas.empty(), "a reducer needs at least one replica");
-  return std::make_unique<MasterReducer>(std::move(replicas), std::move(buckets), master_updates);
+  return std::make_unique<MasterReducer>(std::move(replicas), std::move(buckets), master_updates, std::move(shards));
 }
 
 #if !DPT_WITH_NCCL

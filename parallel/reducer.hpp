@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include <dptrain/parallel/shard_plan.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/tensor.hpp>
 
@@ -54,11 +55,23 @@ class Reducer {
   // Waits for ctx's queued work; reducers that talk to other processes bound the wait
   // by the communication timeout and end the job when it passes.
   virtual void synchronize(Context& ctx) { ctx.synchronize(); }
+
+  // ZeRO (a reducer made with shards): reduce() leaves replica r's gradients summed over
+  // its own shard only, and each replica updates its shard. From the driving thread:
+  // every replica's entry of `partial` (a scalar on its device: its shard's part of a sum,
+  // the gradients' squared norm) becomes the sum over the replicas, added in replica
+  // order; and, after the updates, every replica gets every shard's parameters and
+  // refreshes its bf16 shadow from them.
+  virtual bool sharded() const { return false; }
+  virtual void sum_partials(std::vector<Tensor>& partial);
+  virtual void gather_params();
 };
 
-// p2p (master_updates = true) and host (false) reduction through the master.
+// p2p (master_updates = true) and host (false) reduction through the master. `shards`
+// (host only; one per replica, zero_shards'): ZeRO, each replica gets only its shard of
+// the sum.
 std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                             bool master_updates);
+                                             bool master_updates, std::vector<SampleRange> shards = {});
 
 // NCCL all-reduce, one communicator per device (ncclCommInitAll); the devices must be
 // distinct GPUs. Throws UsageError when this build has no NCCL.
@@ -70,7 +83,9 @@ class ProcessGroup;
 // than a hang) or MPI_Iallreduce between CPU processes.
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
                                                 std::vector<Bucket> buckets);
-std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets);
+// `shards` (one per rank, zero_shards'): ZeRO, each rank gets only its shard of the sum.
+std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets,
+                                          std::vector<SampleRange> shards = {});
 
 // Splits a flat buffer of `total` floats into buckets of at most bucket_bytes (rounded
 // to 64 floats), in the order backward produces them: from the end of the buffer, where

@@ -1,5 +1,6 @@
 #include <dptrain/parallel/shard_plan.hpp>
 
+#include <algorithm>
 #include <string>
 
 #include <dptrain/error.hpp>
@@ -45,6 +46,18 @@ ShardPlan::ShardPlan(int64_t batch, int ranks, int rank, size_t replicas, int mi
     for (const SampleRange& m : ranges(r.first, split_evenly(r.count, static_cast<size_t>(micro_batches))))
       micro_.push_back(m);
   idle_ = batch < workers ? workers - batch : 0;
+}
+
+std::vector<SampleRange> zero_shards(int64_t total, size_t n) {
+  DPT_CHECK(total >= 0 && n >= 1, "zero_shards: a buffer and at least one device");
+  const auto devices = static_cast<int64_t>(n);
+  const int64_t size = ((total + devices - 1) / devices + 3) / 4 * 4;
+  std::vector<SampleRange> out;
+  for (int64_t k = 0; k < devices; ++k) {
+    const int64_t begin = std::min(total, k * size), end = std::min(total, (k + 1) * size);
+    out.push_back({begin, end - begin});
+  }
+  return out;
 }
 
 SampleRange ShardPlan::micro(size_t r, int k) const {

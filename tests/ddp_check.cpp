@@ -20,12 +20,13 @@ using namespace dpt;
 
 int main(int argc, char** argv) {
   int64_t batch = 10;
-  int accum = 1;
+  int accum = 1, zero = 0;
   std::string device = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--batch")) batch = std::atoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--grad-accum")) accum = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--zero")) zero = std::atoi(argv[i + 1]);
   }
   try {
     ProcessGroup& g = ProcessGroup::world();
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
       d.devices = devs;
       d.ddp = true;
       d.grad_accum = accum;
+      d.zero = zero;
       std::shared_ptr<const data::Dataset> rows;
       if (file_data) {
         rows = arrays(task);
@@ -83,10 +85,10 @@ int main(int argc, char** argv) {
         const double err = test::rel_error(ddp.model().flat_params().to_host(), one.model().flat_params().to_host());
         const bool ok = err <= 1e-5 && std::fabs(r.final_loss - r1.final_loss) <= 1e-5 * std::fabs(r1.final_loss);
         std::printf(
-            "%s %s %s%s, %d ranks, batch %lld, grad-accum %d: weights rel. error %.3g, loss %.6g vs %.6g, "
-            "hash %016llx: %s\n",
+            "%s %s %s%s, %d ranks, batch %lld, grad-accum %d, zero %d: weights rel. error %.3g, loss %.6g vs "
+            "%.6g, hash %016llx: %s\n",
             model.c_str(), data::task_name(task), opt.c_str(), file_data ? " on file data" : "", g.size(),
-            static_cast<long long>(batch), accum, err, r.final_loss, r1.final_loss,
+            static_cast<long long>(batch), accum, zero, err, r.final_loss, r1.final_loss,
             static_cast<unsigned long long>(hash), ok ? "ok" : "FAILED");
         if (!ok) ++failures;
       }
@@ -96,6 +98,49 @@ int main(int argc, char** argv) {
     check("cnn:2x7x7-c4k3-p2-c6k3s2-f3", data::Task::classification, "sgd", true);
     check("cnn:2x6x6-c4k3-bn-p2-f3", data::Task::classification, "sgd", false);
     for (auto task : {data::Task::regression, data::Task::classification}) check("12-24x2-5", task, "sgd", true, true);
+    if (zero > 0) {
+      // A ZeRO checkpoint of the ranks is the flat state: the ranks resume it bit for bit,
+      // and one process without ZeRO resumes it too.
+      const std::string path = "/tmp/dpt_ddp_zero_" + std::to_string(g.size()) + ".safetensors";
+      TrainConfig c;
+      c.model = "12-24x2-5";
+      c.optimizer = "adamw";
+      c.lr = 0.003f;
+      c.batch = batch;
+      c.steps = 20;
+      c.log_every = 1000;
+      c.bucket_mb = 0.001;
+      c.devices = {parse_device(device)};
+      c.ddp = true;
+      c.zero = zero;
+      Trainer whole(c);
+      whole.run();
+      const auto want = whole.model().flat_params().to_host();
+      TrainConfig first = c;
+      first.steps = 8;
+      first.save = path;
+      Trainer(first).run();
+      g.barrier();  // rank 0 has written it
+      TrainConfig rest = c;
+      rest.resume = path;
+      Trainer resumed(rest);
+      resumed.run();
+      const bool same = resumed.model().flat_params().to_host() == want;
+      if (!same) ++failures;
+      if (g.rank() == 0) {
+        TrainConfig alone = rest;
+        alone.ddp = false;
+        alone.zero = 0;
+        Trainer one(alone);
+        one.run();
+        const double err = test::rel_error(one.model().flat_params().to_host(), want);
+        std::printf("zero %d checkpoint of %d ranks: resumed by the ranks %s, by one process: rel. error %.3g: %s\n",
+                    zero, g.size(), same ? "bit for bit" : "DIFFERENTLY", err, err <= 1e-5 ? "ok" : "FAILED");
+        if (err > 1e-5) ++failures;
+      }
+      g.barrier();
+      if (g.rank() == 0) std::remove(path.c_str());
+    }
     double total = g.sum(failures);
     if (g.rank() == 0) std::printf("%s\n", total == 0 ? "all checks passed" : "some checks FAILED");
     return total == 0 ? 0 : 1;

@@ -27,6 +27,11 @@ grep -q '2 processes' "$tmp/out" && ok || bad "no process count in the header"
 "${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 5 --batch 32 --grad-accum 4 >"$tmp/out" 2>&1 &&
   grep -q 'gradient accumulation: 4' "$tmp/out" && ok || bad "--grad-accum: $(cat "$tmp/out")"
 
+# ZeRO over the ranks: each rank's optimizer state is its third, the ranks agree.
+"${run[@]}" -np 3 "$exe" --ddp --devices cpu --steps 10 --batch 30 --optimizer adamw --zero 1 >"$tmp/out" 2>&1 &&
+  grep -q 'identical on all 3 ranks' "$tmp/out" && grep -q 'ZeRO stage 1' "$tmp/out" && ok ||
+  bad "--ddp --zero 1: $(cat "$tmp/out")"
+
 # An error on one rank reaches the user with that rank's number, and the job ends: rank 0
 # alone writes the checkpoint, and here its disk is full.
 DPT_CKPT_FAIL_AFTER_BYTES=100 "${run[@]}" -x DPT_CKPT_FAIL_AFTER_BYTES -np 2 "$exe" --ddp --devices cpu --steps 5 \

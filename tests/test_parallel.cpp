@@ -3,9 +3,12 @@
 // identical after every step, and no device is a dumping ground for memory.
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include <dptrain/error.hpp>
 #include <dptrain/layers/loss.hpp>
+#include <dptrain/optim/optim.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
@@ -370,4 +373,151 @@ TEST_CASE("zero_grad() zeroes nothing: backward overwrites stale gradients, sett
   CHECK_FALSE(used.grad_stale());
   CHECK(unused.grad_stale());
   for (float v : used.grad().to_host()) CHECK(v != 7.0f);
+}
+
+// ---- ZeRO: the optimizer state sharded over the replicas --------------------------------
+
+TEST_CASE("ZeRO shards tile the flat buffer, 16-byte aligned, the last ones short or empty", "[parallel][zero]") {
+  for (int64_t total : {1, 3, 4, 5, 63, 64, 1001})
+    for (size_t n : {1, 2, 3, 7, 40}) {
+      INFO(total << " floats over " << n);
+      const auto s = zero_shards(total, n);
+      REQUIRE(s.size() == n);
+      int64_t at = 0;
+      for (const SampleRange& k : s) {
+        CHECK(k.first == std::min(at, total));
+        if (k.count > 0) CHECK(k.first % 4 == 0);
+        CHECK(k.count <= s[0].count);
+        at = k.first + k.count;
+      }
+      CHECK(at == total);
+      CHECK(s[0].count ==
+            std::min(total, ((total + static_cast<int64_t>(n) - 1) / static_cast<int64_t>(n) + 3) / 4 * 4));
+    }
+}
+
+TEST_CASE("ZeRO stage 1 trains as stage 0, each replica holding only its shard of the optimizer state",
+          "[parallel][zero]") {
+  for (auto task : {data::Task::regression, data::Task::classification})
+    for (std::string opt : {"sgd", "adamw"})
+      for (auto [n, accum, clip] :
+           {std::tuple<int, int, float>{2, 1, 0.0f}, {3, 1, 0.0f}, {5, 2, 0.0f}, {3, 1, 0.5f}}) {
+        INFO(data::task_name(task) << " " << opt << " on " << n << " replicas, " << accum << " micro-batches, clip "
+                                   << clip);
+        TrainConfig c = small(task, opt, 10);  // uneven: 10 over 3 or 5
+        c.devices = cpus(n, 40);
+        c.grad_accum = accum;
+        c.clip = clip;
+        Trainer plain(c);
+        plain.run();
+        c.zero = 1;
+        Trainer sharded(c);
+        for (int64_t s = 0; s < c.steps; ++s) {
+          sharded.step(s);
+          REQUIRE(sharded.parallel().replicas_identical());
+        }
+        const auto want = plain.model().flat_params().to_host(), got = sharded.model().flat_params().to_host();
+        if (clip == 0.0f) CHECK(got == want);            // the same sums, the same updates: bit for bit
+        else CHECK(test::rel_error(got, want) <= 1e-6);  // the norm is summed by shards
+        // Each replica's state is its shard: ceil(P / n) rounded to 4 floats, the last less.
+        const int64_t total = sharded.model().flat_params().numel();
+        const auto shards = sharded.parallel().zero_shards();
+        REQUIRE(shards.size() == static_cast<size_t>(n));
+        int64_t state = 0;
+        for (size_t r = 0; r < shards.size(); ++r) {
+          const optim::Optimizer* o = sharded.parallel().optimizers()[r];
+          CHECK(o->shard_begin() == shards[r].first);
+          CHECK(o->shard_size() == shards[r].count);
+          for (const auto& [name, t] : o->state()) {
+            CHECK(t.numel() == shards[r].count);
+            state += t.numel();
+          }
+        }
+        const int64_t per_element = (opt == "sgd" ? 1 : 2);  // momentum, or AdamW's two moments
+        CHECK(state == per_element * total);
+        const auto bytes = sharded.parallel().model_state_bytes();  // what the summary prints
+        for (size_t r = 0; r < bytes.size(); ++r) {
+          CHECK(bytes[r].optimizer == 4 * per_element * shards[r].count);
+          CHECK(bytes[r].parameters == 4 * total);
+          CHECK(bytes[r].gradients == 4 * total);  // stage 1 keeps the whole gradient buffer
+        }
+      }
+}
+
+TEST_CASE("ZeRO with more replicas than a small model's shards leaves some empty and still trains as stage 0",
+          "[parallel][zero]") {
+  TrainConfig c = small(data::Task::regression, "adamw", 12);
+  c.model = "2-1";  // a handful of parameters
+  c.devices = cpus(12, 60);
+  Trainer plain(c);
+  plain.run();
+  c.zero = 1;
+  Trainer sharded(c);
+  sharded.run();
+  const auto shards = sharded.parallel().zero_shards();
+  CHECK(std::any_of(shards.begin(), shards.end(), [](const SampleRange& k) { return k.count == 0; }));
+  CHECK(sharded.model().flat_params().to_host() == plain.model().flat_params().to_host());
+  CHECK(sharded.parallel().replicas_identical());
+}
+
+TEST_CASE("a ZeRO checkpoint is the flat state: it resumes on other replica counts and stages", "[parallel][zero]") {
+  test::TempDir dir;
+  TrainConfig c = small(data::Task::regression, "adamw", 12);
+  c.steps = 20;
+  c.devices = cpus(4, 80);
+  c.zero = 1;
+  Trainer whole(c);  // 20 steps without a break
+  whole.run();
+  const auto want = whole.model().flat_params().to_host();
+  TrainConfig first = c;
+  first.steps = 8;
+  first.save = (dir.path / "zero.safetensors").string();
+  Trainer(first).run();
+  for (auto [n, zero] : {std::pair<int, int>{4, 1}, {3, 1}, {2, 0}, {1, 0}, {3, 0}}) {
+    INFO("resumed on " << n << " replicas, zero " << zero);
+    TrainConfig rest = c;
+    rest.devices = cpus(n, 90);
+    rest.zero = zero;
+    rest.resume = first.save;
+    Trainer t(rest);
+    t.run();
+    const auto got = t.model().flat_params().to_host();
+    if (n == 4 && zero == 1) CHECK(got == want);  // the same devices and stage: bit for bit
+    else CHECK(test::rel_error(got, want) <= 1e-5);
+  }
+  // And a plain checkpoint resumes sharded.
+  TrainConfig plain = first;
+  plain.zero = 0;
+  plain.devices = cpus(2, 100);
+  plain.save = (dir.path / "plain.safetensors").string();
+  Trainer(plain).run();
+  TrainConfig rest = c;
+  rest.resume = plain.save;
+  Trainer t(rest);
+  t.run();
+  CHECK(test::rel_error(t.model().flat_params().to_host(), want) <= 1e-5);
+}
+
+TEST_CASE("ZeRO skips a non-finite step on every replica alike", "[parallel][zero]") {
+  TrainConfig c = small(data::Task::regression, "sgd", 12);
+  c.lr = 1e30f;
+  c.on_nonfinite = "skip-step";
+  c.devices = cpus(3, 110);
+  const TrainResult plain = Trainer(c).run();
+  c.zero = 1;
+  Trainer sharded(c);
+  const TrainResult r = sharded.run();
+  CHECK(plain.skipped > 0);
+  CHECK(r.skipped == plain.skipped);
+  CHECK(sharded.parallel().replicas_identical());
+}
+
+TEST_CASE("ZeRO refuses what it does not do yet, naming the setting", "[parallel][zero]") {
+  TrainConfig c = small(data::Task::regression, "sgd", 12);
+  c.devices = cpus(2, 120);
+  c.zero = 2;
+  CHECK_THROWS_AS(Trainer(c), UsageError);
+  c.zero = 1;
+  c.reduce = Reduce::p2p;
+  CHECK_THROWS_AS(Trainer(c), UsageError);
 }

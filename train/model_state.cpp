@@ -13,22 +13,29 @@ namespace dpt {
 
 void fetch_tensor(const ckpt::Checkpoint& c, const std::string& path, const std::string& name, const Tensor& into,
                   std::set<std::string>& used) {
+  fetch_tensor_part(c, path, name, into.shape(), 0, into, used);
+}
+
+void fetch_tensor_part(const ckpt::Checkpoint& c, const std::string& path, const std::string& name, const Shape& whole,
+                       int64_t begin, const Tensor& into, std::set<std::string>& used) {
   const ckpt::HostTensor* t = c.find(name);
   if (!t) throw UsageError("checkpoint '" + path + "' has no tensor '" + name + "'");
   used.insert(name);
   if (t->dtype != ckpt::DType::f32)
     throw UsageError("checkpoint '" + path + "': tensor '" + name + "' is " + ckpt::dtype_name(t->dtype) +
                      ", the model needs F32");
-  if (t->shape != into.shape())
+  if (t->shape != whole)
     throw UsageError("checkpoint '" + path + "': tensor '" + name + "' has shape " + shape_str(t->shape) +
-                     ", the model needs " + shape_str(into.shape()));
+                     ", the model needs " + shape_str(whole));
+  DPT_CHECK(begin >= 0 && begin + into.numel() <= numel(whole), "fetch_tensor_part: the part is outside the tensor");
   std::vector<float> v(static_cast<size_t>(into.numel()));
-  std::memcpy(v.data(), t->data.data(), t->data.size());
+  std::memcpy(v.data(), t->data.data() + static_cast<size_t>(begin) * sizeof(float), v.size() * sizeof(float));
   // Training on from a NaN would only spread it, and save it again.
   for (size_t i = 0; i < v.size(); ++i)
     if (!std::isfinite(v[i]))
       throw UsageError("checkpoint '" + path + "': tensor '" + name + "' holds " + format_float(v[i]) + " at index " +
-                       std::to_string(i) + "; weights and optimizer state must be finite");
+                       std::to_string(static_cast<int64_t>(i) + begin) +
+                       "; weights and optimizer state must be finite");
   copy(into, Tensor::from_host(v, into.shape(), into.device()));
 }
 

@@ -15,6 +15,10 @@ namespace dpt {
 // or holds a value that is not finite (naming the tensor and the first bad index).
 void fetch_tensor(const ckpt::Checkpoint& c, const std::string& path, const std::string& name, const Tensor& into,
                   std::set<std::string>& used);
+// The same for elements [begin, begin + into.numel()) of a tensor of shape `whole` (a
+// ZeRO shard of the flat optimizer state).
+void fetch_tensor_part(const ckpt::Checkpoint& c, const std::string& path, const std::string& name, const Shape& whole,
+                       int64_t begin, const Tensor& into, std::set<std::string>& used);
 
 // Every replica's parameters and buffers from `c` (the bf16 copies follow), names added
 // to `used`.

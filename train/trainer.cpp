@@ -86,6 +86,9 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (cfg.task == data::Task::classification && spec.outputs() < 2)
     bad("task", "classification needs at least 2 output classes, the model has " + std::to_string(spec.outputs()));
   if (cfg.grad_accum < 1) bad("grad_accum", "must be >= 1" + got(cfg.grad_accum));
+  if (cfg.zero < 0 || cfg.zero > 1) bad("zero", "must be 0 or 1" + got(cfg.zero));
+  if (cfg.zero > 0 && cfg.devices.front().is_cuda())
+    bad("zero", "is implemented for CPU devices so far (replicas in one process, or TrainConfig::ddp ranks)");
   if (cfg.on_nonfinite != "stop" && cfg.on_nonfinite != "skip-step")
     bad("on_nonfinite", "'" + cfg.on_nonfinite + "' is unknown: expected stop or skip-step");
   if (cfg.save_every < 0) bad("save_every", "must be >= 0" + got(cfg.save_every));
@@ -223,6 +226,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   o.overlap = cfg_.overlap;
   o.check_finite = true;
   o.cuda_graph = cfg_.cuda_graph;
+  o.zero = cfg_.zero;
   o.group = group_;
   sched_ = {optim::parse_schedule(cfg_.schedule), *cfg_.lr, cfg_.warmup, cfg_.steps};
   // Every optimizer consults the run's schedule, on the device, each step.
@@ -287,6 +291,8 @@ std::string Trainer::data_identity() const {
 
 void Trainer::save(const std::string& path) {
   dp_->synchronize();
+  // Collective under ZeRO with ranks (the shards travel to every rank): before rank 0 goes on alone.
+  const auto optimizer_state = dp_->optimizer_state();
   if (group_ && group_->rank() != 0) return;
   ckpt::Checkpoint c;
   c.metadata = {{"format", "dptrain-1"},
@@ -320,7 +326,7 @@ void Trainer::save(const std::string& path) {
   }
   for (auto& [name, p] : model_->named_parameters()) c.tensors.push_back({name, host_tensor(p->value)});
   for (auto& [name, b] : model_->named_buffers()) c.tensors.push_back({name, host_tensor(b->value)});
-  for (auto& [name, t] : optimizer().state()) c.tensors.push_back({name, host_tensor(t)});
+  for (auto& [name, t] : optimizer_state) c.tensors.push_back({name, host_tensor(t)});
   ckpt::save(path, c);
 }
 
@@ -417,8 +423,11 @@ void Trainer::resume(const std::string& path) {
   }
   std::set<std::string> used;  // every tensor the model and optimizer take; no other may be in the file
   load_replicas(c, path, *dp_, used);
+  // The state is the whole flat buffers in the file, whatever the device count or ZeRO
+  // stage; each optimizer takes its shard of it (all of it without ZeRO).
+  const Shape flat = model_->flat_params().shape();
   for (optim::Optimizer* o : dp_->optimizers()) {
-    for (auto& [name, t] : o->state()) fetch_tensor(c, path, name, t, used);
+    for (auto& [name, t] : o->state()) fetch_tensor_part(c, path, name, flat, o->shard_begin(), t, used);
     o->set_steps_taken(optimizer_steps);
   }
   for (size_t r = 0; r < dp_->size(); ++r) context(dp_->device(r)).synchronize();  // written on this thread's stream
@@ -652,6 +661,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       seen.push_back(d);
       r.memory.push_back({d, memory_stats(d)});
     }
+  r.model_state = dp_->model_state_bytes();
   return r;
 }
 

@@ -47,13 +47,23 @@ class Optimizer {
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t);  // and the device's counter (a resume)
   // "sgd" or "adamw", and the optimizer's state as named flat buffers (what a
-  // checkpoint saves and a resume restores).
+  // checkpoint saves and a resume restores): of the elements it updates, shard_begin() on.
   virtual const char* kind() const = 0;
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+  // The names of state()'s buffers, also when this shard is empty and state() has none.
+  virtual std::vector<std::string> state_names() const = 0;
+  // ZeRO: updates only elements [begin, end) of the flat buffers (this device's shard; may
+  // be empty), with state for those alone, zeroed. By default it updates them all.
+  void restrict_to(int64_t begin, int64_t end);
+  int64_t shard_begin() const { return begin_; }
+  int64_t shard_size() const { return params_.numel(); }
 
  protected:
-  // The bf16 copy of the parameters that the update also writes (undefined in f32 compute).
-  const Tensor& shadow() const { return model_->flat_shadow(); }
+  // The bf16 copy of the parameters the update also writes, its shard's part (undefined in
+  // f32 compute).
+  Tensor shadow() const;
+  // (Re)makes the state for `n` elements, zeroed (none when n is 0).
+  virtual void reset_state(int64_t n) = 0;
   // Moves the step counter on, on the device, and returns the step's values there (f32
   // [3]: lr, 1 - beta1^t, 1 - beta2^t for this step t): ops' optimizer_advance.
   const Tensor& advance(float beta1, float beta2);
@@ -61,6 +71,7 @@ class Optimizer {
   Tensor params_, grads_;
   Schedule schedule_;
   int64_t t_ = 0;  // the host's count of the device's counter
+  int64_t begin_ = 0;
 
  private:
   Tensor counter_, step_values_;
@@ -76,9 +87,11 @@ class SGD : public Optimizer {
   std::string describe() const override;
   const char* kind() const override { return "sgd"; }
   std::vector<std::pair<std::string, Tensor>> state() const override;
+  std::vector<std::string> state_names() const override;
   const Tensor& momentum_buffer() const { return buf_; }
 
  private:
+  void reset_state(int64_t n) override;
   Options o_;
   Tensor buf_;
 };
@@ -97,10 +110,12 @@ class AdamW : public Optimizer {
   std::string describe() const override;
   const char* kind() const override { return "adamw"; }
   std::vector<std::pair<std::string, Tensor>> state() const override;
+  std::vector<std::string> state_names() const override { return {"optimizer.exp_avg", "optimizer.exp_avg_sq"}; }
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
 
  private:
+  void reset_state(int64_t n) override;
   Options o_;
   Tensor m_, v_;
 };

@@ -53,6 +53,11 @@ struct DataParallelOptions {
   // Computes the gradient norm every step: a non-finite one makes the optimizer skip the
   // update (on the device), and record_nonfinite() tells the caller, later.
   bool check_finite = false;
+  // ZeRO stage: 0 off; 1 shards the optimizer state over the replicas (each updates its
+  // contiguous shard of the flat buffer, zero_shards', from the summed gradient of that
+  // shard, and then every replica gets every shard's parameters). So far on CPU devices
+  // in one process (the host reduction).
+  int zero = 0;
   // Records the whole step (forward, backward, update) as a CUDA graph and replays it:
   // one GPU, one replica, no grad_accum; recorded once (the optimizers compute what changes
   // from step to step on the device).
@@ -79,6 +84,13 @@ struct StepLoss {
   DataParallel* owner = nullptr;  // value() waits for its replicas' streams first
   float value() const;
   float metric() const;  // NaN when no metric was asked for
+};
+
+// What one replica holds of the model's training state, in bytes: the fp32 parameters
+// (and their bf16 copy under bf16 compute), the gradients, the optimizer's state.
+struct ModelStateBytes {
+  Device device;
+  int64_t parameters = 0, gradients = 0, optimizer = 0;
 };
 
 // Wall time of one step's phases on the master, in ms (CUDA events on a GPU).
@@ -125,6 +137,13 @@ class DataParallel {
   optim::Optimizer& optimizer();  // the master's
   // Every optimizer there is: one per replica, or the master's alone on the p2p path.
   std::vector<optim::Optimizer*> optimizers();
+  // The optimizer's state as the whole flat buffers on the master, whatever the sharding
+  // (ZeRO gathers each replica's shard into them): what a checkpoint saves.
+  std::vector<std::pair<std::string, Tensor>> optimizer_state();
+  // Every replica's share of the training state (ZeRO: the optimizer's is its shard).
+  std::vector<ModelStateBytes> model_state_bytes();
+  // ZeRO's shards, one a replica (empty without ZeRO).
+  const std::vector<SampleRange>& zero_shards() const { return shards_; }
   Reduce reduce() const { return reduce_; }
   size_t buckets() const;  // how many pieces the gradient buffer is reduced in (0: no reduction)
   // The phases of the last step (waits for it).
@@ -164,6 +183,9 @@ class DataParallel {
   int grad_accum_ = 1;
   bool overlap_ = true;
   bool check_finite_ = false;
+  std::vector<SampleRange> shards_;  // ZeRO: replica r's shard of the flat buffers
+  std::vector<Tensor> partial_;      // ZeRO: replica r's part of the squared gradient norm
+  const SampleRange& shard_of(size_t replica) const;
   // CUDA-graph mode: the batch is copied into fixed buffers that the graph reads.
   bool use_graph_ = false;
   std::unique_ptr<Graph> graph_;

@@ -36,6 +36,10 @@ class ProcessGroup {
   void barrier();
   // Starts an in-place sum of host floats over every rank; wait_all() completes them.
   void start_sum(float* data, int64_t n);
+  // The same summed into rank `root`'s floats alone (the others' stay as they are).
+  void start_reduce(float* data, int64_t n, int root);
+  // In place: rank k's floats [firsts[k], firsts[k] + counts[k]) of `data` reach every rank.
+  void all_gather(float* data, const std::vector<int64_t>& firsts, const std::vector<int64_t>& counts);
   void wait_all();
 
   // Ends every rank of the job: reports `why` (Severity::error, with this rank's number;

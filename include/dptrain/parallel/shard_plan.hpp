@@ -22,6 +22,11 @@ struct SampleRange {
 // zeros when n < parts.
 std::vector<int64_t> split_evenly(int64_t n, size_t parts);
 
+// ZeRO's shards of a flat buffer of `total` floats over `n` devices: contiguous, in device
+// order, each ceil(total / n) rounded up to a multiple of 4 floats (16-byte access), the
+// last ones shorter or empty.
+std::vector<SampleRange> zero_shards(int64_t total, size_t n);
+
 class ShardPlan {
  public:
   ShardPlan() = default;

@@ -63,6 +63,7 @@ struct TrainConfig {
   // point or a save; no checkpoint is written after it).
   std::string on_nonfinite = "stop";
   bool cuda_graph = false;      // record the step once as a CUDA graph and replay it (one GPU, one replica)
+  int zero = 0;                 // ZeRO stage (DataParallelOptions::zero)
   std::string save;             // checkpoint path ("" = none), written at the end
   int64_t save_every = 0;       // and every N steps
   std::string resume;           // checkpoint to continue from
@@ -137,6 +138,7 @@ struct TrainResult {
   double samples_per_s = 0.0;                             // over all steps after the first
   double step_ms = 0.0;                                   // mean over all steps after the first
   std::vector<std::pair<Device, AllocatorStats>> memory;  // every device used
+  std::vector<ModelStateBytes> model_state;               // every replica's
   StepTimes times;                                        // the last step's phases on the master
   int64_t skipped = 0;                                    // steps skipped for non-finite gradients
   EvalResult val;                                         // the last validation (rows 0: none)
