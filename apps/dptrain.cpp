@@ -469,8 +469,8 @@ int train(Options& o) {
         1e3 * r.input.gather_s / static_cast<double>(r.input.loads), copy,
         r.step_ms > 0 ? 100.0 * per_step / r.step_ms : 0.0);
   }
-  std::printf("step time (last step, master): compute %.3f ms, reduce %.3f ms, update %.3f ms\n", r.times.compute,
-              r.times.reduce, r.times.update);
+  std::printf("step time (last logged step, master): compute %.3f ms, reduce %.3f ms, update %.3f ms\n",
+              r.times.compute, r.times.reduce, r.times.update);
   for (const dpt::ModelStateBytes& b : r.model_state)
     std::printf("model state %s: parameters %s, gradients %s, optimizer state %s\n", b.device.str().c_str(),
                 dpt::format_bytes(static_cast<size_t>(b.parameters)).c_str(),

@@ -250,7 +250,7 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
                                     bool last_micro) {
   Replica& rep = replicas_[r];
   if (first_micro) {
-    if (r == 0 && !recording_) rep.t_start->record(*rep.ctx);
+    if (r == 0 && timing_ && !recording_) rep.t_start->record(*rep.ctx);
     rep.model->zero_grad();  // micro-batches after the first accumulate into the buffer
     // The master's forward writes its buffers: not before the last step's copies of
     // them to the replicas are done.
@@ -306,14 +306,14 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     std::fill(complete.begin(), complete.end(), true);
     hand_over();
   }
-  if (r == 0 && last_micro && !recording_) rep.t_backward->record(*rep.ctx);
+  if (r == 0 && last_micro && timing_ && !recording_) rep.t_backward->record(*rep.ctx);
 }
 
 void DataParallel::update(size_t r) {
   Replica& rep = replicas_[r];
   if (!rep.opt) return;
   if (reducer_) reducer_->wait(r);
-  if (r == 0 && !recording_) rep.t_reduced->record(*rep.ctx);
+  if (r == 0 && timing_ && !recording_) rep.t_reduced->record(*rep.ctx);
   // Every replica clips the same reduced gradient, so all make the same update.
   NvtxRange range(rep.nvtx_update.c_str());
   // Every replica scales (clips) the same reduced gradient, so all make the same update;
@@ -322,7 +322,7 @@ void DataParallel::update(size_t r) {
     rep.scale = clip_coef(shards_.empty() ? sum_squares(rep.model->flat_grads()) : partial_[r], clip_);
   else rep.scale = Tensor();
   rep.opt->step(rep.scale);
-  if (r == 0 && !recording_) rep.t_updated->record(*rep.ctx);
+  if (r == 0 && timing_ && !recording_) rep.t_updated->record(*rep.ctx);
 }
 
 StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
@@ -367,9 +367,10 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     rep.opt->set_steps_taken(t);
   }
   // The whole replay counts as compute: the phases inside a graph are not timed apart.
-  rep.t_start->record(*rep.ctx);
+  if (timing_) rep.t_start->record(*rep.ctx);
   graph_->launch();
-  for (auto* e : {rep.t_backward.get(), rep.t_reduced.get(), rep.t_updated.get()}) e->record(*rep.ctx);
+  if (timing_)
+    for (auto* e : {rep.t_backward.get(), rep.t_reduced.get(), rep.t_updated.get()}) e->record(*rep.ctx);
   rep.opt->set_steps_taken(rep.opt->steps_taken() + 1);
   out.losses[0] = graph_loss_;
   if (metric) out.metrics[0] = graph_metric_;
@@ -377,7 +378,8 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
 }
 
 StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
-                                  const LossFn& metric) {
+                                  const LossFn& metric, bool timed) {
+  timing_ = timed;
   // The replicas follow the master's train()/eval() mode, set before or after they were made.
   const bool training = replicas_[0].model->training();
   for (Replica& rep : replicas_)

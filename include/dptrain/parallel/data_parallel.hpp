@@ -114,8 +114,10 @@ class DataParallel {
   // One step on samples [first, first + count), each replica making its own shard.
   // `metric` (may be empty) is computed from each shard's output and targets, without a
   // gradient; with a CUDA graph it is part of the recording, so pass it every step or never.
+  // `timed`: the master records its phases for last_times() (four events; a loop that
+  // reads them only now and then times only those steps).
   StepLoss train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
-                      const LossFn& metric = {});
+                      const LossFn& metric = {}, bool timed = true);
   // One step on a batch held anywhere (host or a device): shards are copied to their
   // replicas asynchronously.
   StepLoss train_step(const data::Batch& batch, const LossFn& loss, const LossFn& metric = {});
@@ -146,7 +148,7 @@ class DataParallel {
   const std::vector<SampleRange>& zero_shards() const { return shards_; }
   Reduce reduce() const { return reduce_; }
   size_t buckets() const;  // how many pieces the gradient buffer is reduced in (0: no reduction)
-  // The phases of the last step (waits for it).
+  // The phases of the last timed step (waits for it).
   StepTimes last_times();
   // The last step's gradient check, queued on the master's stream, without waiting: two
   // int32 (as ops' nonfinite_record: the scale's bits, -1 or the first non-finite
@@ -191,6 +193,7 @@ class DataParallel {
   std::unique_ptr<Graph> graph_;
   bool graph_warm_ = false;
   bool recording_ = false;  // timing events cannot be recorded into a graph
+  bool timing_ = true;      // this step records the master's phases
   Tensor graph_x_, graph_y_, graph_loss_, graph_metric_;
   StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                       const LossFn& metric);
