@@ -444,6 +444,28 @@ TEST_CASE("ZeRO stage 1 trains as stage 0, each replica holding only its shard o
       }
 }
 
+TEST_CASE("ZeRO under bf16 compute: every replica's shadow follows the gathered parameters", "[parallel][zero][bf16]") {
+  for (std::string opt : {"sgd", "adamw"}) {
+    INFO(opt);
+    TrainConfig c = small(data::Task::regression, opt, 10);
+    c.precision = Precision::bf16;
+    c.devices = cpus(3, 130);
+    Trainer plain(c);
+    plain.run();
+    c.zero = 1;
+    Trainer sharded(c);
+    for (int64_t s = 0; s < c.steps; ++s) {
+      sharded.step(s);
+      REQUIRE(sharded.parallel().replicas_identical());  // parameters and shadows
+      for (size_t r = 0; r < sharded.parallel().size(); ++r) {
+        const nn::Module& m = sharded.parallel().replica(r);
+        REQUIRE(test::bf16_bits(m.flat_shadow()) == test::bf16_bits(m.flat_params()));
+      }
+    }
+    CHECK(sharded.model().flat_params().to_host() == plain.model().flat_params().to_host());
+  }
+}
+
 TEST_CASE("ZeRO with more replicas than a small model's shards leaves some empty and still trains as stage 0",
           "[parallel][zero]") {
   TrainConfig c = small(data::Task::regression, "adamw", 12);
