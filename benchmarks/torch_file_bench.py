@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from torch_bench import widths as spec_widths  # dptrain's MLP spec grammar
+
 
 class Rows(Dataset):
     """Rows of two memory-mapped arrays; a batch of indices is gathered at once."""
@@ -33,14 +35,7 @@ class Rows(Dataset):
 
 
 def mlp(spec):
-    parts = spec.split("-")
-    widths = [int(parts[0])]
-    for p in parts[1:]:
-        if "x" in p:
-            w, n = p.split("x")
-            widths += [int(w)] * int(n)
-        else:
-            widths.append(int(p))
+    widths = spec_widths(spec)
     layers = []
     for i in range(len(widths) - 1):
         layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
@@ -62,11 +57,10 @@ def main():
     ap.add_argument("--log-every", type=int, default=1000)
     ap.add_argument("--no-shuffle", action="store_true")
     a = ap.parse_args()
-    spec = {"mlp": "1024-4096x3-1024", "seed": "1000-1000"}.get(a.model, a.model)
     torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
     dev = torch.device("cuda:0")
     torch.manual_seed(1)
-    model = mlp(spec).to(dev)
+    model = mlp(a.model).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(Rows(a.x, a.y), batch_size=a.batch, shuffle=not a.no_shuffle, num_workers=a.workers,
                         pin_memory=True, collate_fn=lambda b: b, persistent_workers=a.workers > 0,

@@ -19,17 +19,7 @@ import time
 
 import torch
 
-
-def widths(spec):
-    parts = spec.split("-")
-    out = [int(parts[0])]
-    for p in parts[1:]:
-        if "x" in p:
-            w, n = p.split("x")
-            out += [int(w)] * int(n)
-        else:
-            out.append(int(p))
-    return out
+from torch_bench import widths  # dptrain's MLP spec grammar
 
 
 def main():
@@ -43,8 +33,7 @@ def main():
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--teacher-hidden", type=int, default=64)
     a = ap.parse_args()
-    spec = {"seed": "1000-1000", "mlp": "1024-4096x3-1024", "default": "16-128x2-4"}.get(a.model, a.model)
-    w = widths(spec)
+    w = widths({"default": "16-128x2-4"}.get(a.model, a.model))
     torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
     dev = torch.device("cuda:0")
     torch.manual_seed(1)
