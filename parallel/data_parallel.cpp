@@ -1,9 +1,11 @@
 #include <dptrain/parallel/data_parallel.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <new>
 #include <set>
 #include <unordered_map>
@@ -618,6 +620,24 @@ void DataParallel::record_nonfinite(int32_t* host, Event& done) {
     const float one = 1.0f;
     std::memcpy(host, &one, 4);
     host[1] = -1;
+  } else if (!shards_.empty()) {
+    // ZeRO (CPU devices, whose work is done when queued): each replica holds the summed
+    // gradient of its shard alone, so the first bad value is the first over the shards.
+    const float scale = *m.scale.f32();
+    std::memcpy(host, &scale, 4);
+    host[1] = -1;
+    if (!std::isfinite(scale)) {
+      uint64_t first = std::numeric_limits<int32_t>::max();
+      for (size_t r = 0; r < replicas_.size(); ++r) {
+        const SampleRange& k = shard_of(r);
+        const float* g = replicas_[r].model->flat_grads().f32();
+        for (int64_t i = k.first; i < k.first + k.count && static_cast<uint64_t>(i) < first; ++i)
+          if (!std::isfinite(g[i])) first = static_cast<uint64_t>(i);
+      }
+      if (group_)  // the same step on every rank: all take part
+        for (uint64_t v : group_->gather_all(first)) first = std::min(first, v);
+      host[1] = static_cast<int32_t>(first);
+    }
   } else {
     ContextGuard g(*m.ctx);
     // Freed at once: the block is reused only by work queued after the copy.

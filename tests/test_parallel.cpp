@@ -532,6 +532,21 @@ TEST_CASE("ZeRO skips a non-finite step on every replica alike", "[parallel][zer
   CHECK(plain.skipped > 0);
   CHECK(r.skipped == plain.skipped);
   CHECK(sharded.parallel().replicas_identical());
+  // stop names the same step and parameter: the first bad gradient over the shards.
+  auto stop_message = [&](int zero) {
+    TrainConfig s = c;
+    s.on_nonfinite = "stop";
+    s.zero = zero;
+    try {
+      Trainer(s).run();
+    } catch (const NonFiniteError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no stop");
+  };
+  const std::string want = stop_message(0);
+  CHECK(want.find("the gradient of parameter") != std::string::npos);
+  CHECK(stop_message(1) == want);
 }
 
 TEST_CASE("ZeRO refuses what it does not do yet, naming the setting", "[parallel][zero]") {
