@@ -31,16 +31,21 @@ grep -q '2 processes' "$tmp/out" && ok || bad "no process count in the header"
 "${run[@]}" -np 3 "$exe" --ddp --devices cpu --steps 10 --batch 30 --optimizer adamw --zero 1 >"$tmp/out" 2>&1 &&
   grep -q 'identical on all 3 ranks' "$tmp/out" && grep -q 'ZeRO stage 1' "$tmp/out" && ok ||
   bad "--ddp --zero 1: $(cat "$tmp/out")"
-# A ZeRO checkpoint of 3 ranks resumes on 2, sharded or not, to the same parameters (two
-# ranks sum in one addition, so the reduce and the all-reduce agree bit for bit).
-z=(--ddp --devices cpu --batch 30 --optimizer adamw --log-every 100)
-"${run[@]}" -np 3 "$exe" "${z[@]}" --zero 1 --steps 8 --save "$tmp/z3.safetensors" >"$tmp/out" 2>&1 ||
-  bad "--zero 1 save on 3 ranks: $(cat "$tmp/out")"
+# A ZeRO checkpoint of 4 ranks resumes on 3, on 2 (sharded or not, to the same parameters:
+# two ranks sum in one addition, so the reduce and the all-reduce agree bit for bit) and in
+# one process.
+z=(--devices cpu --batch 30 --optimizer adamw --log-every 100)
+"${run[@]}" -np 4 "$exe" --ddp "${z[@]}" --zero 1 --steps 8 --save "$tmp/z4.safetensors" >"$tmp/out" 2>&1 ||
+  bad "--zero 1 save on 4 ranks: $(cat "$tmp/out")"
 hash_of() { grep -oE 'hash [0-9a-f]{16}' "$1" | head -1; }
-"${run[@]}" -np 2 "$exe" "${z[@]}" --zero 1 --steps 16 --resume "$tmp/z3.safetensors" >"$tmp/z1" 2>&1
-"${run[@]}" -np 2 "$exe" "${z[@]}" --zero 0 --steps 16 --resume "$tmp/z3.safetensors" >"$tmp/z0" 2>&1
+"${run[@]}" -np 2 "$exe" --ddp "${z[@]}" --zero 1 --steps 16 --resume "$tmp/z4.safetensors" >"$tmp/z1" 2>&1
+"${run[@]}" -np 2 "$exe" --ddp "${z[@]}" --zero 0 --steps 16 --resume "$tmp/z4.safetensors" >"$tmp/z0" 2>&1
 [ -n "$(hash_of "$tmp/z1")" ] && [ "$(hash_of "$tmp/z1")" = "$(hash_of "$tmp/z0")" ] && ok ||
-  bad "a 3-rank ZeRO checkpoint resumed on 2 ranks: $(hash_of "$tmp/z1") against $(hash_of "$tmp/z0"): $(tail -2 "$tmp/z1")"
+  bad "a 4-rank ZeRO checkpoint resumed on 2 ranks: $(hash_of "$tmp/z1") against $(hash_of "$tmp/z0"): $(tail -2 "$tmp/z1")"
+"${run[@]}" -np 3 "$exe" --ddp "${z[@]}" --zero 1 --steps 16 --resume "$tmp/z4.safetensors" >"$tmp/z3" 2>&1 &&
+  grep -q 'identical on all 3 ranks' "$tmp/z3" && ok || bad "a 4-rank ZeRO checkpoint resumed on 3 ranks: $(tail -2 "$tmp/z3")"
+"$exe" "${z[@]}" --steps 16 --resume "$tmp/z4.safetensors" >"$tmp/z" 2>&1 && grep -q '^done:' "$tmp/z" && ok ||
+  bad "a 4-rank ZeRO checkpoint resumed in one process: $(tail -2 "$tmp/z")"
 
 # An error on one rank reaches the user with that rank's number, and the job ends: rank 0
 # alone writes the checkpoint, and here its disk is full.
