@@ -39,8 +39,9 @@ using dpt::Precision;
 using dpt::Reduce;
 
 constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3;
-constexpr uint64_t kSeed = 1;  // initial weights and the fixed batch
-constexpr float kLr = 0.01f;   // BENCHMARKS.md: SGD, lr 0.01, no momentum
+constexpr uint64_t kSeed = 1;      // initial weights and the fixed batch
+constexpr float kLr = 0.01f;       // BENCHMARKS.md: SGD, lr 0.01, no momentum
+constexpr float kAdamLr = 0.001f;  // --optimizer adamw: torch.optim.AdamW's default
 // Timed steps are split into this many blocks, each bracketed by a synchronization; the
 // median block is reported, so one slow block (a page fault, another process) does not
 // move the figure, and steps inside a block queue up as they do in training.
@@ -76,6 +77,8 @@ struct Flags {
   int64_t steps = 100, warmup = 10;
   double bucket_mb = 25.0;
   bool cuda_graph = false;
+  std::string optimizer = "sgd";
+  int zero = 0;
   std::vector<std::string> precision{"fp32"}, reduce{"auto"}, scaling{"weak", "strong"};
 };
 
@@ -89,6 +92,8 @@ struct Plan {
   double bucket_mb = 0;
   bool cuda_graph = false;   // the step recorded once as a CUDA graph and replayed (one GPU)
   bool cpu_default = false;  // CPU devices and no --model: the small CPU workload
+  bool adamw = false;        // else SGD
+  int zero = 0;              // ZeRO stage of the runs on several devices
   std::vector<Precision> precisions;
   std::vector<Reduce> reduces;  // resolved paths: what `auto` means for these devices
   std::vector<Scaling> scalings;
@@ -125,6 +130,10 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_flag("--cuda-graph", f.cuda_graph,
                "Record the step as a CUDA graph after warm-up and time its replays "
                "(one GPU)");
+  app.add_option("--optimizer", f.optimizer, "sgd (lr 0.01, no momentum) or adamw (lr 0.001)")->capture_default_str();
+  add_integer(app, "--zero", f.zero,
+              "ZeRO stage on several devices: 0, or 1 (optimizer state sharded; CPU devices so far)")
+      ->capture_default_str();
   app.add_option("--out", f.out, "Folder for dpbench.csv, dpbench.json and speedup.svg (made if missing)")
       ->capture_default_str();
   app.set_version_flag("--version", std::string("dpbench ") + DPT_VERSION);
@@ -177,6 +186,11 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
     throw dpt::UsageError("--cuda-graph records one GPU's step: give one CUDA device (--gpus 1)");
   p.cuda_graph = f.cuda_graph;
   p.bucket_mb = f.bucket_mb;
+  if (f.optimizer != "sgd" && f.optimizer != "adamw")
+    throw dpt::UsageError("--optimizer must be sgd or adamw, got '" + f.optimizer + "'");
+  p.adamw = f.optimizer == "adamw";
+  if (f.zero < 0 || f.zero > 1) throw dpt::UsageError("--zero must be 0 or 1, got " + std::to_string(f.zero));
+  p.zero = f.zero;
 
   for (const auto& s : f.precision) p.precisions.push_back(dpt::parse_precision(s));
   for (const auto& s : f.scaling) p.scalings.push_back(parse_scaling(s));
@@ -208,7 +222,8 @@ struct Measurement {
   std::vector<Device> devices;
   int64_t global = 0;
   double step_ms = 0, samples_per_s = 0, compute_ms = 0, reduce_ms = 0, update_ms = 0, idle_ms = 0;
-  std::vector<std::pair<Device, size_t>> peak;  // peak bytes allocated, per distinct device
+  std::vector<std::pair<Device, size_t>> peak;    // peak bytes allocated, per distinct device
+  std::vector<std::pair<Device, int64_t>> state;  // the optimizer's state, per replica
   float loss_first = 0, loss_last = 0;
 };
 
@@ -258,13 +273,15 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   o.reduce = reduce;
   o.bucket_mb = p.bucket_mb;
   o.precision = precision;
-  if (p.cuda_graph) {  // recorded on the warm-up's second step, replayed after
+  o.zero = n > 1 ? p.zero : 0;  // one device has nothing to shard over
+  if (p.cuda_graph) {           // recorded on the warm-up's second step, replayed after
     o.cuda_graph = true;
     o.reduce = Reduce::automatic;
   }
   dpt::DataParallel dp(
       model, m.devices,
-      [](dpt::nn::Module& replica) -> std::unique_ptr<dpt::optim::Optimizer> {
+      [&p](dpt::nn::Module& replica) -> std::unique_ptr<dpt::optim::Optimizer> {
+        if (p.adamw) return std::make_unique<dpt::optim::AdamW>(replica, dpt::optim::AdamW::Options{.lr = kAdamLr});
         return std::make_unique<dpt::optim::SGD>(replica, dpt::optim::SGD::Options{.lr = kLr});
       },
       o);
@@ -315,6 +332,7 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   m.idle_ms = std::max(0.0, m.step_ms - m.compute_ms - m.reduce_ms - m.update_ms);
   m.samples_per_s = 1e3 * static_cast<double>(global) / m.step_ms;
   for (const Device& d : places) m.peak.push_back({d, dpt::memory_stats(d).peak_allocated});
+  for (const dpt::ModelStateBytes& b : dp.model_state_bytes()) m.state.push_back({b.device, b.optimizer});
   return m;
 }
 
@@ -337,9 +355,11 @@ std::string join(const std::vector<std::string>& parts, const char* sep) {
 }
 
 void print_header(const Plan& p, int64_t parameters) {
-  std::printf("dpbench %s: %s %s (%lld parameters, ReLU), %s + SGD lr %g, fixed random batch\n", DPT_VERSION,
+  std::printf("dpbench %s: %s %s (%lld parameters, ReLU), %s + %s lr %g, fixed random batch\n", DPT_VERSION,
               p.model.is_cnn ? "CNN" : "MLP", p.model.text.c_str(), static_cast<long long>(parameters),
-              p.model.is_cnn ? "cross-entropy" : "MSE", static_cast<double>(kLr));
+              p.model.is_cnn ? "cross-entropy" : "MSE", p.adamw ? "AdamW" : "SGD",
+              static_cast<double>(p.adamw ? kAdamLr : kLr));
+  if (p.zero > 0) std::printf("  ZeRO stage %d on several devices: the optimizer state sharded\n", p.zero);
   for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
   if (p.cpu_default)
     std::printf("  CPU devices: the default workload is %s, batch %lld, %lld steps (GPUs: mlp; --model to choose)\n",
@@ -375,19 +395,21 @@ void print_row(const Row& r) {
 std::string csv(const std::vector<Row>& rows) {
   std::string o =
       "scaling,reduce,precision,devices,device_list,global_batch,step_ms,samples_per_s,speedup,efficiency,"
-      "compute_ms,reduce_ms,update_ms,idle_ms,peak_mib,loss_first,loss_last\n";
+      "compute_ms,reduce_ms,update_ms,idle_ms,peak_mib,state_mib,loss_first,loss_last\n";
   for (const Row& r : rows) {
     const Measurement& m = *r.m;
-    std::vector<std::string> devs, peaks;
+    std::vector<std::string> devs, peaks, states;
     for (const Device& d : m.devices) devs.push_back(d.str());
     for (const auto& [d, b] : m.peak) peaks.push_back(d.str() + "=" + fmt("%.3f", mib(b)));
+    for (const auto& [d, b] : m.state) states.push_back(d.str() + "=" + fmt("%.3f", mib(static_cast<size_t>(b))));
     o += std::string(scaling_name(r.scaling)) + "," + dpt::reduce_name(r.reduce) + "," +
          dpt::precision_name(r.precision) + "," + std::to_string(r.n) + "," + join(devs, ";") + "," +
          std::to_string(r.global);
     for (double v :
          {m.step_ms, m.samples_per_s, r.speedup, r.efficiency, m.compute_ms, m.reduce_ms, m.update_ms, m.idle_ms})
       o += "," + fmt("%.6g", v);
-    o += "," + join(peaks, ";") + "," + fmt("%.6g", m.loss_first) + "," + fmt("%.6g", m.loss_last) + "\n";
+    o += "," + join(peaks, ";") + "," + join(states, ";") + "," + fmt("%.6g", m.loss_first) + "," +
+         fmt("%.6g", m.loss_last) + "\n";
   }
   return o;
 }
@@ -399,7 +421,8 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
   std::string o =
       "{\n  \"dpbench\": " + dpt::ckpt::json_quote(DPT_VERSION) +
       ",\n  \"model\": " + dpt::ckpt::json_quote(p.model.text) + ",\n  \"parameters\": " + std::to_string(parameters) +
-      ",\n  \"loss\": \"mse\",\n  \"optimizer\": {\"name\": \"sgd\", \"lr\": " + fmt("%g", kLr) +
+      ",\n  \"loss\": \"mse\",\n  \"optimizer\": {\"name\": \"" + (p.adamw ? "adamw" : "sgd") +
+      "\", \"lr\": " + fmt("%g", p.adamw ? kAdamLr : kLr) + ", \"zero\": " + std::to_string(p.zero) +
       "},\n  \"devices\": [" + join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
       "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
       ",\n  \"strong_global_batch\": " + std::to_string(p.batch * static_cast<int64_t>(p.devices.size())) +
@@ -408,9 +431,10 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const Measurement& m = *r.m;
-    std::vector<std::string> list, peaks;
+    std::vector<std::string> list, peaks, states;
     for (const Device& d : m.devices) list.push_back(dpt::ckpt::json_quote(d.str()));
     for (const auto& [d, b] : m.peak) peaks.push_back(dpt::ckpt::json_quote(d.str()) + ": " + std::to_string(b));
+    for (const auto& [d, b] : m.state) states.push_back(std::to_string(b));
     o += std::string(i ? "," : "") + "\n    {\"scaling\": " + dpt::ckpt::json_quote(scaling_name(r.scaling)) +
          ", \"reduce\": " + dpt::ckpt::json_quote(dpt::reduce_name(r.reduce)) +
          ", \"precision\": " + dpt::ckpt::json_quote(dpt::precision_name(r.precision)) +
@@ -420,7 +444,8 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
          ", \"efficiency\": " + fmt("%.6g", r.efficiency) + ", \"compute_ms\": " + fmt("%.6g", m.compute_ms) +
          ", \"reduce_ms\": " + fmt("%.6g", m.reduce_ms) + ", \"update_ms\": " + fmt("%.6g", m.update_ms) +
          ", \"idle_ms\": " + fmt("%.6g", m.idle_ms) + ", \"peak_bytes\": {" + join(peaks, ", ") +
-         "}, \"loss_first\": " + fmt("%.6g", m.loss_first) + ", \"loss_last\": " + fmt("%.6g", m.loss_last) + "}";
+         "}, \"optimizer_state_bytes\": [" + join(states, ", ") + "], \"loss_first\": " + fmt("%.6g", m.loss_first) +
+         ", \"loss_last\": " + fmt("%.6g", m.loss_last) + "}";
   }
   return o + "\n  ]\n}\n";
 }

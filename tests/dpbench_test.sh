@@ -71,16 +71,6 @@ PY
 "$exe" --version | grep -q '^dpbench [0-9]' && ok || bad "--version"
 "$exe" --help | grep -q -- '--scaling' && ok || bad "--help"
 
-# bad input: exit 2, one line on stderr, nothing written
-refuse() {
-  "$exe" "$@" --out "$tmp/refused" >"$tmp/stdout" 2>"$tmp/stderr"
-  local rc=$? lines
-  lines=$(wc -l <"$tmp/stderr")
-  if [ "$rc" -ne 2 ]; then bad "dpbench $* exited $rc, not 2: $(cat "$tmp/stderr")"
-  elif [ "$lines" -ne 1 ]; then bad "dpbench $* wrote $lines lines on stderr: $(cat "$tmp/stderr")"
-  elif ! grep -q '^dpbench: error: ' "$tmp/stderr"; then bad "dpbench $*: not an error line: $(cat "$tmp/stderr")"
-  elif [ -e "$tmp/refused/dpbench.csv" ]; then bad "dpbench $* wrote results"
-  else ok; fi
 # A CNN workload: both strong-scaling runs see the same images and labels, so their
 # first losses agree.
 if "$exe" --cpus 2 --model cnn-small --batch 4 --steps 2 --warmup 1 --scaling strong --out "$tmp/cnn" \
@@ -92,6 +82,32 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 assert [r["devices"] for r in rows] == ["1", "2"], rows
 assert abs(float(rows[0]["loss_first"]) - float(rows[1]["loss_first"])) < 1e-4 * abs(float(rows[0]["loss_first"])), rows
 PY
+
+# AdamW with ZeRO stage 1: each device's optimizer state is its share (2 moments of its
+# shard of the 768-float flat buffer: 6 KiB on 1 device, 3 KiB on 2), in the CSV and JSON.
+if "$exe" --cpus 2 --model 16-32-4 --batch 8 --steps 2 --warmup 1 --scaling weak --optimizer adamw --zero 1 \
+  --out "$tmp/zero" >"$tmp/stdout" 2>"$tmp/stderr"; then ok
+else bad "dpbench --optimizer adamw --zero 1 failed: $(cat "$tmp/stderr")"; fi
+grep -q 'AdamW lr 0.001' "$tmp/stdout" && grep -q 'ZeRO stage 1' "$tmp/stdout" && ok || bad "no AdamW/ZeRO header"
+python3 - "$tmp/zero" <<'PY' && ok || bad "ZeRO CSV/JSON: $(cat "$tmp/zero/dpbench.csv")"
+import csv, json, sys
+rows = list(csv.DictReader(open(f"{sys.argv[1]}/dpbench.csv")))
+assert [r["state_mib"] for r in rows] == ["cpu:0=0.006", "cpu:0=0.003;cpu:1=0.003"], rows
+j = json.load(open(f"{sys.argv[1]}/dpbench.json"))
+assert j["optimizer"] == {"name": "adamw", "lr": 0.001, "zero": 1}, j["optimizer"]
+assert [r["optimizer_state_bytes"] for r in j["runs"]] == [[6144], [3072, 3072]], j["runs"]
+PY
+
+# bad input: exit 2, one line on stderr, nothing written
+refuse() {
+  "$exe" "$@" --out "$tmp/refused" >"$tmp/stdout" 2>"$tmp/stderr"
+  local rc=$? lines
+  lines=$(wc -l <"$tmp/stderr")
+  if [ "$rc" -ne 2 ]; then bad "dpbench $* exited $rc, not 2: $(cat "$tmp/stderr")"
+  elif [ "$lines" -ne 1 ]; then bad "dpbench $* wrote $lines lines on stderr: $(cat "$tmp/stderr")"
+  elif ! grep -q '^dpbench: error: ' "$tmp/stderr"; then bad "dpbench $*: not an error line: $(cat "$tmp/stderr")"
+  elif [ -e "$tmp/refused/dpbench.csv" ]; then bad "dpbench $* wrote results"
+  else ok; fi
 
 }
 refuse --cpus 0
@@ -113,6 +129,8 @@ refuse --model cnn:3x4x4-c8k5p0-f2
 refuse --model cnn:3x8x8-f1
 refuse --bogus
 refuse --cpus 1 --cuda-graph
+refuse --cpus 2 --optimizer lamb
+refuse --cpus 2 --zero 2
 touch "$tmp/file"
 refuse --cpus 2 --model 16-32-4 --out "$tmp/file/sub"
 
