@@ -442,7 +442,7 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
     // the sum of the shards' parts.
     run_on_all([&](size_t r) {
       const SampleRange& k = shard_of(r);
-      if (k.count > 0) copy(partial_[r], sum_squares(replicas_[r].model->flat_grads().view(k.first, {k.count})));
+      if (k.count > 0) partial_[r] = sum_squares(replicas_[r].model->flat_grads().view(k.first, {k.count}));
       else fill_(partial_[r], 0.0f);
     });
     reducer_->sum_partials(partial_);

@@ -53,12 +53,13 @@ ShardLoader::ShardLoader(const data::Dataset& data, const Device& device, int64_
       max_rows_(max_rows),
       x_row_(numel(data.input_shape())),
       y_row_(data.task() == data::Task::classification ? 1 : numel(data.target_shape())),
+      row_bytes_((x_row_ + y_row_) * 4),
       labels_(data.task() == data::Task::classification),
       next_(std::move(next)),
       copy_ctx_(device),
       order_(data.rows(), seed, shuffle) {
   DPT_CHECK(max_rows >= 1 && data.has_targets() && next_, "ShardLoader: rows with targets to load, and what follows");
-  const int64_t shard_bytes = max_rows * (x_row_ + y_row_) * 4;
+  const int64_t shard_bytes = max_rows * row_bytes_;
   if (gather_threads > 1 && data.concurrent_gathers() && shard_bytes >= 2 * kPartBytes) {
     gatherers_ = std::make_unique<WorkerPool>(gather_threads);
     chunk_parts_ = std::vector<std::atomic<int>>(static_cast<size_t>((max_rows + chunk_rows() - 1) / chunk_rows()));
@@ -97,7 +98,7 @@ ShardLoader::~ShardLoader() {
   }
 }
 
-int64_t ShardLoader::chunk_rows() const { return std::max<int64_t>(1, kChunkBytes / ((x_row_ + y_row_) * 4)); }
+int64_t ShardLoader::chunk_rows() const { return std::max<int64_t>(1, kChunkBytes / row_bytes_); }
 
 void ShardLoader::load(Slot& s, int64_t first, int64_t count) {
   s.copied->synchronize();  // the host buffers' last copy to the device is over
@@ -115,7 +116,7 @@ void ShardLoader::load(Slot& s, int64_t first, int64_t count) {
     data_.gather_host(part,
                       {hx + begin * x_row_, labels_ ? nullptr : hy + begin * y_row_, labels_ ? hl + begin : nullptr});
   };
-  const int64_t row_bytes = (x_row_ + y_row_) * 4, chunk = chunk_rows();
+  const int64_t chunk = chunk_rows();
   const auto chunks = static_cast<size_t>((count + chunk - 1) / chunk);
   auto rows_in = [&](size_t c) {  // chunk c's rows of the shard
     const int64_t a = static_cast<int64_t>(c) * chunk;
@@ -137,7 +138,7 @@ void ShardLoader::load(Slot& s, int64_t first, int64_t count) {
     // A thread for every kPartBytes of the shard, up to the pool's size: waking more costs
     // more than they save.
     const size_t parts =
-        gatherers_ ? std::min(gatherers_->size(), static_cast<size_t>(count * row_bytes / kPartBytes)) : 1;
+        gatherers_ ? std::min(gatherers_->size(), static_cast<size_t>(count * row_bytes_ / kPartBytes)) : 1;
     if (parts > 1) {
       // Every thread gathers its part of each chunk in turn, without waiting for the
       // others; this thread queues chunk c's copy as soon as every part of it is in.
@@ -191,7 +192,7 @@ void ShardLoader::load(Slot& s, int64_t first, int64_t count) {
   s.timed = queued;
   std::lock_guard<std::mutex> lk(stats_m_);
   stats_.loads += 1;
-  stats_.bytes += static_cast<uint64_t>(count * row_bytes);
+  stats_.bytes += static_cast<uint64_t>(count * row_bytes_);
   stats_.gather_s += gathered;
   stats_.copy_ms += copy_ms;
   if (copy_ms > 0) stats_.timed_copies += 1;

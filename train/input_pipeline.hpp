@@ -83,6 +83,7 @@ class ShardLoader {
   const data::Dataset& data_;
   Device device_;
   int64_t max_rows_, x_row_, y_row_;
+  int64_t row_bytes_;  // a row's inputs and targets (4-byte floats or labels)
   bool labels_;
   NextShard next_;
   Context copy_ctx_;  // the copy stream

@@ -588,11 +588,12 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     const bool evaluated = val_data_ && (eval_every_ > 0 ? done % eval_every_ == 0 || done == cfg_.steps
                                                          : epoch_ended || done == cfg_.steps);
     const bool logged = first || evaluated || done % cfg_.log_every == 0 || done == cfg_.steps;
+    const bool saved = cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps;
     StepLoss loss = step(s, logged);
     // The device skipped the update of a non-finite step; the host learns of it kLag
     // steps later, or at the next log point or save, without waiting for each step.
     handle_nonfinite(watch_->after_step(*dp_, s), done);
-    if (logged || (cfg_.save_every > 0 && done % cfg_.save_every == 0)) handle_nonfinite(watch_->drain(), done);
+    if (logged || saved) handle_nonfinite(watch_->drain(), done);
     if (logged) {
       dp_->synchronize();                // bounded by --comm-timeout across ranks
       const float value = loss.value();  // the only host synchronization of a step
@@ -630,7 +631,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     } else {
       unread = std::move(loss);
     }
-    if (cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps) save(cfg_.save);
+    if (saved) save(cfg_.save);
   }
   handle_nonfinite(watch_->drain(), steps_done_);  // before the last save
   // A stopped run reports the loss of the last step it did, logged or not (every rank
