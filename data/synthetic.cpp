@@ -45,59 +45,39 @@ Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_
   w2_ = teacher_weight(cfg_.out, cfg_.teacher_hidden, 1.6f, cfg_.seed, kTeacher2, device);
 }
 
-void Synthetic::fill_inputs(const Tensor& x, int64_t first) const {
-  // Sample i's features are elements i*in .. i*in+in-1 of the input stream.
-  const int64_t n = x.size(0), in = cfg_.in;
-  if (cfg_.samples == 0) {
-    normal_(x, cfg_.seed, kInputs, static_cast<uint64_t>(first * in));
-    return;
-  }
-  int64_t done = 0;
-  while (done < n) {
-    const int64_t idx = (first + done) % cfg_.samples;
-    const int64_t run = std::min(n - done, cfg_.samples - idx);
-    normal_(x.view(done * in, {run, in}), cfg_.seed, kInputs, static_cast<uint64_t>(idx * in));
-    done += run;
-  }
-}
-
 Batch Synthetic::batch(int64_t first, int64_t count) const {
   DPT_CHECK(first >= 0 && count > 0, "Synthetic::batch: bad range");
+  return rows({first, count, count, cfg_.samples}, count);
+}
+
+Batch Synthetic::rows(const RowMap& map, int64_t count) const {
+  DPT_CHECK(map.first >= 0 && map.per_group > 0 && map.group_stride >= map.per_group && count > 0,
+            "Synthetic::rows: bad rows");
+  const RowMap wrapped{map.first, map.per_group, map.group_stride, cfg_.samples};
   NoGradGuard no_grad;
   Batch b;
+  // Sample i's features are elements i*in .. i*in+in-1 of the input stream.
   if (!cfg_.image.empty()) {
     // Every op of the teacher works sample by sample, so a label does not depend on
     // the batch it is made in.
     const Shape& im = cfg_.image;
     b.x = Tensor::empty({count, im[0], im[1], im[2]}, DType::f32, device_);
-    fill_inputs(b.x, first);
+    normal_rows_(b.x, cfg_.seed, kInputs, wrapped);
     Tensor h = activation(conv2d(b.x, w1_, Tensor(), 1, 1), Act::tanh);
     h = flatten(pool2d(h, Pool::avg, im[1], im[2], 1));
     b.y = argmax_rows(linear(h, w2_, Tensor(), Act::none));
     return b;
   }
   b.x = Tensor::empty({count, cfg_.in}, DType::f32, device_);
-  fill_inputs(b.x, first);
+  normal_rows_(b.x, cfg_.seed, kInputs, wrapped);
   Tensor h = linear(b.x, w1_, Tensor(), Act::tanh);
   Tensor out = linear(h, w2_, Tensor(), Act::none);
   if (cfg_.task == Task::classification) {
     b.y = argmax_rows(out);
     return b;
   }
-  if (cfg_.noise > 0.0f) {
-    // Noise for sample i is elements i*out .. of the noise stream (one piece per
-    // contiguous run of indices, as for the inputs).
-    Tensor noise = Tensor::empty(out.shape(), DType::f32, device_);
-    int64_t done = 0;
-    while (done < count) {
-      const int64_t idx = cfg_.samples ? (first + done) % cfg_.samples : first + done;
-      const int64_t run = cfg_.samples ? std::min(count - done, cfg_.samples - idx) : count;
-      normal_(noise.view(done * cfg_.out, {run, cfg_.out}), cfg_.seed, kNoise, static_cast<uint64_t>(idx * cfg_.out),
-              cfg_.noise);
-      done += run;
-    }
-    axpy_(1.0f, noise, out);
-  }
+  // Noise for sample i is elements i*out .. of the noise stream, added in the same pass.
+  if (cfg_.noise > 0.0f) normal_rows_(out, cfg_.seed, kNoise, wrapped, cfg_.noise, /*add=*/true);
   b.y = out;
   return b;
 }

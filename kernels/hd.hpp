@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include <dptrain/types.hpp>
 
@@ -35,6 +36,41 @@ DPT_HD void advance_step_values(int64_t* t, const ScheduleArgs& a, float beta1, 
   values[1] = 1.0f - powf(beta1, static_cast<float>(s + 1));
   values[2] = 1.0f - powf(beta2, static_cast<float>(s + 1));
   *t = s + 1;
+}
+
+// The sample that row i of a RowMap is.
+DPT_HD int64_t row_sample(const RowMap& m, int64_t i) {
+  const int64_t s = m.first + (i / m.per_group) * m.group_stride + i % m.per_group;
+  return m.samples > 0 ? s % m.samples : s;
+}
+
+// isfinite on either side.
+DPT_HD bool finite(float x) {
+#if defined(__CUDA_ARCH__)
+  return isfinite(x);
+#else
+  return std::isfinite(x);
+#endif
+}
+
+// The gradient scale from ||g||^2: min(1, max_norm / (||g|| + 1e-6)), 1 when max_norm <= 0
+// (no clipping), NaN when ||g||^2 is not finite (the optimizer skips the step).
+DPT_HD float scale_from_norm_sq(float sq, float max_norm) {
+  if (!finite(sq)) return NAN;
+  const float c = max_norm > 0.0f ? max_norm / (sqrtf(sq) + 1e-6f) : 1.0f;
+  return c < 1.0f ? c : 1.0f;
+}
+
+// A check's record (CheckRecord) in the ring's next slot, from the scale and the first
+// non-finite index found (INT64_MAX: none); the caller writes the tag last.
+DPT_HD CheckRecord* check_record_slot(const CheckRingArgs& ring) { return ring.records + (*ring.count % ring.slots); }
+DPT_HD void fill_check_record(CheckRecord* r, float scale, int64_t first_bad) {
+#if defined(__CUDA_ARCH__)
+  r->scale_bits = __float_as_int(scale);
+#else
+  std::memcpy(&r->scale_bits, &scale, 4);
+#endif
+  r->index = finite(scale) ? -1 : first_bad < INT32_MAX ? static_cast<int32_t>(first_bad) : INT32_MAX;
 }
 
 }  // namespace dpt

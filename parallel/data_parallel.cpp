@@ -14,6 +14,7 @@
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
+#include "../kernels/hd.hpp"
 #include "../runtime/nvtx.hpp"
 #include "reducer.hpp"
 #include "worker_pool.hpp"
@@ -128,11 +129,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   if (options.zero < 0 || options.zero > 1)
     throw UsageError("DataParallelOptions::zero must be 0 or 1, got " + std::to_string(options.zero));
   use_graph_ = options.cuda_graph;
-  if (use_graph_ && (devices_.size() != 1 || !devices_[0].is_cuda() || group_ || options.grad_accum != 1 ||
-                     options.reduce != Reduce::automatic))
+  if (use_graph_ && (devices_.size() != 1 || !devices_[0].is_cuda() || group_ || options.reduce != Reduce::automatic))
     throw UsageError(
-        "DataParallelOptions::cuda_graph records one replica on one GPU (no DataParallelOptions::group, "
-        "grad_accum or reduce)");
+        "DataParallelOptions::cuda_graph records one replica on one GPU (no DataParallelOptions::group or reduce)");
   enable_peer_access(devices_);
   // bf16 precision is bf16 storage: the model (and so every replica) computes in bf16 from
   // bf16 shadows of its fp32 master parameters.
@@ -320,9 +319,9 @@ void DataParallel::update(size_t r) {
   NvtxRange range(rep.nvtx_update.c_str());
   // Every replica scales (clips) the same reduced gradient, so all make the same update;
   // a non-finite norm gives a NaN scale, on which the optimizer skips the step.
-  if (clip_ > 0.0f || check_finite_)
-    rep.scale = clip_coef(shards_.empty() ? sum_squares(rep.model->flat_grads()) : partial_[r], clip_);
-  else rep.scale = Tensor();
+  if (!(clip_ > 0.0f || check_finite_)) rep.scale = Tensor();
+  else if (shards_.empty()) rep.scale = check_gradients(rep.model->flat_grads(), clip_, r == 0 ? ring_ : CheckRing());
+  else rep.scale = clip_coef(partial_[r], clip_);
   rep.opt->step(rep.scale);
   if (r == 0 && timing_ && !recording_) rep.t_updated->record(*rep.ctx);
 }
@@ -332,11 +331,11 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   Replica& rep = replicas_[0];
   ContextGuard g(*rep.ctx);
   const data::Batch batch = source(0, first, count);
+  const ShardPlan& shares = plan(count);
+  const int k_total = shares.micro_batches();
   StepLoss out;
   out.owner = this;
-  out.weights = {1.0};
-  out.losses.resize(1);
-  if (metric) out.metrics.resize(1);
+  for (int k = 0; k < k_total; ++k) out.weights.push_back(shares.weight(0, k));
   const bool fits = graph_x_.defined() && graph_x_.shape() == batch.x.shape() && graph_y_.shape() == batch.y.shape();
   if (!fits) {
     graph_.reset();
@@ -346,10 +345,27 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   }
   copy(graph_x_, batch.x);
   copy(graph_y_, batch.y);
-  const data::Batch fixed{graph_x_, graph_y_};
-  if (!graph_warm_) {  // an eager step first: cuBLAS and the allocator set up outside the graph
-    forward_backward(0, fixed, 1.0, loss, out.losses[0], metric, metric ? out.metrics[0] : graph_metric_, true, true);
+  // The micro-batches are views of the fixed buffers, which the graph reads.
+  auto micro_step = [&](std::vector<Tensor>& losses, std::vector<Tensor>& metrics) {
+    losses.assign(static_cast<size_t>(k_total), Tensor());
+    metrics.assign(metric ? static_cast<size_t>(k_total) : 0, Tensor());
+    Tensor no_metric;
+    for (int k = 0; k < k_total; ++k) {
+      const SampleRange m = shares.micro(0, k);
+      auto rows = [&](const Tensor& t) {
+        Shape shape = t.shape();
+        shape[0] = m.count;
+        return t.view(m.first * (t.numel() / t.size(0)), shape);
+      };
+      const data::Batch part{rows(graph_x_), rows(graph_y_)};
+      const auto i = static_cast<size_t>(k);
+      forward_backward(0, part, out.weights[i], loss, losses[i], metric, metric ? metrics[i] : no_metric, k == 0,
+                       k + 1 == k_total);
+    }
     update(0);
+  };
+  if (!graph_warm_) {  // an eager step first: cuBLAS and the allocator set up outside the graph
+    micro_step(out.losses, out.metrics);
     graph_warm_ = true;
     return out;
   }
@@ -361,9 +377,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     const int64_t t = rep.opt->steps_taken();
     recording_ = true;
     graph_->begin();
-    graph_metric_ = Tensor();
-    forward_backward(0, fixed, 1.0, loss, graph_loss_, metric, graph_metric_, true, true);
-    update(0);
+    micro_step(graph_losses_, graph_metrics_);
     graph_->end();
     recording_ = false;
     rep.opt->set_steps_taken(t);
@@ -374,8 +388,8 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   if (timing_)
     for (auto* e : {rep.t_backward.get(), rep.t_reduced.get(), rep.t_updated.get()}) e->record(*rep.ctx);
   rep.opt->set_steps_taken(rep.opt->steps_taken() + 1);
-  out.losses[0] = graph_loss_;
-  if (metric) out.metrics[0] = graph_metric_;
+  out.losses = graph_losses_;
+  out.metrics = metric ? graph_metrics_ : std::vector<Tensor>();
   return out;
 }
 
@@ -448,6 +462,7 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
     reducer_->sum_partials(partial_);
   }
   run_on_all([&](size_t r) { update(r); });
+  if (!shards_.empty() && ring_.records && replicas_[0].scale.defined()) record_zero_check();
   if (reducer_ && reducer_->sharded()) reducer_->gather_params();
   else if (reducer_ && !reducer_->every_replica_updates()) reducer_->broadcast_params();
   broadcast_buffers();
@@ -614,36 +629,33 @@ StepTimes DataParallel::last_times() {
           m.t_updated->ms_since(*m.t_reduced)};
 }
 
-void DataParallel::record_nonfinite(int32_t* host, Event& done) {
-  Replica& m = replicas_[0];
-  if (!m.scale.defined()) {
-    const float one = 1.0f;
-    std::memcpy(host, &one, 4);
-    host[1] = -1;
-  } else if (!shards_.empty()) {
-    // ZeRO (CPU devices, whose work is done when queued): each replica holds the summed
-    // gradient of its shard alone, so the first bad value is the first over the shards.
-    const float scale = *m.scale.f32();
-    std::memcpy(host, &scale, 4);
-    host[1] = -1;
-    if (!std::isfinite(scale)) {
-      uint64_t first = std::numeric_limits<int32_t>::max();
-      for (size_t r = 0; r < replicas_.size(); ++r) {
-        const SampleRange& k = shard_of(r);
-        const float* g = replicas_[r].model->flat_grads().f32();
-        for (int64_t i = k.first; i < k.first + k.count && static_cast<uint64_t>(i) < first; ++i)
-          if (!std::isfinite(g[i])) first = static_cast<uint64_t>(i);
-      }
-      if (group_)  // the same step on every rank: all take part
-        for (uint64_t v : group_->gather_all(first)) first = std::min(first, v);
-      host[1] = static_cast<int32_t>(first);
+void DataParallel::set_check_ring(const CheckRing& ring) {
+  synchronize();  // no queued step writes the old ring any more
+  ring_ = ring;
+  graph_.reset();  // a recorded step writes the old one
+  graph_warm_ = false;
+}
+
+void DataParallel::record_zero_check() {
+  // ZeRO (CPU devices, whose work is done when queued): each replica holds the summed
+  // gradient of its shard alone, so the first bad value is the first over the shards.
+  const float scale = *replicas_[0].scale.f32();
+  int64_t first = std::numeric_limits<int64_t>::max();
+  if (!std::isfinite(scale)) {
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+      const SampleRange& k = shard_of(r);
+      const float* g = replicas_[r].model->flat_grads().f32();
+      for (int64_t i = k.first; i < k.first + k.count && i < first; ++i)
+        if (!std::isfinite(g[i])) first = i;
     }
-  } else {
-    ContextGuard g(*m.ctx);
-    // Freed at once: the block is reused only by work queued after the copy.
-    copy_to_host_async(host, nonfinite_record(m.scale, m.model->flat_grads()), *m.ctx);
+    if (group_)  // the same step on every rank: all take part
+      for (uint64_t v : group_->gather_all(static_cast<uint64_t>(first)))
+        first = std::min(first, static_cast<int64_t>(v));
   }
-  done.record(*m.ctx);
+  auto* count = reinterpret_cast<int64_t*>(ring_.count.i32());
+  CheckRecord* rec = ring_.records + *count % ring_.slots;
+  fill_check_record(rec, scale, first);
+  rec->tag = ++*count;
 }
 
 bool DataParallel::replicas_identical() {

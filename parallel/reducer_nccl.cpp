@@ -53,7 +53,7 @@ class NcclReducer : public Reducer {
     ncclUniqueId id{};
     if (g.rank() == 0) DPT_NCCL_CHECK(ncclGetUniqueId(&id));
     g.broadcast(&id, sizeof id, 0);
-    DPT_CUDA_CHECK(cudaSetDevice(d.index));
+    cuda::set_device(d.index);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     comms_.resize(1);
@@ -108,7 +108,7 @@ class NcclReducer : public Reducer {
     // Poll instead of cudaStreamSynchronize: an all-reduce waiting for a dead rank
     // would never return, and the job must end within the timeout instead.
     note_host_wait();
-    DPT_CUDA_CHECK(cudaSetDevice(ctx.device().index));
+    cuda::set_device(ctx.device().index);
     auto stream = static_cast<cudaStream_t>(ctx.stream());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(group_->timeout());
     while (true) {
@@ -141,7 +141,7 @@ class NcclReducer : public Reducer {
     ready_[r][b]->record(*r_[r].ctx);
     ready_[r][b]->wait_in(*comm_[r]);
     float* p = r_[r].grads.f32() + buckets_[b].offset;
-    DPT_CUDA_CHECK(cudaSetDevice(r_[r].ctx->device().index));
+    cuda::set_device(r_[r].ctx->device().index);
     const ncclResult_t res = ncclAllReduce(p, p, static_cast<size_t>(buckets_[b].count), ncclFloat, ncclSum, comms_[r],
                                            static_cast<cudaStream_t>(comm_[r]->stream()));
     if (res != ncclInProgress) DPT_NCCL_CHECK(res);

@@ -78,7 +78,7 @@ void* CachingAllocator::system_alloc(size_t bytes) {
 #if DPT_WITH_CUDA
   if (device_.is_cuda()) {
     void* p = nullptr;
-    DPT_CUDA_CHECK(cudaSetDevice(device_.index));
+    cuda::set_device(device_.index);
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear it: the caller empties the cache and retries

@@ -50,7 +50,7 @@ Defaults& defaults() {
 Context::Context(Device device) : device_(device) {
 #if DPT_WITH_CUDA
   if (device.is_cuda()) {
-    DPT_CUDA_CHECK(cudaSetDevice(device.index));
+    cuda::set_device(device.index);
     cudaStream_t s = nullptr;
     DPT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     stream_ = s;
@@ -78,7 +78,7 @@ Context::~Context() {
 void* Context::dnn() const {
 #if DPT_WITH_CUDNN
   if (!dnn_ && stream_) {
-    DPT_CUDA_CHECK(cudaSetDevice(device_.index));  // the handle belongs to the current device
+    cuda::set_device(device_.index);  // the handle belongs to the current device
     cudnnHandle_t h = nullptr;
     DPT_CUDNN_CHECK(cudnnCreate(&h));
     try {
@@ -108,7 +108,7 @@ void Context::synchronize() const {
   note_host_wait();
 #if DPT_WITH_CUDA
   if (stream_) {
-    DPT_CUDA_CHECK(cudaSetDevice(device_.index));
+    cuda::set_device(device_.index);
     DPT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
   }
 #endif
@@ -117,7 +117,7 @@ void Context::synchronize() const {
 Event::Event(Device device) : device_(device) {
 #if DPT_WITH_CUDA
   if (device.is_cuda()) {
-    DPT_CUDA_CHECK(cudaSetDevice(device.index));
+    cuda::set_device(device.index);
     cudaEvent_t e = nullptr;
     DPT_CUDA_CHECK(cudaEventCreate(&e));
     event_ = e;
@@ -134,7 +134,7 @@ Event::~Event() {
 void Event::record(const Context& ctx) {
 #if DPT_WITH_CUDA
   if (event_) {
-    DPT_CUDA_CHECK(cudaSetDevice(ctx.device().index));
+    cuda::set_device(ctx.device().index);
     DPT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(ctx.stream())));
     return;
   }
@@ -146,7 +146,7 @@ void Event::record(const Context& ctx) {
 void Event::wait_in(const Context& ctx) const {
 #if DPT_WITH_CUDA
   if (event_ && ctx.stream()) {
-    DPT_CUDA_CHECK(cudaSetDevice(ctx.device().index));
+    cuda::set_device(ctx.device().index);
     DPT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(ctx.stream()), static_cast<cudaEvent_t>(event_), 0));
   }
 #endif
@@ -211,7 +211,7 @@ Graph::~Graph() {
 void Graph::begin() {
 #if DPT_WITH_CUDA
   DPT_CHECK(!graph_ && !recording_, "Graph::begin() on a graph already recorded");
-  DPT_CUDA_CHECK(cudaSetDevice(ctx_.device().index));
+  cuda::set_device(ctx_.device().index);
   allocator(ctx_.device()).begin_capture(ctx_.pool());
   // Relaxed: the allocator may still need a new block (cudaMalloc) while recording.
   const cudaError_t e = cudaStreamBeginCapture(static_cast<cudaStream_t>(ctx_.stream()), cudaStreamCaptureModeRelaxed);
@@ -239,7 +239,7 @@ void Graph::end() {
 void Graph::launch() {
 #if DPT_WITH_CUDA
   DPT_CHECK(exec_, "Graph::launch() before end()");
-  DPT_CUDA_CHECK(cudaSetDevice(ctx_.device().index));
+  cuda::set_device(ctx_.device().index);
   DPT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(ctx_.stream())));
 #endif
 }

@@ -21,7 +21,7 @@ namespace {
 #if DPT_WITH_CUDA
 // The stream of the device's current context, with the device made current.
 cudaStream_t stream_of(const Device& d) {
-  DPT_CUDA_CHECK(cudaSetDevice(d.index));
+  cuda::set_device(d.index);
   return static_cast<cudaStream_t>(context(d).stream());
 }
 // A cuBLASLt GEMM on ctx's stream (gemm_lt), its workspace from the caching allocator;
@@ -261,6 +261,15 @@ void normal_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, f
                   cpu::normal(t.f32(), t.numel(), seed, stream, offset, std));
 }
 
+void normal_rows_(const Tensor& t, uint64_t seed, uint64_t stream, const RowMap& rows, float std, bool add) {
+  need_f32(t, "normal_rows_");
+  DPT_CHECK(t.dim() >= 1 && rows.per_group > 0, "normal_rows_: rows of a tensor, groups of at least one row");
+  if (t.numel() == 0) return;
+  const int64_t n = t.size(0), width = t.numel() / n;
+  DPT_CUDA_OR_CPU(t.device(), cuda::normal_rows(t.f32(), n, width, seed, stream, rows, std, add, stream_of(t.device())),
+                  cpu::normal_rows(t.f32(), n, width, seed, stream, rows, std, add));
+}
+
 void uniform_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi) {
   need_f32(t, "uniform_");
   DPT_CUDA_OR_CPU(t.device(), cuda::uniform(t.f32(), t.numel(), seed, stream, offset, lo, hi, stream_of(t.device())),
@@ -275,15 +284,22 @@ Tensor clip_coef(const Tensor& norm_sq, float max_norm) {
   return out;
 }
 
-Tensor nonfinite_record(const Tensor& scale, const Tensor& grads) {
-  need_f32(scale, "nonfinite_record");
-  need_f32(grads, "nonfinite_record");
-  same_device(scale, grads, "nonfinite_record");
-  DPT_CHECK(scale.numel() == 1, "nonfinite_record: the scale is one value");
-  Tensor out = Tensor::empty({2}, DType::i32, scale.device());
-  DPT_CUDA_OR_CPU(scale.device(),
-                  cuda::nonfinite_record(scale.f32(), grads.f32(), grads.numel(), out.i32(), stream_of(scale.device())),
-                  cpu::nonfinite_record(scale.f32(), grads.f32(), grads.numel(), out.i32()));
+Tensor check_gradients(const Tensor& grads, float max_norm, const CheckRing& ring) {
+  need_f32(grads, "check_gradients");
+  const Device& d = grads.device();
+  CheckRingArgs args;
+  if (ring.records) {
+    DPT_CHECK(ring.slots > 0 && ring.count.defined() && ring.count.dtype() == DType::i32 && ring.count.numel() == 2,
+              "check_gradients: a ring has slots and an int64 count");
+    same_device(grads, ring.count, "check_gradients");
+    args = {ring.records, ring.slots, reinterpret_cast<int64_t*>(ring.count.i32())};
+  }
+  Tensor out = Tensor::empty({1}, DType::f32, d);
+  DPT_CUDA_OR_CPU(
+      d,
+      cuda::check_gradients(grads.f32(), grads.numel(), max_norm, out.f32(),
+                            reduce_work(d, 3 * cuda::kReduceWork).f32(), context(d).counter(), args, stream_of(d)),
+      cpu::check_gradients(grads.f32(), grads.numel(), max_norm, out.f32(), ring.records ? &args : nullptr));
   return out;
 }
 

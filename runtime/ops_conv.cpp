@@ -25,7 +25,7 @@ namespace {
 // The cuDNN handle of the device's current context (bound to its stream), with the
 // device made current.
 cudnnHandle_t dnn_of(const Device& d) {
-  DPT_CUDA_CHECK(cudaSetDevice(d.index));
+  cuda::set_device(d.index);
   return static_cast<cudnnHandle_t>(context(d).dnn());
 }
 // The workspace of the convolution passes of shape s: a temporary from the caching

@@ -107,7 +107,7 @@ void upload(const Tensor& t, const void* src, size_t bytes) {
   }
 #if DPT_WITH_CUDA
   auto& ctx = context(t.device());
-  DPT_CUDA_CHECK(cudaSetDevice(t.device().index));
+  cuda::set_device(t.device().index);
   auto s = static_cast<cudaStream_t>(ctx.stream());
   PinnedStage& st = t_pinned[t.device().index];
   if (!st.done) DPT_CUDA_CHECK(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming));
@@ -133,7 +133,7 @@ void download(const Tensor& t, void* dst, size_t bytes) {
   }
 #if DPT_WITH_CUDA
   auto& ctx = context(t.device());
-  DPT_CUDA_CHECK(cudaSetDevice(t.device().index));
+  cuda::set_device(t.device().index);
   auto s = static_cast<cudaStream_t>(ctx.stream());
   DPT_CUDA_CHECK(cudaMemcpyAsync(dst, t.data(), bytes, cudaMemcpyDeviceToHost, s));
   DPT_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -141,20 +141,21 @@ void download(const Tensor& t, void* dst, size_t bytes) {
 }
 }  // namespace
 
-PinnedBuffer::PinnedBuffer(size_t bytes, const Device& device) : bytes_(bytes) {
+PinnedBuffer::PinnedBuffer(size_t bytes, const Device& device, bool mapped) : bytes_(bytes) {
   if (bytes == 0) return;
 #if DPT_WITH_CUDA
   if (device.is_cuda()) {
-    DPT_CUDA_CHECK(cudaSetDevice(device.index));
-    if (cudaHostAlloc(&ptr_, bytes, cudaHostAllocDefault) == cudaSuccess) {
+    cuda::set_device(device.index);
+    if (cudaHostAlloc(&ptr_, bytes, mapped ? cudaHostAllocMapped : cudaHostAllocDefault) == cudaSuccess) {
       pinned_ = true;
+      if (mapped) DPT_CUDA_CHECK(cudaHostGetDevicePointer(&device_ptr_, ptr_, 0));
       return;
     }
     (void)cudaGetLastError();  // reported below; the next call must not see it
     ptr_ = nullptr;
   }
 #endif
-  if (!device.is_cuda()) ptr_ = std::malloc(bytes);
+  if (!device.is_cuda()) device_ptr_ = ptr_ = std::malloc(bytes);
   if (!ptr_)
     throw OutOfMemory("out of " + std::string(device.is_cuda() ? "page-locked " : "") + "host memory: asked " +
                       format_bytes(bytes) + " for the input pipeline of " + device.str() +
@@ -174,6 +175,7 @@ PinnedBuffer::~PinnedBuffer() {
 
 PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
     : ptr_(std::exchange(other.ptr_, nullptr)),
+      device_ptr_(std::exchange(other.device_ptr_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
       pinned_(std::exchange(other.pinned_, false)) {}
 
@@ -181,6 +183,7 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
   if (this != &other) {
     PinnedBuffer gone(std::move(*this));
     ptr_ = std::exchange(other.ptr_, nullptr);
+    device_ptr_ = std::exchange(other.device_ptr_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     pinned_ = std::exchange(other.pinned_, false);
   }
@@ -194,7 +197,7 @@ void copy_from_host_async(const Tensor& dst, const void* src, const Context& ctx
     return;
   }
 #if DPT_WITH_CUDA
-  DPT_CUDA_CHECK(cudaSetDevice(dst.device().index));
+  cuda::set_device(dst.device().index);
   DPT_CUDA_CHECK(
       cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, static_cast<cudaStream_t>(ctx.stream())));
 #endif
@@ -207,7 +210,7 @@ void copy_to_host_async(void* dst, const Tensor& src, const Context& ctx) {
     return;
   }
 #if DPT_WITH_CUDA
-  DPT_CUDA_CHECK(cudaSetDevice(src.device().index));
+  cuda::set_device(src.device().index);
   DPT_CUDA_CHECK(
       cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(ctx.stream())));
 #endif
@@ -344,7 +347,7 @@ void copy(const Tensor& dst, const Tensor& src) {
 #if DPT_WITH_CUDA
   if (d.is_cuda() && s.is_cuda()) {
     auto stream = static_cast<cudaStream_t>(context(d).stream());
-    DPT_CUDA_CHECK(cudaSetDevice(d.index));
+    cuda::set_device(d.index);
     if (d.index == s.index)
       DPT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
     else DPT_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data(), d.index, src.data(), s.index, bytes, stream));

@@ -5,6 +5,7 @@
 // and ctest reports the test skipped).
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include <dptrain/error.hpp>
@@ -21,6 +22,7 @@
 #include <dptrain/data/shuffle.hpp>
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../runtime/allocator.hpp"
 #include "../train/input_pipeline.hpp"
@@ -293,21 +295,35 @@ TEST_CASE("optimizers, clipping, casts and argmax match the CPU", "[gpu][ops]") 
     adamw_step(P, G, M, V, AdamArgs{0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.19f, 0.002f}, Tensor());
     return std::vector<Tensor>{P, M, V};
   });
-  // The non-finite record: the scale's bits and the first bad gradient, found by atomicMin.
+  // The gradient check: the scale as clip_coef(sum_squares) gives it, and a record written
+  // into mapped host memory with the first bad gradient, as the CPU finds it.
+  compare([&](const Device& d) { return std::vector<Tensor>{check_gradients(on(d, g, {n}), 10.0f)}; });
   auto bad = randn(n, 17);
   bad[70001] = INFINITY;
   bad[99999] = NAN;
   bad[80000] = -INFINITY;
-  for (float sc : {0.25f, NAN}) {
-    INFO("scale " << sc);
-    for (const auto* values : {&g, &bad}) {
-      const std::vector<float> one{sc};
-      const auto c = nonfinite_record(on(host, one, {1}), on(host, *values, {n})).to_host_i32();
-      const auto d = nonfinite_record(on(gpu, one, {1}), on(gpu, *values, {n})).to_host_i32();
-      CHECK(c == d);
-      CHECK(c[1] == (std::isnan(sc) ? (values == &bad ? 70001 : INT32_MAX) : -1));
+  auto huge = g;
+  for (auto& e : huge) e *= 1e30f;  // finite values whose norm overflows
+  PinnedBuffer slots(3 * sizeof(CheckRecord), gpu, /*mapped=*/true);
+  std::memset(slots.data(), 0, slots.size());
+  const CheckRing ring{static_cast<CheckRecord*>(slots.device_data()), 3, Tensor::zeros({2}, DType::i32, gpu)};
+  const auto* rec = static_cast<const CheckRecord*>(slots.data());
+  int64_t checks = 0;
+  for (const auto* values : {&g, &bad, &huge, &bad, &g}) {
+    for (float clip : {0.0f, 0.5f}) {
+      INFO("check " << checks << " clip " << clip);
+      const float c = check_gradients(on(host, *values, {n}), clip).to_host()[0];
+      const float d = check_gradients(on(gpu, *values, {n}), clip, ring).to_host()[0];
+      ++checks;
+      const CheckRecord& r = rec[(checks - 1) % 3];
+      CHECK(r.tag == checks);
+      float recorded = 0;
+      std::memcpy(&recorded, &r.scale_bits, 4);
+      CHECK((std::isnan(c) ? std::isnan(d) && std::isnan(recorded) : std::fabs(c - d) <= 1e-6f * c && recorded == d));
+      CHECK(r.index == (values == &bad ? 70001 : values == &huge ? INT32_MAX : -1));
     }
   }
+  CHECK(ring.count.to_host_i32()[0] == checks);
   // Casts and argmax are exact.
   auto x = randn(n, 16, 100.0f);
   x[5] = NAN;
@@ -598,10 +614,11 @@ TEST_CASE("a step recorded as a CUDA graph trains exactly like the eager step", 
     const char* optimizer;
     const char* schedule;
     float clip;
+    int accum = 1;  // micro-batches, views of the graph's input
   };
   for (const Case k : {Case{"sgd", "constant", 0.0f}, Case{"sgd", "cosine", 0.0f}, Case{"adamw", "cosine", 0.5f},
-                       Case{"adamw", "warmup", 0.0f}}) {
-    INFO(k.optimizer << ", schedule " << k.schedule << ", clip " << k.clip);
+                       Case{"adamw", "warmup", 0.0f}, Case{"adamw", "cosine", 0.5f, 3}}) {
+    INFO(k.optimizer << ", schedule " << k.schedule << ", clip " << k.clip << ", micro-batches " << k.accum);
     TrainConfig c;
     c.model = "24-48x2-6";
     c.batch = 32;
@@ -613,6 +630,7 @@ TEST_CASE("a step recorded as a CUDA graph trains exactly like the eager step", 
     c.schedule = k.schedule;
     c.warmup = 3;
     c.clip = k.clip;
+    c.grad_accum = k.accum;
     Trainer eager(c);
     eager.run();
     c.cuda_graph = true;

@@ -197,23 +197,35 @@ TEST_CASE("gradient clipping scales the update to the norm asked", "[optim]") {
   CHECK(coef == 1.0f);
 }
 
-TEST_CASE("a step's non-finite record holds the scale and the first bad gradient", "[optim]") {
+TEST_CASE("the gradient check gives the scale and records it with the first bad gradient", "[optim]") {
   std::vector<float> g(1000, 1.0f);
-  int32_t rec[2] = {0, 0};
-  float scale = 0.5f, read = 0;
-  cpu::nonfinite_record(&scale, g.data(), 1000, rec);  // a good step: nothing searched
-  std::memcpy(&read, rec, 4);
-  CHECK(read == 0.5f);
-  CHECK(rec[1] == -1);
-  scale = NAN;
-  cpu::nonfinite_record(&scale, g.data(), 1000, rec);  // every value finite: the norm overflowed
-  CHECK(rec[1] == INT32_MAX);
+  CheckRecord ring[3] = {};
+  int64_t count = 0;
+  const CheckRingArgs args{ring, 3, &count};
+  float scale = 0, read = 0;
+  cpu::check_gradients(g.data(), 1000, 10.0f, &scale, &args);  // norm sqrt(1000) > 10: clipped
+  CHECK(std::fabs(scale - 10.0f / (std::sqrt(1000.0f) + 1e-6f)) < 1e-7f);
+  std::memcpy(&read, &ring[0].scale_bits, 4);
+  CHECK(read == scale);
+  CHECK(ring[0].index == -1);
+  CHECK(ring[0].tag == 1);
+  cpu::check_gradients(g.data(), 1000, 0.0f, &scale, &args);  // no clipping: 1
+  CHECK(scale == 1.0f);
+  for (float& v : g) v = 1e30f;  // every value finite, their norm overflows
+  cpu::check_gradients(g.data(), 1000, 0.0f, &scale, &args);
+  CHECK(std::isnan(scale));
+  CHECK(ring[2].index == INT32_MAX);
   g[777] = INFINITY;
   g[901] = NAN;
-  cpu::nonfinite_record(&scale, g.data(), 1000, rec);
-  std::memcpy(&read, rec, 4);
+  cpu::check_gradients(g.data(), 1000, 1.0f, &scale, &args);  // the fourth record: the first slot again
+  std::memcpy(&read, &ring[0].scale_bits, 4);
   CHECK(std::isnan(read));
-  CHECK(rec[1] == 777);
+  CHECK(ring[0].index == 777);
+  CHECK(ring[0].tag == 4);
+  CHECK(ring[1].tag == 2);
+  CHECK(count == 4);
+  cpu::check_gradients(g.data(), 1000, 1.0f, &scale, nullptr);  // no ring: nothing recorded
+  CHECK(count == 4);
 }
 
 TEST_CASE("bf16 casts round to nearest even and keep NaN", "[ops]") {

@@ -1,44 +1,59 @@
 #include "nonfinite_watch.hpp"
 
-#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <utility>
+
+#include <dptrain/error.hpp>
 
 namespace dpt {
 
-NonFiniteWatch::NonFiniteWatch(const Device& master) : host_(sizeof(int32_t) * 2 * kLag, master), slots_(kLag) {
-  for (Slot& s : slots_) s.done = std::make_unique<Event>(master);
+NonFiniteWatch::NonFiniteWatch(DataParallel& dp)
+    : dp_(dp),
+      host_(sizeof(CheckRecord) * kLag, dp.device(0), /*mapped=*/true),
+      count_(Tensor::zeros({2}, DType::i32, dp.device(0))),
+      step_of_(kLag, -1) {
+  std::memset(host_.data(), 0, host_.size());  // tag 0: not written
+  dp_.set_check_ring({static_cast<CheckRecord*>(host_.device_data()), kLag, count_});
 }
 
-void NonFiniteWatch::read(Slot& s, std::vector<Finding>& out) {
-  if (s.step < 0) return;
-  if (!s.done->ready()) s.done->synchronize();  // the device is kLag steps behind
-  const int32_t* rec = static_cast<const int32_t*>(host_.data()) + 2 * (&s - slots_.data());
+NonFiniteWatch::~NonFiniteWatch() {
+  try {
+    dp_.set_check_ring({});  // waits for the steps that write the ring
+  } catch (const std::exception& e) {
+    report(Severity::warning, std::string("a step failed while the gradient checks were read: ") + e.what());
+  }
+}
+
+void NonFiniteWatch::read_next() {
+  const CheckRecord& r = static_cast<const CheckRecord*>(host_.data())[read_ % kLag];
+  auto tag = [&] { return std::atomic_ref<const int64_t>(r.tag).load(std::memory_order_acquire); };
+  if (tag() != read_ + 1) {
+    dp_.synchronize();  // the device is kLag steps behind (or failed: this throws)
+    if (tag() != read_ + 1)
+      throw Error("the gradient check of step " + std::to_string(step_of_[read_ % kLag] + 1) +
+                  " was not recorded (record " + std::to_string(read_ + 1) + ", the slot holds " +
+                  std::to_string(tag()) + ")");
+  }
   float scale = 0;
-  std::memcpy(&scale, rec, 4);
-  if (!std::isfinite(scale)) out.push_back({s.step, rec[1]});
-  s.step = -1;
+  std::memcpy(&scale, &r.scale_bits, 4);
+  if (!std::isfinite(scale)) found_.push_back({step_of_[read_ % kLag], r.index});
+  ++read_;
 }
 
-std::vector<NonFiniteWatch::Finding> NonFiniteWatch::after_step(DataParallel& dp, int64_t step) {
-  std::vector<Finding> out;
-  const auto k = static_cast<size_t>(step % kLag);
-  Slot& s = slots_[k];
-  read(s, out);  // step - kLag's, before its slot is written again
-  dp.record_nonfinite(static_cast<int32_t*>(host_.data()) + 2 * k, *s.done);
-  s.step = step;
-  return out;
+void NonFiniteWatch::after_step(int64_t step) {
+  step_of_[queued_ % kLag] = step;
+  ++queued_;
+  // The next record overwrites record queued_ - kLag's slot: read it first.
+  while (queued_ - read_ >= kLag) read_next();
 }
 
-std::vector<NonFiniteWatch::Finding> NonFiniteWatch::drain() {
-  // In step order: the slots hold consecutive steps, the oldest first after the newest.
-  std::vector<Slot*> held;
-  for (Slot& s : slots_)
-    if (s.step >= 0) held.push_back(&s);
-  std::sort(held.begin(), held.end(), [](const Slot* a, const Slot* b) { return a->step < b->step; });
-  std::vector<Finding> out;
-  for (Slot* s : held) read(*s, out);
-  return out;
+void NonFiniteWatch::drain() {
+  while (read_ < queued_) read_next();
 }
+
+std::vector<NonFiniteWatch::Finding> NonFiniteWatch::take() { return std::exchange(found_, {}); }
 
 }  // namespace dpt

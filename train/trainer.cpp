@@ -106,8 +106,8 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   // More than a TiB a bucket is no bucket at all (and its byte count would not fit).
   if (!(cfg.bucket_mb > 0.0) || cfg.bucket_mb > 1048576.0)
     bad("bucket_mb", "must be in (0, 1048576] MiB" + got(cfg.bucket_mb));
-  if (cfg.cuda_graph && (cfg.devices.size() != 1 || !cfg.devices.front().is_cuda() || cfg.ddp || cfg.grad_accum != 1))
-    bad("cuda_graph", "records one replica on one GPU (no TrainConfig::ddp or TrainConfig::grad_accum)");
+  if (cfg.cuda_graph && (cfg.devices.size() != 1 || !cfg.devices.front().is_cuda() || cfg.ddp))
+    bad("cuda_graph", "records one replica on one GPU (no TrainConfig::ddp)");
   if (cfg.devices.front().is_cpu() && cfg.gemm == GemmImpl::native)
     bad("gemm", "native is a CUDA kernel; the CPU has one GEMM");
   if (cfg.gemm == GemmImpl::native && cfg.precision != Precision::fp32)
@@ -236,6 +236,8 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     return opt;
   };
   dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, scheduled, o);
+  watch_ = std::make_unique<NonFiniteWatch>(*dp_);
+  blocks_.resize(dp_->size());                    // each replica's thread uses its own
   const ShardPlan& plan = dp_->plan(cfg_.batch);  // refuses a split that cannot work before any step
   // GPU replicas on file data load their next shards while the steps compute, each loader
   // with its share of three quarters of the host's cores (at most 12 gathering threads:
@@ -456,7 +458,7 @@ Trainer::~Trainer() {
 }
 
 data::Batch Trainer::shard(size_t r, int64_t first, int64_t count) {
-  if (!train_data_) return data_[r]->batch(first, count);
+  if (!train_data_) return synthetic_shard(r, first, count);
   if (r < loaders_.size() && loaders_[r]) return loaders_[r]->get(first, count, context(dp_->device(r)));
   // Global samples to rows of this epoch's order (a batch may reach into the next epoch).
   orders_[r].rows(first, count, picked_[r]);
@@ -468,6 +470,38 @@ data::Batch Trainer::shard(size_t r, int64_t first, int64_t count) {
     train_data_->gather(picked_[r], b);
   }
   return b;
+}
+
+data::Batch Trainer::synthetic_shard(size_t r, int64_t first, int64_t count) {
+  // Replica r takes the same part of every step's batch: its micro-batches, contiguous.
+  const ShardPlan& plan = dp_->plan(cfg_.batch);
+  const int64_t part_first = plan.micro(r, 0).first;
+  int64_t part_count = 0;
+  for (int k = 0; k < plan.micro_batches(); ++k) part_count += plan.micro(r, k).count;
+  const int64_t step = first / cfg_.batch, at = first - step * cfg_.batch - part_first;
+  if (at < 0 || at + count > part_count) return data_[r]->batch(first, count);  // not a step's shard
+  // Blocks begin at multiples of their length, so a resumed run makes the same blocks;
+  // about 32 MiB of samples, at most 16 steps.
+  const data::Synthetic& d = *data_[r];
+  const int64_t row_bytes = 4 * (numel(d.input_shape()) + std::max<int64_t>(1, numel(d.target_shape())));
+  const int64_t block_rows = (int64_t{32} << 20) / row_bytes;
+  if (part_count > block_rows / 2) return d.batch(first, count);  // large shards: made step by step
+  const int64_t steps = std::min<int64_t>(block_rows / std::max<int64_t>(1, part_count), 16);
+  SyntheticBlock& b = blocks_[r];
+  const int64_t step0 = step / steps * steps;
+  if (b.step0 != step0 || b.steps != steps) {
+    b.rows = data::Batch();  // its memory serves the next block
+    b.rows = d.rows({step0 * cfg_.batch + part_first, part_count, cfg_.batch, 0}, steps * part_count);
+    b.step0 = step0;
+    b.steps = steps;
+  }
+  const int64_t row = (step - step0) * part_count + at;
+  auto rows_of = [&](const Tensor& t) {
+    Shape shape = t.shape();
+    shape[0] = count;
+    return t.view(row * (t.numel() / t.size(0)), shape);
+  };
+  return {rows_of(b.rows.x), rows_of(b.rows.y)};
 }
 
 EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch) {
@@ -511,6 +545,9 @@ StepLoss Trainer::step(int64_t s, bool measure) {
       s * cfg_.batch, cfg_.batch, [this](size_t r, int64_t first, int64_t n) { return shard(r, first, n); }, loss,
       metric, measure);
   steps_done_ = s + 1;
+  // The device skipped the update of a non-finite step; the host learns of it kLag
+  // steps later (run() reports it), or at the next log point or save, without waiting.
+  watch_->after_step(s);
   return l;
 }
 
@@ -553,10 +590,9 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
   int64_t last_step = begin;
   StepLoss unread;  // the last step's loss when it was not logged
   double eval_seconds = 0;
-  if (!watch_) watch_ = std::make_unique<NonFiniteWatch>(dp_->device(0));
   // Findings of non-finite gradients, `now` the steps done: stop or count them.
-  auto handle_nonfinite = [&](const std::vector<NonFiniteWatch::Finding>& found, int64_t now) {
-    for (const NonFiniteWatch::Finding& f : found) {
+  auto handle_nonfinite = [&](int64_t now) {
+    for (const NonFiniteWatch::Finding& f : watch_->take()) {
       const std::string where = f.index == std::numeric_limits<int32_t>::max() ? "" : parameter_at(f.index);
       const std::string what = "step " + std::to_string(f.step + 1) + ": the gradient" +
                                (where.empty() ? std::string("'s norm") : " of parameter " + where) + " is not finite" +
@@ -590,10 +626,8 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     const bool logged = first || evaluated || done % cfg_.log_every == 0 || done == cfg_.steps;
     const bool saved = cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps;
     StepLoss loss = step(s, logged);
-    // The device skipped the update of a non-finite step; the host learns of it kLag
-    // steps later, or at the next log point or save, without waiting for each step.
-    handle_nonfinite(watch_->after_step(*dp_, s), done);
-    if (logged || saved) handle_nonfinite(watch_->drain(), done);
+    if (logged || saved) watch_->drain();
+    handle_nonfinite(done);
     if (logged) {
       dp_->synchronize();                // bounded by --comm-timeout across ranks
       const float value = loss.value();  // the only host synchronization of a step
@@ -633,7 +667,8 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     }
     if (saved) save(cfg_.save);
   }
-  handle_nonfinite(watch_->drain(), steps_done_);  // before the last save
+  watch_->drain();
+  handle_nonfinite(steps_done_);  // before the last save
   // A stopped run reports the loss of the last step it did, logged or not (every rank
   // stopped at the same step, so the collective read matches).
   if (!unread.losses.empty()) r.final_loss = unread.value();

@@ -44,6 +44,36 @@ struct AdamArgs {
   float bias_correction2 = 1.0f;
 };
 
+// One step's gradient check, written by the device into host memory for the host to read
+// steps later without waiting (check_gradients): the scale's bits (NaN: the update was
+// skipped), -1 when every gradient is finite, else the flat index of the first non-finite
+// one (INT32_MAX when all are finite and only their norm overflowed), and, written last,
+// `tag`: the check's number + 1, so that the host sees when the record is complete.
+struct CheckRecord {
+  int32_t scale_bits;
+  int32_t index;
+  int64_t tag;
+};
+
+// Where check_gradients writes: records[*count % slots], then *count + 1 (a device counter,
+// so that a recorded CUDA graph writes each replay's record to the next slot).
+struct CheckRingArgs {
+  CheckRecord* records = nullptr;
+  int64_t slots = 0;
+  int64_t* count = nullptr;
+};
+
+// The samples that the rows of a tensor of synthetic data are: row i is sample
+// first + (i / per_group) * group_stride + i % per_group, wrapped into [0, samples) when
+// samples > 0. So one tensor holds a replica's part of several steps' batches (groups of
+// per_group rows, group_stride samples apart) and is made in one pass.
+struct RowMap {
+  int64_t first = 0;
+  int64_t per_group = 1;
+  int64_t group_stride = 1;
+  int64_t samples = 0;
+};
+
 // A 2-D convolution over NCHW tensors: x [n, c, h, w] * weight [k, c, r, s] (+ bias [k])
 // -> y [n, k, p, q], as torch.nn.Conv2d. Stride, padding and dilation are the same along
 // both axes.

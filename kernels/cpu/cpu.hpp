@@ -82,13 +82,11 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
                 uint16_t* shadow, const float* step_values = nullptr);
 // An optimizer step's values from its step counter *t (advance_step_values, kernels/hd.hpp).
 void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float beta2, float* values);
-// The step's gradient scale from ||g||^2: min(1, max_norm / (||g|| + 1e-6)), or 1 when
-// max_norm <= 0 (no clipping), or NaN when ||g||^2 is not finite (skip the step).
+// The step's gradient scale from ||g||^2 (scale_from_norm_sq, kernels/hd.hpp).
 void clip_coef(const float* norm_sq, float max_norm, float* out);
-// A step's record for the host to read later: out[0] the bits of *scale, out[1] -1 when
-// *scale is finite, else the index of the first non-finite of g's n values (INT32_MAX
-// when all are finite: the norm overflowed; n is searched up to INT32_MAX - 1).
-void nonfinite_record(const float* scale, const float* g, int64_t n, int32_t* out);
+// The same from the gradients themselves, in one pass that also finds the first
+// non-finite one; with a ring, the check's record goes to its next slot (CheckRingArgs).
+void check_gradients(const float* g, int64_t n, float max_norm, float* scale, const CheckRingArgs* ring);
 
 // elementwise.cpp
 void fill(float* x, int64_t n, float value);
@@ -98,6 +96,10 @@ void cast_f32_bf16(const float* x, uint16_t* y, int64_t n);   // round to neares
 void cast_bf16_f32(const uint16_t* x, float* y, int64_t n);
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out);
 void normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float std);
+// Rows of `width` values: row r gets the values of its sample (RowMap) in a contiguous
+// fill, added to what it holds when `add`.
+void normal_rows(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_t stream, const RowMap& map, float std,
+                 bool add);
 void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi);
 
 // conv.cpp — convolution, pooling and batch norm over NCHW (shapes in types.hpp), written

@@ -1,5 +1,6 @@
 // Fill, axpy, norms, casts, argmax and the Philox random fills on the CPU.
 #include "../bf16.hpp"
+#include "../hd.hpp"
 #include "../philox.hpp"
 #include "cpu.hpp"
 
@@ -39,6 +40,18 @@ void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out) {
 
 void normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float std) {
   for (int64_t i = 0; i < n; ++i) out[i] = std * philox::normal(seed, stream, offset + static_cast<uint64_t>(i));
+}
+
+void normal_rows(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_t stream, const RowMap& map, float std,
+                 bool add) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto base = static_cast<uint64_t>(row_sample(map, r) * width);
+    float* o = out + r * width;
+    for (int64_t c = 0; c < width; ++c) {
+      const float v = std * philox::normal(seed, stream, base + static_cast<uint64_t>(c));
+      o[c] = add ? o[c] + v : v;
+    }
+  }
 }
 
 void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi) {

@@ -49,29 +49,25 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
   }
 }
 
-void clip_coef(const float* norm_sq, float max_norm, float* out) {
-  if (!std::isfinite(*norm_sq)) {
-    *out = std::numeric_limits<float>::quiet_NaN();  // tells the optimizer to skip the step
-    return;
-  }
-  *out = max_norm > 0.0f ? std::min(1.0f, max_norm / (std::sqrt(*norm_sq) + 1e-6f)) : 1.0f;
-}
+void clip_coef(const float* norm_sq, float max_norm, float* out) { *out = scale_from_norm_sq(*norm_sq, max_norm); }
 
 void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float beta2, float* values) {
   advance_step_values(t, a, beta1, beta2, values);
 }
 
-void nonfinite_record(const float* scale, const float* g, int64_t n, int32_t* out) {
-  std::memcpy(out, scale, 4);
-  out[1] = -1;
-  if (std::isfinite(*scale)) return;
-  out[1] = std::numeric_limits<int32_t>::max();
-  const int64_t searched = std::min<int64_t>(n, std::numeric_limits<int32_t>::max() - 1);
-  for (int64_t i = 0; i < searched; ++i)
-    if (!std::isfinite(g[i])) {
-      out[1] = static_cast<int32_t>(i);
-      return;
-    }
+void check_gradients(const float* g, int64_t n, float max_norm, float* scale, const CheckRingArgs* ring) {
+  double sq = 0.0;
+  int64_t first_bad = INT64_MAX;
+  for (int64_t i = 0; i < n; ++i) {
+    sq += static_cast<double>(g[i]) * g[i];
+    if (first_bad == INT64_MAX && !std::isfinite(g[i])) first_bad = i;
+  }
+  *scale = scale_from_norm_sq(static_cast<float>(sq), max_norm);
+  if (!ring) return;
+  CheckRecord* r = check_record_slot(*ring);
+  fill_check_record(r, *scale, first_bad);
+  r->tag = *ring->count + 1;
+  *ring->count += 1;
 }
 
 }  // namespace dpt::cpu

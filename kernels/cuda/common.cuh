@@ -39,6 +39,10 @@ constexpr int kWarps = kThreads / 32;
 // per-thread setup over many elements.
 constexpr int64_t kMaxBlocks = 8192;
 
+// A grid-stride loop's first index and stride.
+__device__ __forceinline__ int64_t global_tid() { return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; }
+__device__ __forceinline__ int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
 // Blocks of kThreads for `items` work items: at least one, at most max_blocks (the
 // grid-stride loop covers the rest).
 inline unsigned blocks_for(int64_t items, int64_t max_blocks = kMaxBlocks) {

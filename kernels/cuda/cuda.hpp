@@ -143,7 +143,10 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
                 uint16_t* shadow, const float* step_values, cudaStream_t stream);
 void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float beta2, float* values, cudaStream_t stream);
 void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t stream);
-void nonfinite_record(const float* scale, const float* g, int64_t n, int32_t* out, cudaStream_t stream);
+// The gradient scale from the gradients in one kernel, and the check's record (CheckRingArgs;
+// ring.records may be null); work holds 3 * kReduceWork floats, counter is the context's.
+void check_gradients(const float* g, int64_t n, float max_norm, float* scale, float* work, unsigned* counter,
+                     const CheckRingArgs& ring, cudaStream_t stream);
 
 // elementwise.cu
 void fill(float* x, int64_t n, float value, cudaStream_t stream);
@@ -153,6 +156,8 @@ void cast_f32_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 void cast_bf16_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std, cudaStream_t stream);
+void normal_rows(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_t stream_id, const RowMap& map,
+                 float std, bool add, cudaStream_t stream);
 void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float lo, float hi,
              cudaStream_t stream);
 

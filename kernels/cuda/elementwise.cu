@@ -18,9 +18,6 @@
 namespace dpt::cuda {
 namespace {
 
-__device__ __forceinline__ int64_t global_tid() { return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; }
-__device__ __forceinline__ int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
-
 // ---- fill, axpy -------------------------------------------------------------------------
 
 // The float4 part covers [0, 4 * (n / 4)) when Vec; the rest is scalar.
@@ -154,6 +151,20 @@ static __global__ void argmax_rows_kernel(const float* x, int64_t rows, int64_t 
 
 // ---- random fills -----------------------------------------------------------------------
 
+// Element c of row r is value (sample of row r) * width + c of the stream: the rows of a
+// RowMap get the values their samples have in a contiguous fill (normal). The product is
+// rounded before the add (no fused multiply-add), as on the CPU.
+template <bool Add>
+static __global__ void normal_rows_kernel(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_t stream_id,
+                                          RowMap map, float std) {
+  for (int64_t i = global_tid(); i < rows * width; i += grid_stride()) {
+    const int64_t r = i / width, c = i % width;
+    const float v =
+        __fmul_rn(std, philox::normal(seed, stream_id, static_cast<uint64_t>(row_sample(map, r) * width + c)));
+    out[i] = Add ? out[i] + v : v;
+  }
+}
+
 static __global__ void normal_kernel(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset,
                                      float std) {
   for (int64_t i = global_tid(); i < n; i += grid_stride())
@@ -230,6 +241,20 @@ void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaS
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   DPT_CHECK(blocks <= 0x7fffffff, "argmax_rows: too many rows");
   argmax_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, rows, cols, out);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void normal_rows(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_t stream_id, const RowMap& map,
+                 float std, bool add, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && width > 0 && map.per_group > 0, "normal_rows: bad shape");
+  if (rows == 0) return;
+  DPT_CHECK(out != nullptr, "normal_rows: null pointer");
+  if (add)
+    normal_rows_kernel<true>
+        <<<blocks_for(rows * width), kThreads, 0, stream>>>(out, rows, width, seed, stream_id, map, std);
+  else
+    normal_rows_kernel<false>
+        <<<blocks_for(rows * width), kThreads, 0, stream>>>(out, rows, width, seed, stream_id, map, std);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

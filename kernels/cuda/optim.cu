@@ -127,38 +127,88 @@ static __global__ void adamw_step_kernel(float* p, const float* g, float* m, flo
   }
 }
 
-// std::min(1, c) as the CPU writes it: a NaN norm gives 1 there, and so here.
 static __global__ void clip_coef_kernel(const float* norm_sq, float max_norm, float* out) {
-  const float sq = *norm_sq;
-  if (!isfinite(sq)) {
-    *out = __int_as_float(0x7fc00000);  // NaN: tells the optimizer to skip the step
-    return;
-  }
-  const float c = max_norm > 0.f ? max_norm / (sqrtf(sq) + 1e-6f) : 1.f;
-  *out = c < 1.f ? c : 1.f;
+  *out = scale_from_norm_sq(*norm_sq, max_norm);
 }
 
 static __global__ void optimizer_advance_kernel(int64_t* t, ScheduleArgs a, float beta1, float beta2, float* values) {
   advance_step_values(t, a, beta1, beta2, values);
 }
 
-// The record's first half; the search below fills in the index when the scale is not finite.
-static __global__ void nonfinite_record_start_kernel(const float* scale, int32_t* out) {
-  const float sc = *scale;
-  out[0] = __float_as_int(sc);
-  out[1] = isfinite(sc) ? -1 : INT_MAX;
+// The smallest value over the block, valid in thread 0 (as block_sum).
+__device__ long long block_min(long long v) {
+  __shared__ long long warp_part[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 16; o > 0; o /= 2) v = min(v, __shfl_down_sync(0xffffffffu, v, o));
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  long long m = LLONG_MAX;
+  if (warp == 0) {
+    m = lane < static_cast<int>(blockDim.x / 32) ? warp_part[lane] : LLONG_MAX;
+    for (int o = 16; o > 0; o /= 2) m = min(m, __shfl_down_sync(0xffffffffu, m, o));
+  }
+  return m;
 }
 
-// Exits at once on a finite scale (every step but a bad one), else finds the first
-// non-finite gradient with atomicMin.
-static __global__ void nonfinite_search_kernel(const float* scale, const float* g, int64_t n, int32_t* out) {
-  if (isfinite(*scale)) return;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    if (!isfinite(g[i])) {
-      atomicMin(out + 1, static_cast<int32_t>(i));
-      return;  // the thread's later elements have larger indices
+// One pass over the gradients: each block's sum of squares (as sum_squares' partials) and
+// its first non-finite index; the last block to finish (the counter says which) adds the
+// sums in block order, in double, writes the scale and, with a ring, the check's record
+// (the tag last, after a system-wide fence: the host may be reading it), and leaves the
+// counter at 0.
+template <bool Vec>
+static __global__ void check_gradients_kernel(const float* g, int64_t n, float max_norm, float* part,
+                                              long long* bad_part, unsigned* counter, float* scale,
+                                              CheckRingArgs ring) {
+  float s = 0.f;
+  long long bad = LLONG_MAX;  // a thread's elements come in increasing order: its first is its least
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
+      const float4 a = g4[i];
+      s += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+      if (bad == LLONG_MAX && !(isfinite(a.x) && isfinite(a.y) && isfinite(a.z) && isfinite(a.w)))
+        bad = 4 * i + (!isfinite(a.x) ? 0 : !isfinite(a.y) ? 1 : !isfinite(a.z) ? 2 : 3);
     }
+    done = n / 4 * 4;
+  }
+  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) {
+    s += g[i] * g[i];
+    if (bad == LLONG_MAX && !isfinite(g[i])) bad = i;
+  }
+  s = block_sum(s);
+  bad = block_min(bad);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    part[blockIdx.x] = s;
+    bad_part[blockIdx.x] = bad;
+    __threadfence();  // the partials are visible to every block before the count says so
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // acquire: the other blocks' partials are read after their count
+  double total = 0;
+  long long first = LLONG_MAX;
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+    total += __ldcg(part + b);
+    first = min(first, __ldcg(bad_part + b));
+  }
+  total = block_sum(total);
+  first = block_min(first);
+  if (threadIdx.x == 0) {
+    const float sc = scale_from_norm_sq(static_cast<float>(total), max_norm);
+    *scale = sc;
+    *counter = 0;
+    if (ring.records) {
+      CheckRecord* r = check_record_slot(ring);
+      fill_check_record(r, sc, first);
+      const int64_t t = *ring.count + 1;
+      *ring.count = t;
+      __threadfence_system();  // the record reaches the host before its tag
+      *reinterpret_cast<volatile int64_t*>(&r->tag) = t;
+    }
+  }
 }
 
 }  // namespace
@@ -200,15 +250,19 @@ void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float bet
   DPT_CUDA_CHECK_LAUNCH();
 }
 
-void nonfinite_record(const float* scale, const float* g, int64_t n, int32_t* out, cudaStream_t stream) {
-  DPT_CHECK(scale != nullptr && out != nullptr && (n == 0 || g != nullptr), "nonfinite_record: null pointer");
-  nonfinite_record_start_kernel<<<1, 1, 0, stream>>>(scale, out);
-  DPT_CUDA_CHECK_LAUNCH();
-  const int64_t searched = n < INT_MAX - 1 ? n : INT_MAX - 1;
-  if (searched == 0) return;
-  // A small grid: on a good step it only reads the scale and exits.
-  const int blocks = static_cast<int>(std::min<int64_t>(132, (searched + kThreads - 1) / kThreads));
-  nonfinite_search_kernel<<<blocks, kThreads, 0, stream>>>(scale, g, searched, out);
+void check_gradients(const float* g, int64_t n, float max_norm, float* scale, float* work, unsigned* counter,
+                     const CheckRingArgs& ring, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "check_gradients: negative size");
+  DPT_CHECK(scale != nullptr && work != nullptr && counter != nullptr && (n == 0 || g != nullptr),
+            "check_gradients: null pointer");
+  DPT_CHECK(!ring.records || (ring.slots > 0 && ring.count != nullptr), "check_gradients: a ring without slots");
+  const unsigned blocks = reduce_blocks(n, 16);  // as sum_squares
+  long long* bad_part = reinterpret_cast<long long*>(work + kReduceWork);
+  if (aligned16(g))
+    check_gradients_kernel<true><<<blocks, kThreads, 0, stream>>>(g, n, max_norm, work, bad_part, counter, scale, ring);
+  else
+    check_gradients_kernel<false>
+        <<<blocks, kThreads, 0, stream>>>(g, n, max_norm, work, bad_part, counter, scale, ring);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

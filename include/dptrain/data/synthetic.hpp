@@ -36,6 +36,9 @@ class Synthetic : public Dataset {
   Synthetic(const SyntheticConfig& config, const Device& device);
   // Samples first .. first + count - 1 (wrapping around a finite dataset), on the device.
   Batch batch(int64_t first, int64_t count) const;
+  // The `count` samples of a RowMap (its `samples` is this set's), made in one pass of
+  // each op: a replica's part of several steps' batches at once.
+  Batch rows(const RowMap& map, int64_t count) const;
   const SyntheticConfig& config() const { return cfg_; }
 
   // The Dataset interface. Rows are made on this object's device and copied where they
@@ -52,7 +55,6 @@ class Synthetic : public Dataset {
   Batch batch(int64_t first, int64_t count, const Device& device) const override;
 
  private:
-  void fill_inputs(const Tensor& x, int64_t first) const;
   // Calls f(at, first, count) for each run of consecutive samples in `rows`: rows[at ..
   // at + count) are samples first .. first + count - 1.
   template <class F>

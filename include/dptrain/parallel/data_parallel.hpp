@@ -21,6 +21,7 @@
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/parallel/shard_plan.hpp>
 #include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt {
 
@@ -51,16 +52,16 @@ struct DataParallelOptions {
   int grad_accum = 1;   // micro-batches per step; only the last one communicates
   bool overlap = true;  // reduce buckets during backward (false: all after it, to measure the gain)
   // Computes the gradient norm every step: a non-finite one makes the optimizer skip the
-  // update (on the device), and record_nonfinite() tells the caller, later.
+  // update (on the device), and set_check_ring's ring tells the caller, later.
   bool check_finite = false;
   // ZeRO stage: 0 off; 1 shards the optimizer state over the replicas (each updates its
   // contiguous shard of the flat buffer, zero_shards', from the summed gradient of that
   // shard, and then every replica gets every shard's parameters). So far on CPU devices
   // in one process (the host reduction).
   int zero = 0;
-  // Records the whole step (forward, backward, update) as a CUDA graph and replays it:
-  // one GPU, one replica, no grad_accum; recorded once (the optimizers compute what changes
-  // from step to step on the device).
+  // Records the whole step (forward and backward of every micro-batch, update) as a CUDA
+  // graph and replays it: one GPU, one replica; recorded once (the optimizers compute what
+  // changes from step to step on the device).
   bool cuda_graph = false;
   // Several processes (DDP): this process trains its rank's part of every batch on its
   // one device, and gradients are summed over every rank (NCCL on GPUs, MPI on CPUs).
@@ -150,13 +151,12 @@ class DataParallel {
   size_t buckets() const;  // how many pieces the gradient buffer is reduced in (0: no reduction)
   // The phases of the last timed step (waits for it).
   StepTimes last_times();
-  // The last step's gradient check, queued on the master's stream, without waiting: two
-  // int32 (as ops' nonfinite_record: the scale's bits, -1 or the first non-finite
-  // gradient's flat index) are copied into `host` (pinned, for the copy to be
-  // asynchronous) and then `done` is recorded. The scale is 1, the clipping factor, or NaN
-  // when the gradients were not finite and the update was skipped; always 1 without
-  // clipping or check_finite.
-  void record_nonfinite(int32_t* host, Event& done);
+  // Where the master records every step's gradient check (ops' check_gradients: the scale,
+  // NaN when the gradients were not finite and the update was skipped, and the first
+  // non-finite gradient's flat index), for the caller to read steps later without waiting;
+  // an empty ring records nothing. With ZeRO the index is the first over every shard (on
+  // every rank: give each rank a ring). A recorded CUDA graph is recorded again.
+  void set_check_ring(const CheckRing& ring);
   // Whether every replica holds bitwise the master's parameters, bf16 shadow and buffers
   // (waits; for tests).
   bool replicas_identical();
@@ -187,6 +187,8 @@ class DataParallel {
   bool check_finite_ = false;
   std::vector<SampleRange> shards_;  // ZeRO: replica r's shard of the flat buffers
   std::vector<Tensor> partial_;      // ZeRO: replica r's part of the squared gradient norm
+  CheckRing ring_;                   // where the master records its gradient checks
+  void record_zero_check();          // ZeRO's record, on the host (CPU devices)
   const SampleRange& shard_of(size_t replica) const;
   // CUDA-graph mode: the batch is copied into fixed buffers that the graph reads.
   bool use_graph_ = false;
@@ -194,7 +196,8 @@ class DataParallel {
   bool graph_warm_ = false;
   bool recording_ = false;  // timing events cannot be recorded into a graph
   bool timing_ = true;      // this step records the master's phases
-  Tensor graph_x_, graph_y_, graph_loss_, graph_metric_;
+  Tensor graph_x_, graph_y_;
+  std::vector<Tensor> graph_losses_, graph_metrics_;  // a micro-batch's each, written by every replay
   StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                       const LossFn& metric);
   ProcessGroup* group_ = nullptr;

@@ -33,17 +33,20 @@ class PinnedBuffer {
  public:
   PinnedBuffer() = default;
   // `bytes` for copies to `device`; OutOfMemory naming the bytes when there are none.
-  PinnedBuffer(size_t bytes, const Device& device);
+  // `mapped`: the device's kernels may also read and write it in place (device_data()).
+  PinnedBuffer(size_t bytes, const Device& device, bool mapped = false);
   ~PinnedBuffer();
   PinnedBuffer(PinnedBuffer&& other) noexcept;
   PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
   void* data() const { return ptr_; }
+  void* device_data() const { return device_ptr_; }  // mapped: its address in kernels
   size_t size() const { return bytes_; }
 
  private:
   void* ptr_ = nullptr;
+  void* device_ptr_ = nullptr;
   size_t bytes_ = 0;
   bool pinned_ = false;  // from cudaHostAlloc, else malloc
 };

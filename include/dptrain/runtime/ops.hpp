@@ -50,13 +50,26 @@ Tensor argmax_rows(const Tensor& x);  // i32 [rows]
 // Philox fills: element i gets the value of index offset + i of stream (seed, stream).
 void normal_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float std = 1.0f);
 void uniform_(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi);
+// The same over rows (t's first axis) that are samples of a RowMap: row r gets what a
+// contiguous fill gives its sample, element c being index sample * width + c; added to
+// what t holds when `add` (noise on targets, in one pass).
+void normal_rows_(const Tensor& t, uint64_t seed, uint64_t stream, const RowMap& rows, float std = 1.0f,
+                  bool add = false);
 // The gradient-clipping coefficient min(1, max_norm / (||g|| + 1e-6)) from ||g||^2.
 Tensor clip_coef(const Tensor& norm_sq, float max_norm);
-// What the host needs to know of a step's gradient, to read later without waiting: an
-// int32 [2] of the bits of `scale` (clip_coef's, NaN when the gradient is not finite) and
-// -1 when it is finite, else the index into `grads` (flat) of the first non-finite value
-// (INT32_MAX when every value is finite and only their norm overflowed).
-Tensor nonfinite_record(const Tensor& scale, const Tensor& grads);
+// Where check_gradients records its checks for the host to read later (CheckRecord):
+// `records` is host memory the device writes in place (a mapped PinnedBuffer's
+// device_data()), `count` the device int64 (i32 [2]) of checks recorded so far.
+struct CheckRing {
+  CheckRecord* records = nullptr;
+  int64_t slots = 0;
+  Tensor count;
+};
+// A step's gradient scale (f32 [1]) from the gradients in one pass: clip_coef's, from
+// ||grads||^2 (NaN when a gradient is not finite: the update is skipped). With a ring, the
+// check's record (the scale and the first non-finite gradient's flat index) goes to its
+// next slot, so the host learns of a bad step without waiting for it.
+Tensor check_gradients(const Tensor& grads, float max_norm, const CheckRing& ring = {});
 // Fused optimizer updates over flat buffers; grad_scale may be undefined. shadow (bf16,
 // may be undefined) receives the updated parameters rounded to bf16, in the same pass.
 // step_values (f32 [3], may be undefined): the step's lr and AdamW's bias corrections,

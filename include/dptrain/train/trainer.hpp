@@ -204,6 +204,14 @@ class Trainer {
   TrainConfig cfg_;
   std::shared_ptr<nn::Sequential> model_;
   std::vector<std::unique_ptr<data::Synthetic>> data_;  // synthetic data: one per replica, on its device
+  // Synthetic data is made for several steps at once (a few launches for all of them
+  // instead of a few a step): replica r's part of steps [step0, step0 + steps).
+  struct SyntheticBlock {
+    int64_t step0 = -1, steps = 0;
+    data::Batch rows;
+  };
+  std::vector<SyntheticBlock> blocks_;
+  data::Batch synthetic_shard(size_t replica, int64_t first, int64_t count);
   std::shared_ptr<const data::Dataset> train_data_, val_data_;
   std::vector<data::RowOrder> orders_;        // file data: a replica's epoch order
   std::vector<std::vector<int64_t>> picked_;  // the rows it gathers this step
@@ -218,7 +226,7 @@ class Trainer {
   int64_t steps_done_ = 0;
   std::optional<ResumeInfo> resumed_;
   ProcessGroup* group_ = nullptr;
-  // Steps' gradient checks, read behind the steps (run() makes it).
+  // Steps' gradient checks, read behind the steps (run() reports the bad ones).
   std::unique_ptr<NonFiniteWatch> watch_;
   // The parameter holding element `index` of the flat gradient ("" if none does).
   std::string parameter_at(int64_t index);
