@@ -66,4 +66,16 @@ DPT_HD float normal(uint64_t seed, uint64_t stream, uint64_t i) {
   return (l & 1) ? r * sinf(t) : r * cosf(t);
 }
 
+// Elements 4k .. 4k + 3 of the same stream, from one Philox block: what normal() gives
+// each of them, for a quarter of the generator's work.
+DPT_HD void normal4(uint64_t seed, uint64_t stream, uint64_t k, float* out) {
+  U4 u = philox4x32(seed, stream, k);
+  const float r0 = sqrtf(-2.0f * logf(to_unit(u.x))), t0 = 6.283185307179586f * to_unit(u.y);
+  const float r1 = sqrtf(-2.0f * logf(to_unit(u.z))), t1 = 6.283185307179586f * to_unit(u.w);
+  out[0] = r0 * cosf(t0);
+  out[1] = r0 * sinf(t0);
+  out[2] = r1 * cosf(t1);
+  out[3] = r1 * sinf(t1);
+}
+
 }  // namespace dpt::philox

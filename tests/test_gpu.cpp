@@ -345,6 +345,18 @@ TEST_CASE("Philox gives the same values on the GPU as on the CPU", "[gpu][random
   normal_(a, 3, 4, 12345, 1.0f);
   normal_(b, 3, 4, 12345, 1.0f);
   CHECK(rel_error(b.to_host(), a.to_host()) < 1e-6);
+  // Rows of a RowMap (groups, wrapping), whole Philox blocks a thread (width 12) or not
+  // (width 7), filled and added to.
+  for (int64_t width : {12, 7}) {
+    INFO("width " << width);
+    const RowMap map{5, 3, 10, 23};
+    Tensor c = Tensor::zeros({31, width}, DType::f32, host), d = Tensor::zeros({31, width}, DType::f32, gpu);
+    for (bool add : {false, true}) {
+      normal_rows_(c, 3, 4, map, 0.5f, add);
+      normal_rows_(d, 3, 4, map, 0.5f, add);
+    }
+    CHECK(rel_error(d.to_host(), c.to_host()) < 1e-6);
+  }
 }
 
 TEST_CASE("50 training steps on CUDA match the same run on the CPU", "[gpu][train]") {

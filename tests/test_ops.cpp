@@ -242,6 +242,29 @@ TEST_CASE("bf16 casts round to nearest even and keep NaN", "[ops]") {
   CHECK(std::isinf(back[5]));
 }
 
+TEST_CASE("rows of a RowMap get the values of their samples in a contiguous fill", "[random]") {
+  const Device cpu{DeviceType::cpu, 0};
+  for (int64_t width : {8, 5}) {  // whole Philox blocks a row, or not
+    INFO("width " << width);
+    // 3 groups of 4 rows, 10 samples apart, wrapping at 23: samples 6..9, 16..19, 3..6.
+    const RowMap map{6, 4, 10, 23};
+    Tensor rows = Tensor::empty({12, width}, DType::f32, cpu), all = Tensor::empty({23, width}, DType::f32, cpu);
+    normal_rows_(rows, 9, 2, map, 0.5f);
+    normal_(all, 9, 2, 0, 0.5f);
+    const auto r = rows.to_host(), a = all.to_host();
+    for (int64_t i = 0; i < 12; ++i) {
+      const int64_t sample = (6 + (i / 4) * 10 + i % 4) % 23;
+      for (int64_t c = 0; c < width; ++c)
+        CHECK(r[static_cast<size_t>(i * width + c)] == a[static_cast<size_t>(sample * width + c)]);
+    }
+    Tensor noisy = Tensor::zeros({12, width}, DType::f32, cpu);
+    fill_(noisy, 1.0f);
+    normal_rows_(noisy, 9, 2, map, 0.5f, /*add=*/true);
+    const auto n = noisy.to_host();
+    for (size_t i = 0; i < n.size(); ++i) CHECK(n[i] == 1.0f + r[i]);
+  }
+}
+
 TEST_CASE("Philox: known answer, counter-based, and plausible statistics", "[random]") {
   // Known-answer test from the Random123 distribution (philox4x32_10, zero key and counter).
   auto r = philox::philox4x32(0, 0, 0);

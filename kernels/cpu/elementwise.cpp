@@ -46,6 +46,15 @@ void normal_rows(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_
                  bool add) {
   for (int64_t r = 0; r < rows; ++r) {
     const auto base = static_cast<uint64_t>(row_sample(map, r) * width);
+    if (width % 4 == 0) {  // whole Philox blocks, as the CUDA kernel makes them
+      float* o = out + r * width;
+      for (int64_t q = 0; q < width / 4; ++q) {
+        float v[4];
+        philox::normal4(seed, stream, base / 4 + static_cast<uint64_t>(q), v);
+        for (int j = 0; j < 4; ++j) o[4 * q + j] = add ? o[4 * q + j] + std * v[j] : std * v[j];
+      }
+      continue;
+    }
     float* o = out + r * width;
     for (int64_t c = 0; c < width; ++c) {
       const float v = std * philox::normal(seed, stream, base + static_cast<uint64_t>(c));
