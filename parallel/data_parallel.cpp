@@ -129,9 +129,10 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   if (options.zero < 0 || options.zero > 1)
     throw UsageError("DataParallelOptions::zero must be 0 or 1, got " + std::to_string(options.zero));
   use_graph_ = options.cuda_graph;
-  if (use_graph_ && (devices_.size() != 1 || !devices_[0].is_cuda() || group_ || options.reduce != Reduce::automatic))
+  if (use_graph_ && (!devices_[0].is_cuda() || group_))
     throw UsageError(
-        "DataParallelOptions::cuda_graph records one replica on one GPU (no DataParallelOptions::group or reduce)");
+        "DataParallelOptions::cuda_graph records the replicas of one process on GPUs (no "
+        "DataParallelOptions::group)");
   enable_peer_access(devices_);
   // bf16 precision is bf16 storage: the model (and so every replica) computes in bf16 from
   // bf16 shadows of its fp32 master parameters.
@@ -255,7 +256,8 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     rep.model->zero_grad();  // micro-batches after the first accumulate into the buffer
     // The master's forward writes its buffers: not before the last step's copies of
     // them to the replicas are done.
-    if (r == 0 && rep.model->flat_buffers().defined())
+    // (In a graph the replays are ordered already, and an event from before it cannot be waited for.)
+    if (r == 0 && rep.model->flat_buffers().defined() && !recording_)
       for (size_t i = 1; i < replicas_.size(); ++i) replicas_[i].buffers_copied->wait_in(*rep.ctx);
   }
   // Only the last micro-batch communicates; its backward hands each bucket over as soon
@@ -328,69 +330,95 @@ void DataParallel::update(size_t r) {
 
 StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                                   const LossFn& metric) {
-  Replica& rep = replicas_[0];
-  ContextGuard g(*rep.ctx);
-  const data::Batch batch = source(0, first, count);
   const ShardPlan& shares = plan(count);
-  const int k_total = shares.micro_batches();
-  StepLoss out;
-  out.owner = this;
-  for (int k = 0; k < k_total; ++k) out.weights.push_back(shares.weight(0, k));
-  const bool fits = graph_x_.defined() && graph_x_.shape() == batch.x.shape() && graph_y_.shape() == batch.y.shape();
-  if (!fits) {
+  const size_t n = replicas_.size();
+  Replica& master = replicas_[0];
+  if (graph_in_.size() != n) {
+    graph_in_.assign(n, data::Batch());
+    for (size_t r = 0; r < n; ++r) graph_inputs_ready_.push_back(std::make_unique<Event>(devices_[r]));
+    graph_done_ = std::make_unique<Event>(devices_[0]);
+  }
+  // Replica r trains the contiguous part of the batch its micro-batches cover.
+  auto part_of = [&](size_t r) {
+    SampleRange p{shares.micro(r, 0).first, 0};
+    for (int k = 0; k < shares.micro_batches(); ++k) p.count += shares.micro(r, k).count;
+    return p;
+  };
+  // Each replica copies its shard into its fixed buffers, once the last replay has read them.
+  std::vector<char> resized(n, 0);
+  run_on_all([&](size_t r) {
+    Replica& rep = replicas_[r];
+    const SampleRange part = part_of(r);
+    if (part.count == 0) return;
+    // Nothing of this replica's stream may run beside a replay: the graph's kernels share
+    // the context's cuBLAS workspace and reduction counter with what the source queues.
+    // (Replica 0's stream is the replays' own.)
+    if (r > 0 && graph_) graph_done_->wait_in(*rep.ctx);
+    const data::Batch b = source(r, first + part.first, part.count);
+    data::Batch& in = graph_in_[r];
+    if (!in.x.defined() || in.x.shape() != b.x.shape() || in.y.shape() != b.y.shape()) {
+      in = {Tensor::empty(b.x.shape(), b.x.dtype(), rep.device), Tensor::empty(b.y.shape(), b.y.dtype(), rep.device)};
+      resized[r] = 1;
+    }
+    copy(in.x, b.x);
+    copy(in.y, b.y);
+    if (r > 0) graph_inputs_ready_[r]->record(*rep.ctx);
+  });
+  if (std::find(resized.begin(), resized.end(), 1) != resized.end()) {
     graph_.reset();
-    graph_x_ = Tensor::empty(batch.x.shape(), batch.x.dtype(), rep.device);
-    graph_y_ = Tensor::empty(batch.y.shape(), batch.y.dtype(), rep.device);
     graph_warm_ = false;
   }
-  copy(graph_x_, batch.x);
-  copy(graph_y_, batch.y);
-  // The micro-batches are views of the fixed buffers, which the graph reads.
-  auto micro_step = [&](std::vector<Tensor>& losses, std::vector<Tensor>& metrics) {
-    losses.assign(static_cast<size_t>(k_total), Tensor());
-    metrics.assign(metric ? static_cast<size_t>(k_total) : 0, Tensor());
-    Tensor no_metric;
-    for (int k = 0; k < k_total; ++k) {
-      const SampleRange m = shares.micro(0, k);
-      auto rows = [&](const Tensor& t) {
-        Shape shape = t.shape();
-        shape[0] = m.count;
-        return t.view(m.first * (t.numel() / t.size(0)), shape);
-      };
-      const data::Batch part{rows(graph_x_), rows(graph_y_)};
-      const auto i = static_cast<size_t>(k);
-      forward_backward(0, part, out.weights[i], loss, losses[i], metric, metric ? metrics[i] : no_metric, k == 0,
-                       k + 1 == k_total);
-    }
-    update(0);
+  // The step reads its micro-batches as views of the fixed buffers.
+  const ShardSource fixed = [&](size_t r, int64_t f, int64_t count_r) {
+    const int64_t at = f - first - part_of(r).first;
+    auto rows = [&](const Tensor& t) {
+      Shape shape = t.shape();
+      shape[0] = count_r;
+      return t.view(at * (t.numel() / t.size(0)), shape);
+    };
+    return data::Batch{rows(graph_in_[r].x), rows(graph_in_[r].y)};
   };
   if (!graph_warm_) {  // an eager step first: cuBLAS and the allocator set up outside the graph
-    micro_step(out.losses, out.metrics);
     graph_warm_ = true;
-    return out;
+    return step_body(first, count, fixed, loss, metric);
   }
+  const std::vector<optim::Optimizer*> opts = optimizers();
   if (!graph_) {
     // Recorded once: the schedule's learning rate (and AdamW's bias corrections) are
-    // computed in the graph, from the optimizer's counter on the device. The host's count
-    // must not move while recording.
-    graph_ = std::make_unique<Graph>(*rep.ctx);
-    const int64_t t = rep.opt->steps_taken();
+    // computed in the graph, from each optimizer's counter on the device. The host's
+    // counts must not move while recording.
+    std::vector<int64_t> taken;
+    for (optim::Optimizer* o : opts) taken.push_back(o->steps_taken());
+    graph_ = std::make_unique<Graph>(*master.ctx);
     recording_ = true;
-    graph_->begin();
-    micro_step(graph_losses_, graph_metrics_);
-    graph_->end();
+    try {
+      graph_->begin();
+      for (size_t r = 1; r < n; ++r) graph_->join(*replicas_[r].ctx);
+      if (reducer_)
+        for (Context* c : reducer_->contexts()) graph_->join(*c);
+      graph_out_ = step_body(first, count, fixed, loss, metric);
+      graph_->end();
+    } catch (...) {
+      recording_ = false;
+      graph_.reset();
+      throw;
+    }
     recording_ = false;
-    rep.opt->set_steps_taken(t);
+    for (size_t i = 0; i < opts.size(); ++i) opts[i]->set_host_steps(taken[i]);
   }
-  // The whole replay counts as compute: the phases inside a graph are not timed apart.
-  if (timing_) rep.t_start->record(*rep.ctx);
-  graph_->launch();
-  if (timing_)
-    for (auto* e : {rep.t_backward.get(), rep.t_reduced.get(), rep.t_updated.get()}) e->record(*rep.ctx);
-  rep.opt->set_steps_taken(rep.opt->steps_taken() + 1);
-  out.losses = graph_losses_;
-  out.metrics = metric ? graph_metrics_ : std::vector<Tensor>();
-  return out;
+  {
+    ContextGuard g(*master.ctx);
+    for (size_t r = 1; r < n; ++r)
+      if (part_of(r).count > 0) graph_inputs_ready_[r]->wait_in(*master.ctx);
+    // The whole replay counts as compute: the phases inside a graph are not timed apart.
+    if (timing_) master.t_start->record(*master.ctx);
+    graph_->launch();
+    graph_done_->record(*master.ctx);
+    if (timing_)
+      for (auto* e : {master.t_backward.get(), master.t_reduced.get(), master.t_updated.get()}) e->record(*master.ctx);
+  }
+  for (optim::Optimizer* o : opts) o->set_host_steps(o->steps_taken() + 1);  // the replay moved the device's
+  return graph_out_;
 }
 
 StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
@@ -403,7 +431,6 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
   // With several processes, this one trains its rank's contiguous part of the batch; its
   // replicas split that, and each trains its shard as K micro-batches.
   const ShardPlan& shares = plan(count);  // refuses an empty batch
-  if (use_graph_) return graph_step(first, count, source, loss, metric);
   if (shares.idle_replicas() > 0 && !warned_small_batch_) {
     if (!group_ || group_->rank() == 0)
       report(Severity::note, "batch " + std::to_string(count) + " is smaller than the " +
@@ -411,6 +438,13 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
                                  std::to_string(count) + " of them get samples");
     warned_small_batch_ = true;
   }
+  if (use_graph_) return graph_step(first, count, source, loss, metric);
+  return step_body(first, count, source, loss, metric);
+}
+
+StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
+                                 const LossFn& metric) {
+  const ShardPlan& shares = plan(count);
   const int k_total = shares.micro_batches();
   const size_t per_replica = static_cast<size_t>(k_total);
   StepLoss out;

@@ -55,6 +55,9 @@ class Reducer {
   // Waits for ctx's queued work; reducers that talk to other processes bound the wait
   // by the communication timeout and end the job when it passes.
   virtual void synchronize(Context& ctx) { ctx.synchronize(); }
+  // The contexts it queues work on besides the replicas' (its communication streams):
+  // a CUDA graph of the step records them too.
+  virtual std::vector<Context*> contexts() { return {}; }
 
   // ZeRO (a reducer made with shards): reduce() leaves replica r's gradients summed over
   // its own shard only, and each replica updates its shard. From the driving thread:

@@ -150,6 +150,12 @@ class NcclReducer : public Reducer {
 
   void reduce() override {}
 
+  std::vector<Context*> contexts() override {
+    std::vector<Context*> out;
+    for (auto& c : comm_) out.push_back(c.get());
+    return out;
+  }
+
   void wait(size_t r) override {
     done_[r]->record(*comm_[r]);
     done_[r]->wait_in(*r_[r].ctx);

@@ -111,7 +111,7 @@ void CachingAllocator::system_free(void* ptr) {
 void* CachingAllocator::allocate(size_t bytes, void* stream) {
   const size_t size = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  const bool recording = capturing_ && stream == capture_stream_;
+  const bool recording = capturing_ && capture_free_.count(stream) > 0;
   auto hand_out = [&](void* p) {
     Block& b = blocks_.at(p);
     b.in_use = true;
@@ -124,9 +124,10 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
   // Only a block of exactly this size class: a request never takes the block that
   // another tensor of the same step needs, so the step after the first allocates nothing.
   if (recording) {
-    if (auto it = capture_free_.find(size); it != capture_free_.end()) {
+    auto& mine = capture_free_[stream];
+    if (auto it = mine.find(size); it != mine.end()) {
       void* p = it->second;
-      capture_free_.erase(it);
+      mine.erase(it);
       return hand_out(p);
     }
   }
@@ -174,10 +175,12 @@ void CachingAllocator::free(void* ptr) {
   Block& b = it->second;
   b.in_use = false;
   stats_.allocated -= b.size;
-  if (capturing_ && b.stream == capture_stream_) {
-    own_for_capture(ptr, b);  // recorded kernels may use it
-    if (b.handed_out == capture_id_) capture_free_.emplace(b.size, ptr);
-    return;
+  if (capturing_) {
+    if (auto mine = capture_free_.find(b.stream); mine != capture_free_.end()) {
+      own_for_capture(ptr, b);  // recorded kernels may use it
+      if (b.handed_out == capture_id_) mine->second.emplace(b.size, ptr);
+      return;
+    }
   }
   if (b.owners > 0) return;  // a recorded graph's: replays still write it
   free_[b.stream].emplace(b.size, ptr);
@@ -187,10 +190,16 @@ void CachingAllocator::begin_capture(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   DPT_CHECK(!capturing_, "a CUDA graph is already being recorded on " + device_.str());
   capturing_ = true;
-  capture_stream_ = stream;
   capture_id_ += 1;
   captured_.clear();
   capture_free_.clear();
+  capture_free_[stream];
+}
+
+void CachingAllocator::add_capture_stream(void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DPT_CHECK(capturing_, "add_capture_stream outside a recording on " + device_.str());
+  capture_free_[stream];
 }
 
 std::vector<void*> CachingAllocator::end_capture() {

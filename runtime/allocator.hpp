@@ -41,6 +41,9 @@ class CachingAllocator {
   // graph that owns them is released. end_capture() names the recording's blocks;
   // release() gives them up once its graph is gone.
   void begin_capture(void* stream);
+  // Another stream (pool) of the same recording: a graph over several replicas' streams.
+  // Blocks freed on one stream are handed out again only on that stream.
+  void add_capture_stream(void* stream);
   std::vector<void*> end_capture();
   void release(const std::vector<void*>& blocks);
   AllocatorStats stats() const;
@@ -70,11 +73,11 @@ class CachingAllocator {
   std::unordered_map<void*, Block> blocks_;             // every block held
   std::map<void*, std::multimap<size_t, void*>> free_;  // stream -> size -> free block
   AllocatorStats stats_;
-  void* capture_stream_ = nullptr;
   bool capturing_ = false;
   int64_t capture_id_ = 0;
-  std::vector<void*> captured_;                // the recording's blocks, each once
-  std::multimap<size_t, void*> capture_free_;  // freed during the recording: for it alone
+  std::vector<void*> captured_;  // the recording's blocks, each once
+  // The recording's streams, and what each freed during the recording: for it alone.
+  std::map<void*, std::multimap<size_t, void*>> capture_free_;
 };
 
 // The allocator of a device, made on first use and kept for the life of the program.

@@ -1,5 +1,6 @@
 #include <dptrain/runtime/context.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -193,19 +194,26 @@ Graph::~Graph() {
     cudaGraph_t g = nullptr;
     DPT_CUDA_WARN(cudaStreamEndCapture(stream, &g));
     if (g) DPT_CUDA_WARN(cudaGraphDestroy(g));
-    held_ = allocator(ctx_.device()).end_capture();
+    end_captures();
   }
   if (exec_) DPT_CUDA_WARN(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)));
   if (graph_) DPT_CUDA_WARN(cudaGraphDestroy(static_cast<cudaGraph_t>(graph_)));
+  for (void* e : events_) DPT_CUDA_WARN(cudaEventDestroy(static_cast<cudaEvent_t>(e)));
   if (!held_.empty()) {
-    // No replay may still run when its blocks go back; a stream being recorded cannot be
-    // synchronized, but work queued on it is ordered before any use of the pool anyway.
+    // No replay may still run when its blocks go back (a replay's work on other streams
+    // joins this one before it ends); a stream being recorded cannot be synchronized, but
+    // work queued on it is ordered before any use of the pool anyway.
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     DPT_CUDA_WARN(cudaStreamIsCapturing(stream, &status));
     if (status == cudaStreamCaptureStatusNone) DPT_CUDA_WARN(cudaStreamSynchronize(stream));
-    allocator(ctx_.device()).release(held_);
+    for (auto& [device, blocks] : held_) allocator(device).release(blocks);
   }
 #endif
+}
+
+void Graph::end_captures() {
+  for (const Device& d : devices_) held_.push_back({d, allocator(d).end_capture()});
+  devices_.clear();
 }
 
 void Graph::begin() {
@@ -213,21 +221,58 @@ void Graph::begin() {
   DPT_CHECK(!graph_ && !recording_, "Graph::begin() on a graph already recorded");
   cuda::set_device(ctx_.device().index);
   allocator(ctx_.device()).begin_capture(ctx_.pool());
-  // Relaxed: the allocator may still need a new block (cudaMalloc) while recording.
+  devices_ = {ctx_.device()};
+  // Relaxed: the allocator may still need a new block (cudaMalloc) while recording, and
+  // other threads queue the work of the streams that join.
   const cudaError_t e = cudaStreamBeginCapture(static_cast<cudaStream_t>(ctx_.stream()), cudaStreamCaptureModeRelaxed);
-  if (e != cudaSuccess) held_ = allocator(ctx_.device()).end_capture();  // nothing was recorded
+  if (e != cudaSuccess) end_captures();  // nothing was recorded
   DPT_CUDA_CHECK(e);
   recording_ = true;
+#endif
+}
+
+#if DPT_WITH_CUDA
+namespace {
+// A fresh event recorded on `from` and waited for by `to` (both may be recording).
+cudaEvent_t link(const Context& from, const Context& to) {
+  cuda::set_device(from.device().index);
+  cudaEvent_t e = nullptr;
+  DPT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  DPT_CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(from.stream())));
+  cuda::set_device(to.device().index);
+  DPT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(to.stream()), e, 0));
+  return e;
+}
+}  // namespace
+#endif
+
+void Graph::join(Context& other) {
+#if DPT_WITH_CUDA
+  DPT_CHECK(recording_, "Graph::join() outside begin() and end()");
+  if (&other == &ctx_ || std::find(joined_.begin(), joined_.end(), &other) != joined_.end()) return;
+  DPT_CHECK(other.device().is_cuda(), "a CUDA graph joins CUDA streams only");
+  if (std::find(devices_.begin(), devices_.end(), other.device()) == devices_.end()) {
+    allocator(other.device()).begin_capture(other.pool());
+    devices_.push_back(other.device());
+  } else {
+    allocator(other.device()).add_capture_stream(other.pool());
+  }
+  events_.push_back(link(ctx_, other));
+  joined_.push_back(&other);
+#else
+  (void)other;
 #endif
 }
 
 void Graph::end() {
 #if DPT_WITH_CUDA
   DPT_CHECK(recording_, "Graph::end() without begin()");
+  for (Context* other : joined_) events_.push_back(link(*other, ctx_));  // every stream's work ends here
   recording_ = false;
   cudaGraph_t g = nullptr;
+  cuda::set_device(ctx_.device().index);
   const cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(ctx_.stream()), &g);
-  held_ = allocator(ctx_.device()).end_capture();
+  end_captures();
   DPT_CUDA_CHECK(e);
   graph_ = g;
   cudaGraphExec_t exec = nullptr;

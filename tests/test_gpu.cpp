@@ -526,6 +526,34 @@ std::vector<float> train_dp(TrainConfig c, std::vector<Device> devices, Reduce p
 }
 }  // namespace
 
+TEST_CASE("a CUDA graph of logical replicas gives the eager step's parameters at every step", "[gpu][graph]") {
+  for (float clip : {0.0f, 0.5f}) {
+    TrainConfig c;
+    c.model = "24-48x2-6";
+    c.batch = 32;
+    c.steps = 6;
+    c.log_every = 1000;
+    c.lr = 0.05f;
+    c.clip = clip;
+    c.devices = {gpu, gpu};
+    Trainer eager(c), eager2(c);
+    c.cuda_graph = true;
+    Trainer graphed(c);
+    for (int64_t s = 0; s < c.steps; ++s) {
+      INFO("clip " << clip << ", step " << s + 1 << " (1 eager, 2 recorded, then replays)");
+      eager.step(s);
+      eager2.step(s);
+      graphed.step(s);
+      CHECK(eager2.model().flat_params().to_host() == eager.model().flat_params().to_host());
+      CHECK(graphed.parallel().replicas_identical());
+      const auto g = graphed.model().flat_grads().to_host(), e = eager.model().flat_grads().to_host();
+      INFO("gradients: relative difference " << rel_error(g, e));
+      CHECK(g == e);
+      CHECK(graphed.model().flat_params().to_host() == eager.model().flat_params().to_host());
+    }
+  }
+}
+
 TEST_CASE("logical replicas on one GPU (p2p) and NCCL with one rank equal one-GPU training", "[gpu][parallel]") {
   for (auto task : {data::Task::regression, data::Task::classification})
     for (std::string opt : {"sgd", "adamw"}) {
@@ -626,17 +654,20 @@ TEST_CASE("a step recorded as a CUDA graph trains exactly like the eager step", 
     const char* optimizer;
     const char* schedule;
     float clip;
-    int accum = 1;  // micro-batches, views of the graph's input
+    int accum = 1;        // micro-batches, views of the graph's input
+    size_t replicas = 1;  // logical replicas on the GPU, each on its stream, reduced p2p
   };
   for (const Case k : {Case{"sgd", "constant", 0.0f}, Case{"sgd", "cosine", 0.0f}, Case{"adamw", "cosine", 0.5f},
-                       Case{"adamw", "warmup", 0.0f}, Case{"adamw", "cosine", 0.5f, 3}}) {
-    INFO(k.optimizer << ", schedule " << k.schedule << ", clip " << k.clip << ", micro-batches " << k.accum);
+                       Case{"adamw", "warmup", 0.0f}, Case{"adamw", "cosine", 0.5f, 3},
+                       Case{"adamw", "cosine", 0.5f, 1, 2}, Case{"sgd", "cosine", 1.0f, 2, 3}}) {
+    INFO(k.optimizer << ", schedule " << k.schedule << ", clip " << k.clip << ", micro-batches " << k.accum
+                     << ", replicas " << k.replicas);
     TrainConfig c;
     c.model = "24-48x2-6";
     c.batch = 32;
     c.steps = 25;
     c.log_every = 1000;
-    c.devices = {gpu};
+    c.devices = std::vector<Device>(k.replicas, gpu);
     c.optimizer = k.optimizer;
     c.lr = std::string(k.optimizer) == "sgd" ? 0.05f : 0.003f;
     c.schedule = k.schedule;
@@ -1032,6 +1063,18 @@ TEST_CASE("a CNN step recorded as a CUDA graph trains exactly like the eager ste
   CHECK(graph_peak <= eager_peak + eager_peak / 4);
   CHECK(rel_error(graphed.model().flat_params().to_host(), eager.model().flat_params().to_host()) <= 1e-6);
   CHECK(rel_error(graphed.model().flat_buffers().to_host(), eager.model().flat_buffers().to_host()) <= 1e-6);
+  // Batch norm on 2 logical replicas with 2 micro-batches: the running statistics are
+  // copied from the master to the other replica inside the graph too.
+  c.devices = {gpu, gpu};
+  c.grad_accum = 2;
+  c.cuda_graph = false;
+  Trainer eager2(c);
+  eager2.run();
+  c.cuda_graph = true;
+  Trainer graphed2(c);
+  graphed2.run();
+  CHECK(graphed2.model().flat_params().to_host() == eager2.model().flat_params().to_host());
+  CHECK(graphed2.model().flat_buffers().to_host() == eager2.model().flat_buffers().to_host());
 }
 #endif
 

@@ -106,8 +106,9 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   // More than a TiB a bucket is no bucket at all (and its byte count would not fit).
   if (!(cfg.bucket_mb > 0.0) || cfg.bucket_mb > 1048576.0)
     bad("bucket_mb", "must be in (0, 1048576] MiB" + got(cfg.bucket_mb));
-  if (cfg.cuda_graph && (cfg.devices.size() != 1 || !cfg.devices.front().is_cuda() || cfg.ddp))
-    bad("cuda_graph", "records one replica on one GPU (no TrainConfig::ddp)");
+  if (cfg.cuda_graph &&
+      (!std::all_of(cfg.devices.begin(), cfg.devices.end(), [](const Device& d) { return d.is_cuda(); }) || cfg.ddp))
+    bad("cuda_graph", "records the replicas of one process on GPUs (no CPU devices, no TrainConfig::ddp)");
   if (cfg.devices.front().is_cpu() && cfg.gemm == GemmImpl::native)
     bad("gemm", "native is a CUDA kernel; the CPU has one GEMM");
   if (cfg.gemm == GemmImpl::native && cfg.precision != Precision::fp32)

@@ -47,9 +47,10 @@ struct AdamArgs {
 // One step's gradient check, written by the device into host memory for the host to read
 // steps later without waiting (check_gradients): the scale's bits (NaN: the update was
 // skipped), -1 when every gradient is finite, else the flat index of the first non-finite
-// one (INT32_MAX when all are finite and only their norm overflowed), and, written last,
-// `tag`: the check's number + 1, so that the host sees when the record is complete.
-struct CheckRecord {
+// one (INT32_MAX when all are finite and only their norm overflowed), and `tag`: the
+// check's number + 1, so that the host sees which check the slot holds. 16 bytes, written
+// by the device in one store.
+struct alignas(16) CheckRecord {
   int32_t scale_bits;
   int32_t index;
   int64_t tag;

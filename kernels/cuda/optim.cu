@@ -152,9 +152,8 @@ __device__ long long block_min(long long v) {
 
 // One pass over the gradients: each block's sum of squares (as sum_squares' partials) and
 // its first non-finite index; the last block to finish (the counter says which) adds the
-// sums in block order, in double, writes the scale and, with a ring, the check's record
-// (the tag last, after a system-wide fence: the host may be reading it), and leaves the
-// counter at 0.
+// sums in block order, in double, writes the scale and, with a ring, the check's record,
+// and leaves the counter at 0.
 template <bool Vec>
 static __global__ void check_gradients_kernel(const float* g, int64_t n, float max_norm, float* part,
                                               long long* bad_part, unsigned* counter, float* scale,
@@ -201,12 +200,14 @@ static __global__ void check_gradients_kernel(const float* g, int64_t n, float m
     *scale = sc;
     *counter = 0;
     if (ring.records) {
-      CheckRecord* r = check_record_slot(ring);
-      fill_check_record(r, sc, first);
-      const int64_t t = *ring.count + 1;
-      *ring.count = t;
-      __threadfence_system();  // the record reaches the host before its tag
-      *reinterpret_cast<volatile int64_t*>(&r->tag) = t;
+      // One 16-byte store (a record is 16-byte aligned): the host sees the whole record
+      // or none of it, without a system-wide fence on the step's critical path.
+      CheckRecord* slot = check_record_slot(ring);
+      CheckRecord rec;
+      fill_check_record(&rec, sc, first);
+      rec.tag = *ring.count + 1;
+      *ring.count = rec.tag;
+      *reinterpret_cast<int4*>(slot) = *reinterpret_cast<const int4*>(&rec);
     }
   }
 }

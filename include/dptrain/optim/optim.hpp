@@ -46,6 +46,10 @@ class Optimizer {
   float lr() const { return schedule_.at(t_); }  // the next step's (on the host)
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t);  // and the device's counter (a resume)
+  // The host's count alone: a CUDA graph's recording moved it and the device's did not,
+  // a replay moved the device's and not the host's. (Writing the device's counter from
+  // the host would also race with replays on another stream.)
+  void set_host_steps(int64_t t) { t_ = t; }
   // "sgd" or "adamw", and the optimizer's state as named flat buffers (what a
   // checkpoint saves and a resume restores): of the elements it updates, shard_begin() on.
   virtual const char* kind() const = 0;

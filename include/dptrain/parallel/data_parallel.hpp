@@ -59,9 +59,10 @@ struct DataParallelOptions {
   // shard, and then every replica gets every shard's parameters). So far on CPU devices
   // in one process (the host reduction).
   int zero = 0;
-  // Records the whole step (forward and backward of every micro-batch, update) as a CUDA
-  // graph and replays it: one GPU, one replica; recorded once (the optimizers compute what
-  // changes from step to step on the device).
+  // Records the whole step (every replica's forward and backward of every micro-batch on
+  // its own stream, the reduction, the updates) as one CUDA graph and replays it: GPUs in
+  // one process; recorded once (the optimizers compute what changes from step to step on
+  // the device). Each replica copies its shard into fixed buffers before a replay.
   bool cuda_graph = false;
   // Several processes (DDP): this process trains its rank's part of every batch on its
   // one device, and gradients are summed over every rank (NCCL on GPUs, MPI on CPUs).
@@ -190,14 +191,18 @@ class DataParallel {
   CheckRing ring_;                   // where the master records its gradient checks
   void record_zero_check();          // ZeRO's record, on the host (CPU devices)
   const SampleRange& shard_of(size_t replica) const;
-  // CUDA-graph mode: the batch is copied into fixed buffers that the graph reads.
+  // The step after the plan and the checks: the eager step, and what a graph records.
+  StepLoss step_body(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric);
+  // CUDA-graph mode: each replica's shard is copied into fixed buffers that the graph reads.
   bool use_graph_ = false;
   std::unique_ptr<Graph> graph_;
   bool graph_warm_ = false;
-  bool recording_ = false;  // timing events cannot be recorded into a graph
-  bool timing_ = true;      // this step records the master's phases
-  Tensor graph_x_, graph_y_;
-  std::vector<Tensor> graph_losses_, graph_metrics_;  // a micro-batch's each, written by every replay
+  bool recording_ = false;             // timing events (and waits on events from before) stay out of a graph
+  std::vector<data::Batch> graph_in_;  // replica r's fixed shard
+  std::vector<std::unique_ptr<Event>> graph_inputs_ready_;  // replica r's copy is done
+  std::unique_ptr<Event> graph_done_;                       // the last replay has read the inputs
+  StepLoss graph_out_;                                      // the recorded step's losses, written by every replay
+  bool timing_ = true;                                      // this step records the master's phases
   StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                       const LossFn& metric);
   ProcessGroup* group_ = nullptr;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <dptrain/runtime/device.hpp>
@@ -92,10 +93,13 @@ int64_t host_waits();
 void count_host_waits(bool on);  // for the calling thread
 void note_host_wait();           // the runtime's waits call it
 
-// A CUDA graph: the work one thread queues on a GPU context between begin() and end(),
-// recorded once and replayed by launch() with a single launch, so a step of many small
-// kernels costs one launch of host time. Temporaries freed while recording stay with the
-// graph (every replay writes them again) until it is destroyed.
+// A CUDA graph: the work queued on a GPU context between begin() and end(), and on the
+// contexts that join() it (other replicas' streams, on any GPU, queued from any thread),
+// recorded once and replayed by launch() with a single launch on the first context, so a
+// step of many small kernels costs one launch of host time. A joined stream's work starts
+// after what the first context queued before join() and ends before end(). Temporaries
+// freed while recording stay with the graph (every replay writes them again) until it is
+// destroyed.
 class Graph {
  public:
   explicit Graph(Context& ctx);
@@ -103,16 +107,21 @@ class Graph {
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
   void begin();
+  void join(Context& other);
   void end();
   void launch();
   bool ready() const { return exec_ != nullptr; }
 
  private:
+  void end_captures();
   Context& ctx_;
   void* graph_ = nullptr;   // cudaGraph_t
   void* exec_ = nullptr;    // cudaGraphExec_t
   bool recording_ = false;  // between begin() and end()
-  std::vector<void*> held_;
+  std::vector<Context*> joined_;
+  std::vector<void*> events_;    // cudaEvent_t: the forks and joins
+  std::vector<Device> devices_;  // whose allocators record
+  std::vector<std::pair<Device, std::vector<void*>>> held_;
 };
 
 // The context ops on `device` use in this thread: the thread's current one when it is
