@@ -139,8 +139,7 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--bucket-mb", o.cfg.bucket_mb, "Gradient bucket size in MiB, reduced as soon as it is ready")
       ->capture_default_str();
-  add_integer(app, "--zero", o.cfg.zero,
-              "ZeRO stage: 0 off, 1 the optimizer state sharded over the devices (CPU devices so far)")
+  add_integer(app, "--zero", o.cfg.zero, "ZeRO stage: 0 off, 1 the optimizer state sharded over the devices or ranks")
       ->capture_default_str();
   add_integer(app, "--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
       ->capture_default_str();

@@ -131,8 +131,7 @@ void add_flags(CLI::App& app, Flags& f) {
                "Record the step as a CUDA graph after warm-up and time its replays "
                "(one GPU)");
   app.add_option("--optimizer", f.optimizer, "sgd (lr 0.01, no momentum) or adamw (lr 0.001)")->capture_default_str();
-  add_integer(app, "--zero", f.zero,
-              "ZeRO stage on several devices: 0, or 1 (optimizer state sharded; CPU devices so far)")
+  add_integer(app, "--zero", f.zero, "ZeRO stage: 0, or 1 (the optimizer state sharded over the devices)")
       ->capture_default_str();
   app.add_option("--out", f.out, "Folder for dpbench.csv, dpbench.json and speedup.svg (made if missing)")
       ->capture_default_str();
@@ -273,8 +272,8 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   o.reduce = reduce;
   o.bucket_mb = p.bucket_mb;
   o.precision = precision;
-  o.zero = n > 1 ? p.zero : 0;  // one device has nothing to shard over
-  if (p.cuda_graph) {           // recorded on the warm-up's second step, replayed after
+  o.zero = p.zero;     // on one device the same code with one shard
+  if (p.cuda_graph) {  // recorded on the warm-up's second step, replayed after
     o.cuda_graph = true;
     o.reduce = Reduce::automatic;
   }
@@ -359,7 +358,7 @@ void print_header(const Plan& p, int64_t parameters) {
               p.model.is_cnn ? "CNN" : "MLP", p.model.text.c_str(), static_cast<long long>(parameters),
               p.model.is_cnn ? "cross-entropy" : "MSE", p.adamw ? "AdamW" : "SGD",
               static_cast<double>(p.adamw ? kAdamLr : kLr));
-  if (p.zero > 0) std::printf("  ZeRO stage %d on several devices: the optimizer state sharded\n", p.zero);
+  if (p.zero > 0) std::printf("  ZeRO stage %d: the optimizer state sharded over the devices\n", p.zero);
   for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
   if (p.cpu_default)
     std::printf("  CPU devices: the default workload is %s, batch %lld, %lld steps (GPUs: mlp; --model to choose)\n",

@@ -174,7 +174,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     model->refresh_shadow();
   }
   const bool explicit_path = options.reduce != Reduce::automatic;
-  if (n > 1 || explicit_path || group_) {
+  if (n > 1 || explicit_path || group_ || options.zero > 0) {  // ZeRO on one device: the same code, one shard
     int64_t total = 0;
     const auto offsets = model->layout(&total);
     buckets_ = make_buckets(total, options.bucket_mb * 1024.0 * 1024.0);
@@ -190,17 +190,17 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     for (auto& r : replicas_)
       bufs.push_back({r.ctx, r.model->flat_params(), r.model->flat_grads(), r.model->flat_shadow()});
     if (options.zero > 0) {
-      if (reduce_ != Reduce::host)
-        throw UsageError(std::string("DataParallelOptions::zero is implemented for CPU devices so far (the host "
-                                     "and MPI reductions), not for the ") +
-                         reduce_name(reduce_) + " reduction");
+      if (reduce_ == Reduce::p2p)
+        throw UsageError(
+            "DataParallelOptions::zero shards the optimizer state over replicas that each update; the p2p "
+            "reduction updates on the master alone (use nccl on GPUs, host on CPU devices)");
       // One shard a replica, or a rank (which has one replica).
       shards_ = dpt::zero_shards(total, group_ ? static_cast<size_t>(group_->size()) : n);
     }
     if (group_)
-      reducer_ = reduce_ == Reduce::nccl ? make_nccl_rank_reducer(*group_, bufs[0], buckets_)
+      reducer_ = reduce_ == Reduce::nccl ? make_nccl_rank_reducer(*group_, bufs[0], buckets_, shards_)
                                          : make_mpi_reducer(*group_, bufs[0], buckets_, shards_);
-    else if (reduce_ == Reduce::nccl) reducer_ = make_nccl_reducer(std::move(bufs), buckets_);
+    else if (reduce_ == Reduce::nccl) reducer_ = make_nccl_reducer(std::move(bufs), buckets_, shards_);
     else reducer_ = make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p, shards_);
   }
   const bool every = !reducer_ || reducer_->every_replica_updates();
@@ -212,6 +212,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
         const SampleRange& k = shard_of(i);
         replicas_[i].opt->restrict_to(k.first, k.first + k.count);
         partial_.push_back(Tensor::zeros({1}, DType::f32, devices_[i]));
+        first_bad_.push_back(Tensor::zeros({2}, DType::i32, devices_[i]));
       }
     }
   if (n > 1) pool_ = std::make_unique<WorkerPool>(n);
@@ -323,7 +324,7 @@ void DataParallel::update(size_t r) {
   // a non-finite norm gives a NaN scale, on which the optimizer skips the step.
   if (!(clip_ > 0.0f || check_finite_)) rep.scale = Tensor();
   else if (shards_.empty()) rep.scale = check_gradients(rep.model->flat_grads(), clip_, r == 0 ? ring_ : CheckRing());
-  else rep.scale = clip_coef(partial_[r], clip_);
+  else rep.scale = finish_check(partial_[r], first_bad_[r], clip_, r == 0 ? ring_ : CheckRing());
   rep.opt->step(rep.scale);
   if (r == 0 && timing_ && !recording_) rep.t_updated->record(*rep.ctx);
 }
@@ -487,16 +488,15 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
     }
   if (!shards_.empty() && (clip_ > 0.0f || check_finite_)) {
     // ZeRO: each replica holds the summed gradient of its shard alone; the global norm is
-    // the sum of the shards' parts.
+    // the sum of the shards' parts, the first non-finite gradient the least of theirs.
     run_on_all([&](size_t r) {
+      reducer_->wait(r);  // the shard's sum is in
       const SampleRange& k = shard_of(r);
-      if (k.count > 0) partial_[r] = sum_squares(replicas_[r].model->flat_grads().view(k.first, {k.count}));
-      else fill_(partial_[r], 0.0f);
+      shard_check(replicas_[r].model->flat_grads(), k.first, k.count, partial_[r], first_bad_[r]);
     });
-    reducer_->sum_partials(partial_);
+    reducer_->sum_partials(partial_, first_bad_);
   }
   run_on_all([&](size_t r) { update(r); });
-  if (!shards_.empty() && ring_.records && replicas_[0].scale.defined()) record_zero_check();
   if (reducer_ && reducer_->sharded()) reducer_->gather_params();
   else if (reducer_ && !reducer_->every_replica_updates()) reducer_->broadcast_params();
   broadcast_buffers();
@@ -668,28 +668,6 @@ void DataParallel::set_check_ring(const CheckRing& ring) {
   ring_ = ring;
   graph_.reset();  // a recorded step writes the old one
   graph_warm_ = false;
-}
-
-void DataParallel::record_zero_check() {
-  // ZeRO (CPU devices, whose work is done when queued): each replica holds the summed
-  // gradient of its shard alone, so the first bad value is the first over the shards.
-  const float scale = *replicas_[0].scale.f32();
-  int64_t first = std::numeric_limits<int64_t>::max();
-  if (!std::isfinite(scale)) {
-    for (size_t r = 0; r < replicas_.size(); ++r) {
-      const SampleRange& k = shard_of(r);
-      const float* g = replicas_[r].model->flat_grads().f32();
-      for (int64_t i = k.first; i < k.first + k.count && i < first; ++i)
-        if (!std::isfinite(g[i])) first = i;
-    }
-    if (group_)  // the same step on every rank: all take part
-      for (uint64_t v : group_->gather_all(static_cast<uint64_t>(first)))
-        first = std::min(first, static_cast<int64_t>(v));
-  }
-  auto* count = reinterpret_cast<int64_t*>(ring_.count.i32());
-  CheckRecord* rec = ring_.records + *count % ring_.slots;
-  fill_check_record(rec, scale, first);
-  rec->tag = ++*count;
 }
 
 bool DataParallel::replicas_identical() {

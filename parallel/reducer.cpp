@@ -23,7 +23,7 @@ std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes) {
   return out;
 }
 
-void Reducer::sum_partials(std::vector<Tensor>&) {
+void Reducer::sum_partials(std::vector<Tensor>&, std::vector<Tensor>&) {
   throw UsageError(std::string("DataParallelOptions::zero is not available with the ") + name() + " reduction");
 }
 
@@ -103,11 +103,19 @@ class MasterReducer : public Reducer {
     done_.record(comm_);
   }
 
-  void sum_partials(std::vector<Tensor>& partial) override {
-    DPT_CHECK(sharded() && partial.size() == r_.size(), "sum_partials: one partial sum a replica, ZeRO");
+  void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad) override {
+    DPT_CHECK(sharded() && partial.size() == r_.size() && first_bad.size() == r_.size(),
+              "sum_partials: one partial sum a replica, ZeRO");
     float total = 0.0f;  // CPU devices: the partials are host memory, complete when queued
-    for (const Tensor& p : partial) total += *p.f32();
-    for (Tensor& p : partial) *p.f32() = total;
+    int64_t first = INT64_MAX;
+    for (size_t i = 0; i < partial.size(); ++i) {
+      total += *partial[i].f32();
+      first = std::min(first, *reinterpret_cast<const int64_t*>(first_bad[i].i32()));
+    }
+    for (size_t i = 0; i < partial.size(); ++i) {
+      *partial[i].f32() = total;
+      *reinterpret_cast<int64_t*>(first_bad[i].i32()) = first;
+    }
   }
 
   void gather_params() override {
@@ -178,9 +186,11 @@ class MpiReducer : public Reducer {
   }
   void reduce() override {}
   void wait(size_t) override { g_.wait_all(); }
-  void sum_partials(std::vector<Tensor>& partial) override {
-    DPT_CHECK(sharded() && partial.size() == 1, "sum_partials: one partial sum a rank, ZeRO");
+  void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad) override {
+    DPT_CHECK(sharded() && partial.size() == 1 && first_bad.size() == 1, "sum_partials: one partial sum a rank, ZeRO");
     *partial[0].f32() = static_cast<float>(g_.sum(static_cast<double>(*partial[0].f32())));
+    auto* first = reinterpret_cast<int64_t*>(first_bad[0].i32());
+    for (uint64_t v : g_.gather_all(static_cast<uint64_t>(*first))) *first = std::min(*first, static_cast<int64_t>(v));
   }
   void gather_params() override {
     DPT_CHECK(sharded(), "gather_params: ZeRO");
@@ -218,10 +228,11 @@ std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replica
 
 #if !DPT_WITH_NCCL
 bool built_with_nccl() { return false; }
-std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers>, std::vector<Bucket>) {
+std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers>, std::vector<Bucket>, std::vector<SampleRange>) {
   throw UsageError("DataParallelOptions::reduce nccl needs a build with NCCL; this one has none (use p2p)");
 }
-std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup&, ReplicaBuffers, std::vector<Bucket>) {
+std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup&, ReplicaBuffers, std::vector<Bucket>,
+                                                std::vector<SampleRange>) {
   throw UsageError("DataParallelOptions::group on GPUs needs a build with NCCL; this one has none");
 }
 #endif

@@ -61,12 +61,13 @@ class Reducer {
 
   // ZeRO (a reducer made with shards): reduce() leaves replica r's gradients summed over
   // its own shard only, and each replica updates its shard. From the driving thread:
-  // every replica's entry of `partial` (a scalar on its device: its shard's part of a sum,
-  // the gradients' squared norm) becomes the sum over the replicas, added in replica
-  // order; and, after the updates, every replica gets every shard's parameters and
-  // refreshes its bf16 shadow from them.
+  // every replica's entry of `partial` (a scalar on its device: its shard's part of the
+  // gradients' squared norm) becomes the sum over the replicas, added in replica order,
+  // and its entry of `first_bad` (an int64, i32 [2]: its shard's first non-finite
+  // gradient) the least over them, in place; and, after the updates, every replica gets
+  // every shard's parameters and refreshes its bf16 shadow from them.
   virtual bool sharded() const { return false; }
-  virtual void sum_partials(std::vector<Tensor>& partial);
+  virtual void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad);
   virtual void gather_params();
 };
 
@@ -77,15 +78,18 @@ std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replica
                                              bool master_updates, std::vector<SampleRange> shards = {});
 
 // NCCL all-reduce, one communicator per device (ncclCommInitAll); the devices must be
-// distinct GPUs. Throws UsageError when this build has no NCCL.
-std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets);
+// distinct GPUs. Throws UsageError when this build has no NCCL. `shards` (one per
+// replica, or per rank): ZeRO, each bucket's pieces are reduced into their owners alone
+// (ncclReduce, in owner order), and the parameters are broadcast back from them.
+std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
+                                           std::vector<SampleRange> shards = {});
 
 class ProcessGroup;
 // Across processes (DDP), one replica per process: NCCL between GPUs (the unique id
 // travels over MPI; non-blocking communicators, so a dead peer ends in an abort rather
 // than a hang) or MPI_Iallreduce between CPU processes.
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
-                                                std::vector<Bucket> buckets);
+                                                std::vector<Bucket> buckets, std::vector<SampleRange> shards = {});
 // `shards` (one per rank, zero_shards'): ZeRO, each rank gets only its shard of the sum.
 std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets,
                                           std::vector<SampleRange> shards = {});

@@ -3,11 +3,13 @@
 // as backward has produced it, overlapping the rest of backward.
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <thread>
 
 #include <dptrain/parallel/process_group.hpp>
+#include <dptrain/runtime/ops.hpp>
 #include "../kernels/cuda/check.hpp"
 #include "reducer.hpp"
 
@@ -26,8 +28,9 @@ namespace {
 class NcclReducer : public Reducer {
  public:
   // One process, a communicator per GPU (blocking communicators).
-  NcclReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets)
-      : r_(std::move(replicas)), buckets_(std::move(buckets)) {
+  NcclReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, std::vector<SampleRange> shards)
+      : r_(std::move(replicas)), buckets_(std::move(buckets)), shards_(std::move(shards)) {
+    DPT_CHECK(shards_.empty() || shards_.size() == r_.size(), "ZeRO shards: one a replica");
     std::vector<int> devs;
     std::set<int> seen;
     for (auto& rep : r_) {
@@ -46,8 +49,9 @@ class NcclReducer : public Reducer {
   // One rank of a multi-process job: rank 0 makes the unique id, MPI carries it to the
   // others. The communicator is non-blocking, so every wait can be bounded and a dead
   // peer ends in ncclCommAbort instead of a hang.
-  NcclReducer(ProcessGroup& g, ReplicaBuffers replica, std::vector<Bucket> buckets)
-      : r_{std::move(replica)}, buckets_(std::move(buckets)), group_(&g) {
+  NcclReducer(ProcessGroup& g, ReplicaBuffers replica, std::vector<Bucket> buckets, std::vector<SampleRange> shards)
+      : r_{std::move(replica)}, buckets_(std::move(buckets)), shards_(std::move(shards)), group_(&g) {
+    DPT_CHECK(shards_.empty() || shards_.size() == static_cast<size_t>(g.size()), "ZeRO shards: one a rank");
     const Device d = r_[0].ctx->device();
     DPT_CHECK(d.is_cuda(), "the NCCL reduction is for CUDA tensors");
     ncclUniqueId id{};
@@ -140,12 +144,81 @@ class NcclReducer : public Reducer {
     // The communication stream waits for the bucket's gradients, not the host.
     ready_[r][b]->record(*r_[r].ctx);
     ready_[r][b]->wait_in(*comm_[r]);
-    float* p = r_[r].grads.f32() + buckets_[b].offset;
+    float* grads = r_[r].grads.f32();
+    const Bucket& k = buckets_[b];
     cuda::set_device(r_[r].ctx->device().index);
-    const ncclResult_t res = ncclAllReduce(p, p, static_cast<size_t>(buckets_[b].count), ncclFloat, ncclSum, comms_[r],
-                                           static_cast<cudaStream_t>(comm_[r]->stream()));
+    const auto stream = static_cast<cudaStream_t>(comm_[r]->stream());
+    if (shards_.empty()) {
+      const ncclResult_t res = ncclAllReduce(grads + k.offset, grads + k.offset, static_cast<size_t>(k.count),
+                                             ncclFloat, ncclSum, comms_[r], stream);
+      if (res != ncclInProgress) DPT_NCCL_CHECK(res);
+      settle(comms_[r], "enqueueing an all-reduce");
+      return;
+    }
+    // ZeRO: each owner's piece of the bucket is summed into that owner alone (a
+    // reduce-scatter of uneven pieces), in owner order on every replica and rank.
+    for (size_t owner = 0; owner < shards_.size(); ++owner) {
+      const int64_t begin = std::max(k.offset, shards_[owner].first);
+      const int64_t end = std::min(k.offset + k.count, shards_[owner].first + shards_[owner].count);
+      if (begin >= end) continue;
+      const ncclResult_t res = ncclReduce(grads + begin, grads + begin, static_cast<size_t>(end - begin), ncclFloat,
+                                          ncclSum, static_cast<int>(owner), comms_[r], stream);
+      if (res != ncclInProgress) DPT_NCCL_CHECK(res);
+      settle(comms_[r], "enqueueing a reduce");
+    }
+  }
+
+  bool sharded() const override { return !shards_.empty(); }
+
+  // Collectives of every replica from this one thread, on their compute streams (after
+  // what those queued): one NCCL group, as several communicators of one thread need.
+  template <class F>
+  void on_every_replica(const char* what, F&& call) {
+    DPT_NCCL_CHECK(ncclGroupStart());
+    for (size_t r = 0; r < r_.size(); ++r) {
+      cuda::set_device(r_[r].ctx->device().index);
+      const ncclResult_t res = call(r, static_cast<cudaStream_t>(r_[r].ctx->stream()));
+      if (res != ncclSuccess && res != ncclInProgress) {
+        (void)ncclGroupEnd();
+        DPT_NCCL_CHECK(res);
+      }
+    }
+    const ncclResult_t res = ncclGroupEnd();
     if (res != ncclInProgress) DPT_NCCL_CHECK(res);
-    settle(comms_[r], "enqueueing an all-reduce");
+    for (ncclComm_t c : comms_) settle(c, what);
+  }
+
+  void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad) override {
+    DPT_CHECK(sharded() && partial.size() == r_.size() && first_bad.size() == r_.size(),
+              "sum_partials: one partial sum a replica, ZeRO");
+    on_every_replica("enqueueing the norm's all-reduce", [&](size_t r, cudaStream_t stream) {
+      float* p = partial[r].f32();
+      ncclResult_t res = ncclAllReduce(p, p, 1, ncclFloat, ncclSum, comms_[r], stream);
+      if (res != ncclSuccess && res != ncclInProgress) return res;
+      auto* f = reinterpret_cast<int64_t*>(first_bad[r].i32());
+      return ncclAllReduce(f, f, 1, ncclInt64, ncclMin, comms_[r], stream);
+    });
+  }
+
+  void gather_params() override {
+    DPT_CHECK(sharded(), "gather_params: ZeRO");
+    // Each shard's updated parameters from its owner to every replica and rank.
+    on_every_replica("enqueueing the parameters' broadcast", [&](size_t r, cudaStream_t stream) {
+      float* p = r_[r].params.f32();
+      for (size_t owner = 0; owner < shards_.size(); ++owner) {
+        const SampleRange& k = shards_[owner];
+        if (k.count == 0) continue;
+        const ncclResult_t res = ncclBroadcast(p + k.first, p + k.first, static_cast<size_t>(k.count), ncclFloat,
+                                               static_cast<int>(owner), comms_[r], stream);
+        if (res != ncclSuccess && res != ncclInProgress) return res;
+      }
+      return ncclSuccess;
+    });
+    for (auto& rep : r_)
+      if (rep.shadow.defined()) {
+        ContextGuard g(*rep.ctx);
+        copy_cast(rep.shadow, rep.params);
+      }
   }
 
   void reduce() override {}
@@ -164,6 +237,7 @@ class NcclReducer : public Reducer {
  private:
   std::vector<ReplicaBuffers> r_;
   std::vector<Bucket> buckets_;
+  std::vector<SampleRange> shards_;  // ZeRO: owner k's shard of the flat buffers
   std::vector<ncclComm_t> comms_;
   std::vector<std::unique_ptr<Context>> comm_;
   std::vector<std::unique_ptr<Event>> done_;
@@ -173,13 +247,14 @@ class NcclReducer : public Reducer {
 
 }  // namespace
 
-std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets) {
-  return std::make_unique<NcclReducer>(std::move(replicas), std::move(buckets));
+std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
+                                           std::vector<SampleRange> shards) {
+  return std::make_unique<NcclReducer>(std::move(replicas), std::move(buckets), std::move(shards));
 }
 
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
-                                                std::vector<Bucket> buckets) {
-  return std::make_unique<NcclReducer>(group, std::move(replica), std::move(buckets));
+                                                std::vector<Bucket> buckets, std::vector<SampleRange> shards) {
+  return std::make_unique<NcclReducer>(group, std::move(replica), std::move(buckets), std::move(shards));
 }
 
 }  // namespace dpt

@@ -284,16 +284,52 @@ Tensor clip_coef(const Tensor& norm_sq, float max_norm) {
   return out;
 }
 
+namespace {
+CheckRingArgs ring_args(const CheckRing& ring, const Tensor& on, const char* op) {
+  if (!ring.records) return {};
+  DPT_CHECK(ring.slots > 0 && ring.count.defined() && ring.count.dtype() == DType::i32 && ring.count.numel() == 2,
+            std::string(op) + ": a ring has slots and an int64 count");
+  same_device(on, ring.count, op);
+  return {ring.records, ring.slots, reinterpret_cast<int64_t*>(ring.count.i32())};
+}
+int64_t* int64_of(const Tensor& t, const char* op) {
+  DPT_CHECK(t.defined() && t.dtype() == DType::i32 && t.numel() == 2, std::string(op) + ": an int64 is i32 [2]");
+  return reinterpret_cast<int64_t*>(t.i32());
+}
+}  // namespace
+
+void shard_check(const Tensor& grads, int64_t first, int64_t count, const Tensor& sum, const Tensor& first_bad) {
+  need_f32(grads, "shard_check");
+  need_f32(sum, "shard_check");
+  DPT_CHECK(first >= 0 && count >= 0 && first + count <= grads.numel() && sum.numel() == 1,
+            "shard_check: the shard lies outside the gradients");
+  same_device(grads, sum, "shard_check");
+  same_device(grads, first_bad, "shard_check");
+  const Device& d = grads.device();
+  const float* g = grads.f32() + first;
+  DPT_CUDA_OR_CPU(d,
+                  cuda::shard_check(g, count, first, sum.f32(), int64_of(first_bad, "shard_check"),
+                                    reduce_work(d, 3 * cuda::kReduceWork).f32(), context(d).counter(), stream_of(d)),
+                  cpu::shard_check(g, count, first, sum.f32(), int64_of(first_bad, "shard_check")));
+}
+
+Tensor finish_check(const Tensor& sum, const Tensor& first_bad, float max_norm, const CheckRing& ring) {
+  need_f32(sum, "finish_check");
+  same_device(sum, first_bad, "finish_check");
+  const Device& d = sum.device();
+  const CheckRingArgs args = ring_args(ring, sum, "finish_check");
+  Tensor out = Tensor::empty({1}, DType::f32, d);
+  DPT_CUDA_OR_CPU(
+      d, cuda::finish_check(sum.f32(), int64_of(first_bad, "finish_check"), max_norm, out.f32(), args, stream_of(d)),
+      cpu::finish_check(sum.f32(), int64_of(first_bad, "finish_check"), max_norm, out.f32(),
+                        ring.records ? &args : nullptr));
+  return out;
+}
+
 Tensor check_gradients(const Tensor& grads, float max_norm, const CheckRing& ring) {
   need_f32(grads, "check_gradients");
   const Device& d = grads.device();
-  CheckRingArgs args;
-  if (ring.records) {
-    DPT_CHECK(ring.slots > 0 && ring.count.defined() && ring.count.dtype() == DType::i32 && ring.count.numel() == 2,
-              "check_gradients: a ring has slots and an int64 count");
-    same_device(grads, ring.count, "check_gradients");
-    args = {ring.records, ring.slots, reinterpret_cast<int64_t*>(ring.count.i32())};
-  }
+  const CheckRingArgs args = ring_args(ring, grads, "check_gradients");
   Tensor out = Tensor::empty({1}, DType::f32, d);
   DPT_CUDA_OR_CPU(
       d,

@@ -130,7 +130,7 @@ grep -q 'SGD(lr=1e+30,' out && ok || bad "lr 1e30 is not printed as 1e+30: $(sed
 refuse "--grad-accum must be <= 10, the most samples a replica gets of a batch of 10" --devices cpu --grad-accum 100000000 --batch 10
 refuse "--zero must be 0 or 1, got 2" --cpus 2 --zero 2
 refuse "--zero must be 0 or 1, got -1" --cpus 2 --zero -1
-refuse "--zero is implemented for CPU devices so far (the host and MPI reductions), not for the p2p reduction" --cpus 2 --zero 1 --reduce p2p
+refuse "--zero shards the optimizer state over replicas that each update; the p2p reduction updates on the master alone (use nccl on GPUs, host on CPU devices)" --cpus 2 --zero 1 --reduce p2p
 refuse "--grad-accum must be <= 4" --cpus 3 --grad-accum 5 --batch 10
 refuse "--grad-accum must be <= 10" --devices cpu --grad-accum 2000000000 --batch 10
 

@@ -554,6 +554,38 @@ TEST_CASE("a CUDA graph of logical replicas gives the eager step's parameters at
   }
 }
 
+TEST_CASE("ZeRO stage 1 on one GPU (NCCL, one shard) gives stage 0's parameters bit for bit", "[gpu][parallel][zero]") {
+  if (!built_with_nccl()) return;
+  for (std::string opt : {"sgd", "adamw"})
+    for (float clip : {0.0f, 0.5f})
+      for (Precision p : {Precision::fp32, Precision::bf16})
+        for (bool graph : {false, true}) {
+          INFO(opt << ", clip " << clip << ", " << precision_name(p) << (graph ? ", CUDA graph" : ""));
+          TrainConfig c;
+          c.model = "24-48x2-6";
+          c.batch = 32;
+          c.steps = 12;
+          c.log_every = 1000;
+          c.optimizer = opt;
+          c.lr = opt == "sgd" ? 0.05f : 0.003f;
+          c.clip = clip;
+          c.precision = p;
+          c.cuda_graph = graph;
+          c.devices = {gpu};
+          Trainer plain(c);
+          plain.run();
+          c.zero = 1;
+          Trainer sharded(c);
+          sharded.run();
+          CHECK(sharded.parallel().reduce() == Reduce::nccl);
+          CHECK(sharded.parallel().zero_shards().size() == 1);
+          CHECK(sharded.model().flat_params().to_host() == plain.model().flat_params().to_host());
+          const auto a = sharded.parallel().optimizer_state(), b = plain.parallel().optimizer_state();
+          REQUIRE(a.size() == b.size());
+          for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].second.to_host() == b[i].second.to_host());
+        }
+}
+
 TEST_CASE("logical replicas on one GPU (p2p) and NCCL with one rank equal one-GPU training", "[gpu][parallel]") {
   for (auto task : {data::Task::regression, data::Task::classification})
     for (std::string opt : {"sgd", "adamw"}) {

@@ -87,6 +87,10 @@ void clip_coef(const float* norm_sq, float max_norm, float* out);
 // The same from the gradients themselves, in one pass that also finds the first
 // non-finite one; with a ring, the check's record goes to its next slot (CheckRingArgs).
 void check_gradients(const float* g, int64_t n, float max_norm, float* scale, const CheckRingArgs* ring);
+// ZeRO: a shard's part of the check (its squares' sum; base + the index of its first
+// non-finite value, INT64_MAX for none), and the check from the parts summed (min'd).
+void shard_check(const float* g, int64_t n, int64_t base, float* sum, int64_t* first);
+void finish_check(const float* sum, const int64_t* first, float max_norm, float* scale, const CheckRingArgs* ring);
 
 // elementwise.cpp
 void fill(float* x, int64_t n, float value);

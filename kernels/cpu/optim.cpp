@@ -70,4 +70,24 @@ void check_gradients(const float* g, int64_t n, float max_norm, float* scale, co
   *ring->count += 1;
 }
 
+void shard_check(const float* g, int64_t n, int64_t base, float* sum, int64_t* first) {
+  double sq = 0.0;
+  int64_t first_bad = INT64_MAX;
+  for (int64_t i = 0; i < n; ++i) {
+    sq += static_cast<double>(g[i]) * g[i];
+    if (first_bad == INT64_MAX && !std::isfinite(g[i])) first_bad = base + i;
+  }
+  *sum = static_cast<float>(sq);
+  *first = first_bad;
+}
+
+void finish_check(const float* sum, const int64_t* first, float max_norm, float* scale, const CheckRingArgs* ring) {
+  *scale = scale_from_norm_sq(*sum, max_norm);
+  if (!ring) return;
+  CheckRecord* r = check_record_slot(*ring);
+  fill_check_record(r, *scale, *first);
+  r->tag = *ring->count + 1;
+  *ring->count += 1;
+}
+
 }  // namespace dpt::cpu

@@ -147,6 +147,12 @@ void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t st
 // ring.records may be null); work holds 3 * kReduceWork floats, counter is the context's.
 void check_gradients(const float* g, int64_t n, float max_norm, float* scale, float* work, unsigned* counter,
                      const CheckRingArgs& ring, cudaStream_t stream);
+// ZeRO: a shard's part of the check (its squares' sum, and base + the index of its first
+// non-finite value, INT64_MAX for none), and the check from the parts summed (min'd).
+void shard_check(const float* g, int64_t n, int64_t base, float* sum, int64_t* first, float* work, unsigned* counter,
+                 cudaStream_t stream);
+void finish_check(const float* sum, const int64_t* first, float max_norm, float* scale, const CheckRingArgs& ring,
+                  cudaStream_t stream);
 
 // elementwise.cu
 void fill(float* x, int64_t n, float value, cudaStream_t stream);

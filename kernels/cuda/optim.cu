@@ -156,8 +156,8 @@ __device__ long long block_min(long long v) {
 // and leaves the counter at 0.
 template <bool Vec>
 static __global__ void check_gradients_kernel(const float* g, int64_t n, float max_norm, float* part,
-                                              long long* bad_part, unsigned* counter, float* scale,
-                                              CheckRingArgs ring) {
+                                              long long* bad_part, unsigned* counter, float* scale, CheckRingArgs ring,
+                                              int64_t base, float* sum_out, int64_t* first_out) {
   float s = 0.f;
   long long bad = LLONG_MAX;  // a thread's elements come in increasing order: its first is its least
   int64_t done = 0;
@@ -195,6 +195,12 @@ static __global__ void check_gradients_kernel(const float* g, int64_t n, float m
   }
   total = block_sum(total);
   first = block_min(first);
+  if (threadIdx.x == 0 && sum_out) {  // a shard's part: its sum and first bad index (of the whole buffer)
+    *sum_out = static_cast<float>(total);
+    *first_out = first == LLONG_MAX ? LLONG_MAX : base + first;
+    *counter = 0;
+    return;
+  }
   if (threadIdx.x == 0) {
     const float sc = scale_from_norm_sq(static_cast<float>(total), max_norm);
     *scale = sc;
@@ -210,6 +216,20 @@ static __global__ void check_gradients_kernel(const float* g, int64_t n, float m
       *reinterpret_cast<int4*>(slot) = *reinterpret_cast<const int4*>(&rec);
     }
   }
+}
+
+// ZeRO: the check from the shards' parts, summed and min'd over the devices.
+static __global__ void finish_check_kernel(const float* sum, const int64_t* first, float max_norm, float* scale,
+                                           CheckRingArgs ring) {
+  const float sc = scale_from_norm_sq(*sum, max_norm);
+  *scale = sc;
+  if (!ring.records) return;
+  CheckRecord* slot = check_record_slot(ring);
+  CheckRecord rec;
+  fill_check_record(&rec, sc, *first);
+  rec.tag = *ring.count + 1;
+  *ring.count = rec.tag;
+  *reinterpret_cast<int4*>(slot) = *reinterpret_cast<const int4*>(&rec);
 }
 
 }  // namespace
@@ -260,10 +280,34 @@ void check_gradients(const float* g, int64_t n, float max_norm, float* scale, fl
   const unsigned blocks = reduce_blocks(n, 16);  // as sum_squares
   long long* bad_part = reinterpret_cast<long long*>(work + kReduceWork);
   if (aligned16(g))
-    check_gradients_kernel<true><<<blocks, kThreads, 0, stream>>>(g, n, max_norm, work, bad_part, counter, scale, ring);
+    check_gradients_kernel<true>
+        <<<blocks, kThreads, 0, stream>>>(g, n, max_norm, work, bad_part, counter, scale, ring, 0, nullptr, nullptr);
   else
     check_gradients_kernel<false>
-        <<<blocks, kThreads, 0, stream>>>(g, n, max_norm, work, bad_part, counter, scale, ring);
+        <<<blocks, kThreads, 0, stream>>>(g, n, max_norm, work, bad_part, counter, scale, ring, 0, nullptr, nullptr);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void shard_check(const float* g, int64_t n, int64_t base, float* sum, int64_t* first, float* work, unsigned* counter,
+                 cudaStream_t stream) {
+  DPT_CHECK(
+      n >= 0 && sum != nullptr && first != nullptr && work != nullptr && counter != nullptr && (n == 0 || g != nullptr),
+      "shard_check: bad arguments");
+  const unsigned blocks = reduce_blocks(n, 16);
+  long long* bad_part = reinterpret_cast<long long*>(work + kReduceWork);
+  if (aligned16(g))
+    check_gradients_kernel<true>
+        <<<blocks, kThreads, 0, stream>>>(g, n, 0.f, work, bad_part, counter, nullptr, {}, base, sum, first);
+  else
+    check_gradients_kernel<false>
+        <<<blocks, kThreads, 0, stream>>>(g, n, 0.f, work, bad_part, counter, nullptr, {}, base, sum, first);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void finish_check(const float* sum, const int64_t* first, float max_norm, float* scale, const CheckRingArgs& ring,
+                  cudaStream_t stream) {
+  DPT_CHECK(sum != nullptr && first != nullptr && scale != nullptr, "finish_check: null pointer");
+  finish_check_kernel<<<1, 1, 0, stream>>>(sum, first, max_norm, scale, ring);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -188,8 +188,8 @@ class DataParallel {
   bool check_finite_ = false;
   std::vector<SampleRange> shards_;  // ZeRO: replica r's shard of the flat buffers
   std::vector<Tensor> partial_;      // ZeRO: replica r's part of the squared gradient norm
+  std::vector<Tensor> first_bad_;    // and of the first non-finite gradient's index (int64)
   CheckRing ring_;                   // where the master records its gradient checks
-  void record_zero_check();          // ZeRO's record, on the host (CPU devices)
   const SampleRange& shard_of(size_t replica) const;
   // The step after the plan and the checks: the eager step, and what a graph records.
   StepLoss step_body(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric);

@@ -70,6 +70,13 @@ struct CheckRing {
 // check's record (the scale and the first non-finite gradient's flat index) goes to its
 // next slot, so the host learns of a bad step without waiting for it.
 Tensor check_gradients(const Tensor& grads, float max_norm, const CheckRing& ring = {});
+// The same in two halves, for gradients sharded over devices (ZeRO): elements [first,
+// first + count) of `grads` write their part into `sum` (f32 [1], their squares' sum) and
+// `first_bad` (i32 [2], the int64 flat index of the first non-finite one, INT64_MAX for
+// none), in place; once the parts are summed (and min'd) over the shards, finish_check
+// gives the scale and writes the record.
+void shard_check(const Tensor& grads, int64_t first, int64_t count, const Tensor& sum, const Tensor& first_bad);
+Tensor finish_check(const Tensor& sum, const Tensor& first_bad, float max_norm, const CheckRing& ring = {});
 // Fused optimizer updates over flat buffers; grad_scale may be undefined. shadow (bf16,
 // may be undefined) receives the updated parameters rounded to bf16, in the same pass.
 // step_values (f32 [3], may be undefined): the step's lr and AdamW's bias corrections,
