@@ -371,8 +371,8 @@ void print_header(const Plan& p, int64_t parameters) {
       static_cast<long long>(p.warmup));
   if (p.cuda_graph) std::printf("  the step recorded once as a CUDA graph and replayed\n");
   std::printf(
-      "  speed-up = samples/s against 1 device (which runs without reduction); efficiency = speed-up / "
-      "devices; times in ms on the master\n\n");
+      "  speed-up = samples/s against 1 device (which runs without reduction, or with ZeRO one shard); "
+      "efficiency = speed-up / devices; times in ms on the master\n\n");
   std::printf("%-7s %-6s %-5s %3s %8s %10s %10s %8s %5s %9s %9s %9s %9s %11s %11s\n", "scaling", "reduce", "prec",
               "dev", "batch", "ms/step", "samples/s", "speed-up", "eff", "compute", "reduce", "update", "idle",
               "master MiB", "others MiB");

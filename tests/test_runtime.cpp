@@ -254,6 +254,29 @@ TEST_CASE("synthetic samples are a pure function of (seed, index)", "[data]") {
   CHECK(f.batch(3, 4).x.to_host() == f.batch(8, 4).x.to_host());
 }
 
+TEST_CASE("synthetic rows of several steps at once are the samples each step makes", "[data]") {
+  // A replica's part of 4 steps' batches: 3 rows of every batch of 10, from sample 2.
+  const Device cpu{DeviceType::cpu, 0};
+  for (int64_t samples : {0, 17})  // endless, and a set that wraps within the block
+    for (auto task : {data::Task::regression, data::Task::classification}) {
+      INFO("samples " << samples << ", " << data::task_name(task));
+      data::Synthetic d({.task = task, .in = 8, .out = 3, .seed = 4, .samples = samples}, cpu);
+      const data::Batch block = d.rows({2, 3, 10, 0}, 12);
+      for (int64_t g = 0; g < 4; ++g) {
+        const data::Batch step = d.batch(2 + 10 * g, 3);
+        const auto bx = block.x.to_host(), sx = step.x.to_host();
+        CHECK(std::vector<float>(bx.begin() + g * 24, bx.begin() + (g + 1) * 24) == sx);
+        if (task == data::Task::regression) {
+          const auto by = block.y.to_host(), sy = step.y.to_host();
+          CHECK(test::rel_error(std::vector<float>(by.begin() + g * 9, by.begin() + (g + 1) * 9), sy) < 1e-6);
+        } else {
+          const auto by = block.y.to_host_i32(), sy = step.y.to_host_i32();
+          CHECK(std::vector<int32_t>(by.begin() + g * 3, by.begin() + (g + 1) * 3) == sy);
+        }
+      }
+    }
+}
+
 TEST_CASE("training on the CPU is deterministic, reduces the loss and allocates only in step 1", "[train]") {
   TrainConfig cfg;
   cfg.model = "16-64x2-4";
