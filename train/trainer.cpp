@@ -106,7 +106,9 @@ nn::ModelSpec validate(TrainConfig& cfg) {
     bad("bucket_mb", "must be in (0, 1048576] MiB" + got(cfg.bucket_mb));
   if (cfg.cuda_graph &&
       (!std::all_of(cfg.devices.begin(), cfg.devices.end(), [](const Device& d) { return d.is_cuda(); }) || cfg.ddp))
-    bad("cuda_graph", "records the replicas of one process on GPUs (no CPU devices, no TrainConfig::ddp)");
+    bad("cuda_graph",
+        "records the replicas of one process on GPUs: not CPU devices (no CUDA there), not TrainConfig::ddp "
+        "(a step across processes waits on the host for MPI, which a graph cannot record)");
   if (cfg.devices.front().is_cpu() && cfg.gemm == GemmImpl::native)
     bad("gemm", "native is a CUDA kernel; the CPU has one GEMM");
   if (cfg.gemm == GemmImpl::native && cfg.precision != Precision::fp32)
