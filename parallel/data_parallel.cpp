@@ -203,6 +203,12 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     else if (reduce_ == Reduce::nccl) reducer_ = make_nccl_reducer(std::move(bufs), buckets_, shards_);
     else reducer_ = make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p, shards_);
   }
+  // NCCL's own guidance: several GPUs of one process inside one CUDA graph may deadlock
+  // (cudaGraphLaunch can block on the collectives); one GPU a process is what it supports.
+  if (use_graph_ && reduce_ == Reduce::nccl && n > 1)
+    throw UsageError(
+        "DataParallelOptions::cuda_graph does not record NCCL over several GPUs of one process (NCCL may "
+        "deadlock there); use DataParallelOptions::reduce p2p, or no graph");
   const bool every = !reducer_ || reducer_->every_replica_updates();
   for (size_t i = 0; i < n; ++i)
     if (i == 0 || every) {
@@ -402,6 +408,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     } catch (...) {
       recording_ = false;
       graph_.reset();
+      for (size_t i = 0; i < opts.size(); ++i) opts[i]->set_host_steps(taken[i]);  // nothing was recorded
       throw;
     }
     recording_ = false;
@@ -597,6 +604,7 @@ optim::Optimizer& DataParallel::optimizer() { return *replicas_[0].opt; }
 
 std::vector<std::pair<std::string, Tensor>> DataParallel::optimizer_state() {
   if (shards_.empty()) return optimizer().state();
+  synchronize();  // the shards were written on the replicas' streams
   // ZeRO: the shards into whole buffers, on the master (and across ranks, on every rank).
   const Tensor& flat = replicas_[0].model->flat_params();
   std::vector<std::pair<std::string, Tensor>> out;
@@ -656,6 +664,12 @@ void DataParallel::synchronize() {
   }
 }
 
+bool DataParallel::idle() {
+  for (auto& r : replicas_)
+    if (!r.ctx->idle()) return false;
+  return true;
+}
+
 StepTimes DataParallel::last_times() {
   synchronize();
   Replica& m = replicas_[0];
@@ -664,7 +678,8 @@ StepTimes DataParallel::last_times() {
 }
 
 void DataParallel::set_check_ring(const CheckRing& ring) {
-  synchronize();  // no queued step writes the old ring any more
+  synchronize();                       // no queued step writes the old ring any more
+  context(devices_[0]).synchronize();  // the new ring's count was zeroed on this thread's stream
   ring_ = ring;
   graph_.reset();  // a recorded step writes the old one
   graph_warm_ = false;

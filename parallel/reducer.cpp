@@ -135,6 +135,7 @@ class MasterReducer : public Reducer {
   }
 
   void wait(size_t r) override { done_.wait_in(*r_[r].ctx); }
+  std::vector<Context*> contexts() override { return {&comm_}; }
 
   void broadcast_params() override {
     params_ready_.record(*r_[0].ctx);

@@ -174,16 +174,26 @@ class NcclReducer : public Reducer {
   // what those queued): one NCCL group, as several communicators of one thread need.
   template <class F>
   void on_every_replica(const char* what, F&& call) {
+    // The group ends on every way out, an exception's too: a thread left inside a group
+    // would queue its later collectives into it.
+    struct Group {
+      bool open = true;
+      ncclResult_t end() {
+        open = false;
+        return ncclGroupEnd();
+      }
+      ~Group() {
+        if (open) (void)ncclGroupEnd();
+      }
+    };
     DPT_NCCL_CHECK(ncclGroupStart());
+    Group group;
     for (size_t r = 0; r < r_.size(); ++r) {
       cuda::set_device(r_[r].ctx->device().index);
       const ncclResult_t res = call(r, static_cast<cudaStream_t>(r_[r].ctx->stream()));
-      if (res != ncclSuccess && res != ncclInProgress) {
-        (void)ncclGroupEnd();
-        DPT_NCCL_CHECK(res);
-      }
+      if (res != ncclSuccess && res != ncclInProgress) DPT_NCCL_CHECK(res);
     }
-    const ncclResult_t res = ncclGroupEnd();
+    const ncclResult_t res = group.end();
     if (res != ncclInProgress) DPT_NCCL_CHECK(res);
     for (ncclComm_t c : comms_) settle(c, what);
   }

@@ -105,6 +105,18 @@ void note_host_wait() {
   if (t_count_host_waits) g_host_waits.fetch_add(1, std::memory_order_relaxed);
 }
 
+bool Context::idle() const {
+#if DPT_WITH_CUDA
+  if (stream_) {
+    cuda::set_device(device_.index);
+    const cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream_));
+    if (e == cudaErrorNotReady) return false;
+    DPT_CUDA_CHECK(e);
+  }
+#endif
+  return true;
+}
+
 void Context::synchronize() const {
   note_host_wait();
 #if DPT_WITH_CUDA

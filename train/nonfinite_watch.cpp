@@ -1,12 +1,15 @@
 #include "nonfinite_watch.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <thread>
 #include <utility>
 
 #include <dptrain/error.hpp>
+#include <dptrain/runtime/context.hpp>
 
 namespace dpt {
 
@@ -31,7 +34,15 @@ void NonFiniteWatch::read_next() {
   const CheckRecord& r = static_cast<const CheckRecord*>(host_.data())[read_ % kLag];
   auto tag = [&] { return std::atomic_ref<const int64_t>(r.tag).load(std::memory_order_acquire); };
   if (tag() != read_ + 1) {
-    dp_.synchronize();  // the device is kLag steps behind (or failed: this throws)
+    // The device is kLag steps behind: wait for this record alone, not for every step
+    // queued after it. A stream that fails throws from idle(); a wait longer than a second
+    // (a rank that stopped answering, say) goes to synchronize(), which bounds it by the
+    // communication timeout.
+    note_host_wait();
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (tag() != read_ + 1 && !dp_.idle() && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::microseconds(5));
+    if (tag() != read_ + 1) dp_.synchronize();
     if (tag() != read_ + 1)
       throw Error("the gradient check of step " + std::to_string(step_of_[read_ % kLag] + 1) +
                   " was not recorded (record " + std::to_string(read_ + 1) + ", the slot holds " +

@@ -2,7 +2,8 @@
 // master's gradient check writes each step's record into a ring of kLag slots of host
 // memory that the device writes in place (DataParallel::set_check_ring), and the host
 // reads a record when the ring comes round to its slot (after kLag - 1 more steps were
-// queued; waiting then only if the device is that far behind the host) or at once in
+// queued; waiting then, for that record alone, only if the device is that far behind the
+// host) or at once in
 // drain() (at log points, saves and the end of a run). No copy or event is queued a step.
 // Every rank reads the same steps at the same points, so all stop at the same step.
 // Internal to the library.

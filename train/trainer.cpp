@@ -492,6 +492,7 @@ data::Batch Trainer::synthetic_shard(size_t r, int64_t first, int64_t count) {
   const int64_t step0 = step / steps * steps;
   if (b.step0 != step0 || b.steps != steps) {
     b.rows = data::Batch();  // its memory serves the next block
+    b.step0 = -1;            // until the new one is made
     b.rows = d.rows({step0 * cfg_.batch + part_first, part_count, cfg_.batch, 0}, steps * part_count);
     b.step0 = step0;
     b.steps = steps;

@@ -206,8 +206,10 @@ static __global__ void check_gradients_kernel(const float* g, int64_t n, float m
     *scale = sc;
     *counter = 0;
     if (ring.records) {
-      // One 16-byte store (a record is 16-byte aligned): the host sees the whole record
-      // or none of it, without a system-wide fence on the step's critical path.
+      // One 16-byte store (a record is 16-byte aligned), without a system-wide fence on the
+      // step's critical path: it reaches host memory as one transfer, so the host, which
+      // reads the tag first, sees the record whole (an assumption about the hardware that
+      // CUDA does not document; a torn read would pair a new tag with the old scale).
       CheckRecord* slot = check_record_slot(ring);
       CheckRecord rec;
       fill_check_record(&rec, sc, first);

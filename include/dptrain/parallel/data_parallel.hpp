@@ -163,6 +163,8 @@ class DataParallel {
   bool replicas_identical();
   // Waits for every replica's queued work.
   void synchronize();
+  // Whether every replica's queued work is done (without waiting).
+  bool idle();
 
  private:
   struct Replica;

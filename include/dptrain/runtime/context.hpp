@@ -46,6 +46,8 @@ class Context {
   void* dnn() const;
   // Waits until every op queued in this context has finished.
   void synchronize() const;
+  // Whether it has (without waiting; a failed op throws).
+  bool idle() const;
 
   Precision precision = Precision::fp32;
   GemmImpl gemm = GemmImpl::cublas;
