@@ -378,12 +378,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   // The step reads its micro-batches as views of the fixed buffers.
   const ShardSource fixed = [&](size_t r, int64_t f, int64_t count_r) {
     const int64_t at = f - first - part_of(r).first;
-    auto rows = [&](const Tensor& t) {
-      Shape shape = t.shape();
-      shape[0] = count_r;
-      return t.view(at * (t.numel() / t.size(0)), shape);
-    };
-    return data::Batch{rows(graph_in_[r].x), rows(graph_in_[r].y)};
+    return data::Batch{graph_in_[r].x.rows(at, count_r), graph_in_[r].y.rows(at, count_r)};
   };
   if (!graph_warm_) {  // an eager step first: cuBLAS and the allocator set up outside the graph
     graph_warm_ = true;
@@ -580,12 +575,9 @@ StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss, 
   // A shard is a view of the batch where it already lies on the replica's device,
   // else a copy (queued on the replica's stream).
   auto rows = [](const Tensor& t, int64_t first, int64_t n, const Device& d) {
-    Shape s = t.shape();
-    const int64_t row = t.numel() / t.size(0);
-    s[0] = n;
-    Tensor v = t.view(first * row, s);
+    Tensor v = t.rows(first, n);
     if (t.device() == d) return v;
-    Tensor c = Tensor::empty(s, t.dtype(), d);
+    Tensor c = Tensor::empty(v.shape(), t.dtype(), d);
     copy(c, v);
     return c;
   };

@@ -255,6 +255,15 @@ int32_t* Tensor::i32() const {
   return static_cast<int32_t*>(data());
 }
 
+Tensor Tensor::rows(int64_t first, int64_t count) const {
+  DPT_CHECK(defined() && dim() >= 1, "rows of a tensor without a first axis");
+  DPT_CHECK(first >= 0 && count >= 0 && first + count <= size(0),
+            "rows [" + std::to_string(first) + ", " + std::to_string(first + count) + ") outside " + shape_str(shape_));
+  Shape s = shape_;
+  s[0] = count;
+  return view(size(0) ? first * (numel() / size(0)) : 0, s);
+}
+
 Tensor Tensor::view(int64_t offset, const Shape& shape) const {
   DPT_CHECK(defined(), "view of an undefined tensor");
   DPT_CHECK(offset >= 0 && offset + dpt::numel(shape) <= numel(),

@@ -135,6 +135,21 @@ TEST_CASE("MLP specs parse; malformed ones are refused", "[layers]") {
   CHECK(m->num_parameters() == 8 * 16 + 16 + 16 * 16 + 16 + 16 * 4 + 4);
 }
 
+TEST_CASE("rows of a tensor are a view of its storage", "[tensor]") {
+  const Device cpu{DeviceType::cpu, 0};
+  std::vector<float> v(24);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  const Tensor t = Tensor::from_host(v, {4, 2, 3}, cpu);
+  const Tensor r = t.rows(1, 2);
+  CHECK(r.shape() == Shape{2, 2, 3});
+  CHECK(r.to_host() == std::vector<float>(v.begin() + 6, v.begin() + 18));
+  *r.f32() = -1.0f;  // shares the storage
+  CHECK(t.to_host()[6] == -1.0f);
+  CHECK(t.rows(4, 0).numel() == 0);
+  CHECK_THROWS_AS(t.rows(3, 2), Error);
+  CHECK_THROWS_AS(t.rows(-1, 1), Error);
+}
+
 TEST_CASE("parameters are views into one flat buffer, initialized like torch.nn.Linear", "[layers]") {
   auto m = nn::mlp("8-16-4");
   m->to({DeviceType::cpu, 0}, 3);

@@ -498,12 +498,7 @@ data::Batch Trainer::synthetic_shard(size_t r, int64_t first, int64_t count) {
     b.steps = steps;
   }
   const int64_t row = (step - step0) * part_count + at;
-  auto rows_of = [&](const Tensor& t) {
-    Shape shape = t.shape();
-    shape[0] = count;
-    return t.view(row * (t.numel() / t.size(0)), shape);
-  };
-  return {rows_of(b.rows.x), rows_of(b.rows.y)};
+  return {b.rows.x.rows(row, count), b.rows.y.rows(row, count)};
 }
 
 EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch) {

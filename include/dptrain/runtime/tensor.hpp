@@ -64,6 +64,8 @@ class Tensor {
   // `shape` elements starting `offset` elements into this tensor, sharing its storage.
   Tensor view(int64_t offset, const Shape& shape) const;
   Tensor reshape(const Shape& shape) const { return view(0, shape); }
+  // Rows [first, first + count) along the first axis, a view.
+  Tensor rows(int64_t first, int64_t count) const;
   // The same data without autograd history.
   Tensor detach() const;
 
