@@ -61,16 +61,19 @@ DPT_HD float scale_from_norm_sq(float sq, float max_norm) {
   return c < 1.0f ? c : 1.0f;
 }
 
-// A check's record (CheckRecord) in the ring's next slot, from the scale and the first
-// non-finite index found (INT64_MAX: none); the caller writes the tag last.
-DPT_HD CheckRecord* check_record_slot(const CheckRingArgs& ring) { return ring.records + (*ring.count % ring.slots); }
-DPT_HD void fill_check_record(CheckRecord* r, float scale, int64_t first_bad) {
+// The ring's next record (CheckRecord) into *rec, from the scale and the first non-finite
+// index found (INT64_MAX: none); counts it, and returns the slot the caller stores it in.
+DPT_HD CheckRecord* next_check_record(const CheckRingArgs& ring, float scale, int64_t first_bad, CheckRecord* rec) {
 #if defined(__CUDA_ARCH__)
-  r->scale_bits = __float_as_int(scale);
+  rec->scale_bits = __float_as_int(scale);
 #else
-  std::memcpy(&r->scale_bits, &scale, 4);
+  std::memcpy(&rec->scale_bits, &scale, 4);
 #endif
-  r->index = finite(scale) ? -1 : first_bad < INT32_MAX ? static_cast<int32_t>(first_bad) : INT32_MAX;
+  rec->index = finite(scale) ? -1 : first_bad < INT32_MAX ? static_cast<int32_t>(first_bad) : INT32_MAX;
+  CheckRecord* slot = ring.records + (*ring.count % ring.slots);
+  rec->tag = *ring.count + 1;
+  *ring.count = rec->tag;
+  return slot;
 }
 
 }  // namespace dpt

@@ -322,7 +322,7 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
 void DataParallel::update(size_t r) {
   Replica& rep = replicas_[r];
   if (!rep.opt) return;
-  if (reducer_) reducer_->wait(r);
+  if (reducer_ && shards_.empty()) reducer_->wait(r);  // ZeRO waited before its check
   if (r == 0 && timing_ && !recording_) rep.t_reduced->record(*rep.ctx);
   // Every replica clips the same reduced gradient, so all make the same update.
   NvtxRange range(rep.nvtx_update.c_str());
@@ -345,17 +345,11 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     for (size_t r = 0; r < n; ++r) graph_inputs_ready_.push_back(std::make_unique<Event>(devices_[r]));
     graph_done_ = std::make_unique<Event>(devices_[0]);
   }
-  // Replica r trains the contiguous part of the batch its micro-batches cover.
-  auto part_of = [&](size_t r) {
-    SampleRange p{shares.micro(r, 0).first, 0};
-    for (int k = 0; k < shares.micro_batches(); ++k) p.count += shares.micro(r, k).count;
-    return p;
-  };
   // Each replica copies its shard into its fixed buffers, once the last replay has read them.
   std::vector<char> resized(n, 0);
   run_on_all([&](size_t r) {
     Replica& rep = replicas_[r];
-    const SampleRange part = part_of(r);
+    const SampleRange part = shares.replica_part(r);
     if (part.count == 0) return;
     // Nothing of this replica's stream may run beside a replay: the graph's kernels share
     // the context's cuBLAS workspace and reduction counter with what the source queues.
@@ -377,7 +371,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   }
   // The step reads its micro-batches as views of the fixed buffers.
   const ShardSource fixed = [&](size_t r, int64_t f, int64_t count_r) {
-    const int64_t at = f - first - part_of(r).first;
+    const int64_t at = f - first - shares.replica_part(r).first;
     return data::Batch{graph_in_[r].x.rows(at, count_r), graph_in_[r].y.rows(at, count_r)};
   };
   if (!graph_warm_) {  // an eager step first: cuBLAS and the allocator set up outside the graph
@@ -412,7 +406,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   {
     ContextGuard g(*master.ctx);
     for (size_t r = 1; r < n; ++r)
-      if (part_of(r).count > 0) graph_inputs_ready_[r]->wait_in(*master.ctx);
+      if (shares.replica_part(r).count > 0) graph_inputs_ready_[r]->wait_in(*master.ctx);
     // The whole replay counts as compute: the phases inside a graph are not timed apart.
     if (timing_) master.t_start->record(*master.ctx);
     graph_->launch();
@@ -488,15 +482,18 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
       synchronize();  // the collectives are done, on every replica
       std::rethrow_exception(e);
     }
-  if (!shards_.empty() && (clip_ > 0.0f || check_finite_)) {
-    // ZeRO: each replica holds the summed gradient of its shard alone; the global norm is
-    // the sum of the shards' parts, the first non-finite gradient the least of theirs.
+  if (!shards_.empty()) {
+    // ZeRO: each replica holds the summed gradient of its shard alone (waited for here,
+    // before its check, rather than in update); the global norm is the sum of the shards'
+    // parts, the first non-finite gradient the least of theirs.
+    const bool check = clip_ > 0.0f || check_finite_;
     run_on_all([&](size_t r) {
-      reducer_->wait(r);  // the shard's sum is in
+      reducer_->wait(r);
+      if (!check) return;
       const SampleRange& k = shard_of(r);
       shard_check(replicas_[r].model->flat_grads(), k.first, k.count, partial_[r], first_bad_[r]);
     });
-    reducer_->sum_partials(partial_, first_bad_);
+    if (check) reducer_->sum_partials(partial_, first_bad_);
   }
   run_on_all([&](size_t r) { update(r); });
   if (reducer_ && reducer_->sharded()) reducer_->gather_params();

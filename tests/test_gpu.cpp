@@ -324,6 +324,28 @@ TEST_CASE("optimizers, clipping, casts and argmax match the CPU", "[gpu][ops]") 
     }
   }
   CHECK(ring.count.to_host_i32()[0] == checks);
+  // ZeRO's halves: a shard's part (its sum, base + its first bad index) and the check from
+  // the parts, as the CPU makes them.
+  for (const auto* values : {&g, &bad}) {
+    auto part = [&](const Device& d) {
+      Tensor sum = Tensor::zeros({1}, DType::f32, d), first = Tensor::zeros({2}, DType::i32, d);
+      shard_check(on(d, *values, {n}), 60000, 30000, sum, first);
+      const auto f = first.to_host_i32();
+      int64_t index = 0;
+      std::memcpy(&index, f.data(), 8);
+      return std::pair<float, int64_t>{sum.to_host()[0], index};
+    };
+    const auto c = part(host), d = part(gpu);
+    CHECK(std::fabs(c.first - d.first) <= 1e-6f * c.first);
+    CHECK(c.second == d.second);
+    CHECK(c.second == (values == &bad ? 70001 : INT64_MAX));
+  }
+  const Tensor sum = Tensor::from_host(std::vector<float>{4.0f}, {1}, gpu);
+  const Tensor first = Tensor::from_host_i32({-1, INT32_MAX}, {2}, gpu);  // INT64_MAX's halves
+  CHECK(finish_check(sum, first, 1.0f, ring).to_host()[0] == 1.0f / (2.0f + 1e-6f));
+  const CheckRecord& last = rec[checks % 3];
+  CHECK(last.tag == checks + 1);
+  CHECK(last.index == -1);
   // Casts and argmax are exact.
   auto x = randn(n, 16, 100.0f);
   x[5] = NAN;

@@ -476,9 +476,7 @@ data::Batch Trainer::shard(size_t r, int64_t first, int64_t count) {
 data::Batch Trainer::synthetic_shard(size_t r, int64_t first, int64_t count) {
   // Replica r takes the same part of every step's batch: its micro-batches, contiguous.
   const ShardPlan& plan = dp_->plan(cfg_.batch);
-  const int64_t part_first = plan.micro(r, 0).first;
-  int64_t part_count = 0;
-  for (int k = 0; k < plan.micro_batches(); ++k) part_count += plan.micro(r, k).count;
+  const int64_t part_first = plan.replica_part(r).first, part_count = plan.replica_part(r).count;
   const int64_t step = first / cfg_.batch, at = first - step * cfg_.batch - part_first;
   if (at < 0 || at + count > part_count) return data_[r]->batch(first, count);  // not a step's shard
   // Blocks begin at multiples of their length, so a resumed run makes the same blocks;

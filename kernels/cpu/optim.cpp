@@ -55,21 +55,6 @@ void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float bet
   advance_step_values(t, a, beta1, beta2, values);
 }
 
-void check_gradients(const float* g, int64_t n, float max_norm, float* scale, const CheckRingArgs* ring) {
-  double sq = 0.0;
-  int64_t first_bad = INT64_MAX;
-  for (int64_t i = 0; i < n; ++i) {
-    sq += static_cast<double>(g[i]) * g[i];
-    if (first_bad == INT64_MAX && !std::isfinite(g[i])) first_bad = i;
-  }
-  *scale = scale_from_norm_sq(static_cast<float>(sq), max_norm);
-  if (!ring) return;
-  CheckRecord* r = check_record_slot(*ring);
-  fill_check_record(r, *scale, first_bad);
-  r->tag = *ring->count + 1;
-  *ring->count += 1;
-}
-
 void shard_check(const float* g, int64_t n, int64_t base, float* sum, int64_t* first) {
   double sq = 0.0;
   int64_t first_bad = INT64_MAX;
@@ -84,10 +69,16 @@ void shard_check(const float* g, int64_t n, int64_t base, float* sum, int64_t* f
 void finish_check(const float* sum, const int64_t* first, float max_norm, float* scale, const CheckRingArgs* ring) {
   *scale = scale_from_norm_sq(*sum, max_norm);
   if (!ring) return;
-  CheckRecord* r = check_record_slot(*ring);
-  fill_check_record(r, *scale, *first);
-  r->tag = *ring->count + 1;
-  *ring->count += 1;
+  CheckRecord rec;
+  CheckRecord* slot = next_check_record(*ring, *scale, *first, &rec);
+  *slot = rec;
+}
+
+void check_gradients(const float* g, int64_t n, float max_norm, float* scale, const CheckRingArgs* ring) {
+  float sum = 0.0f;
+  int64_t first = 0;
+  shard_check(g, n, 0, &sum, &first);  // the whole buffer is one shard
+  finish_check(&sum, &first, max_norm, scale, ring);
 }
 
 }  // namespace dpt::cpu

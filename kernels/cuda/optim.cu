@@ -150,6 +150,20 @@ __device__ long long block_min(long long v) {
   return m;
 }
 
+// The scale from the squared norm and, with a ring, the check's record. One 16-byte store
+// (a record is 16-byte aligned), without a system-wide fence on the step's critical path:
+// it reaches host memory as one transfer, so the host, which reads the tag first, sees the
+// record whole (an assumption about the hardware that CUDA does not document; a torn read
+// would pair a new tag with the old scale).
+__device__ void write_check(float sum, long long first, float max_norm, float* scale, const CheckRingArgs& ring) {
+  const float sc = scale_from_norm_sq(sum, max_norm);
+  *scale = sc;
+  if (!ring.records) return;
+  CheckRecord rec;
+  CheckRecord* slot = next_check_record(ring, sc, first, &rec);
+  *reinterpret_cast<int4*>(slot) = *reinterpret_cast<const int4*>(&rec);
+}
+
 // One pass over the gradients: each block's sum of squares (as sum_squares' partials) and
 // its first non-finite index; the last block to finish (the counter says which) adds the
 // sums in block order, in double, writes the scale and, with a ring, the check's record,
@@ -195,43 +209,20 @@ static __global__ void check_gradients_kernel(const float* g, int64_t n, float m
   }
   total = block_sum(total);
   first = block_min(first);
-  if (threadIdx.x == 0 && sum_out) {  // a shard's part: its sum and first bad index (of the whole buffer)
+  if (threadIdx.x != 0) return;
+  *counter = 0;
+  if (sum_out) {  // a shard's part: its sum and first bad index (of the whole buffer)
     *sum_out = static_cast<float>(total);
     *first_out = first == LLONG_MAX ? LLONG_MAX : base + first;
-    *counter = 0;
     return;
   }
-  if (threadIdx.x == 0) {
-    const float sc = scale_from_norm_sq(static_cast<float>(total), max_norm);
-    *scale = sc;
-    *counter = 0;
-    if (ring.records) {
-      // One 16-byte store (a record is 16-byte aligned), without a system-wide fence on the
-      // step's critical path: it reaches host memory as one transfer, so the host, which
-      // reads the tag first, sees the record whole (an assumption about the hardware that
-      // CUDA does not document; a torn read would pair a new tag with the old scale).
-      CheckRecord* slot = check_record_slot(ring);
-      CheckRecord rec;
-      fill_check_record(&rec, sc, first);
-      rec.tag = *ring.count + 1;
-      *ring.count = rec.tag;
-      *reinterpret_cast<int4*>(slot) = *reinterpret_cast<const int4*>(&rec);
-    }
-  }
+  write_check(static_cast<float>(total), first, max_norm, scale, ring);
 }
 
 // ZeRO: the check from the shards' parts, summed and min'd over the devices.
 static __global__ void finish_check_kernel(const float* sum, const int64_t* first, float max_norm, float* scale,
                                            CheckRingArgs ring) {
-  const float sc = scale_from_norm_sq(*sum, max_norm);
-  *scale = sc;
-  if (!ring.records) return;
-  CheckRecord* slot = check_record_slot(ring);
-  CheckRecord rec;
-  fill_check_record(&rec, sc, *first);
-  rec.tag = *ring.count + 1;
-  *ring.count = rec.tag;
-  *reinterpret_cast<int4*>(slot) = *reinterpret_cast<const int4*>(&rec);
+  write_check(*sum, *first, max_norm, scale, ring);
 }
 
 }  // namespace
