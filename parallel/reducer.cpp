@@ -27,6 +27,14 @@ void Reducer::sum_partials(std::vector<Tensor>&, std::vector<Tensor>&) {
   throw UsageError(std::string("DataParallelOptions::zero is not available with the ") + name() + " reduction");
 }
 
+void refresh_shadow_of_others(const ReplicaBuffers& r, const std::vector<SampleRange>& shards, size_t own) {
+  if (!r.shadow.defined()) return;
+  ContextGuard g(*r.ctx);
+  for (size_t k = 0; k < shards.size(); ++k)
+    if (k != own && shards[k].count > 0)
+      copy_cast(r.shadow.view(shards[k].first, {shards[k].count}), r.params.view(shards[k].first, {shards[k].count}));
+}
+
 void Reducer::gather_params() {
   throw UsageError(std::string("DataParallelOptions::zero is not available with the ") + name() + " reduction");
 }
@@ -127,11 +135,7 @@ class MasterReducer : public Reducer {
           std::memcpy(r_[i].params.f32() + s.first, r_[k].params.f32() + s.first,
                       sizeof(float) * static_cast<size_t>(s.count));
     }
-    for (size_t i = 0; i < r_.size(); ++i)
-      if (r_[i].shadow.defined()) {
-        ContextGuard g(*r_[i].ctx);
-        copy_cast(r_[i].shadow, r_[i].params);
-      }
+    for (size_t i = 0; i < r_.size(); ++i) refresh_shadow_of_others(r_[i], shards_, i);
   }
 
   void wait(size_t r) override { done_.wait_in(*r_[r].ctx); }
@@ -201,10 +205,7 @@ class MpiReducer : public Reducer {
       counts.push_back(s.count);
     }
     g_.all_gather(r_.params.f32(), firsts, counts);
-    if (r_.shadow.defined()) {
-      ContextGuard guard(*r_.ctx);
-      copy_cast(r_.shadow, r_.params);
-    }
+    refresh_shadow_of_others(r_, shards_, static_cast<size_t>(g_.rank()));
   }
 
  private:

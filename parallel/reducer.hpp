@@ -100,4 +100,9 @@ std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers re
 // p2p staging bucket is exactly the configured size.
 std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes);
 
+// ZeRO, after the parameters' gather: the bf16 shadow of every shard but `own` from the
+// gathered masters. The optimizer refreshed its own shard's in its update (one cast of
+// the whole buffer instead would cost a pass over it a step on one device).
+void refresh_shadow_of_others(const ReplicaBuffers& r, const std::vector<SampleRange>& shards, size_t own);
+
 }  // namespace dpt

@@ -224,11 +224,8 @@ class NcclReducer : public Reducer {
       }
       return ncclSuccess;
     });
-    for (auto& rep : r_)
-      if (rep.shadow.defined()) {
-        ContextGuard g(*rep.ctx);
-        copy_cast(rep.shadow, rep.params);
-      }
+    for (size_t r = 0; r < r_.size(); ++r)
+      refresh_shadow_of_others(r_[r], shards_, group_ ? static_cast<size_t>(group_->rank()) : r);
   }
 
   void reduce() override {}
