@@ -14,6 +14,7 @@
 
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/check.hpp"
+#include "../kernels/cuda/cuda.hpp"
 #endif
 
 namespace dpt {
@@ -357,8 +358,8 @@ void copy(const Tensor& dst, const Tensor& src) {
   if (d.is_cuda() && s.is_cuda()) {
     auto stream = static_cast<cudaStream_t>(context(d).stream());
     cuda::set_device(d.index);
-    if (d.index == s.index)
-      DPT_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+    if (d.index == s.index)  // a kernel: cheaper to launch than a device-to-device memcpy
+      cuda::copy_device(dst.data(), src.data(), static_cast<int64_t>(bytes), stream);
     else DPT_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data(), d.index, src.data(), s.index, bytes, stream));
     return;
   }

@@ -160,6 +160,8 @@ void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream)
 void sum_squares(const float* x, int64_t n, float* out, float* work, cudaStream_t stream);
 void cast_f32_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 void cast_bf16_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
+// `bytes` from src to dst, both on the current device (no overlap), by a kernel.
+void copy_device(void* dst, const void* src, int64_t bytes, cudaStream_t stream);
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std, cudaStream_t stream);
 void normal_rows(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_t stream_id, const RowMap& map,

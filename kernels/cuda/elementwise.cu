@@ -1,4 +1,4 @@
-// elementwise.cu — fill, axpy, the sum of squares (gradient norms), fp32 <-> bf16 casts,
+// elementwise.cu — fill, copy, axpy, the sum of squares (gradient norms), fp32 <-> bf16 casts,
 // row argmax and the Philox random fills; twins of kernels/cpu elementwise.cpp.
 //
 // Memory-bound loops use float4 where the pointers are aligned, with a scalar tail.
@@ -51,6 +51,24 @@ static __global__ void axpy_kernel(int64_t n, float alpha, const float* x, float
     done = n / 4 * 4;
   }
   for (int64_t i = done + global_tid(); i < n; i += grid_stride()) y[i] += alpha * x[i];
+}
+
+// ---- copy -----------------------------------------------------------------------------
+
+// A copy within one device by the SMs: cudaMemcpyAsync device to device costs the host an
+// ioctl (a driver RPC) a call on this driver, several times a kernel launch, and a step
+// that copies its inputs (a CUDA graph's) pays it every step. Vec: 16-byte chunks, the
+// tail bytewise.
+template <bool Vec>
+static __global__ void copy_kernel(unsigned char* dst, const unsigned char* src, int64_t bytes) {
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const int4* s4 = reinterpret_cast<const int4*>(src);
+    int4* d4 = reinterpret_cast<int4*>(dst);
+    for (int64_t i = global_tid(); i < bytes / 16; i += grid_stride()) d4[i] = s4[i];
+    done = bytes / 16 * 16;
+  }
+  for (int64_t i = done + global_tid(); i < bytes; i += grid_stride()) dst[i] = src[i];
 }
 
 // ---- sum_squares ------------------------------------------------------------------------
@@ -211,6 +229,17 @@ void fill(float* x, int64_t n, float value, cudaStream_t stream) {
   DPT_CHECK(x != nullptr, "fill: null pointer");
   if (aligned16(x)) fill_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, n, value);
   else fill_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, value);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void copy_device(void* dst, const void* src, int64_t bytes, cudaStream_t stream) {
+  DPT_CHECK(bytes >= 0, "copy_device: negative size");
+  if (bytes == 0) return;
+  DPT_CHECK(dst != nullptr && src != nullptr, "copy_device: null pointer");
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  if (aligned16(d) && aligned16(s)) copy_kernel<true><<<blocks_for(bytes / 16), kThreads, 0, stream>>>(d, s, bytes);
+  else copy_kernel<false><<<blocks_for(bytes), kThreads, 0, stream>>>(d, s, bytes);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
