@@ -238,7 +238,14 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   };
   dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, scheduled, o);
   watch_ = std::make_unique<NonFiniteWatch>(*dp_);
-  blocks_.resize(dp_->size());                    // each replica's thread uses its own
+  blocks_.resize(dp_->size());  // each replica's thread uses its own
+  ahead_.resize(dp_->size());
+  for (size_t r = 0; r < dp_->size() && !train_data_; ++r) {
+    data_ctx_.push_back(std::make_unique<Context>(dp_->device(r)));
+    data_ctx_.back()->precision = cfg_.precision;  // the teacher computes as the replica would
+    data_ctx_.back()->gemm = cfg_.gemm;
+    consumed_.push_back(std::make_unique<Event>(dp_->device(r)));
+  }
   const ShardPlan& plan = dp_->plan(cfg_.batch);  // refuses a split that cannot work before any step
   // GPU replicas on file data load their next shards while the steps compute, each loader
   // with its share of three quarters of the host's cores (at most 12 gathering threads:
@@ -480,23 +487,40 @@ data::Batch Trainer::synthetic_shard(size_t r, int64_t first, int64_t count) {
   const int64_t step = first / cfg_.batch, at = first - step * cfg_.batch - part_first;
   if (at < 0 || at + count > part_count) return data_[r]->batch(first, count);  // not a step's shard
   // Blocks begin at multiples of their length, so a resumed run makes the same blocks;
-  // about 32 MiB of samples, at most 16 steps.
+  // about 32 MiB of samples, at most 16 steps, at least one.
   const data::Synthetic& d = *data_[r];
   const int64_t row_bytes = 4 * (numel(d.input_shape()) + std::max<int64_t>(1, numel(d.target_shape())));
   const int64_t block_rows = (int64_t{32} << 20) / row_bytes;
-  if (part_count > block_rows / 2) return d.batch(first, count);  // large shards: made step by step
-  const int64_t steps = std::min<int64_t>(block_rows / std::max<int64_t>(1, part_count), 16);
-  SyntheticBlock& b = blocks_[r];
+  const int64_t steps = std::clamp<int64_t>(block_rows / std::max<int64_t>(1, part_count), 1, 16);
   const int64_t step0 = step / steps * steps;
+  SyntheticBlock& b = blocks_[r];
   if (b.step0 != step0 || b.steps != steps) {
-    b.rows = data::Batch();  // its memory serves the next block
-    b.step0 = -1;            // until the new one is made
-    b.rows = d.rows({step0 * cfg_.batch + part_first, part_count, cfg_.batch, 0}, steps * part_count);
-    b.step0 = step0;
-    b.steps = steps;
+    Context& compute = context(dp_->device(r));  // the replica's, current on its thread
+    consumed_[r]->record(compute);               // the steps queued so far, which read b
+    b.rows = data::Batch();                      // its memory serves the blocks after it
+    b.step0 = -1;
+    if (ahead_[r].step0 == step0 && ahead_[r].steps == steps) std::swap(b, ahead_[r]);
+    else make_block(r, b, step0, steps);  // not foreseen: the first block, a resumed run
+    b.made->wait_in(compute);
+    if (step0 + steps < cfg_.steps) make_block(r, ahead_[r], step0 + steps, steps);
   }
   const int64_t row = (step - step0) * part_count + at;
   return {b.rows.x.rows(row, count), b.rows.y.rows(row, count)};
+}
+
+void Trainer::make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t steps) {
+  const int64_t part_first = dp_->plan(cfg_.batch).replica_part(r).first;
+  const int64_t part_count = dp_->plan(cfg_.batch).replica_part(r).count;
+  Context& side = *data_ctx_[r];
+  ContextGuard guard(side);
+  consumed_[r]->wait_in(side);
+  b.rows = data::Batch();
+  b.step0 = -1;
+  b.rows = data_[r]->rows({step0 * cfg_.batch + part_first, part_count, cfg_.batch, 0}, steps * part_count);
+  if (!b.made) b.made = std::make_unique<Event>(side.device());
+  b.made->record(side);
+  b.step0 = step0;
+  b.steps = steps;
 }
 
 EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch) {

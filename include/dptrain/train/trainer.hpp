@@ -205,13 +205,20 @@ class Trainer {
   std::shared_ptr<nn::Sequential> model_;
   std::vector<std::unique_ptr<data::Synthetic>> data_;  // synthetic data: one per replica, on its device
   // Synthetic data is made for several steps at once (a few launches for all of them
-  // instead of a few a step): replica r's part of steps [step0, step0 + steps).
+  // instead of a few a step): replica r's part of steps [step0, step0 + steps). The next
+  // block is made ahead, on a stream of its own, while the steps of this one run.
   struct SyntheticBlock {
     int64_t step0 = -1, steps = 0;
     data::Batch rows;
+    std::unique_ptr<Event> made;  // on the data stream
   };
-  std::vector<SyntheticBlock> blocks_;
+  std::vector<SyntheticBlock> blocks_, ahead_;      // a replica's current block and the next
+  std::vector<std::unique_ptr<Context>> data_ctx_;  // a replica's data stream
+  std::vector<std::unique_ptr<Event>> consumed_;    // its compute stream when a block was taken
   data::Batch synthetic_shard(size_t replica, int64_t first, int64_t count);
+  // Queues block (step0, steps) of replica r on its data stream, after the compute work
+  // `consumed_` marks (the steps that read the memory it may reuse).
+  void make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t steps);
   std::shared_ptr<const data::Dataset> train_data_, val_data_;
   std::vector<data::RowOrder> orders_;        // file data: a replica's epoch order
   std::vector<std::vector<int64_t>> picked_;  // the rows it gathers this step
