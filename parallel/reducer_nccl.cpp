@@ -141,6 +141,7 @@ class NcclReducer : public Reducer {
   bool every_replica_updates() const override { return true; }
 
   void bucket_ready(size_t r, size_t b) override {
+    if (alone()) return;
     // The communication stream waits for the bucket's gradients, not the host.
     ready_[r][b]->record(*r_[r].ctx);
     ready_[r][b]->wait_in(*comm_[r]);
@@ -169,6 +170,10 @@ class NcclReducer : public Reducer {
   }
 
   bool sharded() const override { return !shards_.empty(); }
+
+  // One GPU in all (ZeRO on one device): every collective is the identity, and is not
+  // queued, so that --zero costs nothing there.
+  bool alone() const { return r_.size() == 1 && (!group_ || group_->size() == 1); }
 
   // Collectives of every replica from this one thread, on their compute streams (after
   // what those queued): one NCCL group, as several communicators of one thread need.
@@ -201,6 +206,7 @@ class NcclReducer : public Reducer {
   void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad) override {
     DPT_CHECK(sharded() && partial.size() == r_.size() && first_bad.size() == r_.size(),
               "sum_partials: one partial sum a replica, ZeRO");
+    if (alone()) return;
     on_every_replica("enqueueing the norm's all-reduce", [&](size_t r, cudaStream_t stream) {
       float* p = partial[r].f32();
       ncclResult_t res = ncclAllReduce(p, p, 1, ncclFloat, ncclSum, comms_[r], stream);
@@ -212,6 +218,7 @@ class NcclReducer : public Reducer {
 
   void gather_params() override {
     DPT_CHECK(sharded(), "gather_params: ZeRO");
+    if (alone()) return;
     // Each shard's updated parameters from its owner to every replica and rank.
     on_every_replica("enqueueing the parameters' broadcast", [&](size_t r, cudaStream_t stream) {
       float* p = r_[r].params.f32();
@@ -237,6 +244,7 @@ class NcclReducer : public Reducer {
   }
 
   void wait(size_t r) override {
+    if (alone()) return;
     done_[r]->record(*comm_[r]);
     done_[r]->wait_in(*r_[r].ctx);
   }
