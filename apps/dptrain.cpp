@@ -79,6 +79,7 @@ std::string duration(double s) {
 struct Options {
   dpt::TrainConfig cfg;
   std::string task = "regression", act = "relu", precision = "fp32", gemm = "cublas", reduce = "auto";
+  std::string grad_comm = "fp32";
   dpt::app::DeviceFlags devices;
   float lr = 0.0f;
   bool no_overlap = false, auto_resume = false, shuffle = true, no_shuffle = false;
@@ -138,6 +139,10 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--reduce", o.reduce, "Gradient reduction: auto, nccl, p2p (to the master), host (CPU devices)")
       ->capture_default_str();
   app.add_option("--bucket-mb", o.cfg.bucket_mb, "Gradient bucket size in MiB, reduced as soon as it is ready")
+      ->capture_default_str();
+  app.add_option("--grad-comm", o.grad_comm,
+                 "The type gradients travel in between devices: fp32, or bf16 (rounded before they leave a device; "
+                 "not with --ddp on CPUs)")
       ->capture_default_str();
   add_integer(app, "--zero", o.cfg.zero, "ZeRO stage: 0 off, 1 the optimizer state sharded over the devices or ranks")
       ->capture_default_str();
@@ -237,6 +242,9 @@ void resolve(Options& o) {
   c.gemm = dpt::parse_gemm(o.gemm);
   c.devices = o.devices.devices(o.on_command_line);
   c.reduce = dpt::parse_reduce(o.reduce);
+  if (o.grad_comm != "fp32" && o.grad_comm != "bf16")
+    throw dpt::UsageError("unknown --grad-comm '" + o.grad_comm + "': expected fp32 or bf16");
+  c.grad_comm = o.grad_comm == "bf16" ? dpt::DType::bf16 : dpt::DType::f32;
   // Given, these mean a data set; 0 would silently mean "no data set" (the defaults).
   if (o.was_given("--epochs") && c.epochs < 1)
     throw dpt::UsageError("--epochs must be >= 1, got " + std::to_string(c.epochs));
@@ -369,6 +377,8 @@ int train(Options& o) {
                 c.devices.front().is_cpu() ? "cpu" : o.gemm.c_str());
     if (c.grad_accum > 1) std::printf("  gradient accumulation: %d micro-batches per step\n", c.grad_accum);
     if (c.zero > 0) std::printf("  ZeRO stage %d: the optimizer state sharded over the devices\n", c.zero);
+    if (c.grad_comm == dpt::DType::bf16 && c.devices.size() > 1)
+      std::printf("  gradients travel in bf16 between devices\n");
     if (const dpt::data::Dataset* d = trainer.train_data()) {
       std::printf("  data: %s, %lld rows, %s", d->inputs_name().c_str(), static_cast<long long>(d->rows()),
                   c.shuffle ? "shuffled every epoch" : "in file order");

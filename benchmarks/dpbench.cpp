@@ -79,6 +79,7 @@ struct Flags {
   bool cuda_graph = false;
   std::string optimizer = "sgd";
   int zero = 0;
+  std::string grad_comm = "fp32";
   std::vector<std::string> precision{"fp32"}, reduce{"auto"}, scaling{"weak", "strong"};
 };
 
@@ -90,10 +91,11 @@ struct Plan {
   int64_t batch = 0;           // per device in weak scaling; times devices.size() in strong
   int64_t steps = 0, warmup = 0;
   double bucket_mb = 0;
-  bool cuda_graph = false;   // the step recorded once as a CUDA graph and replayed (one GPU)
-  bool cpu_default = false;  // CPU devices and no --model: the small CPU workload
-  bool adamw = false;        // else SGD
-  int zero = 0;              // ZeRO stage of the runs on several devices
+  bool cuda_graph = false;                 // the step recorded once as a CUDA graph and replayed (one GPU)
+  bool cpu_default = false;                // CPU devices and no --model: the small CPU workload
+  bool adamw = false;                      // else SGD
+  int zero = 0;                            // ZeRO stage of the runs on several devices
+  dpt::DType grad_comm = dpt::DType::f32;  // the type gradients travel in between devices
   std::vector<Precision> precisions;
   std::vector<Reduce> reduces;  // resolved paths: what `auto` means for these devices
   std::vector<Scaling> scalings;
@@ -132,6 +134,8 @@ void add_flags(CLI::App& app, Flags& f) {
                "(one GPU)");
   app.add_option("--optimizer", f.optimizer, "sgd (lr 0.01, no momentum) or adamw (lr 0.001)")->capture_default_str();
   add_integer(app, "--zero", f.zero, "ZeRO stage: 0, or 1 (the optimizer state sharded over the devices)")
+      ->capture_default_str();
+  app.add_option("--grad-comm", f.grad_comm, "The type gradients travel in between devices: fp32 or bf16")
       ->capture_default_str();
   app.add_option("--out", f.out, "Folder for dpbench.csv, dpbench.json and speedup.svg (made if missing)")
       ->capture_default_str();
@@ -190,6 +194,9 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   p.adamw = f.optimizer == "adamw";
   if (f.zero < 0 || f.zero > 1) throw dpt::UsageError("--zero must be 0 or 1, got " + std::to_string(f.zero));
   p.zero = f.zero;
+  if (f.grad_comm != "fp32" && f.grad_comm != "bf16")
+    throw dpt::UsageError("unknown --grad-comm '" + f.grad_comm + "': expected fp32 or bf16");
+  p.grad_comm = f.grad_comm == "bf16" ? dpt::DType::bf16 : dpt::DType::f32;
 
   for (const auto& s : f.precision) p.precisions.push_back(dpt::parse_precision(s));
   for (const auto& s : f.scaling) p.scalings.push_back(parse_scaling(s));
@@ -272,7 +279,8 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   o.reduce = reduce;
   o.bucket_mb = p.bucket_mb;
   o.precision = precision;
-  o.zero = p.zero;     // on one device the same code with one shard
+  o.zero = p.zero;  // on one device the same code with one shard
+  o.grad_comm = p.grad_comm;
   if (p.cuda_graph) {  // recorded on the warm-up's second step, replayed after
     o.cuda_graph = true;
     o.reduce = Reduce::automatic;
@@ -359,6 +367,7 @@ void print_header(const Plan& p, int64_t parameters) {
               p.model.is_cnn ? "cross-entropy" : "MSE", p.adamw ? "AdamW" : "SGD",
               static_cast<double>(p.adamw ? kAdamLr : kLr));
   if (p.zero > 0) std::printf("  ZeRO stage %d: the optimizer state sharded over the devices\n", p.zero);
+  if (p.grad_comm == dpt::DType::bf16) std::printf("  gradients travel in bf16 between devices\n");
   for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
   if (p.cpu_default)
     std::printf("  CPU devices: the default workload is %s, batch %lld, %lld steps (GPUs: mlp; --model to choose)\n",
@@ -422,7 +431,8 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
       ",\n  \"model\": " + dpt::ckpt::json_quote(p.model.text) + ",\n  \"parameters\": " + std::to_string(parameters) +
       ",\n  \"loss\": \"mse\",\n  \"optimizer\": {\"name\": \"" + (p.adamw ? "adamw" : "sgd") +
       "\", \"lr\": " + fmt("%g", p.adamw ? kAdamLr : kLr) + ", \"zero\": " + std::to_string(p.zero) +
-      "},\n  \"devices\": [" + join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
+      "},\n  \"grad_comm\": \"" + (p.grad_comm == dpt::DType::bf16 ? "bf16" : "fp32") + "\"" + ",\n  \"devices\": [" +
+      join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
       "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
       ",\n  \"strong_global_batch\": " + std::to_string(p.batch * static_cast<int64_t>(p.devices.size())) +
       ",\n  \"steps\": " + std::to_string(p.steps) + ",\n  \"warmup\": " + std::to_string(p.warmup) +

@@ -126,6 +126,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   grad_accum_ = options.grad_accum;
   overlap_ = options.overlap;
   check_finite_ = options.check_finite;
+  if (options.grad_comm != DType::f32 && options.grad_comm != DType::bf16)
+    throw UsageError(std::string("DataParallelOptions::grad_comm must be f32 or bf16, got ") +
+                     dtype_name(options.grad_comm));
   if (options.zero < 0 || options.zero > 1)
     throw UsageError("DataParallelOptions::zero must be 0 or 1, got " + std::to_string(options.zero));
   use_graph_ = options.cuda_graph;
@@ -197,11 +200,16 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       // One shard a replica, or a rank (which has one replica).
       shards_ = dpt::zero_shards(total, group_ ? static_cast<size_t>(group_->size()) : n);
     }
+    const DType wire = options.grad_comm;
+    if (group_ && reduce_ != Reduce::nccl && wire != DType::f32)
+      throw UsageError(
+          "DataParallelOptions::grad_comm bf16 is for NCCL, p2p and host reductions; the MPI reduction of CPU ranks "
+          "sums fp32");
     if (group_)
-      reducer_ = reduce_ == Reduce::nccl ? make_nccl_rank_reducer(*group_, bufs[0], buckets_, shards_)
+      reducer_ = reduce_ == Reduce::nccl ? make_nccl_rank_reducer(*group_, bufs[0], buckets_, shards_, wire)
                                          : make_mpi_reducer(*group_, bufs[0], buckets_, shards_);
-    else if (reduce_ == Reduce::nccl) reducer_ = make_nccl_reducer(std::move(bufs), buckets_, shards_);
-    else reducer_ = make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p, shards_);
+    else if (reduce_ == Reduce::nccl) reducer_ = make_nccl_reducer(std::move(bufs), buckets_, shards_, wire);
+    else reducer_ = make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p, shards_, wire);
   }
   // NCCL's own guidance: several GPUs of one process inside one CUDA graph may deadlock
   // (cudaGraphLaunch can block on the collectives); one GPU a process is what it supports.

@@ -44,11 +44,12 @@ namespace {
 class MasterReducer : public Reducer {
  public:
   MasterReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, bool master_updates,
-                std::vector<SampleRange> shards)
+                std::vector<SampleRange> shards, DType wire)
       : r_(std::move(replicas)),
         buckets_(std::move(buckets)),
         master_updates_(master_updates),
         shards_(std::move(shards)),
+        wire_(wire),
         comm_(r_[0].ctx->device()),
         done_(r_[0].ctx->device()),
         params_ready_(r_[0].ctx->device()) {
@@ -65,8 +66,15 @@ class MasterReducer : public Reducer {
       int64_t largest = 0;
       for (auto& b : buckets_) largest = std::max(largest, b.count);
       ContextGuard g(comm_);
-      staging_ = Tensor::empty({largest}, DType::f32, master);
+      staging_ = Tensor::empty({largest}, wire_, master);
     }
+    // bf16 on the wire: each other replica rounds its buckets into a bf16 copy of its
+    // gradients, on its own device, as backward hands them over.
+    if (wire_ == DType::bf16)
+      for (size_t i = 1; i < r_.size(); ++i) {
+        ContextGuard g(*r_[i].ctx);
+        sent_.push_back(Tensor::empty(r_[i].grads.shape(), DType::bf16, r_[i].ctx->device()));
+      }
     DPT_CHECK(master_updates_ || master.is_cpu(), "the host reduction is for CPU devices");
     DPT_CHECK(shards_.empty() || (!master_updates_ && shards_.size() == r_.size()),
               "ZeRO shards are for the host reduction, one a replica");
@@ -76,7 +84,12 @@ class MasterReducer : public Reducer {
   bool every_replica_updates() const override { return !master_updates_; }
   bool sharded() const override { return !shards_.empty(); }
 
-  void bucket_ready(size_t r, size_t b) override { ready_[r][b]->record(*r_[r].ctx); }
+  void bucket_ready(size_t r, size_t b) override {
+    if (r > 0 && wire_ == DType::bf16)  // on r's stream, r's context current
+      copy_cast(sent_[r - 1].view(buckets_[b].offset, {buckets_[b].count}),
+                r_[r].grads.view(buckets_[b].offset, {buckets_[b].count}));
+    ready_[r][b]->record(*r_[r].ctx);
+  }
 
   void reduce() override {
     ContextGuard g(comm_);
@@ -87,16 +100,28 @@ class MasterReducer : public Reducer {
       ready_[0][b]->wait_in(comm_);
       for (size_t i = 1; i < r_.size(); ++i) {  // a fixed order: the sum is reproducible
         ready_[i][b]->wait_in(comm_);
-        Tensor from = r_[i].grads.view(k.offset, {k.count});
+        const Tensor from = (wire_ == DType::bf16 ? sent_[i - 1] : r_[i].grads).view(k.offset, {k.count});
         if (from.device() == into.device()) {
           axpy_(1.0f, from, into);
-        } else if (!master_updates_) {
-          cpu::axpy(k.count, 1.0f, from.f32(), into.f32());  // host: virtual CPU devices share memory
+        } else if (!master_updates_) {  // host: virtual CPU devices share memory
+          if (wire_ == DType::bf16) {
+            widened_.resize(static_cast<size_t>(k.count));
+            cpu::cast_bf16_f32(from.bf16(), widened_.data(), k.count);
+            cpu::axpy(k.count, 1.0f, widened_.data(), into.f32());
+          } else {
+            cpu::axpy(k.count, 1.0f, from.f32(), into.f32());
+          }
         } else {
           Tensor stage = staging_.view(0, {k.count});
           copy(stage, from);
           axpy_(1.0f, stage, into);
         }
+      }
+      // host: every replica takes the sum as it would come over a bf16 wire.
+      if (!master_updates_ && wire_ == DType::bf16) {
+        rounded_.resize(static_cast<size_t>(k.count));
+        cpu::cast_f32_bf16(into.f32(), rounded_.data(), k.count);
+        cpu::cast_bf16_f32(rounded_.data(), into.f32(), k.count);
       }
     }
     // host: every replica gets the sum, or (ZeRO) its shard of it (CPU work is done when queued)
@@ -156,10 +181,14 @@ class MasterReducer : public Reducer {
   std::vector<Bucket> buckets_;
   bool master_updates_;
   std::vector<SampleRange> shards_;  // ZeRO: replica r's shard of the flat buffers
+  DType wire_;                       // the type the other replicas' gradients travel in
   Context comm_;                     // the master's communication stream
   Event done_, params_ready_;
   std::vector<std::vector<std::unique_ptr<Event>>> ready_;  // [replica][bucket]
-  Tensor staging_;
+  Tensor staging_;                                          // p2p: a bucket on the master, in the wire's type
+  std::vector<Tensor> sent_;                                // bf16 wire: replica i's gradients as sent, [i - 1]
+  std::vector<float> widened_;                              // host, bf16 wire: a bucket widened back to fp32
+  std::vector<uint16_t> rounded_;                           // and the sum rounded to bf16
 };
 
 // CPU processes: each bucket is summed over every rank by MPI as soon as backward has
@@ -223,18 +252,20 @@ std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers re
 }
 
 std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                             bool master_updates, std::vector<SampleRange> shards) {
+                                             bool master_updates, std::vector<SampleRange> shards, DType wire) {
   DPT_CHECK(!replicas.empty(), "a reducer needs at least one replica");
-  return std::make_unique<MasterReducer>(std::move(replicas), std::move(buckets), master_updates, std::move(shards));
+  return std::make_unique<MasterReducer>(std::move(replicas), std::move(buckets), master_updates, std::move(shards),
+                                         wire);
 }
 
 #if !DPT_WITH_NCCL
 bool built_with_nccl() { return false; }
-std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers>, std::vector<Bucket>, std::vector<SampleRange>) {
+std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers>, std::vector<Bucket>, std::vector<SampleRange>,
+                                           DType) {
   throw UsageError("DataParallelOptions::reduce nccl needs a build with NCCL; this one has none (use p2p)");
 }
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup&, ReplicaBuffers, std::vector<Bucket>,
-                                                std::vector<SampleRange>) {
+                                                std::vector<SampleRange>, DType) {
   throw UsageError("DataParallelOptions::group on GPUs needs a build with NCCL; this one has none");
 }
 #endif

@@ -73,23 +73,30 @@ class Reducer {
 
 // p2p (master_updates = true) and host (false) reduction through the master. `shards`
 // (host only; one per replica, zero_shards'): ZeRO, each replica gets only its shard of
-// the sum.
+// the sum. `wire` (DataParallelOptions::grad_comm): bf16, the other replicas' buckets are
+// rounded to bf16 on their devices (into a bf16 copy of their gradients) and added into
+// the master's fp32 sum; host then gives every replica, the master too, the sum rounded
+// to bf16.
 std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                             bool master_updates, std::vector<SampleRange> shards = {});
+                                             bool master_updates, std::vector<SampleRange> shards = {},
+                                             DType wire = DType::f32);
 
 // NCCL all-reduce, one communicator per device (ncclCommInitAll); the devices must be
 // distinct GPUs. Throws UsageError when this build has no NCCL. `shards` (one per
 // replica, or per rank): ZeRO, each bucket's pieces are reduced into their owners alone
 // (ncclReduce, in owner order), and the parameters are broadcast back from them.
+// `wire` bf16: each bucket is rounded into a bf16 buffer of the communication stream,
+// reduced in bf16, and widened back into the fp32 gradients.
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                           std::vector<SampleRange> shards = {});
+                                           std::vector<SampleRange> shards = {}, DType wire = DType::f32);
 
 class ProcessGroup;
 // Across processes (DDP), one replica per process: NCCL between GPUs (the unique id
 // travels over MPI; non-blocking communicators, so a dead peer ends in an abort rather
 // than a hang) or MPI_Iallreduce between CPU processes.
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
-                                                std::vector<Bucket> buckets, std::vector<SampleRange> shards = {});
+                                                std::vector<Bucket> buckets, std::vector<SampleRange> shards = {},
+                                                DType wire = DType::f32);
 // `shards` (one per rank, zero_shards'): ZeRO, each rank gets only its shard of the sum.
 std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets,
                                           std::vector<SampleRange> shards = {});

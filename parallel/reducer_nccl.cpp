@@ -28,8 +28,9 @@ namespace {
 class NcclReducer : public Reducer {
  public:
   // One process, a communicator per GPU (blocking communicators).
-  NcclReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, std::vector<SampleRange> shards)
-      : r_(std::move(replicas)), buckets_(std::move(buckets)), shards_(std::move(shards)) {
+  NcclReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, std::vector<SampleRange> shards,
+              DType wire)
+      : r_(std::move(replicas)), buckets_(std::move(buckets)), shards_(std::move(shards)), wire_(wire) {
     DPT_CHECK(shards_.empty() || shards_.size() == r_.size(), "ZeRO shards: one a replica");
     std::vector<int> devs;
     std::set<int> seen;
@@ -49,8 +50,9 @@ class NcclReducer : public Reducer {
   // One rank of a multi-process job: rank 0 makes the unique id, MPI carries it to the
   // others. The communicator is non-blocking, so every wait can be bounded and a dead
   // peer ends in ncclCommAbort instead of a hang.
-  NcclReducer(ProcessGroup& g, ReplicaBuffers replica, std::vector<Bucket> buckets, std::vector<SampleRange> shards)
-      : r_{std::move(replica)}, buckets_(std::move(buckets)), shards_(std::move(shards)), group_(&g) {
+  NcclReducer(ProcessGroup& g, ReplicaBuffers replica, std::vector<Bucket> buckets, std::vector<SampleRange> shards,
+              DType wire)
+      : r_{std::move(replica)}, buckets_(std::move(buckets)), shards_(std::move(shards)), wire_(wire), group_(&g) {
     DPT_CHECK(shards_.empty() || shards_.size() == static_cast<size_t>(g.size()), "ZeRO shards: one a rank");
     const Device d = r_[0].ctx->device();
     DPT_CHECK(d.is_cuda(), "the NCCL reduction is for CUDA tensors");
@@ -145,28 +147,40 @@ class NcclReducer : public Reducer {
     // The communication stream waits for the bucket's gradients, not the host.
     ready_[r][b]->record(*r_[r].ctx);
     ready_[r][b]->wait_in(*comm_[r]);
-    float* grads = r_[r].grads.f32();
     const Bucket& k = buckets_[b];
+    // bf16 on the wire: the bucket rounded into a buffer of the communication stream
+    // (freed at the end, so the next bucket reuses it in stream order), reduced there and
+    // widened back.
+    ContextGuard on_comm(*comm_[r]);
+    const Tensor grads = r_[r].grads.view(k.offset, {k.count});
+    Tensor sent = grads;
+    if (wire_ == DType::bf16) {
+      sent = Tensor::empty({k.count}, DType::bf16, grads.device());
+      copy_cast(sent, grads);
+    }
+    const ncclDataType_t type = wire_ == DType::bf16 ? ncclBfloat16 : ncclFloat;
     cuda::set_device(r_[r].ctx->device().index);
     const auto stream = static_cast<cudaStream_t>(comm_[r]->stream());
     if (shards_.empty()) {
-      const ncclResult_t res = ncclAllReduce(grads + k.offset, grads + k.offset, static_cast<size_t>(k.count),
-                                             ncclFloat, ncclSum, comms_[r], stream);
+      const ncclResult_t res =
+          ncclAllReduce(sent.data(), sent.data(), static_cast<size_t>(k.count), type, ncclSum, comms_[r], stream);
       if (res != ncclInProgress) DPT_NCCL_CHECK(res);
       settle(comms_[r], "enqueueing an all-reduce");
-      return;
+    } else {
+      // ZeRO: each owner's piece of the bucket is summed into that owner alone (a
+      // reduce-scatter of uneven pieces), in owner order on every replica and rank.
+      for (size_t owner = 0; owner < shards_.size(); ++owner) {
+        const int64_t begin = std::max(k.offset, shards_[owner].first);
+        const int64_t end = std::min(k.offset + k.count, shards_[owner].first + shards_[owner].count);
+        if (begin >= end) continue;
+        void* piece = static_cast<char*>(sent.data()) + static_cast<size_t>(begin - k.offset) * dtype_size(wire_);
+        const ncclResult_t res = ncclReduce(piece, piece, static_cast<size_t>(end - begin), type, ncclSum,
+                                            static_cast<int>(owner), comms_[r], stream);
+        if (res != ncclInProgress) DPT_NCCL_CHECK(res);
+        settle(comms_[r], "enqueueing a reduce");
+      }
     }
-    // ZeRO: each owner's piece of the bucket is summed into that owner alone (a
-    // reduce-scatter of uneven pieces), in owner order on every replica and rank.
-    for (size_t owner = 0; owner < shards_.size(); ++owner) {
-      const int64_t begin = std::max(k.offset, shards_[owner].first);
-      const int64_t end = std::min(k.offset + k.count, shards_[owner].first + shards_[owner].count);
-      if (begin >= end) continue;
-      const ncclResult_t res = ncclReduce(grads + begin, grads + begin, static_cast<size_t>(end - begin), ncclFloat,
-                                          ncclSum, static_cast<int>(owner), comms_[r], stream);
-      if (res != ncclInProgress) DPT_NCCL_CHECK(res);
-      settle(comms_[r], "enqueueing a reduce");
-    }
+    if (wire_ == DType::bf16) copy_cast(grads, sent);  // (ZeRO: only the owner's piece is read)
   }
 
   bool sharded() const override { return !shards_.empty(); }
@@ -253,6 +267,7 @@ class NcclReducer : public Reducer {
   std::vector<ReplicaBuffers> r_;
   std::vector<Bucket> buckets_;
   std::vector<SampleRange> shards_;  // ZeRO: owner k's shard of the flat buffers
+  DType wire_;                       // the type the buckets are reduced in
   std::vector<ncclComm_t> comms_;
   std::vector<std::unique_ptr<Context>> comm_;
   std::vector<std::unique_ptr<Event>> done_;
@@ -263,13 +278,14 @@ class NcclReducer : public Reducer {
 }  // namespace
 
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                           std::vector<SampleRange> shards) {
-  return std::make_unique<NcclReducer>(std::move(replicas), std::move(buckets), std::move(shards));
+                                           std::vector<SampleRange> shards, DType wire) {
+  return std::make_unique<NcclReducer>(std::move(replicas), std::move(buckets), std::move(shards), wire);
 }
 
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
-                                                std::vector<Bucket> buckets, std::vector<SampleRange> shards) {
-  return std::make_unique<NcclReducer>(group, std::move(replica), std::move(buckets), std::move(shards));
+                                                std::vector<Bucket> buckets, std::vector<SampleRange> shards,
+                                                DType wire) {
+  return std::make_unique<NcclReducer>(group, std::move(replica), std::move(buckets), std::move(shards), wire);
 }
 
 }  // namespace dpt

@@ -63,6 +63,11 @@ rc=$?
 # Bad input under mpirun: one line (from rank 0), exit 2.
 "${run[@]}" -np 2 "$exe" --ddp --batch 0 >"$tmp/out" 2>"$tmp/err"
 [ "$(grep -c 'dptrain: error' "$tmp/err")" -eq 1 ] && ok || bad "bad input: expected one error line: $(cat "$tmp/err")"
+# bf16 gradients need a reduction that has them: MPI between CPU ranks sums fp32.
+"${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 5 --grad-comm bf16 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c 'dptrain: error: --grad-comm bf16 is for NCCL, p2p and host reductions' "$tmp/err")" -eq 1 ] &&
+  ok || bad "--grad-comm bf16 under MPI (rc $rc): $(cat "$tmp/err")"
 
 # Faults: kill (-9) or stop (-STOP) one rank mid-run; the job must end non-zero within
 # --comm-timeout (plus the launcher's own grace).

@@ -131,6 +131,7 @@ refuse "--grad-accum must be <= 10, the most samples a replica gets of a batch o
 refuse "--zero must be 0 or 1, got 2" --cpus 2 --zero 2
 refuse "--zero must be 0 or 1, got -1" --cpus 2 --zero -1
 refuse "--zero shards the optimizer state over replicas that each update; the p2p reduction updates on the master alone (use nccl on GPUs, host on CPU devices)" --cpus 2 --zero 1 --reduce p2p
+refuse "unknown --grad-comm 'fp16': expected fp32 or bf16" --cpus 2 --grad-comm fp16
 refuse "--grad-accum must be <= 4" --cpus 3 --grad-accum 5 --batch 10
 refuse "--grad-accum must be <= 10" --devices cpu --grad-accum 2000000000 --batch 10
 

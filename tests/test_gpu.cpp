@@ -24,6 +24,7 @@
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
+#include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
 #include "../train/input_pipeline.hpp"
 #include "catch.hpp"
@@ -649,6 +650,44 @@ TEST_CASE("logical replicas on one GPU (p2p) and NCCL with one rank equal one-GP
         CHECK(rel_error(train_dp(c, {gpu}, Reduce::nccl), want) <= 1e-5);
       }
     }
+}
+
+TEST_CASE("bf16 on the wire between logical replicas (p2p): the master's gradient plus the other's rounded",
+          "[gpu][parallel][grad_comm]") {
+  const int64_t total = 100003;
+  const std::vector<Bucket> buckets = make_buckets(total, 16 * 1024 * 4);
+  REQUIRE(buckets.size() > 2);
+  Context a(gpu), b(gpu);
+  const auto g0 = randn(total, 90), g1 = randn(total, 91);
+  std::vector<ReplicaBuffers> bufs{{&a, Tensor::zeros({total}, DType::f32, gpu), on(gpu, g0, {total}), Tensor()},
+                                   {&b, Tensor::zeros({total}, DType::f32, gpu), on(gpu, g1, {total}), Tensor()}};
+  auto reducer = make_master_reducer(bufs, buckets, /*master_updates=*/true, {}, DType::bf16);
+  for (size_t i = 0; i < 2; ++i) {
+    ContextGuard guard(*bufs[i].ctx);
+    for (size_t k = 0; k < buckets.size(); ++k) reducer->bucket_ready(i, k);
+  }
+  reducer->reduce();
+  reducer->wait(0);
+  a.synchronize();
+  std::vector<uint16_t> halves(g1.size());
+  std::vector<float> rounded(g1.size()), want(g1.size());
+  cpu::cast_f32_bf16(g1.data(), halves.data(), total);
+  cpu::cast_bf16_f32(halves.data(), rounded.data(), total);
+  for (size_t j = 0; j < want.size(); ++j) want[j] = g0[j] + rounded[j];
+  CHECK(bufs[0].grads.to_host() == want);
+  // And training: within bf16's tolerance of the fp32 wire, the replicas identical.
+  TrainConfig c = dp_config(data::Task::regression, "adamw");
+  c.devices = {gpu, gpu};
+  c.reduce = Reduce::p2p;
+  Trainer fp32(c);
+  fp32.run();
+  c.grad_comm = DType::bf16;
+  Trainer bf16(c);
+  bf16.run();
+  CHECK(bf16.parallel().replicas_identical());
+  const auto w = fp32.model().flat_params().to_host(), got = bf16.model().flat_params().to_host();
+  CHECK(got != w);
+  CHECK(rel_error(got, w) <= 1e-2);
 }
 
 TEST_CASE("data-parallel steps make no cudaMalloc after the first", "[gpu][parallel][allocator]") {

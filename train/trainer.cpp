@@ -228,6 +228,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   o.check_finite = true;
   o.cuda_graph = cfg_.cuda_graph;
   o.zero = cfg_.zero;
+  o.grad_comm = cfg_.grad_comm;
   o.group = group_;
   sched_ = {optim::parse_schedule(cfg_.schedule), *cfg_.lr, cfg_.warmup, cfg_.steps};
   // Every optimizer consults the run's schedule, on the device, each step.

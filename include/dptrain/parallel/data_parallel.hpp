@@ -54,11 +54,18 @@ struct DataParallelOptions {
   // Computes the gradient norm every step: a non-finite one makes the optimizer skip the
   // update (on the device), and set_check_ring's ring tells the caller, later.
   bool check_finite = false;
-  // ZeRO stage: 0 off; 1 shards the optimizer state over the replicas (each updates its
-  // contiguous shard of the flat buffer, zero_shards', from the summed gradient of that
-  // shard, and then every replica gets every shard's parameters). So far on CPU devices
-  // in one process (the host reduction).
+  // ZeRO stage: 0 off; 1 shards the optimizer state over the replicas or ranks (each
+  // updates its contiguous shard of the flat buffer, zero_shards', from the summed gradient
+  // of that shard, and then every replica gets every shard's parameters). NCCL, host and
+  // MPI reductions; not p2p.
   int zero = 0;
+  // The type gradients travel in between devices: f32, or bf16 (as DDP's bf16 compression
+  // hook). With bf16 a replica's gradients are rounded to bf16 before they leave its
+  // device: NCCL reduces bf16 buckets (all-reduce, or ZeRO's reduce) and each replica
+  // widens the result to fp32; p2p and host add the other replicas' bf16 gradients into
+  // the master's fp32 sum (host then hands every replica the sum rounded to bf16). One
+  // device communicates nothing and is unchanged. Not with the MPI reduction (CPU ranks).
+  DType grad_comm = DType::f32;
   // Records the whole step (every replica's forward and backward of every micro-batch on
   // its own stream, the reduction, the updates) as one CUDA graph and replays it: GPUs in
   // one process; recorded once (the optimizers compute what changes from step to step on

@@ -62,13 +62,14 @@ struct TrainConfig {
   // waiting for them: a bad step stops the run at most 8 steps later (at once at a log
   // point or a save; no checkpoint is written after it).
   std::string on_nonfinite = "stop";
-  bool cuda_graph = false;      // record the step once as a CUDA graph and replay it (one GPU, one replica)
-  int zero = 0;                 // ZeRO stage (DataParallelOptions::zero)
-  std::string save;             // checkpoint path ("" = none), written at the end
-  int64_t save_every = 0;       // and every N steps
-  std::string resume;           // checkpoint to continue from
-  bool ddp = false;             // one process per device under mpirun (devices: the node's list)
-  double comm_timeout = 300.0;  // seconds a rank may wait for the others
+  bool cuda_graph = false;       // record the step once as a CUDA graph and replay it (one GPU, one replica)
+  int zero = 0;                  // ZeRO stage (DataParallelOptions::zero)
+  DType grad_comm = DType::f32;  // the type gradients travel in (DataParallelOptions::grad_comm)
+  std::string save;              // checkpoint path ("" = none), written at the end
+  int64_t save_every = 0;        // and every N steps
+  std::string resume;            // checkpoint to continue from
+  bool ddp = false;              // one process per device under mpirun (devices: the node's list)
+  double comm_timeout = 300.0;   // seconds a rank may wait for the others
   uint64_t seed = 1;
   int64_t log_every = 10;  // read the loss back every N steps (and at the last step)
 };
