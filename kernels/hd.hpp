@@ -28,14 +28,11 @@ DPT_HD float schedule_lr(const ScheduleArgs& a, int64_t step) {
   return a.base_lr;
 }
 
-// One optimizer step's values from its counter: values = {lr at step t, 1 - beta1^(t+1),
-// 1 - beta2^(t+1)}, then t + 1.
-DPT_HD void advance_step_values(int64_t* t, const ScheduleArgs& a, float beta1, float beta2, float* values) {
-  const int64_t s = *t;
+// An update's values after s steps: {lr at step s, 1 - beta1^(s+1), 1 - beta2^(s+1)}.
+DPT_HD void step_values_at(int64_t s, const ScheduleArgs& a, float beta1, float beta2, float* values) {
   values[0] = schedule_lr(a, s);
   values[1] = 1.0f - powf(beta1, static_cast<float>(s + 1));
   values[2] = 1.0f - powf(beta2, static_cast<float>(s + 1));
-  *t = s + 1;
 }
 
 // The sample that row i of a RowMap is.

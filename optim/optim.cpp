@@ -14,8 +14,7 @@ Optimizer::Optimizer(nn::Module& model, float lr) : model_(&model), schedule_(Sc
   DPT_CHECK(model.materialized(), "an optimizer needs a module placed on a device (Module::to)");
   params_ = model.flat_params();
   grads_ = model.flat_grads();
-  counter_ = Tensor::zeros({2}, DType::i32, params_.device());  // int64 0
-  step_values_ = Tensor::zeros({3}, DType::f32, params_.device());
+  counter_ = Tensor::zeros({4}, DType::i32, params_.device());  // int64 0, and the update's block count 0
 }
 
 void Optimizer::restrict_to(int64_t begin, int64_t end) {
@@ -39,14 +38,13 @@ void Optimizer::set_steps_taken(int64_t t) {
   DPT_CHECK(t >= 0, "set_steps_taken: a negative count");
   t_ = t;
   const std::vector<int32_t> halves = {static_cast<int32_t>(static_cast<uint64_t>(t) & 0xffffffffu),
-                                       static_cast<int32_t>(static_cast<uint64_t>(t) >> 32)};  // little-endian
-  copy(counter_, Tensor::from_host_i32(halves, {2}, params_.device()));  // in place: a graph may read it
+                                       static_cast<int32_t>(static_cast<uint64_t>(t) >> 32), 0, 0};  // little-endian
+  copy(counter_, Tensor::from_host_i32(halves, {4}, params_.device()));  // in place: a graph may read it
 }
 
-const Tensor& Optimizer::advance(float beta1, float beta2) {
-  optimizer_advance(counter_, schedule_.args(), beta1, beta2, step_values_);
+StepCounter Optimizer::next_step(float beta1, float beta2) {
   ++t_;
-  return step_values_;
+  return {counter_, schedule_.args(), beta1, beta2};
 }
 
 SGD::SGD(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
@@ -65,9 +63,8 @@ void SGD::reset_state(int64_t n) {
 
 void SGD::step(const Tensor& grad_scale) {
   model_->settle_grads();
-  const Tensor& values = advance(0.0f, 0.0f);  // SGD reads only the lr
-  if (params_.numel() == 0) return;            // an empty shard
-  sgd_step(params_, grads_, buf_, o_, grad_scale, shadow(), values);
+  const StepCounter step = next_step(0.0f, 0.0f);                    // SGD reads only the lr
+  sgd_step(params_, grads_, buf_, o_, grad_scale, shadow(), &step);  // an empty shard counts its step too
 }
 
 std::vector<std::pair<std::string, Tensor>> SGD::state() const {
@@ -94,10 +91,9 @@ void AdamW::reset_state(int64_t n) {
 
 void AdamW::step(const Tensor& grad_scale) {
   model_->settle_grads();
-  const Tensor& values = advance(o_.beta1, o_.beta2);
-  if (params_.numel() == 0) return;                                                  // an empty shard
-  const AdamArgs a{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1.0f, 1.0f};  // lr, corrections: values'
-  adamw_step(params_, grads_, m_, v_, a, grad_scale, shadow(), values);
+  const StepCounter step = next_step(o_.beta1, o_.beta2);
+  const AdamArgs a{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1.0f, 1.0f};  // lr, corrections: the counter's
+  adamw_step(params_, grads_, m_, v_, a, grad_scale, shadow(), &step);  // an empty shard counts its step too
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {

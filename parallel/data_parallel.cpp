@@ -369,8 +369,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
       in = {Tensor::empty(b.x.shape(), b.x.dtype(), rep.device), Tensor::empty(b.y.shape(), b.y.dtype(), rep.device)};
       resized[r] = 1;
     }
-    copy(in.x, b.x);
-    copy(in.y, b.y);
+    copy_all({{in.x, b.x}, {in.y, b.y}});
     if (r > 0) graph_inputs_ready_[r]->record(*rep.ctx);
   });
   if (std::find(resized.begin(), resized.end(), 1) != resized.end()) {

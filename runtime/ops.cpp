@@ -351,53 +351,44 @@ uint16_t* shadow_of(const Tensor& shadow, const Tensor& p, const char* op) {
 }  // namespace
 
 namespace {
-const float* step_values_of(const Tensor& v, const Tensor& p, const char* op) {
-  if (!v.defined()) return nullptr;
-  need_f32(v, op);
-  same_device(v, p, op);
-  DPT_CHECK(v.numel() == 3, std::string(op) + ": step values are lr and two bias corrections");
-  return v.f32();
+StepCounterArgs counter_args(const StepCounter* step, const Tensor& p, const char* op) {
+  if (!step) return {};
+  DPT_CHECK(step->counter.dtype() == DType::i32 && step->counter.numel() == 4,
+            std::string(op) + ": a step counter is an i32 [4]");
+  same_device(step->counter, p, op);
+  int32_t* c = step->counter.i32();
+  return {reinterpret_cast<int64_t*>(c), reinterpret_cast<unsigned*>(c + 2), step->schedule, step->beta1, step->beta2};
 }
 }  // namespace
 
-void optimizer_advance(const Tensor& counter, const ScheduleArgs& a, float beta1, float beta2,
-                       const Tensor& step_values) {
-  DPT_CHECK(counter.dtype() == DType::i32 && counter.numel() == 2, "optimizer_advance: the counter is an i32 [2]");
-  need_f32(step_values, "optimizer_advance");
-  same_device(counter, step_values, "optimizer_advance");
-  DPT_CHECK(step_values.numel() == 3, "optimizer_advance: step values are lr and two bias corrections");
-  auto* t = reinterpret_cast<int64_t*>(counter.i32());
-  DPT_CUDA_OR_CPU(counter.device(),
-                  cuda::optimizer_advance(t, a, beta1, beta2, step_values.f32(), stream_of(counter.device())),
-                  cpu::optimizer_advance(t, a, beta1, beta2, step_values.f32()));
-}
-
 void sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs& a, const Tensor& grad_scale,
-              const Tensor& shadow, const Tensor& step_values) {
+              const Tensor& shadow, const StepCounter* step) {
   need_f32(p, "sgd_step");
   need_f32(g, "sgd_step");
   DPT_CHECK(p.numel() == g.numel() && (!buf.defined() || buf.numel() == p.numel()), "sgd_step: buffer sizes differ");
-  DPT_CHECK(a.momentum == 0.0f || buf.defined(), "sgd_step: momentum needs a momentum buffer");
+  DPT_CHECK(a.momentum == 0.0f || buf.defined() || p.numel() == 0, "sgd_step: momentum needs a momentum buffer");
   float* b = buf.defined() ? buf.f32() : nullptr;
   const float* sc = grad_scale.defined() ? grad_scale.f32() : nullptr;
   uint16_t* sh = shadow_of(shadow, p, "sgd_step");
-  const float* sv = step_values_of(step_values, p, "sgd_step");
-  DPT_CUDA_OR_CPU(p.device(), cuda::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc, sh, sv, stream_of(p.device())),
-                  cpu::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc, sh, sv));
+  const StepCounterArgs st = counter_args(step, p, "sgd_step");
+  DPT_CUDA_OR_CPU(p.device(), cuda::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc, sh, st, stream_of(p.device())),
+                  cpu::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc, sh, step ? &st : nullptr));
 }
 
 void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
-                const Tensor& grad_scale, const Tensor& shadow, const Tensor& step_values) {
+                const Tensor& grad_scale, const Tensor& shadow, const StepCounter* step) {
   need_f32(p, "adamw_step");
   need_f32(g, "adamw_step");
-  DPT_CHECK(p.numel() == g.numel() && m.numel() == p.numel() && v.numel() == p.numel(),
+  DPT_CHECK(p.numel() == g.numel() && (p.numel() == 0 || (m.numel() == p.numel() && v.numel() == p.numel())),
             "adamw_step: buffer sizes differ");
   const float* sc = grad_scale.defined() ? grad_scale.f32() : nullptr;
   uint16_t* sh = shadow_of(shadow, p, "adamw_step");
-  const float* sv = step_values_of(step_values, p, "adamw_step");
+  const StepCounterArgs st = counter_args(step, p, "adamw_step");
+  float* mp = m.defined() ? m.f32() : nullptr;
+  float* vp = v.defined() ? v.f32() : nullptr;
   DPT_CUDA_OR_CPU(p.device(),
-                  cuda::adamw_step(p.f32(), g.f32(), m.f32(), v.f32(), p.numel(), a, sc, sh, sv, stream_of(p.device())),
-                  cpu::adamw_step(p.f32(), g.f32(), m.f32(), v.f32(), p.numel(), a, sc, sh, sv));
+                  cuda::adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, sc, sh, st, stream_of(p.device())),
+                  cpu::adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, sc, sh, step ? &st : nullptr));
 }
 
 // ---- Differentiable ops ----------------------------------------------------------

@@ -358,9 +358,12 @@ void copy(const Tensor& dst, const Tensor& src) {
   if (d.is_cuda() && s.is_cuda()) {
     auto stream = static_cast<cudaStream_t>(context(d).stream());
     cuda::set_device(d.index);
-    if (d.index == s.index)  // a kernel: cheaper to launch than a device-to-device memcpy
-      cuda::copy_device(dst.data(), src.data(), static_cast<int64_t>(bytes), stream);
-    else DPT_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data(), d.index, src.data(), s.index, bytes, stream));
+    if (d.index == s.index) {  // a kernel: cheaper to launch than a device-to-device memcpy
+      cuda::CopyPieces one;
+      one.piece[0] = {dst.data(), src.data(), static_cast<int64_t>(bytes)};
+      one.count = 1;
+      cuda::copy_device(one, stream);
+    } else DPT_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data(), d.index, src.data(), s.index, bytes, stream));
     return;
   }
   if (d.is_cuda()) {
@@ -369,6 +372,32 @@ void copy(const Tensor& dst, const Tensor& src) {
   }
   download(src, dst.data(), bytes);
 #endif
+}
+
+void copy_all(const std::vector<std::pair<Tensor, Tensor>>& dst_src) {
+#if DPT_WITH_CUDA
+  const auto on_one_gpu = [&] {
+    if (dst_src.empty() || dst_src.size() > static_cast<size_t>(cuda::kMaxCopyPieces)) return false;
+    const Device d = dst_src[0].first.device();
+    for (const auto& [dst, src] : dst_src)
+      if (!d.is_cuda() || !(dst.device() == d) || !(src.device() == d)) return false;
+    return true;
+  };
+  if (on_one_gpu()) {
+    cuda::CopyPieces pieces;
+    for (const auto& [dst, src] : dst_src) {
+      DPT_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(),
+                "copy: " + std::string(dtype_name(src.dtype())) + shape_str(src.shape()) + " into " +
+                    dtype_name(dst.dtype()) + shape_str(dst.shape()));
+      pieces.piece[pieces.count++] = {dst.data(), src.data(), static_cast<int64_t>(src.nbytes())};
+    }
+    const Device d = dst_src[0].first.device();
+    cuda::set_device(d.index);
+    cuda::copy_device(pieces, static_cast<cudaStream_t>(context(d).stream()));
+    return;
+  }
+#endif
+  for (const auto& [dst, src] : dst_src) copy(dst, src);
 }
 
 }  // namespace dpt

@@ -360,6 +360,41 @@ TEST_CASE("optimizers, clipping, casts and argmax match the CPU", "[gpu][ops]") 
         argmax_rows(on(gpu, scores, {513, 37})).to_host_i32());
 }
 
+TEST_CASE("updates with a step counter follow the schedule as on the CPU and move it on once a step",
+          "[gpu][ops][optim]") {
+  // Many blocks (the last one moves the counter), one, and none (an empty ZeRO shard).
+  const ScheduleArgs cosine{2, 0.05f, 2, 6};
+  for (int64_t n : {int64_t{300001}, int64_t{5}, int64_t{0}}) {
+    INFO("n " << n);
+    const auto p = randn(n, 40), g = randn(n, 41);
+    for (bool adam : {false, true}) {
+      INFO((adam ? "adamw" : "sgd"));
+      auto run = [&](const Device& d) {
+        // Views of one more element, as a shard of a flat buffer (n = 0 allocates nothing).
+        auto shard = [&](const std::vector<float>& v) {
+          std::vector<float> padded(v);
+          padded.push_back(7.0f);
+          return on(d, padded, {n + 1}).view(0, {n});
+        };
+        const std::vector<float> zeros(static_cast<size_t>(n), 0.0f);
+        Tensor P = shard(p), G = shard(g), M = shard(zeros), V = shard(zeros), scale = Tensor::full({1}, 1.0f, d);
+        const StepCounter step{Tensor::zeros({4}, DType::i32, d), cosine, 0.9f, 0.999f};
+        for (int s = 0; s < 5; ++s) {
+          if (s == 3) fill_(scale, NAN);  // a skipped step still counts
+          else fill_(scale, 1.0f);
+          if (adam) adamw_step(P, G, M, V, AdamArgs{}, scale, Tensor(), &step);
+          else sgd_step(P, G, M, SgdArgs{.lr = 1.0f, .momentum = 0.9f}, scale, Tensor(), &step);
+        }
+        return std::pair<std::vector<float>, std::vector<int32_t>>{P.to_host(), step.counter.to_host_i32()};
+      };
+      const auto c = run(host), d = run(gpu);
+      CHECK(d.second == std::vector<int32_t>{5, 0, 0, 0});  // 5 steps, the block count back at 0
+      CHECK(c.second == d.second);
+      CHECK(rel_error(d.first, c.first) <= 1e-6);
+    }
+  }
+}
+
 TEST_CASE("a copy within the GPU (a kernel) moves every byte at any alignment and size", "[gpu][ops]") {
   // bf16 views at odd element offsets: 2-byte aligned pointers, odd lengths, the scalar path.
   const int64_t n = 4099;
@@ -384,6 +419,20 @@ TEST_CASE("a copy within the GPU (a kernel) moves every byte at any alignment an
                    (i >= to && i < to + count ? want[static_cast<size_t>(i - to + from)] : 0.0f);
         CHECK(wrong == 0);
       }
+  // Several pieces in one launch (an unaligned bf16 one, an aligned f32 one), and a pair
+  // that is not on one GPU (done by copy()).
+  const auto f = randn(1000, 32);
+  Tensor a = Tensor::zeros({n}, DType::bf16, gpu), b = Tensor::zeros({1000}, DType::f32, gpu);
+  Tensor c = Tensor::zeros({1000}, DType::f32, host);
+  copy_all({{a.view(3, {4001}), src.view(1, {4001})}, {b, on(gpu, f, {1000})}});
+  copy_all({{c, b}});
+  const auto got = as_floats(a);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i)
+    wrong += got[static_cast<size_t>(i)] != (i >= 3 && i < 4004 ? want[static_cast<size_t>(i - 2)] : 0.0f);
+  CHECK(wrong == 0);
+  CHECK(b.to_host() == f);
+  CHECK(c.to_host() == f);
 }
 
 TEST_CASE("Philox gives the same values on the GPU as on the CPU", "[gpu][random]") {

@@ -186,10 +186,10 @@ TEST_CASE("learning-rate schedules", "[optim]") {
 }
 
 TEST_CASE("optimizers follow their schedule from a counter on the device, as the host computes it", "[optim]") {
-  // Each step's lr and AdamW's bias corrections come from optimizer_advance on the
-  // device; the same steps taken with host values (the update ops given lr and the
-  // corrections of step t) give the same parameters, bit for bit. A resumed count
-  // (set_steps_taken) continues the schedule where it was.
+  // Each step's lr and AdamW's bias corrections come from the step counter that the
+  // update reads and moves on, on the device; the same steps taken with host values (the
+  // update ops given lr and the corrections of step t) give the same parameters, bit for
+  // bit. A resumed count (set_steps_taken) continues the schedule where it was.
   const Device dev{DeviceType::cpu, 9};
   const optim::Schedule sched{optim::Schedule::Kind::cosine, 0.05f, 3, 20};
   auto grads_of = [&](nn::Module& m, int t) {  // a gradient that changes with the step

@@ -22,9 +22,9 @@ struct SgdArgs {
   bool nesterov = false;
 };
 
-// A learning-rate schedule as the update's step values are computed from it, on the
-// device: the rate at step s (0-based) is constant; or rises linearly from 0 over `warmup`
-// steps, then stays (warmup); or after the warm-up decays as a cosine to 0 at `total`.
+// A learning-rate schedule as an update computes its rate from it, on the device: the rate at step s (0-based) is
+// constant; or rises linearly from 0 over `warmup` steps, then stays (warmup); or after the warm-up decays as a cosine
+// to 0 at `total`.
 struct ScheduleArgs {
   int kind = 0;  // 0 constant, 1 warmup, 2 cosine
   float base_lr = 0.01f;
@@ -32,8 +32,8 @@ struct ScheduleArgs {
   int64_t total = 1;
 };
 
-// bias_correction1/2 = 1 - beta^t for the step t (1-based). An update given step values
-// (optimizer_advance's) takes lr and the corrections from them instead.
+// bias_correction1/2 = 1 - beta^t for the step t (1-based). An update given a step counter
+// (StepCounterArgs) takes lr and the corrections from it instead.
 struct AdamArgs {
   float lr = 1e-3f;
   float beta1 = 0.9f;
@@ -42,6 +42,18 @@ struct AdamArgs {
   float weight_decay = 0.01f;
   float bias_correction1 = 1.0f;
   float bias_correction2 = 1.0f;
+};
+
+// An optimizer's step counter on the device, which its update advances: the update reads
+// *t (the steps taken before it), takes the rate of `schedule` at that step and AdamW's
+// bias corrections 1 - beta^(t+1), and moves *t on by one, whether it applies the step or
+// skips it. `blocks_done` is the update kernel's count of its finished blocks, 0 between
+// steps. So a recorded CUDA graph follows the schedule without the host.
+struct StepCounterArgs {
+  int64_t* t = nullptr;
+  unsigned* blocks_done = nullptr;
+  ScheduleArgs schedule;
+  float beta1 = 0.0f, beta2 = 0.0f;
 };
 
 // One step's gradient check, written by the device into host memory for the host to read

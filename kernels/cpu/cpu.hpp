@@ -74,14 +74,12 @@ void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, 
 // multiplies every gradient first (gradient clipping); when it is not finite the update
 // is skipped altogether (the gradients were not finite). shadow (may be null) receives
 // the updated parameters rounded to bf16: the bf16 copy that bf16 compute reads.
-// step_values (may be null) are optimizer_advance's: the lr (and AdamW's bias
-// corrections) of this step, instead of a's.
+// step (may be null): the optimizer's counter, which gives the lr (and AdamW's bias
+// corrections) of this step instead of a's, and moves on by one (StepCounterArgs).
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, const float* grad_scale,
-              uint16_t* shadow, const float* step_values = nullptr);
+              uint16_t* shadow, const StepCounterArgs* step = nullptr);
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
-                uint16_t* shadow, const float* step_values = nullptr);
-// An optimizer step's values from its step counter *t (advance_step_values, kernels/hd.hpp).
-void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float beta2, float* values);
+                uint16_t* shadow, const StepCounterArgs* step = nullptr);
 // The step's gradient scale from ||g||^2 (scale_from_norm_sq, kernels/hd.hpp).
 void clip_coef(const float* norm_sq, float max_norm, float* out);
 // The same from the gradients themselves, in one pass that also finds the first

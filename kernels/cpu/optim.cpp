@@ -11,12 +11,23 @@
 
 namespace dpt::cpu {
 
+namespace {
+// The step's values from the counter, which moves on by one (the step applied or not).
+void take_step(const StepCounterArgs* step, float* values) {
+  if (!step) return;
+  step_values_at(*step->t, step->schedule, step->beta1, step->beta2, values);
+  *step->t += 1;
+}
+}  // namespace
+
 void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& args, const float* grad_scale,
-              uint16_t* shadow, const float* step_values) {
+              uint16_t* shadow, const StepCounterArgs* step) {
+  SgdArgs a = args;
+  float values[3] = {a.lr, 1.0f, 1.0f};
+  take_step(step, values);
+  a.lr = values[0];
   const float scale = grad_scale ? *grad_scale : 1.0f;
   if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
-  SgdArgs a = args;
-  if (step_values) a.lr = step_values[0];
   for (int64_t i = 0; i < n; ++i) {
     float d = g[i] * scale + a.weight_decay * p[i];
     if (a.momentum != 0.0f) {
@@ -30,15 +41,15 @@ void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& ar
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& args, const float* grad_scale,
-                uint16_t* shadow, const float* step_values) {
+                uint16_t* shadow, const StepCounterArgs* step) {
+  AdamArgs a = args;
+  float values[3] = {a.lr, a.bias_correction1, a.bias_correction2};
+  take_step(step, values);
+  a.lr = values[0];
+  a.bias_correction1 = values[1];
+  a.bias_correction2 = values[2];
   const float scale = grad_scale ? *grad_scale : 1.0f;
   if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
-  AdamArgs a = args;
-  if (step_values) {
-    a.lr = step_values[0];
-    a.bias_correction1 = step_values[1];
-    a.bias_correction2 = step_values[2];
-  }
   for (int64_t i = 0; i < n; ++i) {
     const float d = g[i] * scale;
     p[i] -= a.lr * a.weight_decay * p[i];
@@ -50,10 +61,6 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
 }
 
 void clip_coef(const float* norm_sq, float max_norm, float* out) { *out = scale_from_norm_sq(*norm_sq, max_norm); }
-
-void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float beta2, float* values) {
-  advance_step_values(t, a, beta1, beta2, values);
-}
 
 void shard_check(const float* g, int64_t n, int64_t base, float* sum, int64_t* first) {
   double sq = 0.0;

@@ -136,12 +136,13 @@ void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, i
 void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                  const float* dloss, uint16_t* dlogits, cudaStream_t stream);
 
-// optim.cu — shadow (may be null) receives the updated parameters rounded to bf16.
+// optim.cu — shadow (may be null) receives the updated parameters rounded to bf16; with
+// a step counter (step.t set) the update takes its lr (and AdamW's corrections) from it
+// and moves it on by one (StepCounterArgs).
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, const float* grad_scale,
-              uint16_t* shadow, const float* step_values, cudaStream_t stream);
+              uint16_t* shadow, const StepCounterArgs& step, cudaStream_t stream);
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
-                uint16_t* shadow, const float* step_values, cudaStream_t stream);
-void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float beta2, float* values, cudaStream_t stream);
+                uint16_t* shadow, const StepCounterArgs& step, cudaStream_t stream);
 void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t stream);
 // The gradient scale from the gradients in one kernel, and the check's record (CheckRingArgs;
 // ring.records may be null); work holds 3 * kReduceWork floats, counter is the context's.
@@ -160,8 +161,18 @@ void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream)
 void sum_squares(const float* x, int64_t n, float* out, float* work, cudaStream_t stream);
 void cast_f32_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 void cast_bf16_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
-// `bytes` from src to dst, both on the current device (no overlap), by a kernel.
-void copy_device(void* dst, const void* src, int64_t bytes, cudaStream_t stream);
+// Copies on the current device (the pieces do not overlap), in one kernel launch.
+struct CopyPiece {
+  void* dst;
+  const void* src;
+  int64_t bytes;
+};
+constexpr int kMaxCopyPieces = 4;
+struct CopyPieces {
+  CopyPiece piece[kMaxCopyPieces];
+  int count = 0;
+};
+void copy_device(const CopyPieces& pieces, cudaStream_t stream);
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std, cudaStream_t stream);
 void normal_rows(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_t stream_id, const RowMap& map,

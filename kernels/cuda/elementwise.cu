@@ -6,6 +6,7 @@
 // `work`, then one block adds them in order, in double. The random fills use the same
 // philox functions as the CPU, element by element, so uniform streams agree bit for bit
 // and normal ones up to the last bits of logf/sinf/cosf.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -55,20 +56,24 @@ static __global__ void axpy_kernel(int64_t n, float alpha, const float* x, float
 
 // ---- copy -----------------------------------------------------------------------------
 
-// A copy within one device by the SMs: cudaMemcpyAsync device to device costs the host an
+// Copies within one device by the SMs: cudaMemcpyAsync device to device costs the host an
 // ioctl (a driver RPC) a call on this driver, several times a kernel launch, and a step
-// that copies its inputs (a CUDA graph's) pays it every step. Vec: 16-byte chunks, the
-// tail bytewise.
-template <bool Vec>
-static __global__ void copy_kernel(unsigned char* dst, const unsigned char* src, int64_t bytes) {
-  int64_t done = 0;
-  if constexpr (Vec) {
-    const int4* s4 = reinterpret_cast<const int4*>(src);
-    int4* d4 = reinterpret_cast<int4*>(dst);
-    for (int64_t i = global_tid(); i < bytes / 16; i += grid_stride()) d4[i] = s4[i];
-    done = bytes / 16 * 16;
+// that copies its inputs (a CUDA graph's) pays it every step. Up to kMaxCopyPieces pieces
+// in one launch; each piece in 16-byte chunks where both its ends allow, its tail bytewise.
+static __global__ void copy_kernel(CopyPieces c) {
+  for (int k = 0; k < c.count; ++k) {
+    unsigned char* dst = static_cast<unsigned char*>(c.piece[k].dst);
+    const unsigned char* src = static_cast<const unsigned char*>(c.piece[k].src);
+    const int64_t bytes = c.piece[k].bytes;
+    int64_t done = 0;
+    if (aligned16(dst) && aligned16(src)) {
+      const int4* s4 = reinterpret_cast<const int4*>(src);
+      int4* d4 = reinterpret_cast<int4*>(dst);
+      for (int64_t i = global_tid(); i < bytes / 16; i += grid_stride()) d4[i] = s4[i];
+      done = bytes / 16 * 16;
+    }
+    for (int64_t i = done + global_tid(); i < bytes; i += grid_stride()) dst[i] = src[i];
   }
-  for (int64_t i = done + global_tid(); i < bytes; i += grid_stride()) dst[i] = src[i];
 }
 
 // ---- sum_squares ------------------------------------------------------------------------
@@ -232,14 +237,16 @@ void fill(float* x, int64_t n, float value, cudaStream_t stream) {
   DPT_CUDA_CHECK_LAUNCH();
 }
 
-void copy_device(void* dst, const void* src, int64_t bytes, cudaStream_t stream) {
-  DPT_CHECK(bytes >= 0, "copy_device: negative size");
-  if (bytes == 0) return;
-  DPT_CHECK(dst != nullptr && src != nullptr, "copy_device: null pointer");
-  auto* d = static_cast<unsigned char*>(dst);
-  const auto* s = static_cast<const unsigned char*>(src);
-  if (aligned16(d) && aligned16(s)) copy_kernel<true><<<blocks_for(bytes / 16), kThreads, 0, stream>>>(d, s, bytes);
-  else copy_kernel<false><<<blocks_for(bytes), kThreads, 0, stream>>>(d, s, bytes);
+void copy_device(const CopyPieces& pieces, cudaStream_t stream) {
+  DPT_CHECK(pieces.count >= 0 && pieces.count <= kMaxCopyPieces, "copy_device: too many pieces");
+  int64_t largest = 0;
+  for (int k = 0; k < pieces.count; ++k) {
+    const CopyPiece& p = pieces.piece[k];
+    DPT_CHECK(p.bytes >= 0 && (p.bytes == 0 || (p.dst != nullptr && p.src != nullptr)), "copy_device: a bad piece");
+    largest = std::max(largest, p.bytes);
+  }
+  if (largest == 0) return;
+  copy_kernel<<<blocks_for(largest / 16 + 1), kThreads, 0, stream>>>(pieces);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -37,15 +37,32 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
   p -= a.lr * (m / a.bias_correction1) / (sqrtf(v / a.bias_correction2) + a.eps);
 }
 
+// With a step counter: the step's values from it (every thread reads it), `s` its count.
+__device__ __forceinline__ int64_t read_step(const StepCounterArgs& step, float* values) {
+  if (!step.t) return 0;
+  const int64_t s = *step.t;
+  step_values_at(s, step.schedule, step.beta1, step.beta2, values);
+  return s;
+}
+
+// The last block to finish moves the counter on (once every thread has read it) and
+// leaves the block count at 0 for the next step.
+__device__ __forceinline__ void count_step(const StepCounterArgs& step, int64_t s) {
+  if (!step.t) return;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(step.blocks_done, 1u) == gridDim.x - 1) {
+    *step.t = s + 1;
+    *step.blocks_done = 0;
+  }
+}
+
 // buf is read and written only with momentum (it may be null without);
 // shadow (may be null) gets bf16(p) of every updated element.
 template <bool Vec>
-static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int64_t n, SgdArgs a,
-                                       const float* grad_scale, uint16_t* shadow, const float* step_values) {
-  DPT_WAIT_PREVIOUS_GRID();
-  const float scale = grad_scale ? *grad_scale : 1.f;
-  if (!isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
-  if (step_values) a.lr = step_values[0];
+__device__ __forceinline__ void sgd_loop(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a, float scale,
+                                         uint16_t* shadow) {
   const bool mom = a.momentum != 0.f;
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -82,16 +99,20 @@ static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int
 }
 
 template <bool Vec>
-static __global__ void adamw_step_kernel(float* p, const float* g, float* m, float* v, int64_t n, AdamArgs a,
-                                         const float* grad_scale, uint16_t* shadow, const float* step_values) {
+static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int64_t n, SgdArgs a,
+                                       const float* grad_scale, uint16_t* shadow, StepCounterArgs step) {
   DPT_WAIT_PREVIOUS_GRID();
+  float values[3] = {a.lr, 1.f, 1.f};
+  const int64_t s = read_step(step, values);
+  a.lr = values[0];
   const float scale = grad_scale ? *grad_scale : 1.f;
-  if (!isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
-  if (step_values) {
-    a.lr = step_values[0];
-    a.bias_correction1 = step_values[1];
-    a.bias_correction2 = step_values[2];
-  }
+  if (isfinite(scale)) sgd_loop<Vec>(p, g, buf, n, a, scale, shadow);  // else the whole update is skipped
+  count_step(step, s);
+}
+
+template <bool Vec>
+__device__ __forceinline__ void adamw_loop(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
+                                           float scale, uint16_t* shadow) {
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   int64_t done = 0;
@@ -127,12 +148,22 @@ static __global__ void adamw_step_kernel(float* p, const float* g, float* m, flo
   }
 }
 
-static __global__ void clip_coef_kernel(const float* norm_sq, float max_norm, float* out) {
-  *out = scale_from_norm_sq(*norm_sq, max_norm);
+template <bool Vec>
+static __global__ void adamw_step_kernel(float* p, const float* g, float* m, float* v, int64_t n, AdamArgs a,
+                                         const float* grad_scale, uint16_t* shadow, StepCounterArgs step) {
+  DPT_WAIT_PREVIOUS_GRID();
+  float values[3] = {a.lr, a.bias_correction1, a.bias_correction2};
+  const int64_t s = read_step(step, values);
+  a.lr = values[0];
+  a.bias_correction1 = values[1];
+  a.bias_correction2 = values[2];
+  const float scale = grad_scale ? *grad_scale : 1.f;
+  if (isfinite(scale)) adamw_loop<Vec>(p, g, m, v, n, a, scale, shadow);  // else the whole update is skipped
+  count_step(step, s);
 }
 
-static __global__ void optimizer_advance_kernel(int64_t* t, ScheduleArgs a, float beta1, float beta2, float* values) {
-  advance_step_values(t, a, beta1, beta2, values);
+static __global__ void clip_coef_kernel(const float* norm_sq, float max_norm, float* out) {
+  *out = scale_from_norm_sq(*norm_sq, max_norm);
 }
 
 // The smallest value over the block, valid in thread 0 (as block_sum).
@@ -227,41 +258,38 @@ static __global__ void finish_check_kernel(const float* sum, const int64_t* firs
 
 }  // namespace
 
+// An empty update (an empty ZeRO shard) is still launched with a counter: one block moves
+// it on.
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, const float* grad_scale,
-              uint16_t* shadow, const float* step_values, cudaStream_t stream) {
+              uint16_t* shadow, const StepCounterArgs& step, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "sgd_step: negative size");
-  if (n == 0) return;
-  DPT_CHECK(p != nullptr && g != nullptr, "sgd_step: null parameters or gradients");
+  if (n == 0 && !step.t) return;
   const bool mom = a.momentum != 0.f;
-  DPT_CHECK(!mom || momentum_buf != nullptr, "sgd_step: momentum without a momentum buffer");
+  DPT_CHECK(n == 0 || (p != nullptr && g != nullptr && (!mom || momentum_buf != nullptr)),
+            "sgd_step: null parameters, gradients or momentum buffer");
+  DPT_CHECK(!step.t || step.blocks_done != nullptr, "sgd_step: a step counter without its block count");
   const bool vec = aligned16(p) && aligned16(g) && (!mom || aligned16(momentum_buf)) && aligned(shadow, 8);
   if (vec)
     launch_after_previous(sgd_step_kernel<true>, blocks_for(n / 4), kThreads, stream, p, g, momentum_buf, n, a,
-                          grad_scale, shadow, step_values);
+                          grad_scale, shadow, step);
   else
     launch_after_previous(sgd_step_kernel<false>, blocks_for(n), kThreads, stream, p, g, momentum_buf, n, a, grad_scale,
-                          shadow, step_values);
+                          shadow, step);
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
-                uint16_t* shadow, const float* step_values, cudaStream_t stream) {
+                uint16_t* shadow, const StepCounterArgs& step, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "adamw_step: negative size");
-  if (n == 0) return;
-  DPT_CHECK(p != nullptr && g != nullptr && m != nullptr && v != nullptr, "adamw_step: null pointer");
+  if (n == 0 && !step.t) return;
+  DPT_CHECK(n == 0 || (p != nullptr && g != nullptr && m != nullptr && v != nullptr), "adamw_step: null pointer");
+  DPT_CHECK(!step.t || step.blocks_done != nullptr, "adamw_step: a step counter without its block count");
   const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned(shadow, 8);
   if (vec)
     launch_after_previous(adamw_step_kernel<true>, blocks_for(n / 4), kThreads, stream, p, g, m, v, n, a, grad_scale,
-                          shadow, step_values);
+                          shadow, step);
   else
     launch_after_previous(adamw_step_kernel<false>, blocks_for(n), kThreads, stream, p, g, m, v, n, a, grad_scale,
-                          shadow, step_values);
-}
-
-void optimizer_advance(int64_t* t, const ScheduleArgs& a, float beta1, float beta2, float* values,
-                       cudaStream_t stream) {
-  DPT_CHECK(t != nullptr && values != nullptr, "optimizer_advance: null pointer");
-  optimizer_advance_kernel<<<1, 1, 0, stream>>>(t, a, beta1, beta2, values);
-  DPT_CUDA_CHECK_LAUNCH();
+                          shadow, step);
 }
 
 void check_gradients(const float* g, int64_t n, float max_norm, float* scale, float* work, unsigned* counter,

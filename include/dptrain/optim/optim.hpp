@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <dptrain/layers/module.hpp>
+#include <dptrain/runtime/ops.hpp>
 #include <dptrain/types.hpp>
 
 namespace dpt::optim {
@@ -68,9 +69,10 @@ class Optimizer {
   Tensor shadow() const;
   // (Re)makes the state for `n` elements, zeroed (none when n is 0).
   virtual void reset_state(int64_t n) = 0;
-  // Moves the step counter on, on the device, and returns the step's values there (f32
-  // [3]: lr, 1 - beta1^t, 1 - beta2^t for this step t): ops' optimizer_advance.
-  const Tensor& advance(float beta1, float beta2);
+  // The counter this step's update reads and moves on, on the device (ops' StepCounter:
+  // the schedule's lr and AdamW's bias corrections come from it); the host's count moves
+  // on now.
+  StepCounter next_step(float beta1, float beta2);
   nn::Module* model_;
   Tensor params_, grads_;
   Schedule schedule_;
@@ -78,7 +80,7 @@ class Optimizer {
   int64_t begin_ = 0;
 
  private:
-  Tensor counter_, step_values_;
+  Tensor counter_;
 };
 
 class SGD : public Optimizer {

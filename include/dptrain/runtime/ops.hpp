@@ -77,20 +77,24 @@ Tensor check_gradients(const Tensor& grads, float max_norm, const CheckRing& rin
 // gives the scale and writes the record.
 void shard_check(const Tensor& grads, int64_t first, int64_t count, const Tensor& sum, const Tensor& first_bad);
 Tensor finish_check(const Tensor& sum, const Tensor& first_bad, float max_norm, const CheckRing& ring = {});
+// An optimizer's step counter on its device: `counter` an i32 [4] (the int64 count of
+// steps taken, then the update kernel's block count, zero between steps), the schedule
+// its lr follows and AdamW's betas (StepCounterArgs).
+struct StepCounter {
+  Tensor counter;
+  ScheduleArgs schedule;
+  float beta1 = 0.0f, beta2 = 0.0f;
+};
 // Fused optimizer updates over flat buffers; grad_scale may be undefined. shadow (bf16,
 // may be undefined) receives the updated parameters rounded to bf16, in the same pass.
-// step_values (f32 [3], may be undefined): the step's lr and AdamW's bias corrections,
-// as optimizer_advance writes them on the device, used instead of a's.
+// step (may be null): the update takes the lr (and AdamW's bias corrections) from the
+// counter instead of a's, and moves it on by one, on the device, whether it applies the
+// step or skips it; then p may be empty (an empty ZeRO shard still counts its step). A
+// recorded CUDA graph replays it, so its steps follow the schedule without the host.
 void sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const SgdArgs& a, const Tensor& grad_scale,
-              const Tensor& shadow = {}, const Tensor& step_values = {});
+              const Tensor& shadow = {}, const StepCounter* step = nullptr);
 void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
-                const Tensor& grad_scale, const Tensor& shadow = {}, const Tensor& step_values = {});
-// On the device, from an optimizer's step counter (int64 in an i32 [2] tensor): the
-// step's values (f32 [3]: the lr of schedule `a` at the counter, 1 - beta1^t and
-// 1 - beta2^t for the step t it starts), and the counter moved on by one. A recorded CUDA
-// graph replays it, so its steps follow the schedule without the host.
-void optimizer_advance(const Tensor& counter, const ScheduleArgs& a, float beta1, float beta2,
-                       const Tensor& step_values);
+                const Tensor& grad_scale, const Tensor& shadow = {}, const StepCounter* step = nullptr);
 
 // ---- Convolutional networks (ops_conv.cpp): differentiable, over NCHW tensors --------
 // y = x * w + b as torch.nn.functional.conv2d: x [n, c, h, w], w [k, c, r, s], b [k] (may

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <dptrain/runtime/device.hpp>
@@ -104,5 +105,8 @@ class Tensor {
 // Copies src into dst (same dtype and element count, any devices), queued on dst's
 // context stream (or src's for a GPU-to-host copy, which then waits for it).
 void copy(const Tensor& dst, const Tensor& src);
+// copy() of each (dst, src) pair; pairs within one GPU go in one kernel launch (for a
+// step's inputs, copied every step).
+void copy_all(const std::vector<std::pair<Tensor, Tensor>>& dst_src);
 
 }  // namespace dpt
