@@ -98,6 +98,14 @@ assert j["optimizer"] == {"name": "adamw", "lr": 0.001, "zero": 1}, j["optimizer
 assert [r["optimizer_state_bytes"] for r in j["runs"]] == [[6144], [3072, 3072]], j["runs"]
 PY
 
+# bf16 gradients on the wire: said in the header and the JSON.
+if "$exe" --cpus 2 --model 16-32-4 --batch 8 --steps 2 --warmup 1 --scaling weak --grad-comm bf16 \
+  --out "$tmp/gc" >"$tmp/stdout" 2>"$tmp/stderr"; then ok
+else bad "dpbench --grad-comm bf16 failed: $(cat "$tmp/stderr")"; fi
+grep -q 'gradients travel in bf16' "$tmp/stdout" && ok || bad "no bf16 wire in the header: $(head -3 "$tmp/stdout")"
+python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["grad_comm"] == "bf16"' "$tmp/gc/dpbench.json" && ok ||
+  bad "grad_comm not in the JSON"
+
 # bad input: exit 2, one line on stderr, nothing written
 refuse() {
   "$exe" "$@" --out "$tmp/refused" >"$tmp/stdout" 2>"$tmp/stderr"
@@ -131,6 +139,7 @@ refuse --bogus
 refuse --cpus 1 --cuda-graph
 refuse --cpus 2 --optimizer lamb
 refuse --cpus 2 --zero 2
+refuse --cpus 2 --grad-comm fp16
 touch "$tmp/file"
 refuse --cpus 2 --model 16-32-4 --out "$tmp/file/sub"
 
