@@ -13,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -77,6 +78,7 @@ struct Flags {
   int64_t steps = 100, warmup = 10;
   double bucket_mb = 25.0;
   bool cuda_graph = false;
+  bool comm = false;
   std::string optimizer = "sgd";
   int zero = 0;
   std::string grad_comm = "fp32";
@@ -92,6 +94,7 @@ struct Plan {
   int64_t steps = 0, warmup = 0;
   double bucket_mb = 0;
   bool cuda_graph = false;                 // the step recorded once as a CUDA graph and replayed (one GPU)
+  bool comm = false;                       // the gradient reduction alone, not steps
   bool cpu_default = false;                // CPU devices and no --model: the small CPU workload
   bool adamw = false;                      // else SGD
   int zero = 0;                            // ZeRO stage of the runs on several devices
@@ -132,6 +135,9 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_flag("--cuda-graph", f.cuda_graph,
                "Record the step as a CUDA graph after warm-up and time its replays "
                "(one GPU)");
+  app.add_flag("--comm", f.comm,
+               "Time the gradient reduction alone (no steps) on 2, 4, ... devices, each path asked (and bare NCCL "
+               "on GPUs): ms, algorithm and bus bandwidth as nccl-tests define them; --steps reductions a run");
   app.add_option("--optimizer", f.optimizer, "sgd (lr 0.01, no momentum) or adamw (lr 0.001)")->capture_default_str();
   add_integer(app, "--zero", f.zero, "ZeRO stage: 0, or 1 (the optimizer state sharded over the devices)")
       ->capture_default_str();
@@ -189,6 +195,10 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
     throw dpt::UsageError("--cuda-graph records one GPU's step: give one CUDA device (--gpus 1)");
   p.cuda_graph = f.cuda_graph;
   p.bucket_mb = f.bucket_mb;
+  if (f.comm && p.devices.size() < 2)
+    throw dpt::UsageError("--comm times the reduction between devices: give at least 2 (--gpus 2, --cpus 2)");
+  if (f.comm && f.cuda_graph) throw dpt::UsageError("--comm times the reduction alone, not a recorded step");
+  p.comm = f.comm;
   if (f.optimizer != "sgd" && f.optimizer != "adamw")
     throw dpt::UsageError("--optimizer must be sgd or adamw, got '" + f.optimizer + "'");
   p.adamw = f.optimizer == "adamw";
@@ -218,7 +228,7 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   std::filesystem::create_directories(p.out, ec);
   if (ec || !std::filesystem::is_directory(p.out) || ::access(p.out.c_str(), W_OK) != 0)
     throw dpt::UsageError("cannot write to the output folder '" + p.out + "'" + (ec ? ": " + ec.message() : ""));
-  for (const char* name : {"dpbench.csv", "dpbench.json", "speedup.svg"})  // before any run, not after them all
+  for (const char* name : {"dpbench.csv", "dpbench.json", "speedup.svg", "comm.csv"})  // before any run
     dpt::check_output_file(p.out + "/" + name, "--out");
   return p;
 }
@@ -369,6 +379,10 @@ void print_header(const Plan& p, int64_t parameters) {
   if (p.zero > 0) std::printf("  ZeRO stage %d: the optimizer state sharded over the devices\n", p.zero);
   if (p.grad_comm == dpt::DType::bf16) std::printf("  gradients travel in bf16 between devices\n");
   for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
+  if (p.comm) {  // run_comm says the rest
+    std::fflush(stdout);
+    return;
+  }
   if (p.cpu_default)
     std::printf("  CPU devices: the default workload is %s, batch %lld, %lld steps (GPUs: mlp; --model to choose)\n",
                 kCpuModel, static_cast<long long>(p.batch), static_cast<long long>(p.steps));
@@ -480,10 +494,73 @@ void chart(const Plan& p, const std::vector<Row>& rows, const std::string& path)
                               "speed-up (samples/s against 1 device)", series);
 }
 
+// --comm: the gradient buffer's reduction through each path asked (and, on distinct GPUs,
+// bare NCCL's collectives of the same bytes), with nccl-tests' bandwidths: algbw = bytes /
+// time; busbw = algbw x 2(n-1)/n for an all-reduce, x (n-1)/n for a reduce-scatter or an
+// all-gather (what each link carries, comparable across device counts), x 1 for the p2p
+// path's copy of the parameters to every replica.
+int run_comm(const Plan& p, int64_t parameters) {
+  std::printf("  the reduction alone: the fp32 gradient buffer of %.1f MiB, the median of %lld after one\n",
+              static_cast<double>(parameters) * 4 / (1 << 20), static_cast<long long>(p.steps));
+  std::printf("\n%-16s %-9s %4s %10s %10s %11s %11s\n", "op", "path", "dev", "MiB", "ms", "algbw GB/s", "busbw GB/s");
+  std::string out = "op,path,devices,bytes,ms,algbw_gbs,busbw_gbs\n";
+  auto row = [&](const char* op, const std::string& path, size_t n, double ms, double factor) {
+    const double bytes = static_cast<double>(parameters) * 4, algbw = bytes / (ms * 1e-3) / 1e9;
+    std::printf("%-16s %-9s %4zu %10.2f %10.4f %11.2f %11.2f\n", op, path.c_str(), n, bytes / (1 << 20), ms, algbw,
+                algbw * factor);
+    out += std::string(op) + "," + path + "," + std::to_string(n) + "," + fmt("%.0f", bytes) + "," + fmt("%.6g", ms) +
+           "," + fmt("%.6g", algbw) + "," + fmt("%.6g", algbw * factor) + "\n";
+  };
+  const int iters = static_cast<int>(p.steps);
+  for (size_t n : p.counts) {
+    if (n < 2) continue;
+    const std::vector<Device> devs(p.devices.begin(), p.devices.begin() + static_cast<std::ptrdiff_t>(n));
+    const double nn = static_cast<double>(n), ring = (nn - 1) / nn;
+    for (Reduce red : p.reduces) {
+      auto model = dpt::nn::make_model(p.model, dpt::Act::relu);
+      model->to(devs.front(), kSeed);
+      dpt::DataParallelOptions o;
+      o.reduce = red;
+      o.bucket_mb = p.bucket_mb;
+      o.zero = p.zero;
+      o.grad_comm = p.grad_comm;
+      dpt::DataParallel dp(
+          model, devs,
+          [](dpt::nn::Module& m) -> std::unique_ptr<dpt::optim::Optimizer> {
+            return std::make_unique<dpt::optim::SGD>(m, dpt::optim::SGD::Options{.lr = kLr});
+          },
+          o);
+      const auto t = dp.time_reduction(iters);
+      const std::string path = dpt::reduce_name(red);
+      if (p.zero > 0) {
+        row("reduce (ZeRO)", path, n, t.reduce_ms, ring);
+        row("gather (ZeRO)", path, n, t.after_ms, ring);
+      } else {
+        row("all-reduce", path, n, t.reduce_ms, 2 * ring);
+        if (red == Reduce::p2p) row("params to all", path, n, t.after_ms, 1.0);
+      }
+    }
+    std::set<int> distinct;
+    for (const Device& d : devs)
+      if (d.is_cuda()) distinct.insert(d.index);
+    if (dpt::built_with_nccl() && distinct.size() == n) {
+      const auto b = dpt::time_bare_nccl(devs, parameters, iters);
+      row("all-reduce", "bare-nccl", n, b.all_reduce_ms, 2 * ring);
+      row("reduce-scatter", "bare-nccl", n, b.reduce_scatter_ms, ring);
+      row("all-gather", "bare-nccl", n, b.all_gather_ms, ring);
+    }
+  }
+  const std::string path = p.out + "/comm.csv";
+  dpt::write_file_atomic(path, out);
+  std::printf("\nwrote %s\n", path.c_str());
+  return 0;
+}
+
 int run(const Plan& p) {
   // Counts the layers' shapes; the model is never placed on a device.
   const int64_t parameters = dpt::nn::make_model(p.model, dpt::Act::relu)->num_parameters();
   print_header(p, parameters);
+  if (p.comm) return run_comm(p, parameters);
   // One measurement per distinct (devices, global batch, path, precision): the 1-device
   // baseline serves every path, and weak equals strong when there is one device.
   std::map<std::tuple<size_t, int64_t, Reduce, Precision>, Measurement> done;

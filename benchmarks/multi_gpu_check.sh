@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On a machine with several GPUs: the multi-GPU tests (both reduction paths, N GPUs equal
 # one, balanced memory), DDP over NCCL with 2..N ranks, the mlp workload on 1 and N GPUs
-# (weak scaling) with and without overlap, and dpbench's weak-scaling table beside
-# PyTorch DDP and nn.DataParallel. Lean: builds only what it runs.
+# with and without overlap, dpbench's weak and strong scaling in fp32, tf32 and bf16,
+# with bf16 gradients on the wire and with ZeRO, the reduction's bus bandwidth beside bare
+# NCCL's (dpbench --comm), and PyTorch DDP and nn.DataParallel. Lean: builds only what it
+# runs.
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -24,8 +26,20 @@ for ov in "" --no-overlap; do
   mpirun -np "$n" -x NCCL_NVLS_ENABLE build/apps/dptrain --ddp $ov --model mlp --batch $((4096 * n)) --steps 30 \
     --log-every 10 2>&1 | grep -E '^done|^step time|^memory|^param'
 done
-build/benchmarks/dpbench --gpus "$n" --model mlp --batch 4096 --precision fp32 --reduce nccl,p2p --scaling weak \
-  --warmup 5 --steps 21 --out "${OUT:-/tmp}/dpbench_multi" 2>&1 | grep -vE '^wrote'
+bench() { build/benchmarks/dpbench --gpus "$n" --model mlp --batch 4096 --warmup 5 --steps 21 "$@" 2>&1 | grep -vE '^wrote'; }
+echo "-- dpbench: every precision, both paths, weak and strong scaling"
+bench --precision fp32,tf32,bf16 --reduce nccl,p2p --scaling weak,strong --out "${OUT:-/tmp}/dpbench_multi"
+echo "-- dpbench: bf16 gradients on the wire (the scaling issue)"
+bench --precision fp32,bf16 --reduce nccl,p2p --scaling weak --grad-comm bf16 --out "${OUT:-/tmp}/dpbench_bf16wire"
+echo "-- dpbench: AdamW, ZeRO stage 0 and 1, with each device's state (the sharding issue)"
+for z in 0 1; do
+  bench --precision fp32,bf16 --reduce nccl --scaling weak --optimizer adamw --zero $z --out "${OUT:-/tmp}/dpbench_zero$z"
+done
+echo "-- dpbench --comm: the gradient buffer's reduction through our paths and bare NCCL (busbw as nccl-tests)"
+for extra in "--reduce nccl,p2p" "--reduce nccl,p2p --grad-comm bf16" "--reduce nccl --zero 1"; do
+  build/benchmarks/dpbench --gpus "$n" --model mlp --comm --steps 20 $extra --out "${OUT:-/tmp}/dpbench_comm" 2>&1 |
+    grep -vE '^wrote'
+done
 python3 benchmarks/torch_bench.py --model mlp --precision fp32 --mode eager --batch 4096 --warmup 5 --blocks 3 --steps 7
 for m in ddp dp; do
   for ((g = 2; g <= n; g *= 2)); do

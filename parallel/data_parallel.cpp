@@ -1,10 +1,12 @@
 #include <dptrain/parallel/data_parallel.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <new>
 #include <set>
@@ -664,6 +666,40 @@ bool DataParallel::idle() {
   for (auto& r : replicas_)
     if (!r.ctx->idle()) return false;
   return true;
+}
+
+DataParallel::ReductionTimes DataParallel::time_reduction(int iters) {
+  if (!reducer_) throw UsageError("DataParallel::time_reduction: one device reduces nothing");
+  DPT_CHECK(iters >= 1, "time_reduction: at least one timed reduction");
+  auto reduce_once = [&] {
+    run_on_all([&](size_t r) {
+      for (size_t b = 0; b < buckets_.size(); ++b) reducer_->bucket_ready(r, b);
+    });
+    reducer_->reduce();
+    run_on_all([&](size_t r) { reducer_->wait(r); });
+    synchronize();
+  };
+  auto after_once = [&] {
+    if (reducer_->sharded()) reducer_->gather_params();
+    else if (!reducer_->every_replica_updates()) reducer_->broadcast_params();
+    else return;
+    synchronize();
+  };
+  auto median_ms = [&](const std::function<void()>& f) {
+    f();  // untimed: first use of the communicators and buffers
+    std::vector<double> ms;
+    for (int i = 0; i < iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  ReductionTimes t;
+  t.reduce_ms = median_ms(reduce_once);
+  if (reducer_->sharded() || !reducer_->every_replica_updates()) t.after_ms = median_ms(after_once);
+  return t;
 }
 
 StepTimes DataParallel::last_times() {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include <dptrain/error.hpp>
+#include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include "../kernels/cpu/cpu.hpp"
@@ -260,6 +261,9 @@ std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replica
 
 #if !DPT_WITH_NCCL
 bool built_with_nccl() { return false; }
+BareNcclTimes time_bare_nccl(const std::vector<Device>&, int64_t, int) {
+  throw UsageError("bare NCCL needs a build with NCCL; this one has none");
+}
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers>, std::vector<Bucket>, std::vector<SampleRange>,
                                            DType) {
   throw UsageError("DataParallelOptions::reduce nccl needs a build with NCCL; this one has none (use p2p)");

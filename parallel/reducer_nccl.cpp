@@ -7,7 +7,9 @@
 #include <chrono>
 #include <set>
 #include <thread>
+#include <vector>
 
+#include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include "../kernels/cuda/check.hpp"
@@ -276,6 +278,71 @@ class NcclReducer : public Reducer {
 };
 
 }  // namespace
+
+BareNcclTimes time_bare_nccl(const std::vector<Device>& devices, int64_t floats, int iters) {
+  const auto n = static_cast<int64_t>(devices.size());
+  DPT_CHECK(iters >= 1 && floats >= n && n >= 1, "time_bare_nccl: devices, floats and iterations");
+  std::vector<int> ids;
+  std::set<int> seen;
+  for (const Device& d : devices) {
+    if (!d.is_cuda() || !seen.insert(d.index).second)
+      throw UsageError("bare NCCL runs on distinct GPUs, got " + d.str() + " (twice, or not a GPU)");
+    ids.push_back(d.index);
+  }
+  const int64_t per = floats / n, total = per * n;
+  std::vector<ncclComm_t> comms(devices.size());
+  DPT_NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(n), ids.data()));
+  struct Comms {  // destroyed on every way out
+    std::vector<ncclComm_t>& c;
+    ~Comms() {
+      for (ncclComm_t x : c) ncclCommDestroy(x);
+    }
+  } guard{comms};
+  std::vector<std::unique_ptr<Context>> ctx;
+  std::vector<Tensor> buf;
+  for (const Device& d : devices) {
+    ctx.push_back(std::make_unique<Context>(d));
+    ContextGuard g(*ctx.back());
+    buf.push_back(Tensor::zeros({total}, DType::f32, d));
+  }
+  // One collective on every device, in one group (one thread drives every communicator).
+  auto run = [&](auto&& call) {
+    DPT_NCCL_CHECK(ncclGroupStart());
+    for (size_t i = 0; i < devices.size(); ++i) {
+      cuda::set_device(ids[i]);
+      const ncclResult_t res = call(i, buf[i].f32(), static_cast<cudaStream_t>(ctx[i]->stream()));
+      if (res != ncclSuccess) {
+        (void)ncclGroupEnd();
+        DPT_NCCL_CHECK(res);
+      }
+    }
+    DPT_NCCL_CHECK(ncclGroupEnd());
+    for (auto& c : ctx) c->synchronize();
+  };
+  auto median_ms = [&](auto&& call) {
+    run(call);  // untimed
+    std::vector<double> ms;
+    for (int k = 0; k < iters; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run(call);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  const auto count = static_cast<size_t>(total), part = static_cast<size_t>(per);
+  BareNcclTimes t;
+  t.all_reduce_ms = median_ms([&](size_t i, float* b, cudaStream_t st) {
+    return ncclAllReduce(b, b, count, ncclFloat, ncclSum, comms[i], st);
+  });
+  t.reduce_scatter_ms = median_ms([&](size_t i, float* b, cudaStream_t st) {  // in place: rank i's part of b
+    return ncclReduceScatter(b, b + i * part, part, ncclFloat, ncclSum, comms[i], st);
+  });
+  t.all_gather_ms = median_ms([&](size_t i, float* b, cudaStream_t st) {
+    return ncclAllGather(b + i * part, b, part, ncclFloat, comms[i], st);
+  });
+  return t;
+}
 
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
                                            std::vector<SampleRange> shards, DType wire) {

@@ -106,6 +106,28 @@ grep -q 'gradients travel in bf16' "$tmp/stdout" && ok || bad "no bf16 wire in t
 python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["grad_comm"] == "bf16"' "$tmp/gc/dpbench.json" && ok ||
   bad "grad_comm not in the JSON"
 
+# --comm: the reduction alone, with nccl-tests' bandwidths (busbw = algbw x 2(n-1)/n for an
+# all-reduce: x 1 on 2 devices, x 1.5 on 4), each path's rows for 2 and 4 devices.
+if "$exe" --cpus 4 --comm --model 64-128-8 --steps 3 --reduce host,p2p --out "$tmp/comm" >"$tmp/stdout" 2>"$tmp/stderr"
+then ok
+else bad "dpbench --comm failed: $(cat "$tmp/stderr")"; fi
+python3 - "$tmp/comm/comm.csv" <<'PY' && ok || bad "comm.csv: $(cat "$tmp/comm/comm.csv")"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+got = [(r["op"], r["path"], r["devices"]) for r in rows]
+assert got == [("all-reduce", "host", "2"), ("all-reduce", "p2p", "2"), ("params to all", "p2p", "2"),
+               ("all-reduce", "host", "4"), ("all-reduce", "p2p", "4"), ("params to all", "p2p", "4")], got
+for r in rows:
+    assert r["bytes"] == str(9352 * 4), r  # 64-128-8: 9352 parameters
+    ms, alg, bus = float(r["ms"]), float(r["algbw_gbs"]), float(r["busbw_gbs"])
+    assert ms > 0 and abs(alg - 9352 * 4 / (ms * 1e-3) / 1e9) <= 1e-3 * alg, r
+    want = 1.0 if r["op"] == "params to all" else 2 * (int(r["devices"]) - 1) / int(r["devices"])
+    assert abs(bus - alg * want) <= 1e-3 * bus, r
+PY
+if "$exe" --cpus 3 --comm --zero 1 --model 64-128-8 --steps 2 --out "$tmp/comm0" >"$tmp/stdout" 2>"$tmp/stderr" &&
+  grep -q '^reduce (ZeRO)' "$tmp/stdout" && grep -q '^gather (ZeRO)' "$tmp/stdout"; then ok
+else bad "dpbench --comm --zero 1: $(cat "$tmp/stdout" "$tmp/stderr")"; fi
+
 # bad input: exit 2, one line on stderr, nothing written
 refuse() {
   "$exe" "$@" --out "$tmp/refused" >"$tmp/stdout" 2>"$tmp/stderr"
@@ -140,6 +162,7 @@ refuse --cpus 1 --cuda-graph
 refuse --cpus 2 --optimizer lamb
 refuse --cpus 2 --zero 2
 refuse --cpus 2 --grad-comm fp16
+refuse --cpus 1 --comm
 touch "$tmp/file"
 refuse --cpus 2 --model 16-32-4 --out "$tmp/file/sub"
 

@@ -33,6 +33,16 @@ class WorkerPool;
 // True when this build has NCCL (the nccl reduction and --ddp on GPUs).
 bool built_with_nccl();
 
+// Bare NCCL over `devices` (distinct GPUs, a communicator each from ncclCommInitAll), for
+// dpbench --comm beside the reducers: ms for an all-reduce of `floats` fp32 values, a
+// reduce-scatter of them and an all-gather into them (floats rounded down to a multiple
+// of the device count), each the median of `iters` after one untimed. UsageError without
+// NCCL or with other devices.
+struct BareNcclTimes {
+  double all_reduce_ms = 0, reduce_scatter_ms = 0, all_gather_ms = 0;
+};
+BareNcclTimes time_bare_nccl(const std::vector<Device>& devices, int64_t floats, int iters);
+
 enum class Reduce { automatic, nccl, p2p, host };
 const char* reduce_name(Reduce r);
 Reduce parse_reduce(const std::string& name);  // auto|nccl|p2p|host; UsageError otherwise
@@ -159,6 +169,15 @@ class DataParallel {
   size_t buckets() const;  // how many pieces the gradient buffer is reduced in (0: no reduction)
   // The phases of the last timed step (waits for it).
   StepTimes last_times();
+  // The gradient reduction alone, without forward or backward (for dpbench --comm): every
+  // bucket handed over at once, as when backward ends, and waited for. `reduce_ms`: a
+  // reduction; `after_ms`: what follows it on this path (ZeRO's gather of the parameters,
+  // p2p's copy of them back; 0 otherwise); each the median of `iters` after one untimed.
+  // The gradients are left summed (zeros stay zeros). Needs a reduction (several devices).
+  struct ReductionTimes {
+    double reduce_ms = 0, after_ms = 0;
+  };
+  ReductionTimes time_reduction(int iters);
   // Where the master records every step's gradient check (ops' check_gradients: the scale,
   // NaN when the gradients were not finite and the update was skipped, and the first
   // non-finite gradient's flat index), for the caller to read steps later without waiting;
