@@ -7,6 +7,7 @@
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include "../kernels/cpu/cpu.hpp"
 
@@ -36,6 +37,7 @@ Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_
     w1_ = teacher_weight(cfg_.teacher_hidden, fan_in, 1.0f, cfg_.seed, kTeacher1, device)
               .reshape({cfg_.teacher_hidden, cfg_.image[0], 3, 3});
     w2_ = teacher_weight(cfg_.out, cfg_.teacher_hidden, 1.6f, cfg_.seed, kTeacher2, device);
+    context(device).synchronize();  // the uploads done: other streams (a trainer's data streams) read them
     return;
   }
   DPT_CHECK(cfg_.in > 0, "Synthetic: widths must be positive");
@@ -43,6 +45,7 @@ Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_
   // standard normal, tanh of it has a variance of about 0.39, which the gain 1.6 undoes.
   w1_ = teacher_weight(cfg_.teacher_hidden, cfg_.in, 1.0f, cfg_.seed, kTeacher1, device);
   w2_ = teacher_weight(cfg_.out, cfg_.teacher_hidden, 1.6f, cfg_.seed, kTeacher2, device);
+  context(device).synchronize();  // the uploads done: other streams (a trainer's data streams) read them
 }
 
 Batch Synthetic::batch(int64_t first, int64_t count) const {

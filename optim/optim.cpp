@@ -42,8 +42,7 @@ void Optimizer::set_steps_taken(int64_t t) {
   copy(counter_, Tensor::from_host_i32(halves, {4}, params_.device()));  // in place: a graph may read it
 }
 
-StepCounter Optimizer::next_step(float beta1, float beta2) {
-  ++t_;
+StepCounter Optimizer::step_counter(float beta1, float beta2) const {
   return {counter_, schedule_.args(), beta1, beta2};
 }
 
@@ -63,8 +62,9 @@ void SGD::reset_state(int64_t n) {
 
 void SGD::step(const Tensor& grad_scale) {
   model_->settle_grads();
-  const StepCounter step = next_step(0.0f, 0.0f);                    // SGD reads only the lr
+  const StepCounter step = step_counter(0.0f, 0.0f);                 // SGD reads only the lr
   sgd_step(params_, grads_, buf_, o_, grad_scale, shadow(), &step);  // an empty shard counts its step too
+  ++t_;                                                              // the host's count, once it is queued
 }
 
 std::vector<std::pair<std::string, Tensor>> SGD::state() const {
@@ -91,9 +91,10 @@ void AdamW::reset_state(int64_t n) {
 
 void AdamW::step(const Tensor& grad_scale) {
   model_->settle_grads();
-  const StepCounter step = next_step(o_.beta1, o_.beta2);
+  const StepCounter step = step_counter(o_.beta1, o_.beta2);
   const AdamArgs a{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1.0f, 1.0f};  // lr, corrections: the counter's
   adamw_step(params_, grads_, m_, v_, a, grad_scale, shadow(), &step);  // an empty shard counts its step too
+  ++t_;                                                                 // the host's count, once it is queued
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {

@@ -419,7 +419,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     // The whole replay counts as compute: the phases inside a graph are not timed apart.
     if (timing_) master.t_start->record(*master.ctx);
     graph_->launch();
-    graph_done_->record(*master.ctx);
+    if (n > 1) graph_done_->record(*master.ctx);  // what the other replicas' next inputs wait for
     if (timing_)
       for (auto* e : {master.t_backward.get(), master.t_reduced.get(), master.t_updated.get()}) e->record(*master.ctx);
   }

@@ -50,7 +50,7 @@ class MasterReducer : public Reducer {
         buckets_(std::move(buckets)),
         master_updates_(master_updates),
         shards_(std::move(shards)),
-        wire_(wire),
+        wire_(r_.size() > 1 ? wire : DType::f32),  // one replica sends nothing: nothing is rounded
         comm_(r_[0].ctx->device()),
         done_(r_[0].ctx->device()),
         params_ready_(r_[0].ctx->device()) {

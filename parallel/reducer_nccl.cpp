@@ -182,7 +182,15 @@ class NcclReducer : public Reducer {
         settle(comms_[r], "enqueueing a reduce");
       }
     }
-    if (wire_ == DType::bf16) copy_cast(grads, sent);  // (ZeRO: only the owner's piece is read)
+    if (wire_ == DType::bf16 && shards_.empty()) {
+      copy_cast(grads, sent);
+    } else if (wire_ == DType::bf16) {  // ZeRO: only the owner's piece of the sum is read
+      const size_t own = group_ ? static_cast<size_t>(group_->rank()) : r;
+      const int64_t begin = std::max(k.offset, shards_[own].first);
+      const int64_t end = std::min(k.offset + k.count, shards_[own].first + shards_[own].count);
+      if (begin < end)
+        copy_cast(grads.view(begin - k.offset, {end - begin}), sent.view(begin - k.offset, {end - begin}));
+    }
   }
 
   bool sharded() const override { return !shards_.empty(); }

@@ -711,6 +711,7 @@ TEST_CASE("bf16 on the wire between logical replicas (p2p): the master's gradien
   std::vector<ReplicaBuffers> bufs{{&a, Tensor::zeros({total}, DType::f32, gpu), on(gpu, g0, {total}), Tensor()},
                                    {&b, Tensor::zeros({total}, DType::f32, gpu), on(gpu, g1, {total}), Tensor()}};
   auto reducer = make_master_reducer(bufs, buckets, /*master_updates=*/true, {}, DType::bf16);
+  context(gpu).synchronize();  // the uploads, on the default stream, before a and b read them
   for (size_t i = 0; i < 2; ++i) {
     ContextGuard guard(*bufs[i].ctx);
     for (size_t k = 0; k < buckets.size(); ++k) reducer->bucket_ready(i, k);

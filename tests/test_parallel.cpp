@@ -611,7 +611,9 @@ TEST_CASE("bf16 on the wire trains within 1e-2 of fp32 on N replicas, and one de
     for (auto [n, path, zero] : {std::tuple<int, Reduce, int>{3, Reduce::host, 0},
                                  {3, Reduce::p2p, 0},
                                  {4, Reduce::host, 1},
-                                 {1, Reduce::automatic, 0}}) {
+                                 {1, Reduce::automatic, 0},
+                                 {1, Reduce::host, 0},
+                                 {1, Reduce::host, 1}}) {
       INFO(opt << " on " << n << " replicas, reduce " << reduce_name(path) << ", zero " << zero);
       TrainConfig c = small(data::Task::regression, opt, 12);
       c.devices = cpus(n, 70);

@@ -458,8 +458,10 @@ std::string Trainer::parameter_at(int64_t index) {
 }
 
 Trainer::~Trainer() {
-  // Nothing queued may still read the input pipeline's buffers when they are freed.
+  // Nothing queued may still read the input pipeline's buffers when they are freed, nor
+  // write a synthetic block made ahead (a run stopped early leaves one in the making).
   try {
+    for (auto& c : data_ctx_) c->synchronize();
     if (dp_) dp_->synchronize();
   } catch (const std::exception& e) {
     report(Severity::warning, std::string("the last step failed while the trainer ended: ") + e.what());

@@ -70,9 +70,9 @@ class Optimizer {
   // (Re)makes the state for `n` elements, zeroed (none when n is 0).
   virtual void reset_state(int64_t n) = 0;
   // The counter this step's update reads and moves on, on the device (ops' StepCounter:
-  // the schedule's lr and AdamW's bias corrections come from it); the host's count moves
-  // on now.
-  StepCounter next_step(float beta1, float beta2);
+  // the schedule's lr and AdamW's bias corrections come from it); the update's caller
+  // moves the host's count (t_) on once the update is queued.
+  StepCounter step_counter(float beta1, float beta2) const;
   nn::Module* model_;
   Tensor params_, grads_;
   Schedule schedule_;
