@@ -1,7 +1,6 @@
 #include <dptrain/parallel/data_parallel.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -670,7 +669,6 @@ bool DataParallel::idle() {
 
 DataParallel::ReductionTimes DataParallel::time_reduction(int iters) {
   if (!reducer_) throw UsageError("DataParallel::time_reduction: one device reduces nothing");
-  DPT_CHECK(iters >= 1, "time_reduction: at least one timed reduction");
   auto reduce_once = [&] {
     run_on_all([&](size_t r) {
       for (size_t b = 0; b < buckets_.size(); ++b) reducer_->bucket_ready(r, b);
@@ -685,20 +683,9 @@ DataParallel::ReductionTimes DataParallel::time_reduction(int iters) {
     else return;
     synchronize();
   };
-  auto median_ms = [&](const std::function<void()>& f) {
-    f();  // untimed: first use of the communicators and buffers
-    std::vector<double> ms;
-    for (int i = 0; i < iters; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      f();
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-  };
   ReductionTimes t;
-  t.reduce_ms = median_ms(reduce_once);
-  if (reducer_->sharded() || !reducer_->every_replica_updates()) t.after_ms = median_ms(after_once);
+  t.reduce_ms = median_ms_of(iters, reduce_once);
+  if (reducer_->sharded() || !reducer_->every_replica_updates()) t.after_ms = median_ms_of(iters, after_once);
   return t;
 }
 

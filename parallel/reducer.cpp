@@ -1,6 +1,7 @@
 #include "reducer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include <dptrain/error.hpp>
@@ -26,6 +27,19 @@ std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes) {
 
 void Reducer::sum_partials(std::vector<Tensor>&, std::vector<Tensor>&) {
   throw UsageError(std::string("DataParallelOptions::zero is not available with the ") + name() + " reduction");
+}
+
+double median_ms_of(int iters, const std::function<void()>& f) {
+  DPT_CHECK(iters >= 1, "median_ms_of: at least one timed call");
+  f();
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 void refresh_shadow_of_others(const ReplicaBuffers& r, const std::vector<SampleRange>& shards, size_t own) {

@@ -327,17 +327,7 @@ BareNcclTimes time_bare_nccl(const std::vector<Device>& devices, int64_t floats,
     DPT_NCCL_CHECK(ncclGroupEnd());
     for (auto& c : ctx) c->synchronize();
   };
-  auto median_ms = [&](auto&& call) {
-    run(call);  // untimed
-    std::vector<double> ms;
-    for (int k = 0; k < iters; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      run(call);
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-  };
+  auto median_ms = [&](auto&& call) { return median_ms_of(iters, [&] { run(call); }); };
   const auto count = static_cast<size_t>(total), part = static_cast<size_t>(per);
   BareNcclTimes t;
   t.all_reduce_ms = median_ms([&](size_t i, float* b, cudaStream_t st) {

@@ -343,10 +343,16 @@ void Tensor::backward() const {
   run_backward(*this, 1.0f);
 }
 
-void copy(const Tensor& dst, const Tensor& src) {
+namespace {
+void check_copy(const Tensor& dst, const Tensor& src) {
   DPT_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(),
             "copy: " + std::string(dtype_name(src.dtype())) + shape_str(src.shape()) + " into " +
                 dtype_name(dst.dtype()) + shape_str(dst.shape()));
+}
+}  // namespace
+
+void copy(const Tensor& dst, const Tensor& src) {
+  check_copy(dst, src);
   const size_t bytes = src.nbytes();
   if (bytes == 0) return;
   const Device d = dst.device(), s = src.device();
@@ -386,9 +392,7 @@ void copy_all(const std::vector<std::pair<Tensor, Tensor>>& dst_src) {
   if (on_one_gpu()) {
     cuda::CopyPieces pieces;
     for (const auto& [dst, src] : dst_src) {
-      DPT_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(),
-                "copy: " + std::string(dtype_name(src.dtype())) + shape_str(src.shape()) + " into " +
-                    dtype_name(dst.dtype()) + shape_str(dst.shape()));
+      check_copy(dst, src);
       pieces.piece[pieces.count++] = {dst.data(), src.data(), static_cast<int64_t>(src.nbytes())};
     }
     const Device d = dst_src[0].first.device();
