@@ -159,7 +159,8 @@ void add_flags(CLI::App& app, Options& o) {
                  "When a loss or gradient is not finite: stop (exit 4) or skip-step (the update is never applied)")
       ->capture_default_str();
   add_switch(app, "--cuda-graph", o.cfg.cuda_graph,
-             "Record the whole step as a CUDA graph once and replay it (one GPU, one replica, no --grad-accum)");
+             "Record the whole step as a CUDA graph once and replay it (GPUs of one process; not --ddp, not NCCL "
+             "over several GPUs: use --reduce p2p there)");
   add_switch(app, "--no-overlap", o.no_overlap, "Reduce gradients only after backward (to measure what overlap gains)");
   add_switch(app, "--ddp", o.cfg.ddp, "One process per device under mpirun (MPI bootstrap, NCCL or MPI reduction)");
   app.add_option("--comm-timeout", o.cfg.comm_timeout,

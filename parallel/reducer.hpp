@@ -111,10 +111,10 @@ std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes);
 // ZeRO, after the parameters' gather: the bf16 shadow of every shard but `own` from the
 // gathered masters. The optimizer refreshed its own shard's in its update (one cast of
 // the whole buffer instead would cost a pass over it a step on one device).
+void refresh_shadow_of_others(const ReplicaBuffers& r, const std::vector<SampleRange>& shards, size_t own);
+
 // For dpbench --comm: ms of f() (which waits for its work), the median of `iters` timed
 // calls after one untimed (the first use of communicators and buffers).
 double median_ms_of(int iters, const std::function<void()>& f);
-
-void refresh_shadow_of_others(const ReplicaBuffers& r, const std::vector<SampleRange>& shards, size_t own);
 
 }  // namespace dpt
