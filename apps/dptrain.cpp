@@ -144,7 +144,9 @@ void add_flags(CLI::App& app, Options& o) {
                  "The type gradients travel in between devices: fp32, or bf16 (rounded before they leave a device; "
                  "not with --ddp on CPUs)")
       ->capture_default_str();
-  add_integer(app, "--zero", o.cfg.zero, "ZeRO stage: 0 off, 1 the optimizer state sharded over the devices or ranks")
+  add_integer(app, "--zero", o.cfg.zero,
+              "ZeRO stage: 0 off, 1 the optimizer state sharded over the devices or ranks, 2 the gradients too "
+              "(CPU devices so far)")
       ->capture_default_str();
   add_integer(app, "--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
       ->capture_default_str();
@@ -377,7 +379,9 @@ int train(Options& o) {
                 trainer.optimizer().describe().c_str(), dpt::precision_name(c.precision),
                 c.devices.front().is_cpu() ? "cpu" : o.gemm.c_str());
     if (c.grad_accum > 1) std::printf("  gradient accumulation: %d micro-batches per step\n", c.grad_accum);
-    if (c.zero > 0) std::printf("  ZeRO stage %d: the optimizer state sharded over the devices\n", c.zero);
+    if (c.zero > 0)
+      std::printf("  ZeRO stage %d: the optimizer state%s sharded over the devices\n", c.zero,
+                  c.zero == 2 ? " and the gradients" : "");
     if (c.grad_comm == dpt::DType::bf16 && c.devices.size() > 1)
       std::printf("  gradients travel in bf16 between devices\n");
     if (const dpt::data::Dataset* d = trainer.train_data()) {

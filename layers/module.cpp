@@ -113,6 +113,17 @@ void Module::bind(Tensor flat, Tensor buffers_flat) {
   bind_shadow();
 }
 
+void Module::bind_grads(Tensor storage, const std::vector<int64_t>& offsets) {
+  auto params = parameters();
+  DPT_CHECK(offsets.size() == params.size(), "Module::bind_grads: one offset a parameter");
+  for (size_t k = 0; k < params.size(); ++k) {
+    DPT_CHECK(offsets[k] >= 0 && offsets[k] + numel(params[k]->shape) <= storage.numel(),
+              "Module::bind_grads: a gradient outside its storage");
+    params[k]->value.set_grad(storage.view(offsets[k], params[k]->shape));
+  }
+  flat_grads_ = std::move(storage);
+}
+
 void Module::set_compute_dtype(DType t) {
   DPT_CHECK(t == DType::f32 || t == DType::bf16, std::string("a module computes in f32 or bf16, not ") + dtype_name(t));
   compute_dtype_ = t;

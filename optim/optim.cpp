@@ -17,14 +17,15 @@ Optimizer::Optimizer(nn::Module& model, float lr) : model_(&model), schedule_(Sc
   counter_ = Tensor::zeros({4}, DType::i32, params_.device());  // int64 0, and the update's block count 0
 }
 
-void Optimizer::restrict_to(int64_t begin, int64_t end) {
+void Optimizer::restrict_to(int64_t begin, int64_t end, const Tensor& grads) {
   const int64_t total = model_->flat_params().numel();
   DPT_CHECK(begin >= 0 && begin <= end && end <= total, "restrict_to: [" + std::to_string(begin) + ", " +
                                                             std::to_string(end) + ") is no range of " +
                                                             std::to_string(total) + " parameters");
   begin_ = begin;
   params_ = model_->flat_params().view(begin, {end - begin});
-  grads_ = model_->flat_grads().view(begin, {end - begin});
+  DPT_CHECK(!grads.defined() || grads.numel() == end - begin, "restrict_to: the shard's gradients of another size");
+  grads_ = grads.defined() ? grads : model_->flat_grads().view(begin, {end - begin});
   reset_state(end - begin);
 }
 

@@ -99,10 +99,12 @@ struct DataParallel::Replica {
   std::unordered_map<const void*, int> param_index;  // parameter data -> its index
   std::vector<int> pending;                          // per bucket: parameters still to come
   size_t next_bucket = 0;                            // buckets are handed over in order
+  size_t acquired = 0;                               // stage 2: buckets whose slot this replica holds
   std::unique_ptr<Event> t_start, t_backward, t_reduced, t_updated;
   std::unique_ptr<Event> buffers_copied;                 // the master's buffers reached this replica
   std::string nvtx_forward, nvtx_backward, nvtx_update;  // "forward cuda:1", made once
   Tensor scale;                                          // the last step's gradient scale
+  Tensor grad_shard;                                     // ZeRO stage 2: the sum of its shard's gradients
 };
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device> devices,
@@ -130,8 +132,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   if (options.grad_comm != DType::f32 && options.grad_comm != DType::bf16)
     throw UsageError(std::string("DataParallelOptions::grad_comm must be f32 or bf16, got ") +
                      dtype_name(options.grad_comm));
-  if (options.zero < 0 || options.zero > 1)
-    throw UsageError("DataParallelOptions::zero must be 0 or 1, got " + std::to_string(options.zero));
+  if (options.zero < 0 || options.zero > 2)
+    throw UsageError("DataParallelOptions::zero must be 0, 1 or 2, got " + std::to_string(options.zero));
+  zero_ = options.zero;
   use_graph_ = options.cuda_graph;
   if (use_graph_ && (!devices_[0].is_cuda() || group_))
     throw UsageError(
@@ -181,8 +184,11 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   if (n > 1 || explicit_path || group_ || options.zero > 0) {  // ZeRO on one device: the same code, one shard
     int64_t total = 0;
     const auto offsets = model->layout(&total);
-    buckets_ = make_buckets(total, options.bucket_mb * 1024.0 * 1024.0);
+    const double bucket_bytes = options.bucket_mb * 1024.0 * 1024.0;
     auto params = model->parameters();
+    std::vector<int64_t> sizes;
+    for (const nn::Parameter* p : params) sizes.push_back(numel(p->shape));
+    buckets_ = zero_ == 2 ? make_param_buckets(offsets, sizes, bucket_bytes) : make_buckets(total, bucket_bytes);
     buckets_of_param_.assign(offsets.size(), {});
     for (size_t k = 0; k < offsets.size(); ++k) {
       const int64_t begin = offsets[k], end = begin + numel(params[k]->shape);
@@ -198,6 +204,10 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
         throw UsageError(
             "DataParallelOptions::zero shards the optimizer state over replicas that each update; the p2p "
             "reduction updates on the master alone (use nccl on GPUs, host on CPU devices)");
+      if (zero_ == 2 && (reduce_ != Reduce::host || group_ || use_graph_ || options.grad_comm != DType::f32))
+        throw UsageError(
+            "DataParallelOptions::zero 2 is built for the host reduction of CPU devices in one process so far "
+            "(not NCCL, MPI ranks, a CUDA graph or bf16 on the wire); use DataParallelOptions::zero 1 there");
       // One shard a replica, or a rank (which has one replica).
       shards_ = dpt::zero_shards(total, group_ ? static_cast<size_t>(group_->size()) : n);
     }
@@ -206,7 +216,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       throw UsageError(
           "DataParallelOptions::grad_comm bf16 is for NCCL, p2p and host reductions; the MPI reduction of CPU ranks "
           "sums fp32");
-    if (group_)
+    if (zero_ == 2) make_stage2_reducer(offsets);
+    else if (group_)
       reducer_ = reduce_ == Reduce::nccl ? make_nccl_rank_reducer(*group_, bufs[0], buckets_, shards_, wire)
                                          : make_mpi_reducer(*group_, bufs[0], buckets_, shards_);
     else if (reduce_ == Reduce::nccl) reducer_ = make_nccl_reducer(std::move(bufs), buckets_, shards_, wire);
@@ -225,7 +236,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       replicas_[i].opt = make_optimizer(*replicas_[i].model);
       if (!shards_.empty()) {
         const SampleRange& k = shard_of(i);
-        replicas_[i].opt->restrict_to(k.first, k.first + k.count);
+        replicas_[i].opt->restrict_to(k.first, k.first + k.count, replicas_[i].grad_shard);
         partial_.push_back(Tensor::zeros({1}, DType::f32, devices_[i]));
         first_bad_.push_back(Tensor::zeros({2}, DType::i32, devices_[i]));
       }
@@ -235,6 +246,33 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
 }
 
 DataParallel::~DataParallel() = default;
+
+void DataParallel::make_stage2_reducer(const std::vector<int64_t>& offsets) {
+  // Each replica's gradients live in two slots of the largest bucket's size, which the
+  // buckets take turns in (bucket b in slot b % 2), and its summed shard in a buffer of its
+  // own: a shard plus two buckets instead of the whole buffer.
+  int64_t slot = 0;
+  for (const Bucket& b : buckets_) slot = std::max(slot, b.count);
+  const size_t slots = std::min<size_t>(2, buckets_.size());
+  params_of_bucket_.assign(buckets_.size(), {});
+  std::vector<int64_t> in_slots(offsets.size());
+  for (size_t k = 0; k < offsets.size(); ++k) {
+    const auto b = static_cast<size_t>(buckets_of_param_[k].at(0));  // whole parameters: one bucket each
+    params_of_bucket_[b].push_back(static_cast<int>(k));
+    in_slots[k] = static_cast<int64_t>(b % slots) * slot + (offsets[k] - buckets_[b].offset);
+  }
+  std::vector<ReplicaBuffers> bufs;
+  std::vector<Tensor> sums;
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    Replica& rep = replicas_[i];
+    ContextGuard g(*rep.ctx);
+    rep.model->bind_grads(Tensor::zeros({slot * static_cast<int64_t>(slots)}, DType::f32, rep.device), in_slots);
+    rep.grad_shard = Tensor::zeros({shards_[i].count}, DType::f32, rep.device);
+    bufs.push_back({rep.ctx, rep.model->flat_params(), rep.model->flat_grads(), rep.model->flat_shadow()});
+    sums.push_back(rep.grad_shard);
+  }
+  reducer_ = make_host_stage2_reducer(std::move(bufs), buckets_, shards_, std::move(sums), slot, slots);
+}
 
 const ShardPlan& DataParallel::plan(int64_t batch) {
   if (plan_.batch() != batch)
@@ -275,22 +313,58 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     // (In a graph the replays are ordered already, and an event from before it cannot be waited for.)
     if (r == 0 && rep.model->flat_buffers().defined() && !recording_)
       for (size_t i = 1; i < replicas_.size(); ++i) replicas_[i].buffers_copied->wait_in(*rep.ctx);
+  } else if (zero_ == 2) {
+    rep.model->zero_grad();  // stage 2 sums every micro-batch into the shards: the slots start afresh
   }
   // Only the last micro-batch communicates; its backward hands each bucket over as soon
   // as every parameter in it has its gradient.
-  const bool communicate = reducer_ && last_micro;
+  const bool communicate = reducer_ && (last_micro || zero_ == 2);
   std::vector<bool> complete(buckets_.size(), false);
   if (communicate) {
     rep.pending.assign(buckets_.size(), 0);
     for (const auto& bs : buckets_of_param_)
       for (int b : bs) rep.pending[static_cast<size_t>(b)] += 1;
     rep.next_bucket = 0;
+    rep.acquired = 0;
   }
   // Buckets go to the reducer in bucket order only, so that every replica (and rank)
   // issues its collectives in the same order whatever order backward finishes them in.
   auto hand_over = [&] {
     while (rep.next_bucket < buckets_.size() && complete[rep.next_bucket]) reducer_->bucket_ready(r, rep.next_bucket++);
   };
+  // Stage 2: a bucket's slot is written (by backward, or zeroed where backward did not
+  // reach) only once the bucket before it in that slot is handed over and reduced; a
+  // bucket still incomplete then is complete with zeros where backward has not reached.
+  const size_t slots = std::min<size_t>(2, buckets_.size());
+  auto settle_bucket = [&](size_t b) {
+    for (int k : params_of_bucket_[b]) {
+      Tensor v = rep.model->parameters()[static_cast<size_t>(k)]->value;
+      if (!v.grad_stale()) continue;
+      dpt::zero_(v.grad());
+      v.set_grad_stale(false);
+    }
+    complete[b] = true;
+  };
+  auto acquire_up_to = [&](size_t b) {
+    for (; rep.acquired <= b; ++rep.acquired) {
+      const size_t c = rep.acquired;
+      for (size_t j = rep.next_bucket; j + slots <= c; ++j) settle_bucket(j);
+      hand_over();
+      reducer_->before_write(r, c);
+    }
+  };
+  LeafHook before_write;
+  if (communicate && zero_ == 2)
+    before_write = [&](const Tensor& leaf) {
+      auto it = rep.param_index.find(leaf.data());
+      if (it == rep.param_index.end()) return;
+      const auto b = static_cast<size_t>(buckets_of_param_[static_cast<size_t>(it->second)][0]);
+      if (b < rep.next_bucket)
+        throw Error(
+            "ZeRO stage 2 needs backward to make the gradients bucket after bucket: a parameter's gradient came "
+            "after its bucket was reduced (a model that uses it out of order); use DataParallelOptions::zero 1");
+      acquire_up_to(b);
+    };
   if (shard.x.defined()) {
     Tensor loss;
     {
@@ -317,13 +391,19 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
         hand_over();
       };
     NvtxRange range(rep.nvtx_backward.c_str());
-    run_backward(loss, static_cast<float>(weight), hook);
+    run_backward(loss, static_cast<float>(weight), hook, before_write);
     loss_out = loss.detach();
   }
-  rep.model->settle_grads();  // zeroes what backward did not reach, before anything reads it
-  if (communicate) {          // buckets no gradient reached (an empty shard, unused parameters)
-    std::fill(complete.begin(), complete.end(), true);
+  if (communicate && zero_ == 2) {  // the buckets backward did not finish, in their turn
+    if (!buckets_.empty()) acquire_up_to(buckets_.size() - 1);
+    for (size_t j = rep.next_bucket; j < buckets_.size(); ++j) settle_bucket(j);
     hand_over();
+  } else {
+    rep.model->settle_grads();  // zeroes what backward did not reach, before anything reads it
+    if (communicate) {          // buckets no gradient reached (an empty shard, unused parameters)
+      std::fill(complete.begin(), complete.end(), true);
+      hand_over();
+    }
   }
   if (r == 0 && last_micro && timing_ && !recording_) rep.t_backward->record(*rep.ctx);
 }
@@ -462,6 +542,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
   // A replica whose source fails (a bad row of a data file) still takes part in the
   // step's collectives, with an empty shard, so that no other replica waits for it in an
   // all-reduce; the step is then abandoned before the update and the error rethrown.
+  if (reducer_) reducer_->begin_step();
   std::vector<std::exception_ptr> source_error(replicas_.size());
   run_on_all([&](size_t r) {
     // The last step's gradient scale is not needed any more: freed now, its block serves
@@ -499,7 +580,9 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
       reducer_->wait(r);
       if (!check) return;
       const SampleRange& k = shard_of(r);
-      shard_check(replicas_[r].model->flat_grads(), k.first, k.count, partial_[r], first_bad_[r]);
+      const Tensor grads =
+          zero_ == 2 ? replicas_[r].grad_shard : replicas_[r].model->flat_grads().view(k.first, {k.count});
+      shard_check(grads, k.first, partial_[r], first_bad_[r]);
     });
     if (check) reducer_->sum_partials(partial_, first_bad_);
   }
@@ -639,7 +722,8 @@ std::vector<ModelStateBytes> DataParallel::model_state_bytes() {
     const nn::Module& m = *rep.model;
     b.parameters =
         static_cast<int64_t>(m.flat_params().nbytes() + (m.flat_shadow().defined() ? m.flat_shadow().nbytes() : 0));
-    b.gradients = static_cast<int64_t>(m.flat_grads().nbytes());
+    b.gradients =
+        static_cast<int64_t>(m.flat_grads().nbytes() + (rep.grad_shard.defined() ? rep.grad_shard.nbytes() : 0));
     if (rep.opt)
       for (const auto& [name, t] : rep.opt->state()) b.optimizer += static_cast<int64_t>(t.nbytes());
     out.push_back(b);
@@ -669,6 +753,7 @@ bool DataParallel::idle() {
 
 DataParallel::ReductionTimes DataParallel::time_reduction(int iters) {
   if (!reducer_) throw UsageError("DataParallel::time_reduction: one device reduces nothing");
+  if (zero_ == 2) throw UsageError("DataParallel::time_reduction: ZeRO stage 2 reduces during backward only");
   auto reduce_once = [&] {
     run_on_all([&](size_t r) {
       for (size_t b = 0; b < buckets_.size(); ++b) reducer_->bucket_ready(r, b);

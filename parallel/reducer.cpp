@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 
 #include <dptrain/error.hpp>
 #include <dptrain/parallel/data_parallel.hpp>
@@ -22,6 +24,24 @@ std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes) {
     out.push_back({begin, end - begin});
     end = begin;
   }
+  return out;
+}
+
+std::vector<Bucket> make_param_buckets(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
+                                       double bucket_bytes) {
+  DPT_CHECK(bucket_bytes > 0 && offsets.size() == sizes.size(), "make_param_buckets: an offset and a size a parameter");
+  const auto limit = static_cast<int64_t>(bucket_bytes / sizeof(float));
+  std::vector<Bucket> out;
+  if (offsets.empty()) return out;
+  int64_t end = offsets.back() + sizes.back(), begin = offsets.back();  // the bucket being filled
+  for (size_t k = offsets.size() - 1; k-- > 0;) {
+    if (end - offsets[k] > limit) {  // parameter k would overfill it: it starts the next
+      out.push_back({begin, end - begin});
+      end = offsets[k] + sizes[k];
+    }
+    begin = offsets[k];
+  }
+  out.push_back({begin, end - begin});
   return out;
 }
 
@@ -55,6 +75,33 @@ void Reducer::gather_params() {
 }
 
 namespace {
+
+// ZeRO between CPU devices (host memory, complete when queued): every replica's partial
+// sum and first bad index become the sum and the least over the replicas.
+void host_sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad) {
+  float total = 0.0f;
+  int64_t first = INT64_MAX;
+  for (size_t i = 0; i < partial.size(); ++i) {
+    total += *partial[i].f32();
+    first = std::min(first, *reinterpret_cast<const int64_t*>(first_bad[i].i32()));
+  }
+  for (size_t i = 0; i < partial.size(); ++i) {
+    *partial[i].f32() = total;
+    *reinterpret_cast<int64_t*>(first_bad[i].i32()) = first;
+  }
+}
+
+// And every replica gets every shard's parameters from its owner.
+void host_gather_params(const std::vector<ReplicaBuffers>& r, const std::vector<SampleRange>& shards) {
+  for (size_t k = 0; k < r.size(); ++k) {
+    const SampleRange& s = shards[k];
+    for (size_t i = 0; i < r.size(); ++i)
+      if (i != k && s.count > 0)
+        std::memcpy(r[i].params.f32() + s.first, r[k].params.f32() + s.first,
+                    sizeof(float) * static_cast<size_t>(s.count));
+  }
+  for (size_t i = 0; i < r.size(); ++i) refresh_shadow_of_others(r[i], shards, i);
+}
 
 class MasterReducer : public Reducer {
  public:
@@ -154,28 +201,12 @@ class MasterReducer : public Reducer {
   void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad) override {
     DPT_CHECK(sharded() && partial.size() == r_.size() && first_bad.size() == r_.size(),
               "sum_partials: one partial sum a replica, ZeRO");
-    float total = 0.0f;  // CPU devices: the partials are host memory, complete when queued
-    int64_t first = INT64_MAX;
-    for (size_t i = 0; i < partial.size(); ++i) {
-      total += *partial[i].f32();
-      first = std::min(first, *reinterpret_cast<const int64_t*>(first_bad[i].i32()));
-    }
-    for (size_t i = 0; i < partial.size(); ++i) {
-      *partial[i].f32() = total;
-      *reinterpret_cast<int64_t*>(first_bad[i].i32()) = first;
-    }
+    host_sum_partials(partial, first_bad);
   }
 
   void gather_params() override {
     DPT_CHECK(sharded(), "gather_params: ZeRO");
-    for (size_t k = 0; k < r_.size(); ++k) {
-      const SampleRange& s = shards_[k];
-      for (size_t i = 0; i < r_.size(); ++i)
-        if (i != k && s.count > 0)
-          std::memcpy(r_[i].params.f32() + s.first, r_[k].params.f32() + s.first,
-                      sizeof(float) * static_cast<size_t>(s.count));
-    }
-    for (size_t i = 0; i < r_.size(); ++i) refresh_shadow_of_others(r_[i], shards_, i);
+    host_gather_params(r_, shards_);
   }
 
   void wait(size_t r) override { done_.wait_in(*r_[r].ctx); }
@@ -204,6 +235,81 @@ class MasterReducer : public Reducer {
   std::vector<Tensor> sent_;                                // bf16 wire: replica i's gradients as sent, [i - 1]
   std::vector<float> widened_;                              // host, bf16 wire: a bucket widened back to fp32
   std::vector<uint16_t> rounded_;                           // and the sum rounded to bf16
+};
+
+class HostStage2Reducer : public Reducer {
+ public:
+  HostStage2Reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, std::vector<SampleRange> shards,
+                    std::vector<Tensor> grad_shards, int64_t slot_size, size_t slots)
+      : r_(std::move(replicas)),
+        buckets_(std::move(buckets)),
+        shards_(std::move(shards)),
+        grad_shards_(std::move(grad_shards)),
+        slot_size_(slot_size),
+        slots_(slots),
+        arrivals_(buckets_.size(), 0),
+        handed_(r_.size(), std::vector<int64_t>(slots, 0)),
+        reduced_(slots, 0) {
+    DPT_CHECK(shards_.size() == r_.size() && grad_shards_.size() == r_.size() && slots_ > 0,
+              "ZeRO stage 2: a shard and its gradients a replica, and slots");
+    for (const ReplicaBuffers& b : r_)
+      DPT_CHECK(b.ctx->device().is_cpu() && b.grads.numel() == slot_size_ * static_cast<int64_t>(slots_),
+                "ZeRO stage 2's host reduction: CPU devices, and slots as their gradients");
+  }
+  const char* name() const override { return "host"; }
+  bool every_replica_updates() const override { return true; }
+  bool sharded() const override { return true; }
+
+  void begin_step() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fill(arrivals_.begin(), arrivals_.end(), 0);
+  }
+  void before_write(size_t r, size_t b) override {
+    const size_t s = b % slots_;
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return reduced_[s] >= handed_[r][s]; });
+  }
+  void bucket_ready(size_t r, size_t b) override {
+    const size_t s = b % slots_;
+    std::lock_guard<std::mutex> lock(mu_);  // one sum at a time: CPU devices share the host
+    handed_[r][s] += 1;
+    const int64_t n = static_cast<int64_t>(r_.size());
+    if (++arrivals_[b] % n != 0) return;
+    const bool first_micro = arrivals_[b] == n;  // later micro-batches add to the step's sum
+    const Bucket& k = buckets_[b];
+    for (size_t owner = 0; owner < shards_.size(); ++owner) {
+      const SampleRange& o = shards_[owner];
+      const int64_t begin = std::max(k.offset, o.first), end = std::min(k.offset + k.count, o.first + o.count);
+      if (begin >= end) continue;
+      float* into = grad_shards_[owner].f32() + (begin - o.first);
+      for (size_t i = 0; i < r_.size(); ++i) {  // replica order: the sum is the host reduction's
+        const float* from = r_[i].grads.f32() + static_cast<int64_t>(s) * slot_size_ + (begin - k.offset);
+        if (i == 0 && first_micro) std::memcpy(into, from, sizeof(float) * static_cast<size_t>(end - begin));
+        else cpu::axpy(end - begin, 1.0f, from, into);
+      }
+    }
+    reduced_[s] += 1;
+    done_.notify_all();
+  }
+  void reduce() override {}
+  void wait(size_t) override {}  // every bucket was summed when the last replica handed it over
+  void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad) override {
+    host_sum_partials(partial, first_bad);
+  }
+  void gather_params() override { host_gather_params(r_, shards_); }
+
+ private:
+  std::vector<ReplicaBuffers> r_;
+  std::vector<Bucket> buckets_;
+  std::vector<SampleRange> shards_;
+  std::vector<Tensor> grad_shards_;
+  int64_t slot_size_;
+  size_t slots_;
+  std::mutex mu_;
+  std::condition_variable done_;
+  std::vector<int64_t> arrivals_;             // per bucket: hand-overs this step, over the replicas
+  std::vector<std::vector<int64_t>> handed_;  // [replica][slot]: buckets handed over through it
+  std::vector<int64_t> reduced_;              // per slot: buckets summed out of it
 };
 
 // CPU processes: each bucket is summed over every rank by MPI as soon as backward has
@@ -264,6 +370,13 @@ class MpiReducer : public Reducer {
 std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets,
                                           std::vector<SampleRange> shards) {
   return std::make_unique<MpiReducer>(group, std::move(replica), std::move(buckets), std::move(shards));
+}
+
+std::unique_ptr<Reducer> make_host_stage2_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
+                                                  std::vector<SampleRange> shards, std::vector<Tensor> grad_shards,
+                                                  int64_t slot_size, size_t slots) {
+  return std::make_unique<HostStage2Reducer>(std::move(replicas), std::move(buckets), std::move(shards),
+                                             std::move(grad_shards), slot_size, slots);
 }
 
 std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,

@@ -70,6 +70,16 @@ class Reducer {
   virtual bool sharded() const { return false; }
   virtual void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad);
   virtual void gather_params();
+
+  // ZeRO stage 2 (gradients in bucket slots, the sums in shards of their own). From the
+  // driving thread before a step's first backward:
+  virtual void begin_step() {}
+  // From replica r's thread before backward writes bucket b's gradients into its slot:
+  // returns once every bucket r handed over through that slot has been reduced.
+  virtual void before_write(size_t r, size_t b) {
+    (void)r;
+    (void)b;
+  }
 };
 
 // p2p (master_updates = true) and host (false) reduction through the master. `shards`
@@ -101,6 +111,22 @@ std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuff
 // `shards` (one per rank, zero_shards'): ZeRO, each rank gets only its shard of the sum.
 std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets,
                                           std::vector<SampleRange> shards = {});
+
+// ZeRO stage 2 between CPU devices: replica r's gradients are `replicas[r].grads`, slots
+// of `slot_size` floats (bucket b in slot b % slots), and its shard of the sum is
+// `grad_shards[r]` (shards[r]'s elements). The last replica to hand a bucket over sums it
+// (in replica order, as the host reduction does) into every owner's shard, or adds it to
+// what is there for the step's later micro-batches, and frees the slot.
+std::unique_ptr<Reducer> make_host_stage2_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
+                                                  std::vector<SampleRange> shards, std::vector<Tensor> grad_shards,
+                                                  int64_t slot_size, size_t slots);
+
+// ZeRO stage 2: buckets of whole parameters (a gradient lies in one slot), from the end of
+// the buffer, each at most bucket_bytes unless one parameter alone is larger; a bucket runs
+// from its first parameter's start to its last one's end. The padding between buckets is
+// in none: its gradient, zero, is never reduced (the shards' sums start at zero).
+std::vector<Bucket> make_param_buckets(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
+                                       double bucket_bytes);
 
 // Splits a flat buffer of `total` floats into buckets of at most bucket_bytes (rounded
 // to 64 floats), in the order backward produces them: from the end of the buffer, where

@@ -56,10 +56,12 @@ float Grads::take_beta(size_t i) const {
 namespace {
 // The engine: `seed` is the root's gradient, or undefined when it is the host number
 // `host_seed` (then the root's node may take it as a number: Node::backward_scalar).
-void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafHook& on_leaf_done) {
+void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafHook& on_leaf_done,
+                   const LeafHook& before_leaf_write) {
   NoGradGuard no_grad;  // the backward pass records no history of its own
   if (!seed.defined() && root.is_leaf()) seed = Tensor::full(root.shape(), host_seed, root.device());
   if (root.is_leaf()) {
+    if (before_leaf_write) before_leaf_write(root);
     Tensor g = root.grad();
     add_to_leaf(const_cast<Tensor&>(root), g, seed);
     const_cast<Tensor&>(root).set_grad(g);
@@ -91,6 +93,9 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
     if (found == pending.end()) continue;  // no gradient flows through this node
     Tensor g = std::move(found->second);
     pending.erase(found);
+    if (before_leaf_write)
+      for (const Tensor& in : node->inputs)
+        if (in.is_leaf() && in.requires_grad()) before_leaf_write(in);
     Grads grads(node->inputs);
     if (g.defined()) {
       node->backward(g, grads);
@@ -124,17 +129,17 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
 
 }  // namespace
 
-void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done) {
+void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done, const LeafHook& before_leaf_write) {
   DPT_CHECK(root.requires_grad(), "backward() on a tensor that does not require a gradient");
   DPT_CHECK(seed.defined() && seed.shape() == root.shape(),
             "backward(): seed " + shape_str(seed.shape()) + " for a tensor of shape " + shape_str(root.shape()));
-  backward_from(root, std::move(seed), 0.0f, on_leaf_done);
+  backward_from(root, std::move(seed), 0.0f, on_leaf_done, before_leaf_write);
 }
 
-void run_backward(const Tensor& root, float seed, const LeafHook& on_leaf_done) {
+void run_backward(const Tensor& root, float seed, const LeafHook& on_leaf_done, const LeafHook& before_leaf_write) {
   DPT_CHECK(root.requires_grad(), "backward() on a tensor that does not require a gradient");
   DPT_CHECK(root.numel() == 1, "backward() from a number needs a scalar, got shape " + shape_str(root.shape()));
-  backward_from(root, Tensor(), seed, on_leaf_done);
+  backward_from(root, Tensor(), seed, on_leaf_done, before_leaf_write);
 }
 
 }  // namespace dpt

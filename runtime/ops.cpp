@@ -298,19 +298,19 @@ int64_t* int64_of(const Tensor& t, const char* op) {
 }
 }  // namespace
 
-void shard_check(const Tensor& grads, int64_t first, int64_t count, const Tensor& sum, const Tensor& first_bad) {
+void shard_check(const Tensor& grads, int64_t base, const Tensor& sum, const Tensor& first_bad) {
   need_f32(grads, "shard_check");
   need_f32(sum, "shard_check");
-  DPT_CHECK(first >= 0 && count >= 0 && first + count <= grads.numel() && sum.numel() == 1,
-            "shard_check: the shard lies outside the gradients");
+  DPT_CHECK(base >= 0 && sum.numel() == 1, "shard_check: a negative base or a sum of more than one element");
   same_device(grads, sum, "shard_check");
   same_device(grads, first_bad, "shard_check");
   const Device& d = grads.device();
-  const float* g = grads.f32() + first;
+  const float* g = grads.numel() > 0 ? grads.f32() : nullptr;
+  const int64_t count = grads.numel();
   DPT_CUDA_OR_CPU(d,
-                  cuda::shard_check(g, count, first, sum.f32(), int64_of(first_bad, "shard_check"),
+                  cuda::shard_check(g, count, base, sum.f32(), int64_of(first_bad, "shard_check"),
                                     reduce_work(d, 3 * cuda::kReduceWork).f32(), context(d).counter(), stream_of(d)),
-                  cpu::shard_check(g, count, first, sum.f32(), int64_of(first_bad, "shard_check")));
+                  cpu::shard_check(g, count, base, sum.f32(), int64_of(first_bad, "shard_check")));
 }
 
 Tensor finish_check(const Tensor& sum, const Tensor& first_bad, float max_norm, const CheckRing& ring) {

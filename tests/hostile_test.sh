@@ -128,8 +128,8 @@ run "${cpu[@]}" --lr 1e30 --on-nonfinite skip-step >out 2>&1
 grep -q 'SGD(lr=1e+30,' out && ok || bad "lr 1e30 is not printed as 1e+30: $(sed -n 2p out)"
 # More micro-batches than a replica has samples: refused at once, before any allocation.
 refuse "--grad-accum must be <= 10, the most samples a replica gets of a batch of 10" --devices cpu --grad-accum 100000000 --batch 10
-refuse "--zero must be 0 or 1, got 2" --cpus 2 --zero 2
-refuse "--zero must be 0 or 1, got -1" --cpus 2 --zero -1
+refuse "--zero must be 0, 1 or 2, got 3" --cpus 2 --zero 3
+refuse "--zero must be 0, 1 or 2, got -1" --cpus 2 --zero -1
 refuse "--zero shards the optimizer state over replicas that each update; the p2p reduction updates on the master alone (use nccl on GPUs, host on CPU devices)" --cpus 2 --zero 1 --reduce p2p
 refuse "unknown --grad-comm 'fp16': expected fp32 or bf16" --cpus 2 --grad-comm fp16
 refuse "--grad-accum must be <= 4" --cpus 3 --grad-accum 5 --batch 10

@@ -86,7 +86,7 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (cfg.task == data::Task::classification && spec.outputs() < 2)
     bad("task", "classification needs at least 2 output classes, the model has " + std::to_string(spec.outputs()));
   if (cfg.grad_accum < 1) bad("grad_accum", "must be >= 1" + got(cfg.grad_accum));
-  if (cfg.zero < 0 || cfg.zero > 1) bad("zero", "must be 0 or 1" + got(cfg.zero));
+  if (cfg.zero < 0 || cfg.zero > 2) bad("zero", "must be 0, 1 or 2" + got(cfg.zero));
   if (cfg.on_nonfinite != "stop" && cfg.on_nonfinite != "skip-step")
     bad("on_nonfinite", "'" + cfg.on_nonfinite + "' is unknown: expected stop or skip-step");
   if (cfg.save_every < 0) bad("save_every", "must be >= 0" + got(cfg.save_every));

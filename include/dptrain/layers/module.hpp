@@ -78,6 +78,10 @@ class Module {
   bool materialized() const { return flat_params_.defined(); }
   const Tensor& flat_params() const { return flat_params_; }
   const Tensor& flat_grads() const { return flat_grads_; }
+  // Makes `storage` hold the gradients instead, parameter k's at offsets[k] (ZeRO stage 2:
+  // a few bucket-sized slots that the buckets take turns in); flat_grads() is then
+  // `storage`, which is no longer laid out as the parameters are.
+  void bind_grads(Tensor storage, const std::vector<int64_t>& offsets);
   // Every buffer, back to back (undefined when the module has none).
   const Tensor& flat_buffers() const { return flat_buffers_; }
   Device device() const { return flat_params_.device(); }

@@ -59,7 +59,8 @@ class Optimizer {
   virtual std::vector<std::string> state_names() const = 0;
   // ZeRO: updates only elements [begin, end) of the flat buffers (this device's shard; may
   // be empty), with state for those alone, zeroed. By default it updates them all.
-  void restrict_to(int64_t begin, int64_t end);
+  // `grads` (stage 2): the shard's gradients, held apart from the module's.
+  void restrict_to(int64_t begin, int64_t end, const Tensor& grads = {});
   int64_t shard_begin() const { return begin_; }
   int64_t shard_size() const { return params_.numel(); }
 

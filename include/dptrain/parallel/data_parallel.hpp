@@ -215,9 +215,13 @@ class DataParallel {
   bool overlap_ = true;
   bool check_finite_ = false;
   std::vector<SampleRange> shards_;  // ZeRO: replica r's shard of the flat buffers
-  std::vector<Tensor> partial_;      // ZeRO: replica r's part of the squared gradient norm
-  std::vector<Tensor> first_bad_;    // and of the first non-finite gradient's index (int64)
-  CheckRing ring_;                   // where the master records its gradient checks
+  int zero_ = 0;                     // the ZeRO stage
+  // Stage 2: the parameters of each bucket, and the reducer over the replicas' slots.
+  std::vector<std::vector<int>> params_of_bucket_;
+  void make_stage2_reducer(const std::vector<int64_t>& offsets);
+  std::vector<Tensor> partial_;    // ZeRO: replica r's part of the squared gradient norm
+  std::vector<Tensor> first_bad_;  // and of the first non-finite gradient's index (int64)
+  CheckRing ring_;                 // where the master records its gradient checks
   const SampleRange& shard_of(size_t replica) const;
   // The step after the plan and the checks: the eager step, and what a graph records.
   StepLoss step_body(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric);

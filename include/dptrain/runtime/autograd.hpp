@@ -74,9 +74,13 @@ class Node {
 using LeafHook = std::function<void(const Tensor& leaf)>;
 
 // Runs backward from `root` with the seed gradient `seed` (same shape as root).
-void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done = {});
+// `before_leaf_write` is called for each leaf input of a node before that node's backward
+// writes its gradient (ZeRO stage 2 waits there until the gradient's storage is free).
+void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done = {},
+                  const LeafHook& before_leaf_write = {});
 // The same from a scalar root with the seed gradient `seed` given on the host.
-void run_backward(const Tensor& root, float seed, const LeafHook& on_leaf_done = {});
+void run_backward(const Tensor& root, float seed, const LeafHook& on_leaf_done = {},
+                  const LeafHook& before_leaf_write = {});
 
 // Whether ops record autograd history in this thread.
 bool grad_enabled();

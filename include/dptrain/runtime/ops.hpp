@@ -70,12 +70,12 @@ struct CheckRing {
 // check's record (the scale and the first non-finite gradient's flat index) goes to its
 // next slot, so the host learns of a bad step without waiting for it.
 Tensor check_gradients(const Tensor& grads, float max_norm, const CheckRing& ring = {});
-// The same in two halves, for gradients sharded over devices (ZeRO): elements [first,
-// first + count) of `grads` write their part into `sum` (f32 [1], their squares' sum) and
-// `first_bad` (i32 [2], the int64 flat index of the first non-finite one, INT64_MAX for
-// none), in place; once the parts are summed (and min'd) over the shards, finish_check
-// gives the scale and writes the record.
-void shard_check(const Tensor& grads, int64_t first, int64_t count, const Tensor& sum, const Tensor& first_bad);
+// The same in two halves, for gradients sharded over devices (ZeRO): a shard's gradients
+// `grads`, whose first element is element `base` of the flat buffer, write their part into
+// `sum` (f32 [1], their squares' sum) and `first_bad` (i32 [2], the int64 flat index of the
+// first non-finite one, INT64_MAX for none), in place; once the parts are summed (and
+// min'd) over the shards, finish_check gives the scale and writes the record.
+void shard_check(const Tensor& grads, int64_t base, const Tensor& sum, const Tensor& first_bad);
 Tensor finish_check(const Tensor& sum, const Tensor& first_bad, float max_norm, const CheckRing& ring = {});
 // An optimizer's step counter on its device: `counter` an i32 [4] (the int64 count of
 // steps taken, then the update kernel's block count, zero between steps), the schedule
