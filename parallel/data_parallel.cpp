@@ -96,6 +96,7 @@ struct DataParallel::Replica {
   Context* ctx = nullptr;
   std::shared_ptr<nn::Module> model;
   std::unique_ptr<optim::Optimizer> opt;             // null where the master updates alone
+  std::vector<nn::Parameter*> params;                // its model's, made once
   std::unordered_map<const void*, int> param_index;  // parameter data -> its index
   std::vector<int> pending;                          // per bucket: parameters still to come
   size_t next_bucket = 0;                            // buckets are handed over in order
@@ -164,8 +165,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       ContextGuard g(*r.ctx);
       r.model = i == 0 ? model : model->replicate(r.device);  // made once, copied from the master
     }
-    auto params = r.model->parameters();
-    for (size_t k = 0; k < params.size(); ++k) r.param_index[params[k]->value.data()] = static_cast<int>(k);
+    r.params = r.model->parameters();
+    for (size_t k = 0; k < r.params.size(); ++k) r.param_index[r.params[k]->value.data()] = static_cast<int>(k);
     for (auto* e : {&r.t_start, &r.t_backward, &r.t_reduced, &r.t_updated, &r.buffers_copied})
       *e = std::make_unique<Event>(r.device);
     r.nvtx_forward = "forward " + r.device.str();
@@ -253,25 +254,25 @@ void DataParallel::make_stage2_reducer(const std::vector<int64_t>& offsets) {
   // own: a shard plus two buckets instead of the whole buffer.
   int64_t slot = 0;
   for (const Bucket& b : buckets_) slot = std::max(slot, b.count);
-  const size_t slots = std::min<size_t>(2, buckets_.size());
+  slots_ = std::min<size_t>(2, buckets_.size());
   params_of_bucket_.assign(buckets_.size(), {});
   std::vector<int64_t> in_slots(offsets.size());
   for (size_t k = 0; k < offsets.size(); ++k) {
     const auto b = static_cast<size_t>(buckets_of_param_[k].at(0));  // whole parameters: one bucket each
     params_of_bucket_[b].push_back(static_cast<int>(k));
-    in_slots[k] = static_cast<int64_t>(b % slots) * slot + (offsets[k] - buckets_[b].offset);
+    in_slots[k] = static_cast<int64_t>(b % slots_) * slot + (offsets[k] - buckets_[b].offset);
   }
   std::vector<ReplicaBuffers> bufs;
   std::vector<Tensor> sums;
   for (size_t i = 0; i < replicas_.size(); ++i) {
     Replica& rep = replicas_[i];
     ContextGuard g(*rep.ctx);
-    rep.model->bind_grads(Tensor::zeros({slot * static_cast<int64_t>(slots)}, DType::f32, rep.device), in_slots);
+    rep.model->bind_grads(Tensor::zeros({slot * static_cast<int64_t>(slots_)}, DType::f32, rep.device), in_slots);
     rep.grad_shard = Tensor::zeros({shards_[i].count}, DType::f32, rep.device);
     bufs.push_back({rep.ctx, rep.model->flat_params(), rep.model->flat_grads(), rep.model->flat_shadow()});
     sums.push_back(rep.grad_shard);
   }
-  reducer_ = make_host_stage2_reducer(std::move(bufs), buckets_, shards_, std::move(sums), slot, slots);
+  reducer_ = make_host_stage2_reducer(std::move(bufs), buckets_, shards_, std::move(sums), slot, slots_);
 }
 
 const ShardPlan& DataParallel::plan(int64_t batch) {
@@ -316,8 +317,9 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
   } else if (zero_ == 2) {
     rep.model->zero_grad();  // stage 2 sums every micro-batch into the shards: the slots start afresh
   }
-  // Only the last micro-batch communicates; its backward hands each bucket over as soon
-  // as every parameter in it has its gradient.
+  // Only the last micro-batch communicates (every one under stage 2, which sums each into
+  // the shards); its backward hands each bucket over as soon as every parameter in it has
+  // its gradient.
   const bool communicate = reducer_ && (last_micro || zero_ == 2);
   std::vector<bool> complete(buckets_.size(), false);
   if (communicate) {
@@ -335,10 +337,9 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
   // Stage 2: a bucket's slot is written (by backward, or zeroed where backward did not
   // reach) only once the bucket before it in that slot is handed over and reduced; a
   // bucket still incomplete then is complete with zeros where backward has not reached.
-  const size_t slots = std::min<size_t>(2, buckets_.size());
   auto settle_bucket = [&](size_t b) {
     for (int k : params_of_bucket_[b]) {
-      Tensor v = rep.model->parameters()[static_cast<size_t>(k)]->value;
+      Tensor v = rep.params[static_cast<size_t>(k)]->value;
       if (!v.grad_stale()) continue;
       dpt::zero_(v.grad());
       v.set_grad_stale(false);
@@ -348,7 +349,7 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
   auto acquire_up_to = [&](size_t b) {
     for (; rep.acquired <= b; ++rep.acquired) {
       const size_t c = rep.acquired;
-      for (size_t j = rep.next_bucket; j + slots <= c; ++j) settle_bucket(j);
+      for (size_t j = rep.next_bucket; j + slots_ <= c; ++j) settle_bucket(j);
       hand_over();
       reducer_->before_write(r, c);
     }

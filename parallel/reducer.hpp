@@ -76,10 +76,7 @@ class Reducer {
   virtual void begin_step() {}
   // From replica r's thread before backward writes bucket b's gradients into its slot:
   // returns once every bucket r handed over through that slot has been reduced.
-  virtual void before_write(size_t r, size_t b) {
-    (void)r;
-    (void)b;
-  }
+  virtual void before_write(size_t /*r*/, size_t /*b*/) {}
 };
 
 // p2p (master_updates = true) and host (false) reduction through the master. `shards`

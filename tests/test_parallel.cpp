@@ -37,6 +37,18 @@ TrainConfig small(data::Task task, const std::string& opt, int64_t batch) {
   c.bucket_mb = 0.001;  // about 1 KB: the parameters span several buckets
   return c;
 }
+
+// What a run of `c` under ZeRO stage `zero` says when it stops on a non-finite gradient.
+std::string stop_message(TrainConfig c, int zero) {
+  c.on_nonfinite = "stop";
+  c.zero = zero;
+  try {
+    Trainer(c).run();
+  } catch (const NonFiniteError& e) {
+    return e.what();
+  }
+  return "no stop";
+}
 }  // namespace
 
 TEST_CASE("shards are contiguous and differ by at most one", "[parallel]") {
@@ -533,20 +545,9 @@ TEST_CASE("ZeRO skips a non-finite step on every replica alike", "[parallel][zer
   CHECK(r.skipped == plain.skipped);
   CHECK(sharded.parallel().replicas_identical());
   // stop names the same step and parameter: the first bad gradient over the shards.
-  auto stop_message = [&](int zero) {
-    TrainConfig s = c;
-    s.on_nonfinite = "stop";
-    s.zero = zero;
-    try {
-      Trainer(s).run();
-    } catch (const NonFiniteError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no stop");
-  };
-  const std::string want = stop_message(0);
+  const std::string want = stop_message(c, 0);
   CHECK(want.find("the gradient of parameter") != std::string::npos);
-  CHECK(stop_message(1) == want);
+  CHECK(stop_message(c, 1) == want);
 }
 
 TEST_CASE("ZeRO refuses what it does not do yet, naming the setting", "[parallel][zero]") {
@@ -653,18 +654,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
   Trainer sharded(c);
   CHECK(sharded.run().skipped == plain.skipped);
   CHECK(sharded.parallel().replicas_identical());
-  auto stop_message = [&](int zero) {
-    TrainConfig s = c;
-    s.on_nonfinite = "stop";
-    s.zero = zero;
-    try {
-      Trainer(s).run();
-    } catch (const NonFiniteError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no stop");
-  };
-  CHECK(stop_message(2) == stop_message(0));
+  CHECK(stop_message(c, 2) == stop_message(c, 0));
   // 12 replicas on a model of 3 parameters: empty shards, and a batch smaller than the replicas.
   TrainConfig tiny = small(data::Task::regression, "adamw", 7);
   tiny.model = "2-1";

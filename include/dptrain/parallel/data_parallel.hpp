@@ -216,8 +216,10 @@ class DataParallel {
   bool check_finite_ = false;
   std::vector<SampleRange> shards_;  // ZeRO: replica r's shard of the flat buffers
   int zero_ = 0;                     // the ZeRO stage
-  // Stage 2: the parameters of each bucket, and the reducer over the replicas' slots.
+  // Stage 2: the parameters of each bucket, how many slots the buckets take turns in, and
+  // the reducer over the replicas' slots.
   std::vector<std::vector<int>> params_of_bucket_;
+  size_t slots_ = 0;
   void make_stage2_reducer(const std::vector<int64_t>& offsets);
   std::vector<Tensor> partial_;    // ZeRO: replica r's part of the squared gradient norm
   std::vector<Tensor> first_bad_;  // and of the first non-finite gradient's index (int64)
