@@ -146,7 +146,7 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   add_integer(app, "--zero", o.cfg.zero,
               "ZeRO stage: 0 off, 1 the optimizer state sharded over the devices or ranks, 2 the gradients too "
-              "(CPU devices so far)")
+              "(not with --cuda-graph)")
       ->capture_default_str();
   add_integer(app, "--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
       ->capture_default_str();

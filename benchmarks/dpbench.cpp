@@ -139,7 +139,8 @@ void add_flags(CLI::App& app, Flags& f) {
                "Time the gradient reduction alone (no steps) on 2, 4, ... devices, each path asked (and bare NCCL "
                "on GPUs): ms, algorithm and bus bandwidth as nccl-tests define them; --steps reductions a run");
   app.add_option("--optimizer", f.optimizer, "sgd (lr 0.01, no momentum) or adamw (lr 0.001)")->capture_default_str();
-  add_integer(app, "--zero", f.zero, "ZeRO stage: 0, or 1 (the optimizer state sharded over the devices)")
+  add_integer(app, "--zero", f.zero,
+              "ZeRO stage: 0, 1 (the optimizer state sharded over the devices) or 2 (the gradients too)")
       ->capture_default_str();
   app.add_option("--grad-comm", f.grad_comm, "The type gradients travel in between devices: fp32 or bf16")
       ->capture_default_str();
@@ -202,7 +203,10 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   if (f.optimizer != "sgd" && f.optimizer != "adamw")
     throw dpt::UsageError("--optimizer must be sgd or adamw, got '" + f.optimizer + "'");
   p.adamw = f.optimizer == "adamw";
-  if (f.zero < 0 || f.zero > 1) throw dpt::UsageError("--zero must be 0 or 1, got " + std::to_string(f.zero));
+  if (f.zero < 0 || f.zero > 2) throw dpt::UsageError("--zero must be 0, 1 or 2, got " + std::to_string(f.zero));
+  if (f.comm && f.zero == 2)
+    throw dpt::UsageError(
+        "--comm times the reduction after backward; ZeRO stage 2 reduces during it: use --zero 0 or 1");
   p.zero = f.zero;
   if (f.grad_comm != "fp32" && f.grad_comm != "bf16")
     throw dpt::UsageError("unknown --grad-comm '" + f.grad_comm + "': expected fp32 or bf16");
@@ -238,8 +242,8 @@ struct Measurement {
   std::vector<Device> devices;
   int64_t global = 0;
   double step_ms = 0, samples_per_s = 0, compute_ms = 0, reduce_ms = 0, update_ms = 0, idle_ms = 0;
-  std::vector<std::pair<Device, size_t>> peak;    // peak bytes allocated, per distinct device
-  std::vector<std::pair<Device, int64_t>> state;  // the optimizer's state, per replica
+  std::vector<std::pair<Device, size_t>> peak;  // peak bytes allocated, per distinct device
+  std::vector<dpt::ModelStateBytes> state;      // gradients and optimizer state, per replica
   float loss_first = 0, loss_last = 0;
 };
 
@@ -349,7 +353,7 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   m.idle_ms = std::max(0.0, m.step_ms - m.compute_ms - m.reduce_ms - m.update_ms);
   m.samples_per_s = 1e3 * static_cast<double>(global) / m.step_ms;
   for (const Device& d : places) m.peak.push_back({d, dpt::memory_stats(d).peak_allocated});
-  for (const dpt::ModelStateBytes& b : dp.model_state_bytes()) m.state.push_back({b.device, b.optimizer});
+  m.state = dp.model_state_bytes();
   return m;
 }
 
@@ -376,7 +380,9 @@ void print_header(const Plan& p, int64_t parameters) {
               p.model.is_cnn ? "CNN" : "MLP", p.model.text.c_str(), static_cast<long long>(parameters),
               p.model.is_cnn ? "cross-entropy" : "MSE", p.adamw ? "AdamW" : "SGD",
               static_cast<double>(p.adamw ? kAdamLr : kLr));
-  if (p.zero > 0) std::printf("  ZeRO stage %d: the optimizer state sharded over the devices\n", p.zero);
+  if (p.zero > 0)
+    std::printf("  ZeRO stage %d: the optimizer state%s sharded over the devices\n", p.zero,
+                p.zero == 2 ? " and the gradients" : "");
   if (p.grad_comm == dpt::DType::bf16) std::printf("  gradients travel in bf16 between devices\n");
   for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
   if (p.comm) {  // run_comm says the rest
@@ -417,21 +423,24 @@ void print_row(const Row& r) {
 std::string csv(const std::vector<Row>& rows) {
   std::string o =
       "scaling,reduce,precision,devices,device_list,global_batch,step_ms,samples_per_s,speedup,efficiency,"
-      "compute_ms,reduce_ms,update_ms,idle_ms,peak_mib,state_mib,loss_first,loss_last\n";
+      "compute_ms,reduce_ms,update_ms,idle_ms,peak_mib,grads_mib,state_mib,loss_first,loss_last\n";
   for (const Row& r : rows) {
     const Measurement& m = *r.m;
-    std::vector<std::string> devs, peaks, states;
+    std::vector<std::string> devs, peaks, grads, states;
     for (const Device& d : m.devices) devs.push_back(d.str());
     for (const auto& [d, b] : m.peak) peaks.push_back(d.str() + "=" + fmt("%.3f", mib(b)));
-    for (const auto& [d, b] : m.state) states.push_back(d.str() + "=" + fmt("%.3f", mib(static_cast<size_t>(b))));
+    for (const dpt::ModelStateBytes& b : m.state) {
+      grads.push_back(b.device.str() + "=" + fmt("%.3f", mib(static_cast<size_t>(b.gradients))));
+      states.push_back(b.device.str() + "=" + fmt("%.3f", mib(static_cast<size_t>(b.optimizer))));
+    }
     o += std::string(scaling_name(r.scaling)) + "," + dpt::reduce_name(r.reduce) + "," +
          dpt::precision_name(r.precision) + "," + std::to_string(r.n) + "," + join(devs, ";") + "," +
          std::to_string(r.global);
     for (double v :
          {m.step_ms, m.samples_per_s, r.speedup, r.efficiency, m.compute_ms, m.reduce_ms, m.update_ms, m.idle_ms})
       o += "," + fmt("%.6g", v);
-    o += "," + join(peaks, ";") + "," + join(states, ";") + "," + fmt("%.6g", m.loss_first) + "," +
-         fmt("%.6g", m.loss_last) + "\n";
+    o += "," + join(peaks, ";") + "," + join(grads, ";") + "," + join(states, ";") + "," + fmt("%.6g", m.loss_first) +
+         "," + fmt("%.6g", m.loss_last) + "\n";
   }
   return o;
 }
@@ -454,10 +463,13 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const Measurement& m = *r.m;
-    std::vector<std::string> list, peaks, states;
+    std::vector<std::string> list, peaks, grads, states;
     for (const Device& d : m.devices) list.push_back(dpt::ckpt::json_quote(d.str()));
     for (const auto& [d, b] : m.peak) peaks.push_back(dpt::ckpt::json_quote(d.str()) + ": " + std::to_string(b));
-    for (const auto& [d, b] : m.state) states.push_back(std::to_string(b));
+    for (const dpt::ModelStateBytes& b : m.state) {
+      grads.push_back(std::to_string(b.gradients));
+      states.push_back(std::to_string(b.optimizer));
+    }
     o += std::string(i ? "," : "") + "\n    {\"scaling\": " + dpt::ckpt::json_quote(scaling_name(r.scaling)) +
          ", \"reduce\": " + dpt::ckpt::json_quote(dpt::reduce_name(r.reduce)) +
          ", \"precision\": " + dpt::ckpt::json_quote(dpt::precision_name(r.precision)) +
@@ -467,8 +479,8 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
          ", \"efficiency\": " + fmt("%.6g", r.efficiency) + ", \"compute_ms\": " + fmt("%.6g", m.compute_ms) +
          ", \"reduce_ms\": " + fmt("%.6g", m.reduce_ms) + ", \"update_ms\": " + fmt("%.6g", m.update_ms) +
          ", \"idle_ms\": " + fmt("%.6g", m.idle_ms) + ", \"peak_bytes\": {" + join(peaks, ", ") +
-         "}, \"optimizer_state_bytes\": [" + join(states, ", ") + "], \"loss_first\": " + fmt("%.6g", m.loss_first) +
-         ", \"loss_last\": " + fmt("%.6g", m.loss_last) + "}";
+         "}, \"gradient_bytes\": [" + join(grads, ", ") + "], \"optimizer_state_bytes\": [" + join(states, ", ") +
+         "], \"loss_first\": " + fmt("%.6g", m.loss_first) + ", \"loss_last\": " + fmt("%.6g", m.loss_last) + "}";
   }
   return o + "\n  ]\n}\n";
 }

@@ -205,10 +205,14 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
         throw UsageError(
             "DataParallelOptions::zero shards the optimizer state over replicas that each update; the p2p "
             "reduction updates on the master alone (use nccl on GPUs, host on CPU devices)");
-      if (zero_ == 2 && (reduce_ != Reduce::host || group_ || use_graph_ || options.grad_comm != DType::f32))
+      if (zero_ == 2 && use_graph_)
         throw UsageError(
-            "DataParallelOptions::zero 2 is built for the host reduction of CPU devices in one process so far "
-            "(not NCCL, MPI ranks, a CUDA graph or bf16 on the wire); use DataParallelOptions::zero 1 there");
+            "DataParallelOptions::zero 2 is not recorded in a CUDA graph yet (its buckets take turns in two "
+            "slots); use DataParallelOptions::zero 1 with the graph");
+      if (zero_ == 2 && reduce_ == Reduce::host && !group_ && options.grad_comm != DType::f32)
+        throw UsageError(
+            "DataParallelOptions::zero 2 between CPU devices sums fp32 (no DataParallelOptions::grad_comm bf16); "
+            "use DataParallelOptions::zero 1 for bf16 on the wire");
       // One shard a replica, or a rank (which has one replica).
       shards_ = dpt::zero_shards(total, group_ ? static_cast<size_t>(group_->size()) : n);
     }
@@ -217,7 +221,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       throw UsageError(
           "DataParallelOptions::grad_comm bf16 is for NCCL, p2p and host reductions; the MPI reduction of CPU ranks "
           "sums fp32");
-    if (zero_ == 2) make_stage2_reducer(offsets);
+    if (zero_ == 2) make_stage2_reducer(offsets, sizes, wire);
     else if (group_)
       reducer_ = reduce_ == Reduce::nccl ? make_nccl_rank_reducer(*group_, bufs[0], buckets_, shards_, wire)
                                          : make_mpi_reducer(*group_, bufs[0], buckets_, shards_);
@@ -248,31 +252,60 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
 
 DataParallel::~DataParallel() = default;
 
-void DataParallel::make_stage2_reducer(const std::vector<int64_t>& offsets) {
+void DataParallel::make_stage2_reducer(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
+                                       DType wire) {
   // Each replica's gradients live in two slots of the largest bucket's size, which the
   // buckets take turns in (bucket b in slot b % 2), and its summed shard in a buffer of its
   // own: a shard plus two buckets instead of the whole buffer.
-  int64_t slot = 0;
-  for (const Bucket& b : buckets_) slot = std::max(slot, b.count);
-  slots_ = std::min<size_t>(2, buckets_.size());
+  GradSlots slots;
+  for (const Bucket& b : buckets_) slots.slot_size = std::max(slots.slot_size, b.count);
+  slots.slots = slots_ = std::min<size_t>(2, buckets_.size());
   params_of_bucket_.assign(buckets_.size(), {});
   std::vector<int64_t> in_slots(offsets.size());
   for (size_t k = 0; k < offsets.size(); ++k) {
     const auto b = static_cast<size_t>(buckets_of_param_[k].at(0));  // whole parameters: one bucket each
     params_of_bucket_[b].push_back(static_cast<int>(k));
-    in_slots[k] = static_cast<int64_t>(b % slots_) * slot + (offsets[k] - buckets_[b].offset);
+    in_slots[k] = static_cast<int64_t>(b % slots_) * slots.slot_size + (offsets[k] - buckets_[b].offset);
+  }
+  // A bucket is reduced whole, the padding between its parameters too: where another
+  // bucket of the same slot writes gradients over that padding, it must be zero again
+  // before this bucket is reduced, or the shards' padding would sum stale gradients.
+  dirty_padding_.assign(buckets_.size(), {});
+  for (size_t c = 0; c < buckets_.size(); ++c) {
+    const std::vector<int>& mine = params_of_bucket_[c];
+    for (size_t j = 0; j + 1 < mine.size(); ++j) {
+      const auto k = static_cast<size_t>(mine[j]), next = static_cast<size_t>(mine[j + 1]);
+      const int64_t gap_begin = in_slots[k] + sizes[k], gap_end = in_slots[next];
+      int64_t lo = gap_end, hi = gap_begin;  // the part of the gap others write, as one range
+      for (size_t d = c % slots_; d < buckets_.size(); d += slots_) {
+        if (d == c) continue;
+        for (int o : params_of_bucket_[d]) {
+          const int64_t b0 = in_slots[static_cast<size_t>(o)], b1 = b0 + sizes[static_cast<size_t>(o)];
+          if (b0 >= gap_end || b1 <= gap_begin) continue;
+          lo = std::min(lo, std::max(b0, gap_begin));
+          hi = std::max(hi, std::min(b1, gap_end));
+        }
+      }
+      if (lo < hi) dirty_padding_[c].push_back({lo, hi - lo});
+    }
   }
   std::vector<ReplicaBuffers> bufs;
-  std::vector<Tensor> sums;
   for (size_t i = 0; i < replicas_.size(); ++i) {
     Replica& rep = replicas_[i];
     ContextGuard g(*rep.ctx);
-    rep.model->bind_grads(Tensor::zeros({slot * static_cast<int64_t>(slots_)}, DType::f32, rep.device), in_slots);
-    rep.grad_shard = Tensor::zeros({shards_[i].count}, DType::f32, rep.device);
+    rep.model->bind_grads(Tensor::zeros({slots.slot_size * static_cast<int64_t>(slots_)}, DType::f32, rep.device),
+                          in_slots);
+    rep.grad_shard = Tensor::zeros({shard_of(i).count}, DType::f32, rep.device);
     bufs.push_back({rep.ctx, rep.model->flat_params(), rep.model->flat_grads(), rep.model->flat_shadow()});
-    sums.push_back(rep.grad_shard);
+    slots.shard_sums.push_back(rep.grad_shard);
   }
-  reducer_ = make_host_stage2_reducer(std::move(bufs), buckets_, shards_, std::move(sums), slot, slots_);
+  if (group_)
+    reducer_ = reduce_ == Reduce::nccl
+                   ? make_nccl_rank_reducer(*group_, bufs[0], buckets_, shards_, wire, std::move(slots))
+                   : make_mpi_reducer(*group_, bufs[0], buckets_, shards_, std::move(slots));
+  else if (reduce_ == Reduce::nccl)
+    reducer_ = make_nccl_reducer(std::move(bufs), buckets_, shards_, wire, std::move(slots));
+  else reducer_ = make_host_stage2_reducer(std::move(bufs), buckets_, shards_, std::move(slots));
 }
 
 const ShardPlan& DataParallel::plan(int64_t batch) {
@@ -352,6 +385,7 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
       for (size_t j = rep.next_bucket; j + slots_ <= c; ++j) settle_bucket(j);
       hand_over();
       reducer_->before_write(r, c);
+      for (const Bucket& pad : dirty_padding_[c]) dpt::zero_(rep.model->flat_grads().view(pad.offset, {pad.count}));
     }
   };
   LeafHook before_write;

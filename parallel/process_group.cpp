@@ -1,5 +1,6 @@
 #include <dptrain/parallel/process_group.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,9 +27,10 @@ void ProcessGroup::broadcast(void*, size_t, int) {}
 double ProcessGroup::sum(double v) { return v; }
 std::vector<uint64_t> ProcessGroup::gather_all(uint64_t v) { return {v}; }
 void ProcessGroup::barrier() {}
-void ProcessGroup::start_sum(float*, int64_t) {}
-void ProcessGroup::start_reduce(float*, int64_t, int) {}
+uint64_t ProcessGroup::start_sum(float*, int64_t) { return ++started_; }
+uint64_t ProcessGroup::start_reduce(float*, int64_t, int) { return ++started_; }
 void ProcessGroup::all_gather(float*, const std::vector<int64_t>&, const std::vector<int64_t>&) {}
+void ProcessGroup::wait_through(uint64_t) {}
 void ProcessGroup::wait_all() {}
 void ProcessGroup::wait(void*, int, const char*) {}
 void ProcessGroup::abort(const std::string& why, int status) {
@@ -135,17 +137,17 @@ void ProcessGroup::barrier() {
   wait(&r, 1, "a barrier");
 }
 
-void ProcessGroup::start_sum(float* data, int64_t n) {
+uint64_t ProcessGroup::start_sum(float* data, int64_t n) {
   DPT_CHECK(n <= INT32_MAX, "all-reduce of more than 2^31 floats in one bucket");
   MPI_Request r;
   DPT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r));
   uint64_t slot = 0;
-  static_assert(sizeof(r) <= sizeof(slot));
   std::memcpy(&slot, &r, sizeof r);
   pending_.push_back(slot);
+  return ++started_;
 }
 
-void ProcessGroup::start_reduce(float* data, int64_t n, int root) {
+uint64_t ProcessGroup::start_reduce(float* data, int64_t n, int root) {
   DPT_CHECK(n <= INT32_MAX, "a reduction of more than 2^31 floats in one piece");
   MPI_Request r;
   DPT_MPI_CHECK(MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : data, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, root,
@@ -153,6 +155,7 @@ void ProcessGroup::start_reduce(float* data, int64_t n, int root) {
   uint64_t slot = 0;
   std::memcpy(&slot, &r, sizeof r);
   pending_.push_back(slot);
+  return ++started_;
 }
 
 void ProcessGroup::all_gather(float* data, const std::vector<int64_t>& firsts, const std::vector<int64_t>& counts) {
@@ -170,13 +173,17 @@ void ProcessGroup::all_gather(float* data, const std::vector<int64_t>& firsts, c
   wait(&r, 1, "a parameter all-gather");
 }
 
-void ProcessGroup::wait_all() {
-  if (pending_.empty()) return;
-  std::vector<MPI_Request> reqs(pending_.size());
-  for (size_t i = 0; i < reqs.size(); ++i) std::memcpy(&reqs[i], &pending_[i], sizeof(MPI_Request));
-  pending_.clear();
-  wait(reqs.data(), static_cast<int>(reqs.size()), "a gradient all-reduce");
+void ProcessGroup::wait_through(uint64_t ticket) {
+  const uint64_t first = started_ - pending_.size() + 1;  // the oldest pending collective's ticket
+  if (ticket < first) return;
+  const auto n = static_cast<size_t>(std::min(ticket, started_) - first + 1);
+  std::vector<MPI_Request> reqs(n);
+  for (size_t i = 0; i < n; ++i) std::memcpy(&reqs[i], &pending_[i], sizeof(MPI_Request));
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
+  wait(reqs.data(), static_cast<int>(n), "a gradient reduction");
 }
+
+void ProcessGroup::wait_all() { wait_through(started_); }
 
 void ProcessGroup::abort(const std::string& why, int status) {
   report(Severity::error, "rank " + std::to_string(rank_) + ": " + why);

@@ -240,16 +240,16 @@ class MasterReducer : public Reducer {
 class HostStage2Reducer : public Reducer {
  public:
   HostStage2Reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, std::vector<SampleRange> shards,
-                    std::vector<Tensor> grad_shards, int64_t slot_size, size_t slots)
+                    GradSlots slots)
       : r_(std::move(replicas)),
         buckets_(std::move(buckets)),
         shards_(std::move(shards)),
-        grad_shards_(std::move(grad_shards)),
-        slot_size_(slot_size),
-        slots_(slots),
+        grad_shards_(std::move(slots.shard_sums)),
+        slot_size_(slots.slot_size),
+        slots_(slots.slots),
         arrivals_(buckets_.size(), 0),
-        handed_(r_.size(), std::vector<int64_t>(slots, 0)),
-        reduced_(slots, 0) {
+        handed_(r_.size(), std::vector<int64_t>(slots_, 0)),
+        reduced_(slots_, 0) {
     DPT_CHECK(shards_.size() == r_.size() && grad_shards_.size() == r_.size() && slots_ > 0,
               "ZeRO stage 2: a shard and its gradients a replica, and slots");
     for (const ReplicaBuffers& b : r_)
@@ -316,31 +316,60 @@ class HostStage2Reducer : public Reducer {
 // produced it (CPU work is complete when queued, so the sum can start at once).
 class MpiReducer : public Reducer {
  public:
-  MpiReducer(ProcessGroup& g, ReplicaBuffers r, std::vector<Bucket> buckets, std::vector<SampleRange> shards)
-      : g_(g), r_(std::move(r)), buckets_(std::move(buckets)), shards_(std::move(shards)) {
+  MpiReducer(ProcessGroup& g, ReplicaBuffers r, std::vector<Bucket> buckets, std::vector<SampleRange> shards,
+             GradSlots slots)
+      : g_(g),
+        r_(std::move(r)),
+        buckets_(std::move(buckets)),
+        shards_(std::move(shards)),
+        slots_(std::move(slots)),
+        arrivals_(buckets_.size(), 0),
+        slot_ticket_(slots_.slots, 0),
+        finishes_(slots_.slots) {
     DPT_CHECK(r_.ctx->device().is_cpu(), "the MPI reduction is for CPU tensors");
     DPT_CHECK(shards_.empty() || shards_.size() == static_cast<size_t>(g_.size()), "ZeRO shards: one a rank");
+    DPT_CHECK(!slots_.defined() || (!shards_.empty() && slots_.shard_sums.size() == 1 &&
+                                    r_.grads.numel() == slots_.slot_size * static_cast<int64_t>(slots_.slots)),
+              "ZeRO stage 2 over MPI: shards, one shard sum a rank, and slots as its gradients");
   }
   const char* name() const override { return "mpi"; }
   bool every_replica_updates() const override { return true; }
   bool sharded() const override { return !shards_.empty(); }
+  void begin_step() override { std::fill(arrivals_.begin(), arrivals_.end(), 0); }
   void bucket_ready(size_t, size_t b) override {
-    float* grads = r_.grads.f32();
     const Bucket& k = buckets_[b];
     if (shards_.empty()) {
-      g_.start_sum(grads + k.offset, k.count);
+      g_.start_sum(r_.grads.f32() + k.offset, k.count);
       return;
     }
     // ZeRO: each rank's piece of the bucket is summed into that rank alone, in the same
-    // order on every rank.
+    // order on every rank; stage 2 from the bucket's slot, and the owner then moves its
+    // piece into its shard's sum (finish_slot).
+    const size_t s = slots_.defined() ? b % slots_.slots : 0;
+    float* bucket =
+        slots_.defined() ? r_.grads.f32() + static_cast<int64_t>(s) * slots_.slot_size : r_.grads.f32() + k.offset;
+    const bool first_micro = slots_.defined() && ++arrivals_[b] == 1;
+    const auto me = static_cast<size_t>(g_.rank());
     for (size_t owner = 0; owner < shards_.size(); ++owner) {
-      const int64_t begin = std::max(k.offset, shards_[owner].first);
-      const int64_t end = std::min(k.offset + k.count, shards_[owner].first + shards_[owner].count);
-      if (begin < end) g_.start_reduce(grads + begin, end - begin, static_cast<int>(owner));
+      const SampleRange& o = shards_[owner];
+      const int64_t begin = std::max(k.offset, o.first), end = std::min(k.offset + k.count, o.first + o.count);
+      if (begin >= end) continue;
+      float* piece = bucket + (begin - k.offset);
+      const uint64_t ticket = g_.start_reduce(piece, end - begin, static_cast<int>(owner));
+      if (!slots_.defined()) continue;
+      slot_ticket_[s] = ticket;
+      if (owner == me)
+        finishes_[s].push_back({piece, slots_.shard_sums[0].f32() + (begin - o.first), end - begin, first_micro});
     }
   }
+  // Stage 2, from the driving thread before backward writes bucket b's slot: the sums of
+  // the slot's buckets are done (MPI has read the slot) and in the shard's sum.
+  void before_write(size_t, size_t b) override { finish_slot(b % slots_.slots); }
   void reduce() override {}
-  void wait(size_t) override { g_.wait_all(); }
+  void wait(size_t) override {
+    g_.wait_all();
+    for (size_t s = 0; s < slots_.slots; ++s) finish_slot(s);
+  }
   void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad) override {
     DPT_CHECK(sharded() && partial.size() == 1 && first_bad.size() == 1, "sum_partials: one partial sum a rank, ZeRO");
     *partial[0].f32() = static_cast<float>(g_.sum(static_cast<double>(*partial[0].f32())));
@@ -359,24 +388,45 @@ class MpiReducer : public Reducer {
   }
 
  private:
+  struct Finish {  // stage 2: the owner's reduced piece of a slot, and where it goes
+    const float* from;
+    float* into;
+    int64_t count;
+    bool copy;  // the step's first micro-batch: the sum starts here
+  };
+  void finish_slot(size_t s) {
+    if (slot_ticket_[s] == 0) return;
+    g_.wait_through(slot_ticket_[s]);
+    slot_ticket_[s] = 0;
+    for (const Finish& f : finishes_[s]) {
+      if (f.copy) std::memcpy(f.into, f.from, sizeof(float) * static_cast<size_t>(f.count));
+      else cpu::axpy(f.count, 1.0f, f.from, f.into);
+    }
+    finishes_[s].clear();
+  }
+
   ProcessGroup& g_;
   ReplicaBuffers r_;
   std::vector<Bucket> buckets_;
   std::vector<SampleRange> shards_;
+  GradSlots slots_;                            // stage 2; else none
+  std::vector<int64_t> arrivals_;              // stage 2, per bucket: hand-overs this step
+  std::vector<uint64_t> slot_ticket_;          // per slot: its last bucket's last collective (0: none)
+  std::vector<std::vector<Finish>> finishes_;  // per slot
 };
 
 }  // namespace
 
 std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets,
-                                          std::vector<SampleRange> shards) {
-  return std::make_unique<MpiReducer>(group, std::move(replica), std::move(buckets), std::move(shards));
+                                          std::vector<SampleRange> shards, GradSlots slots) {
+  return std::make_unique<MpiReducer>(group, std::move(replica), std::move(buckets), std::move(shards),
+                                      std::move(slots));
 }
 
 std::unique_ptr<Reducer> make_host_stage2_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                                  std::vector<SampleRange> shards, std::vector<Tensor> grad_shards,
-                                                  int64_t slot_size, size_t slots) {
+                                                  std::vector<SampleRange> shards, GradSlots slots) {
   return std::make_unique<HostStage2Reducer>(std::move(replicas), std::move(buckets), std::move(shards),
-                                             std::move(grad_shards), slot_size, slots);
+                                             std::move(slots));
 }
 
 std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
@@ -392,11 +442,11 @@ BareNcclTimes time_bare_nccl(const std::vector<Device>&, int64_t, int) {
   throw UsageError("bare NCCL needs a build with NCCL; this one has none");
 }
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers>, std::vector<Bucket>, std::vector<SampleRange>,
-                                           DType) {
+                                           DType, GradSlots) {
   throw UsageError("DataParallelOptions::reduce nccl needs a build with NCCL; this one has none (use p2p)");
 }
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup&, ReplicaBuffers, std::vector<Bucket>,
-                                                std::vector<SampleRange>, DType) {
+                                                std::vector<SampleRange>, DType, GradSlots) {
   throw UsageError("DataParallelOptions::group on GPUs needs a build with NCCL; this one has none");
 }
 #endif

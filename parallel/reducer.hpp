@@ -35,6 +35,18 @@ struct Bucket {
   int64_t count;
 };
 
+// ZeRO stage 2: replica r's gradients (ReplicaBuffers::grads) are `slots` slots of
+// `slot_size` floats, bucket b in slot b % slots, and its shard of the sum is
+// `shard_sums[r]` (its shard's elements; one a process across ranks). A bucket's sum goes
+// into its owners' shards, or is added to what is there for the step's later
+// micro-batches, and its slot is free for the next bucket once the sum is done.
+struct GradSlots {
+  std::vector<Tensor> shard_sums;
+  int64_t slot_size = 0;
+  size_t slots = 0;
+  bool defined() const { return slots > 0; }
+};
+
 class Reducer {
  public:
   virtual ~Reducer() = default;
@@ -92,11 +104,13 @@ std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replica
 // NCCL all-reduce, one communicator per device (ncclCommInitAll); the devices must be
 // distinct GPUs. Throws UsageError when this build has no NCCL. `shards` (one per
 // replica, or per rank): ZeRO, each bucket's pieces are reduced into their owners alone
-// (ncclReduce, in owner order), and the parameters are broadcast back from them.
+// (ncclReduce, in owner order), and the parameters are broadcast back from them; with
+// `slots` (stage 2), from the bucket's slot into the owners' shard sums.
 // `wire` bf16: each bucket is rounded into a bf16 buffer of the communication stream,
 // reduced in bf16, and widened back into the fp32 gradients.
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                           std::vector<SampleRange> shards = {}, DType wire = DType::f32);
+                                           std::vector<SampleRange> shards = {}, DType wire = DType::f32,
+                                           GradSlots slots = {});
 
 class ProcessGroup;
 // Across processes (DDP), one replica per process: NCCL between GPUs (the unique id
@@ -104,19 +118,16 @@ class ProcessGroup;
 // than a hang) or MPI_Iallreduce between CPU processes.
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
                                                 std::vector<Bucket> buckets, std::vector<SampleRange> shards = {},
-                                                DType wire = DType::f32);
-// `shards` (one per rank, zero_shards'): ZeRO, each rank gets only its shard of the sum.
+                                                DType wire = DType::f32, GradSlots slots = {});
+// `shards` (one per rank, zero_shards'): ZeRO, each rank gets only its shard of the sum;
+// `slots`: stage 2.
 std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets,
-                                          std::vector<SampleRange> shards = {});
+                                          std::vector<SampleRange> shards = {}, GradSlots slots = {});
 
-// ZeRO stage 2 between CPU devices: replica r's gradients are `replicas[r].grads`, slots
-// of `slot_size` floats (bucket b in slot b % slots), and its shard of the sum is
-// `grad_shards[r]` (shards[r]'s elements). The last replica to hand a bucket over sums it
-// (in replica order, as the host reduction does) into every owner's shard, or adds it to
-// what is there for the step's later micro-batches, and frees the slot.
+// Stage 2 between CPU devices: the last replica to hand a bucket over sums it, in replica
+// order as the host reduction does, into every owner's shard.
 std::unique_ptr<Reducer> make_host_stage2_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                                  std::vector<SampleRange> shards, std::vector<Tensor> grad_shards,
-                                                  int64_t slot_size, size_t slots);
+                                                  std::vector<SampleRange> shards, GradSlots slots);
 
 // ZeRO stage 2: buckets of whole parameters (a gradient lies in one slot), from the end of
 // the buffer, each at most bucket_bytes unless one parameter alone is larger; a bucket runs

@@ -31,8 +31,12 @@ class NcclReducer : public Reducer {
  public:
   // One process, a communicator per GPU (blocking communicators).
   NcclReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, std::vector<SampleRange> shards,
-              DType wire)
-      : r_(std::move(replicas)), buckets_(std::move(buckets)), shards_(std::move(shards)), wire_(wire) {
+              DType wire, GradSlots slots)
+      : r_(std::move(replicas)),
+        buckets_(std::move(buckets)),
+        shards_(std::move(shards)),
+        wire_(wire),
+        slots_(std::move(slots)) {
     DPT_CHECK(shards_.empty() || shards_.size() == r_.size(), "ZeRO shards: one a replica");
     std::vector<int> devs;
     std::set<int> seen;
@@ -53,8 +57,13 @@ class NcclReducer : public Reducer {
   // others. The communicator is non-blocking, so every wait can be bounded and a dead
   // peer ends in ncclCommAbort instead of a hang.
   NcclReducer(ProcessGroup& g, ReplicaBuffers replica, std::vector<Bucket> buckets, std::vector<SampleRange> shards,
-              DType wire)
-      : r_{std::move(replica)}, buckets_(std::move(buckets)), shards_(std::move(shards)), wire_(wire), group_(&g) {
+              DType wire, GradSlots slots)
+      : r_{std::move(replica)},
+        buckets_(std::move(buckets)),
+        shards_(std::move(shards)),
+        wire_(wire),
+        slots_(std::move(slots)),
+        group_(&g) {
     DPT_CHECK(shards_.empty() || shards_.size() == static_cast<size_t>(g.size()), "ZeRO shards: one a rank");
     const Device d = r_[0].ctx->device();
     DPT_CHECK(d.is_cuda(), "the NCCL reduction is for CUDA tensors");
@@ -72,13 +81,21 @@ class NcclReducer : public Reducer {
   }
 
   void make_streams() {
+    DPT_CHECK(!slots_.defined() || (!shards_.empty() && slots_.shard_sums.size() == r_.size()),
+              "ZeRO stage 2: shards, and a shard sum a replica");
     for (auto& rep : r_) {
       const Device d = rep.ctx->device();
+      DPT_CHECK(!slots_.defined() || rep.grads.numel() == slots_.slot_size * static_cast<int64_t>(slots_.slots),
+                "ZeRO stage 2: slots as the gradients");
       comm_.push_back(std::make_unique<Context>(d));
       done_.push_back(std::make_unique<Event>(d));
       ready_.emplace_back();
       for (size_t b = 0; b < buckets_.size(); ++b) ready_.back().push_back(std::make_unique<Event>(d));
+      slot_free_.emplace_back();
+      for (size_t k = 0; k < slots_.slots; ++k) slot_free_.back().push_back(std::make_unique<Event>(d));
     }
+    arrivals_.assign(r_.size(), std::vector<int>(buckets_.size(), 0));
+    slot_used_.assign(r_.size(), std::vector<char>(slots_.slots, 0));
   }
 
   ~NcclReducer() override {
@@ -145,6 +162,10 @@ class NcclReducer : public Reducer {
   bool every_replica_updates() const override { return true; }
 
   void bucket_ready(size_t r, size_t b) override {
+    if (slots_.defined()) {
+      reduce_slot(r, b);
+      return;
+    }
     if (alone()) return;
     // The communication stream waits for the bucket's gradients, not the host.
     ready_[r][b]->record(*r_[r].ctx);
@@ -172,11 +193,10 @@ class NcclReducer : public Reducer {
       // ZeRO: each owner's piece of the bucket is summed into that owner alone (a
       // reduce-scatter of uneven pieces), in owner order on every replica and rank.
       for (size_t owner = 0; owner < shards_.size(); ++owner) {
-        const int64_t begin = std::max(k.offset, shards_[owner].first);
-        const int64_t end = std::min(k.offset + k.count, shards_[owner].first + shards_[owner].count);
+        const auto [begin, end] = piece(k, owner);
         if (begin >= end) continue;
-        void* piece = static_cast<char*>(sent.data()) + static_cast<size_t>(begin - k.offset) * dtype_size(wire_);
-        const ncclResult_t res = ncclReduce(piece, piece, static_cast<size_t>(end - begin), type, ncclSum,
+        void* p = static_cast<char*>(sent.data()) + static_cast<size_t>(begin - k.offset) * dtype_size(wire_);
+        const ncclResult_t res = ncclReduce(p, p, static_cast<size_t>(end - begin), type, ncclSum,
                                             static_cast<int>(owner), comms_[r], stream);
         if (res != ncclInProgress) DPT_NCCL_CHECK(res);
         settle(comms_[r], "enqueueing a reduce");
@@ -185,12 +205,83 @@ class NcclReducer : public Reducer {
     if (wire_ == DType::bf16 && shards_.empty()) {
       copy_cast(grads, sent);
     } else if (wire_ == DType::bf16) {  // ZeRO: only the owner's piece of the sum is read
-      const size_t own = group_ ? static_cast<size_t>(group_->rank()) : r;
-      const int64_t begin = std::max(k.offset, shards_[own].first);
-      const int64_t end = std::min(k.offset + k.count, shards_[own].first + shards_[own].count);
+      const auto [begin, end] = piece(k, own(r));
       if (begin < end)
         copy_cast(grads.view(begin - k.offset, {end - begin}), sent.view(begin - k.offset, {end - begin}));
     }
+  }
+
+  // ZeRO stage 2: bucket b lies in slot b % slots of r's gradients; each owner's piece is
+  // reduced into that owner's shard sum (straight there by NCCL on the step's first
+  // micro-batch in fp32; else into the slot and added), and the slot is free once done.
+  void reduce_slot(size_t r, size_t b) {
+    const Bucket& k = buckets_[b];
+    const size_t s = b % slots_.slots;
+    const bool first_micro = ++arrivals_[r][b] == 1;
+    const Tensor bucket = r_[r].grads.view(static_cast<int64_t>(s) * slots_.slot_size, {k.count});
+    const SampleRange& mine = shards_[own(r)];
+    const Tensor& sum = slots_.shard_sums[r];
+    if (alone()) {  // one GPU: the whole bucket is this replica's, on its compute stream
+      Tensor into = sum.view(k.offset - mine.first, {k.count});
+      if (first_micro) copy(into, bucket);
+      else axpy_(1.0f, bucket, into);
+      return;
+    }
+    ready_[r][b]->record(*r_[r].ctx);
+    ready_[r][b]->wait_in(*comm_[r]);
+    ContextGuard on_comm(*comm_[r]);
+    Tensor sent = bucket;
+    if (wire_ == DType::bf16) {  // freed at the end, in the communication stream's order
+      sent = Tensor::empty({k.count}, DType::bf16, bucket.device());
+      copy_cast(sent, bucket);
+    }
+    const bool direct = first_micro && wire_ == DType::f32;
+    const ncclDataType_t type = wire_ == DType::bf16 ? ncclBfloat16 : ncclFloat;
+    cuda::set_device(r_[r].ctx->device().index);
+    const auto stream = static_cast<cudaStream_t>(comm_[r]->stream());
+    for (size_t owner = 0; owner < shards_.size(); ++owner) {
+      const auto [begin, end] = piece(k, owner);
+      if (begin >= end) continue;
+      void* from = static_cast<char*>(sent.data()) + static_cast<size_t>(begin - k.offset) * dtype_size(wire_);
+      void* into = owner == own(r) && direct ? sum.f32() + (begin - mine.first) : from;
+      const ncclResult_t res = ncclReduce(from, into, static_cast<size_t>(end - begin), type, ncclSum,
+                                          static_cast<int>(owner), comms_[r], stream);
+      if (res != ncclInProgress) DPT_NCCL_CHECK(res);
+      settle(comms_[r], "enqueueing a reduce");
+    }
+    if (const auto [begin, end] = piece(k, own(r)); begin < end && !direct) {
+      const Tensor reduced = sent.view(begin - k.offset, {end - begin});
+      Tensor into = sum.view(begin - mine.first, {end - begin});
+      if (wire_ == DType::f32) {
+        axpy_(1.0f, reduced, into);
+      } else if (first_micro) {
+        copy_cast(into, reduced);
+      } else {  // widened into the slot, whose gradients were sent already
+        Tensor wide = bucket.view(begin - k.offset, {end - begin});
+        copy_cast(wide, reduced);
+        axpy_(1.0f, wide, into);
+      }
+    }
+    slot_free_[r][s]->record(*comm_[r]);
+    slot_used_[r][s] = 1;
+  }
+
+  void begin_step() override {
+    for (auto& a : arrivals_) std::fill(a.begin(), a.end(), 0);
+    for (auto& u : slot_used_) std::fill(u.begin(), u.end(), 0);
+  }
+
+  // Stage 2: r's compute stream writes a slot only after the reductions that read it.
+  void before_write(size_t r, size_t b) override {
+    const size_t s = b % slots_.slots;
+    if (slot_used_[r][s]) slot_free_[r][s]->wait_in(*r_[r].ctx);
+  }
+
+  // The replica's (or rank's) own shard, and owner's piece [begin, end) of bucket k.
+  size_t own(size_t r) const { return group_ ? static_cast<size_t>(group_->rank()) : r; }
+  std::pair<int64_t, int64_t> piece(const Bucket& k, size_t owner) const {
+    const SampleRange& o = shards_[owner];
+    return {std::max(k.offset, o.first), std::min(k.offset + k.count, o.first + o.count)};
   }
 
   bool sharded() const override { return !shards_.empty(); }
@@ -255,8 +346,7 @@ class NcclReducer : public Reducer {
       }
       return ncclSuccess;
     });
-    for (size_t r = 0; r < r_.size(); ++r)
-      refresh_shadow_of_others(r_[r], shards_, group_ ? static_cast<size_t>(group_->rank()) : r);
+    for (size_t r = 0; r < r_.size(); ++r) refresh_shadow_of_others(r_[r], shards_, own(r));
   }
 
   void reduce() override {}
@@ -282,7 +372,11 @@ class NcclReducer : public Reducer {
   std::vector<std::unique_ptr<Context>> comm_;
   std::vector<std::unique_ptr<Event>> done_;
   std::vector<std::vector<std::unique_ptr<Event>>> ready_;
-  ProcessGroup* group_ = nullptr;  // set across processes
+  GradSlots slots_;                                             // stage 2; else none
+  std::vector<std::vector<int>> arrivals_;                      // stage 2, [replica][bucket]: hand-overs this step
+  std::vector<std::vector<std::unique_ptr<Event>>> slot_free_;  // [replica][slot]: its last reduction done
+  std::vector<std::vector<char>> slot_used_;                    // [replica][slot]: a bucket went through it this step
+  ProcessGroup* group_ = nullptr;                               // set across processes
 };
 
 }  // namespace
@@ -343,14 +437,16 @@ BareNcclTimes time_bare_nccl(const std::vector<Device>& devices, int64_t floats,
 }
 
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                           std::vector<SampleRange> shards, DType wire) {
-  return std::make_unique<NcclReducer>(std::move(replicas), std::move(buckets), std::move(shards), wire);
+                                           std::vector<SampleRange> shards, DType wire, GradSlots slots) {
+  return std::make_unique<NcclReducer>(std::move(replicas), std::move(buckets), std::move(shards), wire,
+                                       std::move(slots));
 }
 
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
                                                 std::vector<Bucket> buckets, std::vector<SampleRange> shards,
-                                                DType wire) {
-  return std::make_unique<NcclReducer>(group, std::move(replica), std::move(buckets), std::move(shards), wire);
+                                                DType wire, GradSlots slots) {
+  return std::make_unique<NcclReducer>(group, std::move(replica), std::move(buckets), std::move(shards), wire,
+                                       std::move(slots));
 }
 
 }  // namespace dpt

@@ -47,6 +47,19 @@ hash_of() { grep -oE 'hash [0-9a-f]{16}' "$1" | head -1; }
 "$exe" "${z[@]}" --steps 16 --resume "$tmp/z4.safetensors" >"$tmp/z" 2>&1 && grep -q '^done:' "$tmp/z" && ok ||
   bad "a 4-rank ZeRO checkpoint resumed in one process: $(tail -2 "$tmp/z")"
 
+# Stage 2 the same way: a checkpoint of 4 ranks resumes on 3 (stage 2), on 2 (stage 1: the
+# same parameters as stage 2 there) and in one process.
+"${run[@]}" -np 4 "$exe" --ddp "${z[@]}" --zero 2 --steps 8 --save "$tmp/s4.safetensors" >"$tmp/out" 2>&1 &&
+  grep -q 'ZeRO stage 2' "$tmp/out" && ok || bad "--zero 2 save on 4 ranks: $(cat "$tmp/out")"
+"${run[@]}" -np 3 "$exe" --ddp "${z[@]}" --zero 2 --steps 16 --resume "$tmp/s4.safetensors" >"$tmp/s3" 2>&1 &&
+  grep -q 'identical on all 3 ranks' "$tmp/s3" && ok || bad "a 4-rank stage-2 checkpoint resumed on 3 ranks: $(tail -2 "$tmp/s3")"
+"${run[@]}" -np 2 "$exe" --ddp "${z[@]}" --zero 2 --steps 16 --resume "$tmp/s4.safetensors" >"$tmp/s2" 2>&1
+"${run[@]}" -np 2 "$exe" --ddp "${z[@]}" --zero 1 --steps 16 --resume "$tmp/s4.safetensors" >"$tmp/s1" 2>&1
+[ -n "$(hash_of "$tmp/s2")" ] && [ "$(hash_of "$tmp/s2")" = "$(hash_of "$tmp/s1")" ] && ok ||
+  bad "a 4-rank stage-2 checkpoint on 2 ranks, stage 2 and 1: $(hash_of "$tmp/s2") against $(hash_of "$tmp/s1")"
+"$exe" "${z[@]}" --steps 16 --resume "$tmp/s4.safetensors" >"$tmp/s" 2>&1 && grep -q '^done:' "$tmp/s" && ok ||
+  bad "a 4-rank stage-2 checkpoint resumed in one process: $(tail -2 "$tmp/s")"
+
 # An error on one rank reaches the user with that rank's number, and the job ends: rank 0
 # alone writes the checkpoint, and here its disk is full.
 DPT_CKPT_FAIL_AFTER_BYTES=100 "${run[@]}" -x DPT_CKPT_FAIL_AFTER_BYTES -np 2 "$exe" --ddp --devices cpu --steps 5 \

@@ -124,6 +124,20 @@ for r in rows:
     want = 1.0 if r["op"] == "params to all" else 2 * (int(r["devices"]) - 1) / int(r["devices"])
     assert abs(bus - alg * want) <= 1e-3 * bus, r
 PY
+# Stage 2: each device's gradients are its shard and two buckets (768 floats, buckets of
+# 196 and 512 floats at --bucket-mb 0.001: 4 x (768/n + 2 x 512) bytes), in the CSV and JSON.
+if "$exe" --cpus 2 --model 16-32-4 --batch 8 --steps 2 --warmup 1 --scaling weak --optimizer adamw --zero 2 \
+  --bucket-mb 0.001 --out "$tmp/zero2" >"$tmp/stdout" 2>"$tmp/stderr" &&
+  grep -q 'ZeRO stage 2: the optimizer state and the gradients sharded' "$tmp/stdout"; then ok
+else bad "dpbench --zero 2 failed: $(cat "$tmp/stdout" "$tmp/stderr")"; fi
+python3 - "$tmp/zero2" <<'PY' && ok || bad "ZeRO stage 2 CSV/JSON: $(cat "$tmp/zero2/dpbench.csv")"
+import csv, json, sys
+rows = list(csv.DictReader(open(f"{sys.argv[1]}/dpbench.csv")))
+assert [r["grads_mib"] for r in rows] == ["cpu:0=0.007", "cpu:0=0.005;cpu:1=0.005"], rows
+j = json.load(open(f"{sys.argv[1]}/dpbench.json"))
+assert [r["gradient_bytes"] for r in j["runs"]] == [[7168], [5632, 5632]], j["runs"]
+assert [r["optimizer_state_bytes"] for r in j["runs"]] == [[6144], [3072, 3072]], j["runs"]
+PY
 if "$exe" --cpus 3 --comm --zero 1 --model 64-128-8 --steps 2 --out "$tmp/comm0" >"$tmp/stdout" 2>"$tmp/stderr" &&
   grep -q '^reduce (ZeRO)' "$tmp/stdout" && grep -q '^gather (ZeRO)' "$tmp/stdout"; then ok
 else bad "dpbench --comm --zero 1: $(cat "$tmp/stdout" "$tmp/stderr")"; fi
@@ -160,7 +174,8 @@ refuse --model cnn:3x8x8-f1
 refuse --bogus
 refuse --cpus 1 --cuda-graph
 refuse --cpus 2 --optimizer lamb
-refuse --cpus 2 --zero 2
+refuse --cpus 2 --zero 3
+refuse --cpus 2 --comm --zero 2
 refuse --cpus 2 --grad-comm fp16
 refuse --cpus 1 --comm
 touch "$tmp/file"

@@ -66,8 +66,10 @@ struct DataParallelOptions {
   bool check_finite = false;
   // ZeRO stage: 0 off; 1 shards the optimizer state over the replicas or ranks (each
   // updates its contiguous shard of the flat buffer, zero_shards', from the summed gradient
-  // of that shard, and then every replica gets every shard's parameters). NCCL, host and
-  // MPI reductions; not p2p.
+  // of that shard, and then every replica gets every shard's parameters); 2 also keeps
+  // only the shard of the summed gradients (a bucket is reduced into its owners as backward
+  // makes it, out of one of two bucket-sized slots). NCCL, host and MPI reductions; not
+  // p2p, and stage 2 not in a CUDA graph.
   int zero = 0;
   // The type gradients travel in between devices: f32, or bf16 (as DDP's bf16 compression
   // hook). With bf16 a replica's gradients are rounded to bf16 before they leave its
@@ -216,11 +218,14 @@ class DataParallel {
   bool check_finite_ = false;
   std::vector<SampleRange> shards_;  // ZeRO: replica r's shard of the flat buffers
   int zero_ = 0;                     // the ZeRO stage
-  // Stage 2: the parameters of each bucket, how many slots the buckets take turns in, and
-  // the reducer over the replicas' slots.
+  // Stage 2: the parameters of each bucket, how many slots the buckets take turns in, the
+  // padding in each bucket that another bucket of its slot writes gradients over (in the
+  // slots' coordinates: zeroed when the bucket takes the slot), and the reducer over the
+  // replicas' slots.
   std::vector<std::vector<int>> params_of_bucket_;
   size_t slots_ = 0;
-  void make_stage2_reducer(const std::vector<int64_t>& offsets);
+  std::vector<std::vector<Bucket>> dirty_padding_;
+  void make_stage2_reducer(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes, DType wire);
   std::vector<Tensor> partial_;    // ZeRO: replica r's part of the squared gradient norm
   std::vector<Tensor> first_bad_;  // and of the first non-finite gradient's index (int64)
   CheckRing ring_;                 // where the master records its gradient checks

@@ -34,12 +34,16 @@ class ProcessGroup {
   double sum(double v);
   std::vector<uint64_t> gather_all(uint64_t v);
   void barrier();
-  // Starts an in-place sum of host floats over every rank; wait_all() completes them.
-  void start_sum(float* data, int64_t n);
+  // Starts an in-place sum of host floats over every rank; returns its ticket (the
+  // collectives started so far, this one included). wait_through(ticket) or wait_all()
+  // completes it.
+  uint64_t start_sum(float* data, int64_t n);
   // The same summed into rank `root`'s floats alone (the others' stay as they are).
-  void start_reduce(float* data, int64_t n, int root);
+  uint64_t start_reduce(float* data, int64_t n, int root);
   // In place: rank k's floats [firsts[k], firsts[k] + counts[k]) of `data` reach every rank.
   void all_gather(float* data, const std::vector<int64_t>& firsts, const std::vector<int64_t>& counts);
+  // Completes the started collectives up to `ticket` (in the order they were started), or all.
+  void wait_through(uint64_t ticket);
   void wait_all();
 
   // Ends every rank of the job: reports `why` (Severity::error, with this rank's number;
@@ -53,7 +57,8 @@ class ProcessGroup {
   void wait(void* requests, int count, const char* what);
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   double timeout_s_ = 300.0;
-  std::vector<uint64_t> pending_;  // outstanding MPI_Request handles of start_sum
+  std::vector<uint64_t> pending_;  // MPI_Request handles of the started collectives not yet completed
+  uint64_t started_ = 0;           // collectives started, ever; pending_ holds the last pending_.size()
 };
 
 }  // namespace dpt
