@@ -140,6 +140,36 @@ int main(int argc, char** argv) {
       }
       g.barrier();
       if (g.rank() == 0) std::remove(path.c_str());
+      // Non-finite gradients (a learning rate that overflows): every rank skips the same
+      // steps as one process, or stops with its words.
+      TrainConfig wild = c;
+      wild.lr = 1e30f;
+      wild.on_nonfinite = "skip-step";
+      Trainer ranks(wild);
+      const TrainResult skipped = ranks.run();
+      ranks.parameter_hash();  // throws if the ranks disagree
+      auto stopped = [](TrainConfig t) -> std::string {
+        t.on_nonfinite = "stop";
+        try {
+          Trainer(t).run();
+        } catch (const NonFiniteError& e) {
+          return e.what();
+        }
+        return "no stop";
+      };
+      const std::string stop = stopped(wild);
+      if (g.rank() == 0) {
+        TrainConfig alone = wild;
+        alone.ddp = false;
+        alone.zero = 0;
+        const TrainResult one = Trainer(alone).run();
+        const std::string stop_one = stopped(alone);
+        const bool ok = skipped.skipped == one.skipped && skipped.skipped > 0 && stop == stop_one;
+        std::printf("zero %d, non-finite steps: %lld skipped on the ranks, %lld in one process; stop: '%s': %s\n", zero,
+                    static_cast<long long>(skipped.skipped), static_cast<long long>(one.skipped), stop.c_str(),
+                    ok ? "ok" : "FAILED");
+        if (!ok) ++failures;
+      }
     }
     double total = g.sum(failures);
     if (g.rank() == 0) std::printf("%s\n", total == 0 ? "all checks passed" : "some checks FAILED");

@@ -464,17 +464,20 @@ TEST_CASE("ZeRO under bf16 compute: every replica's shadow follows the gathered 
     c.devices = cpus(3, 130);
     Trainer plain(c);
     plain.run();
-    c.zero = 1;
-    Trainer sharded(c);
-    for (int64_t s = 0; s < c.steps; ++s) {
-      sharded.step(s);
-      REQUIRE(sharded.parallel().replicas_identical());  // parameters and shadows
-      for (size_t r = 0; r < sharded.parallel().size(); ++r) {
-        const nn::Module& m = sharded.parallel().replica(r);
-        REQUIRE(test::bf16_bits(m.flat_shadow()) == test::bf16_bits(m.flat_params()));
+    for (int zero : {1, 2}) {
+      INFO("zero " << zero);
+      c.zero = zero;
+      Trainer sharded(c);
+      for (int64_t s = 0; s < c.steps; ++s) {
+        sharded.step(s);
+        REQUIRE(sharded.parallel().replicas_identical());  // parameters and shadows
+        for (size_t r = 0; r < sharded.parallel().size(); ++r) {
+          const nn::Module& m = sharded.parallel().replica(r);
+          REQUIRE(test::bf16_bits(m.flat_shadow()) == test::bf16_bits(m.flat_params()));
+        }
       }
+      CHECK(sharded.model().flat_params().to_host() == plain.model().flat_params().to_host());
     }
-    CHECK(sharded.model().flat_params().to_host() == plain.model().flat_params().to_host());
   }
 }
 
