@@ -16,6 +16,10 @@ build/tests/dpt_gpu_tests '[multigpu]' 2>&1 | tail -3
 for ((np = 2; np <= n; ++np)); do
   echo "-- ddp_check -np $np"
   mpirun -np "$np" -x NCCL_NVLS_ENABLE build/tests/ddp_check --device cuda --batch 10 2>&1 | tail -3
+  for z in 1 2; do
+    echo "-- ddp_check -np $np --zero $z"
+    mpirun -np "$np" -x NCCL_NVLS_ENABLE build/tests/ddp_check --device cuda --batch 10 --zero $z 2>&1 | tail -3
+  done
 done
 run() { build/apps/dptrain "$@" --model mlp --steps 30 --log-every 10 2>&1 | grep -E '^done|^step time|^memory|^param'; }
 echo "-- 1 GPU, batch 4096"; run --gpus 1 --batch 4096
@@ -31,8 +35,8 @@ echo "-- dpbench: every precision, both paths, weak and strong scaling"
 bench --precision fp32,tf32,bf16 --reduce nccl,p2p --scaling weak,strong --out "${OUT:-/tmp}/dpbench_multi"
 echo "-- dpbench: bf16 gradients on the wire (the scaling issue)"
 bench --precision fp32,bf16 --reduce nccl,p2p --scaling weak --grad-comm bf16 --out "${OUT:-/tmp}/dpbench_bf16wire"
-echo "-- dpbench: AdamW, ZeRO stage 0 and 1, with each device's state (the sharding issue)"
-for z in 0 1; do
+echo "-- dpbench: AdamW, ZeRO stage 0, 1 and 2, with each device's state (the sharding issue)"
+for z in 0 1 2; do
   bench --precision fp32,bf16 --reduce nccl --scaling weak --optimizer adamw --zero $z --out "${OUT:-/tmp}/dpbench_zero$z"
 done
 echo "-- dpbench --comm: the gradient buffer's reduction through our paths and bare NCCL (busbw as nccl-tests)"

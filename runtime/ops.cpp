@@ -56,12 +56,17 @@ Tensor reduce_work(const Device& d, int64_t at_least) {
 // Strict fp32 GEMMs of a Linear layer at a small batch take our own kernels (gemm_small.cu):
 // the forward (A B^T) with at most 64 rows and the weight gradient (A^T B) over at most 64
 // rows of batch. cuBLAS's general kernels leave most of the GPU idle there (the seed
-// workload's forward took two of them; README, "Measurements behind the code").
+// workload's forward took two of them; README, "Measurements behind the code"). Up to 256
+// rows when the whole GEMM is tiny (kTinyMultiplyAdds), where cuBLAS runs split-k GEMMs of
+// two or three kernels (the default job's layers, batch 256) and launches, not arithmetic,
+// are the time.
+constexpr double kTinyMultiplyAdds = 1 << 25;
 enum class SmallGemm { none, skinny, short_k };
-SmallGemm small_gemm(const Context& ctx, bool ta, bool tb, int64_t m, int64_t k) {
+SmallGemm small_gemm(const Context& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
   if (ctx.gemm != GemmImpl::native && ctx.precision != Precision::fp32) return SmallGemm::none;
-  if (!ta && tb && m <= cuda::kSkinnyRows) return SmallGemm::skinny;
-  if (ta && !tb && k <= cuda::kShortK && m <= cuda::kShortKMaxRows) return SmallGemm::short_k;
+  const bool tiny = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <= kTinyMultiplyAdds;
+  if (!ta && tb && (m <= 64 || (tiny && m <= cuda::kSkinnyRows))) return SmallGemm::skinny;
+  if (ta && !tb && (k <= 64 || (tiny && k <= cuda::kShortK)) && m <= cuda::kShortKMaxRows) return SmallGemm::short_k;
   return SmallGemm::none;
 }
 #endif
@@ -203,7 +208,7 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
   if (const Device d = C.device(); d.is_cuda()) {
     Context& ctx = context(d);
     cudaStream_t s = stream_of(d);
-    if (const SmallGemm small = small_gemm(ctx, ta, tb, m, k); small == SmallGemm::skinny)
+    if (const SmallGemm small = small_gemm(ctx, ta, tb, m, n, k); small == SmallGemm::skinny)
       cuda::gemm_skinny(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), nullptr, Act::none, nullptr,
                         Tensor::empty({cuda::gemm_skinny_work(m, n, k)}, DType::f32, d).f32(), s);
     else if (small == SmallGemm::short_k) cuda::gemm_short_k(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
@@ -462,7 +467,8 @@ class LinearNode : public Node {
     // (a small batch) gets its bias gradient from that kernel too: one kernel less a step.
     // Not without inputs: a weight gradient with no columns launches nothing.
     const bool db_with_dW = !dz_done && want_db && act_ == Act::none && grads.needed(1) && d.is_cuda() &&
-                            x_.size(1) > 0 && small_gemm(context(d), true, false, out, rows) == SmallGemm::short_k;
+                            x_.size(1) > 0 &&
+                            small_gemm(context(d), true, false, out, x_.size(1), rows) == SmallGemm::short_k;
 #else
     const bool db_with_dW = false;
 #endif
@@ -687,7 +693,7 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
   // cuBLASLt's epilogue for large GEMMs only (kLtMinMultiplyAdds).
   const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x.size(1));
   if (Context& ctx = context(d);
-      d.is_cuda() && rows > 0 && out > 0 && small_gemm(ctx, false, true, rows, x.size(1)) == SmallGemm::skinny) {
+      d.is_cuda() && rows > 0 && out > 0 && small_gemm(ctx, false, true, rows, out, x.size(1)) == SmallGemm::skinny) {
     // A small batch: our skinny GEMM, the bias and activation in its second pass.
     cuda::gemm_skinny(rows, out, x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(), b.defined() ? b.f32() : nullptr, act,
                       z.defined() ? z.f32() : nullptr,

@@ -1697,8 +1697,10 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
   // Skinny: one row to the most rows, one split to sixteen, k not a whole float4 (scalar
   // loads), k == 0 (C = act(beta C + bias)), the seed workload's shape.
   // The epilogue's 16-byte path (n % 4 == 0) with sixteen slices, one slice and none.
+  // Past 64 rows: tiles of rows, whole and cut (the default job's 256 x 128 x 16 among them).
   for (Size s : {Size{64, 1000, 1000}, Size{1, 1, 1}, Size{17, 33, 1000}, Size{64, 129, 4099}, Size{5, 70, 0},
-                 Size{33, 2050, 36}, Size{5, 72, 0}, Size{3, 8, 64}})
+                 Size{33, 2050, 36}, Size{5, 72, 0}, Size{3, 8, 64}, Size{256, 128, 16}, Size{200, 4, 128},
+                 Size{129, 70, 130}, Size{256, 33, 1000}, Size{65, 1, 0}})
     for (Act act : {Act::none, Act::relu, Act::gelu})
       for (float beta : {0.0f, 0.5f}) {
         INFO("skinny " << s.m << "x" << s.n << "x" << s.k << " act " << static_cast<int>(act) << " beta " << beta);
@@ -1724,8 +1726,9 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
         }
       }
   // Short k: edges in m and n, float4 and scalar loads, k == 0, the seed's weight gradient.
-  for (Size s :
-       {Size{1000, 1000, 64}, Size{1, 1, 1}, Size{67, 130, 17}, Size{64, 64, 0}, Size{130, 67, 64}, Size{4, 1028, 3}})
+  // And k past 64 (a batch of up to 256 of a tiny layer).
+  for (Size s : {Size{1000, 1000, 64}, Size{1, 1, 1}, Size{67, 130, 17}, Size{64, 64, 0}, Size{130, 67, 64},
+                 Size{4, 1028, 3}, Size{128, 16, 256}, Size{4, 128, 256}, Size{130, 67, 200}})
     for (float beta : {0.0f, 1.0f}) {
       INFO("short k " << s.m << "x" << s.n << "x" << s.k << " beta " << beta);
       const auto A = randn(s.k * s.m, 35), B = randn(s.k * s.n, 36), C = randn(s.m * s.n, 37);

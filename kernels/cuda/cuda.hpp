@@ -31,8 +31,10 @@ void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 // for small k, and when colsum_A is given also colsum_A = alpha * (A's column sums) +
 // colsum_beta * colsum_A (a Linear layer's bias gradient beside its weight gradient).
 // beta == 0 never reads C (nor colsum_beta == 0 colsum_A). Deterministic.
-constexpr int64_t kSkinnyRows = 64;
-constexpr int64_t kShortK = 64;
+// Up to 256 rows (a batch of 256, the default job's) and k (the weight gradient's batch;
+// ops.cpp takes them past 64 for tiny GEMMs only, where cuBLAS picks split-k GEMMs).
+constexpr int64_t kSkinnyRows = 256;
+constexpr int64_t kShortK = 256;
 constexpr int64_t kShortKMaxRows = int64_t(65535) * 64;  // gemm_short_k's m: tiles of 64 on the grid's y
 int64_t gemm_skinny_work(int64_t m, int64_t n, int64_t k);
 void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,

@@ -3,8 +3,9 @@
 //
 // - skinny: C = act(alpha A B^T + beta C + bias), A [m, k] with m <= kSkinnyRows (the
 //   batch), B [n, k] (the weight): the forward. cuBLAS ran the seed workload's
-//   64 x 1000 x 1000 as two kernels (a split-k GEMM), then our bias pass. Here: blocks of
-//   64 rows x 64 columns, each over one slice of k (split k, so that ~256 blocks run),
+//   64 x 1000 x 1000 as two kernels (a split-k GEMM), then our bias pass, and the default
+//   job's 256 x 128 x 16 as three. Here: blocks of 64 rows x 64 columns (up to four tiles of
+//   rows), each over one slice of k (split k, so that ~256 blocks run),
 //   writing partial products; then one pass adds the slices in order and applies alpha,
 //   beta, the bias and the activation. Deterministic: the split depends on the shape alone.
 // - short k: C = alpha A^T B + beta C, A [k, m], B [k, n] with k small (the batch): the
@@ -99,9 +100,9 @@ __device__ __forceinline__ ChunkSlot chunk_slot(int t, int l) {
   return {lane % 16 + 16 * (w % 4), 4 * (lane / 16 + 2 * (w / 4))};
 }
 
-// part[split][r][c] = sum over this split's k of A[r][k] B[c][k]: A [m, k] (m <= 64) and
-// B [n, k] are both k-contiguous, so each float4 runs along k and is transposed on its way
-// into shared memory.
+// part[split][r][c] = sum over this split's k of A[r][k] B[c][k] for the block's tile of
+// rows (blockIdx.z): A [m, k] and B [n, k] are both k-contiguous, so each float4 runs along
+// k and is transposed on its way into shared memory.
 template <bool Vec>
 static __global__ void __launch_bounds__(kTileThreads)
     skinny_partial_kernel(int m, int n, int k, int k_per_split, const float* A, const float* B, float* part) {
@@ -109,7 +110,7 @@ static __global__ void __launch_bounds__(kTileThreads)
   __shared__ __align__(16) float As[kChunk][kPitch];
   __shared__ __align__(16) float Bs[kChunk][kPitch];
   const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
-  const int n0 = blockIdx.x * kTile, split = blockIdx.y;
+  const int n0 = blockIdx.x * kTile, split = blockIdx.y, m0 = blockIdx.z * kTile;
   const int k_begin = split * k_per_split, k_end = min(k, k_begin + k_per_split);
   float acc[4][4] = {};
   for (int k0 = k_begin; k0 < k_end; k0 += kChunk) {
@@ -119,7 +120,8 @@ static __global__ void __launch_bounds__(kTileThreads)
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
       const auto [r, kk] = chunk_slot(t, l);
-      a[l] = load4<Vec>(A + static_cast<int64_t>(r < m ? r : 0) * k, r < m, k0 + kk, k_end);
+      const bool row_ok = m0 + r < m;
+      a[l] = load4<Vec>(A + static_cast<int64_t>(row_ok ? m0 + r : 0) * k, row_ok, k0 + kk, k_end);
       b[l] = load4<Vec>(B + static_cast<int64_t>(n0 + r < n ? n0 + r : 0) * k, n0 + r < n, k0 + kk, k_end);
     }
 #pragma unroll
@@ -135,7 +137,7 @@ static __global__ void __launch_bounds__(kTileThreads)
   const bool vec = n % 4 == 0;  // part is the allocator's, 16-byte aligned
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int r = 4 * ty + i;
+    const int r = m0 + 4 * ty + i;
     if (r < m)
       store4(part + (static_cast<int64_t>(split) * m + r) * n, n0 + 4 * tx, n,
              make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]), vec);
@@ -191,9 +193,9 @@ struct SkinnySplit {
 };
 
 // How k is cut: about kBlocksWanted blocks in all, slices of whole chunks. Shape only.
-SkinnySplit skinny_split(int64_t n, int64_t k) {
-  const int64_t col_blocks = std::max<int64_t>(1, (n + kTile - 1) / kTile);
-  const int64_t want = std::clamp<int64_t>(kBlocksWanted / col_blocks, 1, kMaxSplit);
+SkinnySplit skinny_split(int64_t m, int64_t n, int64_t k) {
+  const int64_t tiles = std::max<int64_t>(1, (n + kTile - 1) / kTile) * std::max<int64_t>(1, (m + kTile - 1) / kTile);
+  const int64_t want = std::clamp<int64_t>(kBlocksWanted / tiles, 1, kMaxSplit);
   const int64_t chunks = (k + kChunk - 1) / kChunk;
   const int64_t per_split = std::max<int64_t>(1, (chunks + want - 1) / want) * kChunk;
   return {static_cast<int>(per_split), static_cast<int>(std::max<int64_t>(1, (k + per_split - 1) / per_split))};
@@ -271,21 +273,22 @@ static __global__ void __launch_bounds__(kTileThreads)
 }  // namespace
 
 int64_t gemm_skinny_work(int64_t m, int64_t n, int64_t k) {
-  return static_cast<int64_t>(skinny_split(n, k).splits) * m * n;
+  return static_cast<int64_t>(skinny_split(m, n, k).splits) * m * n;
 }
 
 void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                  const float* bias, Act act, float* z, float* work, cudaStream_t stream) {
   DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_skinny: negative size");
-  DPT_CHECK(m <= kSkinnyRows, "gemm_skinny: more than 64 rows");
+  DPT_CHECK(m <= kSkinnyRows, "gemm_skinny: more than 256 rows");
   // k / 2: a split's end (its start plus its length) is computed in int.
   DPT_CHECK(n <= INT_MAX - kTile && k <= INT_MAX / 2, "gemm_skinny: a dimension does not fit in int");
   if (m == 0 || n == 0) return;
   DPT_CHECK(C != nullptr && work != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_skinny: null pointer");
   DPT_CHECK(aligned16(work), "gemm_skinny: work must be 16-byte aligned");  // its 16-byte accesses
-  const SkinnySplit sp = skinny_split(n, k);
+  const SkinnySplit sp = skinny_split(m, n, k);
   DPT_CHECK(sp.splits <= kMaxSplit, "gemm_skinny: more slices than the epilogue adds");
-  const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(sp.splits));
+  const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(sp.splits),
+                  static_cast<unsigned>((m + kTile - 1) / kTile));
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   if (k > 0)
     launch_after_previous(
