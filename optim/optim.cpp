@@ -68,6 +68,13 @@ void SGD::step(const Tensor& grad_scale) {
   ++t_;                                                              // the host's count, once it is queued
 }
 
+Tensor SGD::checked_step(float max_norm, const CheckRing& ring) {
+  model_->settle_grads();
+  const Tensor scale = checked_sgd_step(params_, grads_, buf_, o_, max_norm, ring, shadow(), step_counter(0.0f, 0.0f));
+  ++t_;
+  return scale;
+}
+
 std::vector<std::pair<std::string, Tensor>> SGD::state() const {
   if (!buf_.defined()) return {};
   return {{"optimizer.momentum_buffer", buf_}};
@@ -96,6 +103,15 @@ void AdamW::step(const Tensor& grad_scale) {
   const AdamArgs a{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1.0f, 1.0f};  // lr, corrections: the counter's
   adamw_step(params_, grads_, m_, v_, a, grad_scale, shadow(), &step);  // an empty shard counts its step too
   ++t_;                                                                 // the host's count, once it is queued
+}
+
+Tensor AdamW::checked_step(float max_norm, const CheckRing& ring) {
+  model_->settle_grads();
+  const AdamArgs a{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1.0f, 1.0f};  // lr, corrections: the counter's
+  const Tensor scale =
+      checked_adamw_step(params_, grads_, m_, v_, a, max_norm, ring, shadow(), step_counter(o_.beta1, o_.beta2));
+  ++t_;
+  return scale;
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {

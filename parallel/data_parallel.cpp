@@ -452,10 +452,15 @@ void DataParallel::update(size_t r) {
   NvtxRange range(rep.nvtx_update.c_str());
   // Every replica scales (clips) the same reduced gradient, so all make the same update;
   // a non-finite norm gives a NaN scale, on which the optimizer skips the step.
-  if (!(clip_ > 0.0f || check_finite_)) rep.scale = Tensor();
-  else if (shards_.empty()) rep.scale = check_gradients(rep.model->flat_grads(), clip_, r == 0 ? ring_ : CheckRing());
-  else rep.scale = finish_check(partial_[r], first_bad_[r], clip_, r == 0 ? ring_ : CheckRing());
-  rep.opt->step(rep.scale);
+  if (!(clip_ > 0.0f || check_finite_)) {
+    rep.scale = Tensor();
+    rep.opt->step(rep.scale);
+  } else if (shards_.empty()) {  // the check and the update in one launch where they fit
+    rep.scale = rep.opt->checked_step(clip_, r == 0 ? ring_ : CheckRing());
+  } else {
+    rep.scale = finish_check(partial_[r], first_bad_[r], clip_, r == 0 ? ring_ : CheckRing());
+    rep.opt->step(rep.scale);
+  }
   if (r == 0 && timing_ && !recording_) rep.t_updated->record(*rep.ctx);
 }
 

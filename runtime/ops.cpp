@@ -396,6 +396,55 @@ void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor&
                   cpu::adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, sc, sh, step ? &st : nullptr));
 }
 
+Tensor checked_sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs& a, float max_norm,
+                        const CheckRing& ring, const Tensor& shadow, const StepCounter& step) {
+  need_f32(p, "checked_sgd_step");
+  need_f32(g, "checked_sgd_step");
+  DPT_CHECK(p.numel() == g.numel() && (!buf.defined() || buf.numel() == p.numel()),
+            "checked_sgd_step: buffer sizes differ");
+  DPT_CHECK(a.momentum == 0.0f || buf.defined() || p.numel() == 0,
+            "checked_sgd_step: momentum needs a momentum buffer");
+  const Device& d = p.device();
+  const CheckRingArgs r = ring_args(ring, g, "checked_sgd_step");
+  const StepCounterArgs st = counter_args(&step, p, "checked_sgd_step");
+  float* b = buf.defined() ? buf.f32() : nullptr;
+  uint16_t* sh = shadow_of(shadow, p, "checked_sgd_step");
+  Tensor scale = Tensor::empty({1}, DType::f32, d);
+  DPT_CUDA_OR_CPU(
+      d,
+      cuda::checked_sgd_step(p.f32(), g.f32(), b, p.numel(), a, sh, st, max_norm, scale.f32(),
+                             reduce_work(d, 3 * cuda::kReduceWork).f32(), context(d).counter(), r, stream_of(d)),
+      [&] {  // the CPU has no launches to save
+        cpu::check_gradients(g.f32(), g.numel(), max_norm, scale.f32(), ring.records ? &r : nullptr);
+        cpu::sgd_step(p.f32(), g.f32(), b, p.numel(), a, scale.f32(), sh, &st);
+      }());
+  return scale;
+}
+
+Tensor checked_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
+                          float max_norm, const CheckRing& ring, const Tensor& shadow, const StepCounter& step) {
+  need_f32(p, "checked_adamw_step");
+  need_f32(g, "checked_adamw_step");
+  DPT_CHECK(p.numel() == g.numel() && (p.numel() == 0 || (m.numel() == p.numel() && v.numel() == p.numel())),
+            "checked_adamw_step: buffer sizes differ");
+  const Device& d = p.device();
+  const CheckRingArgs r = ring_args(ring, g, "checked_adamw_step");
+  const StepCounterArgs st = counter_args(&step, p, "checked_adamw_step");
+  float* mp = m.defined() ? m.f32() : nullptr;
+  float* vp = v.defined() ? v.f32() : nullptr;
+  uint16_t* sh = shadow_of(shadow, p, "checked_adamw_step");
+  Tensor scale = Tensor::empty({1}, DType::f32, d);
+  DPT_CUDA_OR_CPU(
+      d,
+      cuda::checked_adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, sh, st, max_norm, scale.f32(),
+                               reduce_work(d, 3 * cuda::kReduceWork).f32(), context(d).counter(), r, stream_of(d)),
+      [&] {  // the CPU has no launches to save
+        cpu::check_gradients(g.f32(), g.numel(), max_norm, scale.f32(), ring.records ? &r : nullptr);
+        cpu::adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, scale.f32(), sh, &st);
+      }());
+  return scale;
+}
+
 // ---- Differentiable ops ----------------------------------------------------------
 
 namespace {

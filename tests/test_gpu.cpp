@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 #include <dptrain/error.hpp>
@@ -392,6 +393,63 @@ TEST_CASE("updates with a step counter follow the schedule as on the CPU and mov
       CHECK(c.second == d.second);
       CHECK(rel_error(d.first, c.first) <= 1e-6);
     }
+  }
+}
+
+TEST_CASE("the checked update (one launch where it fits) gives the check and the update bit for bit",
+          "[gpu][ops][optim]") {
+  // Sizes the fused kernel takes (one block, many) and one past a million blocks' worth of
+  // threads that it may not; a non-finite gradient at step 3 (skipped, recorded); clipping
+  // and none; SGD with momentum and AdamW, with a schedule.
+  const ScheduleArgs cosine{2, 0.05f, 2, 6};
+  for (int64_t n : {int64_t{5}, int64_t{300001}, int64_t{1} << 22, int64_t{1} << 24}) {
+    for (bool adam : {false, true})
+      for (float clip : {0.0f, 0.5f}) {
+        INFO("n " << n << (adam ? " adamw" : " sgd") << " clip " << clip);
+        auto run = [&](bool checked) {
+          const auto p = randn(n, 50);
+          auto bad = randn(n, 51);
+          bad[static_cast<size_t>(n / 2)] = NAN;
+          const Tensor P = on(gpu, p, {n}), M = Tensor::zeros({n}, DType::f32, gpu),
+                       V = Tensor::zeros({n}, DType::f32, gpu);
+          const Tensor G = on(gpu, randn(n, 52), {n}), B = on(gpu, bad, {n});
+          const StepCounter step{Tensor::zeros({4}, DType::i32, gpu), cosine, 0.9f, 0.999f};
+          PinnedBuffer records(sizeof(CheckRecord) * 8, gpu, /*mapped=*/true);
+          std::memset(records.data(), 0, records.size());
+          const CheckRing ring{static_cast<CheckRecord*>(records.device_data()), 8,
+                               Tensor::zeros({2}, DType::i32, gpu)};
+          std::vector<float> scales;
+          for (int s = 0; s < 5; ++s) {
+            const Tensor& g = s == 3 ? B : G;
+            Tensor scale;
+            const SgdArgs sa{.lr = 1.0f, .momentum = 0.9f};
+            if (checked) {
+              scale = adam ? checked_adamw_step(P, g, M, V, AdamArgs{}, clip, ring, Tensor(), step)
+                           : checked_sgd_step(P, g, M, sa, clip, ring, Tensor(), step);
+            } else {
+              scale = check_gradients(g, clip, ring);
+              if (adam) adamw_step(P, g, M, V, AdamArgs{}, scale, Tensor(), &step);
+              else sgd_step(P, g, M, sa, scale, Tensor(), &step);
+            }
+            scales.push_back(scale.item());
+          }
+          context(gpu).synchronize();
+          std::vector<unsigned char> rec(records.size());
+          std::memcpy(rec.data(), records.data(), rec.size());
+          auto counter = step.counter.to_host_i32();
+          counter.resize(3);  // the count and the block count (the fourth word is the barrier's)
+          return std::tuple{P.to_host(), M.to_host(), scales, rec, counter};
+        };
+        const auto [p1, m1, s1, r1, c1] = run(true);
+        const auto [p2, m2, s2, r2, c2] = run(false);
+        CHECK(std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(m1.data(), m2.data(), m1.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(float)) == 0);
+        CHECK(std::isnan(s1[3]));
+        CHECK(r1 == r2);
+        CHECK(c1 == std::vector<int32_t>{5, 0, 0});
+        CHECK(c1 == c2);
+      }
   }
 }
 

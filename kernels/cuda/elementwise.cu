@@ -24,6 +24,7 @@ namespace {
 // The float4 part covers [0, 4 * (n / 4)) when Vec; the rest is scalar.
 template <bool Vec>
 static __global__ void fill_kernel(float* x, int64_t n, float value) {
+  DPT_WAIT_PREVIOUS_GRID();
   int64_t done = 0;
   if constexpr (Vec) {
     float4* x4 = reinterpret_cast<float4*>(x);
@@ -61,6 +62,7 @@ static __global__ void axpy_kernel(int64_t n, float alpha, const float* x, float
 // that copies its inputs (a CUDA graph's) pays it every step. Up to kMaxCopyPieces pieces
 // in one launch; each piece in 16-byte chunks where both its ends allow, its tail bytewise.
 static __global__ void copy_kernel(CopyPieces c) {
+  DPT_WAIT_PREVIOUS_GRID();
   for (int k = 0; k < c.count; ++k) {
     unsigned char* dst = static_cast<unsigned char*>(c.piece[k].dst);
     const unsigned char* src = static_cast<const unsigned char*>(c.piece[k].src);
@@ -232,9 +234,8 @@ void fill(float* x, int64_t n, float value, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "fill: negative size");
   if (n == 0) return;
   DPT_CHECK(x != nullptr, "fill: null pointer");
-  if (aligned16(x)) fill_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, n, value);
-  else fill_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, value);
-  DPT_CUDA_CHECK_LAUNCH();
+  if (aligned16(x)) launch_after_previous(fill_kernel<true>, blocks_for(n / 4), kThreads, stream, x, n, value);
+  else launch_after_previous(fill_kernel<false>, blocks_for(n), kThreads, stream, x, n, value);
 }
 
 void copy_device(const CopyPieces& pieces, cudaStream_t stream) {
@@ -246,8 +247,7 @@ void copy_device(const CopyPieces& pieces, cudaStream_t stream) {
     largest = std::max(largest, p.bytes);
   }
   if (largest == 0) return;
-  copy_kernel<<<blocks_for(largest / 16 + 1), kThreads, 0, stream>>>(pieces);
-  DPT_CUDA_CHECK_LAUNCH();
+  launch_after_previous(copy_kernel, blocks_for(largest / 16 + 1), kThreads, stream, pieces);
 }
 
 void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream) {

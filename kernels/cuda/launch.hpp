@@ -32,19 +32,35 @@
 
 namespace dpt::cuda {
 
+// `cooperative`: a kernel whose blocks wait for each other (a grid-wide barrier) is launched
+// so that all of them are on the GPU at once, or not at all (an error), also beside other
+// processes' kernels (MPS).
 template <typename... Params, typename... Args>
-void launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+void launch_after_previous_as(bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                              Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = DPT_PDL ? 1 : 0;
+  cudaLaunchAttribute attrs[2] = {};
+  unsigned count = 0;
+  if (DPT_PDL) {
+    attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cooperative) {
+    attrs[count].id = cudaLaunchAttributeCooperative;
+    attrs[count++].val.cooperative = 1;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = count;
   DPT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  launch_after_previous_as(false, kernel, grid, block, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace dpt::cuda

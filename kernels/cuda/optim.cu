@@ -7,6 +7,7 @@
 // round trip. With a bf16 shadow (bf16 training) the same pass also writes the updated
 // parameters rounded to bf16, so the copy that the GEMMs read costs no pass of its own.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -195,31 +196,29 @@ __device__ void write_check(float sum, long long first, float max_norm, float* s
   *reinterpret_cast<int4*>(slot) = *reinterpret_cast<const int4*>(&rec);
 }
 
-// One pass over the gradients: each block's sum of squares (as sum_squares' partials) and
-// its first non-finite index; the last block to finish (the counter says which) adds the
-// sums in block order, in double, writes the scale and, with a ring, the check's record,
-// and leaves the counter at 0.
-template <bool Vec>
-static __global__ void check_gradients_kernel(const float* g, int64_t n, float max_norm, float* part,
-                                              long long* bad_part, unsigned* counter, float* scale, CheckRingArgs ring,
-                                              int64_t base, float* sum_out, int64_t* first_out) {
-  float s = 0.f;
-  long long bad = LLONG_MAX;  // a thread's elements come in increasing order: its first is its least
-  int64_t done = 0;
-  if constexpr (Vec) {
-    const float4* g4 = reinterpret_cast<const float4*>(g);
-    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
-      const float4 a = g4[i];
-      s += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-      if (bad == LLONG_MAX && !(isfinite(a.x) && isfinite(a.y) && isfinite(a.z) && isfinite(a.w)))
-        bad = 4 * i + (!isfinite(a.x) ? 0 : !isfinite(a.y) ? 1 : !isfinite(a.z) ? 2 : 3);
-    }
-    done = n / 4 * 4;
-  }
-  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) {
-    s += g[i] * g[i];
-    if (bad == LLONG_MAX && !isfinite(g[i])) bad = i;
-  }
+// The check's terms, in the one order that every kernel of it keeps: a thread adds its
+// float4s' squares in increasing index (each float4's four in lane order), then its
+// scalar tail, and notes its first non-finite index (its elements come in increasing
+// order, so its first is its least).
+__device__ __forceinline__ void check_take4(float4 a, int64_t i, float& s, long long& bad) {
+  s += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+  if (bad == LLONG_MAX && !(isfinite(a.x) && isfinite(a.y) && isfinite(a.z) && isfinite(a.w)))
+    bad = 4 * i + (!isfinite(a.x) ? 0 : !isfinite(a.y) ? 1 : !isfinite(a.z) ? 2 : 3);
+}
+__device__ __forceinline__ void check_take1(float v, int64_t i, float& s, long long& bad) {
+  s += v * v;
+  if (bad == LLONG_MAX && !isfinite(v)) bad = i;
+}
+
+// The check's second half, from each thread's terms: each block's sum of squares (as
+// sum_squares' partials) and first non-finite index; the last block to finish (the counter
+// says which) adds the sums in block order, in double, writes the scale and, with a ring,
+// the check's record, and leaves the counter at 0. Returns true in that block's thread 0
+// once it has written. The additions' order depends on n and the grid alone
+// (reduce_blocks), so every kernel that checks with that grid finds the same bits.
+__device__ bool check_finish(float s, long long bad, float max_norm, float* part, long long* bad_part,
+                             unsigned* counter, float* scale, const CheckRingArgs& ring, int64_t base, float* sum_out,
+                             int64_t* first_out) {
   s = block_sum(s);
   bad = block_min(bad);
   __shared__ bool last;
@@ -230,7 +229,7 @@ static __global__ void check_gradients_kernel(const float* g, int64_t n, float m
     last = atomicAdd(counter, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!last) return;
+  if (!last) return false;
   __threadfence();  // acquire: the other blocks' partials are read after their count
   double total = 0;
   long long first = LLONG_MAX;
@@ -240,14 +239,109 @@ static __global__ void check_gradients_kernel(const float* g, int64_t n, float m
   }
   total = block_sum(total);
   first = block_min(first);
-  if (threadIdx.x != 0) return;
+  if (threadIdx.x != 0) return false;
   *counter = 0;
   if (sum_out) {  // a shard's part: its sum and first bad index (of the whole buffer)
     *sum_out = static_cast<float>(total);
     *first_out = first == LLONG_MAX ? LLONG_MAX : base + first;
-    return;
+    return true;
   }
   write_check(static_cast<float>(total), first, max_norm, scale, ring);
+  return true;
+}
+
+// One pass over the gradients in check_take's order, then check_finish. Four loads in
+// flight a thread (one memory latency for four float4s, where a loop of one load each
+// waited four times).
+template <bool Vec>
+__device__ bool check_pass(const float* g, int64_t n, float max_norm, float* part, long long* bad_part,
+                           unsigned* counter, float* scale, const CheckRingArgs& ring, int64_t base, float* sum_out,
+                           int64_t* first_out) {
+  float s = 0.f;
+  long long bad = LLONG_MAX;
+  int64_t done = 0;
+  const int64_t stride = grid_stride();
+  if constexpr (Vec) {
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    const int64_t n4 = n / 4;
+    int64_t i = global_tid();
+    for (; i + 3 * stride < n4; i += 4 * stride) {
+      float4 a[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) a[k] = g4[i + k * stride];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) check_take4(a[k], i + k * stride, s, bad);
+    }
+    for (; i < n4; i += stride) check_take4(g4[i], i, s, bad);
+    done = n4 * 4;
+  }
+  for (int64_t i = done + global_tid(); i < n; i += stride) check_take1(g[i], i, s, bad);
+  return check_finish(s, bad, max_norm, part, bad_part, counter, scale, ring, base, sum_out, first_out);
+}
+
+template <bool Vec>
+static __global__ void check_gradients_kernel(const float* g, int64_t n, float max_norm, float* part,
+                                              long long* bad_part, unsigned* counter, float* scale, CheckRingArgs ring,
+                                              int64_t base, float* sum_out, int64_t* first_out) {
+  DPT_WAIT_PREVIOUS_GRID();
+  check_pass<Vec>(g, n, max_norm, part, bad_part, counter, scale, ring, base, sum_out, first_out);
+}
+
+// The check and the update in one launch, for small buffers (at most kFusedMax elements,
+// 16-byte aligned) whose check grid fits on the GPU at once (the launcher makes sure, and
+// launches it cooperatively). The check's pass runs as check_gradients_kernel runs it,
+// with the same grid (the same scale bit for bit); then every block waits until the last
+// one has written the scale (a grid-wide barrier: the blocks spin on `released`, the spare
+// word of the step counter, until it holds this step's epoch, count + 1) and updates its
+// share with the update kernels' own loop (the same parameters bit for bit). One kernel
+// less a step than check_gradients + the update.
+constexpr int64_t kFusedMax = int64_t{1} << 22;
+
+struct SgdUpdate {
+  float *p, *buf;
+  SgdArgs a;
+  uint16_t* shadow;
+  __device__ void run(const float* g, int64_t n, const float* values, float scale) const {
+    SgdArgs b = a;
+    b.lr = values[0];
+    sgd_loop<true>(p, g, buf, n, b, scale, shadow);
+  }
+};
+struct AdamUpdate {
+  float *p, *m, *v;
+  AdamArgs a;
+  uint16_t* shadow;
+  __device__ void run(const float* g, int64_t n, const float* values, float scale) const {
+    AdamArgs b = a;
+    b.lr = values[0];
+    b.bias_correction1 = values[1];
+    b.bias_correction2 = values[2];
+    adamw_loop<true>(p, g, m, v, n, b, scale, shadow);
+  }
+};
+
+template <class Update>
+static __global__ void checked_update_kernel(const float* g, int64_t n, float max_norm, float* part,
+                                             long long* bad_part, unsigned* counter, float* scale, CheckRingArgs ring,
+                                             StepCounterArgs step, Update update, float lr, float bc1, float bc2) {
+  DPT_WAIT_PREVIOUS_GRID();
+  float values[3] = {lr, bc1, bc2};
+  const int64_t t = read_step(step, values);
+  unsigned* released = step.blocks_done + 1;
+  const auto epoch = static_cast<unsigned>(t + 1);
+  if (check_pass<true>(g, n, max_norm, part, bad_part, counter, scale, ring, 0, nullptr, nullptr)) {
+    __threadfence();  // the scale and the record before the release
+    atomicExch(released, epoch);
+  }
+  if (threadIdx.x == 0) {
+    while (*reinterpret_cast<volatile unsigned*>(released) != epoch) {
+    }
+    __threadfence();  // acquire: the scale is read after the release
+  }
+  __syncthreads();
+  const float sc = __ldcg(scale);
+  if (isfinite(sc)) update.run(g, n, values, sc);  // else the whole update is skipped
+  count_step(step, t);
 }
 
 // ZeRO: the check from the shards' parts, summed and min'd over the devices.
@@ -292,6 +386,67 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
                           shadow, step);
 }
 
+namespace {
+// How many blocks of `kernel` (kThreads each) fit on the current device at once.
+template <typename Kernel>
+int64_t blocks_at_once(Kernel kernel) {
+  int device = 0, sms = 0, per_sm = 0;
+  DPT_CUDA_CHECK(cudaGetDevice(&device));
+  DPT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  DPT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  return static_cast<int64_t>(sms) * per_sm;
+}
+
+// The fused launch, when the buffers allow it (16-byte aligned, at most kFusedMax
+// elements) and its grid fits on the device at once (every block waits for the last one),
+// else false: the caller checks and updates in two launches.
+template <class Update>
+bool launch_checked_update(bool aligned, const float* g, int64_t n, float max_norm, float* scale, float* work,
+                           unsigned* counter, const CheckRingArgs& ring, const StepCounterArgs& step,
+                           const Update& update, const float* values, cudaStream_t stream) {
+  if (!aligned || !step.t || n == 0 || n > kFusedMax) return false;  // the barrier's epoch is the step count
+  static std::atomic<int64_t> fits[64];                              // per device: blocks at once (0: not asked yet)
+  int device = 0;
+  DPT_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= 64) return false;
+  int64_t most = fits[device].load(std::memory_order_relaxed);
+  if (most == 0) {
+    most = blocks_at_once(checked_update_kernel<Update>);
+    fits[device].store(most, std::memory_order_relaxed);
+  }
+  const unsigned blocks = reduce_blocks(n, 16);  // check_gradients' grid: the same sums
+  if (blocks > most) return false;
+  long long* bad_part = reinterpret_cast<long long*>(work + kReduceWork);
+  launch_after_previous_as(/*cooperative=*/true, checked_update_kernel<Update>, blocks, kThreads, stream, g, n,
+                           max_norm, work, bad_part, counter, scale, ring, step, update, values[0], values[1],
+                           values[2]);
+  return true;
+}
+}  // namespace
+
+void checked_sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, uint16_t* shadow,
+                      const StepCounterArgs& step, float max_norm, float* scale, float* work, unsigned* counter,
+                      const CheckRingArgs& ring, cudaStream_t stream) {
+  const bool mom = a.momentum != 0.f;
+  const bool vec = aligned16(p) && aligned16(g) && (!mom || aligned16(momentum_buf)) && aligned(shadow, 8);
+  const float values[3] = {a.lr, 1.f, 1.f};
+  const SgdUpdate u{p, momentum_buf, a, shadow};
+  if (launch_checked_update(vec, g, n, max_norm, scale, work, counter, ring, step, u, values, stream)) return;
+  check_gradients(g, n, max_norm, scale, work, counter, ring, stream);
+  sgd_step(p, g, momentum_buf, n, a, scale, shadow, step, stream);
+}
+
+void checked_adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, uint16_t* shadow,
+                        const StepCounterArgs& step, float max_norm, float* scale, float* work, unsigned* counter,
+                        const CheckRingArgs& ring, cudaStream_t stream) {
+  const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned(shadow, 8);
+  const float values[3] = {a.lr, a.bias_correction1, a.bias_correction2};
+  const AdamUpdate u{p, m, v, a, shadow};
+  if (launch_checked_update(vec, g, n, max_norm, scale, work, counter, ring, step, u, values, stream)) return;
+  check_gradients(g, n, max_norm, scale, work, counter, ring, stream);
+  adamw_step(p, g, m, v, n, a, scale, shadow, step, stream);
+}
+
 void check_gradients(const float* g, int64_t n, float max_norm, float* scale, float* work, unsigned* counter,
                      const CheckRingArgs& ring, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "check_gradients: negative size");
@@ -300,13 +455,9 @@ void check_gradients(const float* g, int64_t n, float max_norm, float* scale, fl
   DPT_CHECK(!ring.records || (ring.slots > 0 && ring.count != nullptr), "check_gradients: a ring without slots");
   const unsigned blocks = reduce_blocks(n, 16);  // as sum_squares
   long long* bad_part = reinterpret_cast<long long*>(work + kReduceWork);
-  if (aligned16(g))
-    check_gradients_kernel<true>
-        <<<blocks, kThreads, 0, stream>>>(g, n, max_norm, work, bad_part, counter, scale, ring, 0, nullptr, nullptr);
-  else
-    check_gradients_kernel<false>
-        <<<blocks, kThreads, 0, stream>>>(g, n, max_norm, work, bad_part, counter, scale, ring, 0, nullptr, nullptr);
-  DPT_CUDA_CHECK_LAUNCH();
+  launch_after_previous(aligned16(g) ? check_gradients_kernel<true> : check_gradients_kernel<false>, blocks, kThreads,
+                        stream, g, n, max_norm, work, bad_part, counter, scale, ring, int64_t{0},
+                        static_cast<float*>(nullptr), static_cast<int64_t*>(nullptr));
 }
 
 void shard_check(const float* g, int64_t n, int64_t base, float* sum, int64_t* first, float* work, unsigned* counter,
@@ -316,13 +467,9 @@ void shard_check(const float* g, int64_t n, int64_t base, float* sum, int64_t* f
       "shard_check: bad arguments");
   const unsigned blocks = reduce_blocks(n, 16);
   long long* bad_part = reinterpret_cast<long long*>(work + kReduceWork);
-  if (aligned16(g))
-    check_gradients_kernel<true>
-        <<<blocks, kThreads, 0, stream>>>(g, n, 0.f, work, bad_part, counter, nullptr, {}, base, sum, first);
-  else
-    check_gradients_kernel<false>
-        <<<blocks, kThreads, 0, stream>>>(g, n, 0.f, work, bad_part, counter, nullptr, {}, base, sum, first);
-  DPT_CUDA_CHECK_LAUNCH();
+  launch_after_previous(aligned16(g) ? check_gradients_kernel<true> : check_gradients_kernel<false>, blocks, kThreads,
+                        stream, g, n, 0.f, work, bad_part, counter, static_cast<float*>(nullptr), CheckRingArgs{}, base,
+                        sum, first);
 }
 
 void finish_check(const float* sum, const int64_t* first, float max_norm, float* scale, const CheckRingArgs& ring,

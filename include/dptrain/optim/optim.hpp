@@ -40,6 +40,9 @@ class Optimizer {
   // device from the optimizer's step counter, first thing in the step: nothing for the
   // caller to set before a step, and a CUDA graph of a step replays the schedule.
   virtual void step(const Tensor& grad_scale = {}) = 0;
+  // step(check_gradients(gradients, max_norm, ring)) in one launch where the device allows
+  // (ops' checked updates: one kernel less a step in a small model); returns the scale.
+  virtual Tensor checked_step(float max_norm, const CheckRing& ring = {}) = 0;
   virtual std::string describe() const = 0;
   // The schedule the steps consult, by the optimizer's step count (0-based).
   void set_schedule(const Schedule& schedule) { schedule_ = schedule; }
@@ -91,6 +94,7 @@ class SGD : public Optimizer {
   using Options = SgdArgs;
   SGD(nn::Module& model, const Options& o);
   void step(const Tensor& grad_scale = {}) override;
+  Tensor checked_step(float max_norm, const CheckRing& ring = {}) override;
   std::string describe() const override;
   const char* kind() const override { return "sgd"; }
   std::vector<std::pair<std::string, Tensor>> state() const override;
@@ -114,6 +118,7 @@ class AdamW : public Optimizer {
   };
   AdamW(nn::Module& model, const Options& o);
   void step(const Tensor& grad_scale = {}) override;
+  Tensor checked_step(float max_norm, const CheckRing& ring = {}) override;
   std::string describe() const override;
   const char* kind() const override { return "adamw"; }
   std::vector<std::pair<std::string, Tensor>> state() const override;

@@ -78,8 +78,9 @@ Tensor check_gradients(const Tensor& grads, float max_norm, const CheckRing& rin
 void shard_check(const Tensor& grads, int64_t base, const Tensor& sum, const Tensor& first_bad);
 Tensor finish_check(const Tensor& sum, const Tensor& first_bad, float max_norm, const CheckRing& ring = {});
 // An optimizer's step counter on its device: `counter` an i32 [4] (the int64 count of
-// steps taken, then the update kernel's block count, zero between steps), the schedule
-// its lr follows and AdamW's betas (StepCounterArgs).
+// steps taken, then the update kernel's block count, zero between steps, then a word the
+// checked updates' blocks wait on), the schedule its lr follows and AdamW's betas
+// (StepCounterArgs).
 struct StepCounter {
   Tensor counter;
   ScheduleArgs schedule;
@@ -95,6 +96,13 @@ void sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, cons
               const Tensor& shadow = {}, const StepCounter* step = nullptr);
 void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
                 const Tensor& grad_scale, const Tensor& shadow = {}, const StepCounter* step = nullptr);
+// check_gradients(g, max_norm, ring) and the update by the scale it gives, returned: on a
+// GPU in one launch where the check's grid fits on it at once (a small model's step: one
+// kernel less), else in two; the same parameters, state and record bit for bit either way.
+Tensor checked_sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const SgdArgs& a, float max_norm,
+                        const CheckRing& ring, const Tensor& shadow, const StepCounter& step);
+Tensor checked_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
+                          float max_norm, const CheckRing& ring, const Tensor& shadow, const StepCounter& step);
 
 // ---- Convolutional networks (ops_conv.cpp): differentiable, over NCHW tensors --------
 // y = x * w + b as torch.nn.functional.conv2d: x [n, c, h, w], w [k, c, r, s], b [k] (may
