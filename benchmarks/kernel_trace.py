@@ -3,8 +3,9 @@
 
 Steps are cut at a marker kernel that runs once a step (the optimizer's update by
 default). Over the steady steps (the middle of the run) it prints the step's period, the
-GPU's busy time, and for each kernel of the commonest step its mean duration and the mean
-gap before it (the time the GPU had nothing of the step's to run). With runtime calls
+GPU's busy time, and for each kernel of the commonest step its mean duration, the mean gap
+before it (the time the GPU had nothing of the step's to run) and how far its end moves
+the step's end (its share of the period). With runtime calls
 recorded (DPT_TRACE_API=1) it adds the host's calls a step.
 
 Usage: kernel_trace.py TRACE.csv [--marker REGEX] [--label TEXT]

@@ -97,17 +97,21 @@ void AdamW::reset_state(int64_t n) {
   v_ = n > 0 ? Tensor::zeros({n}, DType::f32, params_.device()) : Tensor();
 }
 
+AdamArgs AdamW::update_args() const {
+  return {o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1.0f, 1.0f};  // lr, corrections: the counter's
+}
+
 void AdamW::step(const Tensor& grad_scale) {
   model_->settle_grads();
   const StepCounter step = step_counter(o_.beta1, o_.beta2);
-  const AdamArgs a{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1.0f, 1.0f};  // lr, corrections: the counter's
+  const AdamArgs a = update_args();
   adamw_step(params_, grads_, m_, v_, a, grad_scale, shadow(), &step);  // an empty shard counts its step too
   ++t_;                                                                 // the host's count, once it is queued
 }
 
 Tensor AdamW::checked_step(float max_norm, const CheckRing& ring) {
   model_->settle_grads();
-  const AdamArgs a{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1.0f, 1.0f};  // lr, corrections: the counter's
+  const AdamArgs a = update_args();
   const Tensor scale =
       checked_adamw_step(params_, grads_, m_, v_, a, max_norm, ring, shadow(), step_counter(o_.beta1, o_.beta2));
   ++t_;

@@ -127,6 +127,7 @@ class AdamW : public Optimizer {
   const Tensor& exp_avg_sq() const { return v_; }
 
  private:
+  AdamArgs update_args() const;  // the update kernel's arguments (lr and corrections come from the counter)
   void reset_state(int64_t n) override;
   Options o_;
   Tensor m_, v_;
