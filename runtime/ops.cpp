@@ -59,14 +59,18 @@ Tensor reduce_work(const Device& d, int64_t at_least) {
 // workload's forward took two of them; README, "Measurements behind the code"). Up to 256
 // rows when the whole GEMM is tiny (kTinyMultiplyAdds), where cuBLAS runs split-k GEMMs of
 // two or three kernels (the default job's layers, batch 256) and launches, not arithmetic,
-// are the time.
+// are the time. The input gradient (A B) of such a tiny layer with k <= 64 (its outputs)
+// takes the skinny kernel's one-kernel form, where cuBLAS ran two (the default job's
+// output layer: 4.7 us against 5.9; at k = 128 cuBLAS's one kernel was faster than our
+// split and its sum).
 constexpr double kTinyMultiplyAdds = 1 << 25;
-enum class SmallGemm { none, skinny, short_k };
+enum class SmallGemm { none, skinny, skinny_nn, short_k };
 SmallGemm small_gemm(const Context& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
   if (ctx.gemm != GemmImpl::native && ctx.precision != Precision::fp32) return SmallGemm::none;
   const bool tiny = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <= kTinyMultiplyAdds;
   if (!ta && tb && (m <= 64 || (tiny && m <= cuda::kSkinnyRows))) return SmallGemm::skinny;
   if (ta && !tb && (k <= 64 || (tiny && k <= cuda::kShortK)) && m <= cuda::kShortKMaxRows) return SmallGemm::short_k;
+  if (!ta && !tb && tiny && m <= cuda::kSkinnyRows && k <= cuda::kSkinnyNnK) return SmallGemm::skinny_nn;
   return SmallGemm::none;
 }
 #endif
@@ -212,6 +216,7 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
       cuda::gemm_skinny(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), nullptr, Act::none, nullptr,
                         Tensor::empty({cuda::gemm_skinny_work(m, n, k)}, DType::f32, d).f32(), s);
     else if (small == SmallGemm::short_k) cuda::gemm_short_k(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
+    else if (small == SmallGemm::skinny_nn) cuda::gemm_skinny_nn(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
     else if (ctx.gemm == GemmImpl::native)
       cuda::gemm_native(ta, tb, m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
     else

@@ -1783,10 +1783,33 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
           CHECK(again.to_host() == dC.to_host());
         }
       }
+  // Skinny A B (B n-contiguous: a tiny layer's input gradient, k up to 64): the default
+  // job's output layer, edges in m, n and k, scalar loads, k == 0.
+  for (Size s : {Size{256, 128, 4}, Size{1, 1, 1}, Size{200, 70, 33}, Size{65, 6, 0}, Size{3, 1030, 64},
+                 Size{256, 33, 64}, Size{17, 130, 5}})
+    for (float beta : {0.0f, 0.5f}) {
+      INFO("skinny nn " << s.m << "x" << s.n << "x" << s.k << " beta " << beta);
+      const auto A = randn(s.m * s.k, 42), B = randn(s.k * s.n, 43), C = randn(s.m * s.n, 44);
+      std::vector<float> want = C;
+      cpu::gemm(false, false, s.m, s.n, s.k, 1.5f, A.data(), B.data(), beta, want.data());
+      Tensor dA = on(gpu, A.empty() ? std::vector<float>{0} : A, {std::max<int64_t>(1, s.m * s.k)});
+      Tensor dB = on(gpu, B.empty() ? std::vector<float>{0} : B, {std::max<int64_t>(1, s.k * s.n)});
+      Tensor dC = on(gpu, beta == 0.0f ? std::vector<float>(C.size(), NAN) : C, {s.m * s.n});
+      cuda::gemm_skinny_nn(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), beta, dC.f32(), st);
+      CHECK(rel_error(dC.to_host(), want) < 1e-5);
+      if (beta == 0.0f) {  // the same bits on a second run
+        Tensor again = Tensor::empty({s.m * s.n}, DType::f32, gpu);
+        cuda::gemm_skinny_nn(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), 0.0f, again.f32(), st);
+        CHECK(again.to_host() == dC.to_host());
+      }
+    }
   // Short k: edges in m and n, float4 and scalar loads, k == 0, the seed's weight gradient.
-  // And k past 64 (a batch of up to 256 of a tiny layer).
+  // And k past 64 (a batch of up to 256 of a tiny layer), split over a cluster of two or
+  // four blocks (the default job's three weight gradients; three chunks in two slices; a
+  // slice past k; a single tile cut in m and n).
   for (Size s : {Size{1000, 1000, 64}, Size{1, 1, 1}, Size{67, 130, 17}, Size{64, 64, 0}, Size{130, 67, 64},
-                 Size{4, 1028, 3}, Size{128, 16, 256}, Size{4, 128, 256}, Size{130, 67, 200}})
+                 Size{4, 1028, 3}, Size{128, 16, 256}, Size{4, 128, 256}, Size{130, 67, 200}, Size{128, 128, 256},
+                 Size{70, 8, 129}, Size{3, 5, 250}, Size{66, 66, 65}})
     for (float beta : {0.0f, 1.0f}) {
       INFO("short k " << s.m << "x" << s.n << "x" << s.k << " beta " << beta);
       const auto A = randn(s.k * s.m, 35), B = randn(s.k * s.n, 36), C = randn(s.m * s.n, 37);
@@ -1828,6 +1851,19 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
       return value_and_grads([&](std::vector<Tensor>& in) { return linear(in[0], in[1], in[2], act); },
                              {on(d, x, {64, 300}), on(d, W, {200, 300}), on(d, bias, {200})});
     });
+  // The default job's last two layers at its batch of 256: the weight gradients split over
+  // clusters, the output layer's input gradient in the skinny A B kernel.
+  {
+    const auto h = randn(256 * 128, 79), W2 = randn(128 * 128, 80, 0.1f), b2 = randn(128, 81),
+               W3 = randn(4 * 128, 82, 0.1f), b3 = randn(4, 83);
+    compare([&](const Device& d) {
+      return value_and_grads(
+          [&](std::vector<Tensor>& in) {
+            return linear(linear(in[0], in[1], in[2], Act::relu), in[3], in[4], Act::none);
+          },
+          {on(d, h, {256, 128}), on(d, W2, {128, 128}), on(d, b2, {128}), on(d, W3, {4, 128}), on(d, b3, {4})});
+    });
+  }
   // Twice through backward without zeroing: the second pass adds into both gradients (beta 1).
   compare([&](const Device& d) {
     std::vector<Tensor> in{on(d, x, {64, 300}), on(d, W, {200, 300}), on(d, bias, {200})};

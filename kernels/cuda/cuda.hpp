@@ -39,6 +39,12 @@ constexpr int64_t kShortKMaxRows = int64_t(65535) * 64;  // gemm_short_k's m: ti
 int64_t gemm_skinny_work(int64_t m, int64_t n, int64_t k);
 void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                  const float* bias, Act act, float* z, float* work, cudaStream_t stream);
+// gemm_skinny_nn: C = alpha A B + beta C (A [m, k], B [k, n]) for m <= kSkinnyRows and
+// k <= kSkinnyNnK, in one kernel (a small Linear layer's input gradient dz W at a small
+// batch).
+constexpr int64_t kSkinnyNnK = 64;
+void gemm_skinny_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
+                    cudaStream_t stream);
 void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                   cudaStream_t stream, float* colsum_A = nullptr, float colsum_beta = 0.0f);
 // gemm_cublas.cu — the same through cuBLAS; `precision` picks fp32, TF32 or bf16 tensor

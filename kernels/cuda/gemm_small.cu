@@ -1,4 +1,4 @@
-// gemm_small.cu — hand-written strict-fp32 GEMMs for the two shapes a Linear layer with a
+// gemm_small.cu — hand-written strict-fp32 GEMMs for the shapes a Linear layer with a
 // small batch makes, where cuBLAS's general kernels leave the GPU mostly idle:
 //
 // - skinny: C = act(alpha A B^T + beta C + bias), A [m, k] with m <= kSkinnyRows (the
@@ -8,16 +8,22 @@
 //   rows), each over one slice of k (split k, so that ~256 blocks run),
 //   writing partial products; then one pass adds the slices in order and applies alpha,
 //   beta, the bias and the activation. Deterministic: the split depends on the shape alone.
+//   With one slice, one kernel does both. The same kernel with B [k, n] (read along n)
+//   is a tiny layer's input gradient dz W (gemm_skinny_nn).
 // - short k: C = alpha A^T B + beta C, A [k, m], B [k, n] with k small (the batch): the
 //   weight gradient. Both operands are read along their rows (m and n are contiguous), so
 //   no transpose. It can also sum A's columns (a Linear layer's bias gradient when A is the
-//   output gradient), which saves that layer its separate bias-gradient kernel.
+//   output gradient), which saves that layer its separate bias-gradient kernel. When the
+//   tiles are few (a tiny layer at a batch past 64), k is split over a cluster of blocks
+//   that add their partial tiles through each other's shared memory.
 //
-// Both are FFMA only (no tensor cores), as cuBLAS's fp32 path, and the CPU's gemm is their
+// All are FFMA only (no tensor cores), as cuBLAS's fp32 path, and the CPU's gemm is their
 // oracle. Edges: loads outside the matrices read zeros, stores are predicated.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+
+#include <cooperative_groups.h>
 
 #include "check.hpp"
 #include "common.cuh"
@@ -38,6 +44,7 @@ constexpr int kChunk = 64;
 constexpr int kPitch = kTile + 4;
 constexpr int kBlocksWanted = 256;  // the split aims at about two blocks per SM
 constexpr int kMaxSplit = 16;
+constexpr int kMaxCluster = 8;  // blocks of a thread-block cluster that every Hopper GPU runs (portable)
 constexpr int kLoads = kTile * kChunk / 4 / kTileThreads;  // float4 loads per thread per operand and chunk
 
 // Four consecutive elements of `row` (when row_ok) at columns [c, c + 4) clipped to c_end;
@@ -100,9 +107,50 @@ __device__ __forceinline__ ChunkSlot chunk_slot(int t, int l) {
   return {lane % 16 + 16 * (w % 4), 4 * (lane / 16 + 2 * (w / 4))};
 }
 
+// acc += the block's tile of rows [m0, m0 + 64) x columns [n0, n0 + 64) of A B^T over
+// k in [k_begin, k_end): A [m, k] is k-contiguous, each float4 transposed on its way into
+// shared memory; B is [n, k] as A (BAlongK), or [k, n] (n-contiguous rows copied straight
+// in, as short_k's: the input gradient dz W).
+template <bool Vec, bool BAlongK>
+__device__ __forceinline__ void skinny_tile(int m, int n, int k, int k_begin, int k_end, const float* A, const float* B,
+                                            int m0, int n0, float (*As)[kPitch], float (*Bs)[kPitch], float acc[4][4]) {
+  const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
+  for (int k0 = k_begin; k0 < k_end; k0 += kChunk) {
+    // 64 rows x 64 k of each operand: every load issued before the first store, so the
+    // block waits for global memory once.
+    float4 a[kLoads], b[kLoads];
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const auto [r, kk] = chunk_slot(t, l);
+      const bool row_ok = m0 + r < m;
+      a[l] = load4<Vec>(A + static_cast<int64_t>(row_ok ? m0 + r : 0) * k, row_ok, k0 + kk, k_end);
+      if constexpr (BAlongK) {
+        b[l] = load4<Vec>(B + static_cast<int64_t>(n0 + r < n ? n0 + r : 0) * k, n0 + r < n, k0 + kk, k_end);
+      } else {
+        const int idx = t + l * kTileThreads, kr = idx / 16, c4 = (idx % 16) * 4;
+        const bool k_ok = k0 + kr < k_end;
+        b[l] = load4<Vec>(B + static_cast<int64_t>(k_ok ? k0 + kr : 0) * n, k_ok, n0 + c4, n);
+      }
+    }
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const auto [r, kk] = chunk_slot(t, l);
+      As[kk][r] = a[l].x, As[kk + 1][r] = a[l].y, As[kk + 2][r] = a[l].z, As[kk + 3][r] = a[l].w;
+      if constexpr (BAlongK) {
+        Bs[kk][r] = b[l].x, Bs[kk + 1][r] = b[l].y, Bs[kk + 2][r] = b[l].z, Bs[kk + 3][r] = b[l].w;
+      } else {
+        const int idx = t + l * kTileThreads;
+        *reinterpret_cast<float4*>(&Bs[idx / 16][(idx % 16) * 4]) = b[l];
+      }
+    }
+    __syncthreads();
+    multiply_chunk(As, Bs, tx, ty, acc);
+    __syncthreads();
+  }
+}
+
 // part[split][r][c] = sum over this split's k of A[r][k] B[c][k] for the block's tile of
-// rows (blockIdx.z): A [m, k] and B [n, k] are both k-contiguous, so each float4 runs along
-// k and is transposed on its way into shared memory.
+// rows (blockIdx.z).
 template <bool Vec>
 static __global__ void __launch_bounds__(kTileThreads)
     skinny_partial_kernel(int m, int n, int k, int k_per_split, const float* A, const float* B, float* part) {
@@ -113,27 +161,7 @@ static __global__ void __launch_bounds__(kTileThreads)
   const int n0 = blockIdx.x * kTile, split = blockIdx.y, m0 = blockIdx.z * kTile;
   const int k_begin = split * k_per_split, k_end = min(k, k_begin + k_per_split);
   float acc[4][4] = {};
-  for (int k0 = k_begin; k0 < k_end; k0 += kChunk) {
-    // 64 rows x 64 k of each operand: every load issued before the first store, so the
-    // block waits for global memory once.
-    float4 a[kLoads], b[kLoads];
-#pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
-      const auto [r, kk] = chunk_slot(t, l);
-      const bool row_ok = m0 + r < m;
-      a[l] = load4<Vec>(A + static_cast<int64_t>(row_ok ? m0 + r : 0) * k, row_ok, k0 + kk, k_end);
-      b[l] = load4<Vec>(B + static_cast<int64_t>(n0 + r < n ? n0 + r : 0) * k, n0 + r < n, k0 + kk, k_end);
-    }
-#pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
-      const auto [r, kk] = chunk_slot(t, l);
-      As[kk][r] = a[l].x, As[kk + 1][r] = a[l].y, As[kk + 2][r] = a[l].z, As[kk + 3][r] = a[l].w;
-      Bs[kk][r] = b[l].x, Bs[kk + 1][r] = b[l].y, Bs[kk + 2][r] = b[l].z, Bs[kk + 3][r] = b[l].w;
-    }
-    __syncthreads();
-    multiply_chunk(As, Bs, tx, ty, acc);
-    __syncthreads();
-  }
+  skinny_tile<Vec, true>(m, n, k, k_begin, k_end, A, B, m0, n0, As, Bs, acc);
   const bool vec = n % 4 == 0;  // part is the allocator's, 16-byte aligned
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -188,6 +216,30 @@ static __global__ void skinny_epilogue_kernel(const float* part, int splits, int
   }
 }
 
+// The skinny GEMM in one kernel where k is not split (one slice: k up to a chunk, or tiles
+// enough): the block's whole sum, then skinny_finish. What the partial and epilogue
+// kernels compute with one slice, in one launch instead of two. B as skinny_tile's
+// BAlongK.
+template <Act A, bool Vec, bool BAlongK>
+static __global__ void __launch_bounds__(kTileThreads)
+    skinny_whole_kernel(int m, int n, int k, float alpha, const float* Am, const float* B, float beta, float* C,
+                        const float* bias, float* z) {
+  DPT_WAIT_PREVIOUS_GRID();
+  __shared__ __align__(16) float As[kChunk][kPitch];
+  __shared__ __align__(16) float Bs[kChunk][kPitch];
+  const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
+  const int n0 = blockIdx.x * kTile, m0 = blockIdx.z * kTile;
+  float acc[4][4] = {};
+  skinny_tile<Vec, BAlongK>(m, n, k, 0, k, Am, B, m0, n0, As, Bs, acc);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = m0 + 4 * ty + i, c = n0 + 4 * tx + j;
+      if (r < m && c < n) skinny_finish<A>(acc[i][j], static_cast<int64_t>(r) * n + c, n, alpha, beta, C, bias, z);
+    }
+}
+
 struct SkinnySplit {
   int per_split, splits;
 };
@@ -208,25 +260,38 @@ SkinnySplit skinny_split(int64_t m, int64_t n, int64_t k) {
 // column of tiles also write colsum = alpha * (A's column sums) + colsum_beta * colsum from
 // the tiles of A they hold anyway: four threads a column, each summing its quarter of every
 // chunk's rows, then the quarters added in order (a fixed order: the same bits every run).
-template <bool Vec>
+//
+// Split k (gridDim.z > 1, a power of two up to 8): the blocks of a tile are one thread-block
+// cluster, block z taking k from z * k_per_split. Each leaves its partial tile (and column
+// quarters) in its shared memory, and block z then adds every block's rows
+// [z * 64 / splits, (z + 1) * 64 / splits) in block order through distributed shared memory
+// (Hopper): no workspace, no second kernel, and the same bits every run. Four blocks of a
+// 64 x 64 tile over k = 256 each waited for four chunks one after another (the default
+// job's weight gradients took 11 us each on four SMs).
+
+// Split: a kernel of its own, so that the unsplit one keeps its registers (the seed
+// workload's weight gradient took 8.0 us instead of 6.0 with both in one).
+template <bool Vec, bool Split>
 static __global__ void __launch_bounds__(kTileThreads)
-    short_k_kernel(int m, int n, int k, float alpha, const float* A, const float* B, float beta, float* C,
-                   float* colsum, float colsum_beta) {
+    short_k_kernel(int m, int n, int k, int k_per_split, float alpha, const float* A, const float* B, float beta,
+                   float* C, float* colsum, float colsum_beta) {
   DPT_WAIT_PREVIOUS_GRID();
   __shared__ __align__(16) float As[kChunk][kPitch];
   __shared__ __align__(16) float Bs[kChunk][kPitch];
   const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
   const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
+  const int splits = gridDim.z, split = blockIdx.z;
+  const int k_begin = split * k_per_split, k_end = min(k, k_begin + k_per_split);
   static_assert(kTileThreads == 4 * kTile && kChunk % 4 == 0, "column sums: four threads a column");
-  const bool sums = colsum && blockIdx.x == 0;  // the same for the whole block
+  const bool sums = colsum && blockIdx.x == 0;  // the same for the whole block (and cluster)
   const int sum_col = t % kTile, quarter = t / kTile;
   float acc[4][4] = {}, col = 0.f;
-  for (int k0 = 0; k0 < k; k0 += kChunk) {
+  for (int k0 = k_begin; k0 < k_end; k0 += kChunk) {
     float4 a[kLoads], b[kLoads];
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
       const int idx = t + l * kTileThreads, kk = idx / 16, c4 = (idx % 16) * 4;
-      const bool row_ok = k0 + kk < k;
+      const bool row_ok = k0 + kk < k_end;
       const int64_t row = row_ok ? k0 + kk : 0;
       a[l] = load4<Vec>(A + row * m, row_ok, m0 + c4, m);
       b[l] = load4<Vec>(B + row * n, row_ok, n0 + c4, n);
@@ -244,30 +309,79 @@ static __global__ void __launch_bounds__(kTileThreads)
     multiply_chunk(As, Bs, tx, ty, acc);
     __syncthreads();
   }
+  // Stores row r of the tile (its four columns from c) given its sums in v.
   const bool vec = n % 4 == 0 && aligned16(C);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = m0 + 4 * ty + i, c = n0 + 4 * tx;
-    if (r >= m) continue;
+  auto store_row = [&](int r, int c, float v0, float v1, float v2, float v3) {
+    if (r >= m) return;
     float* out = C + static_cast<int64_t>(r) * n;
-    float v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = alpha * acc[i][j];
+    float v[4] = {alpha * v0, alpha * v1, alpha * v2, alpha * v3};
     if (beta != 0.f) {
       const float4 o = vec ? load4<true>(out, true, c, n) : load4<false>(out, true, c, n);
-      v[0] = alpha * acc[i][0] + beta * o.x, v[1] = alpha * acc[i][1] + beta * o.y;
-      v[2] = alpha * acc[i][2] + beta * o.z, v[3] = alpha * acc[i][3] + beta * o.w;
+      v[0] = alpha * v0 + beta * o.x, v[1] = alpha * v1 + beta * o.y;
+      v[2] = alpha * v2 + beta * o.z, v[3] = alpha * v3 + beta * o.w;
     }
     store4(out, c, n, make_float4(v[0], v[1], v[2], v[3]), vec);
-  }
-  if (sums) {  // As is free: the loop ended with a barrier
-    As[quarter][sum_col] = col;
-    __syncthreads();
-    if (t < kTile && m0 + t < m) {
-      const float total = ((As[0][t] + As[1][t]) + As[2][t]) + As[3][t];
-      colsum[m0 + t] = colsum_beta != 0.f ? alpha * total + colsum_beta * colsum[m0 + t] : alpha * total;
+  };
+  auto store_colsum = [&](int i, float total) {
+    colsum[i] = colsum_beta != 0.f ? alpha * total + colsum_beta * colsum[i] : alpha * total;
+  };
+  if constexpr (!Split) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) store_row(m0 + 4 * ty + i, n0 + 4 * tx, acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    if (sums) {  // As is free: the loop ended with a barrier
+      As[quarter][sum_col] = col;
+      __syncthreads();
+      if (t < kTile && m0 + t < m) store_colsum(m0 + t, ((As[0][t] + As[1][t]) + As[2][t]) + As[3][t]);
     }
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The partial tile in As (rows of the tile, as C), the column quarters in Bs; both free.
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<float4*>(&As[4 * ty + i][4 * tx]) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    if (sums) Bs[quarter][sum_col] = col;
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's partials written
+    const int rows = kTile / splits;
+    for (int idx = t; idx < rows * (kTile / 4); idx += kTileThreads) {
+      const int r = split * rows + idx / (kTile / 4), c = (idx % (kTile / 4)) * 4;
+      float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int q = 0; q < splits; ++q) {
+        const float4 p = *reinterpret_cast<const float4*>(cluster.map_shared_rank(&As[r][c], q));
+        s.x += p.x, s.y += p.y, s.z += p.z, s.w += p.w;
+      }
+      store_row(m0 + r, n0 + c, s.x, s.y, s.z, s.w);
+    }
+    if (sums && split == 0 && t < kTile && m0 + t < m) {
+      float total = 0.f;
+      for (int q = 0; q < splits; ++q) {
+        const float* quarters = cluster.map_shared_rank(&Bs[0][0], q);
+        total += ((quarters[t] + quarters[kPitch + t]) + quarters[2 * kPitch + t]) + quarters[3 * kPitch + t];
+      }
+      store_colsum(m0 + t, total);
+    }
+    cluster.sync();  // no block leaves while another still reads its shared memory
+#else
+    __trap();  // the launcher splits only where every architecture built has clusters
+#endif
   }
+}
+
+struct ShortKSplit {
+  int per_split, splits;
+};
+
+// How k is cut: into a power of two of slices of whole chunks, at most kMaxCluster and
+// at most the chunks, while the blocks stay about one per SM (kBlocksWanted / 2); none
+// without clusters. Shape only, so the same bits every run.
+ShortKSplit short_k_split(int64_t tiles, int64_t k) {
+  const int64_t chunks = std::max<int64_t>(1, (k + kChunk - 1) / kChunk);
+  int splits = 1;
+  while (DPT_SM90 && splits * 2 <= kMaxCluster && splits * 2 <= chunks && tiles * splits * 2 <= kBlocksWanted / 2)
+    splits *= 2;
+  const int64_t per_split = (chunks + splits - 1) / splits * kChunk;
+  return {static_cast<int>(per_split), splits};
 }
 
 }  // namespace
@@ -287,13 +401,23 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
   DPT_CHECK(aligned16(work), "gemm_skinny: work must be 16-byte aligned");  // its 16-byte accesses
   const SkinnySplit sp = skinny_split(m, n, k);
   DPT_CHECK(sp.splits <= kMaxSplit, "gemm_skinny: more slices than the epilogue adds");
+  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  const bool vec_loads = k % 4 == 0 && aligned16(A) && aligned16(B);
+  if (k > 0 && sp.splits == 1) {  // one kernel
+    const auto kernel = dispatch_act(act, "gemm_skinny", [vec_loads](auto a) {
+      return vec_loads ? skinny_whole_kernel<decltype(a)::value, true, true>
+                       : skinny_whole_kernel<decltype(a)::value, false, true>;
+    });
+    launch_after_previous(
+        kernel, dim3(static_cast<unsigned>((n + kTile - 1) / kTile), 1, static_cast<unsigned>((m + kTile - 1) / kTile)),
+        kTileThreads, stream, M, N, K, alpha, A, B, beta, C, bias, z);
+    return;
+  }
   const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(sp.splits),
                   static_cast<unsigned>((m + kTile - 1) / kTile));
-  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   if (k > 0)
-    launch_after_previous(
-        k % 4 == 0 && aligned16(A) && aligned16(B) ? skinny_partial_kernel<true> : skinny_partial_kernel<false>, grid,
-        kTileThreads, stream, M, N, K, sp.per_split, A, B, work);
+    launch_after_previous(vec_loads ? skinny_partial_kernel<true> : skinny_partial_kernel<false>, grid, kTileThreads,
+                          stream, M, N, K, sp.per_split, A, B, work);
   const int splits = k > 0 ? sp.splits : 0;  // k == 0: C = act(beta C + bias)
   const int64_t mn = m * n;
   const bool vec = n % 4 == 0;
@@ -306,6 +430,22 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
   launch_after_previous(epilogue, blocks, kThreads, stream, const_work, splits, mn, N, alpha, beta, C, bias, z);
 }
 
+void gemm_skinny_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
+                    cudaStream_t stream) {
+  DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_skinny_nn: negative size");
+  static_assert(kSkinnyNnK <= kChunk, "gemm_skinny_nn: one chunk of k");
+  DPT_CHECK(m <= kSkinnyRows && k <= kSkinnyNnK, "gemm_skinny_nn: more than 256 rows or 64 columns of A");
+  DPT_CHECK(n <= INT_MAX - kTile, "gemm_skinny_nn: a dimension does not fit in int");
+  if (m == 0 || n == 0) return;
+  DPT_CHECK(C != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_skinny_nn: null pointer");
+  const bool vec = k % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B);
+  launch_after_previous(
+      vec ? skinny_whole_kernel<Act::none, true, false> : skinny_whole_kernel<Act::none, false, false>,
+      dim3(static_cast<unsigned>((n + kTile - 1) / kTile), 1, static_cast<unsigned>((m + kTile - 1) / kTile)),
+      kTileThreads, stream, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, A, B, beta, C,
+      static_cast<const float*>(nullptr), static_cast<float*>(nullptr));
+}
+
 void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                   cudaStream_t stream, float* colsum_A, float colsum_beta) {
   DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_short_k: negative size");
@@ -315,13 +455,16 @@ void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, 
   DPT_CHECK(n > 0 || colsum_A == nullptr, "gemm_short_k: column sums need at least one column of B");
   if (n == 0) return;
   DPT_CHECK(C != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_short_k: null pointer");
-  const int64_t by = (m + kTile - 1) / kTile;
+  const int64_t by = (m + kTile - 1) / kTile, bx = (n + kTile - 1) / kTile;
   DPT_CHECK(by <= 65535, "gemm_short_k: m too large for the grid");
-  const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(by));
+  const ShortKSplit sp = short_k_split(bx * by, k);
+  const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(by), static_cast<unsigned>(sp.splits));
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-  launch_after_previous(
-      m % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B) ? short_k_kernel<true> : short_k_kernel<false>, grid,
-      kTileThreads, stream, M, N, K, alpha, A, B, beta, C, colsum_A, colsum_beta);
+  const bool vec = m % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B);
+  const auto kernel = sp.splits > 1 ? (vec ? short_k_kernel<true, true> : short_k_kernel<false, true>)
+                                    : (vec ? short_k_kernel<true, false> : short_k_kernel<false, false>);
+  launch_after_previous_in_clusters(dim3(1, 1, static_cast<unsigned>(sp.splits)), kernel, grid, kTileThreads, stream, M,
+                                    N, K, sp.per_split, alpha, A, B, beta, C, colsum_A, colsum_beta);
 }
 
 }  // namespace dpt::cuda

@@ -9,8 +9,12 @@
 // Performance, has the measurements).
 //
 // A kernel launched so MUST start with DPT_WAIT_PREVIOUS_GRID(), or it races with the one
-// before it. DPT_PDL (CMake) is 1 only when every CUDA architecture built is 9.0 or newer:
+// before it. DPT_SM90 (CMake) is 1 only when every CUDA architecture built is 9.0 or newer:
 // otherwise the code that runs may lack the wait, and the launch stays a plain one.
+//
+// launch_after_previous_in_clusters also groups the blocks into thread-block clusters
+// (9.0 and newer: blocks of a cluster run at once and read each other's shared memory);
+// callers use clusters only when DPT_SM90 is 1.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,26 +30,27 @@
   } while (0)
 #endif
 
-#ifndef DPT_PDL
-#define DPT_PDL 0
+#ifndef DPT_SM90
+#define DPT_SM90 0
 #endif
 
 namespace dpt::cuda {
 
 // `cooperative`: a kernel whose blocks wait for each other (a grid-wide barrier) is launched
 // so that all of them are on the GPU at once, or not at all (an error), also beside other
-// processes' kernels (MPS).
+// processes' kernels (MPS). `cluster` (grid a multiple of it): blocks in clusters of that
+// shape, none when 1 x 1 x 1.
 template <typename... Params, typename... Args>
-void launch_after_previous_as(bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                              Args&&... args) {
+void launch_kernel_ex(bool cooperative, dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
+                      cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
-  cudaLaunchAttribute attrs[2] = {};
+  cudaLaunchAttribute attrs[3] = {};
   unsigned count = 0;
-  if (DPT_PDL) {
+  if (DPT_SM90) {
     attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[count++].val.programmaticStreamSerializationAllowed = 1;
   }
@@ -53,9 +58,28 @@ void launch_after_previous_as(bool cooperative, void (*kernel)(Params...), dim3 
     attrs[count].id = cudaLaunchAttributeCooperative;
     attrs[count++].val.cooperative = 1;
   }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    DPT_CHECK(DPT_SM90, "thread-block clusters need every CUDA architecture built to be 9.0 or newer");
+    attrs[count].id = cudaLaunchAttributeClusterDimension;
+    attrs[count].val.clusterDim.x = cluster.x;
+    attrs[count].val.clusterDim.y = cluster.y;
+    attrs[count++].val.clusterDim.z = cluster.z;
+  }
   cfg.attrs = attrs;
   cfg.numAttrs = count;
   DPT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch_after_previous_as(bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                              Args&&... args) {
+  launch_kernel_ex(cooperative, dim3(1, 1, 1), kernel, grid, block, stream, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+void launch_after_previous_in_clusters(dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                       cudaStream_t stream, Args&&... args) {
+  launch_kernel_ex(false, cluster, kernel, grid, block, stream, std::forward<Args>(args)...);
 }
 
 template <typename... Params, typename... Args>
