@@ -59,10 +59,9 @@ Tensor reduce_work(const Device& d, int64_t at_least) {
 // workload's forward took two of them; README, "Measurements behind the code"). Up to 256
 // rows when the whole GEMM is tiny (kTinyMultiplyAdds), where cuBLAS runs split-k GEMMs of
 // two or three kernels (the default job's layers, batch 256) and launches, not arithmetic,
-// are the time. The input gradient (A B) of such a tiny layer with k <= 64 (its outputs)
-// takes the skinny kernel's one-kernel form, where cuBLAS ran two (the default job's
-// output layer: 4.7 us against 5.9; at k = 128 cuBLAS's one kernel was faster than our
-// split and its sum).
+// are the time. The input gradient (A B) of such a tiny layer with k <= 128 (its outputs)
+// takes the skinny kernel's one-kernel form, where cuBLAS ran one or two kernels (the
+// default job's output layer: 4.3 us against 5.9) and cost the host more a launch.
 constexpr double kTinyMultiplyAdds = 1 << 25;
 enum class SmallGemm { none, skinny, skinny_nn, short_k };
 SmallGemm small_gemm(const Context& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k) {

@@ -1783,10 +1783,10 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
           CHECK(again.to_host() == dC.to_host());
         }
       }
-  // Skinny A B (B n-contiguous: a tiny layer's input gradient, k up to 64): the default
-  // job's output layer, edges in m, n and k, scalar loads, k == 0.
-  for (Size s : {Size{256, 128, 4}, Size{1, 1, 1}, Size{200, 70, 33}, Size{65, 6, 0}, Size{3, 1030, 64},
-                 Size{256, 33, 64}, Size{17, 130, 5}})
+  // Skinny A B (B n-contiguous: a tiny layer's input gradient, k up to 128): the default
+  // job's two, edges in m, n and k, scalar loads, two chunks of k, k == 0.
+  for (Size s : {Size{256, 128, 4}, Size{256, 128, 128}, Size{1, 1, 1}, Size{200, 70, 33}, Size{65, 6, 0},
+                 Size{3, 1030, 64}, Size{256, 33, 64}, Size{17, 130, 5}, Size{64, 66, 100}})
     for (float beta : {0.0f, 0.5f}) {
       INFO("skinny nn " << s.m << "x" << s.n << "x" << s.k << " beta " << beta);
       const auto A = randn(s.m * s.k, 42), B = randn(s.k * s.n, 43), C = randn(s.m * s.n, 44);

@@ -42,7 +42,7 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
 // gemm_skinny_nn: C = alpha A B + beta C (A [m, k], B [k, n]) for m <= kSkinnyRows and
 // k <= kSkinnyNnK, in one kernel (a small Linear layer's input gradient dz W at a small
 // batch).
-constexpr int64_t kSkinnyNnK = 64;
+constexpr int64_t kSkinnyNnK = 128;
 void gemm_skinny_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                     cudaStream_t stream);
 void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,

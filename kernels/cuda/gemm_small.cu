@@ -433,8 +433,7 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
 void gemm_skinny_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                     cudaStream_t stream) {
   DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_skinny_nn: negative size");
-  static_assert(kSkinnyNnK <= kChunk, "gemm_skinny_nn: one chunk of k");
-  DPT_CHECK(m <= kSkinnyRows && k <= kSkinnyNnK, "gemm_skinny_nn: more than 256 rows or 64 columns of A");
+  DPT_CHECK(m <= kSkinnyRows && k <= kSkinnyNnK, "gemm_skinny_nn: more than 256 rows or 128 columns of A");
   DPT_CHECK(n <= INT_MAX - kTile, "gemm_skinny_nn: a dimension does not fit in int");
   if (m == 0 || n == 0) return;
   DPT_CHECK(C != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_skinny_nn: null pointer");
