@@ -61,7 +61,9 @@ Tensor reduce_work(const Device& d, int64_t at_least) {
 // two or three kernels (the default job's layers, batch 256) and launches, not arithmetic,
 // are the time. The input gradient (A B) of such a tiny layer with k <= 128 (its outputs)
 // takes the skinny kernel's one-kernel form, where cuBLAS ran one or two kernels (the
-// default job's output layer: 4.3 us against 5.9) and cost the host more a launch.
+// default job's output layer: 4.3 us against 5.9) and each call cost the host more than a
+// launch. That kernel computes whole 64 x 64 x 64 tiles, so "tiny" counts its padded
+// work there (a product with k = 1 and a huge n is cuBLAS's, at memory speed).
 constexpr double kTinyMultiplyAdds = 1 << 25;
 enum class SmallGemm { none, skinny, skinny_nn, short_k };
 SmallGemm small_gemm(const Context& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
@@ -69,7 +71,10 @@ SmallGemm small_gemm(const Context& ctx, bool ta, bool tb, int64_t m, int64_t n,
   const bool tiny = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) <= kTinyMultiplyAdds;
   if (!ta && tb && (m <= 64 || (tiny && m <= cuda::kSkinnyRows))) return SmallGemm::skinny;
   if (ta && !tb && (k <= 64 || (tiny && k <= cuda::kShortK)) && m <= cuda::kShortKMaxRows) return SmallGemm::short_k;
-  if (!ta && !tb && tiny && m <= cuda::kSkinnyRows && k <= cuda::kSkinnyNnK) return SmallGemm::skinny_nn;
+  const auto padded = [](int64_t d) { return static_cast<double>((std::max<int64_t>(d, 1) + 63) / 64 * 64); };
+  if (!ta && !tb && m <= cuda::kSkinnyRows && k <= cuda::kSkinnyNnK &&
+      padded(m) * padded(n) * padded(k) <= kTinyMultiplyAdds)
+    return SmallGemm::skinny_nn;
   return SmallGemm::none;
 }
 #endif

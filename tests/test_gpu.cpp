@@ -1804,12 +1804,13 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
       }
     }
   // Short k: edges in m and n, float4 and scalar loads, k == 0, the seed's weight gradient.
-  // And k past 64 (a batch of up to 256 of a tiny layer), split over a cluster of two or
-  // four blocks (the default job's three weight gradients; three chunks in two slices; a
-  // slice past k; a single tile cut in m and n).
+  // And k past 64 (a batch of up to 256 of a tiny layer), split over a cluster (the
+  // default job's three weight gradients; three chunks in two slices; a single tile whose
+  // last slice ends past k; four tiles cut in m and n; a slice that starts past k, five
+  // chunks in four slices of two; eight slices of one chunk).
   for (Size s : {Size{1000, 1000, 64}, Size{1, 1, 1}, Size{67, 130, 17}, Size{64, 64, 0}, Size{130, 67, 64},
                  Size{4, 1028, 3}, Size{128, 16, 256}, Size{4, 128, 256}, Size{130, 67, 200}, Size{128, 128, 256},
-                 Size{70, 8, 129}, Size{3, 5, 250}, Size{66, 66, 65}})
+                 Size{70, 8, 129}, Size{3, 5, 250}, Size{66, 66, 65}, Size{8, 8, 300}, Size{9, 7, 512}})
     for (float beta : {0.0f, 1.0f}) {
       INFO("short k " << s.m << "x" << s.n << "x" << s.k << " beta " << beta);
       const auto A = randn(s.k * s.m, 35), B = randn(s.k * s.n, 36), C = randn(s.m * s.n, 37);

@@ -11,7 +11,8 @@
 //   rounded once (bf16.hpp), as the CPU twins do.
 // - act_forward and act_derivative, the activations, and dispatch_act, which turns the Act
 //   a launcher is given into the instantiation of its kernel for that activation.
-// - Programmatic dependent launch (launch.hpp): launch_after_previous, DPT_WAIT_PREVIOUS_GRID.
+// - Programmatic dependent launch (launch.hpp): launch_after_previous, DPT_WAIT_PREVIOUS_GRID;
+//   launches in thread-block clusters: launch_after_previous_in_clusters.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <string>
 
 #include <cooperative_groups.h>
 
@@ -32,9 +33,9 @@
 namespace dpt::cuda {
 namespace {
 
-constexpr int kTileThreads = 256;  // a block of either GEMM kernel (its tile's layout depends on it)
+constexpr int kTileThreads = 256;  // a block of every GEMM kernel here (its tile's layout depends on it)
 
-// Both kernels: a 64 x 64 tile of C per block, thread (tx, ty) owning the 4 x 4 register
+// Every kernel: a 64 x 64 tile of C per block, thread (tx, ty) owning the 4 x 4 register
 // tile at rows 4ty.., columns 4tx..; k in chunks of 64 held whole in shared memory, k-major
 // ([k][m] and [k][n]; rows padded to 68 floats, still 16-byte aligned for float4 reads).
 // A chunk is loaded in one go, so a block waits for global memory once per chunk: the
@@ -374,7 +375,8 @@ struct ShortKSplit {
 
 // How k is cut: into a power of two of slices of whole chunks, at most kMaxCluster and
 // at most the chunks, while the blocks stay about one per SM (kBlocksWanted / 2); none
-// without clusters. Shape only, so the same bits every run.
+// without clusters. Shape only, so the same bits every run (of one build: a build for
+// architectures without clusters splits nothing, and its sums differ in the last bits).
 ShortKSplit short_k_split(int64_t tiles, int64_t k) {
   const int64_t chunks = std::max<int64_t>(1, (k + kChunk - 1) / kChunk);
   int splits = 1;
@@ -433,7 +435,8 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
 void gemm_skinny_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                     cudaStream_t stream) {
   DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_skinny_nn: negative size");
-  DPT_CHECK(m <= kSkinnyRows && k <= kSkinnyNnK, "gemm_skinny_nn: more than 256 rows or 128 columns of A");
+  DPT_CHECK(m <= kSkinnyRows && k <= kSkinnyNnK, "gemm_skinny_nn: more than " + std::to_string(kSkinnyRows) +
+                                                     " rows or " + std::to_string(kSkinnyNnK) + " columns of A");
   DPT_CHECK(n <= INT_MAX - kTile, "gemm_skinny_nn: a dimension does not fit in int");
   if (m == 0 || n == 0) return;
   DPT_CHECK(C != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_skinny_nn: null pointer");
@@ -448,7 +451,8 @@ void gemm_skinny_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* A
 void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                   cudaStream_t stream, float* colsum_A, float colsum_beta) {
   DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_short_k: negative size");
-  DPT_CHECK(m <= INT_MAX - kTile && n <= INT_MAX - kTile && k <= INT_MAX - kChunk,
+  // k: a slice's start plus its length (up to k plus a chunk a slice) is computed in int.
+  DPT_CHECK(m <= INT_MAX - kTile && n <= INT_MAX - kTile && k <= INT_MAX - kMaxCluster * kChunk,
             "gemm_short_k: a dimension does not fit in int");
   if (m == 0) return;
   DPT_CHECK(n > 0 || colsum_A == nullptr, "gemm_short_k: column sums need at least one column of B");

@@ -1,4 +1,5 @@
-// Programmatic dependent launch (Hopper and newer) for the small kernels of a step.
+// Programmatic dependent launch (Hopper and newer) for the small kernels of a step, and
+// launches in thread-block clusters.
 //
 // A kernel launched with launch_after_previous() may be put on the GPU while the kernel
 // before it on the stream is still finishing. Its first statement is
@@ -60,6 +61,8 @@ void launch_kernel_ex(bool cooperative, dim3 cluster, void (*kernel)(Params...),
   }
   if (cluster.x * cluster.y * cluster.z > 1) {
     DPT_CHECK(DPT_SM90, "thread-block clusters need every CUDA architecture built to be 9.0 or newer");
+    DPT_CHECK(grid.x % cluster.x == 0 && grid.y % cluster.y == 0 && grid.z % cluster.z == 0,
+              "a grid of whole thread-block clusters");
     attrs[count].id = cudaLaunchAttributeClusterDimension;
     attrs[count].val.clusterDim.x = cluster.x;
     attrs[count].val.clusterDim.y = cluster.y;
