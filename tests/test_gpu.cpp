@@ -1749,6 +1749,14 @@ TEST_CASE("the fused activation backward and bias gradient match the CPU, fp32 a
 TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match the CPU", "[gpu][gemm]") {
   context(gpu).precision = Precision::fp32;  // (a Trainer earlier may have left another)
   const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
+  // An operand on the GPU (one element when empty: a pointer for k == 0), and an output
+  // that beta == 0 must not read (NaNs there).
+  auto operand = [&](const std::vector<float>& v) {
+    return on(gpu, v.empty() ? std::vector<float>{0} : v, {std::max<int64_t>(1, static_cast<int64_t>(v.size()))});
+  };
+  auto output = [&](const std::vector<float>& v, float beta) {
+    return on(gpu, beta == 0.0f ? std::vector<float>(v.size(), NAN) : v, {static_cast<int64_t>(v.size())});
+  };
   struct Size {
     int64_t m, n, k;
   };
@@ -1767,10 +1775,10 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
         std::vector<float> want = C, want_z(static_cast<size_t>(s.m * s.n));
         cpu::gemm(false, true, s.m, s.n, s.k, 1.5f, A.data(), B.data(), beta, want.data());
         cpu::bias_act_forward(want.data(), b.data(), act, s.m, s.n, want_z.data(), want.data());
-        Tensor dA = on(gpu, A.empty() ? std::vector<float>{0} : A, {std::max<int64_t>(1, s.m * s.k)});
-        Tensor dB = on(gpu, B.empty() ? std::vector<float>{0} : B, {std::max<int64_t>(1, s.n * s.k)});
+        Tensor dA = operand(A);
+        Tensor dB = operand(B);
         Tensor db = on(gpu, b, {s.n}), z = Tensor::empty({s.m * s.n}, DType::f32, gpu);
-        Tensor dC = on(gpu, beta == 0.0f ? std::vector<float>(C.size(), NAN) : C, {s.m * s.n});
+        Tensor dC = output(C, beta);
         Tensor work = Tensor::empty({cuda::gemm_skinny_work(s.m, s.n, s.k)}, DType::f32, gpu);
         cuda::gemm_skinny(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), beta, dC.f32(), db.f32(), act, z.f32(), work.f32(),
                           st);
@@ -1792,9 +1800,9 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
       const auto A = randn(s.m * s.k, 42), B = randn(s.k * s.n, 43), C = randn(s.m * s.n, 44);
       std::vector<float> want = C;
       cpu::gemm(false, false, s.m, s.n, s.k, 1.5f, A.data(), B.data(), beta, want.data());
-      Tensor dA = on(gpu, A.empty() ? std::vector<float>{0} : A, {std::max<int64_t>(1, s.m * s.k)});
-      Tensor dB = on(gpu, B.empty() ? std::vector<float>{0} : B, {std::max<int64_t>(1, s.k * s.n)});
-      Tensor dC = on(gpu, beta == 0.0f ? std::vector<float>(C.size(), NAN) : C, {s.m * s.n});
+      Tensor dA = operand(A);
+      Tensor dB = operand(B);
+      Tensor dC = output(C, beta);
       cuda::gemm_skinny_nn(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), beta, dC.f32(), st);
       CHECK(rel_error(dC.to_host(), want) < 1e-5);
       if (beta == 0.0f) {  // the same bits on a second run
@@ -1816,9 +1824,9 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
       const auto A = randn(s.k * s.m, 35), B = randn(s.k * s.n, 36), C = randn(s.m * s.n, 37);
       std::vector<float> want = C;
       cpu::gemm(true, false, s.m, s.n, s.k, 0.5f, A.data(), B.data(), beta, want.data());
-      Tensor dA = on(gpu, A.empty() ? std::vector<float>{0} : A, {std::max<int64_t>(1, s.k * s.m)});
-      Tensor dB = on(gpu, B.empty() ? std::vector<float>{0} : B, {std::max<int64_t>(1, s.k * s.n)});
-      Tensor dC = on(gpu, beta == 0.0f ? std::vector<float>(C.size(), NAN) : C, {s.m * s.n});
+      Tensor dA = operand(A);
+      Tensor dB = operand(B);
+      Tensor dC = output(C, beta);
       cuda::gemm_short_k(s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), beta, dC.f32(), st);
       CHECK(rel_error(dC.to_host(), want) < 1e-5);
       // With A's column sums beside (a bias gradient): the same C, and the sums.
@@ -1829,8 +1837,8 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
         for (int64_t r = 0; r < s.k; ++r) sum += A[static_cast<size_t>(r * s.m + i)];
         want_sums[static_cast<size_t>(i)] = static_cast<float>(0.5 * sum + beta * sums0[static_cast<size_t>(i)]);
       }
-      Tensor dC2 = on(gpu, beta == 0.0f ? std::vector<float>(C.size(), NAN) : C, {s.m * s.n});
-      Tensor sums = on(gpu, beta == 0.0f ? std::vector<float>(sums0.size(), NAN) : sums0, {s.m});  // beta 0: not read
+      Tensor dC2 = output(C, beta);
+      Tensor sums = output(sums0, beta);  // beta 0: not read
       cuda::gemm_short_k(s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), beta, dC2.f32(), st, sums.f32(), beta);
       CHECK(dC2.to_host() == dC.to_host());
       CHECK(rel_error(sums.to_host(), want_sums) < 1e-5);

@@ -268,10 +268,9 @@ SkinnySplit skinny_split(int64_t m, int64_t n, int64_t k) {
 // [z * 64 / splits, (z + 1) * 64 / splits) in block order through distributed shared memory
 // (Hopper): no workspace, no second kernel, and the same bits every run. Four blocks of a
 // 64 x 64 tile over k = 256 each waited for four chunks one after another (the default
-// job's weight gradients took 11 us each on four SMs).
-
-// Split: a kernel of its own, so that the unsplit one keeps its registers (the seed
-// workload's weight gradient took 8.0 us instead of 6.0 with both in one).
+// job's weight gradients took 11 us each on four SMs). Split is a kernel of its own, so
+// that the unsplit one keeps its registers (the seed workload's weight gradient took 8.0
+// us instead of 6.0 with both in one).
 template <bool Vec, bool Split>
 static __global__ void __launch_bounds__(kTileThreads)
     short_k_kernel(int m, int n, int k, int k_per_split, float alpha, const float* A, const float* B, float beta,
