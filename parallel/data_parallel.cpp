@@ -474,7 +474,10 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     for (size_t r = 0; r < n; ++r) graph_inputs_ready_.push_back(std::make_unique<Event>(devices_[r]));
     graph_done_ = std::make_unique<Event>(devices_[0]);
   }
-  // Each replica copies its shard into its fixed buffers, once the last replay has read them.
+  // Each replica's shard, once the last replay has read the buffers it came in. The graph
+  // copies it into the fixed buffers that its step reads (a node on the replica's stream
+  // whose sources each replay moves), and the warm-up step before it.
+  std::vector<data::Batch> shard(n);
   std::vector<char> resized(n, 0);
   run_on_all([&](size_t r) {
     Replica& rep = replicas_[r];
@@ -484,19 +487,21 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     // the context's cuBLAS workspace and reduction counter with what the source queues.
     // (Replica 0's stream is the replays' own.)
     if (r > 0 && graph_) graph_done_->wait_in(*rep.ctx);
-    const data::Batch b = source(r, first + part.first, part.count);
+    const data::Batch& b = shard[r] = source(r, first + part.first, part.count);
     data::Batch& in = graph_in_[r];
     if (!in.x.defined() || in.x.shape() != b.x.shape() || in.y.shape() != b.y.shape()) {
       in = {Tensor::empty(b.x.shape(), b.x.dtype(), rep.device), Tensor::empty(b.y.shape(), b.y.dtype(), rep.device)};
       resized[r] = 1;
     }
-    copy_all({{in.x, b.x}, {in.y, b.y}});
-    if (r > 0) graph_inputs_ready_[r]->record(*rep.ctx);
+    if (r > 0) graph_inputs_ready_[r]->record(*rep.ctx);  // after what the source queued there
   });
   if (std::find(resized.begin(), resized.end(), 1) != resized.end()) {
     graph_.reset();
     graph_warm_ = false;
   }
+  const auto copies = [&](size_t r) -> std::vector<std::pair<Tensor, Tensor>> {
+    return {{graph_in_[r].x, shard[r].x}, {graph_in_[r].y, shard[r].y}};
+  };
   // The step reads its micro-batches as views of the fixed buffers.
   const ShardSource fixed = [&](size_t r, int64_t f, int64_t count_r) {
     const int64_t at = f - first - shares.replica_part(r).first;
@@ -504,6 +509,9 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   };
   if (!graph_warm_) {  // an eager step first: cuBLAS and the allocator set up outside the graph
     graph_warm_ = true;
+    run_on_all([&](size_t r) {
+      if (shard[r].x.defined()) copy_all(copies(r));
+    });
     return step_body(first, count, fixed, loss, metric);
   }
   const std::vector<optim::Optimizer*> opts = optimizers();
@@ -520,6 +528,12 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
       for (size_t r = 1; r < n; ++r) graph_->join(*replicas_[r].ctx);
       if (reducer_)
         for (Context* c : reducer_->contexts()) graph_->join(*c);
+      graph_copy_.assign(n, 0);
+      for (size_t r = 0; r < n; ++r)  // in turn: the graph numbers its copies
+        if (shard[r].x.defined()) {
+          ContextGuard g(*replicas_[r].ctx);
+          graph_copy_[r] = graph_->copy_in(copies(r));
+        }
       graph_out_ = step_body(first, count, fixed, loss, metric);
       graph_->end();
     } catch (...) {
@@ -533,8 +547,10 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   }
   {
     ContextGuard g(*master.ctx);
+    for (size_t r = 0; r < n; ++r)
+      if (shard[r].x.defined()) graph_->set_copy_sources(graph_copy_[r], copies(r));
     for (size_t r = 1; r < n; ++r)
-      if (shares.replica_part(r).count > 0) graph_inputs_ready_[r]->wait_in(*master.ctx);
+      if (shard[r].x.defined()) graph_inputs_ready_[r]->wait_in(*master.ctx);
     // The whole replay counts as compute: the phases inside a graph are not timed apart.
     if (timing_) master.t_start->record(*master.ctx);
     graph_->launch();

@@ -7,10 +7,12 @@
 #include <mutex>
 
 #include <dptrain/error.hpp>
+#include <dptrain/runtime/tensor.hpp>
 #include "allocator.hpp"
 
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/check.hpp"
+#include "../kernels/cuda/cuda.hpp"
 #endif
 
 namespace dpt {
@@ -298,6 +300,55 @@ void Graph::launch() {
   DPT_CHECK(exec_, "Graph::launch() before end()");
   cuda::set_device(ctx_.device().index);
   DPT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(ctx_.stream())));
+#endif
+}
+
+#if DPT_WITH_CUDA
+namespace {
+// copy_in's pieces: every pair on `device`, the same type and size both sides.
+cuda::CopyPieces graph_copy_pieces(const std::vector<std::pair<Tensor, Tensor>>& dst_src, const Device& device) {
+  DPT_CHECK(!dst_src.empty() && dst_src.size() <= static_cast<size_t>(cuda::kMaxCopyPieces),
+            "Graph: a copy of 1 to " + std::to_string(cuda::kMaxCopyPieces) + " tensors");
+  cuda::CopyPieces pieces;
+  for (const auto& [dst, src] : dst_src) {
+    DPT_CHECK(dst.device() == device && src.device() == device,
+              "Graph: a copy within " + device.str() + ", the context's GPU");
+    DPT_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "Graph: a copy between unlike tensors");
+    pieces.piece[pieces.count++] = {dst.data(), src.data(), static_cast<int64_t>(src.nbytes())};
+  }
+  return pieces;
+}
+}  // namespace
+#endif
+
+size_t Graph::copy_in(const std::vector<std::pair<Tensor, Tensor>>& dst_src) {
+#if DPT_WITH_CUDA
+  DPT_CHECK(recording_, "Graph::copy_in() outside begin() and end()");
+  const Device device = dst_src.empty() ? ctx_.device() : dst_src[0].first.device();
+  const cuda::CopyPieces pieces = graph_copy_pieces(dst_src, device);
+  const Context& ctx = context(device);
+  DPT_CHECK(&ctx == &ctx_ || std::find(joined_.begin(), joined_.end(), &ctx) != joined_.end(),
+            "Graph::copy_in() on a context that the graph does not record");
+  cuda::set_device(device.index);
+  const auto stream = static_cast<cudaStream_t>(ctx.stream());
+  cuda::copy_device(pieces, stream);
+  copies_.push_back(cuda::recorded_copy_node(pieces, stream));
+  return copies_.size() - 1;
+#else
+  (void)dst_src;
+  return 0;
+#endif
+}
+
+void Graph::set_copy_sources(size_t copy, const std::vector<std::pair<Tensor, Tensor>>& dst_src) {
+#if DPT_WITH_CUDA
+  DPT_CHECK(exec_ && copy < copies_.size(), "Graph::set_copy_sources() of a copy not recorded");
+  const Device device = dst_src.empty() ? ctx_.device() : dst_src[0].first.device();
+  cuda::set_device(device.index);
+  cuda::set_copy_node_sources(exec_, copies_[copy], graph_copy_pieces(dst_src, device));
+#else
+  (void)copy;
+  (void)dst_src;
 #endif
 }
 

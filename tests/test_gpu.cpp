@@ -398,14 +398,17 @@ TEST_CASE("updates with a step counter follow the schedule as on the CPU and mov
 
 TEST_CASE("the checked update (one launch where it fits) gives the check and the update bit for bit",
           "[gpu][ops][optim]") {
-  // Sizes the fused kernel takes (one block, many) and one past a million blocks' worth of
-  // threads that it may not; a non-finite gradient at step 3 (skipped, recorded); clipping
-  // and none; SGD with momentum and AdamW, with a schedule.
+  // Sizes the fused kernel takes holding the buffers in registers (one block, 74 blocks),
+  // and on an H200 with a second pass (513 blocks, too many to hold), one past a million
+  // blocks' worth of threads that it may not take; a non-finite gradient at step 3
+  // (skipped, recorded); clipping and none; SGD with momentum and without (no buffer
+  // read), AdamW, with a schedule.
   const ScheduleArgs cosine{2, 0.05f, 2, 6};
-  for (int64_t n : {int64_t{5}, int64_t{300001}, int64_t{1} << 22, int64_t{1} << 24}) {
-    for (bool adam : {false, true})
+  for (int64_t n : {int64_t{5}, int64_t{300001}, (int64_t{1} << 21) + 3, int64_t{1} << 24}) {
+    for (const float momentum : {0.9f, 0.0f, -1.0f})  // -1: AdamW
       for (float clip : {0.0f, 0.5f}) {
-        INFO("n " << n << (adam ? " adamw" : " sgd") << " clip " << clip);
+        const bool adam = momentum < 0.0f;
+        INFO("n " << n << (adam ? " adamw" : " sgd momentum ") << (adam ? 0.0f : momentum) << " clip " << clip);
         auto run = [&](bool checked) {
           const auto p = randn(n, 50);
           auto bad = randn(n, 51);
@@ -422,7 +425,7 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
           for (int s = 0; s < 5; ++s) {
             const Tensor& g = s == 3 ? B : G;
             Tensor scale;
-            const SgdArgs sa{.lr = 1.0f, .momentum = 0.9f};
+            const SgdArgs sa{.lr = 1.0f, .momentum = adam ? 0.0f : momentum};
             if (checked) {
               scale = adam ? checked_adamw_step(P, g, M, V, AdamArgs{}, clip, ring, Tensor(), step)
                            : checked_sgd_step(P, g, M, sa, clip, ring, Tensor(), step);
@@ -451,6 +454,44 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
         CHECK(c1 == c2);
       }
   }
+}
+
+TEST_CASE("a graph's recorded copy reads the sources that each launch names", "[gpu][graph]") {
+  // x and y as a step's inputs: copied into fixed buffers by the graph, then read by the
+  // rest of it (here a copy out). A launch already queued keeps the sources it was given.
+  const int64_t n = 1001;
+  std::vector<Tensor> xs, ys;
+  for (int k = 0; k < 3; ++k) {
+    xs.push_back(on(gpu, randn(n, 60 + k), {n}));
+    ys.push_back(on(gpu, randn(7, 70 + k), {7}));
+  }
+  const Tensor x = Tensor::empty({n}, DType::f32, gpu), y = Tensor::empty({7}, DType::f32, gpu);
+  const Tensor out = Tensor::empty({n + 7}, DType::f32, gpu);
+  Graph g(context(gpu));
+  CHECK_THROWS_AS(g.copy_in({{x, xs[0]}}), Error);  // not recording
+  g.begin();
+  const size_t c = g.copy_in({{x, xs[0]}, {y, ys[0]}});
+  copy_all({{out.view(0, {n}), x}, {out.view(n, {7}), y}});
+  g.end();
+  std::vector<Tensor> seen;
+  for (int k : {1, 0, 2, 2}) {
+    g.set_copy_sources(c, {{x, xs[static_cast<size_t>(k)]}, {y, ys[static_cast<size_t>(k)]}});
+    g.launch();
+    seen.push_back(Tensor::empty({n + 7}, DType::f32, gpu));
+    copy(seen.back(), out);  // queued after the launch, before the next one
+  }
+  int at = 0;
+  for (int k : {1, 0, 2, 2}) {
+    const auto got = seen[static_cast<size_t>(at++)].to_host();
+    auto want = xs[static_cast<size_t>(k)].to_host();
+    const auto wy = ys[static_cast<size_t>(k)].to_host();
+    want.insert(want.end(), wy.begin(), wy.end());
+    CHECK(got == want);
+  }
+  // The destinations and sizes stay as recorded.
+  CHECK_THROWS_AS(g.set_copy_sources(c, {{y, ys[0]}, {x, xs[0]}}), Error);
+  CHECK_THROWS_AS(g.set_copy_sources(c, {{x, xs[0]}}), Error);
+  CHECK_THROWS_AS(g.set_copy_sources(c + 1, {{x, xs[0]}, {y, ys[0]}}), Error);
 }
 
 TEST_CASE("a copy within the GPU (a kernel) moves every byte at any alignment and size", "[gpu][ops]") {
@@ -980,6 +1021,34 @@ TEST_CASE("a step recorded as a CUDA graph trains exactly like the eager step", 
     INFO("final loss " << r.final_loss);
     CHECK(graphed.model().flat_params().to_host() == eager.model().flat_params().to_host());  // bit for bit
     CHECK(graphed.optimizer().steps_taken() == c.steps);
+  }
+}
+
+TEST_CASE("a CUDA graph on file data trains exactly like the eager step", "[gpu][graph]") {
+  // The shards come from the input pipeline's slots, another buffer every step: the
+  // graph's copy reads the one each launch names (one and two logical replicas, uneven
+  // shards, three epochs).
+  const std::vector<float> x = randn(53 * 12, 41);
+  std::vector<int32_t> labels;
+  for (int i = 0; i < 53; ++i) labels.push_back((i * 3 + 1) % 5);
+  const auto set = std::make_shared<data::ArrayDataset>(data::Array{x.data(), data::ArrayDType::f32, {53, 12}},
+                                                        data::Array{labels.data(), data::ArrayDType::i32, {53}});
+  for (size_t replicas : {1, 2}) {
+    INFO("replicas " << replicas);
+    TrainConfig c;
+    c.model = "12-24x2-5";
+    c.optimizer = "adamw";
+    c.lr = 0.003f;
+    c.batch = 11;
+    c.epochs = 3;
+    c.log_every = 1000;
+    c.devices = std::vector<Device>(replicas, gpu);
+    Trainer eager(c, set);
+    eager.run();
+    c.cuda_graph = true;
+    Trainer graphed(c, set);
+    graphed.run();
+    CHECK(graphed.model().flat_params().to_host() == eager.model().flat_params().to_host());  // bit for bit
   }
 }
 

@@ -192,6 +192,14 @@ struct CopyPieces {
   int count = 0;
 };
 void copy_device(const CopyPieces& pieces, cudaStream_t stream);
+// A copy inside a CUDA graph whose sources change between replays (a step's inputs, from a
+// new buffer every step): the kernel node that copy_device(pieces) just recorded on
+// `stream` (being captured; an error if that is not the last work recorded there), and
+// new pieces for it in the graph's instance `exec` (cudaGraphExec_t; the destinations and
+// sizes as recorded, the sources anywhere on the device): the launches after it copy
+// those.
+void* recorded_copy_node(const CopyPieces& pieces, cudaStream_t stream);
+void set_copy_node_sources(void* exec, void* node, const CopyPieces& pieces);
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std, cudaStream_t stream);
 void normal_rows(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_t stream_id, const RowMap& map,

@@ -250,6 +250,45 @@ void copy_device(const CopyPieces& pieces, cudaStream_t stream) {
   launch_after_previous(copy_kernel, blocks_for(largest / 16 + 1), kThreads, stream, pieces);
 }
 
+namespace {
+// Whether two copies write the same bytes (and, with `sources`, read the same).
+bool same_copy(const CopyPieces& a, const CopyPieces& b, bool sources) {
+  if (a.count != b.count) return false;
+  for (int k = 0; k < a.count; ++k)
+    if (a.piece[k].dst != b.piece[k].dst || a.piece[k].bytes != b.piece[k].bytes ||
+        (sources && a.piece[k].src != b.piece[k].src))
+      return false;
+  return true;
+}
+}  // namespace
+
+void* recorded_copy_node(const CopyPieces& pieces, cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* last = nullptr;
+  size_t count = 0;
+  DPT_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &last, nullptr, &count));
+  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+  if (status == cudaStreamCaptureStatusActive && count == 1) DPT_CUDA_CHECK(cudaGraphNodeGetType(last[0], &type));
+  cudaKernelNodeParams p{};
+  if (type == cudaGraphNodeTypeKernel) DPT_CUDA_CHECK(cudaGraphKernelNodeGetParams(last[0], &p));
+  DPT_CHECK(p.kernelParams && same_copy(*static_cast<const CopyPieces*>(p.kernelParams[0]), pieces, true),
+            "recorded_copy_node: the last work recorded on the stream is not this copy");
+  return last[0];
+}
+
+void set_copy_node_sources(void* exec, void* node, const CopyPieces& pieces) {
+  cudaKernelNodeParams p{};
+  DPT_CUDA_CHECK(cudaGraphKernelNodeGetParams(static_cast<cudaGraphNode_t>(node), &p));
+  DPT_CHECK(same_copy(*static_cast<const CopyPieces*>(p.kernelParams[0]), pieces, false),
+            "set_copy_node_sources: the destinations or sizes differ from the recorded copy's");
+  CopyPieces now = pieces;
+  void* args[] = {&now};
+  p.kernelParams = args;
+  p.extra = nullptr;
+  DPT_CUDA_CHECK(
+      cudaGraphExecKernelNodeSetParams(static_cast<cudaGraphExec_t>(exec), static_cast<cudaGraphNode_t>(node), &p));
+}
+
 void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "axpy: negative size");
   if (n == 0) return;

@@ -14,6 +14,8 @@
 
 namespace dpt {
 
+class Tensor;
+
 enum class GemmImpl { cublas, native };
 
 const char* precision_name(Precision p);             // "fp32", "tf32", "bf16"
@@ -113,6 +115,14 @@ class Graph {
   void end();
   void launch();
   bool ready() const { return exec_ != nullptr; }
+  // A copy recorded like any work (between begin() and end(), on the current context of
+  // this thread: the first or a joined one) whose sources set_copy_sources() moves between
+  // launches: a step's inputs, which come from a new buffer every step, copied by the
+  // graph's first kernel, not by a launch of their own before it. Every pair on the
+  // context's GPU, at most four; the destinations and sizes stay as recorded. Returns the
+  // copy's index.
+  size_t copy_in(const std::vector<std::pair<Tensor, Tensor>>& dst_src);
+  void set_copy_sources(size_t copy, const std::vector<std::pair<Tensor, Tensor>>& dst_src);
 
  private:
   void end_captures();
@@ -124,6 +134,7 @@ class Graph {
   std::vector<void*> events_;    // cudaEvent_t: the forks and joins
   std::vector<Device> devices_;  // whose allocators record
   std::vector<std::pair<Device, std::vector<void*>>> held_;
+  std::vector<void*> copies_;  // cudaGraphNode_t: copy_in's
 };
 
 // The context ops on `device` use in this thread: the thread's current one when it is
