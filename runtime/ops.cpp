@@ -43,6 +43,18 @@ bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool t
 Tensor reduce_work(const Device& d, int64_t at_least) {
   return Tensor::empty({std::max<int64_t>(at_least, cuda::kReduceWork)}, DType::f32, d);
 }
+// gemm_skinny's partial products, for the call it is made for: none where k is not split
+// (data null), so that the one-kernel form allocates nothing.
+struct SkinnyWork {
+  Tensor t;
+  float* data = nullptr;
+  SkinnyWork(int64_t m, int64_t n, int64_t k, const Device& d) {
+    if (const int64_t floats = cuda::gemm_skinny_work(m, n, k); floats > 0) {
+      t = Tensor::empty({floats}, DType::f32, d);
+      data = t.f32();
+    }
+  }
+};
 #endif
 
 // Only large GEMMs take cuBLASLt's epilogue: for a short one cuBLAS's own kernel plus
@@ -218,7 +230,7 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
     cudaStream_t s = stream_of(d);
     if (const SmallGemm small = small_gemm(ctx, ta, tb, m, n, k); small == SmallGemm::skinny)
       cuda::gemm_skinny(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), nullptr, Act::none, nullptr,
-                        Tensor::empty({cuda::gemm_skinny_work(m, n, k)}, DType::f32, d).f32(), s);
+                        SkinnyWork(m, n, k, d).data, s);
     else if (small == SmallGemm::short_k) cuda::gemm_short_k(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
     else if (small == SmallGemm::skinny_nn) cuda::gemm_skinny_nn(m, n, k, alpha, A.f32(), B.f32(), beta, C.f32(), s);
     else if (ctx.gemm == GemmImpl::native)
@@ -754,8 +766,7 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
       d.is_cuda() && rows > 0 && out > 0 && small_gemm(ctx, false, true, rows, out, x.size(1)) == SmallGemm::skinny) {
     // A small batch: our skinny GEMM, the bias and activation in its second pass.
     cuda::gemm_skinny(rows, out, x.size(1), 1.0f, x.f32(), W.f32(), 0.0f, y.f32(), b.defined() ? b.f32() : nullptr, act,
-                      z.defined() ? z.f32() : nullptr,
-                      Tensor::empty({cuda::gemm_skinny_work(rows, out, x.size(1))}, DType::f32, d).f32(), stream_of(d));
+                      z.defined() ? z.f32() : nullptr, SkinnyWork(rows, out, x.size(1), d).data, stream_of(d));
     fused = true;
   } else if (d.is_cuda() && ctx.gemm == GemmImpl::cublas && multiply_adds >= kLtMinMultiplyAdds &&
              (act == Act::none || act == Act::relu)) {

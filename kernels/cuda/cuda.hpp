@@ -27,7 +27,8 @@ void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 // gemm_small.cu — strict fp32 kernels for a Linear layer's shapes at small batches:
 // gemm_skinny: C = act(alpha A B^T + beta C + bias) (row-major A [m, k], B [n, k]; bias [n]
 // and z, the pre-activation, may be null) for m <= kSkinnyRows, through `work`
-// (gemm_skinny_work floats; a split of k writes its partial products there);
+// (gemm_skinny_work floats, 0 where k is not split; a split of k writes its partial
+// products there);
 // gemm_short_k: C = alpha A^T B + beta C (A [k, m], B [k, n]), for small k, and when
 // colsum_A is given also colsum_A = alpha * (A's column sums) + colsum_beta * colsum_A (a
 // Linear layer's bias gradient beside its weight gradient). beta == 0 never reads C (nor

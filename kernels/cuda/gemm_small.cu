@@ -388,7 +388,8 @@ ShortKSplit short_k_split(int64_t tiles, int64_t k) {
 }  // namespace
 
 int64_t gemm_skinny_work(int64_t m, int64_t n, int64_t k) {
-  return static_cast<int64_t>(skinny_split(m, n, k).splits) * m * n;
+  const int splits = skinny_split(m, n, k).splits;
+  return k > 0 && splits > 1 ? splits * m * n : 0;  // one slice (or none): no partial products
 }
 
 void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
@@ -398,10 +399,11 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
   // k / 2: a split's end (its start plus its length) is computed in int.
   DPT_CHECK(n <= INT_MAX - kTile && k <= INT_MAX / 2, "gemm_skinny: a dimension does not fit in int");
   if (m == 0 || n == 0) return;
-  DPT_CHECK(C != nullptr && work != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_skinny: null pointer");
-  DPT_CHECK(aligned16(work), "gemm_skinny: work must be 16-byte aligned");  // its 16-byte accesses
+  DPT_CHECK(C != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_skinny: null pointer");
   const SkinnySplit sp = skinny_split(m, n, k);
   DPT_CHECK(sp.splits <= kMaxSplit, "gemm_skinny: more slices than the epilogue adds");
+  if (k > 0 && sp.splits > 1)  // the partial products' 16-byte accesses
+    DPT_CHECK(work != nullptr && aligned16(work), "gemm_skinny: work must be 16-byte aligned, not null");
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   const bool vec_loads = k % 4 == 0 && aligned16(A) && aligned16(B);
   if (k > 0 && sp.splits == 1) {  // one kernel
