@@ -533,14 +533,20 @@ class LinearNode : public Node {
           bias_work(d, want_db ? cuda::act_backward_transposed_work(rows, out) : 0).f32(), stream_of(d));
       dz_done = true;
     }
-    // A layer without activation (dz = dy) whose weight gradient takes the short-k kernel
-    // (a small batch) gets its bias gradient from that kernel too: one kernel less a step.
+    // A small layer whose weight gradient takes the short-k kernel (a small batch) gets its
+    // bias gradient from that kernel too, and where its input gradient takes the skinny A B
+    // kernel (or is not wanted), both kernels make dz = dy act'(saved) as they load dy: no
+    // pass of its own over dy (the default job's two hidden layers: a kernel less each).
     // Not without inputs: a weight gradient with no columns launches nothing.
-    const bool db_with_dW = !dz_done && want_db && act_ == Act::none && grads.needed(1) && d.is_cuda() &&
-                            x_.size(1) > 0 &&
-                            small_gemm(context(d), true, false, out, x_.size(1), rows) == SmallGemm::short_k;
+    const int64_t in = x_.size(1);
+    const bool dW_short_k = !dz_done && grads.needed(1) && d.is_cuda() && in > 0 &&
+                            small_gemm(context(d), true, false, out, in, rows) == SmallGemm::short_k;
+    const bool deriv_on_load =
+        dW_short_k && act_ != Act::none &&
+        (!grads.needed(0) || small_gemm(context(d), false, false, rows, in, out) == SmallGemm::skinny_nn);
+    const bool db_with_dW = want_db && dW_short_k && (act_ == Act::none || deriv_on_load);
 #else
-    const bool db_with_dW = false;
+    const bool db_with_dW = false, deriv_on_load = false;
 #endif
     if (!dz_done && want_db && !db_with_dW) {
       DPT_CUDA_OR_CPU(
@@ -548,7 +554,7 @@ class LinearNode : public Node {
           cuda::act_bias_backward(dy.f32(), saved_.f32(), act_, rows, out, dy.f32(), db.beta, db.t.f32(),
                                   bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(), stream_of(d)),
           cpu::act_bias_backward(dy.f32(), saved_.f32(), act_, rows, out, dy.f32(), db.beta, db.t.f32()));
-    } else if (!dz_done && act_ != Act::none) {
+    } else if (!dz_done && act_ != Act::none && !deriv_on_load) {
       DPT_CUDA_OR_CPU(d, cuda::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32(), stream_of(d)),
                       cpu::act_backward(dy.f32(), saved_.f32(), act_, dy.numel(), dy.f32()));
     }
@@ -560,15 +566,20 @@ class LinearNode : public Node {
     }
     if (grads.needed(0)) {  // dx = dz W
       Tensor dx = Tensor::empty(x_.shape(), DType::f32, d);
-      gemm(false, false, 1.0f, dy, W_, 0.0f, dx);
+#if DPT_WITH_CUDA
+      if (deriv_on_load)
+        cuda::gemm_skinny_nn(rows, in, out, 1.0f, dy.f32(), W_.f32(), 0.0f, dx.f32(), stream_of(d), saved_.f32(), act_);
+      else
+#endif
+        gemm(false, false, 1.0f, dy, W_, 0.0f, dx);
       give(grads, 0, dx);
     }
     if (grads.needed(1) && !dz_done) {  // dW (+)= dz^T x, straight into the flat gradient buffer
       GradSlot dW = grad_slot(grads, 1, W_.shape(), d);
 #if DPT_WITH_CUDA
-      if (db_with_dW)
-        cuda::gemm_short_k(out, x_.size(1), rows, 1.0f, dy.f32(), x_.f32(), dW.beta, dW.t.f32(), stream_of(d),
-                           db.t.f32(), db.beta);
+      if (db_with_dW || deriv_on_load)
+        cuda::gemm_short_k(out, in, rows, 1.0f, dy.f32(), x_.f32(), dW.beta, dW.t.f32(), stream_of(d),
+                           db_with_dW ? db.t.f32() : nullptr, db.beta, deriv_on_load ? saved_.f32() : nullptr, act_);
       else
 #endif
         gemm(true, false, 1.0f, dy, x_, dW.beta, dW.t);

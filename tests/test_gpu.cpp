@@ -1879,6 +1879,18 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
         cuda::gemm_skinny_nn(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), 0.0f, again.f32(), st);
         CHECK(again.to_host() == dC.to_host());
       }
+      // A as dy times act'(saved), made as it is loaded: the CPU's act_backward, then its GEMM.
+      for (Act act : {Act::relu, Act::gelu, Act::tanh}) {
+        INFO("times act' " << static_cast<int>(act));
+        const auto saved = randn(s.m * s.k, 45);
+        std::vector<float> dz(A.size()), want_d = C;
+        cpu::act_backward(A.data(), saved.data(), act, s.m * s.k, dz.data());
+        cpu::gemm(false, false, s.m, s.n, s.k, 1.5f, dz.data(), B.data(), beta, want_d.data());
+        Tensor dS = operand(saved);
+        Tensor dC3 = output(C, beta);
+        cuda::gemm_skinny_nn(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), beta, dC3.f32(), st, dS.f32(), act);
+        CHECK(rel_error(dC3.to_host(), want_d) < 1e-5);
+      }
     }
   // Short k: edges in m and n, float4 and scalar loads, k == 0, the seed's weight gradient.
   // And k past 64 (a batch of up to 256 of a tiny layer), split over a cluster (the
@@ -1911,6 +1923,26 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
       cuda::gemm_short_k(s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), beta, dC2.f32(), st, sums.f32(), beta);
       CHECK(dC2.to_host() == dC.to_host());
       CHECK(rel_error(sums.to_host(), want_sums) < 1e-5);
+      // A as dy times act'(saved), made as it is loaded, the column sums of that too.
+      for (Act act : {Act::relu, Act::gelu, Act::tanh}) {
+        INFO("times act' " << static_cast<int>(act));
+        const auto saved = randn(s.k * s.m, 46);
+        std::vector<float> dz(A.size()), want_d = C, want_dsums(static_cast<size_t>(s.m));
+        cpu::act_backward(A.data(), saved.data(), act, s.k * s.m, dz.data());
+        cpu::gemm(true, false, s.m, s.n, s.k, 0.5f, dz.data(), B.data(), beta, want_d.data());
+        for (int64_t i = 0; i < s.m; ++i) {
+          double sum = 0.0;
+          for (int64_t r = 0; r < s.k; ++r) sum += dz[static_cast<size_t>(r * s.m + i)];
+          want_dsums[static_cast<size_t>(i)] = static_cast<float>(0.5 * sum + beta * sums0[static_cast<size_t>(i)]);
+        }
+        Tensor dS = operand(saved);
+        Tensor dC3 = output(C, beta);
+        Tensor sums3 = output(sums0, beta);
+        cuda::gemm_short_k(s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), beta, dC3.f32(), st, sums3.f32(), beta, dS.f32(),
+                           act);
+        CHECK(rel_error(dC3.to_host(), want_d) < 1e-5);
+        CHECK(rel_error(sums3.to_host(), want_dsums) < 1e-5);
+      }
     }
   // linear() routes a batch of 64 to the skinny kernel in fp32 (the same bits as calling
   // it), and a Linear layer there still matches the CPU forward and backward.
@@ -1940,6 +1972,25 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
             return linear(linear(in[0], in[1], in[2], Act::relu), in[3], in[4], Act::none);
           },
           {on(d, h, {256, 128}), on(d, W2, {128, 128}), on(d, b2, {128}), on(d, W3, {4, 128}), on(d, b3, {4})});
+    });
+  }
+  // The whole default job (16-128x2-4) at its batch, each activation: the hidden layers'
+  // dz made as their gradients' kernels load dy (no pass of its own), the first layer
+  // without an input gradient (its input is data).
+  for (Act act : {Act::relu, Act::gelu, Act::tanh}) {
+    INFO("default job, activation " << static_cast<int>(act));
+    const auto x1 = randn(256 * 16, 84), W1 = randn(128 * 16, 85, 0.3f), b1 = randn(128, 86),
+               W2 = randn(128 * 128, 80, 0.1f), b2 = randn(128, 81), W3 = randn(4 * 128, 82, 0.1f), b3 = randn(4, 83);
+    compare([&](const Device& d) {
+      std::vector<Tensor> p{on(d, W1, {128, 16}), on(d, b1, {128}),    on(d, W2, {128, 128}),
+                            on(d, b2, {128}),     on(d, W3, {4, 128}), on(d, b3, {4})};
+      for (auto& t : p) t.set_requires_grad(true);
+      const Tensor h = linear(linear(on(d, x1, {256, 16}), p[0], p[1], act), p[2], p[3], act);
+      const Tensor y = linear(h, p[4], p[5], Act::none);
+      mse_loss(y, on(d, randn(256 * 4, 87), {256, 4})).backward();
+      std::vector<Tensor> out{y.detach()};
+      for (const Tensor& t : p) out.push_back(t.grad());
+      return out;
     });
   }
   // Twice through backward without zeroing: the second pass adds into both gradients (beta 1).

@@ -33,6 +33,9 @@ void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 // colsum_A is given also colsum_A = alpha * (A's column sums) + colsum_beta * colsum_A (a
 // Linear layer's bias gradient beside its weight gradient). beta == 0 never reads C (nor
 // colsum_beta == 0 colsum_A). Deterministic.
+// gemm_skinny_nn and gemm_short_k with deriv_of (A's layout) and an activation read A as
+// A * act'(deriv_of), element by element (a Linear layer's dz = dy act'(saved), made as
+// each GEMM loads dy: no pass of its own, the same products as act_bias_backward's).
 // Up to 256 rows (a batch of 256, the default job's) and k (the weight gradient's batch;
 // ops.cpp takes them past 64 for tiny GEMMs only, where cuBLAS picks split-k GEMMs).
 constexpr int64_t kSkinnyRows = 256;
@@ -46,9 +49,10 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
 // batch).
 constexpr int64_t kSkinnyNnK = 128;
 void gemm_skinny_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
-                    cudaStream_t stream);
+                    cudaStream_t stream, const float* deriv_of = nullptr, Act act = Act::none);
 void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
-                  cudaStream_t stream, float* colsum_A = nullptr, float colsum_beta = 0.0f);
+                  cudaStream_t stream, float* colsum_A = nullptr, float colsum_beta = 0.0f,
+                  const float* deriv_of = nullptr, Act act = Act::none);
 // gemm_cublas.cu — the same through cuBLAS; `precision` picks fp32, TF32 or bf16 tensor
 // cores (fp32 storage and accumulation). The handle must already be bound to its stream.
 void gemm_cublas(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m, int64_t n, int64_t k,

@@ -59,6 +59,26 @@ __device__ __forceinline__ float4 load4(const float* row, bool row_ok, int c, in
   return make_float4(v[0], v[1], v[2], v[3]);
 }
 
+// A Linear layer's dz = dy act'(saved), made as a GEMM loads dy (its A) instead of by a
+// pass of its own: v times act'(s), s from `saved` at the same place (zeros outside give
+// zeros). The products are act_bias_backward's, so the GEMM multiplies the same dz.
+__device__ __forceinline__ float times_derivative(float v, float s, Act act) {
+  switch (act) {
+    case Act::relu:
+      return __fmul_rn(v, act_derivative<Act::relu>(s));
+    case Act::gelu:
+      return __fmul_rn(v, act_derivative<Act::gelu>(s));
+    case Act::tanh:
+      return __fmul_rn(v, act_derivative<Act::tanh>(s));
+    default:
+      return v;
+  }
+}
+__device__ __forceinline__ float4 times_derivative(float4 v, float4 s, Act act) {
+  return make_float4(times_derivative(v.x, s.x, act), times_derivative(v.y, s.y, act), times_derivative(v.z, s.z, act),
+                     times_derivative(v.w, s.w, act));
+}
+
 // Stores v to row[c, c + 4) clipped to n. vec (n % 4 == 0 and the row 16-byte aligned, so
 // c < n means c + 4 <= n): one 16-byte store. Scalar stores of a 64 x 64 tile took a large
 // share of the short-k kernel's time (the seed workload's shape, in a CUDA graph).
@@ -112,9 +132,10 @@ __device__ __forceinline__ ChunkSlot chunk_slot(int t, int l) {
 // k in [k_begin, k_end): A [m, k] is k-contiguous, each float4 transposed on its way into
 // shared memory; B is [n, k] as A (BAlongK), or [k, n] (n-contiguous rows copied straight
 // in, as short_k's: the input gradient dz W).
-template <bool Vec, bool BAlongK>
+template <bool Vec, bool BAlongK, bool Deriv = false>
 __device__ __forceinline__ void skinny_tile(int m, int n, int k, int k_begin, int k_end, const float* A, const float* B,
-                                            int m0, int n0, float (*As)[kPitch], float (*Bs)[kPitch], float acc[4][4]) {
+                                            int m0, int n0, float (*As)[kPitch], float (*Bs)[kPitch], float acc[4][4],
+                                            const float* saved = nullptr, Act act = Act::none) {
   const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
   for (int k0 = k_begin; k0 < k_end; k0 += kChunk) {
     // 64 rows x 64 k of each operand: every load issued before the first store, so the
@@ -124,7 +145,9 @@ __device__ __forceinline__ void skinny_tile(int m, int n, int k, int k_begin, in
     for (int l = 0; l < kLoads; ++l) {
       const auto [r, kk] = chunk_slot(t, l);
       const bool row_ok = m0 + r < m;
-      a[l] = load4<Vec>(A + static_cast<int64_t>(row_ok ? m0 + r : 0) * k, row_ok, k0 + kk, k_end);
+      const int64_t a_row = static_cast<int64_t>(row_ok ? m0 + r : 0) * k;
+      a[l] = load4<Vec>(A + a_row, row_ok, k0 + kk, k_end);
+      if constexpr (Deriv) a[l] = times_derivative(a[l], load4<Vec>(saved + a_row, row_ok, k0 + kk, k_end), act);
       if constexpr (BAlongK) {
         b[l] = load4<Vec>(B + static_cast<int64_t>(n0 + r < n ? n0 + r : 0) * k, n0 + r < n, k0 + kk, k_end);
       } else {
@@ -220,18 +243,19 @@ static __global__ void skinny_epilogue_kernel(const float* part, int splits, int
 // The skinny GEMM in one kernel where k is not split (one slice: k up to a chunk, or tiles
 // enough): the block's whole sum, then skinny_finish. What the partial and epilogue
 // kernels compute with one slice, in one launch instead of two. B as skinny_tile's
-// BAlongK.
-template <Act A, bool Vec, bool BAlongK>
+// BAlongK; Deriv: A times act'(saved) as it is loaded (the input gradient of a layer with
+// an activation).
+template <Act A, bool Vec, bool BAlongK, bool Deriv = false>
 static __global__ void __launch_bounds__(kTileThreads)
     skinny_whole_kernel(int m, int n, int k, float alpha, const float* Am, const float* B, float beta, float* C,
-                        const float* bias, float* z) {
+                        const float* bias, float* z, const float* saved, Act deriv_act) {
   DPT_WAIT_PREVIOUS_GRID();
   __shared__ __align__(16) float As[kChunk][kPitch];
   __shared__ __align__(16) float Bs[kChunk][kPitch];
   const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
   const int n0 = blockIdx.x * kTile, m0 = blockIdx.z * kTile;
   float acc[4][4] = {};
-  skinny_tile<Vec, BAlongK>(m, n, k, 0, k, Am, B, m0, n0, As, Bs, acc);
+  skinny_tile<Vec, BAlongK, Deriv>(m, n, k, 0, k, Am, B, m0, n0, As, Bs, acc, saved, deriv_act);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -271,10 +295,10 @@ SkinnySplit skinny_split(int64_t m, int64_t n, int64_t k) {
 // job's weight gradients took 11 us each on four SMs). Split is a kernel of its own, so
 // that the unsplit one keeps its registers (the seed workload's weight gradient took 8.0
 // us instead of 6.0 with both in one).
-template <bool Vec, bool Split>
+template <bool Vec, bool Split, bool Deriv>
 static __global__ void __launch_bounds__(kTileThreads)
     short_k_kernel(int m, int n, int k, int k_per_split, float alpha, const float* A, const float* B, float beta,
-                   float* C, float* colsum, float colsum_beta) {
+                   float* C, float* colsum, float colsum_beta, const float* saved, Act deriv_act) {
   DPT_WAIT_PREVIOUS_GRID();
   __shared__ __align__(16) float As[kChunk][kPitch];
   __shared__ __align__(16) float Bs[kChunk][kPitch];
@@ -294,6 +318,7 @@ static __global__ void __launch_bounds__(kTileThreads)
       const bool row_ok = k0 + kk < k_end;
       const int64_t row = row_ok ? k0 + kk : 0;
       a[l] = load4<Vec>(A + row * m, row_ok, m0 + c4, m);
+      if constexpr (Deriv) a[l] = times_derivative(a[l], load4<Vec>(saved + row * m, row_ok, m0 + c4, m), deriv_act);
       b[l] = load4<Vec>(B + row * n, row_ok, n0 + c4, n);
     }
 #pragma unroll
@@ -413,7 +438,7 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
     });
     launch_after_previous(
         kernel, dim3(static_cast<unsigned>((n + kTile - 1) / kTile), 1, static_cast<unsigned>((m + kTile - 1) / kTile)),
-        kTileThreads, stream, M, N, K, alpha, A, B, beta, C, bias, z);
+        kTileThreads, stream, M, N, K, alpha, A, B, beta, C, bias, z, static_cast<const float*>(nullptr), Act::none);
     return;
   }
   const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>(sp.splits),
@@ -434,23 +459,28 @@ void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, c
 }
 
 void gemm_skinny_nn(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, const float* deriv_of, Act act) {
   DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_skinny_nn: negative size");
   DPT_CHECK(m <= kSkinnyRows && k <= kSkinnyNnK, "gemm_skinny_nn: more than " + std::to_string(kSkinnyRows) +
                                                      " rows or " + std::to_string(kSkinnyNnK) + " columns of A");
   DPT_CHECK(n <= INT_MAX - kTile, "gemm_skinny_nn: a dimension does not fit in int");
   if (m == 0 || n == 0) return;
   DPT_CHECK(C != nullptr && (k == 0 || (A != nullptr && B != nullptr)), "gemm_skinny_nn: null pointer");
-  const bool vec = k % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B);
+  const bool deriv = deriv_of != nullptr && act != Act::none;
+  const bool vec = k % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B) && (!deriv || aligned16(deriv_of));
+  const auto kernel =
+      deriv ? (vec ? skinny_whole_kernel<Act::none, true, false, true>
+                   : skinny_whole_kernel<Act::none, false, false, true>)
+            : (vec ? skinny_whole_kernel<Act::none, true, false> : skinny_whole_kernel<Act::none, false, false>);
   launch_after_previous(
-      vec ? skinny_whole_kernel<Act::none, true, false> : skinny_whole_kernel<Act::none, false, false>,
-      dim3(static_cast<unsigned>((n + kTile - 1) / kTile), 1, static_cast<unsigned>((m + kTile - 1) / kTile)),
+      kernel, dim3(static_cast<unsigned>((n + kTile - 1) / kTile), 1, static_cast<unsigned>((m + kTile - 1) / kTile)),
       kTileThreads, stream, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, A, B, beta, C,
-      static_cast<const float*>(nullptr), static_cast<float*>(nullptr));
+      static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+      deriv ? deriv_of : static_cast<const float*>(nullptr), act);
 }
 
 void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
-                  cudaStream_t stream, float* colsum_A, float colsum_beta) {
+                  cudaStream_t stream, float* colsum_A, float colsum_beta, const float* deriv_of, Act act) {
   DPT_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_short_k: negative size");
   // k: a slice's start plus its length (up to k plus a chunk a slice) is computed in int.
   DPT_CHECK(m <= INT_MAX - kTile && n <= INT_MAX - kTile && k <= INT_MAX - kMaxCluster * kChunk,
@@ -464,11 +494,19 @@ void gemm_short_k(int64_t m, int64_t n, int64_t k, float alpha, const float* A, 
   const ShortKSplit sp = short_k_split(bx * by, k);
   const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(by), static_cast<unsigned>(sp.splits));
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-  const bool vec = m % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B);
-  const auto kernel = sp.splits > 1 ? (vec ? short_k_kernel<true, true> : short_k_kernel<false, true>)
-                                    : (vec ? short_k_kernel<true, false> : short_k_kernel<false, false>);
+  const bool deriv = deriv_of != nullptr && act != Act::none;
+  const bool vec = m % 4 == 0 && n % 4 == 0 && aligned16(A) && aligned16(B) && (!deriv || aligned16(deriv_of));
+  const auto pick = [vec](auto split, auto with_deriv) {
+    constexpr bool S = decltype(split)::value, D = decltype(with_deriv)::value;
+    return vec ? short_k_kernel<true, S, D> : short_k_kernel<false, S, D>;
+  };
+  using yes = std::true_type;
+  using no = std::false_type;
+  const auto kernel =
+      sp.splits > 1 ? (deriv ? pick(yes{}, yes{}) : pick(yes{}, no{})) : (deriv ? pick(no{}, yes{}) : pick(no{}, no{}));
   launch_after_previous_in_clusters(dim3(1, 1, static_cast<unsigned>(sp.splits)), kernel, grid, kTileThreads, stream, M,
-                                    N, K, sp.per_split, alpha, A, B, beta, C, colsum_A, colsum_beta);
+                                    N, K, sp.per_split, alpha, A, B, beta, C, colsum_A, colsum_beta,
+                                    deriv ? deriv_of : static_cast<const float*>(nullptr), act);
 }
 
 }  // namespace dpt::cuda
