@@ -233,13 +233,13 @@ class DataParallel {
   // The step after the plan and the checks: the eager step, and what a graph records.
   StepLoss step_body(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric);
   // CUDA-graph mode: each replica's shard is copied into fixed buffers that the graph reads,
-  // by the graph (its copy graph_copy_[r]).
+  // by a copy recorded in the graph whose sources each replay moves.
   bool use_graph_ = false;
   std::unique_ptr<Graph> graph_;
   bool graph_warm_ = false;
   bool recording_ = false;             // timing events (and waits on events from before) stay out of a graph
   std::vector<data::Batch> graph_in_;  // replica r's fixed shard
-  std::vector<size_t> graph_copy_;
+  std::vector<size_t> graph_copy_;     // replica r's copy in the graph (Graph::copy_in's index)
   std::vector<std::unique_ptr<Event>> graph_inputs_ready_;  // replica r's shard is there
   std::unique_ptr<Event> graph_done_;                       // the last replay has read the inputs
   StepLoss graph_out_;                                      // the recorded step's losses, written by every replay
