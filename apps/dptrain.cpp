@@ -140,6 +140,12 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--bucket-mb", o.cfg.bucket_mb, "Gradient bucket size in MiB, reduced as soon as it is ready")
       ->capture_default_str();
+  app.add_option("--first-bucket-mb", o.cfg.first_bucket_mb,
+                 "The first bucket's size in MiB when smaller (the last layer's gradients go out at once)")
+      ->capture_default_str();
+  add_integer(app, "--comm-ctas", o.cfg.comm_ctas,
+              "NCCL: at most this many thread blocks a collective (fewer SMs taken from backward); 0: NCCL's choice")
+      ->capture_default_str();
   app.add_option("--grad-comm", o.grad_comm,
                  "The type gradients travel in between devices: fp32, or bf16 (rounded before they leave a device; "
                  "not with --ddp on CPUs)")

@@ -76,7 +76,9 @@ struct Flags {
   std::vector<std::string> on_command_line;  // every flag: dpbench reads no config file
   int64_t batch = 0;                         // when not given: the workload's reference batch
   int64_t steps = 100, warmup = 10;
-  double bucket_mb = 25.0;
+  double bucket_mb = 25.0, first_bucket_mb = 1.0;
+  int comm_ctas = 0;
+  bool update_per_bucket = false;
   bool cuda_graph = false;
   bool comm = false;
   std::string optimizer = "sgd";
@@ -92,7 +94,9 @@ struct Plan {
   std::vector<size_t> counts;  // device counts to run: 1, 2, 4, ... and all of them
   int64_t batch = 0;           // per device in weak scaling; times devices.size() in strong
   int64_t steps = 0, warmup = 0;
-  double bucket_mb = 0;
+  double bucket_mb = 0, first_bucket_mb = 0;
+  int comm_ctas = 0;                       // NCCL's thread blocks a collective (0: NCCL's choice)
+  bool update_per_bucket = false;          // each bucket updated once reduced
   bool cuda_graph = false;                 // the step recorded once as a CUDA graph and replayed (one GPU)
   bool comm = false;                       // the gradient reduction alone, not steps
   bool cpu_default = false;                // CPU devices and no --model: the small CPU workload
@@ -132,6 +136,12 @@ void add_flags(CLI::App& app, Flags& f) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket size in MiB")->capture_default_str();
+  app.add_option("--first-bucket-mb", f.first_bucket_mb, "The first bucket's size in MiB, when smaller")
+      ->capture_default_str();
+  add_integer(app, "--comm-ctas", f.comm_ctas, "NCCL: at most this many thread blocks a collective (0: NCCL's choice)")
+      ->capture_default_str();
+  app.add_flag("--update-per-bucket", f.update_per_bucket,
+               "Update each bucket's parameters as soon as its reduction is done (runs on several devices)");
   app.add_flag("--cuda-graph", f.cuda_graph,
                "Record the step as a CUDA graph after warm-up and time its replays "
                "(one GPU)");
@@ -196,6 +206,14 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
     throw dpt::UsageError("--cuda-graph records one GPU's step: give one CUDA device (--gpus 1)");
   p.cuda_graph = f.cuda_graph;
   p.bucket_mb = f.bucket_mb;
+  if (!(f.first_bucket_mb > 0.0) || f.first_bucket_mb > 1048576.0)
+    throw dpt::UsageError("--first-bucket-mb must be in (0, 1048576] MiB, got " + fmt("%g", f.first_bucket_mb));
+  p.first_bucket_mb = f.first_bucket_mb;
+  if (f.comm_ctas < 0 || f.comm_ctas > dpt::kMaxCommCtas)
+    throw dpt::UsageError("--comm-ctas must be in [0, " + std::to_string(dpt::kMaxCommCtas) + "], got " +
+                          std::to_string(f.comm_ctas));
+  p.comm_ctas = f.comm_ctas;
+  p.update_per_bucket = f.update_per_bucket;
   if (f.comm && p.devices.size() < 2)
     throw dpt::UsageError("--comm times the reduction between devices: give at least 2 (--gpus 2, --cpus 2)");
   if (f.comm && f.cuda_graph) throw dpt::UsageError("--comm times the reduction alone, not a recorded step");
@@ -204,6 +222,8 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
     throw dpt::UsageError("--optimizer must be sgd or adamw, got '" + f.optimizer + "'");
   p.adamw = f.optimizer == "adamw";
   if (f.zero < 0 || f.zero > 2) throw dpt::UsageError("--zero must be 0, 1 or 2, got " + std::to_string(f.zero));
+  if (f.update_per_bucket && (f.zero > 0 || f.cuda_graph))
+    throw dpt::UsageError("--update-per-bucket is for runs without --zero and --cuda-graph");
   if (f.comm && f.zero == 2)
     throw dpt::UsageError(
         "--comm times the reduction after backward; ZeRO stage 2 reduces during it: use --zero 0 or 1");
@@ -292,6 +312,9 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   dpt::DataParallelOptions o;
   o.reduce = reduce;
   o.bucket_mb = p.bucket_mb;
+  o.first_bucket_mb = p.first_bucket_mb;
+  o.comm_ctas = p.comm_ctas;
+  o.update_per_bucket = p.update_per_bucket && m.devices.size() > 1;
   o.precision = precision;
   o.zero = p.zero;  // on one device the same code with one shard
   o.grad_comm = p.grad_comm;
@@ -384,6 +407,9 @@ void print_header(const Plan& p, int64_t parameters) {
     std::printf("  ZeRO stage %d: the optimizer state%s sharded over the devices\n", p.zero,
                 p.zero == 2 ? " and the gradients" : "");
   if (p.grad_comm == dpt::DType::bf16) std::printf("  gradients travel in bf16 between devices\n");
+  std::printf("  buckets of %g MiB, the first %g MiB%s%s\n", p.bucket_mb, std::min(p.bucket_mb, p.first_bucket_mb),
+              p.comm_ctas > 0 ? (", NCCL at most " + std::to_string(p.comm_ctas) + " thread blocks").c_str() : "",
+              p.update_per_bucket ? ", each bucket updated once reduced" : "");
   for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
   if (p.comm) {  // run_comm says the rest
     std::fflush(stdout);
@@ -534,6 +560,8 @@ int run_comm(const Plan& p, int64_t parameters) {
       dpt::DataParallelOptions o;
       o.reduce = red;
       o.bucket_mb = p.bucket_mb;
+      o.first_bucket_mb = p.first_bucket_mb;
+      o.comm_ctas = p.comm_ctas;
       o.zero = p.zero;
       o.grad_comm = p.grad_comm;
       dpt::DataParallel dp(

@@ -2,7 +2,8 @@
 # On a machine with several GPUs: the multi-GPU tests (both reduction paths, N GPUs equal
 # one, balanced memory), DDP over NCCL with 2..N ranks, the mlp workload on 1 and N GPUs
 # with and without overlap, dpbench's weak and strong scaling in fp32, tf32 and bf16,
-# with bf16 gradients on the wire and with ZeRO, the reduction's bus bandwidth beside bare
+# with bf16 gradients on the wire and with ZeRO, the scaling levers (first bucket, updates
+# per bucket, NCCL's thread blocks), the reduction's bus bandwidth beside bare
 # NCCL's (dpbench --comm), and PyTorch DDP and nn.DataParallel. Lean: builds only what it
 # runs.
 set -u
@@ -35,6 +36,14 @@ echo "-- dpbench: every precision, both paths, weak and strong scaling"
 bench --precision fp32,tf32,bf16 --reduce nccl,p2p --scaling weak,strong --out "${OUT:-/tmp}/dpbench_multi"
 echo "-- dpbench: bf16 gradients on the wire (the scaling issue)"
 bench --precision fp32,bf16 --reduce nccl,p2p --scaling weak --grad-comm bf16 --out "${OUT:-/tmp}/dpbench_bf16wire"
+echo "-- dpbench: the scaling issue's levers, bf16 and tf32 weak scaling (defaults: a 1 MiB first bucket, the"
+echo "   communication stream at high priority, p2p reading peers in place): 25 MiB first bucket; each bucket"
+echo "   updated once reduced; NCCL capped at 8 and 16 thread blocks"
+bench --precision tf32,bf16 --reduce nccl,p2p --scaling weak --first-bucket-mb 25 --out "${OUT:-/tmp}/dpbench_first25"
+bench --precision tf32,bf16 --reduce nccl,p2p --scaling weak --update-per-bucket --out "${OUT:-/tmp}/dpbench_perbucket"
+for c in 8 16; do
+  bench --precision bf16 --reduce nccl --scaling weak --comm-ctas $c --out "${OUT:-/tmp}/dpbench_ctas$c"
+done
 echo "-- dpbench: AdamW, ZeRO stage 0, 1 and 2, with each device's state (the sharding issue)"
 for z in 0 1 2; do
   bench --precision fp32,bf16 --reduce nccl --scaling weak --optimizer adamw --zero $z --out "${OUT:-/tmp}/dpbench_zero$z"

@@ -27,7 +27,7 @@ using namespace dpt;
 int main(int argc, char** argv) {
   CLI::App app{"step_bench: time one training step of dptrain"};
   std::string model = "seed", precision = "fp32", gemm = "cublas", device = "cuda:0";
-  int64_t batch = 64, warmup = 20, blocks = 7, per_block = 20;
+  int64_t batch = 64, warmup = 20, blocks = 7, per_block = 20, graph_steps = 1;
   bool graph = false;
   app.add_option("--model", model, "seed, mlp, cnn, an MLP spec or cnn:SPEC");
   app.add_option("--batch", batch, "Batch size");
@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
   app.add_option("--blocks", blocks, "Timed blocks (the median is reported)");
   app.add_option("--steps", per_block, "Steps per timed block");
   app.add_flag("--cuda-graph", graph, "Record the step as a CUDA graph after warm-up and time its replays");
+  app.add_option("--graph-steps", graph_steps, "With --cuda-graph: steps recorded in one graph (one replay runs them)")
+      ->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
   try {
     const Device d = parse_devices(device).front();
@@ -85,9 +87,11 @@ int main(int argc, char** argv) {
     if (graph) {
       recorded = std::make_unique<Graph>(ctx);
       recorded->begin();
-      graph_loss = step();
+      for (int64_t i = 0; i < graph_steps; ++i) graph_loss = step();
       recorded->end();
     }
+    // A replay of a graph of several steps counts as that many steps.
+    const int64_t per_call = recorded ? graph_steps : 1;
     auto timed_step = [&] {
       if (!recorded) return step();
       recorded->launch();
@@ -97,10 +101,11 @@ int main(int argc, char** argv) {
     Tensor loss;
     for (int64_t b = 0; b < blocks; ++b) {
       const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < per_block; ++i) loss = timed_step();
+      int64_t done = 0;
+      for (; done < per_block; done += per_call) loss = timed_step();
       ctx.synchronize();
       const auto t1 = std::chrono::steady_clock::now();
-      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(per_block));
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(done));
     }
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];

@@ -47,6 +47,24 @@ StepCounter Optimizer::step_counter(float beta1, float beta2) const {
   return {counter_, schedule_.args(), beta1, beta2};
 }
 
+void Optimizer::step_part(int64_t offset, int64_t count, bool last) {
+  DPT_CHECK(begin_ == 0 && params_.numel() == model_->flat_params().numel(),
+            "Optimizer::step_part: not for a ZeRO shard");
+  DPT_CHECK(offset >= 0 && count >= 0 && offset + count <= params_.numel(),
+            "Optimizer::step_part: [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
+                ") is no range of " + std::to_string(params_.numel()) + " parameters");
+  StepCounter step = step_counter(0.0f, 0.0f);  // the optimizer's own betas: update_range's
+  step.advance = last;
+  update_range(offset, count, step);
+  if (last) ++t_;
+}
+
+namespace {
+Tensor part_of(const Tensor& t, int64_t offset, int64_t count) {
+  return t.defined() ? t.view(offset, {count}) : Tensor();
+}
+}  // namespace
+
 SGD::SGD(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
   if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f)) {
     char got[64];
@@ -73,6 +91,11 @@ Tensor SGD::checked_step(float max_norm, const CheckRing& ring) {
   const Tensor scale = checked_sgd_step(params_, grads_, buf_, o_, max_norm, ring, shadow(), step_counter(0.0f, 0.0f));
   ++t_;
   return scale;
+}
+
+void SGD::update_range(int64_t offset, int64_t count, const StepCounter& step) {
+  sgd_step(part_of(params_, offset, count), part_of(grads_, offset, count), part_of(buf_, offset, count), o_, {},
+           part_of(shadow(), offset, count), &step);
 }
 
 std::vector<std::pair<std::string, Tensor>> SGD::state() const {
@@ -116,6 +139,14 @@ Tensor AdamW::checked_step(float max_norm, const CheckRing& ring) {
       checked_adamw_step(params_, grads_, m_, v_, a, max_norm, ring, shadow(), step_counter(o_.beta1, o_.beta2));
   ++t_;
   return scale;
+}
+
+void AdamW::update_range(int64_t offset, int64_t count, const StepCounter& step) {
+  StepCounter with_betas = step;
+  with_betas.beta1 = o_.beta1;
+  with_betas.beta2 = o_.beta2;
+  adamw_step(part_of(params_, offset, count), part_of(grads_, offset, count), part_of(m_, offset, count),
+             part_of(v_, offset, count), update_args(), {}, part_of(shadow(), offset, count), &with_betas);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {

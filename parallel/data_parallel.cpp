@@ -1,6 +1,7 @@
 #include <dptrain/parallel/data_parallel.hpp>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -106,6 +107,11 @@ struct DataParallel::Replica {
   std::string nvtx_forward, nvtx_backward, nvtx_update;  // "forward cuda:1", made once
   Tensor scale;                                          // the last step's gradient scale
   Tensor grad_shard;                                     // ZeRO stage 2: the sum of its shard's gradients
+  // Per-bucket updates: the stream they run on, an event a bucket (its sum is queued), and
+  // the last one's end, which the replica's next work waits for.
+  std::unique_ptr<Context> update_ctx;
+  std::vector<std::unique_ptr<Event>> bucket_summed;
+  std::unique_ptr<Event> parts_updated;
 };
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device> devices,
@@ -136,6 +142,16 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   if (options.zero < 0 || options.zero > 2)
     throw UsageError("DataParallelOptions::zero must be 0, 1 or 2, got " + std::to_string(options.zero));
   zero_ = options.zero;
+  if (options.comm_ctas < 0 || options.comm_ctas > kMaxCommCtas)
+    throw UsageError("DataParallelOptions::comm_ctas must be in [0, " + std::to_string(kMaxCommCtas) + "], got " +
+                     std::to_string(options.comm_ctas));
+  if (!(options.first_bucket_mb > 0.0))
+    throw UsageError("DataParallelOptions::first_bucket_mb must be positive, got " +
+                     std::to_string(options.first_bucket_mb));
+  if (options.update_per_bucket && (clip_ > 0.0f || check_finite_ || zero_ > 0))
+    throw UsageError(
+        "DataParallelOptions::update_per_bucket updates a bucket before the next is reduced: not with clip or "
+        "check_finite (which need the norm over every bucket first), nor with zero");
   use_graph_ = options.cuda_graph;
   if (use_graph_ && (!devices_[0].is_cuda() || group_))
     throw UsageError(
@@ -186,10 +202,12 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     int64_t total = 0;
     const auto offsets = model->layout(&total);
     const double bucket_bytes = options.bucket_mb * 1024.0 * 1024.0;
+    const double first_bytes = options.first_bucket_mb * 1024.0 * 1024.0;
     auto params = model->parameters();
     std::vector<int64_t> sizes;
     for (const nn::Parameter* p : params) sizes.push_back(numel(p->shape));
-    buckets_ = zero_ == 2 ? make_param_buckets(offsets, sizes, bucket_bytes) : make_buckets(total, bucket_bytes);
+    buckets_ = zero_ == 2 ? make_param_buckets(offsets, sizes, bucket_bytes, first_bytes)
+                          : make_buckets(total, bucket_bytes, first_bytes);
     buckets_of_param_.assign(offsets.size(), {});
     for (size_t k = 0; k < offsets.size(); ++k) {
       const int64_t begin = offsets[k], end = begin + numel(params[k]->shape);
@@ -221,11 +239,14 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       throw UsageError(
           "DataParallelOptions::grad_comm bf16 is for NCCL, p2p and host reductions; the MPI reduction of CPU ranks "
           "sums fp32");
+    comm_ctas_ = options.comm_ctas;
     if (zero_ == 2) make_stage2_reducer(offsets, sizes, wire);
     else if (group_)
-      reducer_ = reduce_ == Reduce::nccl ? make_nccl_rank_reducer(*group_, bufs[0], buckets_, shards_, wire)
-                                         : make_mpi_reducer(*group_, bufs[0], buckets_, shards_);
-    else if (reduce_ == Reduce::nccl) reducer_ = make_nccl_reducer(std::move(bufs), buckets_, shards_, wire);
+      reducer_ = reduce_ == Reduce::nccl
+                     ? make_nccl_rank_reducer(*group_, bufs[0], buckets_, shards_, wire, {}, comm_ctas_)
+                     : make_mpi_reducer(*group_, bufs[0], buckets_, shards_);
+    else if (reduce_ == Reduce::nccl)
+      reducer_ = make_nccl_reducer(std::move(bufs), buckets_, shards_, wire, {}, comm_ctas_);
     else reducer_ = make_master_reducer(std::move(bufs), buckets_, reduce_ == Reduce::p2p, shards_, wire);
   }
   // NCCL's own guidance: several GPUs of one process inside one CUDA graph may deadlock
@@ -246,8 +267,35 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
         first_bad_.push_back(Tensor::zeros({2}, DType::i32, devices_[i]));
       }
     }
+  // Per-bucket updates where a reduction tells when each bucket's sum is queued (with no
+  // reduction, one device, there is nothing to overlap: the update is the usual one).
+  if (options.update_per_bucket && reducer_) {
+    if (!reducer_->tells_bucket_done())
+      throw UsageError(std::string("DataParallelOptions::update_per_bucket is for the nccl, p2p and host reductions, "
+                                   "not ") +
+                       reducer_->name());
+    per_bucket_ = true;
+    for (Replica& rep : replicas_) {
+      if (!rep.opt) continue;
+      rep.update_ctx = std::make_unique<Context>(rep.device);
+      for (size_t b = 0; b < buckets_.size(); ++b) rep.bucket_summed.push_back(std::make_unique<Event>(rep.device));
+      rep.parts_updated = std::make_unique<Event>(rep.device);
+    }
+    reducer_->on_bucket_done([this](size_t r, size_t b, Context& where) { update_bucket(r, b, where); });
+  }
   if (n > 1) pool_ = std::make_unique<WorkerPool>(n);
   buffers_ready_ = std::make_unique<Event>(devices_[0]);
+}
+
+void DataParallel::update_bucket(size_t r, size_t b, Context& where) {
+  Replica& rep = replicas_[r];
+  if (!rep.opt || step_failed_.load()) return;  // an abandoned step updates nothing
+  rep.bucket_summed[b]->record(where);
+  rep.bucket_summed[b]->wait_in(*rep.update_ctx);
+  ContextGuard g(*rep.update_ctx);
+  // The last bucket moves the optimizer's step counter on: it comes after the others in
+  // the update stream's order.
+  rep.opt->step_part(buckets_[b].offset, buckets_[b].count, b + 1 == buckets_.size());
 }
 
 DataParallel::~DataParallel() = default;
@@ -301,10 +349,10 @@ void DataParallel::make_stage2_reducer(const std::vector<int64_t>& offsets, cons
   }
   if (group_)
     reducer_ = reduce_ == Reduce::nccl
-                   ? make_nccl_rank_reducer(*group_, bufs[0], buckets_, shards_, wire, std::move(slots))
+                   ? make_nccl_rank_reducer(*group_, bufs[0], buckets_, shards_, wire, std::move(slots), comm_ctas_)
                    : make_mpi_reducer(*group_, bufs[0], buckets_, shards_, std::move(slots));
   else if (reduce_ == Reduce::nccl)
-    reducer_ = make_nccl_reducer(std::move(bufs), buckets_, shards_, wire, std::move(slots));
+    reducer_ = make_nccl_reducer(std::move(bufs), buckets_, shards_, wire, std::move(slots), comm_ctas_);
   else reducer_ = make_host_stage2_reducer(std::move(bufs), buckets_, shards_, std::move(slots));
 }
 
@@ -452,7 +500,11 @@ void DataParallel::update(size_t r) {
   NvtxRange range(rep.nvtx_update.c_str());
   // Every replica scales (clips) the same reduced gradient, so all make the same update;
   // a non-finite norm gives a NaN scale, on which the optimizer skips the step.
-  if (!(clip_ > 0.0f || check_finite_)) {
+  if (per_bucket_) {  // updated bucket by bucket already: the next step waits for the parts
+    rep.scale = Tensor();
+    rep.parts_updated->record(*rep.update_ctx);
+    rep.parts_updated->wait_in(*rep.ctx);
+  } else if (!(clip_ > 0.0f || check_finite_)) {
     rep.scale = Tensor();
     rep.opt->step(rep.scale);
   } else if (shards_.empty()) {  // the check and the update in one launch where they fit
@@ -528,6 +580,8 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
       for (size_t r = 1; r < n; ++r) graph_->join(*replicas_[r].ctx);
       if (reducer_)
         for (Context* c : reducer_->contexts()) graph_->join(*c);
+      for (Replica& rep : replicas_)
+        if (rep.update_ctx) graph_->join(*rep.update_ctx);
       graph_copy_.assign(n, 0);
       for (size_t r = 0; r < n; ++r)  // in turn: the graph numbers its copies
         if (shard[r].x.defined()) {
@@ -600,22 +654,40 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
   // all-reduce; the step is then abandoned before the update and the error rethrown.
   if (reducer_) reducer_->begin_step();
   std::vector<std::exception_ptr> source_error(replicas_.size());
+  step_failed_ = false;
+  // Per-bucket updates queued from the replicas' threads as they hand buckets over (nccl):
+  // every replica has its shards before any hands a bucket over, so that all know whether
+  // the step will be abandoned (and then update nothing).
+  const bool updates_in_backward = per_bucket_ && reduce_ == Reduce::nccl && replicas_.size() > 1;
+  std::barrier<> sources_taken(updates_in_backward ? static_cast<std::ptrdiff_t>(replicas_.size()) : 1);
   run_on_all([&](size_t r) {
     // The last step's gradient scale is not needed any more: freed now, its block serves
     // this step's backward, and steps after the first allocate nothing.
     replicas_[r].scale = Tensor();
-    for (int k = 0; k < k_total; ++k) {
-      const SampleRange m = shares.micro(r, k);
-      const size_t slot = r * per_replica + static_cast<size_t>(k);
-      out.weights[slot] = shares.weight(r, k);
-      data::Batch shard;
-      if (m.count > 0 && !source_error[r]) try {
-          shard = source(r, first + m.first, m.count);
-        } catch (...) {
-          source_error[r] = std::current_exception();
+    bool arrived = !updates_in_backward;
+    try {
+      for (int k = 0; k < k_total; ++k) {
+        const SampleRange m = shares.micro(r, k);
+        const size_t slot = r * per_replica + static_cast<size_t>(k);
+        out.weights[slot] = shares.weight(r, k);
+        data::Batch shard;
+        if (m.count > 0 && !source_error[r]) try {
+            shard = source(r, first + m.first, m.count);
+          } catch (...) {
+            source_error[r] = std::current_exception();
+            step_failed_ = true;
+          }
+        if (k + 1 == k_total && !arrived) {
+          arrived = true;
+          sources_taken.arrive_and_wait();
         }
-      forward_backward(r, shard, out.weights[slot], loss, out.losses[slot], metric,
-                       metric ? out.metrics[slot] : no_metric, k == 0, k + 1 == k_total);
+        forward_backward(r, shard, out.weights[slot], loss, out.losses[slot], metric,
+                         metric ? out.metrics[slot] : no_metric, k == 0, k + 1 == k_total);
+      }
+    } catch (...) {
+      step_failed_ = true;
+      if (!arrived) sources_taken.arrive_and_drop();  // the others do not wait for this one
+      throw;
     }
   });
   if (reducer_) {

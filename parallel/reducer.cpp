@@ -14,13 +14,16 @@
 
 namespace dpt {
 
-std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes) {
-  DPT_CHECK(bucket_bytes > 0, "bucket size must be positive");
+std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes, double first_bytes) {
+  DPT_CHECK(bucket_bytes > 0 && first_bytes > 0, "bucket sizes must be positive");
   const int64_t align = 64;  // 256-byte boundaries keep vector loads aligned
-  const int64_t size = std::max<int64_t>(align, static_cast<int64_t>(bucket_bytes / sizeof(float)) / align * align);
+  auto floats = [&](double bytes) {
+    return std::max<int64_t>(align, static_cast<int64_t>(bytes / sizeof(float)) / align * align);
+  };
+  const int64_t size = floats(bucket_bytes), first = std::min(size, floats(first_bytes));
   std::vector<Bucket> out;
   for (int64_t end = total; end > 0;) {
-    const int64_t begin = std::max<int64_t>(0, end - size);
+    const int64_t begin = std::max<int64_t>(0, end - (out.empty() ? first : size));
     out.push_back({begin, end - begin});
     end = begin;
   }
@@ -28,14 +31,16 @@ std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes) {
 }
 
 std::vector<Bucket> make_param_buckets(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
-                                       double bucket_bytes) {
-  DPT_CHECK(bucket_bytes > 0 && offsets.size() == sizes.size(), "make_param_buckets: an offset and a size a parameter");
-  const auto limit = static_cast<int64_t>(bucket_bytes / sizeof(float));
+                                       double bucket_bytes, double first_bytes) {
+  DPT_CHECK(bucket_bytes > 0 && first_bytes > 0 && offsets.size() == sizes.size(),
+            "make_param_buckets: an offset and a size a parameter, positive bucket sizes");
+  const auto size = static_cast<int64_t>(bucket_bytes / sizeof(float));
+  const int64_t first = std::min(size, static_cast<int64_t>(first_bytes / sizeof(float)));
   std::vector<Bucket> out;
   if (offsets.empty()) return out;
   int64_t end = offsets.back() + sizes.back(), begin = offsets.back();  // the bucket being filled
   for (size_t k = offsets.size() - 1; k-- > 0;) {
-    if (end - offsets[k] > limit) {  // parameter k would overfill it: it starts the next
+    if (end - offsets[k] > (out.empty() ? first : size)) {  // parameter k would overfill it: it starts the next
       out.push_back({begin, end - begin});
       end = offsets[k] + sizes[k];
     }
@@ -112,7 +117,7 @@ class MasterReducer : public Reducer {
         master_updates_(master_updates),
         shards_(std::move(shards)),
         wire_(r_.size() > 1 ? wire : DType::f32),  // one replica sends nothing: nothing is rounded
-        comm_(r_[0].ctx->device()),
+        comm_(r_[0].ctx->device(), StreamPriority::high),
         done_(r_[0].ctx->device()),
         params_ready_(r_[0].ctx->device()) {
     for (size_t i = 0; i < r_.size(); ++i) {
@@ -120,11 +125,16 @@ class MasterReducer : public Reducer {
       for (size_t b = 0; b < buckets_.size(); ++b) ready_[i].push_back(std::make_unique<Event>(r_[i].ctx->device()));
     }
     const Device master = r_[0].ctx->device();
-    bool remote = false;
-    for (auto& rep : r_) remote |= !(rep.ctx->device() == master);
-    if (remote && master_updates_) {
-      // One staging bucket on the master, reused for every replica and bucket: the
-      // master's extra memory is one bucket, never N-1 copies of the gradients.
+    // p2p: the master's sum kernel reads a peer's buckets in place where it can read that
+    // GPU's memory directly; the others' go through one staging bucket on the master,
+    // reused for every replica and bucket (one bucket of extra memory, never N-1 copies).
+    bool staged = false;
+    for (auto& rep : r_) {
+      const Device d = rep.ctx->device();
+      read_direct_.push_back(master_updates_ && !(d == master) && peer_readable(master, d));
+      staged |= master_updates_ && !(d == master) && !read_direct_.back();
+    }
+    if (staged) {
       int64_t largest = 0;
       for (auto& b : buckets_) largest = std::max(largest, b.count);
       ContextGuard g(comm_);
@@ -144,6 +154,7 @@ class MasterReducer : public Reducer {
 
   const char* name() const override { return master_updates_ ? "p2p" : "host"; }
   bool every_replica_updates() const override { return !master_updates_; }
+  bool tells_bucket_done() const override { return shards_.empty(); }
   bool sharded() const override { return !shards_.empty(); }
 
   void bucket_ready(size_t r, size_t b) override {
@@ -166,35 +177,38 @@ class MasterReducer : public Reducer {
         if (from.device() == into.device()) {
           axpy_(1.0f, from, into);
         } else if (!master_updates_) {  // host: virtual CPU devices share memory
-          if (wire_ == DType::bf16) {
-            widened_.resize(static_cast<size_t>(k.count));
-            cpu::cast_bf16_f32(from.bf16(), widened_.data(), k.count);
-            cpu::axpy(k.count, 1.0f, widened_.data(), into.f32());
-          } else {
-            cpu::axpy(k.count, 1.0f, from.f32(), into.f32());
-          }
+          if (wire_ == DType::bf16) cpu::add_bf16(from.bf16(), into.f32(), k.count);
+          else cpu::axpy(k.count, 1.0f, from.f32(), into.f32());
+        } else if (read_direct_[i]) {
+          add_peer_(from, into);
         } else {
           Tensor stage = staging_.view(0, {k.count});
           copy(stage, from);
           axpy_(1.0f, stage, into);
         }
       }
-      // host: every replica takes the sum as it would come over a bf16 wire.
-      if (!master_updates_ && wire_ == DType::bf16) {
+      if (master_updates_) {
+        reduced(0, b, comm_);
+        continue;
+      }
+      // host: every replica takes the sum as it would come over a bf16 wire, and gets the
+      // sum, or (ZeRO) its shard of it (CPU work is done when queued).
+      if (wire_ == DType::bf16) {
         rounded_.resize(static_cast<size_t>(k.count));
         cpu::cast_f32_bf16(into.f32(), rounded_.data(), k.count);
         cpu::cast_bf16_f32(rounded_.data(), into.f32(), k.count);
       }
-    }
-    // host: every replica gets the sum, or (ZeRO) its shard of it (CPU work is done when queued)
-    if (!master_updates_)
       for (size_t i = 1; i < r_.size(); ++i) {
         if (shards_.empty()) {
-          copy(r_[i].grads, sum);
-        } else if (const SampleRange& k = shards_[i]; k.count > 0) {
-          std::memcpy(r_[i].grads.f32() + k.first, sum.f32() + k.first, sizeof(float) * static_cast<size_t>(k.count));
+          copy(r_[i].grads.view(k.offset, {k.count}), into);
+        } else if (const SampleRange& o = shards_[i]; o.count > 0) {
+          const int64_t begin = std::max(k.offset, o.first), end = std::min(k.offset + k.count, o.first + o.count);
+          if (begin < end)
+            std::memcpy(r_[i].grads.f32() + begin, sum.f32() + begin, sizeof(float) * static_cast<size_t>(end - begin));
         }
       }
+      for (size_t i = 0; i < r_.size(); ++i) reduced(i, b, *r_[i].ctx);
+    }
     done_.record(comm_);
   }
 
@@ -228,13 +242,13 @@ class MasterReducer : public Reducer {
   bool master_updates_;
   std::vector<SampleRange> shards_;  // ZeRO: replica r's shard of the flat buffers
   DType wire_;                       // the type the other replicas' gradients travel in
-  Context comm_;                     // the master's communication stream
+  Context comm_;                     // the master's communication stream (high priority: beside backward)
   Event done_, params_ready_;
   std::vector<std::vector<std::unique_ptr<Event>>> ready_;  // [replica][bucket]
-  Tensor staging_;                                          // p2p: a bucket on the master, in the wire's type
-  std::vector<Tensor> sent_;                                // bf16 wire: replica i's gradients as sent, [i - 1]
-  std::vector<float> widened_;                              // host, bf16 wire: a bucket widened back to fp32
-  std::vector<uint16_t> rounded_;                           // and the sum rounded to bf16
+  std::vector<char> read_direct_;  // p2p, per replica: the master's kernels read its buckets in place
+  Tensor staging_;                 // p2p: a bucket on the master, in the wire's type (when one is not read in place)
+  std::vector<Tensor> sent_;       // bf16 wire: replica i's gradients as sent, [i - 1]
+  std::vector<uint16_t> rounded_;  // host, bf16 wire: the sum rounded to bf16
 };
 
 class HostStage2Reducer : public Reducer {
@@ -442,11 +456,11 @@ BareNcclTimes time_bare_nccl(const std::vector<Device>&, int64_t, int) {
   throw UsageError("bare NCCL needs a build with NCCL; this one has none");
 }
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers>, std::vector<Bucket>, std::vector<SampleRange>,
-                                           DType, GradSlots) {
+                                           DType, GradSlots, int) {
   throw UsageError("DataParallelOptions::reduce nccl needs a build with NCCL; this one has none (use p2p)");
 }
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup&, ReplicaBuffers, std::vector<Bucket>,
-                                                std::vector<SampleRange>, DType, GradSlots) {
+                                                std::vector<SampleRange>, DType, GradSlots, int) {
   throw UsageError("DataParallelOptions::group on GPUs needs a build with NCCL; this one has none");
 }
 #endif

@@ -83,12 +83,27 @@ class Reducer {
   virtual void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad);
   virtual void gather_params();
 
+  // Per-bucket updates (DataParallelOptions::update_per_bucket): `done` is called as soon as
+  // replica r's sum of bucket b is queued (buckets in order; from the thread that queued
+  // it), with the context whose queue holds it. Reducers that cannot say so refuse.
+  using BucketDone = std::function<void(size_t r, size_t b, Context& where)>;
+  virtual bool tells_bucket_done() const { return false; }
+  void on_bucket_done(BucketDone done) { bucket_done_ = std::move(done); }
+
   // ZeRO stage 2 (gradients in bucket slots, the sums in shards of their own). From the
   // driving thread before a step's first backward:
   virtual void begin_step() {}
   // From replica r's thread before backward writes bucket b's gradients into its slot:
   // returns once every bucket r handed over through that slot has been reduced.
   virtual void before_write(size_t /*r*/, size_t /*b*/) {}
+
+ protected:
+  void reduced(size_t r, size_t b, Context& where) const {
+    if (bucket_done_) bucket_done_(r, b, where);
+  }
+
+ private:
+  BucketDone bucket_done_;
 };
 
 // p2p (master_updates = true) and host (false) reduction through the master. `shards`
@@ -107,10 +122,11 @@ std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replica
 // (ncclReduce, in owner order), and the parameters are broadcast back from them; with
 // `slots` (stage 2), from the bucket's slot into the owners' shard sums.
 // `wire` bf16: each bucket is rounded into a bf16 buffer of the communication stream,
-// reduced in bf16, and widened back into the fp32 gradients.
+// reduced in bf16, and widened back into the fp32 gradients. `max_ctas` > 0: NCCL's
+// collectives take at most that many thread blocks (ncclConfig_t::maxCTAs).
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
                                            std::vector<SampleRange> shards = {}, DType wire = DType::f32,
-                                           GradSlots slots = {});
+                                           GradSlots slots = {}, int max_ctas = 0);
 
 class ProcessGroup;
 // Across processes (DDP), one replica per process: NCCL between GPUs (the unique id
@@ -118,7 +134,7 @@ class ProcessGroup;
 // than a hang) or MPI_Iallreduce between CPU processes.
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
                                                 std::vector<Bucket> buckets, std::vector<SampleRange> shards = {},
-                                                DType wire = DType::f32, GradSlots slots = {});
+                                                DType wire = DType::f32, GradSlots slots = {}, int max_ctas = 0);
 // `shards` (one per rank, zero_shards'): ZeRO, each rank gets only its shard of the sum;
 // `slots`: stage 2.
 std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets,
@@ -130,17 +146,20 @@ std::unique_ptr<Reducer> make_host_stage2_reducer(std::vector<ReplicaBuffers> re
                                                   std::vector<SampleRange> shards, GradSlots slots);
 
 // ZeRO stage 2: buckets of whole parameters (a gradient lies in one slot), from the end of
-// the buffer, each at most bucket_bytes unless one parameter alone is larger; a bucket runs
-// from its first parameter's start to its last one's end. The padding between buckets is
-// in none: its gradient, zero, is never reduced (the shards' sums start at zero).
+// the buffer, each at most bucket_bytes (the first at most first_bytes, if less) unless one
+// parameter alone is larger; a bucket runs from its first parameter's start to its last
+// one's end. The padding between buckets is in none: its gradient, zero, is never reduced
+// (the shards' sums start at zero).
 std::vector<Bucket> make_param_buckets(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
-                                       double bucket_bytes);
+                                       double bucket_bytes, double first_bytes);
 
 // Splits a flat buffer of `total` floats into buckets of at most bucket_bytes (rounded
 // to 64 floats), in the order backward produces them: from the end of the buffer, where
-// the last layer's parameters lie. A large parameter spans several buckets, so the
-// p2p staging bucket is exactly the configured size.
-std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes);
+// the last layer's parameters lie. The first is at most first_bytes (if less), so that
+// communication starts as soon as the last layer's gradients are made, as PyTorch DDP's
+// 1 MiB first bucket. A large parameter spans several buckets, so the p2p staging bucket
+// is exactly the configured size.
+std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes, double first_bytes);
 
 // ZeRO, after the parameters' gather: the bf16 shadow of every shard but `own` from the
 // gathered masters. The optimizer refreshed its own shard's in its update (one cast of

@@ -31,7 +31,7 @@ class NcclReducer : public Reducer {
  public:
   // One process, a communicator per GPU (blocking communicators).
   NcclReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, std::vector<SampleRange> shards,
-              DType wire, GradSlots slots)
+              DType wire, GradSlots slots, int max_ctas)
       : r_(std::move(replicas)),
         buckets_(std::move(buckets)),
         shards_(std::move(shards)),
@@ -49,7 +49,25 @@ class NcclReducer : public Reducer {
       devs.push_back(d.index);
     }
     comms_.resize(r_.size());
-    DPT_NCCL_CHECK(ncclCommInitAll(comms_.data(), static_cast<int>(r_.size()), devs.data()));
+    if (max_ctas == 0) {
+      DPT_NCCL_CHECK(ncclCommInitAll(comms_.data(), static_cast<int>(r_.size()), devs.data()));
+    } else {  // what ncclCommInitAll does, with a configuration
+      ncclUniqueId id{};
+      DPT_NCCL_CHECK(ncclGetUniqueId(&id));
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.maxCTAs = max_ctas;
+      DPT_NCCL_CHECK(ncclGroupStart());
+      for (size_t i = 0; i < devs.size(); ++i) {
+        cuda::set_device(devs[i]);
+        const ncclResult_t res =
+            ncclCommInitRankConfig(&comms_[i], static_cast<int>(devs.size()), id, static_cast<int>(i), &config);
+        if (res != ncclSuccess) {
+          (void)ncclGroupEnd();
+          DPT_NCCL_CHECK(res);
+        }
+      }
+      DPT_NCCL_CHECK(ncclGroupEnd());
+    }
     make_streams();
   }
 
@@ -57,7 +75,7 @@ class NcclReducer : public Reducer {
   // others. The communicator is non-blocking, so every wait can be bounded and a dead
   // peer ends in ncclCommAbort instead of a hang.
   NcclReducer(ProcessGroup& g, ReplicaBuffers replica, std::vector<Bucket> buckets, std::vector<SampleRange> shards,
-              DType wire, GradSlots slots)
+              DType wire, GradSlots slots, int max_ctas)
       : r_{std::move(replica)},
         buckets_(std::move(buckets)),
         shards_(std::move(shards)),
@@ -73,6 +91,7 @@ class NcclReducer : public Reducer {
     cuda::set_device(d.index);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+    if (max_ctas > 0) config.maxCTAs = max_ctas;
     comms_.resize(1);
     ncclResult_t res = ncclCommInitRankConfig(&comms_[0], g.size(), id, g.rank(), &config);
     if (res != ncclInProgress) DPT_NCCL_CHECK(res);
@@ -87,7 +106,9 @@ class NcclReducer : public Reducer {
       const Device d = rep.ctx->device();
       DPT_CHECK(!slots_.defined() || rep.grads.numel() == slots_.slot_size * static_cast<int64_t>(slots_.slots),
                 "ZeRO stage 2: slots as the gradients");
-      comm_.push_back(std::make_unique<Context>(d));
+      // High priority: a bucket's collective gets SMs as soon as any frees up, not only
+      // once backward's GEMMs (which fill every SM) have ended.
+      comm_.push_back(std::make_unique<Context>(d, StreamPriority::high));
       done_.push_back(std::make_unique<Event>(d));
       ready_.emplace_back();
       for (size_t b = 0; b < buckets_.size(); ++b) ready_.back().push_back(std::make_unique<Event>(d));
@@ -160,13 +181,17 @@ class NcclReducer : public Reducer {
 
   const char* name() const override { return "nccl"; }
   bool every_replica_updates() const override { return true; }
+  bool tells_bucket_done() const override { return shards_.empty(); }
 
   void bucket_ready(size_t r, size_t b) override {
     if (slots_.defined()) {
       reduce_slot(r, b);
       return;
     }
-    if (alone()) return;
+    if (alone()) {
+      reduced(r, b, *r_[r].ctx);
+      return;
+    }
     // The communication stream waits for the bucket's gradients, not the host.
     ready_[r][b]->record(*r_[r].ctx);
     ready_[r][b]->wait_in(*comm_[r]);
@@ -209,6 +234,7 @@ class NcclReducer : public Reducer {
       if (begin < end)
         copy_cast(grads.view(begin - k.offset, {end - begin}), sent.view(begin - k.offset, {end - begin}));
     }
+    if (shards_.empty()) reduced(r, b, *comm_[r]);
   }
 
   // ZeRO stage 2: bucket b lies in slot b % slots of r's gradients; each owner's piece is
@@ -437,16 +463,16 @@ BareNcclTimes time_bare_nccl(const std::vector<Device>& devices, int64_t floats,
 }
 
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                           std::vector<SampleRange> shards, DType wire, GradSlots slots) {
+                                           std::vector<SampleRange> shards, DType wire, GradSlots slots, int max_ctas) {
   return std::make_unique<NcclReducer>(std::move(replicas), std::move(buckets), std::move(shards), wire,
-                                       std::move(slots));
+                                       std::move(slots), max_ctas);
 }
 
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
                                                 std::vector<Bucket> buckets, std::vector<SampleRange> shards,
-                                                DType wire, GradSlots slots) {
+                                                DType wire, GradSlots slots, int max_ctas) {
   return std::make_unique<NcclReducer>(group, std::move(replica), std::move(buckets), std::move(shards), wire,
-                                       std::move(slots));
+                                       std::move(slots), max_ctas);
 }
 
 }  // namespace dpt

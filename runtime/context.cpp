@@ -50,12 +50,15 @@ Defaults& defaults() {
 }
 }  // namespace
 
-Context::Context(Device device) : device_(device) {
+Context::Context(Device device, StreamPriority priority) : device_(device) {
 #if DPT_WITH_CUDA
   if (device.is_cuda()) {
     cuda::set_device(device.index);
+    int least = 0, greatest = 0;
+    DPT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     cudaStream_t s = nullptr;
-    DPT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    DPT_CUDA_CHECK(
+        cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority == StreamPriority::high ? greatest : least));
     stream_ = s;
     cublasHandle_t h = nullptr;
     DPT_CUBLAS_CHECK(cublasCreate(&h));
@@ -65,6 +68,14 @@ Context::Context(Device device) : device_(device) {
     DPT_CUDA_CHECK(cudaMemsetAsync(counter_, 0, sizeof(unsigned), s));  // ordered before the stream's kernels
   }
 #endif
+}
+
+int Context::priority() const {
+  int p = 0;
+#if DPT_WITH_CUDA
+  if (stream_) DPT_CUDA_CHECK(cudaStreamGetPriority(static_cast<cudaStream_t>(stream_), &p));
+#endif
+  return p;
 }
 
 Context::~Context() {

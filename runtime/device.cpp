@@ -116,6 +116,22 @@ void enable_peer_access(const std::vector<Device>& devices) {
 #endif
 }
 
+bool peer_readable(const Device& reader, const Device& owner) {
+#if DPT_WITH_CUDA
+  if (!reader.is_cuda() || !owner.is_cuda() || reader.index == owner.index) return false;
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, reader.index, owner.index) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return can != 0;
+#else
+  (void)reader;
+  (void)owner;
+  return false;
+#endif
+}
+
 std::vector<Device> default_devices() {
   std::vector<Device> out;
   for (int i = 0; i < cuda_device_count(); ++i) out.push_back({DeviceType::cuda, i});

@@ -168,6 +168,18 @@ void fill_(const Tensor& t, float value) {
                   cpu::fill(t.f32(), t.numel(), value));
 }
 
+void add_peer_(const Tensor& x, const Tensor& y) {
+  need_f32(y, "add_peer_");
+  DPT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, "add_peer_: x must be f32 or bf16");
+  DPT_CHECK(x.numel() == y.numel(), "add_peer_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
+  DPT_CHECK(peer_readable(y.device(), x.device()),
+            "add_peer_: " + y.device().str() + " cannot read " + x.device().str() + "'s memory directly");
+#if DPT_WITH_CUDA
+  if (x.dtype() == DType::bf16) cuda::add_bf16(x.bf16(), y.f32(), x.numel(), stream_of(y.device()));
+  else cuda::axpy(x.numel(), 1.0f, x.f32(), y.f32(), stream_of(y.device()));
+#endif
+}
+
 void axpy_(float alpha, const Tensor& x, const Tensor& y) {
   if (is_bf16(x) || is_bf16(y)) {  // in fp32, y rounded once (autograd adds bf16 gradients so)
     need_float(x, "axpy_");
@@ -383,7 +395,12 @@ StepCounterArgs counter_args(const StepCounter* step, const Tensor& p, const cha
             std::string(op) + ": a step counter is an i32 [4]");
   same_device(step->counter, p, op);
   int32_t* c = step->counter.i32();
-  return {reinterpret_cast<int64_t*>(c), reinterpret_cast<unsigned*>(c + 2), step->schedule, step->beta1, step->beta2};
+  return {reinterpret_cast<int64_t*>(c),
+          reinterpret_cast<unsigned*>(c + 2),
+          step->schedule,
+          step->beta1,
+          step->beta2,
+          step->advance};
 }
 }  // namespace
 

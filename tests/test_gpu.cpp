@@ -844,7 +844,7 @@ TEST_CASE("logical replicas on one GPU (p2p) and NCCL with one rank equal one-GP
 TEST_CASE("bf16 on the wire between logical replicas (p2p): the master's gradient plus the other's rounded",
           "[gpu][parallel][grad_comm]") {
   const int64_t total = 100003;
-  const std::vector<Bucket> buckets = make_buckets(total, 16 * 1024 * 4);
+  const std::vector<Bucket> buckets = make_buckets(total, 16 * 1024 * 4, 16 * 1024 * 4);
   REQUIRE(buckets.size() > 2);
   Context a(gpu), b(gpu);
   const auto g0 = randn(total, 90), g1 = randn(total, 91);
@@ -2036,5 +2036,131 @@ TEST_CASE("data sets gather rows into GPU batches as they gather them on the hos
     const data::Batch b = d->batch(6, 5, gpu), h = d->batch(6, 5, host);  // wraps around the array's 9 rows
     CHECK(b.x.device() == gpu);
     CHECK(b.x.to_host() == h.x.to_host());
+  }
+}
+
+namespace {
+// `steps` steps of a bf16 or fp32 MLP on `devs` through `path`, each bucket updated once
+// reduced or not: replica 0's parameters (every replica checked identical).
+std::vector<float> train_per_bucket(const std::vector<Device>& devs, Reduce path, const std::string& opt,
+                                    Precision precision, bool per_bucket, bool graph, int comm_ctas = 0) {
+  auto m = nn::mlp("24-48x2-6");
+  m->to(devs[0], 4);
+  DataParallelOptions o;
+  o.reduce = path;
+  o.bucket_mb = 0.002;  // several buckets, the first smaller
+  o.first_bucket_mb = 0.001;
+  o.precision = precision;
+  o.update_per_bucket = per_bucket;
+  o.cuda_graph = graph;
+  o.comm_ctas = comm_ctas;
+  DataParallel dp(
+      m, devs,
+      [&](nn::Module& r) -> std::unique_ptr<optim::Optimizer> {
+        std::unique_ptr<optim::Optimizer> p;
+        if (opt == "sgd")
+          p = std::make_unique<optim::SGD>(r,
+                                           optim::SGD::Options{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f});
+        else p = std::make_unique<optim::AdamW>(r, optim::AdamW::Options{.lr = 0.003f});
+        p->set_schedule({optim::Schedule::Kind::cosine, opt == "sgd" ? 0.05f : 0.003f, 2, 8});
+        return p;
+      },
+      o);
+  REQUIRE(dp.buckets() > 2);
+  data::Synthetic d({.task = data::Task::regression, .in = 24, .out = 6, .seed = 3}, devs[0]);
+  const data::Dataset& rows = d;
+  for (int s = 0; s < 6; ++s)
+    dp.train_step(
+        s * 32, 32, [&](size_t r, int64_t first, int64_t n) { return rows.batch(first, n, dp.device(r)); },
+        nn::MSELoss());
+  CHECK(dp.replicas_identical());
+  CHECK(dp.optimizer().steps_taken() == 6);
+  return dp.replica(0).flat_params().to_host();
+}
+}  // namespace
+
+TEST_CASE("each bucket updated once reduced equals the update after the last, eager and in a graph",
+          "[gpu][parallel][per_bucket]") {
+  for (std::string opt : {"sgd", "adamw"})
+    for (Precision precision : {Precision::fp32, Precision::bf16}) {
+      INFO(opt << ", " << precision_name(precision));
+      // p2p between logical replicas of the GPU (the master updates on its reduction's stream).
+      const std::vector<Device> two{gpu, gpu};
+      const auto want = train_per_bucket(two, Reduce::p2p, opt, precision, false, false);
+      CHECK(train_per_bucket(two, Reduce::p2p, opt, precision, true, false) == want);
+      CHECK(train_per_bucket(two, Reduce::p2p, opt, precision, true, true) == want);
+      // NCCL with one rank (every bucket's sum is its own gradient), NCCL's thread blocks capped.
+      if (!built_with_nccl()) continue;
+      const auto one = train_per_bucket({gpu}, Reduce::nccl, opt, precision, false, false);
+      CHECK(train_per_bucket({gpu}, Reduce::nccl, opt, precision, true, false) == one);
+      CHECK(train_per_bucket({gpu}, Reduce::nccl, opt, precision, false, false, 2) == one);
+    }
+}
+
+TEST_CASE("communication streams have the highest priority; a peer sum needs a peer", "[gpu][parallel]") {
+  Context normal(gpu), high(gpu, StreamPriority::high);
+  int least = 0, greatest = 0;
+  REQUIRE(cudaDeviceGetStreamPriorityRange(&least, &greatest) == cudaSuccess);
+  CHECK(normal.priority() == least);
+  CHECK(high.priority() == greatest);
+  CHECK(high.priority() < normal.priority());  // the CUDA order: lower runs first
+  std::vector<ReplicaBuffers> bufs;
+  for (int i = 0; i < 2; ++i)
+    bufs.push_back(
+        {&context(gpu), Tensor::zeros({256}, DType::f32, gpu), Tensor::zeros({256}, DType::f32, gpu), Tensor()});
+  auto p2p = make_master_reducer(bufs, make_buckets(256, 1024, 1024), true);
+  for (Context* c : p2p->contexts()) CHECK(c->priority() == greatest);
+  // One GPU reads its own memory: no peer, so add_peer_ refuses.
+  const Tensor a = Tensor::zeros({4}, DType::f32, gpu), b = Tensor::zeros({4}, DType::f32, gpu);
+  CHECK_THROWS_AS(add_peer_(a, b), Error);
+  CHECK_FALSE(peer_readable(gpu, gpu));
+  CHECK_FALSE(peer_readable(gpu, host));
+}
+
+TEST_CASE("a peer's bucket summed in place equals the staged copy and sum, f32 and bf16", "[gpu][multigpu]") {
+  if (cuda_device_count() < 2 || !peer_readable(gpu, {DeviceType::cuda, 1})) {
+    WARN("no second GPU that this one reads directly: the peer sum is not tested here");
+    return;
+  }
+  const Device other{DeviceType::cuda, 1};
+  const int64_t n = 1000003;  // a scalar tail after the float4s
+  for (DType t : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(t));
+    const auto y0 = test::randn(n, 5), x0 = test::randn(n, 6);
+    Tensor x = cast(Tensor::from_host(x0, {n}, other), t);
+    Tensor direct = Tensor::from_host(y0, {n}, gpu), staged = Tensor::from_host(y0, {n}, gpu);
+    add_peer_(x, direct);
+    Tensor here = Tensor::empty({n}, t, gpu);
+    copy(here, x);
+    axpy_(1.0f, here, staged);
+    CHECK(direct.to_host() == staged.to_host());
+    CHECK(direct.to_host() != y0);
+  }
+}
+
+TEST_CASE(
+    "N GPUs: p2p reading peers in place equals NCCL, updates per bucket and NCCL's capped blocks equal the "
+    "usual",
+    "[gpu][parallel][multigpu][per_bucket]") {
+  const int gpus = cuda_device_count();
+  if (gpus < 2) {
+    WARN("one GPU here: the multi-GPU per-bucket tests need 2 or more");
+    return;
+  }
+  for (int n = 2; n <= std::min(gpus, 8); ++n) {
+    std::vector<Device> devs;
+    for (int i = 0; i < n; ++i) devs.push_back({DeviceType::cuda, i});
+    for (std::string opt : {"sgd", "adamw"}) {
+      INFO(opt << " on " << n << " GPUs");
+      const auto p2p = train_per_bucket(devs, Reduce::p2p, opt, Precision::fp32, false, false);
+      CHECK(train_per_bucket(devs, Reduce::p2p, opt, Precision::fp32, true, false) == p2p);
+      if (!built_with_nccl()) continue;
+      const auto nccl = train_per_bucket(devs, Reduce::nccl, opt, Precision::fp32, false, false);
+      CHECK(train_per_bucket(devs, Reduce::nccl, opt, Precision::fp32, true, false) == nccl);
+      // Two GPUs add a + b both ways (the same bits); more may add in another order.
+      if (n == 2) CHECK(p2p == nccl);
+      else CHECK(rel_error(p2p, nccl) <= 1e-6);
+      CHECK(rel_error(train_per_bucket(devs, Reduce::nccl, opt, Precision::fp32, false, false, 4), nccl) <= 1e-6);
+    }
   }
 }

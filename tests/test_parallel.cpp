@@ -88,14 +88,22 @@ TEST_CASE("a shard plan splits the batch over ranks, then replicas, then micro-b
 }
 
 TEST_CASE("buckets tile the flat buffer from its end, at most the size asked", "[parallel]") {
-  auto b = make_buckets(2000, 4 * 600.0);  // 600 floats, rounded down to 576
+  auto b = make_buckets(2000, 4 * 600.0, 4 * 600.0);  // 600 floats, rounded down to 576
   REQUIRE(b.size() == 4);
   CHECK(b[0].offset == 2000 - 576);
   CHECK(b[0].count == 576);
   CHECK(b[3].offset == 0);
   CHECK(b[3].count == 2000 - 3 * 576);
-  CHECK(make_buckets(128, 1e9).size() == 1);
-  CHECK(make_buckets(128, 1.0).size() == 2);  // at least 64 floats a bucket
+  CHECK(make_buckets(128, 1e9, 1e9).size() == 1);
+  CHECK(make_buckets(128, 1.0, 1.0).size() == 2);  // at least 64 floats a bucket
+  // A smaller first bucket (the last layer's gradients, reduced first), rounded alike;
+  // one larger than the others is the others' size.
+  b = make_buckets(2000, 4 * 600.0, 4 * 130.0);
+  REQUIRE(b.size() == 5);
+  CHECK((b[0].offset == 2000 - 128 && b[0].count == 128));
+  CHECK((b[1].offset == 2000 - 128 - 576 && b[1].count == 576));
+  CHECK((b[4].offset == 0 && b[4].count == 2000 - 128 - 3 * 576));
+  CHECK(make_buckets(2000, 4 * 600.0, 1e9)[0].count == 576);
 }
 
 TEST_CASE("N CPU replicas train exactly like one device on the whole batch", "[parallel]") {
@@ -577,14 +585,19 @@ TEST_CASE("ZeRO refuses what it does not do yet, naming the setting", "[parallel
 TEST_CASE("ZeRO stage 2 buckets are whole parameters, from the end, without the padding", "[parallel][zero]") {
   // Parameters at 0 (100 floats), 100 (30), 132 (500), 632 (8), with padding after the second.
   const std::vector<int64_t> offsets{0, 100, 132, 632}, sizes{100, 30, 500, 8};
-  const auto b = make_param_buckets(offsets, sizes, 200 * 4.0);
+  const auto b = make_param_buckets(offsets, sizes, 200 * 4.0, 200 * 4.0);
   REQUIRE(b.size() == 3);
   CHECK((b[0].offset == 632 && b[0].count == 8));
   CHECK((b[1].offset == 132 && b[1].count == 500));  // over the size, alone
   CHECK((b[2].offset == 0 && b[2].count == 130));    // 100 and 30; the padding after them in none
-  const auto one = make_param_buckets(offsets, sizes, 1e9);
+  const auto one = make_param_buckets(offsets, sizes, 1e9, 1e9);
   REQUIRE(one.size() == 1);
   CHECK((one[0].offset == 0 && one[0].count == 640));
+  // A first bucket of at most 4 floats: the last parameter alone (8, over it), then as before.
+  const auto small_first = make_param_buckets(offsets, sizes, 1e9, 4 * 4.0);
+  REQUIRE(small_first.size() == 2);
+  CHECK((small_first[0].offset == 632 && small_first[0].count == 8));
+  CHECK((small_first[1].offset == 0 && small_first[1].count == 632));
 }
 
 TEST_CASE("ZeRO stage 2 trains as stage 1, each replica holding a gradient shard and two buckets", "[parallel][zero]") {
@@ -659,7 +672,7 @@ TEST_CASE("ZeRO stage 2 keeps a shard of the gradients and the buckets in flight
   for (const nn::Parameter* p : t.model().parameters()) sizes.push_back(numel(p->shape));
   int64_t largest = 0;
   int64_t at = total;
-  const auto buckets = make_param_buckets(offsets, sizes, c.bucket_mb * 1024 * 1024);
+  const auto buckets = make_param_buckets(offsets, sizes, c.bucket_mb * 1024 * 1024, c.bucket_mb * 1024 * 1024);
   CHECK(buckets.size() == 9);  // a layer a bucket
   for (const Bucket& b : buckets) {
     CHECK(b.offset + b.count <= at);  // from the end of the buffer, in order
@@ -736,7 +749,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
 TEST_CASE("bf16 on the wire: the sum is the master's gradient plus the others' rounded to bf16",
           "[parallel][grad_comm]") {
   const int64_t total = 1000;
-  const std::vector<Bucket> buckets = make_buckets(total, 256 * 4);  // several buckets
+  const std::vector<Bucket> buckets = make_buckets(total, 256 * 4, 256 * 4);  // several buckets
   REQUIRE(buckets.size() > 2);
   auto round = [](float v) {
     uint16_t h = 0;
@@ -809,4 +822,91 @@ TEST_CASE("bf16 on the wire trains within 1e-2 of fp32 on N replicas, and one de
         CHECK(test::rel_error(got, want) <= 1e-2);
       }
     }
+}
+
+TEST_CASE("each bucket updated once its sum is done gives the update after the last one, bit for bit",
+          "[parallel][per_bucket]") {
+  const Device host{DeviceType::cpu, 0};
+  data::Synthetic d({.task = data::Task::regression, .in = 12, .out = 5, .seed = 3}, host);
+  for (std::string opt : {"sgd", "adamw"})
+    for (auto [n, path] : {std::pair<int, Reduce>{1, Reduce::host}, {3, Reduce::host}, {3, Reduce::p2p}})
+      for (int accum : {1, 2})
+        for (DType wire : {DType::f32, DType::bf16}) {
+          INFO(opt << " on " << n << " replicas, " << reduce_name(path) << ", " << accum << " micro-batches, "
+                   << dtype_name(wire) << " on the wire");
+          auto run = [&](bool per_bucket, int first_device) {
+            auto m = nn::mlp("12-24x2-5");
+            m->to({DeviceType::cpu, first_device}, 4);
+            DataParallelOptions o;
+            o.reduce = path;
+            o.bucket_mb = 0.001;  // several buckets, the first smaller
+            o.first_bucket_mb = 0.0005;
+            o.grad_accum = accum;
+            o.grad_comm = wire;
+            o.update_per_bucket = per_bucket;
+            DataParallel dp(
+                m, cpus(n, first_device),
+                [&](nn::Module& r) -> std::unique_ptr<optim::Optimizer> {
+                  std::unique_ptr<optim::Optimizer> p;
+                  if (opt == "sgd")
+                    p = std::make_unique<optim::SGD>(
+                        r, optim::SGD::Options{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true});
+                  else p = std::make_unique<optim::AdamW>(r, optim::AdamW::Options{.lr = 0.003f});
+                  p->set_schedule({optim::Schedule::Kind::cosine, opt == "sgd" ? 0.05f : 0.003f, 2, 8});
+                  return p;
+                },
+                o);
+            REQUIRE(dp.buckets() > 2);
+            for (int s = 0; s < 6; ++s) dp.train_step(d.batch(s * 8, 8), nn::MSELoss());
+            CHECK(dp.replicas_identical());
+            CHECK(dp.optimizer().steps_taken() == 6);
+            return dp.replica(0).flat_params().to_host();
+          };
+          CHECK(run(true, 300) == run(false, 310));
+        }
+}
+
+TEST_CASE("updates per bucket: refused where a step-wide decision comes first; an abandoned step updates nothing",
+          "[parallel][per_bucket]") {
+  const Device host{DeviceType::cpu, 0};
+  auto make = [&](DataParallelOptions o, int n) {
+    auto m = nn::mlp("6-8-3");
+    m->to(host, 4);
+    o.update_per_bucket = true;
+    o.bucket_mb = 0.0001;
+    return std::make_unique<DataParallel>(
+        m, cpus(n), [](nn::Module& r) { return std::make_unique<optim::SGD>(r, optim::SGD::Options{.lr = 0.1f}); }, o);
+  };
+  auto refusal = [&](DataParallelOptions o) {
+    try {
+      make(o, 2);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string why =
+      "DataParallelOptions::update_per_bucket updates a bucket before the next is reduced: not with clip or "
+      "check_finite (which need the norm over every bucket first), nor with zero";
+  CHECK(refusal({.clip = 1.0f}) == why);
+  CHECK(refusal({.check_finite = true}) == why);
+  CHECK(refusal({.zero = 1}) == why);
+  // A replica's data fails in the third step: no bucket of it is updated anywhere.
+  auto dp = make({.reduce = Reduce::host}, 3);
+  data::Synthetic d({.task = data::Task::regression, .in = 6, .out = 3, .seed = 2}, host);
+  const data::Dataset& rows = d;
+  auto source = [&](int step) {
+    return [&, step](size_t r, int64_t first, int64_t count) {
+      if (step == 2 && r == 1) throw UsageError("row 7 is not a number");
+      return rows.batch(first, count, dp->device(r));
+    };
+  };
+  for (int s = 0; s < 2; ++s) dp->train_step(s * 9, 9, source(s), nn::MSELoss());
+  const auto before = dp->replica(0).flat_params().to_host();
+  CHECK_THROWS_AS(dp->train_step(18, 9, source(2), nn::MSELoss()), UsageError);
+  CHECK(dp->replica(0).flat_params().to_host() == before);
+  CHECK(dp->replicas_identical());
+  CHECK(dp->optimizer().steps_taken() == 2);
+  dp->train_step(18, 9, source(3), nn::MSELoss());
+  CHECK(dp->replica(0).flat_params().to_host() != before);
 }

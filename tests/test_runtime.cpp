@@ -468,6 +468,10 @@ TEST_CASE("configuration errors name the field and the value, not a flag", "[tra
   }
   CHECK(config_error([](TrainConfig& c) { c.bucket_mb = 0; }) ==
         "TrainConfig::bucket_mb must be in (0, 1048576] MiB, got 0");
+  CHECK(config_error([](TrainConfig& c) { c.first_bucket_mb = NAN; }) ==
+        "TrainConfig::first_bucket_mb must be in (0, 1048576] MiB, got nan");
+  CHECK(config_error([](TrainConfig& c) { c.comm_ctas = 65; }) ==
+        "TrainConfig::comm_ctas must be in [0, 64] (0: NCCL's choice), got 65");
   CHECK(config_error([](TrainConfig& c) { c.save_every = 5; }) ==
         "TrainConfig::save_every needs TrainConfig::save (a checkpoint path)");
   // NaN is outside every range; products that overflow are refused, not wrapped.

@@ -104,6 +104,11 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   // More than a TiB a bucket is no bucket at all (and its byte count would not fit).
   if (!(cfg.bucket_mb > 0.0) || cfg.bucket_mb > 1048576.0)
     bad("bucket_mb", "must be in (0, 1048576] MiB" + got(cfg.bucket_mb));
+  if (!(cfg.first_bucket_mb > 0.0) || cfg.first_bucket_mb > 1048576.0)
+    bad("first_bucket_mb", "must be in (0, 1048576] MiB" + got(cfg.first_bucket_mb));
+  if (cfg.comm_ctas < 0 || cfg.comm_ctas > kMaxCommCtas)
+    bad("comm_ctas", "must be in [0, " + std::to_string(kMaxCommCtas) + "] (0: NCCL's choice), got " +
+                         std::to_string(cfg.comm_ctas));
   if (cfg.cuda_graph &&
       (!std::all_of(cfg.devices.begin(), cfg.devices.end(), [](const Device& d) { return d.is_cuda(); }) || cfg.ddp))
     bad("cuda_graph",
@@ -220,6 +225,8 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   DataParallelOptions o;
   o.reduce = cfg_.reduce;
   o.bucket_mb = cfg_.bucket_mb;
+  o.first_bucket_mb = cfg_.first_bucket_mb;
+  o.comm_ctas = cfg_.comm_ctas;
   o.precision = cfg_.precision;
   o.gemm = cfg_.gemm;
   o.clip = cfg_.clip;

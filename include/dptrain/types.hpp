@@ -47,13 +47,15 @@ struct AdamArgs {
 // An optimizer's step counter on the device, which its update advances: the update reads
 // *t (the steps taken before it), takes the rate of `schedule` at that step and AdamW's
 // bias corrections 1 - beta^(t+1), and moves *t on by one, whether it applies the step or
-// skips it. `blocks_done` is the update kernel's count of its finished blocks, 0 between
-// steps. So a recorded CUDA graph follows the schedule without the host.
+// skips it (unless `advance` is false). `blocks_done` is the update kernel's count of its
+// finished blocks, 0 between steps. So a recorded CUDA graph follows the schedule without
+// the host.
 struct StepCounterArgs {
   int64_t* t = nullptr;
   unsigned* blocks_done = nullptr;
   ScheduleArgs schedule;
   float beta1 = 0.0f, beta2 = 0.0f;
+  bool advance = true;  // false: a part of the step's update (per bucket) that leaves *t as it is
 };
 
 // One step's gradient check, written by the device into host memory for the host to read

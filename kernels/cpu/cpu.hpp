@@ -93,6 +93,7 @@ void finish_check(const float* sum, const int64_t* first, float max_norm, float*
 // elementwise.cpp
 void fill(float* x, int64_t n, float value);
 void axpy(int64_t n, float alpha, const float* x, float* y);  // y += alpha * x
+void add_bf16(const uint16_t* x, float* y, int64_t n);        // y += float(x)
 void sum_squares(const float* x, int64_t n, float* out);      // out = sum x^2
 void cast_f32_bf16(const float* x, uint16_t* y, int64_t n);   // round to nearest even
 void cast_bf16_f32(const uint16_t* x, float* y, int64_t n);

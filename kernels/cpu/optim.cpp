@@ -16,7 +16,7 @@ namespace {
 void take_step(const StepCounterArgs* step, float* values) {
   if (!step) return;
   step_values_at(*step->t, step->schedule, step->beta1, step->beta2, values);
-  *step->t += 1;
+  if (step->advance) *step->t += 1;
 }
 }  // namespace
 

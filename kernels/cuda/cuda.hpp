@@ -182,6 +182,8 @@ void finish_check(const float* sum, const int64_t* first, float max_norm, float*
 // elementwise.cu
 void fill(float* x, int64_t n, float value, cudaStream_t stream);
 void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream);
+// y += float(x); x may lie on a peer GPU that this one reads directly.
+void add_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
 void sum_squares(const float* x, int64_t n, float* out, float* work, cudaStream_t stream);
 void cast_f32_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 void cast_bf16_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);

@@ -142,6 +142,26 @@ static __global__ void cast_bf16_f32_kernel(const uint16_t* x, float* y, int64_t
   for (int64_t i = done + global_tid(); i < n; i += grid_stride()) y[i] = bf16_to_f32(x[i]);
 }
 
+template <bool Vec>
+static __global__ void add_bf16_kernel(const uint16_t* x, float* y, int64_t n) {
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const ushort4* x4 = reinterpret_cast<const ushort4*>(x);
+    float4* y4 = reinterpret_cast<float4*>(y);
+    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
+      const ushort4 a = x4[i];
+      float4 b = y4[i];
+      b.x += bf16_to_f32(a.x);
+      b.y += bf16_to_f32(a.y);
+      b.z += bf16_to_f32(a.z);
+      b.w += bf16_to_f32(a.w);
+      y4[i] = b;
+    }
+    done = n / 4 * 4;
+  }
+  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) y[i] += bf16_to_f32(x[i]);
+}
+
 // ---- argmax_rows ------------------------------------------------------------------------
 
 // One warp per row. The CPU scans left to right keeping the first strict maximum, starting
@@ -320,6 +340,15 @@ void cast_f32_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) 
   DPT_CHECK(x != nullptr && y != nullptr, "cast_f32_bf16: null pointer");
   if (aligned16(x) && aligned(y, 8)) cast_f32_bf16_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
   else cast_f32_bf16_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+void add_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "add_bf16: negative size");
+  if (n == 0) return;
+  DPT_CHECK(x != nullptr && y != nullptr, "add_bf16: null pointer");
+  if (aligned(x, 8) && aligned16(y)) add_bf16_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
+  else add_bf16_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

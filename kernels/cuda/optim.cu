@@ -49,7 +49,7 @@ __device__ __forceinline__ int64_t read_step(const StepCounterArgs& step, float*
 // The last block to finish moves the counter on (once every thread has read it) and
 // leaves the block count at 0 for the next step.
 __device__ __forceinline__ void count_step(const StepCounterArgs& step, int64_t s) {
-  if (!step.t) return;
+  if (!step.t || !step.advance) return;
   __syncthreads();
   if (threadIdx.x != 0) return;
   __threadfence();

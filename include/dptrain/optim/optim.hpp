@@ -43,6 +43,13 @@ class Optimizer {
   // step(check_gradients(gradients, max_norm, ring)) in one launch where the device allows
   // (ops' checked updates: one kernel less a step in a small model); returns the scale.
   virtual Tensor checked_step(float max_norm, const CheckRing& ring = {}) = 0;
+  // A part of step(): the update of elements [offset, offset + count) of the flat buffers
+  // alone (DataParallelOptions::update_per_bucket: a bucket as soon as its sum is done),
+  // with the step's values from the counter; `last` moves the counter (and the host's
+  // count) on, so it comes after the step's other parts in stream order. The parts of a
+  // step update every element once: the parameters and state are step()'s bit for bit.
+  // Not for a ZeRO shard.
+  void step_part(int64_t offset, int64_t count, bool last);
   virtual std::string describe() const = 0;
   // The schedule the steps consult, by the optimizer's step count (0-based).
   void set_schedule(const Schedule& schedule) { schedule_ = schedule; }
@@ -77,6 +84,8 @@ class Optimizer {
   // the schedule's lr and AdamW's bias corrections come from it); the update's caller
   // moves the host's count (t_) on once the update is queued.
   StepCounter step_counter(float beta1, float beta2) const;
+  // The update of one range of the buffers (step_part's, in the flat buffers' coordinates).
+  virtual void update_range(int64_t offset, int64_t count, const StepCounter& step) = 0;
   nn::Module* model_;
   Tensor params_, grads_;
   Schedule schedule_;
@@ -102,6 +111,7 @@ class SGD : public Optimizer {
   const Tensor& momentum_buffer() const { return buf_; }
 
  private:
+  void update_range(int64_t offset, int64_t count, const StepCounter& step) override;
   void reset_state(int64_t n) override;
   Options o_;
   Tensor buf_;
@@ -127,6 +137,7 @@ class AdamW : public Optimizer {
   const Tensor& exp_avg_sq() const { return v_; }
 
  private:
+  void update_range(int64_t offset, int64_t count, const StepCounter& step) override;
   AdamArgs update_args() const;  // the update kernel's arguments (lr and corrections come from the counter)
   void reset_state(int64_t n) override;
   Options o_;

@@ -9,6 +9,7 @@
 // Outputs are never gathered: each replica computes its loss on its own shard and only
 // scalars travel, when the caller reads them.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -43,6 +44,9 @@ struct BareNcclTimes {
 };
 BareNcclTimes time_bare_nccl(const std::vector<Device>& devices, int64_t floats, int iters);
 
+// The most thread blocks DataParallelOptions::comm_ctas may give NCCL (its MAXCHANNELS).
+constexpr int kMaxCommCtas = 64;
+
 enum class Reduce { automatic, nccl, p2p, host };
 const char* reduce_name(Reduce r);
 Reduce parse_reduce(const std::string& name);  // auto|nccl|p2p|host; UsageError otherwise
@@ -54,6 +58,17 @@ Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices);
 struct DataParallelOptions {
   Reduce reduce = Reduce::automatic;
   double bucket_mb = 25.0;  // gradient bucket size (MiB), reduced as soon as it is ready
+  // The first bucket's size (MiB) when smaller: the last layer's gradients, which backward
+  // makes first, go out at once (PyTorch DDP's first bucket is 1 MiB too).
+  double first_bucket_mb = 1.0;
+  // NCCL: at most this many thread blocks (CTAs) a collective, so that the reduction beside
+  // backward takes fewer SMs from its GEMMs; 0 leaves it to NCCL (and NCCL_MAX_CTAS).
+  int comm_ctas = 0;
+  // Each bucket's parameters are updated as soon as its reduction is done (on a stream of
+  // their own, beside the later buckets' reductions and backward) instead of after the last
+  // one. Only where no step-wide decision comes first: refused with clip and check_finite
+  // (a norm over every bucket), and with ZeRO.
+  bool update_per_bucket = false;
   // The GEMMs' precision; bf16 also makes the model compute and store activations in bf16
   // from bf16 copies of its fp32 master weights (Module::set_compute_dtype).
   Precision precision = Precision::fp32;
@@ -200,6 +215,13 @@ class DataParallel {
   void forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss, Tensor& loss_out,
                         const LossFn& metric, Tensor& metric_out, bool first_micro, bool last_micro);
   void update(size_t r);
+  // Per-bucket updates: replica r's update of bucket b, once its sum is queued on `where`.
+  void update_bucket(size_t r, size_t b, Context& where);
+  bool per_bucket_ = false;
+  // A replica's source failed this step: the per-bucket updates are skipped, as the update
+  // of an abandoned step is (set before any replica hands a bucket over).
+  std::atomic<bool> step_failed_{false};
+  int comm_ctas_ = 0;  // DataParallelOptions::comm_ctas
   // Copies the master's buffers (batch norm's running statistics, which each replica
   // updated from its own shard) to every replica, or rank 0's to every rank, as
   // nn.DataParallel and DDP do, so the replicas stay identical.

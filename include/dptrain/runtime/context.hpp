@@ -23,15 +23,23 @@ Precision parse_precision(const std::string& name);  // UsageError when unknown
 const char* gemm_name(GemmImpl g);                   // "cublas", "native"
 GemmImpl parse_gemm(const std::string& name);        // UsageError when unknown
 
+// A GPU stream's scheduling priority: the blocks of a high-priority stream's kernels are
+// placed before those of normal streams wherever an SM frees up (gradient communication
+// beside backward's GEMMs, which would otherwise hold every SM until they end).
+enum class StreamPriority { normal, high };
+
 class Context {
  public:
-  explicit Context(Device device);  // makes a stream and a cuBLAS handle on a GPU
+  // Makes a stream (of that priority) and a cuBLAS handle on a GPU.
+  explicit Context(Device device, StreamPriority priority = StreamPriority::normal);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
   Device device() const { return device_; }
   void* stream() const { return stream_; }  // cudaStream_t; nullptr on the CPU
+  // The stream's CUDA priority (lower numbers run first; 0 is normal); 0 on the CPU.
+  int priority() const;
   // What the caching allocator keys its pools by: the stream on a GPU (work on it is
   // ordered, so its freed blocks can be reused at once); the context itself on the CPU,
   // so that replicas sharing a CPU device, which run in threads at once, never hand

@@ -37,6 +37,9 @@ std::string describe_device(const Device& d);
 // Lets every pair of distinct GPUs in `devices` read each other's memory directly where
 // the hardware allows (copies between the others are staged by the driver).
 void enable_peer_access(const std::vector<Device>& devices);
+// Whether kernels on `reader` can read `owner`'s memory directly: two distinct GPUs whose
+// hardware allows it (enable_peer_access turns it on).
+bool peer_readable(const Device& reader, const Device& owner);
 // Every GPU there is, else {cpu}.
 std::vector<Device> default_devices();
 

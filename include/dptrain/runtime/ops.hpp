@@ -39,6 +39,10 @@ void zero_(const Tensor& t);
 void fill_(const Tensor& t, float value);
 // y += alpha * x; f32 or bf16 (computed in fp32, a bf16 y rounded once).
 void axpy_(float alpha, const Tensor& x, const Tensor& y);
+// y += x (f32 y; x f32, or bf16 widened) where x lies on another GPU that y's reads
+// directly (peer_readable): one kernel on y's GPU reads x over NVLink or PCIe, with no
+// staging copy; the same sums as copying x over and adding it with axpy_.
+void add_peer_(const Tensor& x, const Tensor& y);
 // C = alpha * op(A) op(B) + beta * C with the GEMM chosen by the device's context; A and B
 // f32 (C f32), or both bf16 (C f32 or bf16: bf16 tensor cores, fp32 accumulation, through
 // cuBLAS whatever the context's GEMM).
@@ -85,6 +89,7 @@ struct StepCounter {
   Tensor counter;
   ScheduleArgs schedule;
   float beta1 = 0.0f, beta2 = 0.0f;
+  bool advance = true;  // false: the counter is read, not moved on (a part of a step's update)
 };
 // Fused optimizer updates over flat buffers; grad_scale may be undefined. shadow (bf16,
 // may be undefined) receives the updated parameters rounded to bf16, in the same pass.

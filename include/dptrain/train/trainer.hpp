@@ -55,8 +55,10 @@ struct TrainConfig {
   std::vector<Device> devices;  // empty: every GPU there is, else the CPU
   Reduce reduce = Reduce::automatic;
   double bucket_mb = 25.0;
-  int grad_accum = 1;   // micro-batches per optimizer step
-  bool overlap = true;  // reduce gradient buckets while backward runs
+  double first_bucket_mb = 1.0;  // the first bucket (the last layer's gradients), if smaller
+  int comm_ctas = 0;             // NCCL: at most this many thread blocks a collective (0: NCCL's choice)
+  int grad_accum = 1;            // micro-batches per optimizer step
+  bool overlap = true;           // reduce gradient buckets while backward runs
   // A step whose gradients are not finite is never applied; then "stop" ends the run
   // (NonFiniteError) and "skip-step" goes on. The check is read behind the steps, without
   // waiting for them: a bad step stops the run at most 8 steps later (at once at a log
