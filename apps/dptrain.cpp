@@ -143,6 +143,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--first-bucket-mb", o.cfg.first_bucket_mb,
                  "The first bucket's size in MiB when smaller (the last layer's gradients go out at once)")
       ->capture_default_str();
+  app.add_flag("--tune-buckets", o.cfg.tune_buckets,
+               "Try bucket sizes of 1 to 64 MiB over the first steps (five each) and keep the fastest");
   add_integer(app, "--comm-ctas", o.cfg.comm_ctas,
               "NCCL: at most this many thread blocks a collective (fewer SMs taken from backward); 0: NCCL's choice")
       ->capture_default_str();
@@ -377,6 +379,7 @@ int train(Options& o) {
     where += std::string(", reduce ") + dpt::reduce_name(trainer.parallel().reduce());
     if (trainer.parallel().buckets() > 0) where += " in " + std::to_string(trainer.parallel().buckets()) + " bucket(s)";
   }
+  if (trainer.parallel().tuning_buckets()) where += " (sizes to be tuned)";
   if (lead) {
     std::printf("dptrain %s: %s, %lld parameters on %s\n", DPT_VERSION, trainer.model().describe().c_str(),
                 static_cast<long long>(trainer.model().num_parameters()), where.c_str());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -201,20 +202,11 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   if (n > 1 || explicit_path || group_ || options.zero > 0) {  // ZeRO on one device: the same code, one shard
     int64_t total = 0;
     const auto offsets = model->layout(&total);
-    const double bucket_bytes = options.bucket_mb * 1024.0 * 1024.0;
-    const double first_bytes = options.first_bucket_mb * 1024.0 * 1024.0;
     auto params = model->parameters();
     std::vector<int64_t> sizes;
     for (const nn::Parameter* p : params) sizes.push_back(numel(p->shape));
-    buckets_ = zero_ == 2 ? make_param_buckets(offsets, sizes, bucket_bytes, first_bytes)
-                          : make_buckets(total, bucket_bytes, first_bytes);
-    buckets_of_param_.assign(offsets.size(), {});
-    for (size_t k = 0; k < offsets.size(); ++k) {
-      const int64_t begin = offsets[k], end = begin + numel(params[k]->shape);
-      for (size_t b = 0; b < buckets_.size(); ++b)
-        if (begin < buckets_[b].offset + buckets_[b].count && buckets_[b].offset < end)
-          buckets_of_param_[k].push_back(static_cast<int>(b));
-    }
+    first_bucket_mb_ = options.first_bucket_mb;
+    assign_buckets(options.bucket_mb);
     std::vector<ReplicaBuffers> bufs;
     for (auto& r : replicas_)
       bufs.push_back({r.ctx, r.model->flat_params(), r.model->flat_grads(), r.model->flat_shadow()});
@@ -275,16 +267,105 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
                                    "not ") +
                        reducer_->name());
     per_bucket_ = true;
+    // p2p: the others take each bucket's parameters from the master as soon as it has
+    // updated them, on a stream of their own, beside its later reductions and updates.
     for (Replica& rep : replicas_) {
-      if (!rep.opt) continue;
       rep.update_ctx = std::make_unique<Context>(rep.device);
-      for (size_t b = 0; b < buckets_.size(); ++b) rep.bucket_summed.push_back(std::make_unique<Event>(rep.device));
       rep.parts_updated = std::make_unique<Event>(rep.device);
+      if (!rep.opt) continue;
+      for (size_t b = 0; b < buckets_.size(); ++b) rep.bucket_summed.push_back(std::make_unique<Event>(rep.device));
     }
     reducer_->on_bucket_done([this](size_t r, size_t b, Context& where) { update_bucket(r, b, where); });
   }
+  if (options.tune_buckets && reducer_) {
+    if (zero_ == 2 || use_graph_)
+      throw UsageError(
+          "DataParallelOptions::tune_buckets changes the buckets between eager steps: not with zero 2 (whose "
+          "gradient slots are laid out by them) nor cuda_graph (which records one layout)");
+    tuning_ = std::make_unique<BucketTuning>();
+    for (double mb : {1.0, 4.0, 16.0, options.bucket_mb, 64.0}) {
+      // Sizes that give the same buckets as a smaller one tried already are not tried again.
+      const double before = bucket_mb_;
+      assign_buckets(mb);
+      const std::vector<Bucket> these = buckets_;
+      bool seen = false;
+      for (double other : tuning_->sizes_mb) {
+        assign_buckets(other);
+        seen |= buckets_.size() == these.size() &&
+                std::equal(these.begin(), these.end(), buckets_.begin(),
+                           [](const Bucket& a, const Bucket& b) { return a.offset == b.offset && a.count == b.count; });
+      }
+      assign_buckets(before);
+      if (!seen) tuning_->sizes_mb.push_back(mb);
+    }
+    std::sort(tuning_->sizes_mb.begin(), tuning_->sizes_mb.end());
+  }
   if (n > 1) pool_ = std::make_unique<WorkerPool>(n);
   buffers_ready_ = std::make_unique<Event>(devices_[0]);
+}
+
+void DataParallel::assign_buckets(double bucket_mb) {
+  int64_t total = 0;
+  const auto offsets = replicas_[0].model->layout(&total);
+  std::vector<int64_t> sizes;
+  for (const nn::Parameter* p : replicas_[0].params) sizes.push_back(numel(p->shape));
+  const double bytes = bucket_mb * 1024.0 * 1024.0, first = first_bucket_mb_ * 1024.0 * 1024.0;
+  buckets_ = zero_ == 2 ? make_param_buckets(offsets, sizes, bytes, first) : make_buckets(total, bytes, first);
+  bucket_mb_ = bucket_mb;
+  buckets_of_param_.assign(offsets.size(), {});
+  for (size_t k = 0; k < offsets.size(); ++k) {
+    const int64_t begin = offsets[k], end = begin + sizes[k];
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (begin < buckets_[b].offset + buckets_[b].count && buckets_[b].offset < end)
+        buckets_of_param_[k].push_back(static_cast<int>(b));
+  }
+  for (Replica& rep : replicas_) {
+    if (!per_bucket_ || !rep.opt) continue;
+    rep.bucket_summed.clear();
+    for (size_t b = 0; b < buckets_.size(); ++b) rep.bucket_summed.push_back(std::make_unique<Event>(rep.device));
+  }
+}
+
+// Tuning (DataParallelOptions::tune_buckets): each size in turn, one step to settle (its
+// events and staging made) and kTunedSteps timed between two waits for the device; then
+// the fastest, by the times summed over every rank, so that all ranks choose alike.
+namespace {
+constexpr int64_t kTunedSteps = 4;
+}
+
+void DataParallel::before_tuned_step() {
+  BucketTuning& t = *tuning_;
+  const int64_t in = t.steps % (kTunedSteps + 1);
+  if (in == 0) {  // a size's first step: the reducer takes its buckets between steps
+    synchronize();
+    assign_buckets(t.sizes_mb[t.at]);
+    reducer_->set_buckets(buckets_);
+  } else if (in == 1) {
+    synchronize();
+    t.start = std::chrono::steady_clock::now();
+  }
+}
+
+void DataParallel::after_tuned_step() {
+  BucketTuning& t = *tuning_;
+  if (++t.steps % (kTunedSteps + 1) != 0) return;
+  synchronize();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t.start).count();
+  t.ms.push_back(1e3 * (group_ ? group_->sum(s) / group_->size() : s) / kTunedSteps);
+  if (++t.at < t.sizes_mb.size()) return;
+  const size_t best = static_cast<size_t>(std::min_element(t.ms.begin(), t.ms.end()) - t.ms.begin());
+  assign_buckets(t.sizes_mb[best]);
+  reducer_->set_buckets(buckets_);
+  std::string tried;
+  for (size_t i = 0; i < t.ms.size(); ++i) {
+    char one[64];
+    std::snprintf(one, sizeof one, "%s%g MiB %.3f", i ? ", " : "", t.sizes_mb[i], t.ms[i]);
+    tried += one;
+  }
+  if (!group_ || group_->rank() == 0)
+    report(Severity::note, "gradient buckets tuned: " + format_float(static_cast<float>(t.sizes_mb[best])) +
+                               " MiB (ms a step: " + tried + ")");
+  tuning_.reset();
 }
 
 void DataParallel::update_bucket(size_t r, size_t b, Context& where) {
@@ -295,7 +376,19 @@ void DataParallel::update_bucket(size_t r, size_t b, Context& where) {
   ContextGuard g(*rep.update_ctx);
   // The last bucket moves the optimizer's step counter on: it comes after the others in
   // the update stream's order.
-  rep.opt->step_part(buckets_[b].offset, buckets_[b].count, b + 1 == buckets_.size());
+  const Bucket& k = buckets_[b];
+  rep.opt->step_part(k.offset, k.count, b + 1 == buckets_.size());
+  if (reducer_->every_replica_updates()) return;
+  rep.parts_updated->record(*rep.update_ctx);  // the master's bucket b is updated
+  for (size_t i = 1; i < replicas_.size(); ++i) {
+    Replica& to = replicas_[i];
+    rep.parts_updated->wait_in(*to.update_ctx);
+    ContextGuard on(*to.update_ctx);
+    const Tensor params = to.model->flat_params().view(k.offset, {k.count});
+    copy(params, rep.model->flat_params().view(k.offset, {k.count}));
+    if (const Tensor& shadow = to.model->flat_shadow(); shadow.defined())
+      copy_cast(shadow.view(k.offset, {k.count}), params);
+  }
 }
 
 DataParallel::~DataParallel() = default;
@@ -493,10 +586,13 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
 
 void DataParallel::update(size_t r) {
   Replica& rep = replicas_[r];
+  if (per_bucket_ && !rep.opt) {  // p2p: the next step waits for the master's parameters
+    rep.parts_updated->record(*rep.update_ctx);
+    rep.parts_updated->wait_in(*rep.ctx);
+  }
   if (!rep.opt) return;
   if (reducer_ && shards_.empty()) reducer_->wait(r);  // ZeRO waited before its check
   if (r == 0 && timing_ && !recording_) rep.t_reduced->record(*rep.ctx);
-  // Every replica clips the same reduced gradient, so all make the same update.
   NvtxRange range(rep.nvtx_update.c_str());
   // Every replica scales (clips) the same reduced gradient, so all make the same update;
   // a non-finite norm gives a NaN scale, on which the optimizer skips the step.
@@ -634,7 +730,11 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
     warned_small_batch_ = true;
   }
   if (use_graph_) return graph_step(first, count, source, loss, metric);
-  return step_body(first, count, source, loss, metric);
+  if (!tuning_) return step_body(first, count, source, loss, metric);
+  before_tuned_step();
+  StepLoss out = step_body(first, count, source, loss, metric);
+  after_tuned_step();
+  return out;
 }
 
 StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
@@ -716,7 +816,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
   }
   run_on_all([&](size_t r) { update(r); });
   if (reducer_ && reducer_->sharded()) reducer_->gather_params();
-  else if (reducer_ && !reducer_->every_replica_updates()) reducer_->broadcast_params();
+  else if (reducer_ && !reducer_->every_replica_updates() && !per_bucket_) reducer_->broadcast_params();
   broadcast_buffers();
   return out;
 }
@@ -806,6 +906,8 @@ StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss, 
 }
 
 size_t DataParallel::buckets() const { return buckets_.size(); }
+double DataParallel::bucket_mb() const { return bucket_mb_; }
+bool DataParallel::tuning_buckets() const { return tuning_ != nullptr; }
 
 nn::Module& DataParallel::replica(size_t i) { return *replicas_.at(i).model; }
 optim::Optimizer& DataParallel::optimizer() { return *replicas_[0].opt; }

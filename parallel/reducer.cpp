@@ -75,6 +75,10 @@ void refresh_shadow_of_others(const ReplicaBuffers& r, const std::vector<SampleR
       copy_cast(r.shadow.view(shards[k].first, {shards[k].count}), r.params.view(shards[k].first, {shards[k].count}));
 }
 
+void Reducer::set_buckets(std::vector<Bucket>) {
+  throw UsageError(std::string("the ") + name() + " reduction cannot change its buckets");
+}
+
 void Reducer::gather_params() {
   throw UsageError(std::string("DataParallelOptions::zero is not available with the ") + name() + " reduction");
 }
@@ -120,10 +124,6 @@ class MasterReducer : public Reducer {
         comm_(r_[0].ctx->device(), StreamPriority::high),
         done_(r_[0].ctx->device()),
         params_ready_(r_[0].ctx->device()) {
-    for (size_t i = 0; i < r_.size(); ++i) {
-      ready_.emplace_back();
-      for (size_t b = 0; b < buckets_.size(); ++b) ready_[i].push_back(std::make_unique<Event>(r_[i].ctx->device()));
-    }
     const Device master = r_[0].ctx->device();
     // p2p: the master's sum kernel reads a peer's buckets in place where it can read that
     // GPU's memory directly; the others' go through one staging bucket on the master,
@@ -134,12 +134,8 @@ class MasterReducer : public Reducer {
       read_direct_.push_back(master_updates_ && !(d == master) && peer_readable(master, d));
       staged |= master_updates_ && !(d == master) && !read_direct_.back();
     }
-    if (staged) {
-      int64_t largest = 0;
-      for (auto& b : buckets_) largest = std::max(largest, b.count);
-      ContextGuard g(comm_);
-      staging_ = Tensor::empty({largest}, wire_, master);
-    }
+    staged_ = staged;
+    make_bucket_state();
     // bf16 on the wire: each other replica rounds its buckets into a bf16 copy of its
     // gradients, on its own device, as backward hands them over.
     if (wire_ == DType::bf16)
@@ -150,6 +146,26 @@ class MasterReducer : public Reducer {
     DPT_CHECK(master_updates_ || master.is_cpu(), "the host reduction is for CPU devices");
     DPT_CHECK(shards_.empty() || (!master_updates_ && shards_.size() == r_.size()),
               "ZeRO shards are for the host reduction, one a replica");
+  }
+
+  // An event a replica a bucket, and the staging bucket where one is needed.
+  void make_bucket_state() {
+    ready_.clear();
+    for (size_t i = 0; i < r_.size(); ++i) {
+      ready_.emplace_back();
+      for (size_t b = 0; b < buckets_.size(); ++b) ready_[i].push_back(std::make_unique<Event>(r_[i].ctx->device()));
+    }
+    if (!staged_) return;
+    int64_t largest = 0;
+    for (auto& b : buckets_) largest = std::max(largest, b.count);
+    ContextGuard g(comm_);
+    staging_ = Tensor();  // its memory serves the new one
+    staging_ = Tensor::empty({largest}, wire_, r_[0].ctx->device());
+  }
+
+  void set_buckets(std::vector<Bucket> buckets) override {
+    buckets_ = std::move(buckets);
+    make_bucket_state();
   }
 
   const char* name() const override { return master_updates_ ? "p2p" : "host"; }
@@ -246,6 +262,7 @@ class MasterReducer : public Reducer {
   Event done_, params_ready_;
   std::vector<std::vector<std::unique_ptr<Event>>> ready_;  // [replica][bucket]
   std::vector<char> read_direct_;  // p2p, per replica: the master's kernels read its buckets in place
+  bool staged_ = false;            // p2p: some replica's buckets go through the staging bucket
   Tensor staging_;                 // p2p: a bucket on the master, in the wire's type (when one is not read in place)
   std::vector<Tensor> sent_;       // bf16 wire: replica i's gradients as sent, [i - 1]
   std::vector<uint16_t> rounded_;  // host, bf16 wire: the sum rounded to bf16
@@ -347,6 +364,11 @@ class MpiReducer : public Reducer {
               "ZeRO stage 2 over MPI: shards, one shard sum a rank, and slots as its gradients");
   }
   const char* name() const override { return "mpi"; }
+  void set_buckets(std::vector<Bucket> buckets) override {
+    if (slots_.defined()) Reducer::set_buckets(std::move(buckets));  // refused: the slots are the buckets'
+    buckets_ = std::move(buckets);
+    arrivals_.assign(buckets_.size(), 0);
+  }
   bool every_replica_updates() const override { return true; }
   bool sharded() const override { return !shards_.empty(); }
   void begin_step() override { std::fill(arrivals_.begin(), arrivals_.end(), 0); }

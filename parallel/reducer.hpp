@@ -87,6 +87,10 @@ class Reducer {
   // replica r's sum of bucket b is queued (buckets in order; from the thread that queued
   // it), with the context whose queue holds it. Reducers that cannot say so refuse.
   using BucketDone = std::function<void(size_t r, size_t b, Context& where)>;
+  // Between steps (every replica's work done): reduce in these buckets from now on
+  // (DataParallelOptions::tune_buckets). Reducers whose memory is laid out by the buckets
+  // (ZeRO stage 2's slots) refuse.
+  virtual void set_buckets(std::vector<Bucket> buckets);
   virtual bool tells_bucket_done() const { return false; }
   void on_bucket_done(BucketDone done) { bucket_done_ = std::move(done); }
 

@@ -110,13 +110,27 @@ class NcclReducer : public Reducer {
       // once backward's GEMMs (which fill every SM) have ended.
       comm_.push_back(std::make_unique<Context>(d, StreamPriority::high));
       done_.push_back(std::make_unique<Event>(d));
-      ready_.emplace_back();
-      for (size_t b = 0; b < buckets_.size(); ++b) ready_.back().push_back(std::make_unique<Event>(d));
       slot_free_.emplace_back();
       for (size_t k = 0; k < slots_.slots; ++k) slot_free_.back().push_back(std::make_unique<Event>(d));
     }
-    arrivals_.assign(r_.size(), std::vector<int>(buckets_.size(), 0));
     slot_used_.assign(r_.size(), std::vector<char>(slots_.slots, 0));
+    make_bucket_state();
+  }
+
+  // An event a replica a bucket, and stage 2's count of each bucket's hand-overs.
+  void make_bucket_state() {
+    ready_.clear();
+    for (auto& rep : r_) {
+      ready_.emplace_back();
+      for (size_t b = 0; b < buckets_.size(); ++b) ready_.back().push_back(std::make_unique<Event>(rep.ctx->device()));
+    }
+    arrivals_.assign(r_.size(), std::vector<int>(buckets_.size(), 0));
+  }
+
+  void set_buckets(std::vector<Bucket> buckets) override {
+    if (slots_.defined()) Reducer::set_buckets(std::move(buckets));  // refused: the slots are the buckets'
+    buckets_ = std::move(buckets);
+    make_bucket_state();
   }
 
   ~NcclReducer() override {

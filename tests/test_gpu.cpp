@@ -2041,9 +2041,15 @@ TEST_CASE("data sets gather rows into GPU batches as they gather them on the hos
 
 namespace {
 // `steps` steps of a bf16 or fp32 MLP on `devs` through `path`, each bucket updated once
-// reduced or not: replica 0's parameters (every replica checked identical).
+// reduced or not, the buckets' size tuned over the first steps or not: replica 0's
+// parameters (every replica checked identical).
+struct PerBucketRun {
+  bool per_bucket = false, graph = false, tune = false;
+  int comm_ctas = 0;
+  int steps = 6;
+};
 std::vector<float> train_per_bucket(const std::vector<Device>& devs, Reduce path, const std::string& opt,
-                                    Precision precision, bool per_bucket, bool graph, int comm_ctas = 0) {
+                                    Precision precision, PerBucketRun run) {
   auto m = nn::mlp("24-48x2-6");
   m->to(devs[0], 4);
   DataParallelOptions o;
@@ -2051,9 +2057,10 @@ std::vector<float> train_per_bucket(const std::vector<Device>& devs, Reduce path
   o.bucket_mb = 0.002;  // several buckets, the first smaller
   o.first_bucket_mb = 0.001;
   o.precision = precision;
-  o.update_per_bucket = per_bucket;
-  o.cuda_graph = graph;
-  o.comm_ctas = comm_ctas;
+  o.update_per_bucket = run.per_bucket;
+  o.cuda_graph = run.graph;
+  o.comm_ctas = run.comm_ctas;
+  o.tune_buckets = run.tune;
   DataParallel dp(
       m, devs,
       [&](nn::Module& r) -> std::unique_ptr<optim::Optimizer> {
@@ -2069,12 +2076,13 @@ std::vector<float> train_per_bucket(const std::vector<Device>& devs, Reduce path
   REQUIRE(dp.buckets() > 2);
   data::Synthetic d({.task = data::Task::regression, .in = 24, .out = 6, .seed = 3}, devs[0]);
   const data::Dataset& rows = d;
-  for (int s = 0; s < 6; ++s)
+  for (int s = 0; s < run.steps; ++s)
     dp.train_step(
         s * 32, 32, [&](size_t r, int64_t first, int64_t n) { return rows.batch(first, n, dp.device(r)); },
         nn::MSELoss());
+  CHECK_FALSE(dp.tuning_buckets());
   CHECK(dp.replicas_identical());
-  CHECK(dp.optimizer().steps_taken() == 6);
+  CHECK(dp.optimizer().steps_taken() == run.steps);
   return dp.replica(0).flat_params().to_host();
 }
 }  // namespace
@@ -2086,14 +2094,21 @@ TEST_CASE("each bucket updated once reduced equals the update after the last, ea
       INFO(opt << ", " << precision_name(precision));
       // p2p between logical replicas of the GPU (the master updates on its reduction's stream).
       const std::vector<Device> two{gpu, gpu};
-      const auto want = train_per_bucket(two, Reduce::p2p, opt, precision, false, false);
-      CHECK(train_per_bucket(two, Reduce::p2p, opt, precision, true, false) == want);
-      CHECK(train_per_bucket(two, Reduce::p2p, opt, precision, true, true) == want);
+      const auto want = train_per_bucket(two, Reduce::p2p, opt, precision, {});
+      CHECK(train_per_bucket(two, Reduce::p2p, opt, precision, {.per_bucket = true}) == want);
+      CHECK(train_per_bucket(two, Reduce::p2p, opt, precision, {.per_bucket = true, .graph = true}) == want);
+      // Buckets tuned over the first steps (0.002 and 1 MiB; 4 to 64 MiB give 1 MiB's one
+      // bucket): the parameters of fixed ones.
+      const auto longer = train_per_bucket(two, Reduce::p2p, opt, precision, {.steps = 12});
+      CHECK(train_per_bucket(two, Reduce::p2p, opt, precision, {.per_bucket = true, .tune = true, .steps = 12}) ==
+            longer);
       // NCCL with one rank (every bucket's sum is its own gradient), NCCL's thread blocks capped.
       if (!built_with_nccl()) continue;
-      const auto one = train_per_bucket({gpu}, Reduce::nccl, opt, precision, false, false);
-      CHECK(train_per_bucket({gpu}, Reduce::nccl, opt, precision, true, false) == one);
-      CHECK(train_per_bucket({gpu}, Reduce::nccl, opt, precision, false, false, 2) == one);
+      const auto one = train_per_bucket({gpu}, Reduce::nccl, opt, precision, {});
+      CHECK(train_per_bucket({gpu}, Reduce::nccl, opt, precision, {.per_bucket = true}) == one);
+      CHECK(train_per_bucket({gpu}, Reduce::nccl, opt, precision, {.comm_ctas = 2}) == one);
+      CHECK(train_per_bucket({gpu}, Reduce::nccl, opt, precision, {.tune = true, .steps = 12}) ==
+            train_per_bucket({gpu}, Reduce::nccl, opt, precision, {.steps = 12}));
     }
 }
 
@@ -2152,15 +2167,15 @@ TEST_CASE(
     for (int i = 0; i < n; ++i) devs.push_back({DeviceType::cuda, i});
     for (std::string opt : {"sgd", "adamw"}) {
       INFO(opt << " on " << n << " GPUs");
-      const auto p2p = train_per_bucket(devs, Reduce::p2p, opt, Precision::fp32, false, false);
-      CHECK(train_per_bucket(devs, Reduce::p2p, opt, Precision::fp32, true, false) == p2p);
+      const auto p2p = train_per_bucket(devs, Reduce::p2p, opt, Precision::fp32, {});
+      CHECK(train_per_bucket(devs, Reduce::p2p, opt, Precision::fp32, {.per_bucket = true}) == p2p);
       if (!built_with_nccl()) continue;
-      const auto nccl = train_per_bucket(devs, Reduce::nccl, opt, Precision::fp32, false, false);
-      CHECK(train_per_bucket(devs, Reduce::nccl, opt, Precision::fp32, true, false) == nccl);
+      const auto nccl = train_per_bucket(devs, Reduce::nccl, opt, Precision::fp32, {});
+      CHECK(train_per_bucket(devs, Reduce::nccl, opt, Precision::fp32, {.per_bucket = true}) == nccl);
       // Two GPUs add a + b both ways (the same bits); more may add in another order.
       if (n == 2) CHECK(p2p == nccl);
       else CHECK(rel_error(p2p, nccl) <= 1e-6);
-      CHECK(rel_error(train_per_bucket(devs, Reduce::nccl, opt, Precision::fp32, false, false, 4), nccl) <= 1e-6);
+      CHECK(rel_error(train_per_bucket(devs, Reduce::nccl, opt, Precision::fp32, {.comm_ctas = 4}), nccl) <= 1e-6);
     }
   }
 }

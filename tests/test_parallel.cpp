@@ -910,3 +910,42 @@ TEST_CASE("updates per bucket: refused where a step-wide decision comes first; a
   dp->train_step(18, 9, source(3), nn::MSELoss());
   CHECK(dp->replica(0).flat_params().to_host() != before);
 }
+
+TEST_CASE("tuned buckets: each size tried, the fastest kept, the parameters those of fixed buckets",
+          "[parallel][per_bucket]") {
+  for (auto [path, per_bucket] : {std::pair<Reduce, bool>{Reduce::host, false}, {Reduce::p2p, true}}) {
+    INFO(reduce_name(path) << (per_bucket ? ", updates per bucket" : ""));
+    TrainConfig c = small(data::Task::regression, "sgd", 12);
+    c.model = "64-512x2-16";  // 304 K parameters: 1.16 MiB of gradients
+    c.steps = 30;
+    c.bucket_mb = 25;
+    c.first_bucket_mb = 64;  // the first bucket as the others'
+
+    c.devices = cpus(3, 400);
+    c.reduce = path;
+    Trainer fixed(c);
+    fixed.run();
+    c.devices = cpus(3, 410);
+    c.tune_buckets = true;
+    Trainer tuned(c);
+    REQUIRE(tuned.parallel().tuning_buckets());
+    tuned.run();
+    // 1 MiB (two buckets) and 4 MiB (one; 16, 25 and 64 MiB give the same one): 10 steps.
+    CHECK_FALSE(tuned.parallel().tuning_buckets());
+    const double mb = tuned.parallel().bucket_mb();
+    CHECK((mb == 1.0 || mb == 4.0));
+    CHECK(tuned.parallel().buckets() == (mb == 1.0 ? 2u : 1u));
+    CHECK(tuned.model().flat_params().to_host() == fixed.model().flat_params().to_host());
+    CHECK(tuned.parallel().replicas_identical());
+  }
+  TrainConfig c = small(data::Task::regression, "sgd", 12);
+  c.tune_buckets = true;
+  c.zero = 2;
+  c.devices = cpus(2, 420);
+  try {
+    Trainer t(c);
+    FAIL("accepted");
+  } catch (const UsageError& e) {
+    CHECK(std::string(e.what()).find("TrainConfig::tune_buckets changes the buckets between eager steps") == 0);
+  }
+}

@@ -106,6 +106,10 @@ nn::ModelSpec validate(TrainConfig& cfg) {
     bad("bucket_mb", "must be in (0, 1048576] MiB" + got(cfg.bucket_mb));
   if (!(cfg.first_bucket_mb > 0.0) || cfg.first_bucket_mb > 1048576.0)
     bad("first_bucket_mb", "must be in (0, 1048576] MiB" + got(cfg.first_bucket_mb));
+  if (cfg.tune_buckets && (cfg.cuda_graph || cfg.zero == 2))
+    bad("tune_buckets",
+        "changes the buckets between eager steps: not with TrainConfig::cuda_graph (which records one layout) nor "
+        "TrainConfig::zero 2 (whose gradient slots are laid out by them)");
   if (cfg.comm_ctas < 0 || cfg.comm_ctas > kMaxCommCtas)
     bad("comm_ctas", "must be in [0, " + std::to_string(kMaxCommCtas) + "] (0: NCCL's choice), got " +
                          std::to_string(cfg.comm_ctas));
@@ -227,6 +231,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   o.bucket_mb = cfg_.bucket_mb;
   o.first_bucket_mb = cfg_.first_bucket_mb;
   o.comm_ctas = cfg_.comm_ctas;
+  o.tune_buckets = cfg_.tune_buckets;
   o.precision = cfg_.precision;
   o.gemm = cfg_.gemm;
   o.clip = cfg_.clip;

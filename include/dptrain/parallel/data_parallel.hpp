@@ -10,6 +10,7 @@
 // scalars travel, when the caller reads them.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -69,6 +70,11 @@ struct DataParallelOptions {
   // one. Only where no step-wide decision comes first: refused with clip and check_finite
   // (a norm over every bucket), and with ZeRO.
   bool update_per_bucket = false;
+  // Tries bucket sizes of 1, 4, 16, bucket_mb and 64 MiB (those that give other buckets)
+  // over the first steps, five steps each, and keeps the fastest; each try's start and end
+  // wait for the device. The sums, and so the parameters, do not depend on the buckets.
+  // Not with zero 2 or cuda_graph.
+  bool tune_buckets = false;
   // The GEMMs' precision; bf16 also makes the model compute and store activations in bf16
   // from bf16 copies of its fp32 master weights (Module::set_compute_dtype).
   Precision precision = Precision::fp32;
@@ -183,7 +189,9 @@ class DataParallel {
   // ZeRO's shards, one a replica (empty without ZeRO).
   const std::vector<SampleRange>& zero_shards() const { return shards_; }
   Reduce reduce() const { return reduce_; }
-  size_t buckets() const;  // how many pieces the gradient buffer is reduced in (0: no reduction)
+  size_t buckets() const;       // how many pieces the gradient buffer is reduced in (0: no reduction)
+  double bucket_mb() const;     // their size (the first's aside): as asked, or as tuned
+  bool tuning_buckets() const;  // DataParallelOptions::tune_buckets has not chosen yet
   // The phases of the last timed step (waits for it).
   StepTimes last_times();
   // The gradient reduction alone, without forward or backward (for dpbench --comm): every
@@ -222,6 +230,20 @@ class DataParallel {
   // of an abandoned step is (set before any replica hands a bucket over).
   std::atomic<bool> step_failed_{false};
   int comm_ctas_ = 0;  // DataParallelOptions::comm_ctas
+  // The buckets of this size (and the first's, first_bucket_mb_), each parameter's, and
+  // the per-bucket updates' events.
+  void assign_buckets(double bucket_mb);
+  double bucket_mb_ = 0, first_bucket_mb_ = 0;
+  struct BucketTuning {
+    std::vector<double> sizes_mb;  // to try, in order
+    std::vector<double> ms;        // each one's time a step, so far
+    size_t at = 0;                 // the one being tried
+    int64_t steps = 0;             // steps since tuning began
+    std::chrono::steady_clock::time_point start;
+  };
+  std::unique_ptr<BucketTuning> tuning_;
+  void before_tuned_step();
+  void after_tuned_step();
   // Copies the master's buffers (batch norm's running statistics, which each replica
   // updated from its own shard) to every replica, or rank 0's to every rank, as
   // nn.DataParallel and DDP do, so the replicas stay identical.

@@ -57,6 +57,7 @@ struct TrainConfig {
   double bucket_mb = 25.0;
   double first_bucket_mb = 1.0;  // the first bucket (the last layer's gradients), if smaller
   int comm_ctas = 0;             // NCCL: at most this many thread blocks a collective (0: NCCL's choice)
+  bool tune_buckets = false;     // try bucket sizes over the first steps, keep the fastest
   int grad_accum = 1;            // micro-batches per optimizer step
   bool overlap = true;           // reduce gradient buckets while backward runs
   // A step whose gradients are not finite is never applied; then "stop" ends the run
