@@ -26,6 +26,10 @@ run() { build/apps/dptrain "$@" --model mlp --steps 30 --log-every 10 2>&1 | gre
 echo "-- 1 GPU, batch 4096"; run --gpus 1 --batch 4096
 for r in nccl p2p; do echo "-- $n GPUs, --reduce $r, batch $((4096 * n))"; run --gpus "$n" --reduce $r --batch $((4096 * n)); done
 echo "-- $n GPUs, nccl, no overlap"; run --gpus "$n" --reduce nccl --batch $((4096 * n)) --no-overlap
+echo "-- $n GPUs, bf16, nccl, bucket sizes tuned over the first 25 steps"
+build/apps/dptrain --gpus "$n" --reduce nccl --model mlp --batch $((4096 * n)) --precision bf16 --steps 60 \
+  --log-every 30 --tune-buckets 2>&1 | grep -E 'tuned|^done'
+
 for ov in "" --no-overlap; do
   echo "-- mpirun -np $n --ddp $ov"
   mpirun -np "$n" -x NCCL_NVLS_ENABLE build/apps/dptrain --ddp $ov --model mlp --batch $((4096 * n)) --steps 30 \
