@@ -1,7 +1,8 @@
 // Run under mpirun: DDP training over the ranks must give the weights of one process
 // training on the whole batch (<= 1e-5), with several buckets, uneven rank shards and
-// gradient accumulation, for MLPs and a CNN, and every rank must end with bitwise the
-// same parameters (and, with batch norm, the same running statistics).
+// gradient accumulation, with bucket sizes tuned over the first steps, for MLPs and a CNN,
+// and every rank must end with bitwise the same parameters (and, with batch norm, the same
+// running statistics).
 // Exit status 0 when every check passes on every rank, 1 otherwise.
 #include <cmath>
 #include <cstdio>
@@ -20,13 +21,14 @@ using namespace dpt;
 
 int main(int argc, char** argv) {
   int64_t batch = 10;
-  int accum = 1, zero = 0;
+  int accum = 1, zero = 0, tune = 0;
   std::string device = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--batch")) batch = std::atoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--grad-accum")) accum = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
     else if (!std::strcmp(argv[i], "--zero")) zero = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--tune-buckets")) tune = std::atoi(argv[i + 1]);
   }
   try {
     ProcessGroup& g = ProcessGroup::world();
@@ -66,6 +68,7 @@ int main(int argc, char** argv) {
       d.ddp = true;
       d.grad_accum = accum;
       d.zero = zero;
+      d.tune_buckets = tune != 0;  // the ranks time each size together and choose alike
       std::shared_ptr<const data::Dataset> rows;
       if (file_data) {
         rows = arrays(task);
@@ -75,7 +78,8 @@ int main(int argc, char** argv) {
       Trainer ddp(d, rows);
       if (ddp.parallel().buckets() < 2) ++failures;
       const TrainResult r = ddp.run();
-      const uint64_t hash = ddp.parameter_hash();  // throws if the ranks disagree
+      if (ddp.parallel().tuning_buckets()) ++failures;  // 0.001 and 1 MiB, five steps each, in the first ten
+      const uint64_t hash = ddp.parameter_hash();       // throws if the ranks disagree
       if (g.rank() == 0 && !compare)
         std::printf("%s %s, %d ranks: hash %016llx on every rank: ok\n", model.c_str(), opt.c_str(), g.size(),
                     static_cast<unsigned long long>(hash));
@@ -85,11 +89,12 @@ int main(int argc, char** argv) {
         const double err = test::rel_error(ddp.model().flat_params().to_host(), one.model().flat_params().to_host());
         const bool ok = err <= 1e-5 && std::fabs(r.final_loss - r1.final_loss) <= 1e-5 * std::fabs(r1.final_loss);
         std::printf(
-            "%s %s %s%s, %d ranks, batch %lld, grad-accum %d, zero %d: weights rel. error %.3g, loss %.6g vs "
+            "%s %s %s%s, %d ranks, batch %lld, grad-accum %d, zero %d%s: weights rel. error %.3g, loss %.6g vs "
             "%.6g, hash %016llx: %s\n",
             model.c_str(), data::task_name(task), opt.c_str(), file_data ? " on file data" : "", g.size(),
-            static_cast<long long>(batch), accum, zero, err, r.final_loss, r1.final_loss,
-            static_cast<unsigned long long>(hash), ok ? "ok" : "FAILED");
+            static_cast<long long>(batch), accum, zero,
+            tune ? (", buckets tuned (" + std::to_string(ddp.parallel().bucket_mb()) + " MiB)").c_str() : "", err,
+            r.final_loss, r1.final_loss, static_cast<unsigned long long>(hash), ok ? "ok" : "FAILED");
         if (!ok) ++failures;
       }
     };
