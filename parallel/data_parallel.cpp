@@ -146,9 +146,12 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   if (options.comm_ctas < 0 || options.comm_ctas > kMaxCommCtas)
     throw UsageError("DataParallelOptions::comm_ctas must be in [0, " + std::to_string(kMaxCommCtas) + "], got " +
                      std::to_string(options.comm_ctas));
-  if (!(options.first_bucket_mb > 0.0))
-    throw UsageError("DataParallelOptions::first_bucket_mb must be positive, got " +
-                     std::to_string(options.first_bucket_mb));
+  // More than a TiB a bucket is no bucket at all (and its float count would not fit).
+  for (auto [name, mb] :
+       {std::pair<const char*, double>{"bucket_mb", options.bucket_mb}, {"first_bucket_mb", options.first_bucket_mb}})
+    if (!(mb > 0.0) || mb > 1048576.0)
+      throw UsageError(std::string("DataParallelOptions::") + name + " must be in (0, 1048576] MiB, got " +
+                       format_float(static_cast<float>(mb)));
   if (options.update_per_bucket && (clip_ > 0.0f || check_finite_ || zero_ > 0))
     throw UsageError(
         "DataParallelOptions::update_per_bucket updates a bucket before the next is reduced: not with clip or "
@@ -309,7 +312,11 @@ void DataParallel::assign_buckets(double bucket_mb) {
   const auto offsets = replicas_[0].model->layout(&total);
   std::vector<int64_t> sizes;
   for (const nn::Parameter* p : replicas_[0].params) sizes.push_back(numel(p->shape));
-  const double bytes = bucket_mb * 1024.0 * 1024.0, first = first_bucket_mb_ * 1024.0 * 1024.0;
+  // Under ZeRO stage 2 the first bucket is the others' size: its two gradient slots each
+  // take the largest bucket's size, so a smaller first one would double them for a model
+  // that fits one bucket.
+  const double bytes = bucket_mb * 1024.0 * 1024.0;
+  const double first = zero_ == 2 ? bytes : first_bucket_mb_ * 1024.0 * 1024.0;
   buckets_ = zero_ == 2 ? make_param_buckets(offsets, sizes, bytes, first) : make_buckets(total, bytes, first);
   bucket_mb_ = bucket_mb;
   buckets_of_param_.assign(offsets.size(), {});
@@ -353,7 +360,9 @@ void DataParallel::after_tuned_step() {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t.start).count();
   t.ms.push_back(1e3 * (group_ ? group_->sum(s) / group_->size() : s) / kTunedSteps);
   if (++t.at < t.sizes_mb.size()) return;
-  const size_t best = static_cast<size_t>(std::min_element(t.ms.begin(), t.ms.end()) - t.ms.begin());
+  // Rank 0 chooses and tells the others: every rank must reduce in the same buckets.
+  auto best = static_cast<uint64_t>(std::min_element(t.ms.begin(), t.ms.end()) - t.ms.begin());
+  if (group_) group_->broadcast(&best, sizeof best, 0);
   assign_buckets(t.sizes_mb[best]);
   reducer_->set_buckets(buckets_);
   std::string tried;
@@ -760,6 +769,23 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
   // the step will be abandoned (and then update nothing).
   const bool updates_in_backward = per_bucket_ && reduce_ == Reduce::nccl && replicas_.size() > 1;
   std::barrier<> sources_taken(updates_in_backward ? static_cast<std::ptrdiff_t>(replicas_.size()) : 1);
+  // An error inside backward (out of memory) after some buckets' updates were queued leaves
+  // the step partly applied: the compute streams wait for those updates before anything
+  // else, and synchronize() waits for them too.
+  struct JoinUpdates {
+    DataParallel& dp;
+    bool done = false;
+    ~JoinUpdates() {
+      if (done || !dp.per_bucket_) return;
+      try {
+        for (Replica& rep : dp.replicas_) {
+          rep.parts_updated->record(*rep.update_ctx);
+          rep.parts_updated->wait_in(*rep.ctx);
+        }
+      } catch (...) {  // the step's own error is the one to report
+      }
+    }
+  } join_on_error{*this};
   run_on_all([&](size_t r) {
     // The last step's gradient scale is not needed any more: freed now, its block serves
     // this step's backward, and steps after the first allocate nothing.
@@ -790,6 +816,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
       throw;
     }
   });
+  join_on_error.done = true;
   if (reducer_) {
     NvtxRange range("reduce");
     reducer_->reduce();
@@ -972,18 +999,23 @@ void DataParallel::synchronize() {
   for (auto& r : replicas_) {
     if (reducer_) reducer_->synchronize(*r.ctx);  // bounded by the timeout where ranks are involved
     else r.ctx->synchronize();
+    if (r.update_ctx) r.update_ctx->synchronize();  // per-bucket updates of a step that ended in an error
   }
 }
 
 bool DataParallel::idle() {
   for (auto& r : replicas_)
-    if (!r.ctx->idle()) return false;
+    if (!r.ctx->idle() || (r.update_ctx && !r.update_ctx->idle())) return false;
   return true;
 }
 
 DataParallel::ReductionTimes DataParallel::time_reduction(int iters) {
   if (!reducer_) throw UsageError("DataParallel::time_reduction: one device reduces nothing");
   if (zero_ == 2) throw UsageError("DataParallel::time_reduction: ZeRO stage 2 reduces during backward only");
+  if (per_bucket_)
+    throw UsageError(
+        "DataParallel::time_reduction times the reduction alone: not with DataParallelOptions::update_per_bucket "
+        "(which updates as it reduces)");
   auto reduce_once = [&] {
     run_on_all([&](size_t r) {
       for (size_t b = 0; b < buckets_.size(); ++b) reducer_->bucket_ready(r, b);

@@ -125,13 +125,13 @@ class MasterReducer : public Reducer {
         done_(r_[0].ctx->device()),
         params_ready_(r_[0].ctx->device()) {
     const Device master = r_[0].ctx->device();
-    // p2p: the master's sum kernel reads a peer's buckets in place where it can read that
-    // GPU's memory directly; the others' go through one staging bucket on the master,
+    // p2p: the master's sum kernel reads a peer's buckets in place where it reads that
+    // GPU's memory directly over NVLink; the others' go through one staging bucket on the master,
     // reused for every replica and bucket (one bucket of extra memory, never N-1 copies).
     bool staged = false;
     for (auto& rep : r_) {
       const Device d = rep.ctx->device();
-      read_direct_.push_back(master_updates_ && !(d == master) && peer_readable(master, d));
+      read_direct_.push_back(master_updates_ && !(d == master) && peer_over_nvlink(master, d));
       staged |= master_updates_ && !(d == master) && !read_direct_.back();
     }
     staged_ = staged;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <dptrain/parallel/data_parallel.hpp>
@@ -56,6 +57,12 @@ class NcclReducer : public Reducer {
       DPT_NCCL_CHECK(ncclGetUniqueId(&id));
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.maxCTAs = max_ctas;
+      // A failure destroys the communicators made so far (the destructor will not run).
+      auto fail = [&](ncclResult_t res) {
+        for (ncclComm_t& c : comms_)
+          if (c) ncclCommDestroy(std::exchange(c, nullptr));
+        DPT_NCCL_CHECK(res);
+      };
       DPT_NCCL_CHECK(ncclGroupStart());
       for (size_t i = 0; i < devs.size(); ++i) {
         cuda::set_device(devs[i]);
@@ -63,10 +70,10 @@ class NcclReducer : public Reducer {
             ncclCommInitRankConfig(&comms_[i], static_cast<int>(devs.size()), id, static_cast<int>(i), &config);
         if (res != ncclSuccess) {
           (void)ncclGroupEnd();
-          DPT_NCCL_CHECK(res);
+          fail(res);
         }
       }
-      DPT_NCCL_CHECK(ncclGroupEnd());
+      if (const ncclResult_t res = ncclGroupEnd(); res != ncclSuccess) fail(res);
     }
     make_streams();
   }

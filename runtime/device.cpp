@@ -2,6 +2,8 @@
 
 #include <charconv>
 #include <cstdio>
+#include <mutex>
+#include <set>
 
 #include <dptrain/error.hpp>
 
@@ -101,6 +103,12 @@ std::string describe_device(const Device& d) {
   return d.str() + (d.is_cpu() ? " (host)" : "");
 }
 
+namespace {
+// The (reader, owner) GPU pairs whose peer access enable_peer_access turned on.
+std::mutex peers_mutex;
+std::set<std::pair<int, int>> peers_on;
+}  // namespace
+
 void enable_peer_access(const std::vector<Device>& devices) {
 #if DPT_WITH_CUDA
   for (const Device& a : devices)
@@ -109,7 +117,11 @@ void enable_peer_access(const std::vector<Device>& devices) {
       int can = 0;
       if (cudaDeviceCanAccessPeer(&can, a.index, b.index) != cudaSuccess || !can) continue;
       if (cudaSetDevice(a.index) != cudaSuccess) continue;
-      if (cudaDeviceEnablePeerAccess(b.index, 0) != cudaSuccess) cudaGetLastError();  // already on: fine
+      const cudaError_t e = cudaDeviceEnablePeerAccess(b.index, 0);
+      if (e != cudaSuccess) cudaGetLastError();
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) continue;  // then copies are staged
+      std::lock_guard<std::mutex> lock(peers_mutex);
+      peers_on.insert({a.index, b.index});
     }
 #else
   (void)devices;
@@ -117,14 +129,21 @@ void enable_peer_access(const std::vector<Device>& devices) {
 }
 
 bool peer_readable(const Device& reader, const Device& owner) {
-#if DPT_WITH_CUDA
   if (!reader.is_cuda() || !owner.is_cuda() || reader.index == owner.index) return false;
-  int can = 0;
-  if (cudaDeviceCanAccessPeer(&can, reader.index, owner.index) != cudaSuccess) {
+  std::lock_guard<std::mutex> lock(peers_mutex);
+  return peers_on.count({reader.index, owner.index}) > 0;
+}
+
+bool peer_over_nvlink(const Device& reader, const Device& owner) {
+#if DPT_WITH_CUDA
+  if (!peer_readable(reader, owner)) return false;
+  int atomics = 0;
+  if (cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, reader.index, owner.index) !=
+      cudaSuccess) {
     cudaGetLastError();
     return false;
   }
-  return can != 0;
+  return atomics != 0;
 #else
   (void)reader;
   (void)owner;

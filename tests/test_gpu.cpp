@@ -2133,6 +2133,7 @@ TEST_CASE("communication streams have the highest priority; a peer sum needs a p
 }
 
 TEST_CASE("a peer's bucket summed in place equals the staged copy and sum, f32 and bf16", "[gpu][multigpu]") {
+  if (cuda_device_count() >= 2) enable_peer_access({gpu, {DeviceType::cuda, 1}});
   if (cuda_device_count() < 2 || !peer_readable(gpu, {DeviceType::cuda, 1})) {
     WARN("no second GPU that this one reads directly: the peer sum is not tested here");
     return;

@@ -891,6 +891,16 @@ TEST_CASE("updates per bucket: refused where a step-wide decision comes first; a
   CHECK(refusal({.clip = 1.0f}) == why);
   CHECK(refusal({.check_finite = true}) == why);
   CHECK(refusal({.zero = 1}) == why);
+  CHECK(refusal({.first_bucket_mb = INFINITY}) ==
+        "DataParallelOptions::first_bucket_mb must be in (0, 1048576] MiB, got inf");
+  // Timing the reduction alone would update as it reduces.
+  std::string timed = "timed";
+  try {
+    make({.reduce = Reduce::host}, 2)->time_reduction(1);
+  } catch (const UsageError& e) {
+    timed = e.what();
+  }
+  CHECK(timed.rfind("DataParallel::time_reduction times the reduction alone", 0) == 0);
   // A replica's data fails in the third step: no bucket of it is updated anywhere.
   auto dp = make({.reduce = Reduce::host}, 3);
   data::Synthetic d({.task = data::Task::regression, .in = 6, .out = 3, .seed = 2}, host);

@@ -60,7 +60,8 @@ struct DataParallelOptions {
   Reduce reduce = Reduce::automatic;
   double bucket_mb = 25.0;  // gradient bucket size (MiB), reduced as soon as it is ready
   // The first bucket's size (MiB) when smaller: the last layer's gradients, which backward
-  // makes first, go out at once (PyTorch DDP's first bucket is 1 MiB too).
+  // makes first, go out at once (PyTorch DDP's first bucket is 1 MiB too). Not under ZeRO
+  // stage 2, whose two slots take the largest bucket's size each.
   double first_bucket_mb = 1.0;
   // NCCL: at most this many thread blocks (CTAs) a collective, so that the reduction beside
   // backward takes fewer SMs from its GEMMs; 0 leaves it to NCCL (and NCCL_MAX_CTAS).
@@ -71,8 +72,10 @@ struct DataParallelOptions {
   // (a norm over every bucket), and with ZeRO.
   bool update_per_bucket = false;
   // Tries bucket sizes of 1, 4, 16, bucket_mb and 64 MiB (those that give other buckets)
-  // over the first steps, five steps each, and keeps the fastest; each try's start and end
-  // wait for the device. The sums, and so the parameters, do not depend on the buckets.
+  // over the first steps, five steps each, and keeps the fastest (rank 0's choice); each
+  // try's start and end wait for the device. The host and p2p sums (and NCCL's between two
+  // GPUs) do not depend on the buckets; NCCL between more GPUs and MPI may add in another
+  // order where the buckets change, so two tuned runs there can differ in the last bits.
   // Not with zero 2 or cuda_graph.
   bool tune_buckets = false;
   // The GEMMs' precision; bf16 also makes the model compute and store activations in bf16

@@ -38,8 +38,11 @@ std::string describe_device(const Device& d);
 // the hardware allows (copies between the others are staged by the driver).
 void enable_peer_access(const std::vector<Device>& devices);
 // Whether kernels on `reader` can read `owner`'s memory directly: two distinct GPUs whose
-// hardware allows it (enable_peer_access turns it on).
+// peer access enable_peer_access turned on.
 bool peer_readable(const Device& reader, const Device& owner);
+// And over NVLink, where a kernel's reads of the peer run at the link's speed: peers with
+// native atomics, which PCIe peers lack (there a copy engine's copy is the faster read).
+bool peer_over_nvlink(const Device& reader, const Device& owner);
 // Every GPU there is, else {cpu}.
 std::vector<Device> default_devices();
 
