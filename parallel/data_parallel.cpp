@@ -113,6 +113,7 @@ struct DataParallel::Replica {
   std::unique_ptr<Context> update_ctx;
   std::vector<std::unique_ptr<Event>> bucket_summed;
   std::unique_ptr<Event> parts_updated;
+  void wait_for_updates();  // its compute stream's later work comes after the update stream's
 };
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device> devices,
@@ -286,28 +287,20 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
           "DataParallelOptions::tune_buckets changes the buckets between eager steps: not with zero 2 (whose "
           "gradient slots are laid out by them) nor cuda_graph (which records one layout)");
     tuning_ = std::make_unique<BucketTuning>();
-    for (double mb : {1.0, 4.0, 16.0, options.bucket_mb, 64.0}) {
-      // Sizes that give the same buckets as a smaller one tried already are not tried again.
-      const double before = bucket_mb_;
-      assign_buckets(mb);
-      const std::vector<Bucket> these = buckets_;
-      bool seen = false;
-      for (double other : tuning_->sizes_mb) {
-        assign_buckets(other);
-        seen |= buckets_.size() == these.size() &&
-                std::equal(these.begin(), these.end(), buckets_.begin(),
-                           [](const Bucket& a, const Bucket& b) { return a.offset == b.offset && a.count == b.count; });
+    std::vector<double> sizes{1.0, 4.0, 16.0, options.bucket_mb, 64.0};
+    std::sort(sizes.begin(), sizes.end());
+    std::vector<std::vector<Bucket>> layouts;  // a size that gives a smaller one's buckets is not tried again
+    for (double mb : sizes)
+      if (std::vector<Bucket> b = buckets_of_size(mb); std::find(layouts.begin(), layouts.end(), b) == layouts.end()) {
+        layouts.push_back(std::move(b));
+        tuning_->sizes_mb.push_back(mb);
       }
-      assign_buckets(before);
-      if (!seen) tuning_->sizes_mb.push_back(mb);
-    }
-    std::sort(tuning_->sizes_mb.begin(), tuning_->sizes_mb.end());
   }
   if (n > 1) pool_ = std::make_unique<WorkerPool>(n);
   buffers_ready_ = std::make_unique<Event>(devices_[0]);
 }
 
-void DataParallel::assign_buckets(double bucket_mb) {
+std::vector<Bucket> DataParallel::buckets_of_size(double bucket_mb) const {
   int64_t total = 0;
   const auto offsets = replicas_[0].model->layout(&total);
   std::vector<int64_t> sizes;
@@ -317,8 +310,16 @@ void DataParallel::assign_buckets(double bucket_mb) {
   // that fits one bucket.
   const double bytes = bucket_mb * 1024.0 * 1024.0;
   const double first = zero_ == 2 ? bytes : first_bucket_mb_ * 1024.0 * 1024.0;
-  buckets_ = zero_ == 2 ? make_param_buckets(offsets, sizes, bytes, first) : make_buckets(total, bytes, first);
+  return zero_ == 2 ? make_param_buckets(offsets, sizes, bytes, first) : make_buckets(total, bytes, first);
+}
+
+void DataParallel::assign_buckets(double bucket_mb) {
+  buckets_ = buckets_of_size(bucket_mb);
   bucket_mb_ = bucket_mb;
+  int64_t total = 0;
+  const auto offsets = replicas_[0].model->layout(&total);
+  std::vector<int64_t> sizes;
+  for (const nn::Parameter* p : replicas_[0].params) sizes.push_back(numel(p->shape));
   buckets_of_param_.assign(offsets.size(), {});
   for (size_t k = 0; k < offsets.size(); ++k) {
     const int64_t begin = offsets[k], end = begin + sizes[k];
@@ -334,8 +335,8 @@ void DataParallel::assign_buckets(double bucket_mb) {
 }
 
 // Tuning (DataParallelOptions::tune_buckets): each size in turn, one step to settle (its
-// events and staging made) and kTunedSteps timed between two waits for the device; then
-// the fastest, by the times summed over every rank, so that all ranks choose alike.
+// events and staging made) and kTunedSteps timed between two waits for the device (the
+// mean over the ranks); then the fastest, as rank 0 sees it, on every rank.
 namespace {
 constexpr int64_t kTunedSteps = 4;
 }
@@ -375,6 +376,11 @@ void DataParallel::after_tuned_step() {
     report(Severity::note, "gradient buckets tuned: " + format_float(static_cast<float>(t.sizes_mb[best])) +
                                " MiB (ms a step: " + tried + ")");
   tuning_.reset();
+}
+
+void DataParallel::Replica::wait_for_updates() {
+  parts_updated->record(*update_ctx);
+  parts_updated->wait_in(*ctx);
 }
 
 void DataParallel::update_bucket(size_t r, size_t b, Context& where) {
@@ -595,10 +601,7 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
 
 void DataParallel::update(size_t r) {
   Replica& rep = replicas_[r];
-  if (per_bucket_ && !rep.opt) {  // p2p: the next step waits for the master's parameters
-    rep.parts_updated->record(*rep.update_ctx);
-    rep.parts_updated->wait_in(*rep.ctx);
-  }
+  if (per_bucket_ && !rep.opt) rep.wait_for_updates();  // p2p: the master's parameters, copied
   if (!rep.opt) return;
   if (reducer_ && shards_.empty()) reducer_->wait(r);  // ZeRO waited before its check
   if (r == 0 && timing_ && !recording_) rep.t_reduced->record(*rep.ctx);
@@ -607,8 +610,7 @@ void DataParallel::update(size_t r) {
   // a non-finite norm gives a NaN scale, on which the optimizer skips the step.
   if (per_bucket_) {  // updated bucket by bucket already: the next step waits for the parts
     rep.scale = Tensor();
-    rep.parts_updated->record(*rep.update_ctx);
-    rep.parts_updated->wait_in(*rep.ctx);
+    rep.wait_for_updates();
   } else if (!(clip_ > 0.0f || check_finite_)) {
     rep.scale = Tensor();
     rep.opt->step(rep.scale);
@@ -778,10 +780,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
     ~JoinUpdates() {
       if (done || !dp.per_bucket_) return;
       try {
-        for (Replica& rep : dp.replicas_) {
-          rep.parts_updated->record(*rep.update_ctx);
-          rep.parts_updated->wait_in(*rep.ctx);
-        }
+        for (Replica& rep : dp.replicas_) rep.wait_for_updates();
       } catch (...) {  // the step's own error is the one to report
       }
     }
@@ -999,7 +998,7 @@ void DataParallel::synchronize() {
   for (auto& r : replicas_) {
     if (reducer_) reducer_->synchronize(*r.ctx);  // bounded by the timeout where ranks are involved
     else r.ctx->synchronize();
-    if (r.update_ctx) r.update_ctx->synchronize();  // per-bucket updates of a step that ended in an error
+    if (r.update_ctx) r.update_ctx->synchronize();  // per-bucket updates (joined by no later step after an error)
   }
 }
 

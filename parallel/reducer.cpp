@@ -128,13 +128,12 @@ class MasterReducer : public Reducer {
     // p2p: the master's sum kernel reads a peer's buckets in place where it reads that
     // GPU's memory directly over NVLink; the others' go through one staging bucket on the master,
     // reused for every replica and bucket (one bucket of extra memory, never N-1 copies).
-    bool staged = false;
     for (auto& rep : r_) {
       const Device d = rep.ctx->device();
-      read_direct_.push_back(master_updates_ && !(d == master) && peer_over_nvlink(master, d));
-      staged |= master_updates_ && !(d == master) && !read_direct_.back();
+      const bool remote = master_updates_ && !(d == master);
+      read_direct_.push_back(remote && peer_over_nvlink(master, d));
+      staged_ |= remote && !read_direct_.back();
     }
-    staged_ = staged;
     make_bucket_state();
     // bf16 on the wire: each other replica rounds its buckets into a bf16 copy of its
     // gradients, on its own device, as backward hands them over.

@@ -33,6 +33,7 @@ struct ReplicaBuffers {
 struct Bucket {
   int64_t offset;
   int64_t count;
+  bool operator==(const Bucket&) const = default;
 };
 
 // ZeRO stage 2: replica r's gradients (ReplicaBuffers::grads) are `slots` slots of
@@ -83,14 +84,15 @@ class Reducer {
   virtual void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad);
   virtual void gather_params();
 
-  // Per-bucket updates (DataParallelOptions::update_per_bucket): `done` is called as soon as
-  // replica r's sum of bucket b is queued (buckets in order; from the thread that queued
-  // it), with the context whose queue holds it. Reducers that cannot say so refuse.
-  using BucketDone = std::function<void(size_t r, size_t b, Context& where)>;
   // Between steps (every replica's work done): reduce in these buckets from now on
   // (DataParallelOptions::tune_buckets). Reducers whose memory is laid out by the buckets
   // (ZeRO stage 2's slots) refuse.
   virtual void set_buckets(std::vector<Bucket> buckets);
+
+  // Per-bucket updates (DataParallelOptions::update_per_bucket): `done` is called as soon as
+  // replica r's sum of bucket b is queued (buckets in order; from the thread that queued
+  // it), with the context whose queue holds it. Reducers that cannot say so refuse.
+  using BucketDone = std::function<void(size_t r, size_t b, Context& where)>;
   virtual bool tells_bucket_done() const { return false; }
   void on_bucket_done(BucketDone done) { bucket_done_ = std::move(done); }
 

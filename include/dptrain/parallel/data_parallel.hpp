@@ -236,6 +236,7 @@ class DataParallel {
   // The buckets of this size (and the first's, first_bucket_mb_), each parameter's, and
   // the per-bucket updates' events.
   void assign_buckets(double bucket_mb);
+  std::vector<Bucket> buckets_of_size(double bucket_mb) const;  // the layout alone
   double bucket_mb_ = 0, first_bucket_mb_ = 0;
   struct BucketTuning {
     std::vector<double> sizes_mb;  // to try, in order
