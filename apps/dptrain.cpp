@@ -171,7 +171,9 @@ void add_flags(CLI::App& app, Options& o) {
   add_switch(app, "--cuda-graph", o.cfg.cuda_graph,
              "Record the whole step as a CUDA graph once and replay it (GPUs of one process; not --ddp, not NCCL "
              "over several GPUs: use --reduce p2p there)");
-  add_switch(app, "--no-overlap", o.no_overlap, "Reduce gradients only after backward (to measure what overlap gains)");
+  add_switch(app, "--no-overlap", o.no_overlap,
+             "Reduce gradients only after backward, and copy p2p parameters whole after the update (to measure what "
+             "overlap gains)");
   add_switch(app, "--ddp", o.cfg.ddp, "One process per device under mpirun (MPI bootstrap, NCCL or MPI reduction)");
   app.add_option("--comm-timeout", o.cfg.comm_timeout,
                  "Seconds a --ddp rank waits for the others before the job is ended")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with several GPUs: the multi-GPU tests (both reduction paths, N GPUs equal
 # one, balanced memory), DDP over NCCL with 2..N ranks, the mlp workload on 1 and N GPUs
-# with and without overlap, dpbench's weak and strong scaling in fp32, tf32 and bf16,
+# with and without overlap (and p2p's chunked copy back), dpbench's weak and strong scaling in fp32, tf32 and bf16,
 # with bf16 gradients on the wire and with ZeRO, the scaling levers (first bucket, updates
 # per bucket, NCCL's thread blocks), the reduction's bus bandwidth beside bare
 # NCCL's (dpbench --comm), and PyTorch DDP and nn.DataParallel. Lean: builds only what it
@@ -13,7 +13,7 @@ n=$(nvidia-smi -L | wc -l)
 nvidia-smi -L
 cmake -S . -B build -G Ninja -DDPT_WERROR=ON >/dev/null 2>&1 || exit 1
 cmake --build build --target dpt_gpu_tests dptrain_cli ddp_check dpbench >/dev/null 2>&1 || { echo build failed; exit 1; }
-build/tests/dpt_gpu_tests '[multigpu]' 2>&1 | tail -3
+build/tests/dpt_gpu_tests '[multigpu],[parallel]' 2>&1 | tail -3  # [parallel]: p2p's chunked copy on two GPUs too
 for ((np = 2; np <= n; ++np)); do
   echo "-- ddp_check -np $np"
   mpirun -np "$np" -x NCCL_NVLS_ENABLE build/tests/ddp_check --device cuda --batch 10 2>&1 | tail -3
@@ -26,6 +26,9 @@ run() { build/apps/dptrain "$@" --model mlp --steps 30 --log-every 10 2>&1 | gre
 echo "-- 1 GPU, batch 4096"; run --gpus 1 --batch 4096
 for r in nccl p2p; do echo "-- $n GPUs, --reduce $r, batch $((4096 * n))"; run --gpus "$n" --reduce $r --batch $((4096 * n)); done
 echo "-- $n GPUs, nccl, no overlap"; run --gpus "$n" --reduce nccl --batch $((4096 * n)) --no-overlap
+for o in "" --no-overlap; do  # p2p's copy back in chunks beside the next forward, or whole after the update
+  echo "-- $n GPUs, bf16, p2p $o"; run --gpus "$n" --reduce p2p --precision bf16 --batch $((4096 * n)) $o
+done
 echo "-- $n GPUs, bf16, nccl, bucket sizes tuned over the first 25 steps"
 build/apps/dptrain --gpus "$n" --reduce nccl --model mlp --batch $((4096 * n)) --precision bf16 --steps 60 \
   --log-every 30 --tune-buckets 2>&1 | grep -E 'tuned|^done'

@@ -59,9 +59,28 @@ Sequential& Sequential::add(std::shared_ptr<Module> m) {
   return *this;
 }
 
+namespace {
+struct BeforeChild {
+  const Sequential* owner = nullptr;
+  std::function<void(size_t)> fn;
+};
+thread_local BeforeChild before_child;
+}  // namespace
+
+BeforeChildGuard::BeforeChildGuard(const Sequential* owner, std::function<void(size_t)> fn)
+    : outer_owner_(before_child.owner), outer_(std::move(before_child.fn)) {
+  before_child = {owner, std::move(fn)};
+}
+
+BeforeChildGuard::~BeforeChildGuard() { before_child = {outer_owner_, std::move(outer_)}; }
+
 Tensor Sequential::forward(const Tensor& x) {
+  const bool hooked = before_child.owner == this;  // a nested Sequential is not the one hooked
   Tensor h = x;
-  for (auto& m : children()) h = m->forward(h);
+  for (size_t i = 0; i < children().size(); ++i) {
+    if (hooked) before_child.fn(i);
+    h = children()[i]->forward(h);
+  }
   return h;
 }
 

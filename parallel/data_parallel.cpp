@@ -10,10 +10,12 @@
 #include <functional>
 #include <limits>
 #include <new>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
 #include <dptrain/error.hpp>
+#include <dptrain/layers/layers.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
@@ -114,6 +116,16 @@ struct DataParallel::Replica {
   std::vector<std::unique_ptr<Event>> bucket_summed;
   std::unique_ptr<Event> parts_updated;
   void wait_for_updates();  // its compute stream's later work comes after the update stream's
+  // p2p, chunked copies of the parameters (on update_ctx): an event a chunk, and how many
+  // chunks its compute stream has waited for since they were queued; `computed` is its
+  // step's end, which the copies wait for (its backward still reads the old parameters).
+  std::vector<std::unique_ptr<Event>> chunk_copied;
+  size_t chunks_waited = 0;
+  std::unique_ptr<Event> computed;
+  void wait_for_chunk(size_t j);  // and those before it
+  void wait_for_copies() {
+    if (!chunk_copied.empty()) wait_for_chunk(chunk_copied.size() - 1);
+  }
 };
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device> devices,
@@ -281,6 +293,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     }
     reducer_->on_bucket_done([this](size_t r, size_t b, Context& where) { update_bucket(r, b, where); });
   }
+  if (reduce_ == Reduce::p2p && n > 1 && !per_bucket_ && !use_graph_ && overlap_) plan_param_chunks(*model);
   if (options.tune_buckets && reducer_) {
     if (zero_ == 2 || use_graph_)
       throw UsageError(
@@ -381,6 +394,61 @@ void DataParallel::after_tuned_step() {
 void DataParallel::Replica::wait_for_updates() {
   parts_updated->record(*update_ctx);
   parts_updated->wait_in(*ctx);
+}
+
+void DataParallel::Replica::wait_for_chunk(size_t j) {
+  if (j < chunks_waited) return;
+  chunk_copied[j]->wait_in(*ctx);
+  chunks_waited = j + 1;
+}
+
+namespace {
+constexpr int64_t kMinCopyChunkFloats = int64_t{1} << 18;  // 1 MiB: small layers share a copy
+}
+
+void DataParallel::plan_param_chunks(nn::Module& model) {
+  auto* seq = dynamic_cast<nn::Sequential*>(&model);
+  if (!seq) return;  // no layers to wait for one by one
+  int64_t total = 0;
+  const auto offsets = model.layout(&total);
+  const std::vector<nn::Parameter*>& params = replicas_[0].params;
+  std::vector<int64_t> child_end;
+  size_t k = 0;  // the parameters are in the children's order
+  for (size_t c = 0; c < seq->size(); ++c) {
+    const size_t own = seq->child(c).parameters().size();
+    child_end.push_back(own == 0 ? -1 : offsets[k + own - 1] + numel(params[k + own - 1]->shape));
+    k += own;
+  }
+  param_chunks_ = make_copy_chunks(child_end, total, kMinCopyChunkFloats, chunk_of_child_);
+  params_updated_ = std::make_unique<Event>(devices_[0]);
+  for (size_t i = 1; i < replicas_.size(); ++i) {
+    Replica& rep = replicas_[i];
+    rep.update_ctx = std::make_unique<Context>(rep.device);
+    rep.computed = std::make_unique<Event>(rep.device);
+    for (size_t j = 0; j < param_chunks_.size(); ++j) rep.chunk_copied.push_back(std::make_unique<Event>(rep.device));
+    rep.chunks_waited = param_chunks_.size();
+  }
+}
+
+void DataParallel::copy_params_in_chunks() {
+  const Tensor& master = replicas_[0].model->flat_params();
+  params_updated_->record(*replicas_[0].ctx);
+  for (size_t i = 1; i < replicas_.size(); ++i) {
+    Replica& to = replicas_[i];
+    to.computed->record(*to.ctx);
+    ContextGuard g(*to.update_ctx);
+    params_updated_->wait_in(*to.update_ctx);
+    to.computed->wait_in(*to.update_ctx);
+    for (size_t j = 0; j < param_chunks_.size(); ++j) {
+      const Bucket& k = param_chunks_[j];
+      const Tensor params = to.model->flat_params().view(k.offset, {k.count});
+      copy(params, master.view(k.offset, {k.count}));
+      if (const Tensor& shadow = to.model->flat_shadow(); shadow.defined())
+        copy_cast(shadow.view(k.offset, {k.count}), params);
+      to.chunk_copied[j]->record(*to.update_ctx);
+    }
+    to.chunks_waited = 0;
+  }
 }
 
 void DataParallel::update_bucket(size_t r, size_t b, Context& where) {
@@ -560,7 +628,14 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     Tensor loss;
     {
       NvtxRange range(rep.nvtx_forward.c_str());
+      std::optional<nn::BeforeChildGuard> wait_per_layer;  // p2p: the parameters arrive layer by layer
+      if (rep.chunks_waited < rep.chunk_copied.size())
+        wait_per_layer.emplace(static_cast<const nn::Sequential*>(rep.model.get()), [&](size_t c) {
+          if (chunk_of_child_[c] >= 0) rep.wait_for_chunk(static_cast<size_t>(chunk_of_child_[c]));
+        });
       const Tensor out = rep.model->forward(shard.x);
+      wait_per_layer.reset();
+      rep.wait_for_copies();  // every chunk before backward, which hands its gradients on
       loss = loss_fn(out, shard.y);
       if (metric) metric_out = metric(out.detach(), shard.y);  // before backward may reuse the output
     }
@@ -585,6 +660,7 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     run_backward(loss, static_cast<float>(weight), hook, before_write);
     loss_out = loss.detach();
   }
+  rep.wait_for_copies();            // an empty shard: before its buckets are handed over
   if (communicate && zero_ == 2) {  // the buckets backward did not finish, in their turn
     if (!buckets_.empty()) acquire_up_to(buckets_.size() - 1);
     for (size_t j = rep.next_bucket; j < buckets_.size(); ++j) settle_bucket(j);
@@ -842,7 +918,10 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
   }
   run_on_all([&](size_t r) { update(r); });
   if (reducer_ && reducer_->sharded()) reducer_->gather_params();
-  else if (reducer_ && !reducer_->every_replica_updates() && !per_bucket_) reducer_->broadcast_params();
+  else if (reducer_ && !reducer_->every_replica_updates() && !per_bucket_) {
+    if (param_chunks_.empty()) reducer_->broadcast_params();
+    else copy_params_in_chunks();
+  }
   broadcast_buffers();
   return out;
 }
@@ -858,6 +937,7 @@ void DataParallel::infer(int64_t first, int64_t count, const ShardSource& source
     rep.model->train(false);
     try {
       NoGradGuard no_grad;
+      rep.wait_for_copies();
       const data::Batch shard = source(r, first + part.first, part.count);
       take(r, part, rep.model->forward(shard.x));
     } catch (...) {

@@ -30,6 +30,26 @@ std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes, double firs
   return out;
 }
 
+std::vector<Bucket> make_copy_chunks(const std::vector<int64_t>& child_end, int64_t total, int64_t min_floats,
+                                     std::vector<int>& chunk_of) {
+  chunk_of.assign(child_end.size(), -1);
+  size_t last = child_end.size();  // the last child with parameters
+  for (size_t c = 0; c < child_end.size(); ++c)
+    if (child_end[c] >= 0) last = c;
+  std::vector<Bucket> out;
+  int64_t begin = 0;
+  for (size_t c = 0; c < child_end.size(); ++c) {
+    if (child_end[c] < 0) continue;
+    chunk_of[c] = static_cast<int>(out.size());
+    const int64_t end = c == last ? total : child_end[c];
+    if (c == last || end - begin >= min_floats) {
+      out.push_back({begin, end - begin});
+      begin = end;
+    }
+  }
+  return out;
+}
+
 std::vector<Bucket> make_param_buckets(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
                                        double bucket_bytes, double first_bytes) {
   DPT_CHECK(bucket_bytes > 0 && first_bytes > 0 && offsets.size() == sizes.size(),

@@ -167,6 +167,14 @@ std::vector<Bucket> make_param_buckets(const std::vector<int64_t>& offsets, cons
 // is exactly the configured size.
 std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes, double first_bytes);
 
+// p2p's copy of the updated parameters to the other replicas, in forward order: the flat
+// buffer [0, total) cut at the ends of children's parameters (child_end[c], -1 for a child
+// without any), each chunk at least min_floats but the last, which runs to `total`.
+// chunk_of[c] is the chunk that child c's last parameter is in (-1 for none): once it is
+// copied, so are the child's parameters, the chunks being copied in order.
+std::vector<Bucket> make_copy_chunks(const std::vector<int64_t>& child_end, int64_t total, int64_t min_floats,
+                                     std::vector<int>& chunk_of);
+
 // ZeRO, after the parameters' gather: the bf16 shadow of every shard but `own` from the
 // gathered masters. The optimizer refreshed its own shard's in its update (one cast of
 // the whole buffer instead would cost a pass over it a step on one device).

@@ -29,6 +29,7 @@
 #include "../runtime/allocator.hpp"
 #include "../train/input_pipeline.hpp"
 #include "catch.hpp"
+#include "chunked_copy.hpp"
 #include "common.hpp"
 
 using namespace dpt;
@@ -2111,6 +2112,50 @@ TEST_CASE("each bucket updated once reduced equals the update after the last, ea
             train_per_bucket({gpu}, Reduce::nccl, opt, precision, {.steps = 12}));
     }
 }
+
+TEST_CASE("p2p's chunked copy of the parameters equals the whole copy on logical replicas of the GPU",
+          "[gpu][parallel]") {
+  // Three replicas on one GPU: each copies the master's parameters layer by layer on its
+  // update stream while its next forward runs on its compute stream. A missing wait shows
+  // as a replica that computed with old parameters: other losses, other parameters. Three
+  // rounds, as a race need not show in every one.
+  const std::vector<Device> three{gpu, gpu, gpu};
+  for (int round = 0; round < 3; ++round)
+    for (std::string opt : {"sgd", "adamw"})
+      for (Precision precision : {Precision::fp32, Precision::bf16}) {
+        INFO("round " << round << ", " << opt << ", " << precision_name(precision));
+        CHECK(test::train_p2p_chunked(three, true, precision, opt) ==
+              test::train_p2p_chunked(three, false, precision, opt));
+      }
+  if (cuda_device_count() < 2) return;
+  // Two GPUs: the copies cross NVLink (or PCIe) while the second's forward runs.
+  const std::vector<Device> two{gpu, {DeviceType::cuda, 1}};
+  for (int round = 0; round < 3; ++round)
+    for (Precision precision : {Precision::fp32, Precision::bf16}) {
+      INFO("two GPUs, round " << round << ", " << precision_name(precision));
+      CHECK(test::train_p2p_chunked(two, true, precision, "adamw") ==
+            test::train_p2p_chunked(two, false, precision, "adamw"));
+    }
+}
+
+#if DPT_WITH_CUDA
+TEST_CASE("the peer sum's bf16 kernel adds as the CPU's does at any alignment", "[gpu][ops][bf16]") {
+  const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
+  for (int64_t n : {1, 7, 64, 1000, 4099})
+    for (int64_t offset : {0, 1, 3}) {  // a view one or three elements in: the unaligned kernel
+      INFO(n << " elements at offset " << offset);
+      const auto x32 = randn(n + offset, 21), y = randn(n + offset, 22);
+      std::vector<uint16_t> x(x32.size());
+      cpu::cast_f32_bf16(x32.data(), x.data(), static_cast<int64_t>(x.size()));
+      std::vector<float> want = y;
+      cpu::add_bf16(x.data() + offset, want.data() + offset, n);
+      const Tensor dx = cast(Tensor::from_host(x32, {n + offset}, gpu), DType::bf16);
+      const Tensor dy = Tensor::from_host(y, {n + offset}, gpu);
+      cuda::add_bf16(dx.bf16() + offset, dy.f32() + offset, n, st);
+      CHECK(dy.to_host() == want);  // one rounding of y + float(x): the same on both
+    }
+}
+#endif
 
 TEST_CASE("communication streams have the highest priority; a peer sum needs a peer", "[gpu][parallel]") {
   Context normal(gpu), high(gpu, StreamPriority::high);

@@ -3,16 +3,19 @@
 // identical after every step, and no device is a dumping ground for memory.
 #include <algorithm>
 #include <cmath>
+#include <thread>
 #include <tuple>
 #include <utility>
 
 #include <dptrain/error.hpp>
+#include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
 #include "catch.hpp"
+#include "chunked_copy.hpp"
 #include "common.hpp"
 
 using namespace dpt;
@@ -104,6 +107,55 @@ TEST_CASE("buckets tile the flat buffer from its end, at most the size asked", "
   CHECK((b[1].offset == 2000 - 128 - 576 && b[1].count == 576));
   CHECK((b[4].offset == 0 && b[4].count == 2000 - 128 - 3 * 576));
   CHECK(make_buckets(2000, 4 * 600.0, 1e9)[0].count == 576);
+}
+
+TEST_CASE("p2p copies the parameters back in chunks of whole layers, in forward order", "[parallel]") {
+  std::vector<int> chunk_of;
+  // Children: an activation, a small layer, an activation, a large one, a small one, the
+  // last (small) layer, an activation. The small first layer shares the large one's chunk;
+  // the last chunk runs to the end (padding after the last parameter included).
+  auto c = make_copy_chunks({-1, 100, -1, 300000, 300100, 300200, -1}, 300256, 1000, chunk_of);
+  REQUIRE(c.size() == 2);
+  CHECK(c[0] == Bucket{0, 300000});
+  CHECK(c[1] == Bucket{300000, 256});
+  CHECK(chunk_of == std::vector<int>{-1, 0, -1, 0, 1, 1, -1});
+  // Every layer large enough: a chunk each.
+  c = make_copy_chunks({1000, 2000, 3000}, 3000, 1000, chunk_of);
+  CHECK(c == std::vector<Bucket>{{0, 1000}, {1000, 1000}, {2000, 1000}});
+  CHECK(chunk_of == std::vector<int>{0, 1, 2});
+  CHECK(make_copy_chunks({-1, -1}, 0, 1000, chunk_of).empty());  // no parameters: nothing to copy
+  CHECK(chunk_of == std::vector<int>{-1, -1});
+}
+
+TEST_CASE("a Sequential calls its guard's hook before each child; nested ones and other threads' do not",
+          "[parallel]") {
+  auto inner = std::make_shared<nn::Sequential>();
+  inner->add(std::make_shared<nn::Activation>(Act::relu)).add(std::make_shared<nn::Activation>(Act::tanh));
+  auto outer = std::make_shared<nn::Sequential>();
+  outer->add(std::make_shared<nn::Activation>(Act::relu)).add(inner);
+  const Tensor x = Tensor::from_host({-1.0f, 2.0f}, {1, 2}, Device{});
+  std::vector<size_t> seen;
+  {
+    nn::BeforeChildGuard g(outer.get(), [&](size_t i) { seen.push_back(i); });
+    outer->forward(x);
+    {
+      nn::BeforeChildGuard other(inner.get(), [&](size_t i) { seen.push_back(10 + i); });
+      outer->forward(x);  // the inner one's hook alone, while its guard lives
+    }
+    outer->forward(x);                               // the outer one's again
+    std::thread([&] { outer->forward(x); }).join();  // another thread's forward: none
+  }
+  outer->forward(x);  // none
+  CHECK(seen == std::vector<size_t>{0, 1, 10, 11, 0, 1});
+}
+
+TEST_CASE("p2p's chunked copy of the parameters equals the whole copy with evaluation between steps", "[parallel]") {
+  for (std::string opt : {"sgd", "adamw"})
+    for (Precision precision : {Precision::fp32, Precision::bf16}) {
+      INFO(opt << " " << precision_name(precision));
+      CHECK(test::train_p2p_chunked(cpus(3), true, precision, opt) ==
+            test::train_p2p_chunked(cpus(3), false, precision, opt));
+    }
 }
 
 TEST_CASE("N CPU replicas train exactly like one device on the whole batch", "[parallel]") {

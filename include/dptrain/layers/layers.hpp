@@ -1,6 +1,7 @@
 // The layers: Linear (with an optional fused activation), activations, Sequential and
 // an MLP built from a spec string.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,22 @@ class Sequential : public Module {
   int torch_modules() const override;
   std::string describe() const override;
   size_t size() const { return children().size(); }
+  Module& child(size_t i) const { return *children().at(i); }
+};
+
+// While it lives, `owner`'s forward on this thread calls before_child(i) just before its
+// child i runs: data parallelism waits there for that child's parameters, which reach a
+// replica layer by layer (p2p), instead of for all of them before the first layer.
+class BeforeChildGuard {
+ public:
+  BeforeChildGuard(const Sequential* owner, std::function<void(size_t)> before_child);
+  ~BeforeChildGuard();
+  BeforeChildGuard(const BeforeChildGuard&) = delete;
+  BeforeChildGuard& operator=(const BeforeChildGuard&) = delete;
+
+ private:
+  const Sequential* outer_owner_;
+  std::function<void(size_t)> outer_;
 };
 
 // Layer widths of an MLP spec: "1024-4096x3-1024" is 1024, 4096, 4096, 4096, 1024

@@ -82,9 +82,12 @@ struct DataParallelOptions {
   // from bf16 copies of its fp32 master weights (Module::set_compute_dtype).
   Precision precision = Precision::fp32;
   GemmImpl gemm = GemmImpl::cublas;
-  float clip = 0.0f;    // clip the global gradient norm (after reduction); 0 = off
-  int grad_accum = 1;   // micro-batches per step; only the last one communicates
-  bool overlap = true;  // reduce buckets during backward (false: all after it, to measure the gain)
+  float clip = 0.0f;   // clip the global gradient norm (after reduction); 0 = off
+  int grad_accum = 1;  // micro-batches per step; only the last one communicates
+  // Reduce buckets during backward, and (p2p) copy the parameters to the replicas layer by
+  // layer beside their next forward; false: all after backward, and the copy whole after
+  // the update (to measure the gain).
+  bool overlap = true;
   // Computes the gradient norm every step: a non-finite one makes the optimizer skip the
   // update (on the device), and set_check_ring's ring tells the caller, later.
   bool check_finite = false;
@@ -248,6 +251,16 @@ class DataParallel {
   std::unique_ptr<BucketTuning> tuning_;
   void before_tuned_step();
   void after_tuned_step();
+  // p2p: the other replicas copy the master's updated parameters chunk by chunk (a layer or
+  // more a chunk, first layers first) on their update streams, and their next forward
+  // waits for each layer's chunk just before the layer runs (make_copy_chunks), so the
+  // copy hides behind the first layers' forward. Eager steps of a Sequential model only
+  // (param_chunks_ empty otherwise: the reducer copies them whole).
+  std::vector<Bucket> param_chunks_;
+  std::vector<int> chunk_of_child_;        // the chunk a child's last parameter is in, -1 for none
+  std::unique_ptr<Event> params_updated_;  // the master's update is queued
+  void plan_param_chunks(nn::Module& model);
+  void copy_params_in_chunks();
   // Copies the master's buffers (batch norm's running statistics, which each replica
   // updated from its own shard) to every replica, or rank 0's to every rank, as
   // nn.DataParallel and DDP do, so the replicas stay identical.
