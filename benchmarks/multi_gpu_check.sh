@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # On a machine with several GPUs: the multi-GPU tests (both reduction paths, N GPUs equal
-# one, balanced memory), DDP over NCCL with 2..N ranks, the mlp workload on 1 and N GPUs
-# with and without overlap (and p2p's chunked copy back), dpbench's weak and strong scaling in fp32, tf32 and bf16,
-# with bf16 gradients on the wire and with ZeRO, the scaling levers (first bucket, updates
-# per bucket, NCCL's thread blocks), the reduction's bus bandwidth beside bare
-# NCCL's (dpbench --comm), and PyTorch DDP and nn.DataParallel. Lean: builds only what it
-# runs.
+# one, balanced memory, p2p's chunked copy back), DDP over NCCL with 2..N ranks, the mlp
+# workload on 1 and N GPUs with and without overlap, dpbench's weak and strong scaling in
+# fp32, tf32 and bf16, with bf16 gradients on the wire and with ZeRO, the scaling levers
+# (first bucket, updates per bucket, NCCL's thread blocks), the reduction's bus bandwidth
+# beside bare NCCL's (dpbench --comm), and PyTorch DDP and nn.DataParallel. Lean: builds
+# only what it runs.
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

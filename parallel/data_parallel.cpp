@@ -116,6 +116,8 @@ struct DataParallel::Replica {
   std::vector<std::unique_ptr<Event>> bucket_summed;
   std::unique_ptr<Event> parts_updated;
   void wait_for_updates();  // its compute stream's later work comes after the update stream's
+  // Range k of the master's parameters into its own, and its bf16 shadow (on the current stream).
+  void copy_params_from(const nn::Module& master, const Bucket& k);
   // p2p, chunked copies of the parameters (on update_ctx): an event a chunk, and how many
   // chunks its compute stream has waited for since they were queued; `computed` is its
   // step's end, which the copies wait for (its backward still reads the old parameters).
@@ -396,6 +398,12 @@ void DataParallel::Replica::wait_for_updates() {
   parts_updated->wait_in(*ctx);
 }
 
+void DataParallel::Replica::copy_params_from(const nn::Module& master, const Bucket& k) {
+  const Tensor mine = model->flat_params().view(k.offset, {k.count});
+  copy(mine, master.flat_params().view(k.offset, {k.count}));
+  if (const Tensor& shadow = model->flat_shadow(); shadow.defined()) copy_cast(shadow.view(k.offset, {k.count}), mine);
+}
+
 void DataParallel::Replica::wait_for_chunk(size_t j) {
   if (j < chunks_waited) return;
   chunk_copied[j]->wait_in(*ctx);
@@ -431,7 +439,7 @@ void DataParallel::plan_param_chunks(nn::Module& model) {
 }
 
 void DataParallel::copy_params_in_chunks() {
-  const Tensor& master = replicas_[0].model->flat_params();
+  const nn::Module& master = *replicas_[0].model;
   params_updated_->record(*replicas_[0].ctx);
   for (size_t i = 1; i < replicas_.size(); ++i) {
     Replica& to = replicas_[i];
@@ -440,11 +448,7 @@ void DataParallel::copy_params_in_chunks() {
     params_updated_->wait_in(*to.update_ctx);
     to.computed->wait_in(*to.update_ctx);
     for (size_t j = 0; j < param_chunks_.size(); ++j) {
-      const Bucket& k = param_chunks_[j];
-      const Tensor params = to.model->flat_params().view(k.offset, {k.count});
-      copy(params, master.view(k.offset, {k.count}));
-      if (const Tensor& shadow = to.model->flat_shadow(); shadow.defined())
-        copy_cast(shadow.view(k.offset, {k.count}), params);
+      to.copy_params_from(master, param_chunks_[j]);
       to.chunk_copied[j]->record(*to.update_ctx);
     }
     to.chunks_waited = 0;
@@ -467,10 +471,7 @@ void DataParallel::update_bucket(size_t r, size_t b, Context& where) {
     Replica& to = replicas_[i];
     rep.parts_updated->wait_in(*to.update_ctx);
     ContextGuard on(*to.update_ctx);
-    const Tensor params = to.model->flat_params().view(k.offset, {k.count});
-    copy(params, rep.model->flat_params().view(k.offset, {k.count}));
-    if (const Tensor& shadow = to.model->flat_shadow(); shadow.defined())
-      copy_cast(shadow.view(k.offset, {k.count}), params);
+    to.copy_params_from(*rep.model, k);
   }
 }
 
