@@ -169,7 +169,7 @@ void add_flags(CLI::App& app, Options& o) {
                  "When a loss or gradient is not finite: stop (exit 4) or skip-step (the update is never applied)")
       ->capture_default_str();
   add_switch(app, "--cuda-graph", o.cfg.cuda_graph,
-             "Record the whole step as a CUDA graph once and replay it (GPUs of one process; not --ddp, not NCCL "
+             "Record the whole step as a CUDA graph once and replay it (GPUs; --ddp too; in one process not NCCL "
              "over several GPUs: use --reduce p2p there)");
   add_switch(app, "--no-overlap", o.no_overlap,
              "Reduce gradients only after backward, and copy p2p parameters whole after the update (to measure what "

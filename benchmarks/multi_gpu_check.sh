@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # On a machine with several GPUs: the multi-GPU tests (both reduction paths, N GPUs equal
-# one, balanced memory, p2p's chunked copy back), DDP over NCCL with 2..N ranks, the mlp
-# workload on 1 and N GPUs with and without overlap, dpbench's weak and strong scaling in
-# fp32, tf32 and bf16, with bf16 gradients on the wire and with ZeRO, the scaling levers
-# (first bucket, updates per bucket, NCCL's thread blocks), the reduction's bus bandwidth
-# beside bare NCCL's (dpbench --comm), and PyTorch DDP and nn.DataParallel. Lean: builds
-# only what it runs.
+# one, balanced memory, p2p's chunked copy back), DDP over NCCL with 2..N ranks (eager and
+# recorded as CUDA graphs), the mlp workload on 1 and N GPUs with and without overlap,
+# dpbench's weak and strong scaling in fp32, tf32 and bf16, with bf16 gradients on the
+# wire and with ZeRO, the scaling levers (first bucket, updates per bucket, NCCL's thread
+# blocks), the reduction's bus bandwidth beside bare NCCL's (dpbench --comm), and PyTorch
+# DDP and nn.DataParallel. Lean: builds only what it runs.
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -21,6 +21,11 @@ for ((np = 2; np <= n; ++np)); do
     echo "-- ddp_check -np $np --zero $z"
     mpirun -np "$np" -x NCCL_NVLS_ENABLE build/tests/ddp_check --device cuda --batch 10 --zero $z 2>&1 | tail -3
   done
+  for extra in "" "--zero 1"; do  # each rank's step and its NCCL collectives recorded as a CUDA graph
+    echo "-- ddp_check -np $np --cuda-graph 1 $extra"
+    mpirun -np "$np" -x NCCL_NVLS_ENABLE build/tests/ddp_check --device cuda --batch 10 --cuda-graph 1 $extra 2>&1 |
+      tail -3
+  done
 done
 run() { build/apps/dptrain "$@" --model mlp --steps 30 --log-every 10 2>&1 | grep -E '^done|^step time|^memory|^param'; }
 echo "-- 1 GPU, batch 4096"; run --gpus 1 --batch 4096
@@ -33,7 +38,7 @@ echo "-- $n GPUs, bf16, nccl, bucket sizes tuned over the first 25 steps"
 build/apps/dptrain --gpus "$n" --reduce nccl --model mlp --batch $((4096 * n)) --precision bf16 --steps 60 \
   --log-every 30 --tune-buckets 2>&1 | grep -E 'tuned|^done'
 
-for ov in "" --no-overlap; do
+for ov in "" --no-overlap --cuda-graph; do
   echo "-- mpirun -np $n --ddp $ov"
   mpirun -np "$n" -x NCCL_NVLS_ENABLE build/apps/dptrain --ddp $ov --model mlp --batch $((4096 * n)) --steps 30 \
     --log-every 10 2>&1 | grep -E '^done|^step time|^memory|^param'

@@ -172,10 +172,10 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
         "DataParallelOptions::update_per_bucket updates a bucket before the next is reduced: not with clip or "
         "check_finite (which need the norm over every bucket first), nor with zero");
   use_graph_ = options.cuda_graph;
-  if (use_graph_ && (!devices_[0].is_cuda() || group_))
-    throw UsageError(
-        "DataParallelOptions::cuda_graph records the replicas of one process on GPUs (no "
-        "DataParallelOptions::group)");
+  // Across processes (one GPU each, as NCCL supports in graphs) every rank records its
+  // step, collectives included, and the replays meet in them.
+  if (use_graph_ && !devices_[0].is_cuda())
+    throw UsageError("DataParallelOptions::cuda_graph records steps on GPUs, not on " + devices_[0].str());
   enable_peer_access(devices_);
   // bf16 precision is bf16 storage: the model (and so every replica) computes in bf16 from
   // bf16 shadows of its fp32 master parameters.
@@ -712,22 +712,41 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   }
   // Each replica's shard, once the last replay has read the buffers it came in. The graph
   // copies it into the fixed buffers that its step reads (a node on the replica's stream
-  // whose sources each replay moves), and the warm-up step before it.
-  std::vector<data::Batch> shard(n);
-  std::vector<char> resized(n, 0);
+  // whose sources each replay moves), and the warm-up step before it. With micro-batches
+  // the source is asked for each in turn, as in an eager step (a file's loader serves one
+  // micro-batch at a time and reuses its buffer at the next request), so each is copied
+  // in at once, before the replay, outside the graph.
+  const bool in_micro_batches = shares.micro_batches() > 1;
+  std::vector<data::Batch> shard(n);  // one micro-batch: the source's, for the graph's copy
+  std::vector<char> has_rows(n, 0), resized(n, 0);
   run_on_all([&](size_t r) {
     Replica& rep = replicas_[r];
     const SampleRange part = shares.replica_part(r);
     if (part.count == 0) return;
+    has_rows[r] = 1;
     // Nothing of this replica's stream may run beside a replay: the graph's kernels share
     // the context's cuBLAS workspace and reduction counter with what the source queues.
     // (Replica 0's stream is the replays' own.)
     if (r > 0 && graph_) graph_done_->wait_in(*rep.ctx);
-    const data::Batch& b = shard[r] = source(r, first + part.first, part.count);
     data::Batch& in = graph_in_[r];
-    if (!in.x.defined() || in.x.shape() != b.x.shape() || in.y.shape() != b.y.shape()) {
-      in = {Tensor::empty(b.x.shape(), b.x.dtype(), rep.device), Tensor::empty(b.y.shape(), b.y.dtype(), rep.device)};
+    auto fit = [&](const data::Batch& b) {  // the fixed buffers hold the replica's part
+      Shape x = b.x.shape(), y = b.y.shape();
+      x[0] = y[0] = part.count;
+      if (in.x.defined() && in.x.shape() == x && in.y.shape() == y) return;
+      in = {Tensor::empty(x, b.x.dtype(), rep.device), Tensor::empty(y, b.y.dtype(), rep.device)};
       resized[r] = 1;
+    };
+    if (!in_micro_batches) {
+      fit(shard[r] = source(r, first + part.first, part.count));
+    } else {
+      for (int k = 0; k < shares.micro_batches(); ++k) {
+        const SampleRange m = shares.micro(r, k);
+        if (m.count == 0) continue;
+        const data::Batch b = source(r, first + m.first, m.count);
+        fit(b);
+        const int64_t at = m.first - part.first;
+        copy_all({{in.x.rows(at, m.count), b.x}, {in.y.rows(at, m.count), b.y}});
+      }
     }
     if (r > 0) graph_inputs_ready_[r]->record(*rep.ctx);  // after what the source queued there
   });
@@ -788,7 +807,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     for (size_t r = 0; r < n; ++r)
       if (shard[r].x.defined()) graph_->set_copy_sources(graph_copy_[r], copies(r));
     for (size_t r = 1; r < n; ++r)
-      if (shard[r].x.defined()) graph_inputs_ready_[r]->wait_in(*master.ctx);
+      if (has_rows[r]) graph_inputs_ready_[r]->wait_in(*master.ctx);
     // The whole replay counts as compute: the phases inside a graph are not timed apart.
     if (timing_) master.t_start->record(*master.ctx);
     graph_->launch();
@@ -976,9 +995,8 @@ void DataParallel::broadcast_buffers() {
   const Tensor& master = replicas_[0].model->flat_buffers();
   if (!master.defined()) return;
   if (group_) {  // as DDP's broadcast_buffers: every rank takes rank 0's
-    auto host = master.to_host();
-    group_->broadcast(host.data(), host.size() * sizeof(float), 0);
-    if (group_->rank() != 0) copy(master, Tensor::from_host(host, master.shape(), devices_[0]));
+    ContextGuard g(*replicas_[0].ctx);
+    reducer_->broadcast_buffers(master);
     return;
   }
   buffers_ready_->record(*replicas_[0].ctx);

@@ -103,6 +103,10 @@ void Reducer::gather_params() {
   throw UsageError(std::string("DataParallelOptions::zero is not available with the ") + name() + " reduction");
 }
 
+void Reducer::broadcast_buffers(const Tensor&) {
+  throw Error(std::string("the ") + name() + " reduction is within one process: it has no ranks to broadcast to");
+}
+
 namespace {
 
 // ZeRO between CPU devices (host memory, complete when queued): every replica's partial
@@ -431,6 +435,7 @@ class MpiReducer : public Reducer {
     auto* first = reinterpret_cast<int64_t*>(first_bad[0].i32());
     for (uint64_t v : g_.gather_all(static_cast<uint64_t>(*first))) *first = std::min(*first, static_cast<int64_t>(v));
   }
+  void broadcast_buffers(const Tensor& buffers) override { g_.broadcast(buffers.f32(), buffers.nbytes(), 0); }
   void gather_params() override {
     DPT_CHECK(sharded(), "gather_params: ZeRO");
     std::vector<int64_t> firsts, counts;

@@ -66,6 +66,11 @@ class Reducer {
   // From the driving thread after the master's update (when !every_replica_updates()):
   // every replica gets the master's parameters, and refreshes its bf16 shadow from them.
   virtual void broadcast_params() {}
+  // Across processes, from the driving thread after the step (DDP's broadcast_buffers):
+  // rank 0's `buffers` (the running statistics of batch norm) reach every rank, queued
+  // on the replica's compute context, after its forward wrote them. Only reducers that
+  // talk to other processes can.
+  virtual void broadcast_buffers(const Tensor& buffers);
   // Waits for ctx's queued work; reducers that talk to other processes bound the wait
   // by the communication timeout and end the job when it passes.
   virtual void synchronize(Context& ctx) { ctx.synchronize(); }

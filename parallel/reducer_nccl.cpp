@@ -396,6 +396,17 @@ class NcclReducer : public Reducer {
     for (size_t r = 0; r < r_.size(); ++r) refresh_shadow_of_others(r_[r], shards_, own(r));
   }
 
+  // On the compute stream, after the forward that wrote them: no host round trip, so the
+  // step stays asynchronous and a CUDA graph records the broadcast with it.
+  void broadcast_buffers(const Tensor& buffers) override {
+    DPT_CHECK(group_ && r_.size() == 1, "broadcast_buffers: across ranks, one replica a rank");
+    if (alone()) return;
+    on_every_replica("enqueueing the buffers' broadcast", [&](size_t r, cudaStream_t stream) {
+      return ncclBroadcast(buffers.f32(), buffers.f32(), static_cast<size_t>(buffers.numel()), ncclFloat, 0, comms_[r],
+                           stream);
+    });
+  }
+
   void reduce() override {}
 
   std::vector<Context*> contexts() override {

@@ -2,7 +2,8 @@
 // training on the whole batch (<= 1e-5), with several buckets, uneven rank shards and
 // gradient accumulation, with bucket sizes tuned over the first steps, for MLPs and a CNN,
 // and every rank must end with bitwise the same parameters (and, with batch norm, the same
-// running statistics).
+// running statistics). `--cuda-graph 1` (GPU ranks): the ranks record their steps, the
+// collectives and the running statistics' broadcast with them, and the same holds.
 // Exit status 0 when every check passes on every rank, 1 otherwise.
 #include <cmath>
 #include <cstdio>
@@ -21,7 +22,7 @@ using namespace dpt;
 
 int main(int argc, char** argv) {
   int64_t batch = 10;
-  int accum = 1, zero = 0, tune = 0;
+  int accum = 1, zero = 0, tune = 0, graph = 0;
   std::string device = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--batch")) batch = std::atoll(argv[i + 1]);
@@ -29,11 +30,14 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
     else if (!std::strcmp(argv[i], "--zero")) zero = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--tune-buckets")) tune = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--cuda-graph")) graph = std::atoi(argv[i + 1]);
   }
   try {
     ProcessGroup& g = ProcessGroup::world();
     g.set_timeout(120);
     int failures = 0;
+    // "cuda": every GPU here, the local rank picks one; one process uses the first.
+    const std::vector<Device> devs = device == "cuda" ? default_devices() : std::vector<Device>{parse_device(device)};
     // `compare`: DDP must give one process's weights; otherwise (batch norm: statistics
     // per rank) the ranks must agree with each other, buffers included.
     // File data (host arrays, the same on every rank): 37 rows of 12 inputs, shuffled, over
@@ -60,8 +64,6 @@ int main(int argc, char** argv) {
       c.steps = 20;
       c.log_every = 5;
       c.bucket_mb = 0.001;  // about 1 KB: several buckets
-      // "cuda": every GPU here, the local rank picks one; the reference uses the first.
-      const std::vector<Device> devs = device == "cuda" ? default_devices() : std::vector<Device>{parse_device(device)};
       c.devices = {devs.front()};
       TrainConfig d = c;
       d.devices = devs;
@@ -69,6 +71,7 @@ int main(int argc, char** argv) {
       d.grad_accum = accum;
       d.zero = zero;
       d.tune_buckets = tune != 0;  // the ranks time each size together and choose alike
+      d.cuda_graph = graph != 0;   // against one process's eager steps
       std::shared_ptr<const data::Dataset> rows;
       if (file_data) {
         rows = arrays(task);
@@ -89,10 +92,10 @@ int main(int argc, char** argv) {
         const double err = test::rel_error(ddp.model().flat_params().to_host(), one.model().flat_params().to_host());
         const bool ok = err <= 1e-5 && std::fabs(r.final_loss - r1.final_loss) <= 1e-5 * std::fabs(r1.final_loss);
         std::printf(
-            "%s %s %s%s, %d ranks, batch %lld, grad-accum %d, zero %d%s: weights rel. error %.3g, loss %.6g vs "
+            "%s %s %s%s, %d ranks, batch %lld, grad-accum %d, zero %d%s%s: weights rel. error %.3g, loss %.6g vs "
             "%.6g, hash %016llx: %s\n",
             model.c_str(), data::task_name(task), opt.c_str(), file_data ? " on file data" : "", g.size(),
-            static_cast<long long>(batch), accum, zero,
+            static_cast<long long>(batch), accum, zero, graph ? ", CUDA graph" : "",
             tune ? (", buckets tuned (" + std::to_string(ddp.parallel().bucket_mb()) + " MiB)").c_str() : "", err,
             r.final_loss, r1.final_loss, static_cast<unsigned long long>(hash), ok ? "ok" : "FAILED");
         if (!ok) ++failures;
@@ -115,9 +118,10 @@ int main(int argc, char** argv) {
       c.steps = 20;
       c.log_every = 1000;
       c.bucket_mb = 0.001;
-      c.devices = {parse_device(device)};
+      c.devices = devs;
       c.ddp = true;
       c.zero = zero;
+      c.cuda_graph = graph != 0;  // stage 1 (stage 2 is not recorded)
       Trainer whole(c);
       whole.run();
       const auto want = whole.model().flat_params().to_host();
@@ -136,6 +140,7 @@ int main(int argc, char** argv) {
         TrainConfig alone = rest;
         alone.ddp = false;
         alone.zero = 0;
+        alone.devices = {devs.front()};
         Trainer one(alone);
         one.run();
         const double err = test::rel_error(one.model().flat_params().to_host(), want);
@@ -167,6 +172,7 @@ int main(int argc, char** argv) {
         TrainConfig alone = wild;
         alone.ddp = false;
         alone.zero = 0;
+        alone.devices = {devs.front()};
         const TrainResult one = Trainer(alone).run();
         const std::string stop_one = stopped(alone);
         const bool ok = skipped.skipped == one.skipped && skipped.skipped > 0 && stop == stop_one;

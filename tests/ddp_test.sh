@@ -82,6 +82,12 @@ rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c 'dptrain: error: --grad-comm bf16 is for NCCL, p2p and host reductions' "$tmp/err")" -eq 1 ] &&
   ok || bad "--grad-comm bf16 under MPI (rc $rc): $(cat "$tmp/err")"
 
+# Graphs record GPU steps: CPU ranks are refused in one line (GPU ranks: gpu_cli_test.sh).
+"${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 5 --cuda-graph >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c 'dptrain: error: --cuda-graph records steps on GPUs: not on CPU devices' "$tmp/err")" -eq 1 ] &&
+  ok || bad "--cuda-graph on CPU ranks (rc $rc): $(cat "$tmp/err")"
+
 # Faults: kill (-9) or stop (-STOP) one rank mid-run; the job must end non-zero within
 # --comm-timeout (plus the launcher's own grace).
 fault() {

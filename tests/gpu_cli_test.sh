@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # dptrain on the GPU as users run it: checkpoints resume bit-identically on one GPU and
 # on logical replicas, out of memory ends with its message and status 3 (no core dump,
-# no checkpoint), and DDP with NCCL runs under mpirun. Exits 77 (skipped) without a GPU.
+# no checkpoint), and DDP with NCCL runs under mpirun, eager and recorded as a CUDA graph
+# (`ddp_check`, the second argument where the build has MPI). Exits 77 (skipped) without
+# a GPU.
 set -u
-exe=$1
+exe=$1 ddp_check=${2:-}
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU: skipped"; exit 77; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -32,9 +34,22 @@ rc=$?
 ls "$tmp"/*.tmp* >/dev/null 2>&1 && bad "a temporary checkpoint file was left behind" || ok
 
 if command -v mpirun >/dev/null; then
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 -x NCCL_NVLS_ENABLE=0 \
-    "$exe" --ddp --steps 50 --log-every 50 >"$tmp/out" 2>&1 && grep -q 'reduce nccl' "$tmp/out" &&
+  mpi=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 -x NCCL_NVLS_ENABLE=0)
+  "${mpi[@]}" "$exe" --ddp --steps 50 --log-every 50 >"$tmp/out" 2>&1 && grep -q 'reduce nccl' "$tmp/out" &&
     grep -q 'identical on all 1 ranks' "$tmp/out" && ok || bad "mpirun -np 1 dptrain --ddp: $(cat "$tmp/out")"
+  # A rank's step recorded once: AdamW, a cosine schedule and clipping give the eager
+  # step's parameters bit for bit.
+  job=(--ddp --optimizer adamw --lr 0.003 --schedule cosine --warmup 5 --clip 0.5 --steps 40 --log-every 40)
+  "${mpi[@]}" "$exe" "${job[@]}" >"$tmp/eager.out" 2>&1
+  "${mpi[@]}" "$exe" "${job[@]}" --cuda-graph >"$tmp/graph.out" 2>&1
+  [ -n "$(hash_of "$tmp/eager.out")" ] && [ "$(hash_of "$tmp/eager.out")" = "$(hash_of "$tmp/graph.out")" ] && ok ||
+    bad "--ddp --cuda-graph is not the eager --ddp run bit for bit: $(tail -3 "$tmp/eager.out") vs $(tail -3 "$tmp/graph.out")"
+  if [ -n "$ddp_check" ]; then
+    for extra in "" "--zero 1" "--grad-accum 3 --batch 21"; do
+      "${mpi[@]}" "$ddp_check" --device cuda --cuda-graph 1 $extra >"$tmp/out" 2>&1 &&
+        grep -q 'all checks passed' "$tmp/out" && ok || bad "ddp_check --cuda-graph 1 $extra: $(cat "$tmp/out")"
+    done
+  fi
 fi
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

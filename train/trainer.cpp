@@ -113,11 +113,8 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (cfg.comm_ctas < 0 || cfg.comm_ctas > kMaxCommCtas)
     bad("comm_ctas", "must be in [0, " + std::to_string(kMaxCommCtas) + "] (0: NCCL's choice), got " +
                          std::to_string(cfg.comm_ctas));
-  if (cfg.cuda_graph &&
-      (!std::all_of(cfg.devices.begin(), cfg.devices.end(), [](const Device& d) { return d.is_cuda(); }) || cfg.ddp))
-    bad("cuda_graph",
-        "records the replicas of one process on GPUs: not CPU devices (no CUDA there), not TrainConfig::ddp "
-        "(a step across processes waits on the host for MPI, which a graph cannot record)");
+  if (cfg.cuda_graph && cfg.devices.front().is_cpu())
+    bad("cuda_graph", "records steps on GPUs: not on CPU devices (no CUDA there)");
   if (cfg.devices.front().is_cpu() && cfg.gemm == GemmImpl::native)
     bad("gemm", "native is a CUDA kernel; the CPU has one GEMM");
   if (cfg.gemm == GemmImpl::native && cfg.precision != Precision::fp32)
