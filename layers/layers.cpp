@@ -1,5 +1,6 @@
 #include <dptrain/layers/layers.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -76,10 +77,32 @@ BeforeChildGuard::~BeforeChildGuard() { before_child = {outer_owner_, std::move(
 
 Tensor Sequential::forward(const Tensor& x) {
   const bool hooked = before_child.owner == this;  // a nested Sequential is not the one hooked
+  const auto& ch = children();
   Tensor h = x;
-  for (size_t i = 0; i < children().size(); ++i) {
-    if (hooked) before_child.fn(i);
-    h = children()[i]->forward(h);
+  for (size_t i = 0; i < ch.size();) {
+    // Two or more fp32 Linear children in a row, as one op where it fits (a tiny MLP's
+    // layers in one kernel: linear_chain), after the hook of each of them.
+    size_t end = i;
+    std::vector<LinearLayer> run;
+    for (; end < ch.size(); ++end) {
+      const auto* lin = dynamic_cast<const Linear*>(ch[end].get());
+      if (!lin || lin->computes_bf16()) break;
+      run.push_back({lin->weight(), lin->bias(), lin->act()});
+    }
+    const auto hooks = [&] {
+      if (hooked)
+        for (size_t k = i; k < end; ++k) before_child.fn(k);
+    };
+    if (run.size() >= 2)
+      if (Tensor y = linear_chain(h, run, hooks); y.defined()) {
+        h = y;
+        i = end;
+        continue;
+      }
+    for (end = std::max(end, i + 1); i < end; ++i) {
+      if (hooked) before_child.fn(i);
+      h = ch[i]->forward(h);
+    }
   }
   return h;
 }

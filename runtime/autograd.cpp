@@ -44,6 +44,24 @@ Tensor Grads::accumulator(size_t i) const {
   return in.is_leaf() ? in.grad() : Tensor();
 }
 
+void Grads::before_write(size_t i) const {
+  const Tensor& in = inputs_[i];
+  if (before_write_ && *before_write_ && in.is_leaf() && in.requires_grad()) (*before_write_)(in);
+}
+
+void Grads::handed(size_t i) {
+  Tensor in = inputs_[i];  // shares the leaf's autograd state
+  if (!in.is_leaf() || !in.requires_grad()) return;
+  if (out_[i].defined()) {
+    Tensor acc = in.grad();
+    add_to_leaf(in, acc, out_[i]);
+    in.set_grad(acc);
+    out_[i] = Tensor();
+  }
+  handed_[i] = 1;
+  if (on_done_ && *on_done_) (*on_done_)(in);
+}
+
 bool Grads::stale(size_t i) const { return inputs_[i].is_leaf() && inputs_[i].grad_stale(); }
 
 float Grads::take_beta(size_t i) const {
@@ -93,10 +111,11 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
     if (found == pending.end()) continue;  // no gradient flows through this node
     Tensor g = std::move(found->second);
     pending.erase(found);
-    if (before_leaf_write)
+    const bool in_turn = node->hands_over_in_turn();
+    if (before_leaf_write && !in_turn)
       for (const Tensor& in : node->inputs)
         if (in.is_leaf() && in.requires_grad()) before_leaf_write(in);
-    Grads grads(node->inputs);
+    Grads grads(node->inputs, &before_leaf_write, &on_leaf_done);
     if (g.defined()) {
       node->backward(g, grads);
     } else if (!node->backward_scalar(host_seed, grads)) {  // the root, seeded from the host
@@ -116,8 +135,9 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
       }
     }
     if (on_leaf_done)
-      for (const Tensor& in : node->inputs)
-        if (in.is_leaf() && in.requires_grad()) on_leaf_done(in);
+      for (size_t i = 0; i < node->inputs.size(); ++i)
+        if (const Tensor& in = node->inputs[i]; in.is_leaf() && in.requires_grad() && !grads.was_handed(i))
+          on_leaf_done(in);
     // Done with this node: dropping its edges and our reference frees it, and the
     // activations it saved, unless something outside holds its output. So activations
     // go as backward passes them, as in PyTorch, instead of all living to its end.

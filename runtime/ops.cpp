@@ -1,6 +1,7 @@
 #include <dptrain/runtime/ops.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include <dptrain/error.hpp>
@@ -610,6 +611,60 @@ class LinearNode : public Node {
   Act act_;
 };
 
+// linear_chain's backward: each layer's, last to first, through LinearNode (the same
+// kernels as layers recorded one by one), handing each layer's parameters over as their
+// gradients are written, as those layers' own nodes would (ZeRO stage 2 and the bucketed
+// reductions see the same order). Inputs: x, then each layer's W and (if any) b.
+class LinearChainNode : public Node {
+ public:
+  struct Saved {
+    Tensor W, y, z;  // z: GELU's pre-activation
+    Act act;
+    bool bias;
+  };
+  LinearChainNode(Tensor x, std::vector<Saved> layers) : x_(x.detach()), layers_(std::move(layers)) {}
+  const char* name() const override { return "linear_chain"; }
+  bool hands_over_in_turn() const override { return true; }
+  void backward(Tensor& dy, Grads& grads) override {
+    std::vector<size_t> first_input(layers_.size());  // where layer l's W is among the inputs
+    for (size_t l = 0, i = 1; l < layers_.size(); ++l) {
+      first_input[l] = i;
+      i += layers_[l].bias ? 2 : 1;
+    }
+    Tensor g = dy;
+    for (size_t l = layers_.size(); l-- > 0;) {
+      const Saved& s = layers_[l];
+      const size_t w = first_input[l];
+      // Layer l's inputs, in a Linear node's order: x (the chain's) or the layer before's
+      // output (which needs its gradient), W and b as recorded.
+      std::vector<size_t> at{l == 0 ? size_t{0} : SIZE_MAX, w};
+      if (s.bias) at.push_back(w + 1);
+      LinearNode node(l == 0 ? x_ : layers_[l - 1].y, s.W, s.act == Act::gelu ? s.z : s.y, s.act);
+      for (size_t i : at) {
+        if (i == SIZE_MAX) {
+          Tensor h = layers_[l - 1].y.detach();
+          node.inputs.push_back(h.set_requires_grad(true));
+        } else {
+          node.inputs.push_back(inputs[i]);
+          grads.before_write(i);
+        }
+      }
+      Grads part(node.inputs);
+      node.backward(g, part);
+      for (size_t k = 0; k < at.size(); ++k)
+        if (at[k] != SIZE_MAX) {
+          if (part.taken(k).defined()) grads.put(at[k], part.taken(k));
+          grads.handed(at[k]);
+        }
+      if (l > 0) g = part.taken(0);
+    }
+  }
+
+ private:
+  Tensor x_;
+  std::vector<Saved> layers_;
+};
+
 class ActivationNode : public Node {
  public:
   ActivationNode(Tensor saved, Act act) : saved_(saved.detach()), act_(act) {}
@@ -815,6 +870,65 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
     record(y, std::make_shared<LinearNode>(x, W, act == Act::gelu ? z : y, act), std::move(in));
   }
   return y;
+}
+
+Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, const std::function<void()>& before) {
+#if DPT_WITH_CUDA
+  const Device d = x.device();
+  if (!d.is_cuda() || layers.empty() || layers.size() > static_cast<size_t>(kMlpMaxLayers) || x.dim() != 2 ||
+      x.dtype() != DType::f32 || x.size(0) < 1 || x.size(0) > cuda::kSkinnyRows)
+    return Tensor();
+  // Only where each layer alone would take our fp32 skinny GEMM: no tf32 or bf16 compute.
+  const Context& ctx = context(d);
+  MlpLayers run;
+  run.count = static_cast<int>(layers.size());
+  int64_t in = x.size(1);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LinearLayer& L = layers[l];
+    if (!L.W.defined() || L.W.dtype() != DType::f32 || L.W.dim() != 2 || L.W.device() != d || L.W.size(1) != in ||
+        small_gemm(ctx, false, true, x.size(0), L.W.size(0), in) != SmallGemm::skinny)
+      return Tensor();
+    if (L.b.defined() && (L.b.dtype() != DType::f32 || L.b.device() != d || L.b.shape() != Shape{L.W.size(0)}))
+      return Tensor();
+    if (L.W.size(0) > kMlpMaxWidth || in > kMlpMaxWidth) return Tensor();
+    run.layer[l].in = static_cast<int>(in);
+    run.layer[l].out = static_cast<int>(L.W.size(0));
+    in = L.W.size(0);
+  }
+  if (!cuda::mlp_forward_fits(run, d.index)) return Tensor();
+  if (before) before();
+  std::vector<Tensor> ins{x};
+  for (const LinearLayer& L : layers) {
+    ins.push_back(L.W);
+    if (L.b.defined()) ins.push_back(L.b);
+  }
+  bool grad = false;
+  for (const Tensor& t : ins) grad = grad || any_requires_grad({&t});
+  const int64_t rows = x.size(0);
+  std::vector<LinearChainNode::Saved> saved;  // detached: the node never holds its output's history
+  Tensor out;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LinearLayer& L = layers[l];
+    MlpLayer& m = run.layer[l];
+    Tensor y = Tensor::empty({rows, L.W.size(0)}, DType::f32, d);
+    Tensor z = grad && L.act == Act::gelu ? Tensor::empty({rows, L.W.size(0)}, DType::f32, d) : Tensor();
+    m.W = L.W.f32();
+    m.b = L.b.defined() ? L.b.f32() : nullptr;
+    m.y = y.f32();
+    m.z = z.defined() ? z.f32() : nullptr;
+    m.act = L.act;
+    saved.push_back({L.W.detach(), y.detach(), z, L.act, L.b.defined()});
+    out = y;
+  }
+  cuda::mlp_forward(rows, x.f32(), run, stream_of(d));
+  if (grad) record(out, std::make_shared<LinearChainNode>(x, std::move(saved)), std::move(ins));
+  return out;
+#else
+  (void)x;
+  (void)layers;
+  (void)before;
+  return Tensor();
+#endif
 }
 
 Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16, Act act) {

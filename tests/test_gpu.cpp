@@ -282,6 +282,71 @@ TEST_CASE("linear, activations and losses match the CPU, forward and backward", 
   });
 }
 
+TEST_CASE("a run of narrow Linear layers in one kernel matches the CPU layer by layer", "[gpu][ops]") {
+  // linear_chain's fused forward (kernels/cuda/mlp.cu) and its backward through each
+  // layer's, against the CPU's linear() after linear(): the default job's shape, widths
+  // that are not multiples of 4, batches that end inside a block, every activation, a last
+  // layer without bias, eight layers.
+  struct Case {
+    int64_t rows;
+    std::vector<int64_t> widths;
+    Act act;
+    bool last_bias;
+  };
+  for (const Case& c :
+       {Case{256, {16, 128, 128, 4}, Act::relu, true}, Case{1, {3, 5, 2}, Act::gelu, true},
+        Case{13, {13, 37, 29, 5}, Act::tanh, false}, Case{200, {64, 256, 96}, Act::gelu, true},
+        Case{9, {7, 8, 8, 8, 8, 8, 8, 8, 3}, Act::relu, true}, Case{77, {8, 64, 40, 5, 3}, Act::tanh, true}}) {
+    INFO("rows " << c.rows << ", " << c.widths.size() - 1 << " layers, act " << static_cast<int>(c.act));
+    const size_t n = c.widths.size() - 1;
+    std::vector<std::vector<float>> values{randn(c.rows * c.widths[0], 30, 1.0f)};
+    for (size_t l = 0; l < n; ++l) {
+      const float scale = 1.0f / std::sqrt(static_cast<float>(c.widths[l]));
+      values.push_back(randn(c.widths[l + 1] * c.widths[l], 31 + static_cast<int>(l), scale));
+      values.push_back(randn(c.widths[l + 1], 41 + static_cast<int>(l), scale));
+    }
+    compare([&](const Device& d) {
+      std::vector<Tensor> in{on(d, values[0], {c.rows, c.widths[0]})};
+      for (size_t l = 0; l < n; ++l) {
+        in.push_back(on(d, values[1 + 2 * l], {c.widths[l + 1], c.widths[l]}));
+        if (l + 1 < n || c.last_bias) in.push_back(on(d, values[2 + 2 * l], {c.widths[l + 1]}));
+      }
+      return value_and_grads(
+          [&](std::vector<Tensor>& t) {
+            std::vector<LinearLayer> layers;
+            for (size_t l = 0, i = 1; l < n; ++l) {
+              const bool bias = l + 1 < n || c.last_bias;
+              layers.push_back({t[i], bias ? t[i + 1] : Tensor(), l + 1 < n ? c.act : Act::none});
+              i += bias ? 2 : 1;
+            }
+            if (d.is_cuda()) {
+              Tensor y = linear_chain(t[0], layers);
+              REQUIRE(y.defined());
+              CHECK(std::string(y.grad_fn()->name()) == "linear_chain");
+              return y;
+            }
+            CHECK(!linear_chain(t[0], layers).defined());  // the CPU runs a layer at a time
+            Tensor h = t[0];
+            for (const LinearLayer& L : layers) h = linear(h, L.W, L.b, L.act);
+            return h;
+          },
+          in);
+    });
+  }
+  // Where it does not fit, the caller is told (an undefined tensor): more rows than the
+  // skinny GEMM takes, a width past 256, more than eight layers.
+  auto chain = [](int64_t rows, std::vector<int64_t> widths) {
+    std::vector<LinearLayer> layers;
+    for (size_t l = 0; l + 1 < widths.size(); ++l)
+      layers.push_back({Tensor::zeros({widths[l + 1], widths[l]}, DType::f32, gpu), Tensor(), Act::relu});
+    return linear_chain(Tensor::zeros({rows, widths[0]}, DType::f32, gpu), layers);
+  };
+  CHECK(chain(256, {16, 128, 4}).defined());
+  CHECK(!chain(257, {16, 128, 4}).defined());
+  CHECK(!chain(8, {16, 257, 4}).defined());
+  CHECK(!chain(8, std::vector<int64_t>(10, 8)).defined());
+}
+
 TEST_CASE("optimizers, clipping, casts and argmax match the CPU", "[gpu][ops]") {
   const int64_t n = 100003;  // not a multiple of 4: exercises the vector loops' tails
   auto p = randn(n, 12), g = randn(n, 13), m = randn(n, 14, 0.1f);

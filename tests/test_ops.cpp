@@ -152,6 +152,43 @@ TEST_CASE("a tensor used twice gets the sum of both gradients", "[autograd]") {
       {x, W});
 }
 
+TEST_CASE("a node that hands its leaves over in turn calls the leaf hooks as it writes each", "[autograd]") {
+  // As linear_chain's node does for its layers: the hooks fire leaf by leaf from inside its
+  // backward (before writing, once written), in its order, and a put() gradient is in the
+  // leaf when its hook sees it; a leaf it writes nothing for still gets its done hook after.
+  struct InTurn : Node {
+    const char* name() const override { return "in_turn"; }
+    bool hands_over_in_turn() const override { return true; }
+    void backward(Tensor& g, Grads& grads) override {
+      for (size_t i : {2, 0}) {
+        grads.before_write(i);
+        grads.put(i, g.detach());
+        grads.handed(i);
+      }
+    }
+  };
+  Tensor a = Tensor::zeros({1}, DType::f32, host).set_requires_grad(true);
+  Tensor b = Tensor::zeros({1}, DType::f32, host).set_requires_grad(true);
+  Tensor c = Tensor::zeros({1}, DType::f32, host).set_requires_grad(true);
+  std::vector<std::string> log;
+  auto node = std::make_shared<InTurn>();
+  node->inputs = {a, b, c};
+  Tensor out = Tensor::zeros({1}, DType::f32, host);
+  out.set_grad_fn(node);
+  auto name = [&](const Tensor& t) { return t.data() == a.data() ? "a" : t.data() == b.data() ? "b" : "c"; };
+  run_backward(
+      out, 3.0f,
+      [&](const Tensor& t) {
+        log.push_back(std::string("done ") + name(t) + " " +
+                      (t.grad().defined() ? std::to_string(static_cast<int>(t.grad().item())) : "none"));
+      },
+      [&](const Tensor& t) { log.push_back(std::string("before ") + name(t)); });
+  CHECK(log == std::vector<std::string>{"before c", "done c 3", "before a", "done a 3", "done b none"});
+  CHECK(a.grad().item() == 3.0f);
+  CHECK(!b.grad().defined());
+  CHECK(c.grad().item() == 3.0f);
+}
+
 TEST_CASE("SGD matches torch.optim.SGD's update rule", "[optim]") {
   for (bool nesterov : {false, true}) {
     SgdArgs a{0.1f, 0.9f, 0.0f, 0.01f, nesterov};

@@ -11,6 +11,8 @@
 
 #include <dptrain/types.hpp>
 
+#include "../mlp.hpp"
+
 namespace dpt::cpu {
 
 // gemm.cpp — C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C.
@@ -23,6 +25,10 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
                float beta, float* C);
 void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A, const uint16_t* B,
                float beta, uint16_t* C);
+
+// The run of Linear layers of ../mlp.hpp (x: [rows, layer 0's in]), layer after layer: the
+// GEMM above, then bias_act_forward.
+void mlp_forward(int64_t rows, const float* x, const MlpLayers& layers);
 
 // activation.cpp — y = act(x + bias) row by row (bias may be null; x may equal y).
 // When z is not null it receives x + bias (the pre-activation that GELU's backward needs).

@@ -49,4 +49,14 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   narrow(c, C);
 }
 
+void mlp_forward(int64_t rows, const float* x, const MlpLayers& layers) {
+  const float* in = x;
+  for (int l = 0; l < layers.count; ++l) {
+    const MlpLayer& L = layers.layer[l];
+    gemm(false, true, rows, L.out, L.in, 1.0f, in, L.W, 0.0f, L.y);
+    bias_act_forward(L.y, L.b, L.act, rows, L.out, L.z, L.y);
+    in = L.y;
+  }
+}
+
 }  // namespace dpt::cpu

@@ -13,6 +13,8 @@
 
 #include <dptrain/types.hpp>
 
+#include "../mlp.hpp"
+
 namespace dpt::cuda {
 
 // Scalar reductions are deterministic (no float atomics): a fixed grid writes partial
@@ -44,6 +46,12 @@ constexpr int64_t kShortKMaxRows = int64_t(65535) * 64;  // gemm_short_k's m: ti
 int64_t gemm_skinny_work(int64_t m, int64_t n, int64_t k);
 void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                  const float* bias, Act act, float* z, float* work, cudaStream_t stream);
+// mlp.cu — a run of narrow Linear layers at a small batch in one kernel (../mlp.hpp): x is
+// [rows, layer 0's in], contiguous. mlp_forward_fits: whether the layers chain, are at most
+// kMlpMaxLayers of widths up to kMlpMaxWidth, and their weights fit a block's shared
+// memory on `device`.
+bool mlp_forward_fits(const MlpLayers& layers, int device);
+void mlp_forward(int64_t rows, const float* x, const MlpLayers& layers, cudaStream_t stream);
 // gemm_skinny_nn: C = alpha A B + beta C (A [m, k], B [k, n]) for m <= kSkinnyRows and
 // k <= kSkinnyNnK, in one kernel (a small Linear layer's input gradient dz W at a small
 // batch).

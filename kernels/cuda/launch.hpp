@@ -40,14 +40,14 @@ namespace dpt::cuda {
 // `cooperative`: a kernel whose blocks wait for each other (a grid-wide barrier) is launched
 // so that all of them are on the GPU at once, or not at all (an error), also beside other
 // processes' kernels (MPS). `cluster` (grid a multiple of it): blocks in clusters of that
-// shape, none when 1 x 1 x 1.
+// shape, none when 1 x 1 x 1. `smem`: bytes of dynamic shared memory a block.
 template <typename... Params, typename... Args>
-void launch_kernel_ex(bool cooperative, dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
+void launch_kernel_ex(bool cooperative, dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attrs[3] = {};
   unsigned count = 0;
@@ -76,18 +76,26 @@ void launch_kernel_ex(bool cooperative, dim3 cluster, void (*kernel)(Params...),
 template <typename... Params, typename... Args>
 void launch_after_previous_as(bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                               Args&&... args) {
-  launch_kernel_ex(cooperative, dim3(1, 1, 1), kernel, grid, block, stream, std::forward<Args>(args)...);
+  launch_kernel_ex(cooperative, dim3(1, 1, 1), kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }
 
 template <typename... Params, typename... Args>
 void launch_after_previous_in_clusters(dim3 cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
                                        cudaStream_t stream, Args&&... args) {
-  launch_kernel_ex(false, cluster, kernel, grid, block, stream, std::forward<Args>(args)...);
+  launch_kernel_ex(false, cluster, kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }
 
 template <typename... Params, typename... Args>
 void launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
   launch_after_previous_as(false, kernel, grid, block, stream, std::forward<Args>(args)...);
+}
+
+// With `smem` bytes of dynamic shared memory a block (past 48 KiB the kernel must have
+// been allowed them: cudaFuncAttributeMaxDynamicSharedMemorySize).
+template <typename... Params, typename... Args>
+void launch_after_previous_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                Args&&... args) {
+  launch_kernel_ex(false, dim3(1, 1, 1), kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace dpt::cuda

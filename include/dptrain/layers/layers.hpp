@@ -27,6 +27,8 @@ class Linear : public Module {
   int torch_modules() const override { return act_ == Act::none ? 1 : 2; }
   const Tensor& weight() const { return W_.value; }
   const Tensor& bias() const { return b_ ? b_->value : none_; }
+  Act act() const { return act_; }
+  bool computes_bf16() const { return W_.shadow.defined(); }
 
  private:
   int64_t in_, out_;
@@ -62,7 +64,8 @@ class Sequential : public Module {
 };
 
 // While it lives, `owner`'s forward on this thread calls before_child(i) just before its
-// child i runs: data parallelism waits there for that child's parameters, which reach a
+// child i runs (for a run of Linear children computed as one, for each of them before
+// the run): data parallelism waits there for that child's parameters, which reach a
 // replica layer by layer (p2p), instead of for all of them before the first layer.
 class BeforeChildGuard {
  public:

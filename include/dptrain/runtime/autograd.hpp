@@ -21,10 +21,21 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;
 };
 
+// Called for a leaf input of a node once that node's backward has run: the leaf's
+// gradient from that use is then complete (queued). Data parallelism uses it to reduce
+// gradient buckets while the rest of backward still runs.
+using LeafHook = std::function<void(const Tensor& leaf)>;
+
 // What a node's backward hands back for its inputs.
 class Grads {
  public:
-  explicit Grads(const std::vector<Tensor>& inputs) : inputs_(inputs), out_(inputs.size()) {}
+  explicit Grads(const std::vector<Tensor>& inputs, const LeafHook* before_write = nullptr,
+                 const LeafHook* on_done = nullptr)
+      : inputs_(inputs),
+        out_(inputs.size()),
+        handed_(inputs.size(), 0),
+        before_write_(before_write),
+        on_done_(on_done) {}
   // Whether input i needs a gradient at all.
   bool needed(size_t i) const { return inputs_[i].requires_grad(); }
   // The existing gradient of leaf input i, to accumulate into in place (e.g. a GEMM
@@ -39,9 +50,20 @@ class Grads {
   void put(size_t i, Tensor g) { out_[i] = std::move(g); }
   const Tensor& taken(size_t i) const { return out_[i]; }
 
+  // For a node that writes its inputs' gradients in turn (Node::hands_over_in_turn): call
+  // before_write(i) before writing input i's gradient, and handed(i) once it is written
+  // (a put() gradient of a leaf is then added to it at once), so that the engine's leaf
+  // hooks see each leaf when a node of its own would have shown it.
+  void before_write(size_t i) const;
+  void handed(size_t i);
+  bool was_handed(size_t i) const { return handed_[i] != 0; }
+
  private:
   const std::vector<Tensor>& inputs_;
   std::vector<Tensor> out_;
+  std::vector<char> handed_;
+  const LeafHook* before_write_;
+  const LeafHook* on_done_;
 };
 
 class Node {
@@ -59,6 +81,10 @@ class Node {
     (void)grads;
     return false;
   }
+  // True for a node made of several ops' backwards (a run of layers) that calls
+  // Grads::before_write and Grads::handed for each leaf input as it writes it; the engine
+  // then calls the leaf hooks from there instead of around the whole backward.
+  virtual bool hands_over_in_turn() const { return false; }
   // The op's inputs: the edges of the graph. Tensors the backward needs are kept as
   // detached copies in the node, so a node never holds its own output's history.
   std::vector<Tensor> inputs;
@@ -67,11 +93,6 @@ class Node {
   // as in PyTorch without retain_graph.
   bool released = false;
 };
-
-// Called for a leaf input of a node once that node's backward has run: the leaf's
-// gradient from that use is then complete (queued). Data parallelism uses it to reduce
-// gradient buckets while the rest of backward still runs.
-using LeafHook = std::function<void(const Tensor& leaf)>;
 
 // Runs backward from `root` with the seed gradient `seed` (same shape as root).
 // `before_leaf_write` is called for each leaf input of a node before that node's backward

@@ -1,0 +1,243 @@
+// mlp.cu — a run of narrow Linear layers at a small batch in one kernel (mlp.hpp).
+//
+// The default job (16-128x2-4, batch 256) ran its forward as a kernel a layer, each a
+// few microseconds of mostly waiting: for its first loads, for the layer before, for
+// the tail of its blocks. Here each block takes kMlpRows rows of the batch through every
+// layer: it loads every layer's weights into shared memory at once (all loads in flight
+// together), then computes layer after layer from its rows' activations in shared memory,
+// writing each layer's output (and GELU's pre-activation) for backward as it goes. Rows
+// are independent, so no block waits for another.
+//
+// Strict fp32 FFMA, each output the sum over k in order, then the bias, then the
+// activation (act_forward): the CPU twin (cpu::mlp_forward: the per-layer GEMM and
+// bias_act_forward) is its oracle within rounding.
+#include <array>
+#include <atomic>
+
+#include "../mlp.hpp"
+#include "check.hpp"
+#include "common.cuh"
+#include "cuda.hpp"
+
+namespace dpt::cuda {
+namespace {
+
+constexpr int kMlpThreads = 256;
+constexpr int kMlpRows = 8;     // a block's rows of the batch (the default job's 256: 32 blocks)
+constexpr int kLoadBatch = 16;  // weight loads a thread has in flight
+// Activations: two buffers of kMlpRows rows (a layer reads one, writes the other), rows
+// padded to a multiple of 4 floats (float4 reads) that spreads rows over the banks.
+constexpr int kActPitch = kMlpMaxWidth + 4;
+
+// A weight matrix's row pitch in shared memory: in rounded up to 4, plus 4 (float4 reads
+// by consecutive columns fall in distinct banks); the padding holds zeros.
+__host__ __device__ inline int weight_pitch(int in) { return (in + 3) / 4 * 4 + 4; }
+
+__device__ __forceinline__ float act_apply(Act act, float v) {
+  switch (act) {
+    case Act::relu:
+      return act_forward<Act::relu>(v);
+    case Act::gelu:
+      return act_forward<Act::gelu>(v);
+    case Act::tanh:
+      return act_forward<Act::tanh>(v);
+    case Act::none:
+      break;
+  }
+  return v;
+}
+
+// One layer for the block's rows: from the activations `a` into `next` (and the layer's
+// outputs). R > 1: width = 32 R columns, a thread owns column j of rows g, g + G, ...
+// (G = 8 / R groups of rows). R == 1: width <= 32 columns, and each output (r, j) has
+// 32 / width consecutive lanes of a warp, which take every (32 / width)-th group of 4 k and
+// add their sums by shuffles (in the same order every run). Each sum runs in two halves
+// (even and odd k) for a shorter dependency chain, added at the end, then the bias and the
+// activation.
+template <int R>
+__device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float* w, int pitch, int width, const float* a,
+                                          float* next, int64_t row0, int here) {
+  const int t = threadIdx.x;
+  const int split = R == 1 ? 32 / width : 1;  // threads an output
+  const int s = t % split, o = t / split;
+  const int j = o % width, g = o / width;
+  const int groups = kMlpRows / R;
+  const bool active = j < L.out && g < groups;
+  float lo[R], hi[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) lo[i] = hi[i] = 0.f;
+  if (active) {
+    const float* wj = w + j * pitch;
+    for (int k = 4 * s; k < L.in; k += 4 * split) {
+      const float4 wv = *reinterpret_cast<const float4*>(wj + k);
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const float4 av = *reinterpret_cast<const float4*>(a + (g + i * groups) * kActPitch + k);
+        lo[i] = fmaf(av.x, wv.x, lo[i]);
+        hi[i] = fmaf(av.y, wv.y, hi[i]);
+        lo[i] = fmaf(av.z, wv.z, lo[i]);
+        hi[i] = fmaf(av.w, wv.w, hi[i]);
+      }
+    }
+  }
+  if (R == 1)  // every lane takes part (a whole warp's shuffle); inactive ones add zeros
+    for (int m = split / 2; m >= 1; m /= 2) {
+      lo[0] += __shfl_xor_sync(0xffffffffu, lo[0], m);
+      hi[0] += __shfl_xor_sync(0xffffffffu, hi[0], m);
+    }
+  if (!active || s != 0) return;
+  const float bias = L.b ? L.b[j] : 0.f;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int r = g + i * groups;
+    const float v = lo[i] + hi[i] + bias;
+    const float y = act_apply(L.act, v);
+    next[r * kActPitch + j] = y;
+    if (r < here) {
+      L.y[(row0 + r) * L.out + j] = y;
+      if (L.z) L.z[(row0 + r) * L.out + j] = v;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kMlpThreads)
+    mlp_forward_kernel(int64_t rows, const float* __restrict__ x, MlpLayers layers) {
+  DPT_WAIT_PREVIOUS_GRID();  // the weights were written by the last step's update
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* act[2] = {smem, smem + kMlpRows * kActPitch};
+  float* weights = smem + 2 * kMlpRows * kActPitch;
+  const int t = threadIdx.x;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kMlpRows;
+  const int here = static_cast<int>(rows - row0 < kMlpRows ? rows - row0 : kMlpRows);
+  // Zeros where nothing is loaded: the activations' padding (it meets zero weights, but
+  // garbage could be a NaN) and each weight row's.
+  for (int e = t; e < 2 * kMlpRows * kActPitch; e += kMlpThreads) smem[e] = 0.f;
+  for (int l = 0, off = 0; l < layers.count; ++l) {
+    const MlpLayer& L = layers.layer[l];
+    const int pitch = weight_pitch(L.in), pad = pitch - L.in;
+    for (int e = t; e < L.out * pad; e += kMlpThreads) weights[off + (e / pad) * pitch + L.in + e % pad] = 0.f;
+    off += L.out * pitch;
+  }
+  // Every layer's weights: kLoadBatch loads a thread in flight at once (read-only loads,
+  // which the compiler may issue before the shared stores), float4s where rows allow.
+  for (int l = 0, off = 0; l < layers.count; ++l) {
+    const MlpLayer& L = layers.layer[l];
+    const int pitch = weight_pitch(L.in);
+    if (L.in % 4 == 0 && aligned16(L.W)) {
+      const int n4 = L.out * L.in / 4;
+      const float4* W4 = reinterpret_cast<const float4*>(L.W);
+      for (int base = t; base < n4; base += kMlpThreads * kLoadBatch) {
+        float4 v[kLoadBatch];
+#pragma unroll
+        for (int u = 0; u < kLoadBatch; ++u) {
+          const int e = base + u * kMlpThreads;
+          v[u] = e < n4 ? __ldg(W4 + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < kLoadBatch; ++u) {
+          const int e = (base + u * kMlpThreads) * 4;
+          if (e >= L.out * L.in) break;
+          const int j = e / L.in;
+          *reinterpret_cast<float4*>(weights + off + j * pitch + (e - j * L.in)) = v[u];
+        }
+      }
+    } else {
+      const int n = L.out * L.in;
+      for (int base = t; base < n; base += kMlpThreads * kLoadBatch) {
+        float v[kLoadBatch];
+#pragma unroll
+        for (int u = 0; u < kLoadBatch; ++u) {
+          const int e = base + u * kMlpThreads;
+          v[u] = e < n ? __ldg(L.W + e) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kLoadBatch; ++u) {
+          const int e = base + u * kMlpThreads;
+          if (e >= n) break;
+          const int j = e / L.in;
+          weights[off + j * pitch + (e - j * L.in)] = v[u];
+        }
+      }
+    }
+    off += L.out * pitch;
+  }
+  __syncthreads();  // the activations' zeros before the input's rows
+  const int in0 = layers.layer[0].in;
+  for (int e = t; e < here * in0; e += kMlpThreads) {
+    const int r = e / in0;
+    act[0][r * kActPitch + (e - r * in0)] = x[(row0 + r) * in0 + (e - r * in0)];
+  }
+  __syncthreads();
+  int cur = 0;
+  for (int l = 0, off = 0; l < layers.count; ++l) {
+    const MlpLayer& L = layers.layer[l];
+    // Threads in `width` columns (a power of two >= out): at 64 and more, groups of rows,
+    // a thread owning column j of R rows; narrower, every output gets 32 / width threads
+    // that split k between them.
+    int width = 1;
+    while (width < L.out) width *= 2;
+    const float* w = weights + off;
+    const int pitch = weight_pitch(L.in);
+    // The output's padding to a multiple of 4 columns reads as zeros in the next layer,
+    // not as what a wider layer left there.
+    if (const int tail = (L.out + 3) / 4 * 4 - L.out; t < kMlpRows * tail)
+      act[cur ^ 1][(t / tail) * kActPitch + L.out + t % tail] = 0.f;
+    if (width >= 256) mlp_layer<8>(L, w, pitch, width, act[cur], act[cur ^ 1], row0, here);
+    else if (width == 128) mlp_layer<4>(L, w, pitch, width, act[cur], act[cur ^ 1], row0, here);
+    else if (width == 64) mlp_layer<2>(L, w, pitch, width, act[cur], act[cur ^ 1], row0, here);
+    else mlp_layer<1>(L, w, pitch, width, act[cur], act[cur ^ 1], row0, here);
+    __syncthreads();
+    cur ^= 1;
+    off += L.out * pitch;
+  }
+}
+
+// The shared memory a block may have on `device` (its opt-in maximum), asked once; the
+// kernel is allowed all of it there on the first ask (a per-device attribute).
+int smem_allowed(int device) {
+  constexpr int kDevices = 64;
+  static std::array<std::atomic<int>, kDevices> known{};  // 0: not asked yet
+  DPT_CHECK(device >= 0 && device < kDevices, "mlp_forward: device index");
+  if (const int v = known[static_cast<size_t>(device)].load(); v > 0) return v;
+  int optin = 0, current = 0;
+  DPT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  DPT_CUDA_CHECK(cudaGetDevice(&current));
+  DPT_CUDA_CHECK(cudaSetDevice(device));
+  DPT_CUDA_CHECK(cudaFuncSetAttribute(mlp_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  DPT_CUDA_CHECK(cudaSetDevice(current));
+  known[static_cast<size_t>(device)].store(optin);
+  return optin;
+}
+
+// A block's shared memory: the activations and every layer's weights.
+size_t mlp_forward_smem(const MlpLayers& layers) {
+  size_t floats = 2 * kMlpRows * kActPitch;
+  for (int l = 0; l < layers.count; ++l)
+    floats += static_cast<size_t>(layers.layer[l].out) * static_cast<size_t>(weight_pitch(layers.layer[l].in));
+  return floats * sizeof(float);
+}
+
+}  // namespace
+
+bool mlp_forward_fits(const MlpLayers& layers, int device) {
+  if (layers.count < 1 || layers.count > kMlpMaxLayers) return false;
+  for (int l = 0; l < layers.count; ++l) {
+    const MlpLayer& L = layers.layer[l];
+    if (L.in < 1 || L.out < 1 || L.in > kMlpMaxWidth || L.out > kMlpMaxWidth) return false;
+    if (l > 0 && L.in != layers.layer[l - 1].out) return false;
+  }
+  return mlp_forward_smem(layers) <= static_cast<size_t>(smem_allowed(device));
+}
+
+void mlp_forward(int64_t rows, const float* x, const MlpLayers& layers, cudaStream_t stream) {
+  DPT_CHECK(rows >= 1 && layers.count >= 1, "mlp_forward: rows and layers");
+  const size_t smem = mlp_forward_smem(layers);
+  int device = 0;
+  DPT_CUDA_CHECK(cudaGetDevice(&device));
+  DPT_CHECK(smem <= static_cast<size_t>(smem_allowed(device)), "mlp_forward: the layers do not fit (mlp_forward_fits)");
+  const auto blocks = static_cast<unsigned>((rows + kMlpRows - 1) / kMlpRows);
+  launch_after_previous_smem(mlp_forward_kernel, dim3(blocks), dim3(kMlpThreads), smem, stream, rows, x, layers);
+}
+
+}  // namespace dpt::cuda
