@@ -1,4 +1,5 @@
-// A run of Linear layers computed as one (cuda/mlp.cu, and its CPU twin in cpu/gemm.cpp):
+// A run of Linear layers computed as one (cuda/mlp.cu, and the forward's CPU twin in
+// cpu/gemm.cpp):
 // layer l makes y_l = act_l(x_l W_l^T + b_l) from x_0, the input, and x_{l+1} = y_l, for a
 // small batch of narrow layers (a tiny MLP's forward), where one kernel a layer spends
 // most of its time starting and waiting.
@@ -24,6 +25,15 @@ struct MlpLayer {
 struct MlpLayers {
   MlpLayer layer[kMlpMaxLayers];
   int count = 0;
+};
+
+// Where backward's weight and bias gradients go, layer by layer (null: not wanted), each
+// written as sum + beta * what is there (beta 0 or 1; 0 never reads it).
+struct MlpGrads {
+  float* dW[kMlpMaxLayers] = {};
+  float* db[kMlpMaxLayers] = {};
+  float beta_W[kMlpMaxLayers] = {};
+  float beta_b[kMlpMaxLayers] = {};
 };
 
 }  // namespace dpt

@@ -611,59 +611,86 @@ class LinearNode : public Node {
   Act act_;
 };
 
-// linear_chain's backward: each layer's, last to first, through LinearNode (the same
-// kernels as layers recorded one by one), handing each layer's parameters over as their
-// gradients are written, as those layers' own nodes would (ZeRO stage 2 and the bucketed
-// reductions see the same order). Inputs: x, then each layer's W and (if any) b.
+#if DPT_WITH_CUDA
+// linear_chain's backward: one kernel for every layer's input gradient and each block's
+// part of the weight and bias gradients (kernels/cuda/mlp.cu), one that adds the parts.
+// Each layer's parameters are handed to the leaf hooks as a layer's own node would hand
+// them, last layer first; where the hooks wait before each write (ZeRO stage 2), the parts
+// are added a layer at a time (the same bits). Inputs: x, then each layer's W and (if any) b.
 class LinearChainNode : public Node {
  public:
-  struct Saved {
-    Tensor W, y, z;  // z: GELU's pre-activation
-    Act act;
-    bool bias;
-  };
-  LinearChainNode(Tensor x, std::vector<Saved> layers) : x_(x.detach()), layers_(std::move(layers)) {}
+  // `run`: the forward's layers; `keep`: the tensors its pointers point into.
+  LinearChainNode(Tensor x, const MlpLayers& run, std::vector<Tensor> keep)
+      : x_(x.detach()), run_(run), keep_(std::move(keep)) {}
   const char* name() const override { return "linear_chain"; }
   bool hands_over_in_turn() const override { return true; }
   void backward(Tensor& dy, Grads& grads) override {
-    std::vector<size_t> first_input(layers_.size());  // where layer l's W is among the inputs
-    for (size_t l = 0, i = 1; l < layers_.size(); ++l) {
+    const Device d = dy.device();
+    const int64_t rows = x_.size(0);
+    const auto layers = static_cast<size_t>(run_.count);
+    std::vector<size_t> first_input(layers);  // where layer l's W is among the inputs
+    for (size_t l = 0, i = 1; l < layers; ++l) {
       first_input[l] = i;
-      i += layers_[l].bias ? 2 : 1;
+      i += run_.layer[l].b ? 2 : 1;
     }
-    Tensor g = dy;
-    for (size_t l = layers_.size(); l-- > 0;) {
-      const Saved& s = layers_[l];
+    Tensor dx;
+    if (grads.needed(0)) {
+      grads.before_write(0);
+      dx = Tensor::empty(x_.shape(), DType::f32, d);
+    }
+    Tensor work = Tensor::empty({cuda::mlp_backward_work(rows, run_)}, DType::f32, d);
+    cuda::mlp_backward(rows, x_.f32(), dy.f32(), dx.defined() ? dx.f32() : nullptr, run_, work.f32(), stream_of(d));
+    MlpGrads out;
+    std::vector<GradSlot> dW(layers), db(layers);
+    auto prepare = [&](size_t l) {
       const size_t w = first_input[l];
-      // Layer l's inputs, in a Linear node's order: x (the chain's) or the layer before's
-      // output (which needs its gradient), W and b as recorded.
-      std::vector<size_t> at{l == 0 ? size_t{0} : SIZE_MAX, w};
-      if (s.bias) at.push_back(w + 1);
-      LinearNode node(l == 0 ? x_ : layers_[l - 1].y, s.W, s.act == Act::gelu ? s.z : s.y, s.act);
-      for (size_t i : at) {
-        if (i == SIZE_MAX) {
-          Tensor h = layers_[l - 1].y.detach();
-          node.inputs.push_back(h.set_requires_grad(true));
-        } else {
-          node.inputs.push_back(inputs[i]);
-          grads.before_write(i);
-        }
+      const MlpLayer& L = run_.layer[l];
+      grads.before_write(w);
+      if (L.b) grads.before_write(w + 1);
+      if (grads.needed(w)) {
+        dW[l] = grad_slot(grads, w, {L.out, L.in}, d);
+        out.dW[l] = dW[l].t.f32();
+        out.beta_W[l] = dW[l].beta;
       }
-      Grads part(node.inputs);
-      node.backward(g, part);
-      for (size_t k = 0; k < at.size(); ++k)
-        if (at[k] != SIZE_MAX) {
-          if (part.taken(k).defined()) grads.put(at[k], part.taken(k));
-          grads.handed(at[k]);
-        }
-      if (l > 0) g = part.taken(0);
+      if (L.b && grads.needed(w + 1)) {
+        db[l] = grad_slot(grads, w + 1, {L.out}, d);
+        out.db[l] = db[l].t.f32();
+        out.beta_b[l] = db[l].beta;
+      }
+    };
+    auto finish = [&](size_t l) {
+      const size_t w = first_input[l];
+      if (out.dW[l]) put_slot(grads, w, dW[l]);
+      grads.handed(w);
+      if (run_.layer[l].b) {
+        if (out.db[l]) put_slot(grads, w + 1, db[l]);
+        grads.handed(w + 1);
+      }
+    };
+    const int count = run_.count;
+    if (grads.watches_writes()) {
+      for (int l = count - 1; l >= 0; --l) {
+        prepare(static_cast<size_t>(l));
+        cuda::mlp_grad_sum(rows, run_, work.f32(), out, l, l + 1, stream_of(d));
+        finish(static_cast<size_t>(l));
+      }
+    } else {
+      for (int l = count - 1; l >= 0; --l) prepare(static_cast<size_t>(l));
+      cuda::mlp_grad_sum(rows, run_, work.f32(), out, 0, count, stream_of(d));
+      for (int l = count - 1; l >= 0; --l) finish(static_cast<size_t>(l));
+    }
+    if (dx.defined()) {
+      give(grads, 0, dx);
+      grads.handed(0);
     }
   }
 
  private:
   Tensor x_;
-  std::vector<Saved> layers_;
+  MlpLayers run_;
+  std::vector<Tensor> keep_;
 };
+#endif
 
 class ActivationNode : public Node {
  public:
@@ -895,7 +922,7 @@ Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, con
     run.layer[l].out = static_cast<int>(L.W.size(0));
     in = L.W.size(0);
   }
-  if (!cuda::mlp_forward_fits(run, d.index)) return Tensor();
+  if (!cuda::mlp_fits(run, d.index)) return Tensor();
   if (before) before();
   std::vector<Tensor> ins{x};
   for (const LinearLayer& L : layers) {
@@ -905,7 +932,7 @@ Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, con
   bool grad = false;
   for (const Tensor& t : ins) grad = grad || any_requires_grad({&t});
   const int64_t rows = x.size(0);
-  std::vector<LinearChainNode::Saved> saved;  // detached: the node never holds its output's history
+  std::vector<Tensor> keep;  // what the node's pointers point into (detached: never its output's history)
   Tensor out;
   for (size_t l = 0; l < layers.size(); ++l) {
     const LinearLayer& L = layers[l];
@@ -917,11 +944,12 @@ Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, con
     m.y = y.f32();
     m.z = z.defined() ? z.f32() : nullptr;
     m.act = L.act;
-    saved.push_back({L.W.detach(), y.detach(), z, L.act, L.b.defined()});
+    for (const Tensor& t : {L.W, y, z})
+      if (t.defined()) keep.push_back(t.detach());
     out = y;
   }
   cuda::mlp_forward(rows, x.f32(), run, stream_of(d));
-  if (grad) record(out, std::make_shared<LinearChainNode>(x, std::move(saved)), std::move(ins));
+  if (grad) record(out, std::make_shared<LinearChainNode>(x, run, std::move(keep)), std::move(ins));
   return out;
 #else
   (void)x;

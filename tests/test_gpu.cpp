@@ -333,6 +333,38 @@ TEST_CASE("a run of narrow Linear layers in one kernel matches the CPU layer by 
           in);
     });
   }
+  // The forward kernel against its CPU twin, outputs and GELU's pre-activations.
+  {
+    const int64_t rows = 19;
+    const std::vector<int> widths{10, 33, 7};
+    const auto x = randn(rows * widths[0], 50);
+    std::vector<std::vector<float>> W, b;
+    std::vector<Tensor> keep;
+    MlpLayers host_run, gpu_run;
+    std::vector<std::vector<float>> y(2), z(2);
+    for (int l = 0; l < 2; ++l) {
+      W.push_back(randn(widths[l + 1] * widths[l], 51 + l, 0.3f));
+      b.push_back(randn(widths[l + 1], 53 + l));
+      y[l].resize(static_cast<size_t>(rows * widths[l + 1]));
+      z[l].resize(y[l].size());
+      host_run.layer[l] = {W[l].data(), b[l].data(), y[l].data(), z[l].data(), widths[l], widths[l + 1], Act::gelu};
+      for (const auto* v : {&W[l], &b[l], &y[l], &z[l]})
+        keep.push_back(Tensor::from_host(*v, {static_cast<int64_t>(v->size())}, gpu));
+      const size_t k = keep.size() - 4;
+      gpu_run.layer[l] = {keep[k].f32(), keep[k + 1].f32(), keep[k + 2].f32(), keep[k + 3].f32(),
+                          widths[l],     widths[l + 1],     Act::gelu};
+    }
+    host_run.count = gpu_run.count = 2;
+    const Tensor xg = Tensor::from_host(x, {rows, widths[0]}, gpu);
+    REQUIRE(cuda::mlp_fits(gpu_run, gpu.index));
+    cpu::mlp_forward(rows, x.data(), host_run);
+    cuda::mlp_forward(rows, xg.f32(), gpu_run, static_cast<cudaStream_t>(context(gpu).stream()));
+    for (int l = 0; l < 2; ++l) {
+      INFO("layer " << l);
+      CHECK(rel_error(keep[static_cast<size_t>(4 * l + 2)].to_host(), y[static_cast<size_t>(l)]) < 1e-5);
+      CHECK(rel_error(keep[static_cast<size_t>(4 * l + 3)].to_host(), z[static_cast<size_t>(l)]) < 1e-5);
+    }
+  }
   // Where it does not fit, the caller is told (an undefined tensor): more rows than the
   // skinny GEMM takes, a width past 256, more than eight layers.
   auto chain = [](int64_t rows, std::vector<int64_t> widths) {

@@ -47,11 +47,22 @@ int64_t gemm_skinny_work(int64_t m, int64_t n, int64_t k);
 void gemm_skinny(int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta, float* C,
                  const float* bias, Act act, float* z, float* work, cudaStream_t stream);
 // mlp.cu — a run of narrow Linear layers at a small batch in one kernel (../mlp.hpp): x is
-// [rows, layer 0's in], contiguous. mlp_forward_fits: whether the layers chain, are at most
+// [rows, layer 0's in], contiguous. mlp_fits: whether the layers chain, are at most
 // kMlpMaxLayers of widths up to kMlpMaxWidth, and their weights fit a block's shared
-// memory on `device`.
-bool mlp_forward_fits(const MlpLayers& layers, int device);
+// memory on `device` (forward and backward).
+bool mlp_fits(const MlpLayers& layers, int device);
 void mlp_forward(int64_t rows, const float* x, const MlpLayers& layers, cudaStream_t stream);
+// Its backward, from dy (the last layer's output gradient) and the outputs (and GELU's
+// pre-activations) that the forward saved: the input's gradient dx (null: not wanted) and
+// each block's part of every layer's weight and bias gradients, into `work`
+// (mlp_backward_work floats); mlp_grad_sum then adds the parts of layers [first, last)
+// into their gradients (MlpGrads), in a fixed order, so a range at a time or all at once
+// gives the same bits.
+int64_t mlp_backward_work(int64_t rows, const MlpLayers& layers);
+void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, const MlpLayers& layers, float* work,
+                  cudaStream_t stream);
+void mlp_grad_sum(int64_t rows, const MlpLayers& layers, const float* work, const MlpGrads& out, int first, int last,
+                  cudaStream_t stream);
 // gemm_skinny_nn: C = alpha A B + beta C (A [m, k], B [k, n]) for m <= kSkinnyRows and
 // k <= kSkinnyNnK, in one kernel (a small Linear layer's input gradient dz W at a small
 // batch).

@@ -100,27 +100,18 @@ __device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float* w, int
   }
 }
 
-__global__ void __launch_bounds__(kMlpThreads)
-    mlp_forward_kernel(int64_t rows, const float* __restrict__ x, MlpLayers layers) {
-  DPT_WAIT_PREVIOUS_GRID();  // the weights were written by the last step's update
-  extern __shared__ float4 smem4[];
-  float* smem = reinterpret_cast<float*>(smem4);
-  float* act[2] = {smem, smem + kMlpRows * kActPitch};
-  float* weights = smem + 2 * kMlpRows * kActPitch;
+// Every layer's weights into shared memory (row j of layer l at its offset, pitch
+// weight_pitch(in)), the rows' padding zeroed: kLoadBatch loads a thread in flight at once
+// (read-only loads, which the compiler may issue before the shared stores), float4s where
+// rows allow. The caller synchronizes the block after.
+__device__ void load_weights(const MlpLayers& layers, float* weights) {
   const int t = threadIdx.x;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kMlpRows;
-  const int here = static_cast<int>(rows - row0 < kMlpRows ? rows - row0 : kMlpRows);
-  // Zeros where nothing is loaded: the activations' padding (it meets zero weights, but
-  // garbage could be a NaN) and each weight row's.
-  for (int e = t; e < 2 * kMlpRows * kActPitch; e += kMlpThreads) smem[e] = 0.f;
   for (int l = 0, off = 0; l < layers.count; ++l) {
     const MlpLayer& L = layers.layer[l];
     const int pitch = weight_pitch(L.in), pad = pitch - L.in;
     for (int e = t; e < L.out * pad; e += kMlpThreads) weights[off + (e / pad) * pitch + L.in + e % pad] = 0.f;
     off += L.out * pitch;
   }
-  // Every layer's weights: kLoadBatch loads a thread in flight at once (read-only loads,
-  // which the compiler may issue before the shared stores), float4s where rows allow.
   for (int l = 0, off = 0; l < layers.count; ++l) {
     const MlpLayer& L = layers.layer[l];
     const int pitch = weight_pitch(L.in);
@@ -162,6 +153,22 @@ __global__ void __launch_bounds__(kMlpThreads)
     }
     off += L.out * pitch;
   }
+}
+
+__global__ void __launch_bounds__(kMlpThreads)
+    mlp_forward_kernel(int64_t rows, const float* __restrict__ x, MlpLayers layers) {
+  DPT_WAIT_PREVIOUS_GRID();  // the weights were written by the last step's update
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* act[2] = {smem, smem + kMlpRows * kActPitch};
+  float* weights = smem + 2 * kMlpRows * kActPitch;
+  const int t = threadIdx.x;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kMlpRows;
+  const int here = static_cast<int>(rows - row0 < kMlpRows ? rows - row0 : kMlpRows);
+  // The activations' padding reads as zeros (it meets zero weights, but garbage could be
+  // a NaN).
+  for (int e = t; e < 2 * kMlpRows * kActPitch; e += kMlpThreads) smem[e] = 0.f;
+  load_weights(layers, weights);
   __syncthreads();  // the activations' zeros before the input's rows
   const int in0 = layers.layer[0].in;
   for (int e = t; e < here * in0; e += kMlpThreads) {
@@ -193,6 +200,185 @@ __global__ void __launch_bounds__(kMlpThreads)
   }
 }
 
+__device__ __forceinline__ float act_deriv(Act act, float saved) {
+  switch (act) {
+    case Act::relu:
+      return act_derivative<Act::relu>(saved);
+    case Act::gelu:
+      return act_derivative<Act::gelu>(saved);
+    case Act::tanh:
+      return act_derivative<Act::tanh>(saved);
+    case Act::none:
+      break;
+  }
+  return 1.f;
+}
+
+// One layer's input gradient for the block's rows: dH[r][k] = sum_j D[r][j] W[j][k] (D the
+// layer's output gradient, times its activation's derivative), then for a layer before it
+// dH act'(saved) into `next` (saved: its output, which is this layer's input `xs`, or
+// GELU's pre-activation z_prev), or for the first layer dH itself into dx. mlp_layer's
+// mapping with k in the place of j: R rows a thread in columns of width >= in, or 32 /
+// width lanes that split j.
+template <int R>
+__device__ __forceinline__ void mlp_input_grad(const float* w, int pitch, int out, int in, int width, const float* D,
+                                               float* next, const float* xs, const float* z_prev, Act act_prev,
+                                               float* dx, int64_t row0, int here) {
+  const int t = threadIdx.x;
+  const int split = R == 1 ? 32 / width : 1;
+  const int s = t % split, o = t / split;
+  const int k = o % width, g = o / width;
+  const int groups = kMlpRows / R;
+  const bool active = k < in && g < groups;
+  float lo[R], hi[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) lo[i] = hi[i] = 0.f;
+  if (active) {
+    for (int j = 4 * s; j < out; j += 4 * split) {
+      const float w0 = w[j * pitch + k];
+      const float w1 = j + 1 < out ? w[(j + 1) * pitch + k] : 0.f;
+      const float w2 = j + 2 < out ? w[(j + 2) * pitch + k] : 0.f;
+      const float w3 = j + 3 < out ? w[(j + 3) * pitch + k] : 0.f;
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const float4 dv = *reinterpret_cast<const float4*>(D + (g + i * groups) * kActPitch + j);
+        lo[i] = fmaf(dv.x, w0, lo[i]);
+        hi[i] = fmaf(dv.y, w1, hi[i]);
+        lo[i] = fmaf(dv.z, w2, lo[i]);
+        hi[i] = fmaf(dv.w, w3, hi[i]);
+      }
+    }
+  }
+  if (R == 1)  // every lane takes part; inactive ones add zeros
+    for (int m = split / 2; m >= 1; m /= 2) {
+      lo[0] += __shfl_xor_sync(0xffffffffu, lo[0], m);
+      hi[0] += __shfl_xor_sync(0xffffffffu, hi[0], m);
+    }
+  if (!active || s != 0) return;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int r = g + i * groups;
+    const float v = lo[i] + hi[i];
+    if (dx) {
+      if (r < here) dx[(row0 + r) * in + k] = v;
+    } else {
+      const float saved = z_prev ? (r < here ? z_prev[(row0 + r) * in + k] : 0.f) : xs[r * kActPitch + k];
+      next[r * kActPitch + k] = v * act_deriv(act_prev, saved);
+    }
+  }
+}
+
+// Backward of the block's rows, last layer first: the output gradient times the last
+// activation's derivative; then for each layer its weight and bias gradients over the
+// block's rows (in row order) into the block's part of `work`, and its input's gradient
+// (times the layer before's derivative), all from shared memory.
+__global__ void __launch_bounds__(kMlpThreads)
+    mlp_backward_kernel(int64_t rows, const float* __restrict__ x, const float* __restrict__ dy, float* dx,
+                        MlpLayers layers, float* __restrict__ work, int64_t per_block) {
+  DPT_WAIT_PREVIOUS_GRID();
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* d[2] = {smem, smem + kMlpRows * kActPitch};
+  float* xs = smem + 2 * kMlpRows * kActPitch;
+  float* weights = smem + 3 * kMlpRows * kActPitch;
+  const int t = threadIdx.x;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kMlpRows;
+  const int here = static_cast<int>(rows - row0 < kMlpRows ? rows - row0 : kMlpRows);
+  for (int e = t; e < 3 * kMlpRows * kActPitch; e += kMlpThreads) smem[e] = 0.f;
+  load_weights(layers, weights);
+  __syncthreads();
+  const MlpLayer& last = layers.layer[layers.count - 1];
+  for (int e = t; e < here * last.out; e += kMlpThreads) {
+    const int r = e / last.out, j = e - r * last.out;
+    const int64_t at = (row0 + r) * last.out + j;
+    d[0][r * kActPitch + j] = dy[at] * act_deriv(last.act, last.act == Act::gelu ? last.z[at] : last.y[at]);
+  }
+  int weight_at[kMlpMaxLayers];
+  int64_t part_at[kMlpMaxLayers];
+  for (int l = 0, wo = 0, po = 0; l < layers.count; ++l) {
+    weight_at[l] = wo;
+    part_at[l] = po;
+    wo += layers.layer[l].out * weight_pitch(layers.layer[l].in);
+    po += layers.layer[l].out * (layers.layer[l].in + 1);
+  }
+  float* part = work + blockIdx.x * per_block;
+  int cur = 0;
+  for (int l = layers.count - 1; l >= 0; --l) {
+    const MlpLayer& L = layers.layer[l];
+    const float* X = l == 0 ? x : layers.layer[l - 1].y;
+    for (int e = t; e < kMlpRows * L.in; e += kMlpThreads) {
+      const int r = e / L.in, k = e - r * L.in;
+      xs[r * kActPitch + k] = r < here ? X[(row0 + r) * L.in + k] : 0.f;
+    }
+    // The next output gradient's padding to 4 columns reads as zeros.
+    if (const int tail = (L.in + 3) / 4 * 4 - L.in; t < kMlpRows * tail)
+      d[cur ^ 1][(t / tail) * kActPitch + L.in + t % tail] = 0.f;
+    __syncthreads();
+    const float* D = d[cur];
+    for (int e = t; e < L.out * L.in; e += kMlpThreads) {
+      const int j = e / L.in, k = e - j * L.in;
+      float acc = 0.f;
+#pragma unroll
+      for (int r = 0; r < kMlpRows; ++r) acc = fmaf(D[r * kActPitch + j], xs[r * kActPitch + k], acc);
+      part[part_at[l] + e] = acc;
+    }
+    for (int j = t; j < L.out; j += kMlpThreads) {
+      float acc = 0.f;
+#pragma unroll
+      for (int r = 0; r < kMlpRows; ++r) acc += D[r * kActPitch + j];
+      part[part_at[l] + L.out * L.in + j] = acc;
+    }
+    if (l > 0 || dx) {
+      int width = 1;
+      while (width < L.in) width *= 2;
+      const float* w = weights + weight_at[l];
+      const int pitch = weight_pitch(L.in);
+      const Act act_prev = l > 0 ? layers.layer[l - 1].act : Act::none;
+      const float* z_prev = act_prev == Act::gelu ? layers.layer[l - 1].z : nullptr;
+      float* into_dx = l == 0 ? dx : nullptr;
+      if (width >= 256)
+        mlp_input_grad<8>(w, pitch, L.out, L.in, width, D, d[cur ^ 1], xs, z_prev, act_prev, into_dx, row0, here);
+      else if (width == 128)
+        mlp_input_grad<4>(w, pitch, L.out, L.in, width, D, d[cur ^ 1], xs, z_prev, act_prev, into_dx, row0, here);
+      else if (width == 64)
+        mlp_input_grad<2>(w, pitch, L.out, L.in, width, D, d[cur ^ 1], xs, z_prev, act_prev, into_dx, row0, here);
+      else mlp_input_grad<1>(w, pitch, L.out, L.in, width, D, d[cur ^ 1], xs, z_prev, act_prev, into_dx, row0, here);
+    }
+    __syncthreads();
+    cur ^= 1;
+  }
+}
+
+// The blocks' parts of layers [first, last) added in block order into their gradients.
+__global__ void mlp_grad_sum_kernel(const float* __restrict__ work, int64_t per_block, int blocks, MlpLayers layers,
+                                    MlpGrads out, int first, int last) {
+  DPT_WAIT_PREVIOUS_GRID();
+  int64_t begin = 0, end = 0;
+  for (int l = 0, at = 0; l < last; ++l) {
+    if (l == first) begin = at;
+    at += layers.layer[l].out * (layers.layer[l].in + 1);
+    end = at;
+  }
+  for (int64_t e = begin + global_tid(); e < end; e += grid_stride()) {
+    int l = first;
+    int64_t at = begin;  // where layer l's part starts
+    for (int64_t size = layers.layer[l].out * (layers.layer[l].in + 1); e >= at + size;
+         size = layers.layer[l].out * (layers.layer[l].in + 1)) {
+      at += size;
+      ++l;
+    }
+    const int64_t i = e - at, weights = static_cast<int64_t>(layers.layer[l].out) * layers.layer[l].in;
+    float* into = i < weights ? out.dW[l] : out.db[l];
+    if (!into) continue;
+    float s = 0.f;
+#pragma unroll 8
+    for (int b = 0; b < blocks; ++b) s += work[b * per_block + e];
+    const int64_t at_i = i < weights ? i : i - weights;
+    const float beta = i < weights ? out.beta_W[l] : out.beta_b[l];
+    into[at_i] = beta == 0.f ? s : beta * into[at_i] + s;
+  }
+}
+
 // The shared memory a block may have on `device` (its opt-in maximum), asked once; the
 // kernel is allowed all of it there on the first ask (a per-device attribute).
 int smem_allowed(int device) {
@@ -205,14 +391,15 @@ int smem_allowed(int device) {
   DPT_CUDA_CHECK(cudaGetDevice(&current));
   DPT_CUDA_CHECK(cudaSetDevice(device));
   DPT_CUDA_CHECK(cudaFuncSetAttribute(mlp_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  DPT_CUDA_CHECK(cudaFuncSetAttribute(mlp_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
   DPT_CUDA_CHECK(cudaSetDevice(current));
   known[static_cast<size_t>(device)].store(optin);
   return optin;
 }
 
-// A block's shared memory: the activations and every layer's weights.
-size_t mlp_forward_smem(const MlpLayers& layers) {
-  size_t floats = 2 * kMlpRows * kActPitch;
+// A block's shared memory: `buffers` of activations (or gradients) and every layer's weights.
+size_t mlp_smem(const MlpLayers& layers, int buffers) {
+  size_t floats = static_cast<size_t>(buffers) * kMlpRows * kActPitch;
   for (int l = 0; l < layers.count; ++l)
     floats += static_cast<size_t>(layers.layer[l].out) * static_cast<size_t>(weight_pitch(layers.layer[l].in));
   return floats * sizeof(float);
@@ -220,24 +407,52 @@ size_t mlp_forward_smem(const MlpLayers& layers) {
 
 }  // namespace
 
-bool mlp_forward_fits(const MlpLayers& layers, int device) {
+bool mlp_fits(const MlpLayers& layers, int device) {
   if (layers.count < 1 || layers.count > kMlpMaxLayers) return false;
   for (int l = 0; l < layers.count; ++l) {
     const MlpLayer& L = layers.layer[l];
     if (L.in < 1 || L.out < 1 || L.in > kMlpMaxWidth || L.out > kMlpMaxWidth) return false;
     if (l > 0 && L.in != layers.layer[l - 1].out) return false;
   }
-  return mlp_forward_smem(layers) <= static_cast<size_t>(smem_allowed(device));
+  return mlp_smem(layers, 3) <= static_cast<size_t>(smem_allowed(device));  // backward's three buffers
 }
 
 void mlp_forward(int64_t rows, const float* x, const MlpLayers& layers, cudaStream_t stream) {
   DPT_CHECK(rows >= 1 && layers.count >= 1, "mlp_forward: rows and layers");
-  const size_t smem = mlp_forward_smem(layers);
+  const size_t smem = mlp_smem(layers, 2);
   int device = 0;
   DPT_CUDA_CHECK(cudaGetDevice(&device));
-  DPT_CHECK(smem <= static_cast<size_t>(smem_allowed(device)), "mlp_forward: the layers do not fit (mlp_forward_fits)");
+  DPT_CHECK(smem <= static_cast<size_t>(smem_allowed(device)), "mlp_forward: the layers do not fit (mlp_fits)");
   const auto blocks = static_cast<unsigned>((rows + kMlpRows - 1) / kMlpRows);
   launch_after_previous_smem(mlp_forward_kernel, dim3(blocks), dim3(kMlpThreads), smem, stream, rows, x, layers);
+}
+
+int64_t mlp_backward_work(int64_t rows, const MlpLayers& layers) {
+  int64_t per_block = 0;
+  for (int l = 0; l < layers.count; ++l) per_block += layers.layer[l].out * (layers.layer[l].in + 1);
+  return (rows + kMlpRows - 1) / kMlpRows * per_block;
+}
+
+void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, const MlpLayers& layers, float* work,
+                  cudaStream_t stream) {
+  DPT_CHECK(rows >= 1 && layers.count >= 1, "mlp_backward: rows and layers");
+  const size_t smem = mlp_smem(layers, 3);
+  int device = 0;
+  DPT_CUDA_CHECK(cudaGetDevice(&device));
+  DPT_CHECK(smem <= static_cast<size_t>(smem_allowed(device)), "mlp_backward: the layers do not fit (mlp_fits)");
+  const int64_t blocks = (rows + kMlpRows - 1) / kMlpRows;
+  launch_after_previous_smem(mlp_backward_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kMlpThreads), smem, stream,
+                             rows, x, dy, dx, layers, work, mlp_backward_work(rows, layers) / blocks);
+}
+
+void mlp_grad_sum(int64_t rows, const MlpLayers& layers, const float* work, const MlpGrads& out, int first, int last,
+                  cudaStream_t stream) {
+  DPT_CHECK(0 <= first && first < last && last <= layers.count, "mlp_grad_sum: a range of layers");
+  const int64_t blocks = (rows + kMlpRows - 1) / kMlpRows;
+  int64_t n = 0;
+  for (int l = first; l < last; ++l) n += layers.layer[l].out * (layers.layer[l].in + 1);
+  launch_after_previous(mlp_grad_sum_kernel, dim3(blocks_for(n)), dim3(kThreads), stream, work,
+                        mlp_backward_work(rows, layers) / blocks, static_cast<int>(blocks), layers, out, first, last);
 }
 
 }  // namespace dpt::cuda

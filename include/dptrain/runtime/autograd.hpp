@@ -57,6 +57,9 @@ class Grads {
   void before_write(size_t i) const;
   void handed(size_t i);
   bool was_handed(size_t i) const { return handed_[i] != 0; }
+  // Whether something waits before each leaf's write (ZeRO stage 2: a node that can write
+  // all its leaves at once should then write them one at a time).
+  bool watches_writes() const { return before_write_ && *before_write_; }
 
  private:
   const std::vector<Tensor>& inputs_;
