@@ -1,5 +1,4 @@
-// A run of Linear layers computed as one (cuda/mlp.cu, and the forward's CPU twin in
-// cpu/gemm.cpp):
+// A run of Linear layers computed as one (cuda/mlp.cu, and its CPU twins in cpu/gemm.cpp):
 // layer l makes y_l = act_l(x_l W_l^T + b_l) from x_0, the input, and x_{l+1} = y_l, for a
 // small batch of narrow layers (a tiny MLP's forward), where one kernel a layer spends
 // most of its time starting and waiting.
@@ -12,6 +11,7 @@ namespace dpt {
 
 constexpr int kMlpMaxLayers = 8;
 constexpr int kMlpMaxWidth = 256;  // every layer's in and out
+constexpr int kMlpBlockRows = 8;   // rows of the batch a block of the kernels takes
 
 struct MlpLayer {
   const float* W = nullptr;  // [out, in], row-major
@@ -35,5 +35,17 @@ struct MlpGrads {
   float beta_W[kMlpMaxLayers] = {};
   float beta_b[kMlpMaxLayers] = {};
 };
+
+// Backward's parts (cuda::mlp_backward, cpu::mlp_backward): for each block of
+// kMlpBlockRows rows, every layer's weight gradient then its bias gradient, layer after
+// layer; the floats of all blocks' parts.
+inline int64_t mlp_part_floats(const MlpLayers& layers) {
+  int64_t n = 0;
+  for (int l = 0; l < layers.count; ++l) n += int64_t{layers.layer[l].out} * (layers.layer[l].in + 1);
+  return n;
+}
+inline int64_t mlp_backward_work(int64_t rows, const MlpLayers& layers) {
+  return (rows + kMlpBlockRows - 1) / kMlpBlockRows * mlp_part_floats(layers);
+}
 
 }  // namespace dpt

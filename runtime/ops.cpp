@@ -638,7 +638,7 @@ class LinearChainNode : public Node {
       grads.before_write(0);
       dx = Tensor::empty(x_.shape(), DType::f32, d);
     }
-    Tensor work = Tensor::empty({cuda::mlp_backward_work(rows, run_)}, DType::f32, d);
+    Tensor work = Tensor::empty({mlp_backward_work(rows, run_)}, DType::f32, d);
     cuda::mlp_backward(rows, x_.f32(), dy.f32(), dx.defined() ? dx.f32() : nullptr, run_, work.f32(), stream_of(d));
     MlpGrads out;
     std::vector<GradSlot> dW(layers), db(layers);

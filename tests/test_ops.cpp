@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include <dptrain/error.hpp>
+#include "../kernels/cpu/cpu.hpp"
 #include "../kernels/philox.hpp"
 #include "../runtime/allocator.hpp"
 #include "catch.hpp"
@@ -187,6 +188,72 @@ TEST_CASE("a node that hands its leaves over in turn calls the leaf hooks as it 
   CHECK(a.grad().item() == 3.0f);
   CHECK(!b.grad().defined());
   CHECK(c.grad().item() == 3.0f);
+}
+
+TEST_CASE("the run-of-layers kernels' CPU twins give linear() after linear()'s values and gradients", "[ops]") {
+  // cpu::mlp_forward, mlp_backward and mlp_grad_sum (the twins of kernels/cuda/mlp.cu)
+  // against autograd through linear(): batches that end inside a block of rows, GELU's
+  // pre-activations, a last layer without bias; the parts added a layer at a time give
+  // the bits of all at once, and beta 1 adds to what is there.
+  for (auto [rows, act] : {std::pair<int64_t, Act>{19, Act::gelu}, {8, Act::relu}, {3, Act::tanh}}) {
+    INFO("rows " << rows << ", act " << static_cast<int>(act));
+    const std::vector<int> widths{5, 9, 6, 3};
+    const int n = 3;
+    Tensor x = randn_tensor({rows, widths[0]}, 60, host).set_requires_grad(true);
+    std::vector<Tensor> W, b;
+    MlpLayers run;
+    run.count = n;
+    std::vector<std::vector<float>> y(n), z(n);
+    for (int l = 0; l < n; ++l) {
+      W.push_back(randn_tensor({widths[l + 1], widths[l]}, 61 + l, host, 0.5f).set_requires_grad(true));
+      b.push_back(l + 1 < n ? randn_tensor({widths[l + 1]}, 71 + l, host).set_requires_grad(true) : Tensor());
+      y[l].resize(static_cast<size_t>(rows * widths[l + 1]));
+      z[l].resize(y[l].size());
+      run.layer[l] = {W[l].f32(),
+                      b[l].defined() ? b[l].f32() : nullptr,
+                      y[l].data(),
+                      z[l].data(),
+                      widths[l],
+                      widths[l + 1],
+                      l + 1 < n ? act : Act::none};
+    }
+    Tensor h = x;
+    for (int l = 0; l < n; ++l) h = linear(h, W[l], b[l], run.layer[l].act);
+    const Tensor dy = randn_tensor(h.shape(), 80, host);
+    run_backward(h, dy);
+    cpu::mlp_forward(rows, x.f32(), run);
+    CHECK(rel_error(y[n - 1], h.to_host()) < 1e-6);
+    std::vector<float> dx(static_cast<size_t>(x.numel())), work(static_cast<size_t>(mlp_backward_work(rows, run)));
+    cpu::mlp_backward(rows, x.f32(), dy.f32(), dx.data(), run, work.data());
+    CHECK(rel_error(dx, x.grad().to_host()) < 1e-5);
+    std::vector<std::vector<float>> dW(n), db(n), dW2(n);
+    MlpGrads all, each;
+    for (int l = 0; l < n; ++l) {
+      dW[l].assign(static_cast<size_t>(W[l].numel()), 0.f);
+      dW2[l].assign(dW[l].size(), 7.f);  // beta 0: never read
+      all.dW[l] = dW[l].data();
+      each.dW[l] = dW2[l].data();
+      if (b[l].defined()) {
+        db[l].assign(static_cast<size_t>(b[l].numel()), 0.f);
+        all.db[l] = db[l].data();
+      }
+    }
+    cpu::mlp_grad_sum(rows, run, work.data(), all, 0, n);
+    for (int l = n - 1; l >= 0; --l) cpu::mlp_grad_sum(rows, run, work.data(), each, l, l + 1);
+    for (int l = 0; l < n; ++l) {
+      INFO("layer " << l);
+      CHECK(rel_error(dW[l], W[l].grad().to_host()) < 1e-5);
+      if (b[l].defined()) CHECK(rel_error(db[l], b[l].grad().to_host()) < 1e-5);
+      CHECK(dW2[l] == dW[l]);
+      all.beta_W[l] = 1.f;
+    }
+    cpu::mlp_grad_sum(rows, run, work.data(), all, 0, n);  // adds the same again
+    for (int l = 0; l < n; ++l) {
+      std::vector<float> twice = W[l].grad().to_host();
+      for (float& v : twice) v *= 2.f;
+      CHECK(rel_error(dW[l], twice) < 1e-5);
+    }
+  }
 }
 
 TEST_CASE("SGD matches torch.optim.SGD's update rule", "[optim]") {

@@ -29,6 +29,12 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 // The run of Linear layers of ../mlp.hpp (x: [rows, layer 0's in]), layer after layer: the
 // GEMM above, then bias_act_forward.
 void mlp_forward(int64_t rows, const float* x, const MlpLayers& layers);
+// Its backward as cuda::mlp_backward defines it: dx (may be null) and, for each block of
+// kMlpBlockRows rows, every layer's weight and bias gradients over the block's rows (in
+// row order) into `work` (mlp_backward_work floats); mlp_grad_sum adds the blocks' parts of
+// layers [first, last) in block order into `out`.
+void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, const MlpLayers& layers, float* work);
+void mlp_grad_sum(int64_t rows, const MlpLayers& layers, const float* work, const MlpGrads& out, int first, int last);
 
 // activation.cpp — y = act(x + bias) row by row (bias may be null; x may equal y).
 // When z is not null it receives x + bias (the pre-activation that GELU's backward needs).

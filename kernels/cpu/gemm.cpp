@@ -59,4 +59,63 @@ void mlp_forward(int64_t rows, const float* x, const MlpLayers& layers) {
   }
 }
 
+void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, const MlpLayers& layers, float* work) {
+  const MlpLayer& last = layers.layer[layers.count - 1];
+  // D: the current layer's output gradient times its activation's derivative.
+  std::vector<float> D(static_cast<size_t>(rows * last.out));
+  act_backward(dy, last.act == Act::gelu ? last.z : last.y, last.act, rows * last.out, D.data());
+  const int64_t part = mlp_part_floats(layers);
+  for (int l = layers.count - 1; l >= 0; --l) {
+    const MlpLayer& L = layers.layer[l];
+    const float* X = l == 0 ? x : layers.layer[l - 1].y;
+    int64_t at = 0;  // layer l's place in a block's part
+    for (int k = 0; k < l; ++k) at += int64_t{layers.layer[k].out} * (layers.layer[k].in + 1);
+    for (int64_t r0 = 0, b = 0; r0 < rows; r0 += kMlpBlockRows, ++b) {
+      const int64_t n = std::min<int64_t>(kMlpBlockRows, rows - r0);
+      float* dW = work + b * part + at;
+      float* db = dW + int64_t{L.out} * L.in;
+      for (int j = 0; j < L.out; ++j) {
+        for (int k = 0; k < L.in; ++k) {
+          float acc = 0.f;
+          for (int64_t r = r0; r < r0 + n; ++r) acc += D[static_cast<size_t>(r * L.out + j)] * X[r * L.in + k];
+          dW[int64_t{j} * L.in + k] = acc;
+        }
+        float acc = 0.f;
+        for (int64_t r = r0; r < r0 + n; ++r) acc += D[static_cast<size_t>(r * L.out + j)];
+        db[j] = acc;
+      }
+    }
+    if (l == 0 && !dx) break;
+    std::vector<float> dH(static_cast<size_t>(rows * L.in));  // D W
+    gemm(false, false, rows, L.in, L.out, 1.0f, D.data(), L.W, 0.0f, dH.data());
+    if (l == 0) {
+      std::copy(dH.begin(), dH.end(), dx);
+      break;
+    }
+    const MlpLayer& before = layers.layer[l - 1];
+    D.resize(dH.size());
+    act_backward(dH.data(), before.act == Act::gelu ? before.z : before.y, before.act, rows * L.in, D.data());
+  }
+}
+
+void mlp_grad_sum(int64_t rows, const MlpLayers& layers, const float* work, const MlpGrads& out, int first, int last) {
+  const int64_t blocks = (rows + kMlpBlockRows - 1) / kMlpBlockRows, part = mlp_part_floats(layers);
+  int64_t at = 0;
+  for (int l = 0; l < last; ++l) {
+    const MlpLayer& L = layers.layer[l];
+    const int64_t weights = int64_t{L.out} * L.in;
+    if (l >= first)
+      for (int64_t i = 0; i < weights + L.out; ++i) {
+        float* into = i < weights ? out.dW[l] : out.db[l];
+        if (!into) continue;
+        float s = 0.f;
+        for (int64_t b = 0; b < blocks; ++b) s += work[b * part + at + i];
+        const int64_t k = i < weights ? i : i - weights;
+        const float beta = i < weights ? out.beta_W[l] : out.beta_b[l];
+        into[k] = beta == 0.f ? s : beta * into[k] + s;
+      }
+    at += weights + L.out;
+  }
+}
+
 }  // namespace dpt::cpu

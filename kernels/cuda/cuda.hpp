@@ -55,10 +55,9 @@ void mlp_forward(int64_t rows, const float* x, const MlpLayers& layers, cudaStre
 // Its backward, from dy (the last layer's output gradient) and the outputs (and GELU's
 // pre-activations) that the forward saved: the input's gradient dx (null: not wanted) and
 // each block's part of every layer's weight and bias gradients, into `work`
-// (mlp_backward_work floats); mlp_grad_sum then adds the parts of layers [first, last)
+// (dpt::mlp_backward_work floats); mlp_grad_sum then adds the parts of layers [first, last)
 // into their gradients (MlpGrads), in a fixed order, so a range at a time or all at once
 // gives the same bits.
-int64_t mlp_backward_work(int64_t rows, const MlpLayers& layers);
 void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, const MlpLayers& layers, float* work,
                   cudaStream_t stream);
 void mlp_grad_sum(int64_t rows, const MlpLayers& layers, const float* work, const MlpGrads& out, int first, int last,

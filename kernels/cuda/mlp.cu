@@ -23,8 +23,8 @@ namespace dpt::cuda {
 namespace {
 
 constexpr int kMlpThreads = 256;
-constexpr int kMlpRows = 8;     // a block's rows of the batch (the default job's 256: 32 blocks)
-constexpr int kLoadBatch = 16;  // weight loads a thread has in flight
+constexpr int kMlpRows = kMlpBlockRows;  // a block's rows of the batch (the default job's 256: 32 blocks)
+constexpr int kLoadBatch = 16;           // weight loads a thread has in flight
 // Activations: two buffers of kMlpRows rows (a layer reads one, writes the other), rows
 // padded to a multiple of 4 floats (float4 reads) that spreads rows over the banks.
 constexpr int kActPitch = kMlpMaxWidth + 4;
@@ -427,12 +427,6 @@ void mlp_forward(int64_t rows, const float* x, const MlpLayers& layers, cudaStre
   launch_after_previous_smem(mlp_forward_kernel, dim3(blocks), dim3(kMlpThreads), smem, stream, rows, x, layers);
 }
 
-int64_t mlp_backward_work(int64_t rows, const MlpLayers& layers) {
-  int64_t per_block = 0;
-  for (int l = 0; l < layers.count; ++l) per_block += layers.layer[l].out * (layers.layer[l].in + 1);
-  return (rows + kMlpRows - 1) / kMlpRows * per_block;
-}
-
 void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, const MlpLayers& layers, float* work,
                   cudaStream_t stream) {
   DPT_CHECK(rows >= 1 && layers.count >= 1, "mlp_backward: rows and layers");
@@ -442,7 +436,7 @@ void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, cons
   DPT_CHECK(smem <= static_cast<size_t>(smem_allowed(device)), "mlp_backward: the layers do not fit (mlp_fits)");
   const int64_t blocks = (rows + kMlpRows - 1) / kMlpRows;
   launch_after_previous_smem(mlp_backward_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kMlpThreads), smem, stream,
-                             rows, x, dy, dx, layers, work, mlp_backward_work(rows, layers) / blocks);
+                             rows, x, dy, dx, layers, work, mlp_part_floats(layers));
 }
 
 void mlp_grad_sum(int64_t rows, const MlpLayers& layers, const float* work, const MlpGrads& out, int first, int last,
@@ -451,8 +445,8 @@ void mlp_grad_sum(int64_t rows, const MlpLayers& layers, const float* work, cons
   const int64_t blocks = (rows + kMlpRows - 1) / kMlpRows;
   int64_t n = 0;
   for (int l = first; l < last; ++l) n += layers.layer[l].out * (layers.layer[l].in + 1);
-  launch_after_previous(mlp_grad_sum_kernel, dim3(blocks_for(n)), dim3(kThreads), stream, work,
-                        mlp_backward_work(rows, layers) / blocks, static_cast<int>(blocks), layers, out, first, last);
+  launch_after_previous(mlp_grad_sum_kernel, dim3(blocks_for(n)), dim3(kThreads), stream, work, mlp_part_floats(layers),
+                        static_cast<int>(blocks), layers, out, first, last);
 }
 
 }  // namespace dpt::cuda
