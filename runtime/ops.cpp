@@ -633,11 +633,7 @@ class LinearChainNode : public Node {
       first_input[l] = i;
       i += run_.layer[l].b ? 2 : 1;
     }
-    Tensor dx;
-    if (grads.needed(0)) {
-      grads.before_write(0);
-      dx = Tensor::empty(x_.shape(), DType::f32, d);
-    }
+    Tensor dx = grads.needed(0) ? Tensor::empty(x_.shape(), DType::f32, d) : Tensor();
     Tensor work = Tensor::empty({mlp_backward_work(rows, run_)}, DType::f32, d);
     cuda::mlp_backward(rows, x_.f32(), dy.f32(), dx.defined() ? dx.f32() : nullptr, run_, work.f32(), stream_of(d));
     MlpGrads out;
@@ -679,7 +675,8 @@ class LinearChainNode : public Node {
       cuda::mlp_grad_sum(rows, run_, work.f32(), out, 0, count, stream_of(d));
       for (int l = count - 1; l >= 0; --l) finish(static_cast<size_t>(l));
     }
-    if (dx.defined()) {
+    if (dx.defined()) {  // announced last, as a layer-by-layer backward reaches x last
+      grads.before_write(0);
       give(grads, 0, dx);
       grads.handed(0);
     }
@@ -923,12 +920,17 @@ Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, con
     in = L.W.size(0);
   }
   if (!cuda::mlp_fits(run, d.index)) return Tensor();
-  if (before) before();
   std::vector<Tensor> ins{x};
   for (const LinearLayer& L : layers) {
     ins.push_back(L.W);
     if (L.b.defined()) ins.push_back(L.b);
   }
+  // A parameter used by two layers would have both layers' gradient sums written into it
+  // by one launch: layer by layer instead.
+  for (size_t i = 1; i < ins.size(); ++i)
+    for (size_t j = 1; j < i; ++j)
+      if (ins[i].data() == ins[j].data()) return Tensor();
+  if (before) before();
   bool grad = false;
   for (const Tensor& t : ins) grad = grad || any_requires_grad({&t});
   const int64_t rows = x.size(0);

@@ -366,7 +366,7 @@ TEST_CASE("a run of narrow Linear layers in one kernel matches the CPU layer by 
     }
   }
   // Where it does not fit, the caller is told (an undefined tensor): more rows than the
-  // skinny GEMM takes, a width past 256, more than eight layers.
+  // skinny GEMM takes, a width past 256, more than eight layers, a parameter used twice.
   auto chain = [](int64_t rows, std::vector<int64_t> widths) {
     std::vector<LinearLayer> layers;
     for (size_t l = 0; l + 1 < widths.size(); ++l)
@@ -377,6 +377,10 @@ TEST_CASE("a run of narrow Linear layers in one kernel matches the CPU layer by 
   CHECK(!chain(257, {16, 128, 4}).defined());
   CHECK(!chain(8, {16, 257, 4}).defined());
   CHECK(!chain(8, std::vector<int64_t>(10, 8)).defined());
+  // A parameter used by two layers of the run (one launch would write both sums into it).
+  const Tensor shared = Tensor::zeros({16, 16}, DType::f32, gpu);
+  CHECK(!linear_chain(Tensor::zeros({8, 16}, DType::f32, gpu), {{shared, Tensor(), Act::relu}, {shared, Tensor()}})
+             .defined());
 }
 
 TEST_CASE("optimizers, clipping, casts and argmax match the CPU", "[gpu][ops]") {

@@ -23,12 +23,13 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act = Act::
 // into the flat gradient buffer); x's gradient is bf16.
 Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
                    Act act = Act::none);
-// A run of f32 Linear layers, linear() after linear(), as one kernel where they are narrow
-// and the batch small (kernels/mlp.hpp: at most 8 layers of widths up to 256 whose weights
-// fit a GPU block's shared memory, at most 256 rows, fp32 compute); an undefined tensor
-// where that does not hold, and the caller runs linear() a layer at a time. Its gradients
-// are linear()'s. `before`, when given, is called once the run is known to be computed
-// here, before anything is queued.
+// A run of f32 Linear layers, linear() after linear(), in a kernel forward and two backward
+// where they are narrow and the batch small (kernels/mlp.hpp: at most 8 layers of widths
+// up to 256 whose weights fit a GPU block's shared memory, at most 256 rows, fp32 compute,
+// no parameter in two layers); an undefined tensor where that does not hold, and the
+// caller runs linear() a layer at a time. Its gradients are linear()'s (within rounding).
+// `before`, when given, is called once the run is known to be computed here, before
+// anything is queued.
 struct LinearLayer {
   Tensor W, b;
   Act act = Act::none;
