@@ -58,6 +58,7 @@ void Grads::handed(size_t i) {
     in.set_grad(acc);
     out_[i] = Tensor();
   }
+  handed_.resize(inputs_.size(), 0);
   handed_[i] = 1;
   if (on_done_ && *on_done_) (*on_done_)(in);
 }

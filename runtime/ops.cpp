@@ -914,7 +914,7 @@ Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, con
       return Tensor();
     if (L.b.defined() && (L.b.dtype() != DType::f32 || L.b.device() != d || L.b.shape() != Shape{L.W.size(0)}))
       return Tensor();
-    if (L.W.size(0) > kMlpMaxWidth || in > kMlpMaxWidth) return Tensor();
+    if (L.W.size(0) > kMlpMaxWidth || in > kMlpMaxWidth) return Tensor();  // also keeps the casts exact
     run.layer[l].in = static_cast<int>(in);
     run.layer[l].out = static_cast<int>(L.W.size(0));
     in = L.W.size(0);

@@ -31,11 +31,7 @@ class Grads {
  public:
   explicit Grads(const std::vector<Tensor>& inputs, const LeafHook* before_write = nullptr,
                  const LeafHook* on_done = nullptr)
-      : inputs_(inputs),
-        out_(inputs.size()),
-        handed_(inputs.size(), 0),
-        before_write_(before_write),
-        on_done_(on_done) {}
+      : inputs_(inputs), out_(inputs.size()), before_write_(before_write), on_done_(on_done) {}
   // Whether input i needs a gradient at all.
   bool needed(size_t i) const { return inputs_[i].requires_grad(); }
   // The existing gradient of leaf input i, to accumulate into in place (e.g. a GEMM
@@ -56,7 +52,7 @@ class Grads {
   // hooks see each leaf when a node of its own would have shown it.
   void before_write(size_t i) const;
   void handed(size_t i);
-  bool was_handed(size_t i) const { return handed_[i] != 0; }
+  bool was_handed(size_t i) const { return i < handed_.size() && handed_[i] != 0; }
   // Whether something waits before each leaf's write (ZeRO stage 2: a node that can write
   // all its leaves at once should then write them one at a time).
   bool watches_writes() const { return before_write_ && *before_write_; }
@@ -64,7 +60,7 @@ class Grads {
  private:
   const std::vector<Tensor>& inputs_;
   std::vector<Tensor> out_;
-  std::vector<char> handed_;
+  std::vector<char> handed_;  // sized at the first handed(): other nodes never need it
   const LeafHook* before_write_;
   const LeafHook* on_done_;
 };
