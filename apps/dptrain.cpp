@@ -475,7 +475,7 @@ int train(Options& o) {
     std::printf("done: nothing to train, the run was complete at step %lld of %lld\n",
                 static_cast<long long>(trainer.steps_done()), static_cast<long long>(c.steps));
   else
-    std::printf("%s: %lld steps in %s; loss %.6g -> %.6g (%.1f%% of the first); %s samples/s; %.3f ms/step\n",
+    std::printf("%s: %lld steps in %s; loss %.6g -> %.6g (%.1f%% of the first); %s samples/s; %.4f ms/step\n",
                 r.stopped ? "stopped" : "done", static_cast<long long>(r.steps), duration(r.seconds).c_str(),
                 r.first_loss, r.final_loss, ratio, dpt::format_si(r.samples_per_s).c_str(), r.step_ms);
   if (!std::isnan(r.final_accuracy))

@@ -593,3 +593,44 @@ TEST_CASE("convolution ops refuse shapes that do not fit", "[ops][conv]") {
   CHECK_THROWS_AS(conv2d(small, randn_tensor({1, 1, 3, 3}, 1, host), Tensor(), 2), Error);
   CHECK_THROWS_AS(pool2d(small, Pool::max, 3, 3, 2), Error);
 }
+
+TEST_CASE("ZeRO's gradient check in shards decides as the one-pass check", "[ops]") {
+  // Each shard's part (its squares' sum, the flat index of its first non-finite value),
+  // the parts summed and min'd as the host reduction does, and finish_check: the one-pass
+  // check's norm within rounding (the sums add in another order), its first index and
+  // its decision.
+  const int64_t n = 1000;
+  auto sharded = [&](const Tensor& g, float max_norm) {
+    const int64_t cut[4] = {0, 300, 301, n};  // a shard of a single element
+    float total = 0.0f;
+    int64_t least = INT64_MAX;
+    for (int k = 0; k < 3; ++k) {
+      const Tensor sum = Tensor::zeros({1}, DType::f32, host), first = Tensor::zeros({2}, DType::i32, host);
+      shard_check(g.view(cut[k], {cut[k + 1] - cut[k]}), cut[k], sum, first);
+      total += sum.to_host()[0];
+      int64_t v = 0;
+      std::memcpy(&v, first.to_host_i32().data(), 8);
+      least = std::min(least, v);
+    }
+    const Tensor first =
+        Tensor::from_host_i32({static_cast<int32_t>(least & 0xffffffff), static_cast<int32_t>(least >> 32)}, {2}, host);
+    return std::pair<float, int64_t>{
+        finish_check(Tensor::from_host(std::vector<float>{total}, {1}, host), first, max_norm).to_host()[0], least};
+  };
+  Tensor g = randn_tensor({n}, 3, host);
+  for (float clip : {0.0f, 0.5f}) {
+    const float whole = dpt::check_gradients(g, clip).to_host()[0];
+    const auto [scale, first] = sharded(g, clip);
+    CHECK(std::fabs(scale - whole) <= 1e-6f * whole);
+    CHECK(first == INT64_MAX);
+  }
+  auto bad = g.to_host();
+  bad[613] = NAN;
+  bad[800] = INFINITY;
+  bad[300] = INFINITY;  // the single-element shard
+  g = Tensor::from_host(bad, {n}, host);
+  const auto [scale, first] = sharded(g, 0.0f);
+  CHECK(std::isnan(scale));
+  CHECK(std::isnan(dpt::check_gradients(g, 0.0f).to_host()[0]));
+  CHECK(first == 300);
+}

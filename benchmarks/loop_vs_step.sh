@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The training loop end to end against the bare step it runs: dptrain's summary ms/step
+# beside step_bench's on the same workload and SGD step (lr 0.01, no momentum), eager and
+# as a CUDA graph, in turns, ROUNDS times; prints a line a pair and a table of the ratios'
+# medians. Each step_bench run takes as many steps as the loop's (blocks of 20 after 20
+# of warm-up, the median block): the GPU's clock falls as it warms (an mlp run's 100-step
+# intervals spread over 10%), so a short bench beside a long loop would flatter the bench.
+# Usage: loop_vs_step.sh BUILD_DIR [ROUNDS]
+set -u
+build=$1 rounds=${2:-3}
+dptrain=$build/apps/dptrain bench=$build/benchmarks/step_bench
+ms() { grep -oE '[0-9.]+ ms/step' | head -1 | grep -oE '^[0-9.]+'; }
+for w in "default 16-128x2-4 256 fp32 5000" "seed seed 64 fp32 5000" "mlp mlp 4096 tf32 300" \
+  "mlp mlp 4096 bf16 300"; do
+  read -r name model batch prec steps <<<"$w"
+  for mode in eager graph; do
+    graph=()
+    [ "$mode" = graph ] && graph=(--cuda-graph)
+    for ((i = 0; i < rounds; ++i)); do
+      loop=$("$dptrain" --devices cuda:0 --model "$model" --batch "$batch" --precision "$prec" --lr 0.01 --momentum 0 \
+        --steps "$steps" --log-every 100 "${graph[@]}" | grep -E '^done' | ms)
+      step=$("$bench" --model "$model" --batch "$batch" --precision "$prec" --warmup 20 --blocks $((steps / 20)) \
+        --steps 20 "${graph[@]}" | ms)
+      echo "loop-vs-step $name $prec $mode: loop ${loop:-?} step ${step:-?}"
+    done
+  done
+done | tee /dev/stderr | python3 -c '
+import re, statistics, sys
+rows = {}
+for line in sys.stdin:
+    m = re.match(r"loop-vs-step (\S+) (\S+) (\S+): loop ([\d.]+) step ([\d.]+)", line)
+    if m:
+        rows.setdefault(m.group(1, 2, 3), []).append((float(m.group(4)), float(m.group(5))))
+print("%-10s%-6s%-7s%10s%10s%8s  (medians)" % ("workload", "prec", "mode", "loop ms", "step ms", "ratio"))
+for (name, prec, mode), v in rows.items():
+    loop, step = statistics.median(l for l, _ in v), statistics.median(s for _, s in v)
+    ratio = statistics.median(l / s for l, s in v)
+    print(f"{name:<10}{prec:<6}{mode:<7}{loop:>10.4f}{step:>10.4f}{ratio:>8.3f}")
+'
