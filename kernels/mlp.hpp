@@ -7,6 +7,8 @@
 
 #include <dptrain/types.hpp>
 
+#include "hd.hpp"
+
 namespace dpt {
 
 constexpr int kMlpMaxLayers = 8;
@@ -36,16 +38,20 @@ struct MlpGrads {
   float beta_b[kMlpMaxLayers] = {};
 };
 
+// The kernels' blocks for `rows` rows of the batch.
+DPT_HD int64_t mlp_blocks(int64_t rows) { return (rows + kMlpBlockRows - 1) / kMlpBlockRows; }
+
 // Backward's parts (cuda::mlp_backward, cpu::mlp_backward): for each block of
-// kMlpBlockRows rows, every layer's weight gradient then its bias gradient, layer after
-// layer; the floats of all blocks' parts.
+// kMlpBlockRows rows, every layer's part (its weight gradient, then its bias gradient),
+// layer after layer; mlp_part_floats the floats of one block's parts.
+DPT_HD int64_t mlp_part_of(const MlpLayer& L) { return int64_t{L.out} * (L.in + 1); }
 inline int64_t mlp_part_floats(const MlpLayers& layers) {
   int64_t n = 0;
-  for (int l = 0; l < layers.count; ++l) n += int64_t{layers.layer[l].out} * (layers.layer[l].in + 1);
+  for (int l = 0; l < layers.count; ++l) n += mlp_part_of(layers.layer[l]);
   return n;
 }
 inline int64_t mlp_backward_work(int64_t rows, const MlpLayers& layers) {
-  return (rows + kMlpBlockRows - 1) / kMlpBlockRows * mlp_part_floats(layers);
+  return mlp_blocks(rows) * mlp_part_floats(layers);
 }
 
 }  // namespace dpt

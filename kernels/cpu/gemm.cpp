@@ -69,7 +69,7 @@ void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, cons
     const MlpLayer& L = layers.layer[l];
     const float* X = l == 0 ? x : layers.layer[l - 1].y;
     int64_t at = 0;  // layer l's place in a block's part
-    for (int k = 0; k < l; ++k) at += int64_t{layers.layer[k].out} * (layers.layer[k].in + 1);
+    for (int k = 0; k < l; ++k) at += mlp_part_of(layers.layer[k]);
     for (int64_t r0 = 0, b = 0; r0 < rows; r0 += kMlpBlockRows, ++b) {
       const int64_t n = std::min<int64_t>(kMlpBlockRows, rows - r0);
       float* dW = work + b * part + at;
@@ -99,7 +99,7 @@ void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, cons
 }
 
 void mlp_grad_sum(int64_t rows, const MlpLayers& layers, const float* work, const MlpGrads& out, int first, int last) {
-  const int64_t blocks = (rows + kMlpBlockRows - 1) / kMlpBlockRows, part = mlp_part_floats(layers);
+  const int64_t blocks = mlp_blocks(rows), part = mlp_part_floats(layers);
   int64_t at = 0;
   for (int l = 0; l < last; ++l) {
     const MlpLayer& L = layers.layer[l];

@@ -86,6 +86,34 @@ __device__ __forceinline__ float act_derivative(float s) {
   return 1.f;
 }
 
+// The same for an activation known only at run time (kernels that take it per layer).
+__device__ __forceinline__ float act_forward(Act act, float v) {
+  switch (act) {
+    case Act::relu:
+      return act_forward<Act::relu>(v);
+    case Act::gelu:
+      return act_forward<Act::gelu>(v);
+    case Act::tanh:
+      return act_forward<Act::tanh>(v);
+    case Act::none:
+      break;
+  }
+  return v;
+}
+__device__ __forceinline__ float act_derivative(Act act, float s) {
+  switch (act) {
+    case Act::relu:
+      return act_derivative<Act::relu>(s);
+    case Act::gelu:
+      return act_derivative<Act::gelu>(s);
+    case Act::tanh:
+      return act_derivative<Act::tanh>(s);
+    case Act::none:
+      break;
+  }
+  return 1.f;
+}
+
 // Returns f(std::integral_constant<Act, A>{}) for the A that act names, so that f can
 // instantiate a kernel for it (decltype(a)::value): one instantiation per activation, and
 // no switch in any kernel's loop. An act outside the enum throws, naming `who`.

@@ -63,16 +63,7 @@ __device__ __forceinline__ float4 load4(const float* row, bool row_ok, int c, in
 // pass of its own: v times act'(s), s from `saved` at the same place (zeros outside give
 // zeros). The products are act_bias_backward's, so the GEMM multiplies the same dz.
 __device__ __forceinline__ float times_derivative(float v, float s, Act act) {
-  switch (act) {
-    case Act::relu:
-      return __fmul_rn(v, act_derivative<Act::relu>(s));
-    case Act::gelu:
-      return __fmul_rn(v, act_derivative<Act::gelu>(s));
-    case Act::tanh:
-      return __fmul_rn(v, act_derivative<Act::tanh>(s));
-    default:
-      return v;
-  }
+  return act == Act::none ? v : __fmul_rn(v, act_derivative(act, s));
 }
 __device__ __forceinline__ float4 times_derivative(float4 v, float4 s, Act act) {
   return make_float4(times_derivative(v.x, s.x, act), times_derivative(v.y, s.y, act), times_derivative(v.z, s.z, act),

@@ -33,20 +33,6 @@ constexpr int kActPitch = kMlpMaxWidth + 4;
 // by consecutive columns fall in distinct banks); the padding holds zeros.
 __host__ __device__ inline int weight_pitch(int in) { return (in + 3) / 4 * 4 + 4; }
 
-__device__ __forceinline__ float act_apply(Act act, float v) {
-  switch (act) {
-    case Act::relu:
-      return act_forward<Act::relu>(v);
-    case Act::gelu:
-      return act_forward<Act::gelu>(v);
-    case Act::tanh:
-      return act_forward<Act::tanh>(v);
-    case Act::none:
-      break;
-  }
-  return v;
-}
-
 // One layer for the block's rows: from the activations `a` into `next` (and the layer's
 // outputs). R > 1: width = 32 R columns, a thread owns column j of rows g, g + G, ...
 // (G = 8 / R groups of rows). R == 1: width <= 32 columns, and each output (r, j) has
@@ -91,7 +77,7 @@ __device__ __forceinline__ void mlp_layer(const MlpLayer& L, const float* w, int
   for (int i = 0; i < R; ++i) {
     const int r = g + i * groups;
     const float v = lo[i] + hi[i] + bias;
-    const float y = act_apply(L.act, v);
+    const float y = act_forward(L.act, v);
     next[r * kActPitch + j] = y;
     if (r < here) {
       L.y[(row0 + r) * L.out + j] = y;
@@ -200,20 +186,6 @@ __global__ void __launch_bounds__(kMlpThreads)
   }
 }
 
-__device__ __forceinline__ float act_deriv(Act act, float saved) {
-  switch (act) {
-    case Act::relu:
-      return act_derivative<Act::relu>(saved);
-    case Act::gelu:
-      return act_derivative<Act::gelu>(saved);
-    case Act::tanh:
-      return act_derivative<Act::tanh>(saved);
-    case Act::none:
-      break;
-  }
-  return 1.f;
-}
-
 // One layer's input gradient for the block's rows: dH[r][k] = sum_j D[r][j] W[j][k] (D the
 // layer's output gradient, times its activation's derivative), then for a layer before it
 // dH act'(saved) into `next` (saved: its output, which is this layer's input `xs`, or
@@ -263,7 +235,7 @@ __device__ __forceinline__ void mlp_input_grad(const float* w, int pitch, int ou
       if (r < here) dx[(row0 + r) * in + k] = v;
     } else {
       const float saved = z_prev ? (r < here ? z_prev[(row0 + r) * in + k] : 0.f) : xs[r * kActPitch + k];
-      next[r * kActPitch + k] = v * act_deriv(act_prev, saved);
+      next[r * kActPitch + k] = v * act_derivative(act_prev, saved);
     }
   }
 }
@@ -291,15 +263,16 @@ __global__ void __launch_bounds__(kMlpThreads)
   for (int e = t; e < here * last.out; e += kMlpThreads) {
     const int r = e / last.out, j = e - r * last.out;
     const int64_t at = (row0 + r) * last.out + j;
-    d[0][r * kActPitch + j] = dy[at] * act_deriv(last.act, last.act == Act::gelu ? last.z[at] : last.y[at]);
+    d[0][r * kActPitch + j] = dy[at] * act_derivative(last.act, last.act == Act::gelu ? last.z[at] : last.y[at]);
   }
   int weight_at[kMlpMaxLayers];
   int64_t part_at[kMlpMaxLayers];
-  for (int l = 0, wo = 0, po = 0; l < layers.count; ++l) {
+  int64_t po = 0;
+  for (int l = 0, wo = 0; l < layers.count; ++l) {
     weight_at[l] = wo;
     part_at[l] = po;
     wo += layers.layer[l].out * weight_pitch(layers.layer[l].in);
-    po += layers.layer[l].out * (layers.layer[l].in + 1);
+    po += mlp_part_of(layers.layer[l]);
   }
   float* part = work + blockIdx.x * per_block;
   int cur = 0;
@@ -356,14 +329,13 @@ __global__ void mlp_grad_sum_kernel(const float* __restrict__ work, int64_t per_
   int64_t begin = 0, end = 0;
   for (int l = 0, at = 0; l < last; ++l) {
     if (l == first) begin = at;
-    at += layers.layer[l].out * (layers.layer[l].in + 1);
+    at += mlp_part_of(layers.layer[l]);
     end = at;
   }
   for (int64_t e = begin + global_tid(); e < end; e += grid_stride()) {
     int l = first;
     int64_t at = begin;  // where layer l's part starts
-    for (int64_t size = layers.layer[l].out * (layers.layer[l].in + 1); e >= at + size;
-         size = layers.layer[l].out * (layers.layer[l].in + 1)) {
+    for (int64_t size = mlp_part_of(layers.layer[l]); e >= at + size; size = mlp_part_of(layers.layer[l])) {
       at += size;
       ++l;
     }
@@ -423,8 +395,8 @@ void mlp_forward(int64_t rows, const float* x, const MlpLayers& layers, cudaStre
   int device = 0;
   DPT_CUDA_CHECK(cudaGetDevice(&device));
   DPT_CHECK(smem <= static_cast<size_t>(smem_allowed(device)), "mlp_forward: the layers do not fit (mlp_fits)");
-  const auto blocks = static_cast<unsigned>((rows + kMlpRows - 1) / kMlpRows);
-  launch_after_previous_smem(mlp_forward_kernel, dim3(blocks), dim3(kMlpThreads), smem, stream, rows, x, layers);
+  launch_after_previous_smem(mlp_forward_kernel, dim3(static_cast<unsigned>(mlp_blocks(rows))), dim3(kMlpThreads), smem,
+                             stream, rows, x, layers);
 }
 
 void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, const MlpLayers& layers, float* work,
@@ -434,19 +406,17 @@ void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, cons
   int device = 0;
   DPT_CUDA_CHECK(cudaGetDevice(&device));
   DPT_CHECK(smem <= static_cast<size_t>(smem_allowed(device)), "mlp_backward: the layers do not fit (mlp_fits)");
-  const int64_t blocks = (rows + kMlpRows - 1) / kMlpRows;
-  launch_after_previous_smem(mlp_backward_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kMlpThreads), smem, stream,
-                             rows, x, dy, dx, layers, work, mlp_part_floats(layers));
+  launch_after_previous_smem(mlp_backward_kernel, dim3(static_cast<unsigned>(mlp_blocks(rows))), dim3(kMlpThreads),
+                             smem, stream, rows, x, dy, dx, layers, work, mlp_part_floats(layers));
 }
 
 void mlp_grad_sum(int64_t rows, const MlpLayers& layers, const float* work, const MlpGrads& out, int first, int last,
                   cudaStream_t stream) {
   DPT_CHECK(0 <= first && first < last && last <= layers.count, "mlp_grad_sum: a range of layers");
-  const int64_t blocks = (rows + kMlpRows - 1) / kMlpRows;
   int64_t n = 0;
-  for (int l = first; l < last; ++l) n += layers.layer[l].out * (layers.layer[l].in + 1);
+  for (int l = first; l < last; ++l) n += mlp_part_of(layers.layer[l]);
   launch_after_previous(mlp_grad_sum_kernel, dim3(blocks_for(n)), dim3(kThreads), stream, work, mlp_part_floats(layers),
-                        static_cast<int>(blocks), layers, out, first, last);
+                        static_cast<int>(mlp_blocks(rows)), layers, out, first, last);
 }
 
 }  // namespace dpt::cuda
