@@ -348,8 +348,11 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
           ? dpt::LossFn([](const dpt::Tensor& out, const dpt::Tensor& y) { return dpt::cross_entropy(out, y); })
           : dpt::LossFn(dpt::nn::MSELoss());
 
-  m.loss_first = dp.train_step(0, global, source, loss).value();
-  for (int64_t i = 1; i < p.warmup; ++i) dp.train_step(0, global, source, loss);
+  // Every step trains samples [0, global): a graph's replay copies the next one's shards
+  // in as training does (next_first 0).
+  const auto train = [&] { return dp.train_step(0, global, source, loss, {}, true, 0); };
+  m.loss_first = train().value();
+  for (int64_t i = 1; i < p.warmup; ++i) train();
   dp.synchronize();
 
   std::vector<double> step, compute, red, update;
@@ -357,7 +360,7 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   // Blocks as even as the steps allow.
   for (int64_t steps : dpt::split_evenly(p.steps, std::min(static_cast<size_t>(p.steps), kBlocks))) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < steps; ++i) last = dp.train_step(0, global, source, loss);
+    for (int64_t i = 0; i < steps; ++i) last = train();
     dp.synchronize();
     const auto t1 = std::chrono::steady_clock::now();
     step.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(steps));

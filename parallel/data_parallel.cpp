@@ -9,6 +9,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <set>
@@ -701,24 +702,31 @@ void DataParallel::update(size_t r) {
 }
 
 StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
-                                  const LossFn& metric) {
+                                  const LossFn& metric, int64_t next_first) {
   const ShardPlan& shares = plan(count);
   const size_t n = replicas_.size();
   Replica& master = replicas_[0];
   if (graph_in_.size() != n) {
     graph_in_.assign(n, data::Batch());
-    for (size_t r = 0; r < n; ++r) graph_inputs_ready_.push_back(std::make_unique<Event>(devices_[r]));
+    for (size_t r = 0; r < n; ++r) {
+      graph_inputs_ready_.push_back(std::make_unique<Event>(devices_[r]));
+      graph_copy_ctx_.push_back(std::make_unique<Context>(devices_[r]));
+    }
     graph_done_ = std::make_unique<Event>(devices_[0]);
   }
-  // Each replica's shard, once the last replay has read the buffers it came in. The graph
-  // copies it into the fixed buffers that its step reads (a node on the replica's stream
-  // whose sources each replay moves), and the warm-up step before it. With micro-batches
-  // the source is asked for each in turn, as in an eager step (a file's loader serves one
-  // micro-batch at a time and reuses its buffer at the next request), so each is copied
-  // in at once, before the replay, outside the graph.
+  // Each replica's shard goes into the fixed buffers that its step reads. With one
+  // micro-batch a replay copies the next step's shard in (next_first) on a stream of the
+  // replica's own once its backward is queued, beside its update (a node whose sources
+  // each replay moves); a shard the last replay did not copy (the first, or an unforeseen
+  // step) is copied before the replay. With micro-batches the source is asked for each in
+  // turn, as in an eager step (a file's loader serves one micro-batch at a time and reuses
+  // its buffer at the next request), so each is copied in at once, before the replay.
   const bool in_micro_batches = shares.micro_batches() > 1;
-  std::vector<data::Batch> shard(n);  // one micro-batch: the source's, for the graph's copy
-  std::vector<char> has_rows(n, 0), resized(n, 0);
+  const bool copied_in = !in_micro_batches && graph_ && graph_next_ == first && graph_next_count_ == count;
+  const bool ask_next = !in_micro_batches && graph_warm_ && next_first >= 0;  // a replay follows
+  graph_next_ = -1;
+  std::vector<data::Batch> next(n);  // the next step's shards, for the graph's copy
+  std::vector<char> has_rows(n, 0), resized(n, 0), next_fits(n, 1);
   run_on_all([&](size_t r) {
     Replica& rep = replicas_[r];
     const SampleRange part = shares.replica_part(r);
@@ -729,15 +737,27 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     // (Replica 0's stream is the replays' own.)
     if (r > 0 && graph_) graph_done_->wait_in(*rep.ctx);
     data::Batch& in = graph_in_[r];
-    auto fit = [&](const data::Batch& b) {  // the fixed buffers hold the replica's part
+    auto shape_of = [&](const data::Batch& b) {  // the fixed buffers hold the replica's part
       Shape x = b.x.shape(), y = b.y.shape();
       x[0] = y[0] = part.count;
+      return std::pair{x, y};
+    };
+    auto fit = [&](const data::Batch& b) {
+      const auto [x, y] = shape_of(b);
       if (in.x.defined() && in.x.shape() == x && in.y.shape() == y) return;
       in = {Tensor::empty(x, b.x.dtype(), rep.device), Tensor::empty(y, b.y.dtype(), rep.device)};
       resized[r] = 1;
     };
     if (!in_micro_batches) {
-      fit(shard[r] = source(r, first + part.first, part.count));
+      if (!copied_in) {
+        const data::Batch b = source(r, first + part.first, part.count);
+        fit(b);
+        copy_all({{in.x, b.x}, {in.y, b.y}});
+      }
+      if (ask_next) {
+        next[r] = source(r, next_first + part.first, part.count);
+        next_fits[r] = shape_of(next[r]) == std::pair{in.x.shape(), in.y.shape()};
+      }
     } else {
       for (int k = 0; k < shares.micro_batches(); ++k) {
         const SampleRange m = shares.micro(r, k);
@@ -754,8 +774,13 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     graph_.reset();
     graph_warm_ = false;
   }
+  // The graph's copy of replica r: from the next step's shard, or onto itself (a copy that
+  // changes nothing) when no step follows or the next shard does not fit.
+  const bool next_known =
+      ask_next && graph_warm_ && std::find(next_fits.begin(), next_fits.end(), 0) == next_fits.end();
   const auto copies = [&](size_t r) -> std::vector<std::pair<Tensor, Tensor>> {
-    return {{graph_in_[r].x, shard[r].x}, {graph_in_[r].y, shard[r].y}};
+    const data::Batch& from = next_known ? next[r] : graph_in_[r];
+    return {{graph_in_[r].x, from.x}, {graph_in_[r].y, from.y}};
   };
   // The step reads its micro-batches as views of the fixed buffers.
   const ShardSource fixed = [&](size_t r, int64_t f, int64_t count_r) {
@@ -764,9 +789,6 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   };
   if (!graph_warm_) {  // an eager step first: cuBLAS and the allocator set up outside the graph
     graph_warm_ = true;
-    run_on_all([&](size_t r) {
-      if (shard[r].x.defined()) copy_all(copies(r));
-    });
     return step_body(first, count, fixed, loss, metric);
   }
   const std::vector<optim::Optimizer*> opts = optimizers();
@@ -786,14 +808,27 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
       for (Replica& rep : replicas_)
         if (rep.update_ctx) graph_->join(*rep.update_ctx);
       graph_copy_.assign(n, 0);
-      for (size_t r = 0; r < n; ++r)  // in turn: the graph numbers its copies
-        if (shard[r].x.defined()) {
-          ContextGuard g(*replicas_[r].ctx);
+      if (!in_micro_batches) {
+        for (size_t r = 0; r < n; ++r)
+          if (has_rows[r]) graph_->join(*graph_copy_ctx_[r]);
+        // Backward has read the inputs for the last time: the copy goes beside the rest
+        // (the update, the reduction). Replicas reach here in any order, the graph numbers
+        // its copies in call order: each replica's index is kept.
+        std::mutex m;
+        after_backward_ = [&](size_t r) {
+          if (!has_rows[r]) return;
+          Context& side = *graph_copy_ctx_[r];
+          std::lock_guard<std::mutex> lk(m);
+          graph_->fork(*replicas_[r].ctx, side);
+          ContextGuard g(side);
           graph_copy_[r] = graph_->copy_in(copies(r));
-        }
+        };
+      }
       graph_out_ = step_body(first, count, fixed, loss, metric);
+      after_backward_ = nullptr;
       graph_->end();
     } catch (...) {
+      after_backward_ = nullptr;
       recording_ = false;
       graph_.reset();
       for (size_t i = 0; i < opts.size(); ++i) opts[i]->set_host_steps(taken[i]);  // nothing was recorded
@@ -804,8 +839,9 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   }
   {
     ContextGuard g(*master.ctx);
-    for (size_t r = 0; r < n; ++r)
-      if (shard[r].x.defined()) graph_->set_copy_sources(graph_copy_[r], copies(r));
+    if (!in_micro_batches)
+      for (size_t r = 0; r < n; ++r)
+        if (has_rows[r]) graph_->set_copy_sources(graph_copy_[r], copies(r));
     for (size_t r = 1; r < n; ++r)
       if (has_rows[r]) graph_inputs_ready_[r]->wait_in(*master.ctx);
     // The whole replay counts as compute: the phases inside a graph are not timed apart.
@@ -815,12 +851,16 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     if (timing_)
       for (auto* e : {master.t_backward.get(), master.t_reduced.get(), master.t_updated.get()}) e->record(*master.ctx);
   }
+  if (next_known) {
+    graph_next_ = next_first;
+    graph_next_count_ = count;
+  }
   for (optim::Optimizer* o : opts) o->set_host_steps(o->steps_taken() + 1);  // the replay moved the device's
   return graph_out_;
 }
 
 StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
-                                  const LossFn& metric, bool timed) {
+                                  const LossFn& metric, bool timed, int64_t next_first) {
   timing_ = timed;
   // The replicas follow the master's train()/eval() mode, set before or after they were made.
   const bool training = replicas_[0].model->training();
@@ -836,7 +876,7 @@ StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSourc
                                  std::to_string(count) + " of them get samples");
     warned_small_batch_ = true;
   }
-  if (use_graph_) return graph_step(first, count, source, loss, metric);
+  if (use_graph_) return graph_step(first, count, source, loss, metric, next_first);
   if (!tuning_) return step_body(first, count, source, loss, metric);
   before_tuned_step();
   StepLoss out = step_body(first, count, source, loss, metric);
@@ -905,6 +945,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
         forward_backward(r, shard, out.weights[slot], loss, out.losses[slot], metric,
                          metric ? out.metrics[slot] : no_metric, k == 0, k + 1 == k_total);
       }
+      if (after_backward_) after_backward_(r);
     } catch (...) {
       step_failed_ = true;
       if (!arrived) sources_taken.arrive_and_drop();  // the others do not wait for this one

@@ -289,6 +289,20 @@ void Graph::join(Context& other) {
 #endif
 }
 
+void Graph::fork(Context& from, Context& to) {
+#if DPT_WITH_CUDA
+  DPT_CHECK(recording_, "Graph::fork() outside begin() and end()");
+  const auto recorded = [&](const Context& c) {
+    return &c == &ctx_ || std::find(joined_.begin(), joined_.end(), &c) != joined_.end();
+  };
+  DPT_CHECK(recorded(from) && recorded(to), "Graph::fork() between streams that the graph does not record");
+  events_.push_back(link(from, to));
+#else
+  (void)from;
+  (void)to;
+#endif
+}
+
 void Graph::end() {
 #if DPT_WITH_CUDA
   DPT_CHECK(recording_, "Graph::end() without begin()");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # dptrain on the GPU as users run it: checkpoints resume bit-identically on one GPU and
-# on logical replicas, out of memory ends with its message and status 3 (no core dump,
+# on logical replicas, non-finite gradients stop a run or are skipped, out of memory ends with its message and status 3 (no core dump,
 # no checkpoint), and DDP with NCCL runs under mpirun, eager and recorded as a CUDA graph
 # (`ddp_check`, the second argument where the build has MPI). Exits 77 (skipped) without
 # a GPU.
@@ -23,6 +23,20 @@ for devs in "--devices cuda:0" "--devices cuda:0,cuda:0 --reduce p2p"; do
       bad "GPU resume ($devs $opt) is not bit-identical: $(hash_of "$tmp/full.out") vs $(hash_of "$tmp/resumed.out")"
   done
 done
+
+# Non-finite gradients on one GPU (the fused check and update): stop names the step and
+# the parameter, or says the squares overflowed (the seed model's gradients at lr 1e30),
+# eager and as a graph alike; skip-step goes on and counts.
+for graph in "" "--cuda-graph"; do
+  "$exe" --devices cuda:0 --model seed --batch 64 --lr 1e30 --steps 50 $graph >"$tmp/out" 2>"$tmp/err$graph"
+  rc=$?
+  [ $rc -eq 4 ] && grep -q "step [0-9]*: the gradient\\('s norm\\| of parameter 0\\.\\(weight\\|bias\\)\\) is not finite" \
+    "$tmp/err$graph" && [ "$(wc -l <"$tmp/err$graph")" -eq 1 ] && ok ||
+    bad "GPU non-finite stop ($graph): rc $rc: $(cat "$tmp/err$graph")"
+done
+cmp -s "$tmp/err" "$tmp/err--cuda-graph" && ok || bad "non-finite stop differs as a graph: $(cat "$tmp/err" "$tmp/err--cuda-graph")"
+"$exe" --devices cuda:0 --model seed --batch 64 --lr 1e30 --steps 20 --on-nonfinite skip-step >"$tmp/out" 2>"$tmp/err" &&
+  grep -q 'skipped [0-9]* step' "$tmp/out" && ok || bad "GPU skip-step: $(cat "$tmp/err")"
 
 ulimit -c 0
 "$exe" --devices cuda:0 --model mlp --batch 10000000 --steps 2 --save "$tmp/oom.safetensors" \

@@ -853,6 +853,47 @@ TEST_CASE("a CUDA graph of logical replicas gives the eager step's parameters at
   }
 }
 
+TEST_CASE("a replay copies the next step's shards in beside its update, or before it where the step was not named",
+          "[gpu][graph]") {
+  // Steps that name the next one, that name none, and one that names a step that does not
+  // come (its shards are then copied before the replay): every step's parameters are the
+  // eager run's bit for bit, on one GPU and on two logical replicas (p2p).
+  const std::vector<std::pair<int64_t, int64_t>> steps = {{0, 32},    {32, 64},   {64, -1}, {96, 128},
+                                                          {128, 500}, {200, 232}, {232, -1}};
+  for (size_t replicas : {size_t{1}, size_t{2}}) {
+    auto run = [&](bool graph) {
+      auto m = nn::make_model(nn::parse_model_spec("24-48x2-6"), Act::relu);
+      m->to(gpu, 5);
+      DataParallelOptions o;
+      o.reduce = replicas > 1 ? Reduce::p2p : Reduce::automatic;
+      o.cuda_graph = graph;
+      o.check_finite = true;
+      DataParallel dp(
+          m, std::vector<Device>(replicas, gpu),
+          [](nn::Module& r) -> std::unique_ptr<optim::Optimizer> {
+            return std::make_unique<optim::SGD>(r, optim::SGD::Options{.lr = 0.05f, .momentum = 0.9f});
+          },
+          o);
+      data::Synthetic d({.task = data::Task::regression, .in = 24, .out = 6, .seed = 3}, gpu);
+      const data::Dataset& rows = d;
+      std::vector<std::vector<float>> params;
+      for (const auto& [first, next] : steps) {
+        dp.train_step(
+            first, 32, [&](size_t r, int64_t f, int64_t n) { return rows.batch(f, n, dp.device(r)); }, nn::MSELoss(),
+            {}, true, next);
+        dp.synchronize();  // the replica's stream, which a read on this thread's does not wait for
+        params.push_back(dp.replica(0).flat_params().to_host());
+      }
+      return params;
+    };
+    const auto eager = run(false), graphed = run(true);
+    for (size_t s = 0; s < steps.size(); ++s) {
+      INFO(replicas << " replicas, step " << s + 1 << " (1 eager, 2 recorded, then replays)");
+      CHECK(graphed[s] == eager[s]);
+    }
+  }
+}
+
 TEST_CASE("ZeRO stage 1 on one GPU (NCCL, one shard) gives stage 0's parameters bit for bit", "[gpu][parallel][zero]") {
   if (!built_with_nccl()) return;
   for (std::string opt : {"sgd", "adamw"})

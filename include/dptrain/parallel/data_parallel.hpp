@@ -117,7 +117,9 @@ struct DataParallelOptions {
 
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>;
 using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
-// Makes samples [first, first + count) on replica r's device.
+// Makes samples [first, first + count) on replica r's device; the tensors must stay valid
+// for the work queued before its next call (with a CUDA graph and train_step's
+// next_first, a call may ask for the next step's samples, which that step's replay reads).
 using ShardSource = std::function<data::Batch(size_t replica, int64_t first, int64_t count)>;
 
 // The loss of one step: per-replica device scalars, weighted by shard share. Reading
@@ -164,8 +166,12 @@ class DataParallel {
   // gradient; with a CUDA graph it is part of the recording, so pass it every step or never.
   // `timed`: the master records its phases for last_times() (four events; a loop that
   // reads them only now and then times only those steps).
+  // `next_first`: the first sample of the step that will follow, where the caller knows it
+  // (-1: not known). A CUDA graph's replay then copies that step's shards into its inputs
+  // once its backward is done, beside its update, instead of before the next replay's
+  // first kernel; a step whose shards it did not copy copies them before its replay.
   StepLoss train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
-                      const LossFn& metric = {}, bool timed = true);
+                      const LossFn& metric = {}, bool timed = true, int64_t next_first = -1);
   // One step on a batch held anywhere (host or a device): shards are copied to their
   // replicas asynchronously.
   StepLoss train_step(const data::Batch& batch, const LossFn& loss, const LossFn& metric = {});
@@ -294,19 +300,24 @@ class DataParallel {
   // The step after the plan and the checks: the eager step, and what a graph records.
   StepLoss step_body(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric);
   // CUDA-graph mode: each replica's shard is copied into fixed buffers that the graph reads,
-  // by a copy recorded in the graph whose sources each replay moves.
+  // by a copy recorded in the graph whose sources each replay moves: the next step's shard,
+  // copied on a stream of the replica's own once backward no longer reads the buffers.
   bool use_graph_ = false;
   std::unique_ptr<Graph> graph_;
   bool graph_warm_ = false;
   bool recording_ = false;             // timing events (and waits on events from before) stay out of a graph
   std::vector<data::Batch> graph_in_;  // replica r's fixed shard
   std::vector<size_t> graph_copy_;     // replica r's copy in the graph (Graph::copy_in's index)
+  std::vector<std::unique_ptr<Context>> graph_copy_ctx_;  // replica r's stream for it, beside the update
+  int64_t graph_next_ = -1;                               // the step whose shards the last replay copied in
+  int64_t graph_next_count_ = 0;
+  std::function<void(size_t)> after_backward_;              // recording: replica r's backward is queued
   std::vector<std::unique_ptr<Event>> graph_inputs_ready_;  // replica r's shard is there
   std::unique_ptr<Event> graph_done_;                       // the last replay has read the inputs
   StepLoss graph_out_;                                      // the recorded step's losses, written by every replay
   bool timing_ = true;                                      // this step records the master's phases
-  StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
-                      const LossFn& metric);
+  StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric,
+                      int64_t next_first);
   ProcessGroup* group_ = nullptr;
   ShardPlan plan_;  // of the last batch size
   bool warned_small_batch_ = false;

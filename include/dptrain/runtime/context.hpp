@@ -120,6 +120,9 @@ class Graph {
   Graph& operator=(const Graph&) = delete;
   void begin();
   void join(Context& other);
+  // While recording: `to`'s work from now on starts after what `from` has queued so far
+  // (both this graph's streams): a branch that runs beside the rest of the graph.
+  void fork(Context& from, Context& to);
   void end();
   void launch();
   bool ready() const { return exec_ != nullptr; }
