@@ -722,7 +722,8 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   // turn, as in an eager step (a file's loader serves one micro-batch at a time and reuses
   // its buffer at the next request), so each is copied in at once, before the replay.
   const bool in_micro_batches = shares.micro_batches() > 1;
-  const bool copied_in = !in_micro_batches && graph_ && graph_next_ == first && graph_next_count_ == count;
+  // (The buffers keep what the last replay copied in when the graph is recorded anew.)
+  const bool copied_in = !in_micro_batches && graph_next_ == first && graph_next_count_ == count;
   const bool ask_next = !in_micro_batches && graph_warm_ && next_first >= 0;  // a replay follows
   graph_next_ = -1;
   std::vector<data::Batch> next(n);  // the next step's shards, for the graph's copy
@@ -734,8 +735,9 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     has_rows[r] = 1;
     // Nothing of this replica's stream may run beside a replay: the graph's kernels share
     // the context's cuBLAS workspace and reduction counter with what the source queues.
-    // (Replica 0's stream is the replays' own.)
-    if (r > 0 && graph_) graph_done_->wait_in(*rep.ctx);
+    // (Replica 0's stream is the replays' own. Before the first replay the event is
+    // unrecorded, and waiting for it waits for nothing.)
+    if (r > 0) graph_done_->wait_in(*rep.ctx);
     data::Batch& in = graph_in_[r];
     auto shape_of = [&](const data::Batch& b) {  // the fixed buffers hold the replica's part
       Shape x = b.x.shape(), y = b.y.shape();
@@ -755,8 +757,14 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
         copy_all({{in.x, b.x}, {in.y, b.y}});
       }
       if (ask_next) {
-        next[r] = source(r, next_first + part.first, part.count);
-        next_fits[r] = shape_of(next[r]) == std::pair{in.x.shape(), in.y.shape()};
+        // A bad row of the next step's is that step's error: its own request meets it again.
+        try {
+          next[r] = source(r, next_first + part.first, part.count);
+          next_fits[r] = shape_of(next[r]) == std::pair{in.x.shape(), in.y.shape()};
+        } catch (const std::exception&) {
+          next[r] = data::Batch();
+          next_fits[r] = 0;
+        }
       }
     } else {
       for (int k = 0; k < shares.micro_batches(); ++k) {
@@ -800,6 +808,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     for (optim::Optimizer* o : opts) taken.push_back(o->steps_taken());
     graph_ = std::make_unique<Graph>(*master.ctx);
     recording_ = true;
+    std::mutex copy_m;  // the replicas' threads record their copies in turn (the hook below)
     try {
       graph_->begin();
       for (size_t r = 1; r < n; ++r) graph_->join(*replicas_[r].ctx);
@@ -814,11 +823,10 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
         // Backward has read the inputs for the last time: the copy goes beside the rest
         // (the update, the reduction). Replicas reach here in any order, the graph numbers
         // its copies in call order: each replica's index is kept.
-        std::mutex m;
         after_backward_ = [&](size_t r) {
           if (!has_rows[r]) return;
           Context& side = *graph_copy_ctx_[r];
-          std::lock_guard<std::mutex> lk(m);
+          std::lock_guard<std::mutex> lk(copy_m);
           graph_->fork(*replicas_[r].ctx, side);
           ContextGuard g(side);
           graph_copy_[r] = graph_->copy_in(copies(r));
@@ -1063,6 +1071,7 @@ StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss, 
     copy(c, v);
     return c;
   };
+  graph_next_ = -1;  // another source: what a replay copied in for samples from 0 is not this batch
   return train_step(
       0, batch.x.size(0),
       [&](size_t r, int64_t first, int64_t n) {

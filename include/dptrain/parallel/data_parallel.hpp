@@ -119,7 +119,7 @@ using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(nn::Mod
 using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 // Makes samples [first, first + count) on replica r's device; the tensors must stay valid
 // for the work queued before its next call (with a CUDA graph and train_step's
-// next_first, a call may ask for the next step's samples, which that step's replay reads).
+// next_first, a step also asks for the next step's samples, which its own replay copies).
 using ShardSource = std::function<data::Batch(size_t replica, int64_t first, int64_t count)>;
 
 // The loss of one step: per-replica device scalars, weighted by shard share. Reading
@@ -166,10 +166,11 @@ class DataParallel {
   // gradient; with a CUDA graph it is part of the recording, so pass it every step or never.
   // `timed`: the master records its phases for last_times() (four events; a loop that
   // reads them only now and then times only those steps).
-  // `next_first`: the first sample of the step that will follow, where the caller knows it
-  // (-1: not known). A CUDA graph's replay then copies that step's shards into its inputs
-  // once its backward is done, beside its update, instead of before the next replay's
-  // first kernel; a step whose shards it did not copy copies them before its replay.
+  // `next_first`: the first sample of the step that will follow, from the same source and
+  // batch size, where the caller knows it (-1: not known). A CUDA graph's replay then copies
+  // that step's shards into its inputs once its backward is done, beside its update,
+  // instead of before the next replay's first kernel; a step whose shards it did not copy
+  // (or with micro-batches, which are copied as they come) copies them before its replay.
   StepLoss train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                       const LossFn& metric = {}, bool timed = true, int64_t next_first = -1);
   // One step on a batch held anywhere (host or a device): shards are copied to their

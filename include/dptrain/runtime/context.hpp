@@ -128,8 +128,8 @@ class Graph {
   bool ready() const { return exec_ != nullptr; }
   // A copy recorded like any work (between begin() and end(), on the current context of
   // this thread: the first or a joined one) whose sources set_copy_sources() moves between
-  // launches: a step's inputs, which come from a new buffer every step, copied by the
-  // graph's first kernel, not by a launch of their own before it. Every pair on the
+  // launches: a step's inputs, which come from a new buffer every step, copied by a node
+  // of the graph, not by a launch of their own beside it. Every pair on the
   // context's GPU, at most four; the destinations and sizes stay as recorded. Returns the
   // copy's index.
   size_t copy_in(const std::vector<std::pair<Tensor, Tensor>>& dst_src);
