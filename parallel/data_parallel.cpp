@@ -723,9 +723,9 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   // its buffer at the next request), so each is copied in at once, before the replay.
   const bool in_micro_batches = shares.micro_batches() > 1;
   // (The buffers keep what the last replay copied in when the graph is recorded anew.)
-  const bool copied_in = !in_micro_batches && graph_next_ == first && graph_next_count_ == count;
+  const bool copied_in = !in_micro_batches && graph_next_ == SampleRange{first, count};
   const bool ask_next = !in_micro_batches && graph_warm_ && next_first >= 0;  // a replay follows
-  graph_next_ = -1;
+  graph_next_ = {};
   std::vector<data::Batch> next(n);  // the next step's shards, for the graph's copy
   std::vector<char> has_rows(n, 0), resized(n, 0), next_fits(n, 1);
   run_on_all([&](size_t r) {
@@ -859,10 +859,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     if (timing_)
       for (auto* e : {master.t_backward.get(), master.t_reduced.get(), master.t_updated.get()}) e->record(*master.ctx);
   }
-  if (next_known) {
-    graph_next_ = next_first;
-    graph_next_count_ = count;
-  }
+  if (next_known) graph_next_ = {next_first, count};
   for (optim::Optimizer* o : opts) o->set_host_steps(o->steps_taken() + 1);  // the replay moved the device's
   return graph_out_;
 }
@@ -1071,7 +1068,7 @@ StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss, 
     copy(c, v);
     return c;
   };
-  graph_next_ = -1;  // another source: what a replay copied in for samples from 0 is not this batch
+  graph_next_ = {};  // another source: what a replay copied in for samples from 0 is not this batch
   return train_step(
       0, batch.x.size(0),
       [&](size_t r, int64_t first, int64_t n) {

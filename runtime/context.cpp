@@ -274,7 +274,7 @@ cudaEvent_t link(const Context& from, const Context& to) {
 void Graph::join(Context& other) {
 #if DPT_WITH_CUDA
   DPT_CHECK(recording_, "Graph::join() outside begin() and end()");
-  if (&other == &ctx_ || std::find(joined_.begin(), joined_.end(), &other) != joined_.end()) return;
+  if (records(other)) return;
   DPT_CHECK(other.device().is_cuda(), "a CUDA graph joins CUDA streams only");
   if (std::find(devices_.begin(), devices_.end(), other.device()) == devices_.end()) {
     allocator(other.device()).begin_capture(other.pool());
@@ -289,13 +289,14 @@ void Graph::join(Context& other) {
 #endif
 }
 
+bool Graph::records(const Context& c) const {
+  return &c == &ctx_ || std::find(joined_.begin(), joined_.end(), &c) != joined_.end();
+}
+
 void Graph::fork(Context& from, Context& to) {
 #if DPT_WITH_CUDA
   DPT_CHECK(recording_, "Graph::fork() outside begin() and end()");
-  const auto recorded = [&](const Context& c) {
-    return &c == &ctx_ || std::find(joined_.begin(), joined_.end(), &c) != joined_.end();
-  };
-  DPT_CHECK(recorded(from) && recorded(to), "Graph::fork() between streams that the graph does not record");
+  DPT_CHECK(records(from) && records(to), "Graph::fork() between streams that the graph does not record");
   events_.push_back(link(from, to));
 #else
   (void)from;
@@ -352,8 +353,7 @@ size_t Graph::copy_in(const std::vector<std::pair<Tensor, Tensor>>& dst_src) {
   const Device device = dst_src.empty() ? ctx_.device() : dst_src[0].first.device();
   const cuda::CopyPieces pieces = graph_copy_pieces(dst_src, device);
   const Context& ctx = context(device);
-  DPT_CHECK(&ctx == &ctx_ || std::find(joined_.begin(), joined_.end(), &ctx) != joined_.end(),
-            "Graph::copy_in() on a context that the graph does not record");
+  DPT_CHECK(records(ctx), "Graph::copy_in() on a context that the graph does not record");
   cuda::set_device(device.index);
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   cuda::copy_device(pieces, stream);

@@ -310,9 +310,8 @@ class DataParallel {
   std::vector<data::Batch> graph_in_;  // replica r's fixed shard
   std::vector<size_t> graph_copy_;     // replica r's copy in the graph (Graph::copy_in's index)
   std::vector<std::unique_ptr<Context>> graph_copy_ctx_;  // replica r's stream for it, beside the update
-  int64_t graph_next_ = -1;                               // the step whose shards the last replay copied in
-  int64_t graph_next_count_ = 0;
-  std::function<void(size_t)> after_backward_;              // recording: replica r's backward is queued
+  SampleRange graph_next_;                      // the step whose shards the last replay copied in (count 0: none)
+  std::function<void(size_t)> after_backward_;  // recording: replica r's backward is queued
   std::vector<std::unique_ptr<Event>> graph_inputs_ready_;  // replica r's shard is there
   std::unique_ptr<Event> graph_done_;                       // the last replay has read the inputs
   StepLoss graph_out_;                                      // the recorded step's losses, written by every replay

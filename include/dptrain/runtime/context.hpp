@@ -137,6 +137,7 @@ class Graph {
 
  private:
   void end_captures();
+  bool records(const Context& c) const;  // the first context or a joined one
   Context& ctx_;
   void* graph_ = nullptr;   // cudaGraph_t
   void* exec_ = nullptr;    // cudaGraphExec_t
