@@ -2,14 +2,18 @@
 # The training loop end to end against the bare step it runs: dptrain's summary ms/step
 # beside step_bench's on the same workload and SGD step (lr 0.01, no momentum), eager and
 # as a CUDA graph, in turns, ROUNDS times; prints a line a pair and a table of the ratios'
-# medians. Each step_bench run takes as many steps as the loop's (blocks of 20 after 20
-# of warm-up, the median block): the GPU's clock falls as it warms (an mlp run's 100-step
-# intervals spread over 10%), so a short bench beside a long loop would flatter the bench.
+# medians. Each step_bench run takes as many steps as the loop's, after 20 of warm-up: the
+# GPU's clock falls as it warms (an mlp run's 100-step intervals spread over 10%), so a
+# short bench beside a long loop would flatter the bench. Its blocks are of 100 steps, each
+# ending in a wait for the GPU, as the loop's log points (every 100 steps) do. The loop's
+# figure is its time over its steps, a mean, so the bench's is the mean of its blocks (its
+# median too, in the line a pair: a median leaves out the slow blocks that a mean counts).
 # Usage: loop_vs_step.sh BUILD_DIR [ROUNDS]
 set -u
 build=$1 rounds=${2:-3}
 dptrain=$build/apps/dptrain bench=$build/benchmarks/step_bench
 ms() { grep -oE '[0-9.]+ ms/step' | head -1 | grep -oE '^[0-9.]+'; }
+mean() { grep -oE 'mean [0-9.]+ ms/step' | grep -oE '[0-9.]+'; }
 for w in "default 16-128x2-4 256 fp32 5000" "seed seed 64 fp32 5000" "mlp mlp 4096 tf32 300" \
   "mlp mlp 4096 bf16 300"; do
   read -r name model batch prec steps <<<"$w"
@@ -19,9 +23,10 @@ for w in "default 16-128x2-4 256 fp32 5000" "seed seed 64 fp32 5000" "mlp mlp 40
     for ((i = 0; i < rounds; ++i)); do
       loop=$("$dptrain" --devices cuda:0 --model "$model" --batch "$batch" --precision "$prec" --lr 0.01 --momentum 0 \
         --steps "$steps" --log-every 100 "${graph[@]}" | grep -E '^done' | ms)
-      step=$("$bench" --model "$model" --batch "$batch" --precision "$prec" --warmup 20 --blocks $((steps / 20)) \
-        --steps 20 "${graph[@]}" | ms)
-      echo "loop-vs-step $name $prec $mode: loop ${loop:-?} step ${step:-?}"
+      line=$("$bench" --model "$model" --batch "$batch" --precision "$prec" --warmup 20 --blocks $((steps / 100)) \
+        --steps 100 "${graph[@]}")
+      step=$(mean <<<"$line") median=$(ms <<<"$line")
+      echo "loop-vs-step $name $prec $mode: loop ${loop:-?} step ${step:-?} (median ${median:-?})"
     done
   done
 done | tee /dev/stderr | python3 -c '

@@ -3,7 +3,8 @@
 // only the step is timed (forward, loss, backward, SGD), as the PyTorch twin
 // (torch_bench.py) does.
 // Prints one line: workload, precision, gemm, ms/step (median of timed blocks),
-// samples/s, peak memory, and the loss before and after as a sanity check. bf16 trains
+// samples/s, peak memory, the loss before and after as a sanity check, and the mean of
+// the blocks (a run's summary is a mean: loop_vs_step.sh compares with it). bf16 trains
 // with bf16 storage (Module::set_compute_dtype), as dptrain --precision bf16 does.
 #include <algorithm>
 #include <chrono>
@@ -107,13 +108,19 @@ int main(int argc, char** argv) {
       const auto t1 = std::chrono::steady_clock::now();
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(done));
     }
+    // The median block, robust to a slow one; and the mean, the statistic of a run's
+    // summary (dptrain's ms/step is its time over its steps), for comparing with one.
+    double mean = 0;
+    for (double v : ms) mean += v / static_cast<double>(ms.size());
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2];
     const auto st = memory_stats(d);
-    std::printf("dptrain %s batch %lld %s %s%s: %.4f ms/step, %.4g samples/s, peak %.1f MiB, loss %.5g -> %.5g\n",
-                model.c_str(), static_cast<long long>(batch), precision.c_str(), gemm.c_str(), graph ? "-graph" : "",
-                med, 1e3 * static_cast<double>(batch) / med, static_cast<double>(st.peak_allocated) / (1 << 20), first,
-                loss.item());
+    std::printf(
+        "dptrain %s batch %lld %s %s%s: %.4f ms/step, %.4g samples/s, peak %.1f MiB, loss %.5g -> %.5g; mean %.4f "
+        "ms/step\n",
+        model.c_str(), static_cast<long long>(batch), precision.c_str(), gemm.c_str(), graph ? "-graph" : "", med,
+        1e3 * static_cast<double>(batch) / med, static_cast<double>(st.peak_allocated) / (1 << 20), first, loss.item(),
+        mean);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step_bench: error: %s\n", e.what());

@@ -43,6 +43,16 @@ void Optimizer::set_steps_taken(int64_t t) {
   copy(counter_, Tensor::from_host_i32(halves, {4}, params_.device()));  // in place: a graph may read it
 }
 
+const Tensor& Optimizer::backup(int buffers, float max_norm) {
+  const int64_t n = checked_update_backup_size(params_, buffers, max_norm);
+  // Zeroed by a memset, which starts after all earlier work of the stream: the update
+  // writes its backup before the kernel ahead of it has finished, and a new block of the
+  // allocator may have been that kernel's memory.
+  if (n == 0) backup_ = Tensor();
+  else if (backup_.numel() != n) backup_ = Tensor::zeros({n}, DType::f32, params_.device());
+  return backup_;
+}
+
 StepCounter Optimizer::step_counter(float beta1, float beta2) const {
   return {counter_, schedule_.args(), beta1, beta2};
 }
@@ -88,7 +98,8 @@ void SGD::step(const Tensor& grad_scale) {
 
 Tensor SGD::checked_step(float max_norm, const CheckRing& ring) {
   model_->settle_grads();
-  const Tensor scale = checked_sgd_step(params_, grads_, buf_, o_, max_norm, ring, shadow(), step_counter(0.0f, 0.0f));
+  const Tensor scale = checked_sgd_step(params_, grads_, buf_, o_, max_norm, ring, shadow(), step_counter(0.0f, 0.0f),
+                                        backup(o_.momentum != 0.0f ? 2 : 1, max_norm));
   ++t_;
   return scale;
 }
@@ -135,8 +146,8 @@ void AdamW::step(const Tensor& grad_scale) {
 Tensor AdamW::checked_step(float max_norm, const CheckRing& ring) {
   model_->settle_grads();
   const AdamArgs a = update_args();
-  const Tensor scale =
-      checked_adamw_step(params_, grads_, m_, v_, a, max_norm, ring, shadow(), step_counter(o_.beta1, o_.beta2));
+  const Tensor scale = checked_adamw_step(params_, grads_, m_, v_, a, max_norm, ring, shadow(),
+                                          step_counter(o_.beta1, o_.beta2), backup(3, max_norm));
   ++t_;
   return scale;
 }

@@ -435,8 +435,31 @@ void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor&
                   cpu::adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, sc, sh, step ? &st : nullptr));
 }
 
+int64_t checked_update_backup_size(const Tensor& p, int buffers, float max_norm) {
+#if DPT_WITH_CUDA
+  if (p.device().is_cuda()) return cuda::speculative_backup_floats(p.numel(), buffers, max_norm);
+#endif
+  (void)p, (void)buffers, (void)max_norm;
+  return 0;
+}
+
+namespace {
+// The speculative update's backup: null where there is none (the two-launch or barrier
+// form runs).
+float* backup_of(const Tensor& backup, const Tensor& p, int buffers, float max_norm, const char* op) {
+  const int64_t need = checked_update_backup_size(p, buffers, max_norm);
+  if (!backup.defined() || need == 0) return nullptr;
+  need_f32(backup, op);
+  DPT_CHECK(
+      backup.numel() >= need && backup.device() == p.device() && reinterpret_cast<uintptr_t>(backup.f32()) % 16 == 0,
+      std::string(op) + ": the backup holds " + std::to_string(backup.numel()) + " floats, the update needs " +
+          std::to_string(need) + ", 16-byte aligned, on " + p.device().str());
+  return backup.f32();
+}
+}  // namespace
+
 Tensor checked_sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs& a, float max_norm,
-                        const CheckRing& ring, const Tensor& shadow, const StepCounter& step) {
+                        const CheckRing& ring, const Tensor& shadow, const StepCounter& step, const Tensor& backup) {
   need_f32(p, "checked_sgd_step");
   need_f32(g, "checked_sgd_step");
   DPT_CHECK(p.numel() == g.numel() && (!buf.defined() || buf.numel() == p.numel()),
@@ -449,19 +472,21 @@ Tensor checked_sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, con
   float* b = buf.defined() ? buf.f32() : nullptr;
   uint16_t* sh = shadow_of(shadow, p, "checked_sgd_step");
   Tensor scale = Tensor::empty({1}, DType::f32, d);
-  DPT_CUDA_OR_CPU(
-      d,
-      cuda::checked_sgd_step(p.f32(), g.f32(), b, p.numel(), a, sh, st, max_norm, scale.f32(),
-                             reduce_work(d, 3 * cuda::kReduceWork).f32(), context(d).counter(), r, stream_of(d)),
-      [&] {  // the CPU has no launches to save
-        cpu::check_gradients(g.f32(), g.numel(), max_norm, scale.f32(), ring.records ? &r : nullptr);
-        cpu::sgd_step(p.f32(), g.f32(), b, p.numel(), a, scale.f32(), sh, &st);
-      }());
+  DPT_CUDA_OR_CPU(d,
+                  cuda::checked_sgd_step(p.f32(), g.f32(), b, p.numel(), a, sh, st, max_norm, scale.f32(),
+                                         reduce_work(d, 3 * cuda::kReduceWork).f32(), context(d).counter(), r,
+                                         backup_of(backup, p, a.momentum != 0.0f ? 2 : 1, max_norm, "checked_sgd_step"),
+                                         stream_of(d)),
+                  [&] {  // the CPU has no launches to save
+                    cpu::check_gradients(g.f32(), g.numel(), max_norm, scale.f32(), ring.records ? &r : nullptr);
+                    cpu::sgd_step(p.f32(), g.f32(), b, p.numel(), a, scale.f32(), sh, &st);
+                  }());
   return scale;
 }
 
 Tensor checked_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
-                          float max_norm, const CheckRing& ring, const Tensor& shadow, const StepCounter& step) {
+                          float max_norm, const CheckRing& ring, const Tensor& shadow, const StepCounter& step,
+                          const Tensor& backup) {
   need_f32(p, "checked_adamw_step");
   need_f32(g, "checked_adamw_step");
   DPT_CHECK(p.numel() == g.numel() && (p.numel() == 0 || (m.numel() == p.numel() && v.numel() == p.numel())),
@@ -473,14 +498,14 @@ Tensor checked_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, con
   float* vp = v.defined() ? v.f32() : nullptr;
   uint16_t* sh = shadow_of(shadow, p, "checked_adamw_step");
   Tensor scale = Tensor::empty({1}, DType::f32, d);
-  DPT_CUDA_OR_CPU(
-      d,
-      cuda::checked_adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, sh, st, max_norm, scale.f32(),
-                               reduce_work(d, 3 * cuda::kReduceWork).f32(), context(d).counter(), r, stream_of(d)),
-      [&] {  // the CPU has no launches to save
-        cpu::check_gradients(g.f32(), g.numel(), max_norm, scale.f32(), ring.records ? &r : nullptr);
-        cpu::adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, scale.f32(), sh, &st);
-      }());
+  DPT_CUDA_OR_CPU(d,
+                  cuda::checked_adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, sh, st, max_norm, scale.f32(),
+                                           reduce_work(d, 3 * cuda::kReduceWork).f32(), context(d).counter(), r,
+                                           backup_of(backup, p, 3, max_norm, "checked_adamw_step"), stream_of(d)),
+                  [&] {  // the CPU has no launches to save
+                    cpu::check_gradients(g.f32(), g.numel(), max_norm, scale.f32(), ring.records ? &r : nullptr);
+                    cpu::adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, scale.f32(), sh, &st);
+                  }());
   return scale;
 }
 

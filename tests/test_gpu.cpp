@@ -503,22 +503,31 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
   // Sizes the fused kernel takes holding the buffers in registers (one block, 74 blocks),
   // and on an H200 with a second pass (513 blocks, too many to hold), one past a million
   // blocks' worth of threads that it may not take; a non-finite gradient at step 3
-  // (skipped, recorded); clipping and none; SGD with momentum and without (no buffer
-  // read), AdamW, with a schedule.
+  // (skipped, recorded); clipping and none; SGD with Nesterov momentum and without (no
+  // buffer read), with weight decay, AdamW, with a schedule; each with a bf16 shadow. Without clipping and with a
+  // backup the update runs speculatively (up to 4M elements, the odd sizes' scalar tails
+  // too) and puts the parameters, state and shadow back at the non-finite step.
   const ScheduleArgs cosine{2, 0.05f, 2, 6};
   for (int64_t n : {int64_t{5}, int64_t{300001}, (int64_t{1} << 21) + 3, int64_t{1} << 24}) {
     for (const float momentum : {0.9f, 0.0f, -1.0f})  // -1: AdamW
       for (float clip : {0.0f, 0.5f}) {
         const bool adam = momentum < 0.0f;
+        const int buffers = adam ? 3 : momentum != 0.0f ? 2 : 1;
         INFO("n " << n << (adam ? " adamw" : " sgd momentum ") << (adam ? 0.0f : momentum) << " clip " << clip);
-        auto run = [&](bool checked) {
+        enum Mode { two_launches, checked, with_backup };
+        auto run = [&](Mode mode) {
           const auto p = randn(n, 50);
           auto bad = randn(n, 51);
           bad[static_cast<size_t>(n / 2)] = NAN;
           const Tensor P = on(gpu, p, {n}), M = Tensor::zeros({n}, DType::f32, gpu),
                        V = Tensor::zeros({n}, DType::f32, gpu);
+          const Tensor S = cast(P, DType::bf16);
           const Tensor G = on(gpu, randn(n, 52), {n}), B = on(gpu, bad, {n});
           const StepCounter step{Tensor::zeros({4}, DType::i32, gpu), cosine, 0.9f, 0.999f};
+          const int64_t backup_size = checked_update_backup_size(P, buffers, clip);
+          CHECK(backup_size == (clip == 0.0f && n <= (int64_t{1} << 22) ? buffers * ((n + 3) / 4 * 4) : 0));
+          const Tensor backup =
+              mode == with_backup && backup_size > 0 ? Tensor::empty({backup_size}, DType::f32, gpu) : Tensor();
           PinnedBuffer records(sizeof(CheckRecord) * 8, gpu, /*mapped=*/true);
           std::memset(records.data(), 0, records.size());
           const CheckRing ring{static_cast<CheckRecord*>(records.device_data()), 8,
@@ -527,14 +536,17 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
           for (int s = 0; s < 5; ++s) {
             const Tensor& g = s == 3 ? B : G;
             Tensor scale;
-            const SgdArgs sa{.lr = 1.0f, .momentum = adam ? 0.0f : momentum};
-            if (checked) {
-              scale = adam ? checked_adamw_step(P, g, M, V, AdamArgs{}, clip, ring, Tensor(), step)
-                           : checked_sgd_step(P, g, M, sa, clip, ring, Tensor(), step);
+            const SgdArgs sa{.lr = 1.0f,
+                             .momentum = adam ? 0.0f : momentum,
+                             .weight_decay = 0.01f,
+                             .nesterov = !adam && momentum != 0.0f};
+            if (mode != two_launches) {
+              scale = adam ? checked_adamw_step(P, g, M, V, AdamArgs{}, clip, ring, S, step, backup)
+                           : checked_sgd_step(P, g, M, sa, clip, ring, S, step, backup);
             } else {
               scale = check_gradients(g, clip, ring);
-              if (adam) adamw_step(P, g, M, V, AdamArgs{}, scale, Tensor(), &step);
-              else sgd_step(P, g, M, sa, scale, Tensor(), &step);
+              if (adam) adamw_step(P, g, M, V, AdamArgs{}, scale, S, &step);
+              else sgd_step(P, g, M, sa, scale, S, &step);
             }
             scales.push_back(scale.item());
           }
@@ -543,17 +555,23 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
           std::memcpy(rec.data(), records.data(), rec.size());
           auto counter = step.counter.to_host_i32();
           counter.resize(3);  // the count and the block count (the fourth word is the barrier's)
-          return std::tuple{P.to_host(), M.to_host(), scales, rec, counter};
+          std::vector<float> state = M.to_host(), v = V.to_host(), shadow = cast(S, DType::f32).to_host();
+          state.insert(state.end(), v.begin(), v.end());
+          state.insert(state.end(), shadow.begin(), shadow.end());
+          return std::tuple{P.to_host(), state, scales, rec, counter};
         };
-        const auto [p1, m1, s1, r1, c1] = run(true);
-        const auto [p2, m2, s2, r2, c2] = run(false);
-        CHECK(std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)) == 0);
-        CHECK(std::memcmp(m1.data(), m2.data(), m1.size() * sizeof(float)) == 0);
-        CHECK(std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(float)) == 0);
-        CHECK(std::isnan(s1[3]));
-        CHECK(r1 == r2);
-        CHECK(c1 == std::vector<int32_t>{5, 0, 0});
-        CHECK(c1 == c2);
+        const auto [p2, m2, s2, r2, c2] = run(two_launches);
+        for (Mode mode : {checked, with_backup}) {
+          INFO((mode == checked ? "checked" : "checked with a backup"));
+          const auto [p1, m1, s1, r1, c1] = run(mode);
+          CHECK(std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)) == 0);
+          CHECK(std::memcmp(m1.data(), m2.data(), m1.size() * sizeof(float)) == 0);
+          CHECK(std::memcmp(s1.data(), s2.data(), s1.size() * sizeof(float)) == 0);
+          CHECK(std::isnan(s1[3]));
+          CHECK(r1 == r2);
+          CHECK(c1 == std::vector<int32_t>{5, 0, 0});
+          CHECK(c1 == c2);
+        }
       }
   }
 }

@@ -180,16 +180,19 @@ void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t st
 // ring.records may be null); work holds 3 * kReduceWork floats, counter is the context's.
 void check_gradients(const float* g, int64_t n, float max_norm, float* scale, float* work, unsigned* counter,
                      const CheckRingArgs& ring, cudaStream_t stream);
-// check_gradients then sgd_step / adamw_step by its scale, in one launch where the check's
-// grid fits on the device at once (two launches otherwise): the same results bit for bit.
-// Needs the step counter (step.t) for the launch to be one; its spare word is the blocks'
-// barrier.
+// check_gradients then sgd_step / adamw_step by its scale, in one launch where it can be
+// (two launches otherwise): the same results bit for bit. Without clipping and with a
+// backup (speculative_backup_floats of them; null: none) the launch updates before the
+// check's sum is known and puts the backup back on a non-finite norm; else one launch
+// needs the step counter (step.t), whose spare word is the blocks' barrier, and a grid
+// that fits on the device at once.
+int64_t speculative_backup_floats(int64_t n, int buffers, float max_norm);  // 0: no speculative update
 void checked_sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, uint16_t* shadow,
                       const StepCounterArgs& step, float max_norm, float* scale, float* work, unsigned* counter,
-                      const CheckRingArgs& ring, cudaStream_t stream);
+                      const CheckRingArgs& ring, float* backup, cudaStream_t stream);
 void checked_adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, uint16_t* shadow,
                         const StepCounterArgs& step, float max_norm, float* scale, float* work, unsigned* counter,
-                        const CheckRingArgs& ring, cudaStream_t stream);
+                        const CheckRingArgs& ring, float* backup, cudaStream_t stream);
 // ZeRO: a shard's part of the check (its squares' sum, and base + the index of its first
 // non-finite value, INT64_MAX for none), and the check from the parts summed (min'd).
 void shard_check(const float* g, int64_t n, int64_t base, float* sum, int64_t* first, float* work, unsigned* counter,

@@ -11,11 +11,12 @@
 //
 // A kernel launched so MUST start with DPT_WAIT_PREVIOUS_GRID(), or it races with the one
 // before it. Only reads of memory that no kernel since the one two back can write may come
-// before the wait (checked_update_kernel's optimizer state): a kernel lets the next start
-// only after its own wait (or, not launched so, when it ends), so the one two back has
-// finished by then. DPT_SM90 (CMake) is 1 only when every CUDA architecture built is 9.0
-// or newer: otherwise the code that runs may lack the wait, and the launch stays a plain
-// one.
+// before the wait (checked_update_kernel's optimizer state), and writes of memory that no
+// kernel since the one two back can read or write (speculative_update_kernel's backup,
+// which its optimizer owns and made with a memset, a plain operation, before its first
+// use): a kernel lets the next start only after its own wait (or, not launched so, when
+// it ends), so the one two back has finished by then. DPT_SM90 (CMake) is 1 only when every CUDA architecture built
+// is 9.0 or newer: otherwise the code that runs may lack the wait, and the launch stays a plain one.
 //
 // launch_after_previous_in_clusters also groups the blocks into thread-block clusters
 // (9.0 and newer: blocks of a cluster run at once and read each other's shared memory);

@@ -338,9 +338,22 @@ constexpr int kHeld = 4;
 static_assert(kFusedMax <= kReduceWork * kThreads * 4 * kHeld,
               "a thread of the fused grid holds at most kHeld float4s");
 
+// Where the speculative update keeps what it overwrites: buffer k (the parameters, then
+// the optimizer's state in the update's order) at data + k * stride, stride a multiple of
+// 4 so that each starts 16-byte aligned.
+struct Backup {
+  float* data;
+  int64_t stride;
+  __device__ float* at(int k) const { return data + k * stride; }
+  __device__ void put4(int k, int64_t i, float4 v) const { reinterpret_cast<float4*>(at(k))[i] = v; }
+};
+
 // An update's parts for the fused kernel: load(i) the state of float4 i, store(...) its
 // update from the gradient float4, one(i, ...) a scalar element (the last n % 4); loop(...)
-// the whole buffer's, as the update kernel runs it.
+// the whole buffer's, as the update kernel runs it. For the speculative update's backup:
+// save and save1 a float4's state and a scalar element's into it; backed(i) a float4's
+// state from it and put(...) that state back in place (the bf16 shadow made again from the
+// parameters), restore1(i) a scalar element's.
 struct SgdUpdate {
   float *p, *buf;
   SgdArgs a;
@@ -353,6 +366,28 @@ struct SgdUpdate {
   }
   __device__ void one(int64_t i, const float* g, float scale) const { sgd_one(i, p, g, buf, a, scale, shadow); }
   __device__ void loop(const float* g, int64_t n, float scale) const { sgd_loop<true>(p, g, buf, n, a, scale, shadow); }
+  // The speculative update's backup (Backup: the parameters, then the momentum buffer).
+  __device__ void save(const State& s, const Backup& b, int64_t i) const {
+    b.put4(0, i, s.p);
+    if (a.momentum != 0.f) b.put4(1, i, s.buf);
+  }
+  __device__ void save1(const Backup& b, int64_t i) const {
+    b.at(0)[i] = p[i];
+    if (a.momentum != 0.f) b.at(1)[i] = buf[i];
+  }
+  __device__ State backed(const Backup& b, int64_t i) const {
+    return sgd_load4(b.at(0), b.at(1), a.momentum != 0.f, i);
+  }
+  __device__ void put(const State& s, int64_t i) const {
+    reinterpret_cast<float4*>(p)[i] = s.p;
+    if (a.momentum != 0.f) reinterpret_cast<float4*>(buf)[i] = s.buf;
+    store_shadow4(shadow, i, s.p);
+  }
+  __device__ void restore1(const Backup& b, int64_t i) const {
+    p[i] = b.at(0)[i];
+    if (a.momentum != 0.f) buf[i] = b.at(1)[i];
+    if (shadow) shadow[i] = bf16_round(p[i]);
+  }
 };
 struct AdamUpdate {
   float *p, *m, *v;
@@ -371,6 +406,29 @@ struct AdamUpdate {
   __device__ void one(int64_t i, const float* g, float scale) const { adamw_one(i, p, g, m, v, a, scale, shadow); }
   __device__ void loop(const float* g, int64_t n, float scale) const {
     adamw_loop<true>(p, g, m, v, n, a, scale, shadow);
+  }
+  __device__ void save(const State& s, const Backup& b, int64_t i) const {
+    b.put4(0, i, s.p);
+    b.put4(1, i, s.m);
+    b.put4(2, i, s.v);
+  }
+  __device__ void save1(const Backup& b, int64_t i) const {
+    b.at(0)[i] = p[i];
+    b.at(1)[i] = m[i];
+    b.at(2)[i] = v[i];
+  }
+  __device__ State backed(const Backup& b, int64_t i) const { return adamw_load4(b.at(0), b.at(1), b.at(2), i); }
+  __device__ void put(const State& s, int64_t i) const {
+    reinterpret_cast<float4*>(p)[i] = s.p;
+    reinterpret_cast<float4*>(m)[i] = s.m;
+    reinterpret_cast<float4*>(v)[i] = s.v;
+    store_shadow4(shadow, i, s.p);
+  }
+  __device__ void restore1(const Backup& b, int64_t i) const {
+    p[i] = b.at(0)[i];
+    m[i] = b.at(1)[i];
+    v[i] = b.at(2)[i];
+    if (shadow) shadow[i] = bf16_round(p[i]);
   }
 };
 
@@ -442,6 +500,84 @@ static __global__ void checked_update_kernel(const float* g, int64_t n, float ma
   count_step(step, t);
 }
 
+// Without clipping the check's scale is 1 or NaN (skip the step), so the update need not
+// wait for it: each block updates its elements as if the gradients were finite (scale 1:
+// the update kernels' bits), having first copied what it overwrites into a backup, and
+// the last block to write its part of the check adds the parts (check_gradients' sum, bit
+// for bit), writes the scale and the record, moves the step counter on and, where the
+// norm is not finite, puts the backup back, the bf16 shadow too: the step is skipped as
+// the other kernels skip it. No grid-wide barrier (most of what the check added to the
+// seed model's update: README, Performance) and no cooperative launch: any grid fits. The
+// backup is the optimizer's own buffer, which no other kernel touches once made (launch.hpp
+// says why it may be written before the wait for the kernel ahead). At most kFusedMax
+// elements, whose grid gives a thread at most kHeld float4s to hold. A skipped step pays
+// for the restoring by the one block (not measured: at a block's memory speed, of the
+// order of a millisecond for 4M elements of AdamW, 48 MB read and written); skips are rare.
+// `one` is 1, an argument so that the update's expressions compile as in the kernels
+// that read their scale.
+template <class Update>
+static __global__ void speculative_update_kernel(const float* g, int64_t n, float* part, long long* bad_part,
+                                                 unsigned* counter, float* scale, CheckRingArgs ring,
+                                                 StepCounterArgs step, Update update, float lr, float bc1, float bc2,
+                                                 Backup backup, float one) {
+  const float4* g4 = reinterpret_cast<const float4*>(g);
+  const int64_t n4 = n / 4, tid = global_tid(), stride = grid_stride();
+  typename Update::State held[kHeld];
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k)
+    if (tid + k * stride < n4) {
+      held[k] = update.load(tid + k * stride);
+      update.save(held[k], backup, tid + k * stride);
+    }
+  for (int64_t i = 4 * n4 + tid; i < n; i += stride) update.save1(backup, i);
+  DPT_WAIT_PREVIOUS_GRID();
+  float values[3] = {lr, bc1, bc2};
+  const int64_t t = read_step(step, values);
+  update.set_values(values);
+  float s = 0.f;
+  long long bad = LLONG_MAX;
+  float4 held_g[kHeld];
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k)
+    if (tid + k * stride < n4) held_g[k] = g4[tid + k * stride];
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k)
+    if (tid + k * stride < n4) {
+      check_take4(held_g[k], tid + k * stride, s, bad);  // check_terms' order
+      update.store(held[k], held_g[k], tid + k * stride, one);
+    }
+  for (int64_t i = 4 * n4 + tid; i < n; i += stride) {
+    check_take1(g[i], i, s, bad);
+    update.one(i, g, one);
+  }
+  if (!check_block_part(s, bad, part, bad_part, counter)) return;  // every block's stores are visible to the last
+  double total;
+  long long first;
+  check_total(part, bad_part, total, first);
+  __shared__ bool skipped;
+  if (threadIdx.x == 0) {
+    write_check(static_cast<float>(total), first, 0.f, scale, ring);
+    skipped = !isfinite(scale_from_norm_sq(static_cast<float>(total), 0.f));
+    if (step.t && step.advance) *step.t = t + 1;  // every block has read it (before its part)
+  }
+  __syncthreads();
+  if (!skipped) return;
+  // Four float4s of state in flight a thread: the stores of one round would otherwise
+  // keep the next round's loads waiting (the buffers might overlap, for all the compiler
+  // knows).
+  constexpr int kRound = 4;
+  for (int64_t i = threadIdx.x; i < n4; i += kRound * blockDim.x) {
+    typename Update::State back[kRound];
+#pragma unroll
+    for (int k = 0; k < kRound; ++k)
+      if (i + k * blockDim.x < n4) back[k] = update.backed(backup, i + k * blockDim.x);
+#pragma unroll
+    for (int k = 0; k < kRound; ++k)
+      if (i + k * blockDim.x < n4) update.put(back[k], i + k * blockDim.x);
+  }
+  for (int64_t i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) update.restore1(backup, i);
+}
+
 // ZeRO: the check from the shards' parts, summed and min'd over the devices.
 static __global__ void finish_check_kernel(const float* sum, const int64_t* first, float max_norm, float* scale,
                                            CheckRingArgs ring) {
@@ -502,8 +638,16 @@ int64_t blocks_at_once(Kernel kernel) {
 template <class Update>
 bool launch_checked_update(bool aligned, const float* g, int64_t n, float max_norm, float* scale, float* work,
                            unsigned* counter, const CheckRingArgs& ring, const StepCounterArgs& step,
-                           const Update& update, const float* values, cudaStream_t stream) {
-  if (!aligned || !step.t || n == 0 || n > kFusedMax) return false;  // the barrier's epoch is the step count
+                           const Update& update, const float* values, float* backup, cudaStream_t stream) {
+  if (!aligned || n == 0 || n > kFusedMax) return false;
+  long long* bad_part = reinterpret_cast<long long*>(work + kReduceWork);
+  if (backup && max_norm == 0.f) {
+    launch_after_previous(speculative_update_kernel<Update>, reduce_blocks(n, 16), kThreads, stream, g, n, work,
+                          bad_part, counter, scale, ring, step, update, values[0], values[1], values[2],
+                          Backup{backup, (n + 3) / 4 * 4}, 1.f);
+    return true;
+  }
+  if (!step.t) return false;  // the barrier's epoch is the step count
   // Per device, the blocks of each kernel that fit at once (0: not asked yet).
   static std::atomic<int64_t> fits_holding[64], fits_passing[64];
   int device = 0;
@@ -520,7 +664,6 @@ bool launch_checked_update(bool aligned, const float* g, int64_t n, float max_no
   const unsigned blocks = reduce_blocks(n, 16);  // check_gradients' grid: the same sums
   const bool hold = blocks <= fits(fits_holding[device], checked_update_kernel<Update, true>);
   if (!hold && blocks > fits(fits_passing[device], checked_update_kernel<Update, false>)) return false;
-  long long* bad_part = reinterpret_cast<long long*>(work + kReduceWork);
   launch_after_previous_as(/*cooperative=*/true,
                            hold ? checked_update_kernel<Update, true> : checked_update_kernel<Update, false>, blocks,
                            kThreads, stream, g, n, max_norm, work, bad_part, counter, scale, ring, step, update,
@@ -529,25 +672,29 @@ bool launch_checked_update(bool aligned, const float* g, int64_t n, float max_no
 }
 }  // namespace
 
+int64_t speculative_backup_floats(int64_t n, int buffers, float max_norm) {
+  return max_norm == 0.f && n > 0 && n <= kFusedMax ? buffers * ((n + 3) / 4 * 4) : 0;
+}
+
 void checked_sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, uint16_t* shadow,
                       const StepCounterArgs& step, float max_norm, float* scale, float* work, unsigned* counter,
-                      const CheckRingArgs& ring, cudaStream_t stream) {
+                      const CheckRingArgs& ring, float* backup, cudaStream_t stream) {
   const bool mom = a.momentum != 0.f;
   const bool vec = aligned16(p) && aligned16(g) && (!mom || aligned16(momentum_buf)) && aligned(shadow, 8);
   const float values[3] = {a.lr, 1.f, 1.f};
   const SgdUpdate u{p, momentum_buf, a, shadow};
-  if (launch_checked_update(vec, g, n, max_norm, scale, work, counter, ring, step, u, values, stream)) return;
+  if (launch_checked_update(vec, g, n, max_norm, scale, work, counter, ring, step, u, values, backup, stream)) return;
   check_gradients(g, n, max_norm, scale, work, counter, ring, stream);
   sgd_step(p, g, momentum_buf, n, a, scale, shadow, step, stream);
 }
 
 void checked_adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, uint16_t* shadow,
                         const StepCounterArgs& step, float max_norm, float* scale, float* work, unsigned* counter,
-                        const CheckRingArgs& ring, cudaStream_t stream) {
+                        const CheckRingArgs& ring, float* backup, cudaStream_t stream) {
   const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned(shadow, 8);
   const float values[3] = {a.lr, a.bias_correction1, a.bias_correction2};
   const AdamUpdate u{p, m, v, a, shadow};
-  if (launch_checked_update(vec, g, n, max_norm, scale, work, counter, ring, step, u, values, stream)) return;
+  if (launch_checked_update(vec, g, n, max_norm, scale, work, counter, ring, step, u, values, backup, stream)) return;
   check_gradients(g, n, max_norm, scale, work, counter, ring, stream);
   adamw_step(p, g, m, v, n, a, scale, shadow, step, stream);
 }

@@ -84,6 +84,10 @@ class Optimizer {
   // the schedule's lr and AdamW's bias corrections come from it); the update's caller
   // moves the host's count (t_) on once the update is queued.
   StepCounter step_counter(float beta1, float beta2) const;
+  // checked_step's backup for its speculative update (ops' checked updates), kept from
+  // step to step (a CUDA graph's replays write the one it recorded); undefined where the
+  // update takes none. `buffers`: the parameters' and the state's.
+  const Tensor& backup(int buffers, float max_norm);
   // The update of one range of the buffers (step_part's, in the flat buffers' coordinates).
   virtual void update_range(int64_t offset, int64_t count, const StepCounter& step) = 0;
   nn::Module* model_;
@@ -94,6 +98,7 @@ class Optimizer {
 
  private:
   Tensor counter_;
+  Tensor backup_;
 };
 
 class SGD : public Optimizer {

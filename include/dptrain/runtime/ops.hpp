@@ -116,12 +116,22 @@ void sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, cons
 void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
                 const Tensor& grad_scale, const Tensor& shadow = {}, const StepCounter* step = nullptr);
 // check_gradients(g, max_norm, ring) and the update by the scale it gives, returned: on a
-// GPU in one launch where the check's grid fits on it at once (a small model's step: one
-// kernel less), else in two; the same parameters, state and record bit for bit either way.
+// GPU in one launch where it can be (a small model's step: one kernel less), else in two;
+// the same parameters, state and record bit for bit either way. With a backup of
+// checked_update_backup_size floats (p's buffers: the parameters and the optimizer's
+// state, 1 for SGD, 2 with momentum, 3 for AdamW; the size is 0 where none serves: on the
+// CPU, with clipping, above 4M elements) the update runs before the check's sum is known
+// and puts the backup back where the norm is not finite (no wait for the whole grid).
+// The backup must be the caller's own, 16-byte aligned, and made or last written by a plain
+// operation (Tensor::zeros) before its first use: the update writes it before the kernel
+// ahead of it is done.
+int64_t checked_update_backup_size(const Tensor& p, int buffers, float max_norm);
 Tensor checked_sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const SgdArgs& a, float max_norm,
-                        const CheckRing& ring, const Tensor& shadow, const StepCounter& step);
+                        const CheckRing& ring, const Tensor& shadow, const StepCounter& step,
+                        const Tensor& backup = {});
 Tensor checked_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
-                          float max_norm, const CheckRing& ring, const Tensor& shadow, const StepCounter& step);
+                          float max_norm, const CheckRing& ring, const Tensor& shadow, const StepCounter& step,
+                          const Tensor& backup = {});
 
 // ---- Convolutional networks (ops_conv.cpp): differentiable, over NCHW tensors --------
 // y = x * w + b as torch.nn.functional.conv2d: x [n, c, h, w], w [k, c, r, s], b [k] (may
