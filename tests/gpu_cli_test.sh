@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # dptrain on the GPU as users run it: checkpoints resume bit-identically on one GPU and
-# on logical replicas, non-finite gradients stop a run or are skipped, out of memory ends with its message and status 3 (no core dump,
-# no checkpoint), and DDP with NCCL runs under mpirun, eager and recorded as a CUDA graph
-# (`ddp_check`, the second argument where the build has MPI). Exits 77 (skipped) without
-# a GPU.
+# on logical replicas, non-finite gradients stop a run or are skipped, out of memory ends
+# with its message and status 3 (no core dump, no checkpoint), and DDP with NCCL runs
+# under mpirun, eager and recorded as a CUDA graph (`ddp_check`, the second argument where
+# the build has MPI). Exits 77 (skipped) without a GPU.
 set -u
 exe=$1 ddp_check=${2:-}
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU: skipped"; exit 77; }
