@@ -82,7 +82,7 @@ struct Options {
   std::string grad_comm = "fp32";
   dpt::app::DeviceFlags devices;
   float lr = 0.0f;
-  bool no_overlap = false, auto_resume = false, shuffle = true, no_shuffle = false;
+  bool no_overlap = false, no_twin_buffers = false, auto_resume = false, shuffle = true, no_shuffle = false;
   std::string metrics, plot, config;
   // Flags given (on the command line or in the config file) that resolve() checks against
   // each other: options of one optimizer are refused with the other.
@@ -171,6 +171,9 @@ void add_flags(CLI::App& app, Options& o) {
   add_switch(app, "--cuda-graph", o.cfg.cuda_graph,
              "Record the whole step as a CUDA graph once and replay it (GPUs; --ddp too; in one process not NCCL "
              "over several GPUs: use --reduce p2p there)");
+  add_switch(app, "--no-twin-buffers", o.no_twin_buffers,
+             "Keep one copy of the parameters and optimizer state (on GPUs there are two by default, so that the "
+             "update checks the gradients in its own pass; this saves that memory for a second pass a step)");
   add_switch(app, "--no-overlap", o.no_overlap,
              "Reduce gradients only after backward, and copy p2p parameters whole after the update (to measure what "
              "overlap gains)");
@@ -230,6 +233,7 @@ void resolve(Options& o) {
   c.task = dpt::data::parse_task(o.task);
   if (o.was_given("--lr")) c.lr = o.lr;
   c.overlap = !o.no_overlap;
+  if (o.no_twin_buffers) c.twin_buffers = dpt::TwinBuffers::off;
   c.shuffle = !o.no_shuffle;
   if ((o.was_given("--shuffle") || o.no_shuffle) && c.data.empty())
     throw dpt::UsageError("--shuffle and --no-shuffle order the rows of --data; synthetic data has no order to change");
@@ -497,10 +501,11 @@ int train(Options& o) {
   std::printf("step time (last logged step, master): compute %.3f ms, reduce %.3f ms, update %.3f ms\n",
               r.times.compute, r.times.reduce, r.times.update);
   for (const dpt::ModelStateBytes& b : r.model_state)
-    std::printf("model state %s: parameters %s, gradients %s, optimizer state %s\n", b.device.str().c_str(),
+    std::printf("model state %s: parameters %s, gradients %s, optimizer state %s%s\n", b.device.str().c_str(),
                 dpt::format_bytes(static_cast<size_t>(b.parameters)).c_str(),
                 dpt::format_bytes(static_cast<size_t>(b.gradients)).c_str(),
-                dpt::format_bytes(static_cast<size_t>(b.optimizer)).c_str());
+                dpt::format_bytes(static_cast<size_t>(b.optimizer)).c_str(),
+                b.twins > 0 ? (", twin copies " + dpt::format_bytes(static_cast<size_t>(b.twins))).c_str() : "");
   for (const auto& [dev, m] : r.memory)
     std::printf("memory %s: peak %s allocated, %s reserved, %lld system allocations\n", dev.str().c_str(),
                 dpt::format_bytes(m.peak_allocated).c_str(), dpt::format_bytes(m.peak_reserved).c_str(),

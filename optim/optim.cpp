@@ -19,6 +19,7 @@ Optimizer::Optimizer(nn::Module& model, float lr) : model_(&model), schedule_(Sc
 
 void Optimizer::restrict_to(int64_t begin, int64_t end, const Tensor& grads) {
   const int64_t total = model_->flat_params().numel();
+  set_twin_buffers(false);
   DPT_CHECK(begin >= 0 && begin <= end && end <= total, "restrict_to: [" + std::to_string(begin) + ", " +
                                                             std::to_string(end) + ") is no range of " +
                                                             std::to_string(total) + " parameters");
@@ -35,8 +36,52 @@ Tensor Optimizer::shadow() const {
   return s.view(begin_, {params_.numel()});
 }
 
+void Optimizer::set_twin_buffers(bool on) {
+  if (!on || params_.numel() == 0) {  // an empty shard has nothing to alternate
+    twins_.clear();
+    return;
+  }
+  if (!twins_.empty()) return;
+  DPT_CHECK(begin_ == 0 && params_.numel() == model_->flat_params().numel(),
+            "Optimizer::set_twin_buffers: not for a ZeRO shard");
+  std::vector<Tensor> made{Tensor::empty(params_.shape(), DType::f32, params_.device())};
+  for (const auto& [name, buf] : state()) made.push_back(Tensor::empty(buf.shape(), DType::f32, buf.device()));
+  twins_ = std::move(made);  // written by the first step before anything reads them
+  backup_ = Tensor();        // the speculative update's, which no longer runs
+}
+
+int64_t Optimizer::twin_bytes() const {
+  int64_t n = 0;
+  for (const Tensor& t : twins_) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
+
+void Optimizer::refuse_with_twins(const char* what, float max_norm) const {
+  if (twins_.empty() || (max_norm == 0.0f && std::string(what) == "checked_step")) return;
+  throw UsageError(std::string("Optimizer::") + what + (max_norm != 0.0f ? " with clipping" : "") +
+                   ": not while the twin buffers are on (each step must swap them: checked_step without clipping); "
+                   "call set_twin_buffers(false) first");
+}
+
+void Optimizer::swap_twins() {
+  params_.swap_memory(twins_[0]);
+  size_t k = 1;
+  for (const auto& [name, buf] : state()) buf.swap_memory(twins_.at(k++));
+}
+
+void Optimizer::set_host_steps(int64_t t) {
+  if (!twins_.empty() && (t - t_) % 2 != 0) swap_twins();
+  t_ = t;
+}
+
 void Optimizer::set_steps_taken(int64_t t) {
   DPT_CHECK(t >= 0, "set_steps_taken: a negative count");
+  if (!twins_.empty() && (t - t_) % 2 != 0) {  // the state moves to the copy that the count's parity reads
+    copy(twins_[0], params_);
+    size_t k = 1;
+    for (const auto& [name, buf] : state()) copy(twins_.at(k++), buf);
+    swap_twins();
+  }
   t_ = t;
   const std::vector<int32_t> halves = {static_cast<int32_t>(static_cast<uint64_t>(t) & 0xffffffffu),
                                        static_cast<int32_t>(static_cast<uint64_t>(t) >> 32), 0, 0};  // little-endian
@@ -63,6 +108,7 @@ void Optimizer::step_part(int64_t offset, int64_t count, bool last) {
   DPT_CHECK(offset >= 0 && count >= 0 && offset + count <= params_.numel(),
             "Optimizer::step_part: [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
                 ") is no range of " + std::to_string(params_.numel()) + " parameters");
+  refuse_with_twins("step_part");
   StepCounter step = step_counter(0.0f, 0.0f);  // the optimizer's own betas: update_range's
   step.advance = last;
   update_range(offset, count, step);
@@ -90,6 +136,7 @@ void SGD::reset_state(int64_t n) {
 }
 
 void SGD::step(const Tensor& grad_scale) {
+  refuse_with_twins("step");
   model_->settle_grads();
   const StepCounter step = step_counter(0.0f, 0.0f);                 // SGD reads only the lr
   sgd_step(params_, grads_, buf_, o_, grad_scale, shadow(), &step);  // an empty shard counts its step too
@@ -97,7 +144,15 @@ void SGD::step(const Tensor& grad_scale) {
 }
 
 Tensor SGD::checked_step(float max_norm, const CheckRing& ring) {
+  refuse_with_twins("checked_step", max_norm);
   model_->settle_grads();
+  if (!twins().empty()) {
+    const Tensor scale = alternating_sgd_step(params_, grads_, buf_, twins()[0], buf_.defined() ? twins()[1] : Tensor(),
+                                              o_, ring, shadow(), step_counter(0.0f, 0.0f), t_);
+    swap_twins();
+    ++t_;
+    return scale;
+  }
   const Tensor scale = checked_sgd_step(params_, grads_, buf_, o_, max_norm, ring, shadow(), step_counter(0.0f, 0.0f),
                                         backup(o_.momentum != 0.0f ? 2 : 1, max_norm));
   ++t_;
@@ -136,6 +191,7 @@ AdamArgs AdamW::update_args() const {
 }
 
 void AdamW::step(const Tensor& grad_scale) {
+  refuse_with_twins("step");
   model_->settle_grads();
   const StepCounter step = step_counter(o_.beta1, o_.beta2);
   const AdamArgs a = update_args();
@@ -144,8 +200,16 @@ void AdamW::step(const Tensor& grad_scale) {
 }
 
 Tensor AdamW::checked_step(float max_norm, const CheckRing& ring) {
+  refuse_with_twins("checked_step", max_norm);
   model_->settle_grads();
   const AdamArgs a = update_args();
+  if (!twins().empty()) {
+    const Tensor scale = alternating_adamw_step(params_, grads_, m_, v_, twins()[0], twins()[1], twins()[2], a, ring,
+                                                shadow(), step_counter(o_.beta1, o_.beta2), t_);
+    swap_twins();
+    ++t_;
+    return scale;
+  }
   const Tensor scale = checked_adamw_step(params_, grads_, m_, v_, a, max_norm, ring, shadow(),
                                           step_counter(o_.beta1, o_.beta2), backup(3, max_norm));
   ++t_;

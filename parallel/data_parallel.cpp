@@ -100,12 +100,19 @@ struct DataParallel::Replica {
   std::unique_ptr<Context> own_ctx;  // several replicas: a stream each
   Context* ctx = nullptr;
   std::shared_ptr<nn::Module> model;
-  std::unique_ptr<optim::Optimizer> opt;             // null where the master updates alone
-  std::vector<nn::Parameter*> params;                // its model's, made once
-  std::unordered_map<const void*, int> param_index;  // parameter data -> its index
-  std::vector<int> pending;                          // per bucket: parameters still to come
-  size_t next_bucket = 0;                            // buckets are handed over in order
-  size_t acquired = 0;                               // stage 2: buckets whose slot this replica holds
+  std::unique_ptr<optim::Optimizer> opt;  // null where the master updates alone
+  std::vector<nn::Parameter*> params;     // its model's, made once
+  // A parameter's byte offset in the flat buffer -> its index. Offsets, not addresses: the
+  // buffer's memory alternates between two copies with twin buffers.
+  std::unordered_map<uintptr_t, int> param_index;
+  int param_of(const Tensor& leaf) const {  // -1: not one of the model's parameters
+    const auto at = reinterpret_cast<uintptr_t>(leaf.data()) - reinterpret_cast<uintptr_t>(model->flat_params().data());
+    const auto it = param_index.find(at);
+    return it == param_index.end() ? -1 : it->second;
+  }
+  std::vector<int> pending;  // per bucket: parameters still to come
+  size_t next_bucket = 0;    // buckets are handed over in order
+  size_t acquired = 0;       // stage 2: buckets whose slot this replica holds
   std::unique_ptr<Event> t_start, t_backward, t_reduced, t_updated;
   std::unique_ptr<Event> buffers_copied;                 // the master's buffers reached this replica
   std::string nvtx_forward, nvtx_backward, nvtx_update;  // "forward cuda:1", made once
@@ -202,7 +209,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       r.model = i == 0 ? model : model->replicate(r.device);  // made once, copied from the master
     }
     r.params = r.model->parameters();
-    for (size_t k = 0; k < r.params.size(); ++k) r.param_index[r.params[k]->value.data()] = static_cast<int>(k);
+    for (size_t k = 0; k < r.params.size(); ++k)
+      r.param_index[reinterpret_cast<uintptr_t>(r.params[k]->value.data()) -
+                    reinterpret_cast<uintptr_t>(r.model->flat_params().data())] = static_cast<int>(k);
     for (auto* e : {&r.t_start, &r.t_backward, &r.t_reduced, &r.t_updated, &r.buffers_copied})
       *e = std::make_unique<Event>(r.device);
     r.nvtx_forward = "forward " + r.device.str();
@@ -278,6 +287,19 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
         first_bad_.push_back(Tensor::zeros({2}, DType::i32, devices_[i]));
       }
     }
+  // Twin buffers where every update is the checked one without clipping, each replica's
+  // optimizer over its whole buffer; in a CUDA graph only where the recorded kernels read
+  // no master parameters but the update's (bf16 compute: the shadows) and every replica
+  // updates its own (no recorded copy of the master's parameters).
+  const bool twins_asked = options.twin_buffers == TwinBuffers::on ||
+                           (options.twin_buffers == TwinBuffers::automatic && devices_[0].is_cuda());
+  if (twins_asked && check_finite_ && clip_ == 0.0f && shards_.empty() && !options.update_per_bucket &&
+      (!use_graph_ || (every && !model->reads_master())))
+    for (Replica& rep : replicas_)
+      if (rep.opt) {
+        ContextGuard g(*rep.ctx);
+        rep.opt->set_twin_buffers(true);
+      }
   // Per-bucket updates where a reduction tells when each bucket's sum is queued (with no
   // reduction, one device, there is nothing to overlap: the update is the usual one).
   if (options.update_per_bucket && reducer_) {
@@ -617,9 +639,9 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
   LeafHook before_write;
   if (communicate && zero_ == 2)
     before_write = [&](const Tensor& leaf) {
-      auto it = rep.param_index.find(leaf.data());
-      if (it == rep.param_index.end()) return;
-      const auto b = static_cast<size_t>(buckets_of_param_[static_cast<size_t>(it->second)][0]);
+      const int k = rep.param_of(leaf);
+      if (k < 0) return;
+      const auto b = static_cast<size_t>(buckets_of_param_[static_cast<size_t>(k)][0]);
       if (b < rep.next_bucket)
         throw Error(
             "ZeRO stage 2 needs backward to make the gradients bucket after bucket: a parameter's gradient came "
@@ -646,9 +668,9 @@ void DataParallel::forward_backward(size_t r, const data::Batch& shard, double w
     LeafHook hook;
     if (communicate && overlap_)
       hook = [&](const Tensor& leaf) {
-        auto it = rep.param_index.find(leaf.data());
-        if (it == rep.param_index.end()) return;
-        for (int bi : buckets_of_param_[static_cast<size_t>(it->second)]) {
+        const int k = rep.param_of(leaf);
+        if (k < 0) return;
+        for (int bi : buckets_of_param_[static_cast<size_t>(k)]) {
           const size_t b = static_cast<size_t>(bi);
           if (--rep.pending[b] < 0)
             throw Error(
@@ -1126,8 +1148,10 @@ std::vector<ModelStateBytes> DataParallel::model_state_bytes() {
         static_cast<int64_t>(m.flat_params().nbytes() + (m.flat_shadow().defined() ? m.flat_shadow().nbytes() : 0));
     b.gradients =
         static_cast<int64_t>(m.flat_grads().nbytes() + (rep.grad_shard.defined() ? rep.grad_shard.nbytes() : 0));
-    if (rep.opt)
+    if (rep.opt) {
       for (const auto& [name, t] : rep.opt->state()) b.optimizer += static_cast<int64_t>(t.nbytes());
+      b.twins = rep.opt->twin_bytes();
+    }
     out.push_back(b);
   }
   return out;

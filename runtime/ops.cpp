@@ -509,6 +509,89 @@ Tensor checked_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, con
   return scale;
 }
 
+namespace {
+// The alternating updates' buffers: each of `now` and `next` defined alike, the same size,
+// f32, on p's device.
+void need_twins(const std::vector<std::pair<const Tensor*, const Tensor*>>& now_next, const Tensor& p, const char* op) {
+  for (const auto& [now, next] : now_next) {
+    need_f32(*now, op);
+    need_f32(*next, op);
+    same_device(*now, p, op);
+    same_device(*next, p, op);
+    DPT_CHECK(now->numel() == p.numel() && next->numel() == p.numel(),
+              std::string(op) + ": the two copies' sizes differ from the parameters'");
+    DPT_CHECK(now->data() != next->data(), std::string(op) + ": a buffer and its next copy are the same memory");
+  }
+}
+
+// The CPU's form: the check, the current copy copied into the next, the update there in
+// place (the GPU's bits: the same expressions; a skipped step leaves the copy as it is).
+bool cpu_reads_first(const StepCounterArgs& st, int64_t t) { return (*st.t & 1) == (t & 1); }
+}  // namespace
+
+Tensor alternating_sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const Tensor& next_p,
+                            const Tensor& next_buf, const SgdArgs& a, const CheckRing& ring, const Tensor& shadow,
+                            const StepCounter& step, int64_t t) {
+  const char* op = "alternating_sgd_step";
+  need_f32(g, op);
+  DPT_CHECK(g.numel() == p.numel() && p.numel() > 0, std::string(op) + ": gradients of another size, or none");
+  const bool mom = a.momentum != 0.0f;
+  DPT_CHECK(mom == momentum_buf.defined() && mom == next_buf.defined(),
+            std::string(op) + ": momentum needs both copies of the momentum buffer, and only momentum has them");
+  std::vector<std::pair<const Tensor*, const Tensor*>> twins{{&p, &next_p}};
+  if (mom) twins.push_back({&momentum_buf, &next_buf});
+  need_twins(twins, p, op);
+  const Device& d = p.device();
+  const CheckRingArgs r = ring_args(ring, g, op);
+  const StepCounterArgs st = counter_args(&step, p, op);
+  uint16_t* sh = shadow_of(shadow, p, op);
+  Tensor scale = Tensor::empty({1}, DType::f32, d);
+  float* const params[2] = {p.f32(), next_p.f32()};
+  float* const bufs[2] = {mom ? momentum_buf.f32() : nullptr, mom ? next_buf.f32() : nullptr};
+  const auto on_cpu = [&] {
+    const int c = cpu_reads_first(st, t) ? 0 : 1;
+    std::memcpy(params[1 - c], params[c], p.nbytes());
+    if (mom) std::memcpy(bufs[1 - c], bufs[c], p.nbytes());
+    cpu::check_gradients(g.f32(), g.numel(), 0.0f, scale.f32(), ring.records ? &r : nullptr);
+    cpu::sgd_step(params[1 - c], g.f32(), bufs[1 - c], p.numel(), a, scale.f32(), sh, &st);
+  };
+  DPT_CUDA_OR_CPU(
+      d,
+      cuda::alternating_sgd_step(g.f32(), g.numel(), params, bufs, a, sh, st, t & 1, scale.f32(),
+                                 reduce_work(d, 3 * cuda::kReduceWork).f32(), context(d).counter(), r, stream_of(d)),
+      on_cpu());
+  return scale;
+}
+
+Tensor alternating_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& next_p,
+                              const Tensor& next_m, const Tensor& next_v, const AdamArgs& a, const CheckRing& ring,
+                              const Tensor& shadow, const StepCounter& step, int64_t t) {
+  const char* op = "alternating_adamw_step";
+  need_f32(g, op);
+  DPT_CHECK(g.numel() == p.numel() && p.numel() > 0, std::string(op) + ": gradients of another size, or none");
+  need_twins({{&p, &next_p}, {&m, &next_m}, {&v, &next_v}}, p, op);
+  const Device& d = p.device();
+  const CheckRingArgs r = ring_args(ring, g, op);
+  const StepCounterArgs st = counter_args(&step, p, op);
+  uint16_t* sh = shadow_of(shadow, p, op);
+  Tensor scale = Tensor::empty({1}, DType::f32, d);
+  float* const params[2] = {p.f32(), next_p.f32()};
+  float* const ms[2] = {m.f32(), next_m.f32()};
+  float* const vs[2] = {v.f32(), next_v.f32()};
+  const auto on_cpu = [&] {
+    const int c = cpu_reads_first(st, t) ? 0 : 1;
+    for (float* const* b : {params, ms, vs}) std::memcpy(b[1 - c], b[c], p.nbytes());
+    cpu::check_gradients(g.f32(), g.numel(), 0.0f, scale.f32(), ring.records ? &r : nullptr);
+    cpu::adamw_step(params[1 - c], g.f32(), ms[1 - c], vs[1 - c], p.numel(), a, scale.f32(), sh, &st);
+  };
+  DPT_CUDA_OR_CPU(
+      d,
+      cuda::alternating_adamw_step(g.f32(), g.numel(), params, ms, vs, a, sh, st, t & 1, scale.f32(),
+                                   reduce_work(d, 3 * cuda::kReduceWork).f32(), context(d).counter(), r, stream_of(d)),
+      on_cpu());
+  return scale;
+}
+
 // ---- Differentiable ops ----------------------------------------------------------
 
 namespace {

@@ -265,6 +265,16 @@ Tensor Tensor::rows(int64_t first, int64_t count) const {
   return view(size(0) ? first * (numel() / size(0)) : 0, s);
 }
 
+void Tensor::swap_memory(const Tensor& other) const {
+  DPT_CHECK(defined() && other.defined(), "swap_memory of an undefined tensor");
+  DPT_CHECK(offset_ == 0 && other.offset_ == 0 && nbytes() == storage_->bytes &&
+                other.nbytes() == other.storage_->bytes && storage_->bytes == other.storage_->bytes &&
+                storage_->device == other.storage_->device,
+            "swap_memory: two whole storages of the same size on one device, got " + shape_str(shape_) + " and " +
+                shape_str(other.shape_));
+  std::swap(storage_->ptr, other.storage_->ptr);
+}
+
 Tensor Tensor::view(int64_t offset, const Shape& shape) const {
   DPT_CHECK(defined(), "view of an undefined tensor");
   DPT_CHECK(offset >= 0 && offset + dpt::numel(shape) <= numel(),

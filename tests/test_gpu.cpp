@@ -506,7 +506,9 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
   // (skipped, recorded); clipping and none; SGD with Nesterov momentum and without (no
   // buffer read), with weight decay, AdamW, with a schedule; each with a bf16 shadow. Without clipping and with a
   // backup the update runs speculatively (up to 4M elements, the odd sizes' scalar tails
-  // too) and puts the parameters, state and shadow back at the non-finite step.
+  // too) and puts the parameters, state and shadow back at the non-finite step. Without
+  // clipping, the alternating update (twin buffers, any size) writes the other copy, the
+  // copies swapped after each step.
   const ScheduleArgs cosine{2, 0.05f, 2, 6};
   for (int64_t n : {int64_t{5}, int64_t{300001}, (int64_t{1} << 21) + 3, int64_t{1} << 24}) {
     for (const float momentum : {0.9f, 0.0f, -1.0f})  // -1: AdamW
@@ -514,13 +516,15 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
         const bool adam = momentum < 0.0f;
         const int buffers = adam ? 3 : momentum != 0.0f ? 2 : 1;
         INFO("n " << n << (adam ? " adamw" : " sgd momentum ") << (adam ? 0.0f : momentum) << " clip " << clip);
-        enum Mode { two_launches, checked, with_backup };
+        enum Mode { two_launches, checked, with_backup, alternating };
         auto run = [&](Mode mode) {
           const auto p = randn(n, 50);
           auto bad = randn(n, 51);
           bad[static_cast<size_t>(n / 2)] = NAN;
           const Tensor P = on(gpu, p, {n}), M = Tensor::zeros({n}, DType::f32, gpu),
                        V = Tensor::zeros({n}, DType::f32, gpu);
+          const Tensor P2 = Tensor::empty({n}, DType::f32, gpu), M2 = Tensor::empty({n}, DType::f32, gpu),
+                       V2 = Tensor::empty({n}, DType::f32, gpu);
           const Tensor S = cast(P, DType::bf16);
           const Tensor G = on(gpu, randn(n, 52), {n}), B = on(gpu, bad, {n});
           const StepCounter step{Tensor::zeros({4}, DType::i32, gpu), cosine, 0.9f, 0.999f};
@@ -541,7 +545,15 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
                              .momentum = adam ? 0.0f : momentum,
                              .weight_decay = 0.01f,
                              .nesterov = !adam && momentum != 0.0f};
-            if (mode != two_launches) {
+            if (mode == alternating) {
+              const bool mom = !adam && momentum != 0.0f;
+              scale =
+                  adam ? alternating_adamw_step(P, g, M, V, P2, M2, V2, AdamArgs{}, ring, S, step, s)
+                       : alternating_sgd_step(P, g, mom ? M : Tensor(), P2, mom ? M2 : Tensor(), sa, ring, S, step, s);
+              P.swap_memory(P2);  // the state after the step is in the copies written
+              if (adam || mom) M.swap_memory(M2);
+              if (adam) V.swap_memory(V2);
+            } else if (mode != two_launches) {
               scale = adam ? checked_adamw_step(P, g, M, V, AdamArgs{}, clip, ring, S, step, backup)
                            : checked_sgd_step(P, g, M, sa, clip, ring, S, step, backup);
             } else {
@@ -562,8 +574,9 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
           return std::tuple{P.to_host(), state, scales, rec, counter};
         };
         const auto [p2, m2, s2, r2, c2] = run(two_launches);
-        for (Mode mode : {checked, with_backup}) {
-          INFO((mode == checked ? "checked" : "checked with a backup"));
+        for (Mode mode : {checked, with_backup, alternating}) {
+          if (mode == alternating && clip != 0.0f) continue;
+          INFO((mode == checked ? "checked" : mode == with_backup ? "checked with a backup" : "alternating"));
           const auto [p1, m1, s1, r1, c1] = run(mode);
           CHECK(std::memcmp(p1.data(), p2.data(), p1.size() * sizeof(float)) == 0);
           CHECK(std::memcmp(m1.data(), m2.data(), m1.size() * sizeof(float)) == 0);
@@ -575,6 +588,91 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
         }
       }
   }
+}
+
+TEST_CASE("an alternating update recorded in a graph reads the copy that the counter's parity names",
+          "[gpu][graph][optim]") {
+  // One recording, replayed five times with new gradients, the host swapping the copies
+  // after each replay as the optimizer does, against the check and the update in place:
+  // each replay reads the copy that the one before wrote; step 3's gradients are not
+  // finite (skipped: the other copy gets the current one).
+  const int64_t n = 300001;
+  const ScheduleArgs cosine{2, 0.05f, 2, 6};
+  const SgdArgs sa{.lr = 1.0f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
+  std::vector<Tensor> grads;
+  for (int s = 0; s < 5; ++s) {
+    auto g = randn(n, 81 + s);
+    if (s == 3) g[static_cast<size_t>(n / 3)] = NAN;
+    grads.push_back(on(gpu, g, {n}));
+  }
+  for (bool adam : {false, true}) {
+    INFO((adam ? "adamw" : "sgd"));
+    const auto p = randn(n, 80);
+    const Tensor P = on(gpu, p, {n}), M = Tensor::zeros({n}, DType::f32, gpu), V = Tensor::zeros({n}, DType::f32, gpu);
+    const Tensor S = cast(P, DType::bf16);
+    const StepCounter step{Tensor::zeros({4}, DType::i32, gpu), cosine, 0.9f, 0.999f};
+    for (const Tensor& g : grads) {
+      const Tensor scale = check_gradients(g, 0.0f);
+      if (adam) adamw_step(P, g, M, V, AdamArgs{}, scale, S, &step);
+      else sgd_step(P, g, M, sa, scale, S, &step);
+    }
+    const Tensor Q = on(gpu, p, {n}), Qm = Tensor::zeros({n}, DType::f32, gpu),
+                 Qv = Tensor::zeros({n}, DType::f32, gpu);
+    const Tensor Q2 = Tensor::empty({n}, DType::f32, gpu), Qm2 = Tensor::empty({n}, DType::f32, gpu),
+                 Qv2 = Tensor::empty({n}, DType::f32, gpu);
+    const Tensor QS = cast(Q, DType::bf16), G = Tensor::empty({n}, DType::f32, gpu);
+    const StepCounter qstep{Tensor::zeros({4}, DType::i32, gpu), cosine, 0.9f, 0.999f};
+    Graph graph(context(gpu));
+    graph.begin();
+    if (adam) alternating_adamw_step(Q, G, Qm, Qv, Q2, Qm2, Qv2, AdamArgs{}, {}, QS, qstep, 0);
+    else alternating_sgd_step(Q, G, Qm, Q2, Qm2, sa, {}, QS, qstep, 0);
+    graph.end();
+    for (const Tensor& g : grads) {
+      copy(G, g);
+      graph.launch();
+      Q.swap_memory(Q2);
+      Qm.swap_memory(Qm2);
+      if (adam) Qv.swap_memory(Qv2);
+    }
+    CHECK(Q.to_host() == P.to_host());
+    CHECK(Qm.to_host() == M.to_host());
+    if (adam) CHECK(Qv.to_host() == V.to_host());
+    CHECK(test::bf16_bits(QS) == test::bf16_bits(S));
+    CHECK(qstep.counter.to_host_i32()[0] == 5);
+  }
+}
+
+TEST_CASE("twin buffers in a bf16 CUDA graph train bit for bit as one copy; an fp32 graph keeps one",
+          "[gpu][graph][bf16]") {
+  for (std::string opt : {"sgd", "adamw"})
+    for (bool graph : {false, true}) {
+      INFO(opt << (graph ? ", graph" : ", eager"));
+      TrainConfig c;
+      c.model = "24-48x2-6";
+      c.batch = 32;
+      c.steps = 25;
+      c.log_every = 1000;
+      c.devices = {gpu};
+      c.optimizer = opt;
+      c.lr = opt == "sgd" ? 0.05f : 0.003f;
+      c.momentum = 0.9f;
+      c.schedule = "cosine";
+      c.precision = Precision::bf16;
+      c.cuda_graph = graph;
+      c.twin_buffers = TwinBuffers::off;
+      Trainer one(c);
+      one.run();
+      CHECK_FALSE(one.optimizer().twin_buffers());
+      c.twin_buffers = TwinBuffers::automatic;  // on, on a GPU
+      Trainer two(c);
+      for (int64_t s = 0; s < 3; ++s) two.step(s);  // as a graph: eager, recorded, replayed
+      two.run();
+      CHECK(two.optimizer().twin_buffers());
+      CHECK(two.model().flat_params().to_host() == one.model().flat_params().to_host());
+      CHECK(test::bf16_bits(two.model().flat_shadow()) == test::bf16_bits(one.model().flat_shadow()));
+      c.precision = Precision::fp32;  // the graph's kernels would read the master: one copy
+      CHECK(Trainer(c).optimizer().twin_buffers() == !graph);
+    }
 }
 
 TEST_CASE("a graph's recorded copy reads the sources that each launch names", "[gpu][graph]") {

@@ -185,6 +185,54 @@ TEST_CASE("N CPU replicas train exactly like one device on the whole batch", "[p
       }
 }
 
+TEST_CASE("twin buffers on N CPU replicas train bit for bit as one copy, overlapped or not, skipping alike",
+          "[parallel]") {
+  // The buckets' hooks find a parameter by its offset in the flat buffer, whose memory
+  // alternates between the two copies.
+  for (std::string opt : {"sgd", "adamw"})
+    for (bool overlap : {true, false}) {
+      INFO(opt << (overlap ? ", overlapped" : ", after backward"));
+      TrainConfig c = small(data::Task::regression, opt, 12);
+      c.devices = cpus(3, 120);
+      c.overlap = overlap;
+      c.twin_buffers = TwinBuffers::off;
+      Trainer one(c);
+      one.run();
+      c.twin_buffers = TwinBuffers::on;
+      Trainer two(c);
+      for (int64_t s = 0; s < c.steps; ++s) {
+        two.step(s);
+        REQUIRE(two.parallel().replicas_identical());
+      }
+      CHECK(two.optimizer().twin_buffers());
+      CHECK(two.optimizer().twin_bytes() == static_cast<int64_t>(two.model().flat_params().nbytes()) *
+                                                (opt == "sgd" ? 2 : 3));  // the parameters and the state
+      CHECK(two.parallel().model_state_bytes()[0].twins == two.optimizer().twin_bytes());
+      CHECK(one.parallel().model_state_bytes()[0].twins == 0);
+      CHECK(two.model().flat_params().to_host() == one.model().flat_params().to_host());
+      // The default keeps one copy on CPUs, and clipping keeps one anywhere.
+      c.twin_buffers = TwinBuffers::automatic;
+      CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
+      c.twin_buffers = TwinBuffers::on;
+      c.clip = 1.0f;
+      CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
+    }
+  // A non-finite step is skipped alike.
+  TrainConfig c = small(data::Task::regression, "sgd", 12);
+  c.lr = 1e30f;
+  c.on_nonfinite = "skip-step";
+  c.devices = cpus(2, 125);
+  c.twin_buffers = TwinBuffers::off;
+  Trainer one(c);
+  const TrainResult a = one.run();
+  c.twin_buffers = TwinBuffers::on;
+  Trainer two(c);
+  const TrainResult b = two.run();
+  CHECK(a.skipped > 0);
+  CHECK(b.skipped == a.skipped);
+  CHECK(two.model().flat_params().to_host() == one.model().flat_params().to_host());
+}
+
 TEST_CASE("a batch smaller than the device count uses fewer replicas and stays exact", "[parallel]") {
   TrainConfig one = small(data::Task::regression, "sgd", 3);
   one.devices = cpus(1);

@@ -247,6 +247,92 @@ TEST_CASE("optimizers follow their schedule from a counter on the device, as the
   }
 }
 
+TEST_CASE("twin buffers: the alternating update gives checked_step's parameters, state and scales bit for bit",
+          "[optim]") {
+  // Twin buffers on against off, the same gradients: SGD with Nesterov momentum and
+  // weight decay, SGD without momentum (no state), AdamW with a schedule; step 3's
+  // gradients not finite (skipped by both). After each step the parameters live in the
+  // other copy's memory and every parameter's view follows.
+  const Device dev{DeviceType::cpu, 9};
+  auto grads_of = [&](nn::Module& m, int t) {
+    std::vector<float> g(static_cast<size_t>(m.flat_grads().numel()));
+    for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(t));
+    if (t == 3) g[g.size() / 2] = NAN;
+    copy(m.flat_grads(), Tensor::from_host(g, m.flat_grads().shape(), dev));
+  };
+  for (std::string kind : {"sgd momentum", "sgd", "adamw"}) {
+    INFO(kind);
+    auto make = [&] {
+      auto m = nn::mlp("6-10-3");
+      m->to(dev, 4);
+      return m;
+    };
+    auto opt = [&](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+      std::unique_ptr<optim::Optimizer> o;
+      if (kind == "adamw") o = std::make_unique<optim::AdamW>(m, optim::AdamW::Options{.lr = 0.05f});
+      else if (kind == "sgd") o = std::make_unique<optim::SGD>(m, optim::SGD::Options{.lr = 0.05f});
+      else
+        o = std::make_unique<optim::SGD>(
+            m, optim::SGD::Options{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true});
+      o->set_schedule({optim::Schedule::Kind::cosine, 0.05f, 2, 10});
+      return o;
+    };
+    auto a = make(), b = make();
+    auto twin = opt(*a), plain = opt(*b);
+    twin->set_twin_buffers(true);
+    CHECK(twin->twin_buffers());
+    CHECK(twin->twin_bytes() == static_cast<int64_t>(a->flat_params().nbytes() * (kind == "sgd"     ? 1
+                                                                                  : kind == "adamw" ? 3
+                                                                                                    : 2)));
+    auto state_of = [](const optim::Optimizer& o) {
+      std::vector<float> all;
+      for (const auto& [name, t] : o.state()) {
+        const auto v = t.to_host();
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      return all;
+    };
+    for (int t = 0; t < 8; ++t) {
+      INFO("step " << t);
+      grads_of(*a, t);
+      grads_of(*b, t);
+      const void* before = a->flat_params().data();
+      const float sa = twin->checked_step(0.0f).item(), sb = plain->checked_step(0.0f).item();
+      CHECK(std::memcmp(&sa, &sb, sizeof sa) == 0);
+      CHECK(std::isnan(sa) == (t == 3));
+      CHECK(a->flat_params().data() != before);  // the other copy
+      CHECK(a->parameters().front()->value.data() == a->flat_params().data());
+      CHECK(a->flat_params().to_host() == b->flat_params().to_host());
+      CHECK(state_of(*twin) == state_of(*plain));
+    }
+    CHECK(twin->steps_taken() == 8);
+    // Only checked_step without clipping swaps the copies: the others refuse.
+    CHECK_THROWS_AS(twin->step(), UsageError);
+    CHECK_THROWS_AS(twin->checked_step(1.0f), UsageError);
+    CHECK_THROWS_AS(twin->step_part(0, 4, true), UsageError);
+    // A replay moves the device's count and not the host's: telling the host swaps the copies.
+    const void* now = a->flat_params().data();
+    twin->set_host_steps(9);
+    CHECK(a->flat_params().data() != now);
+    twin->set_host_steps(8);
+    CHECK(a->flat_params().data() == now);
+    // A resume to a count of the other parity keeps the values (in the copy that count reads).
+    twin->set_steps_taken(11);
+    plain->set_steps_taken(11);
+    CHECK(a->flat_params().data() != now);
+    CHECK(a->flat_params().to_host() == b->flat_params().to_host());
+    CHECK(state_of(*twin) == state_of(*plain));
+    grads_of(*a, 11);
+    grads_of(*b, 11);
+    twin->checked_step(0.0f);
+    plain->checked_step(0.0f);
+    CHECK(a->flat_params().to_host() == b->flat_params().to_host());
+    twin->set_twin_buffers(false);
+    CHECK(twin->twin_bytes() == 0);
+    twin->step();  // in place again
+  }
+}
+
 TEST_CASE("synthetic samples are a pure function of (seed, index)", "[data]") {
   const Device cpu{DeviceType::cpu, 0};
   for (auto task : {data::Task::regression, data::Task::classification}) {

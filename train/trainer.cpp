@@ -236,6 +236,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   o.overlap = cfg_.overlap;
   o.check_finite = true;
   o.cuda_graph = cfg_.cuda_graph;
+  o.twin_buffers = cfg_.twin_buffers;
   o.zero = cfg_.zero;
   o.grad_comm = cfg_.grad_comm;
   o.group = group_;

@@ -193,6 +193,19 @@ void checked_sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, 
 void checked_adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, uint16_t* shadow,
                         const StepCounterArgs& step, float max_norm, float* scale, float* work, unsigned* counter,
                         const CheckRingArgs& ring, float* backup, cudaStream_t stream);
+// check_gradients and the update without clipping in one pass over the gradients, from
+// one copy of the parameters and optimizer state into the other (p[0]/p[1], and the
+// state's two copies alike), the same bits as the two launches; copy 0 is read at a step
+// counter of first_parity's parity (step.t is needed), copy 1 at the other. Whether the
+// step is applied or skipped, the copy not read holds the state after it. 16-byte
+// aligned buffers.
+void alternating_sgd_step(const float* g, int64_t n, float* const p[2], float* const momentum_buf[2], const SgdArgs& a,
+                          uint16_t* shadow, const StepCounterArgs& step, int64_t first_parity, float* scale,
+                          float* work, unsigned* counter, const CheckRingArgs& ring, cudaStream_t stream);
+void alternating_adamw_step(const float* g, int64_t n, float* const p[2], float* const m[2], float* const v[2],
+                            const AdamArgs& a, uint16_t* shadow, const StepCounterArgs& step, int64_t first_parity,
+                            float* scale, float* work, unsigned* counter, const CheckRingArgs& ring,
+                            cudaStream_t stream);
 // ZeRO: a shard's part of the check (its squares' sum, and base + the index of its first
 // non-finite value, INT64_MAX for none), and the check from the parts summed (min'd).
 void shard_check(const float* g, int64_t n, int64_t base, float* sum, int64_t* first, float* work, unsigned* counter,

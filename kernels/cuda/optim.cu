@@ -20,22 +20,29 @@
 namespace dpt::cuda {
 namespace {
 
-// The same expressions, in the same order, as the CPU twin.
+// The same expressions, in the same order, as the CPU twin, each operation rounded on its
+// own (the _rn intrinsics, which nvcc never contracts into a multiply-add, as the CPU
+// build, -ffp-contract=off, does not): nvcc contracts a * b + c where it sees fit, and
+// did so differently in the loops of one kernel and another (ulps apart in one element of
+// ten thousand; the alternating update, H200, 2026-12-04), where every update kernel must
+// give the same bits.
 __device__ __forceinline__ void sgd_update(float& p, float g, float& buf, const SgdArgs& a, float scale) {
-  float d = g * scale + a.weight_decay * p;
+  float d = __fadd_rn(__fmul_rn(g, scale), __fmul_rn(a.weight_decay, p));
   if (a.momentum != 0.f) {
-    buf = a.momentum * buf + (1.f - a.dampening) * d;
-    d = a.nesterov ? d + a.momentum * buf : buf;
+    buf = __fadd_rn(__fmul_rn(a.momentum, buf), __fmul_rn(1.f - a.dampening, d));
+    d = a.nesterov ? __fadd_rn(d, __fmul_rn(a.momentum, buf)) : buf;
   }
-  p -= a.lr * d;
+  p = __fsub_rn(p, __fmul_rn(a.lr, d));
 }
 
 __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamArgs& a, float scale) {
-  const float d = g * scale;
-  p -= a.lr * a.weight_decay * p;
-  m = a.beta1 * m + (1.f - a.beta1) * d;
-  v = a.beta2 * v + (1.f - a.beta2) * d * d;
-  p -= a.lr * (m / a.bias_correction1) / (sqrtf(v / a.bias_correction2) + a.eps);
+  const float d = __fmul_rn(g, scale);
+  p = __fsub_rn(p, __fmul_rn(__fmul_rn(a.lr, a.weight_decay), p));
+  m = __fadd_rn(__fmul_rn(a.beta1, m), __fmul_rn(1.f - a.beta1, d));
+  v = __fadd_rn(__fmul_rn(a.beta2, v), __fmul_rn(__fmul_rn(1.f - a.beta2, d), d));
+  const float step = __fdiv_rn(__fmul_rn(a.lr, __fdiv_rn(m, a.bias_correction1)),
+                               __fadd_rn(__fsqrt_rn(__fdiv_rn(v, a.bias_correction2)), a.eps));
+  p = __fsub_rn(p, step);
 }
 
 // With a step counter: the step's values from it (every thread reads it), `s` its count.
@@ -222,12 +229,16 @@ __device__ void write_check(float sum, long long first, float max_norm, float* s
 // scalar tail, and notes its first non-finite index (its elements come in increasing
 // order, so its first is its least).
 __device__ __forceinline__ void check_take4(float4 a, int64_t i, float& s, long long& bad) {
-  s += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+  // Rounded operation by operation, as the updates (sgd_update says why): every kernel
+  // that checks adds the same bits.
+  const float q = __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(a.x, a.x), __fmul_rn(a.y, a.y)), __fmul_rn(a.z, a.z)),
+                            __fmul_rn(a.w, a.w));
+  s = __fadd_rn(s, q);
   if (bad == LLONG_MAX && !(isfinite(a.x) && isfinite(a.y) && isfinite(a.z) && isfinite(a.w)))
     bad = 4 * i + (!isfinite(a.x) ? 0 : !isfinite(a.y) ? 1 : !isfinite(a.z) ? 2 : 3);
 }
 __device__ __forceinline__ void check_take1(float v, int64_t i, float& s, long long& bad) {
-  s += v * v;
+  s = __fadd_rn(s, __fmul_rn(v, v));
   if (bad == LLONG_MAX && !isfinite(v)) bad = i;
 }
 
@@ -388,6 +399,22 @@ struct SgdUpdate {
     if (a.momentum != 0.f) buf[i] = b.at(1)[i];
     if (shadow) shadow[i] = bf16_round(p[i]);
   }
+  // The alternating update's: a scalar element updated from copy `from` into this one,
+  // and one copied from `from` unchanged (the shadow made again).
+  __device__ void one_from(const SgdUpdate& from, int64_t i, const float* g, float scale) const {
+    const bool mom = a.momentum != 0.f;
+    float pv = from.p[i];
+    float bv = mom ? from.buf[i] : 0.f;
+    sgd_update(pv, g[i], bv, a, scale);
+    p[i] = pv;
+    if (mom) buf[i] = bv;
+    if (shadow) shadow[i] = bf16_round(pv);
+  }
+  __device__ void copy1(const SgdUpdate& from, int64_t i) const {
+    p[i] = from.p[i];
+    if (a.momentum != 0.f) buf[i] = from.buf[i];
+    if (shadow) shadow[i] = bf16_round(p[i]);
+  }
 };
 struct AdamUpdate {
   float *p, *m, *v;
@@ -428,6 +455,20 @@ struct AdamUpdate {
     p[i] = b.at(0)[i];
     m[i] = b.at(1)[i];
     v[i] = b.at(2)[i];
+    if (shadow) shadow[i] = bf16_round(p[i]);
+  }
+  __device__ void one_from(const AdamUpdate& from, int64_t i, const float* g, float scale) const {
+    float pv = from.p[i], mv = from.m[i], vv = from.v[i];
+    adamw_update(pv, g[i], mv, vv, a, scale);
+    p[i] = pv;
+    m[i] = mv;
+    v[i] = vv;
+    if (shadow) shadow[i] = bf16_round(pv);
+  }
+  __device__ void copy1(const AdamUpdate& from, int64_t i) const {
+    p[i] = from.p[i];
+    m[i] = from.m[i];
+    v[i] = from.v[i];
     if (shadow) shadow[i] = bf16_round(p[i]);
   }
 };
@@ -578,6 +619,86 @@ static __global__ void speculative_update_kernel(const float* g, int64_t n, floa
   for (int64_t i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) update.restore1(backup, i);
 }
 
+// Without clipping, for buffers of any size: the update from the current copy of the
+// parameters and optimizer state into a second copy (twin buffers), so that the gradients
+// are read once, by the update, which adds the check's terms as it goes (check_terms'
+// grid and order: check_gradients' sum bit for bit), where the two-launch form reads them
+// twice (mlp: 168 MB, 47 us a step on the H200). The last block to write its part of the
+// check writes the scale and the record and moves the step counter on; where the norm is
+// not finite it copies the current copy into the other unchanged (the shadow made again
+// from its parameters), so either way the other copy holds the state after the step and
+// the caller swaps the two after every step. `first` and `second` are the two copies as
+// the caller sees them when it queues the update, `first` current at a counter of
+// `first_parity`'s parity: a CUDA graph's replays alternate by the counter on the device.
+// A skipped step pays for the copy by the one block (of the order of milliseconds at a
+// block's memory speed for the mlp's 42M parameters); skips are rare. `one` is 1, an
+// argument so that the update's expressions compile as in the kernels that read their
+// scale.
+template <class Update>
+static __global__ void alternating_update_kernel(const float* g, int64_t n, float* part, long long* bad_part,
+                                                 unsigned* counter, float* scale, CheckRingArgs ring,
+                                                 StepCounterArgs step, Update first, Update second,
+                                                 int64_t first_parity, float lr, float bc1, float bc2, float one) {
+  DPT_WAIT_PREVIOUS_GRID();
+  float values[3] = {lr, bc1, bc2};
+  const int64_t t = read_step(step, values);
+  const bool from_first = (t & 1) == first_parity;
+  Update from = from_first ? first : second;
+  Update to = from_first ? second : first;
+  to.set_values(values);
+  const float4* g4 = reinterpret_cast<const float4*>(g);
+  const int64_t n4 = n / 4, stride = grid_stride();
+  float s = 0.f;
+  long long bad = LLONG_MAX;
+  int64_t i = global_tid();
+  for (; i + 3 * stride < n4; i += 4 * stride) {  // four float4s in flight a thread, as check_terms
+    float4 gv[4];
+    typename Update::State st[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      gv[k] = g4[i + k * stride];
+      st[k] = from.load(i + k * stride);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      check_take4(gv[k], i + k * stride, s, bad);
+      to.store(st[k], gv[k], i + k * stride, one);
+    }
+  }
+  for (; i < n4; i += stride) {
+    const float4 gv = g4[i];
+    check_take4(gv, i, s, bad);
+    to.store(from.load(i), gv, i, one);
+  }
+  for (int64_t j = 4 * n4 + global_tid(); j < n; j += stride) {
+    check_take1(g[j], j, s, bad);
+    to.one_from(from, j, g, one);
+  }
+  if (!check_block_part(s, bad, part, bad_part, counter)) return;  // every block's stores are visible to the last
+  double total;
+  long long first_bad;
+  check_total(part, bad_part, total, first_bad);
+  __shared__ bool skipped;
+  if (threadIdx.x == 0) {
+    write_check(static_cast<float>(total), first_bad, 0.f, scale, ring);
+    skipped = !isfinite(scale_from_norm_sq(static_cast<float>(total), 0.f));
+    if (step.t && step.advance) *step.t = t + 1;  // every block has read it (before its part)
+  }
+  __syncthreads();
+  if (!skipped) return;
+  constexpr int kRound = 4;  // as the speculative update's restore
+  for (int64_t j = threadIdx.x; j < n4; j += kRound * blockDim.x) {
+    typename Update::State back[kRound];
+#pragma unroll
+    for (int k = 0; k < kRound; ++k)
+      if (j + k * blockDim.x < n4) back[k] = from.load(j + k * blockDim.x);
+#pragma unroll
+    for (int k = 0; k < kRound; ++k)
+      if (j + k * blockDim.x < n4) to.put(back[k], j + k * blockDim.x);
+  }
+  for (int64_t j = 4 * n4 + threadIdx.x; j < n; j += blockDim.x) to.copy1(from, j);
+}
+
 // ZeRO: the check from the shards' parts, summed and min'd over the devices.
 static __global__ void finish_check_kernel(const float* sum, const int64_t* first, float max_norm, float* scale,
                                            CheckRingArgs ring) {
@@ -697,6 +818,47 @@ void checked_adamw_step(float* p, const float* g, float* m, float* v, int64_t n,
   if (launch_checked_update(vec, g, n, max_norm, scale, work, counter, ring, step, u, values, backup, stream)) return;
   check_gradients(g, n, max_norm, scale, work, counter, ring, stream);
   adamw_step(p, g, m, v, n, a, scale, shadow, step, stream);
+}
+
+namespace {
+template <class Update>
+void launch_alternating(const float* g, int64_t n, float* scale, float* work, unsigned* counter,
+                        const CheckRingArgs& ring, const StepCounterArgs& step, const Update& first,
+                        const Update& second, int64_t first_parity, const float* values, cudaStream_t stream) {
+  launch_after_previous(alternating_update_kernel<Update>, reduce_blocks(n, 16), kThreads, stream, g, n, work,
+                        reinterpret_cast<long long*>(work + kReduceWork), counter, scale, ring, step, first, second,
+                        first_parity, values[0], values[1], values[2], 1.f);
+}
+}  // namespace
+
+void alternating_sgd_step(const float* g, int64_t n, float* const p[2], float* const momentum_buf[2], const SgdArgs& a,
+                          uint16_t* shadow, const StepCounterArgs& step, int64_t first_parity, float* scale,
+                          float* work, unsigned* counter, const CheckRingArgs& ring, cudaStream_t stream) {
+  const bool mom = a.momentum != 0.f;
+  DPT_CHECK(n > 0 && step.t != nullptr && g != nullptr && p[0] != nullptr && p[1] != nullptr &&
+                (!mom || (momentum_buf[0] != nullptr && momentum_buf[1] != nullptr)),
+            "alternating_sgd_step: null pointer or no step counter");
+  DPT_CHECK(aligned16(g) && aligned16(p[0]) && aligned16(p[1]) &&
+                (!mom || (aligned16(momentum_buf[0]) && aligned16(momentum_buf[1]))) && aligned(shadow, 8),
+            "alternating_sgd_step: buffers not 16-byte aligned");
+  const float values[3] = {a.lr, 1.f, 1.f};
+  launch_alternating(g, n, scale, work, counter, ring, step, SgdUpdate{p[0], momentum_buf[0], a, shadow},
+                     SgdUpdate{p[1], momentum_buf[1], a, shadow}, first_parity, values, stream);
+}
+
+void alternating_adamw_step(const float* g, int64_t n, float* const p[2], float* const m[2], float* const v[2],
+                            const AdamArgs& a, uint16_t* shadow, const StepCounterArgs& step, int64_t first_parity,
+                            float* scale, float* work, unsigned* counter, const CheckRingArgs& ring,
+                            cudaStream_t stream) {
+  for (int c = 0; c < 2; ++c)
+    DPT_CHECK(
+        p[c] != nullptr && m[c] != nullptr && v[c] != nullptr && aligned16(p[c]) && aligned16(m[c]) && aligned16(v[c]),
+        "alternating_adamw_step: null or unaligned buffers");
+  DPT_CHECK(n > 0 && step.t != nullptr && g != nullptr && aligned16(g) && aligned(shadow, 8),
+            "alternating_adamw_step: no gradients, step counter or aligned shadow");
+  const float values[3] = {a.lr, a.bias_correction1, a.bias_correction2};
+  launch_alternating(g, n, scale, work, counter, ring, step, AdamUpdate{p[0], m[0], v[0], a, shadow},
+                     AdamUpdate{p[1], m[1], v[1], a, shadow}, first_parity, values, stream);
 }
 
 void check_gradients(const float* g, int64_t n, float max_norm, float* scale, float* work, unsigned* counter,

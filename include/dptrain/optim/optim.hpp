@@ -59,8 +59,20 @@ class Optimizer {
   void set_steps_taken(int64_t t);  // and the device's counter (a resume)
   // The host's count alone: a CUDA graph's recording moved it and the device's did not,
   // a replay moved the device's and not the host's. (Writing the device's counter from
-  // the host would also race with replays on another stream.)
-  void set_host_steps(int64_t t) { t_ = t; }
+  // the host would also race with replays on another stream.) With twin buffers the
+  // copies' order moves with it: each step swaps them.
+  void set_host_steps(int64_t t);
+  // Twin buffers: a second copy of the parameters and of the optimizer's state, so that
+  // checked_step reads the gradients once, in the update (ops' alternating updates: the
+  // check's own pass over them is gone), where the check reads them first in a pass of
+  // its own. Each step writes the other copy and the two swap (Tensor::swap_memory): every
+  // view of the parameters and of state() follows, and a CUDA graph's replays alternate by
+  // the counter. The cost: one more copy of the parameters and the state. While they are
+  // on, every update is checked_step without clipping (the others refuse), so that the
+  // copies' order follows the step count. Not for a ZeRO shard. Off frees the second copy.
+  void set_twin_buffers(bool on);
+  bool twin_buffers() const { return !twins_.empty(); }
+  int64_t twin_bytes() const;  // the second copies' memory
   // "sgd" or "adamw", and the optimizer's state as named flat buffers (what a
   // checkpoint saves and a resume restores): of the elements it updates, shard_begin() on.
   virtual const char* kind() const = 0;
@@ -90,6 +102,11 @@ class Optimizer {
   const Tensor& backup(int buffers, float max_norm);
   // The update of one range of the buffers (step_part's, in the flat buffers' coordinates).
   virtual void update_range(int64_t offset, int64_t count, const StepCounter& step) = 0;
+  // Twin buffers: the second copies (twins_[0] the parameters', then state()'s in order),
+  // a refusal of the updates that cannot run with them, and the swap after a step.
+  const std::vector<Tensor>& twins() const { return twins_; }
+  void refuse_with_twins(const char* what, float max_norm = 0.0f) const;
+  void swap_twins();
   nn::Module* model_;
   Tensor params_, grads_;
   Schedule schedule_;
@@ -99,6 +116,7 @@ class Optimizer {
  private:
   Tensor counter_;
   Tensor backup_;
+  std::vector<Tensor> twins_;
 };
 
 class SGD : public Optimizer {

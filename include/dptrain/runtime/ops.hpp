@@ -132,6 +132,21 @@ Tensor checked_sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum
 Tensor checked_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
                           float max_norm, const CheckRing& ring, const Tensor& shadow, const StepCounter& step,
                           const Tensor& backup = {});
+// check_gradients(g, 0, ring) and the update by its scale (no clipping) from the current
+// copy of the parameters and optimizer state (p, momentum_buf / m, v) into a second copy
+// of each (next_*, the same sizes, other memory): on a GPU one pass reads the gradients
+// once (the update adds the check's terms as it goes), where checked_*_step reads them
+// twice. The same scale, record and state bit for bit as checked_*_step, but in the next
+// copies: after the step, applied or skipped, those hold the state and the caller swaps
+// the two (Tensor::swap_memory). `t`: the step counter's value at which the update reads
+// the first copy; a CUDA graph's replays read the first at counts of t's parity and the
+// next copies at the others, so they alternate as the host's swaps do.
+Tensor alternating_sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const Tensor& next_p,
+                            const Tensor& next_buf, const SgdArgs& a, const CheckRing& ring, const Tensor& shadow,
+                            const StepCounter& step, int64_t t);
+Tensor alternating_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& next_p,
+                              const Tensor& next_m, const Tensor& next_v, const AdamArgs& a, const CheckRing& ring,
+                              const Tensor& shadow, const StepCounter& step, int64_t t);
 
 // ---- Convolutional networks (ops_conv.cpp): differentiable, over NCHW tensors --------
 // y = x * w + b as torch.nn.functional.conv2d: x [n, c, h, w], w [k, c, r, s], b [k] (may

@@ -69,6 +69,11 @@ class Tensor {
   Tensor rows(int64_t first, int64_t count) const;
   // The same data without autograd history.
   Tensor detach() const;
+  // Exchanges the memory of this tensor's storage and other's (each the whole of its
+  // storage, the same bytes, on one device): every view of either follows, on the host.
+  // What is queued already keeps the memory it was queued with. For buffers written in
+  // turn (the optimizer's twin copies).
+  void swap_memory(const Tensor& other) const;
 
   // Synchronous copies to the host (f32 or bf16 read as floats; i32 as ints).
   std::vector<float> to_host() const;

@@ -65,7 +65,10 @@ struct TrainConfig {
   // waiting for them: a bad step stops the run at most 8 steps later (at once at a log
   // point or a save; no checkpoint is written after it).
   std::string on_nonfinite = "stop";
-  bool cuda_graph = false;       // record the step once as a CUDA graph and replay it (one GPU, one replica)
+  bool cuda_graph = false;  // record the step once as a CUDA graph and replay it (one GPU, one replica)
+  // A second copy of the parameters and optimizer state, so that the update checks the
+  // gradients in its own pass (DataParallelOptions::twin_buffers; automatic: on GPUs).
+  TwinBuffers twin_buffers = TwinBuffers::automatic;
   int zero = 0;                  // ZeRO stage (DataParallelOptions::zero)
   DType grad_comm = DType::f32;  // the type gradients travel in (DataParallelOptions::grad_comm)
   std::string save;              // checkpoint path ("" = none), written at the end
