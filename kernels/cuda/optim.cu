@@ -541,6 +541,45 @@ static __global__ void checked_update_kernel(const float* g, int64_t n, float ma
   count_step(step, t);
 }
 
+// The end of the updates that do not wait for the check (speculative, alternating): the
+// last block to write its part of the check adds the parts (check_gradients' sum, bit for
+// bit), writes the scale and the record and moves the step counter on (every block has
+// read it, before its part). True in every thread of that block where the norm is not
+// finite, so the step must be undone; false in every other block.
+__device__ bool last_block_finds_skip(float s, long long bad, float* part, long long* bad_part, unsigned* counter,
+                                      float* scale, const CheckRingArgs& ring, const StepCounterArgs& step, int64_t t) {
+  if (!check_block_part(s, bad, part, bad_part, counter)) return false;  // every block's stores are visible to the last
+  double total;
+  long long first;
+  check_total(part, bad_part, total, first);
+  __shared__ bool skipped;
+  if (threadIdx.x == 0) {
+    write_check(static_cast<float>(total), first, 0.f, scale, ring);
+    skipped = !isfinite(scale_from_norm_sq(static_cast<float>(total), 0.f));
+    if (step.t && step.advance) *step.t = t + 1;
+  }
+  __syncthreads();
+  return skipped;
+}
+
+// The undoing, by the one block: the state of each of the n4 float4s from load(i), put
+// back by `to` (the shadow made again from the parameters). Four float4s in flight a
+// thread: the stores of one round would otherwise keep the next round's loads waiting
+// (the buffers might overlap, for all the compiler knows).
+template <class Update, class Load>
+__device__ void put_back4(const Update& to, int64_t n4, Load load) {
+  constexpr int kRound = 4;
+  for (int64_t i = threadIdx.x; i < n4; i += kRound * blockDim.x) {
+    typename Update::State back[kRound];
+#pragma unroll
+    for (int k = 0; k < kRound; ++k)
+      if (i + k * blockDim.x < n4) back[k] = load(i + k * blockDim.x);
+#pragma unroll
+    for (int k = 0; k < kRound; ++k)
+      if (i + k * blockDim.x < n4) to.put(back[k], i + k * blockDim.x);
+  }
+}
+
 // Without clipping the check's scale is 1 or NaN (skip the step), so the update need not
 // wait for it: each block updates its elements as if the gradients were finite (scale 1:
 // the update kernels' bits), having first copied what it overwrites into a backup, and
@@ -591,31 +630,8 @@ static __global__ void speculative_update_kernel(const float* g, int64_t n, floa
     check_take1(g[i], i, s, bad);
     update.one(i, g, one);
   }
-  if (!check_block_part(s, bad, part, bad_part, counter)) return;  // every block's stores are visible to the last
-  double total;
-  long long first;
-  check_total(part, bad_part, total, first);
-  __shared__ bool skipped;
-  if (threadIdx.x == 0) {
-    write_check(static_cast<float>(total), first, 0.f, scale, ring);
-    skipped = !isfinite(scale_from_norm_sq(static_cast<float>(total), 0.f));
-    if (step.t && step.advance) *step.t = t + 1;  // every block has read it (before its part)
-  }
-  __syncthreads();
-  if (!skipped) return;
-  // Four float4s of state in flight a thread: the stores of one round would otherwise
-  // keep the next round's loads waiting (the buffers might overlap, for all the compiler
-  // knows).
-  constexpr int kRound = 4;
-  for (int64_t i = threadIdx.x; i < n4; i += kRound * blockDim.x) {
-    typename Update::State back[kRound];
-#pragma unroll
-    for (int k = 0; k < kRound; ++k)
-      if (i + k * blockDim.x < n4) back[k] = update.backed(backup, i + k * blockDim.x);
-#pragma unroll
-    for (int k = 0; k < kRound; ++k)
-      if (i + k * blockDim.x < n4) update.put(back[k], i + k * blockDim.x);
-  }
+  if (!last_block_finds_skip(s, bad, part, bad_part, counter, scale, ring, step, t)) return;
+  put_back4(update, n4, [&](int64_t i) { return update.backed(backup, i); });
   for (int64_t i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) update.restore1(backup, i);
 }
 
@@ -674,28 +690,8 @@ static __global__ void alternating_update_kernel(const float* g, int64_t n, floa
     check_take1(g[j], j, s, bad);
     to.one_from(from, j, g, one);
   }
-  if (!check_block_part(s, bad, part, bad_part, counter)) return;  // every block's stores are visible to the last
-  double total;
-  long long first_bad;
-  check_total(part, bad_part, total, first_bad);
-  __shared__ bool skipped;
-  if (threadIdx.x == 0) {
-    write_check(static_cast<float>(total), first_bad, 0.f, scale, ring);
-    skipped = !isfinite(scale_from_norm_sq(static_cast<float>(total), 0.f));
-    if (step.t && step.advance) *step.t = t + 1;  // every block has read it (before its part)
-  }
-  __syncthreads();
-  if (!skipped) return;
-  constexpr int kRound = 4;  // as the speculative update's restore
-  for (int64_t j = threadIdx.x; j < n4; j += kRound * blockDim.x) {
-    typename Update::State back[kRound];
-#pragma unroll
-    for (int k = 0; k < kRound; ++k)
-      if (j + k * blockDim.x < n4) back[k] = from.load(j + k * blockDim.x);
-#pragma unroll
-    for (int k = 0; k < kRound; ++k)
-      if (j + k * blockDim.x < n4) to.put(back[k], j + k * blockDim.x);
-  }
+  if (!last_block_finds_skip(s, bad, part, bad_part, counter, scale, ring, step, t)) return;
+  put_back4(to, n4, [&](int64_t i) { return from.load(i); });
   for (int64_t j = 4 * n4 + threadIdx.x; j < n; j += blockDim.x) to.copy1(from, j);
 }
 
