@@ -646,3 +646,23 @@ TEST_CASE("a bf16 run resumes bit-identically from its fp32 master weights", "[c
         else CHECK(test::bf16_bits(resumed.model().flat_shadow()) == test::bf16_bits(full->model().flat_shadow()));
       });
 }
+
+TEST_CASE("twin buffers resume bit-identically, the state moved to the copy an odd count reads", "[checkpoint]") {
+  // Saved after 3 steps: the resumed optimizer is told an odd count, so its state goes to
+  // the other copy before the first step (Optimizer::set_steps_taken). fp32 and bf16 (the
+  // shadow made from the loaded masters).
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    INFO((precision == Precision::bf16 ? "bf16" : "fp32"));
+    test::TempDir dir;
+    TrainConfig c;
+    c.model = "10-24x2-3";
+    c.precision = precision;
+    c.batch = 12;
+    c.twin_buffers = TwinBuffers::on;
+    const auto saved = [](const ckpt::Checkpoint&, const std::string&) {};
+    check_resume(c, dir.file("twins.safetensors"), saved, [](Trainer& resumed, Trainer* full) {
+      CHECK(resumed.optimizer().twin_buffers());
+      if (full) CHECK(resumed.model().flat_params().to_host() == full->model().flat_params().to_host());
+    });
+  }
+}
