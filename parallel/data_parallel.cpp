@@ -293,13 +293,21 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   // updates its own (no recorded copy of the master's parameters).
   const bool twins_asked = options.twin_buffers == TwinBuffers::on ||
                            (options.twin_buffers == TwinBuffers::automatic && devices_[0].is_cuda());
-  if (twins_asked && check_finite_ && clip_ == 0.0f && shards_.empty() && !options.update_per_bucket &&
-      (!use_graph_ || (every && !model->reads_master())))
+  const char* no_twins = !check_finite_                        ? "the gradients are not checked (check_finite)"
+                         : clip_ > 0.0f                        ? "clipping scales the update by the whole norm first"
+                         : !shards_.empty()                    ? "ZeRO shards the state"
+                         : options.update_per_bucket           ? "buckets are updated one by one"
+                         : use_graph_ && !every                ? "the graph would copy the master's parameters (p2p)"
+                         : use_graph_ && model->reads_master() ? "the graph's kernels read the master parameters"
+                                                               : nullptr;
+  if (twins_asked && !no_twins)
     for (Replica& rep : replicas_)
       if (rep.opt) {
         ContextGuard g(*rep.ctx);
         rep.opt->set_twin_buffers(true);
       }
+  if (options.twin_buffers == TwinBuffers::on && no_twins)
+    report(Severity::note, std::string("twin buffers not used: ") + no_twins);
   // Per-bucket updates where a reduction tells when each bucket's sum is queued (with no
   // reduction, one device, there is nothing to overlap: the update is the usual one).
   if (options.update_per_bucket && reducer_) {

@@ -242,9 +242,10 @@ __device__ __forceinline__ void check_take1(float v, int64_t i, float& s, long l
   if (bad == LLONG_MAX && !isfinite(v)) bad = i;
 }
 
-// A block's part of the check, from its threads' terms: its sum of squares (as
-// sum_squares' partials) and first non-finite index, in part and bad_part; true in thread
-// 0 of the last block to write them (the counter says which; it is left at 0).
+// A block's part of the check, from its threads' terms: its sum of squares (added as
+// sum_squares' partials are, whose terms may be contracted: the two are not held to the
+// same bits) and first non-finite index, in part and bad_part; true in thread 0 of the
+// last block to write them (the counter says which; it is left at 0).
 __device__ bool check_block_part(float s, long long bad, float* part, long long* bad_part, unsigned* counter) {
   s = block_sum(s);
   bad = block_min(bad);
@@ -646,8 +647,9 @@ static __global__ void speculative_update_kernel(const float* g, int64_t n, floa
 // the caller swaps the two after every step. `first` and `second` are the two copies as
 // the caller sees them when it queues the update, `first` current at a counter of
 // `first_parity`'s parity: a CUDA graph's replays alternate by the counter on the device.
-// A skipped step pays for the copy by the one block (of the order of milliseconds at a
-// block's memory speed for the mlp's 42M parameters); skips are rare. `one` is 1, an
+// A skipped step pays for the copy by the one block (not measured: one SM moving the whole
+// state, for the mlp's 42M parameters 0.4 GB with SGD and 1 GB with AdamW, so several to
+// tens of milliseconds); skips are rare. `one` is 1, an
 // argument so that the update's expressions compile as in the kernels that read their
 // scale.
 template <class Update>

@@ -57,10 +57,11 @@ class Optimizer {
   float lr() const { return schedule_.at(t_); }  // the next step's (on the host)
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t);  // and the device's counter (a resume)
-  // The host's count alone: a CUDA graph's recording moved it and the device's did not,
-  // a replay moved the device's and not the host's. (Writing the device's counter from
-  // the host would also race with replays on another stream.) With twin buffers the
-  // copies' order moves with it: each step swaps them.
+  // The host's count, for steps that a CUDA graph's recording counted and the device did
+  // not run, or that a replay ran and the host did not count (writing the device's counter
+  // from the host would race with replays on another stream). With twin buffers each of
+  // those steps also swaps the copies, so the count must be one of such steps, not a
+  // correction of anything else.
   void set_host_steps(int64_t t);
   // Twin buffers: a second copy of the parameters and of the optimizer's state, so that
   // checked_step reads the gradients once, in the update (ops' alternating updates: the
@@ -69,7 +70,10 @@ class Optimizer {
   // view of the parameters and of state() follows, and a CUDA graph's replays alternate by
   // the counter. The cost: one more copy of the parameters and the state. While they are
   // on, every update is checked_step without clipping (the others refuse), so that the
-  // copies' order follows the step count. Not for a ZeRO shard. Off frees the second copy.
+  // copies' order follows the step count. Not for a ZeRO shard (an empty one, or an empty
+  // model, keeps none). Switch it before the steps, and before a CUDA graph records one:
+  // off frees the second copy, and on frees the speculative update's backup, which work
+  // already queued (or a recorded graph) may still use.
   void set_twin_buffers(bool on);
   bool twin_buffers() const { return !twins_.empty(); }
   int64_t twin_bytes() const;  // the second copies' memory
