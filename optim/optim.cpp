@@ -44,29 +44,28 @@ void Optimizer::set_twin_buffers(bool on) {
   if (!twins_.empty()) return;
   DPT_CHECK(begin_ == 0 && params_.numel() == model_->flat_params().numel(),
             "Optimizer::set_twin_buffers: not for a ZeRO shard");
-  std::vector<Tensor> made{Tensor::empty(params_.shape(), DType::f32, params_.device())};
-  for (const auto& [name, buf] : state()) made.push_back(Tensor::empty(buf.shape(), DType::f32, buf.device()));
-  twins_ = std::move(made);  // written by the first step before anything reads them
-  backup_ = Tensor();        // the speculative update's, which no longer runs
+  // The second copies are written by the first step before anything reads them.
+  std::vector<std::pair<Tensor, Tensor>> made{{params_, Tensor::empty(params_.shape(), DType::f32, params_.device())}};
+  for (const auto& [name, buf] : state()) made.push_back({buf, Tensor::empty(buf.shape(), DType::f32, buf.device())});
+  twins_ = std::move(made);
+  backup_ = Tensor();  // the speculative update's, which no longer runs
 }
 
 int64_t Optimizer::twin_bytes() const {
   int64_t n = 0;
-  for (const Tensor& t : twins_) n += static_cast<int64_t>(t.nbytes());
+  for (const auto& [buf, second] : twins_) n += static_cast<int64_t>(second.nbytes());
   return n;
 }
 
-void Optimizer::refuse_with_twins(const char* what, float max_norm) const {
-  if (twins_.empty() || (max_norm == 0.0f && std::string(what) == "checked_step")) return;
-  throw UsageError(std::string("Optimizer::") + what + (max_norm != 0.0f ? " with clipping" : "") +
+void Optimizer::refuse_with_twins(const char* what) const {
+  if (twins_.empty()) return;
+  throw UsageError(std::string("Optimizer::") + what +
                    ": not while the twin buffers are on (each step must swap them: checked_step without clipping); "
                    "call set_twin_buffers(false) first");
 }
 
 void Optimizer::swap_twins() {
-  params_.swap_memory(twins_[0]);
-  size_t k = 1;
-  for (const auto& [name, buf] : state()) buf.swap_memory(twins_.at(k++));
+  for (const auto& [buf, second] : twins_) buf.swap_memory(second);
 }
 
 void Optimizer::set_host_steps(int64_t t) {
@@ -77,9 +76,7 @@ void Optimizer::set_host_steps(int64_t t) {
 void Optimizer::set_steps_taken(int64_t t) {
   DPT_CHECK(t >= 0, "set_steps_taken: a negative count");
   if (!twins_.empty() && (t - t_) % 2 != 0) {  // the state moves to the copy that the count's parity reads
-    copy(twins_[0], params_);
-    size_t k = 1;
-    for (const auto& [name, buf] : state()) copy(twins_.at(k++), buf);
+    for (const auto& [buf, second] : twins_) copy(second, buf);
     swap_twins();
   }
   t_ = t;
@@ -144,11 +141,11 @@ void SGD::step(const Tensor& grad_scale) {
 }
 
 Tensor SGD::checked_step(float max_norm, const CheckRing& ring) {
-  refuse_with_twins("checked_step", max_norm);
+  if (max_norm != 0.0f) refuse_with_twins("checked_step with clipping");
   model_->settle_grads();
-  if (!twins().empty()) {
-    const Tensor scale = alternating_sgd_step(params_, grads_, buf_, twins()[0], buf_.defined() ? twins()[1] : Tensor(),
-                                              o_, ring, shadow(), step_counter(0.0f, 0.0f), t_);
+  if (twin_buffers()) {
+    const Tensor scale = alternating_sgd_step(params_, grads_, buf_, twin(0), buf_.defined() ? twin(1) : Tensor(), o_,
+                                              ring, shadow(), step_counter(0.0f, 0.0f), t_);
     swap_twins();
     ++t_;
     return scale;
@@ -200,12 +197,12 @@ void AdamW::step(const Tensor& grad_scale) {
 }
 
 Tensor AdamW::checked_step(float max_norm, const CheckRing& ring) {
-  refuse_with_twins("checked_step", max_norm);
+  if (max_norm != 0.0f) refuse_with_twins("checked_step with clipping");
   model_->settle_grads();
   const AdamArgs a = update_args();
-  if (!twins().empty()) {
-    const Tensor scale = alternating_adamw_step(params_, grads_, m_, v_, twins()[0], twins()[1], twins()[2], a, ring,
-                                                shadow(), step_counter(o_.beta1, o_.beta2), t_);
+  if (twin_buffers()) {
+    const Tensor scale = alternating_adamw_step(params_, grads_, m_, v_, twin(0), twin(1), twin(2), a, ring, shadow(),
+                                                step_counter(o_.beta1, o_.beta2), t_);
     swap_twins();
     ++t_;
     return scale;

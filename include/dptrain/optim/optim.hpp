@@ -106,10 +106,10 @@ class Optimizer {
   const Tensor& backup(int buffers, float max_norm);
   // The update of one range of the buffers (step_part's, in the flat buffers' coordinates).
   virtual void update_range(int64_t offset, int64_t count, const StepCounter& step) = 0;
-  // Twin buffers: the second copies (twins_[0] the parameters', then state()'s in order),
+  // Twin buffers: the second copy of buffer k (0 the parameters, then state()'s in order),
   // a refusal of the updates that cannot run with them, and the swap after a step.
-  const std::vector<Tensor>& twins() const { return twins_; }
-  void refuse_with_twins(const char* what, float max_norm = 0.0f) const;
+  const Tensor& twin(size_t k) const { return twins_.at(k).second; }
+  void refuse_with_twins(const char* what) const;
   void swap_twins();
   nn::Module* model_;
   Tensor params_, grads_;
@@ -120,7 +120,7 @@ class Optimizer {
  private:
   Tensor counter_;
   Tensor backup_;
-  std::vector<Tensor> twins_;
+  std::vector<std::pair<Tensor, Tensor>> twins_;  // (a buffer, its second copy), made once
 };
 
 class SGD : public Optimizer {
