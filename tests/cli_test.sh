@@ -145,7 +145,9 @@ for sig in INT TERM; do
   rm -f "$tmp/sig.safetensors"
   "$exe" --devices cpu --steps 100000000 --log-every 1000 --save "$tmp/sig.safetensors" >"$tmp/out" 2>&1 &
   pid=$!
-  sleep 1
+  # After its first step (its handlers are in place by then: a signal before them would end
+  # it, or under a loaded machine leave a background job, which ignores SIGINT, running).
+  for ((i = 0; i < 600; ++i)); do grep -q '^step 1/' "$tmp/out" && break; sleep 0.1; done
   kill -s $sig $pid
   wait $pid
   rc=$?

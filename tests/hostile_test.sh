@@ -214,7 +214,9 @@ run --devices cpu --steps 5 >out 2>&1
 pid=$!
 (sleep 60 && kill -9 $pid 2>/dev/null) &
 watchdog=$!
-sleep 1
+# After its first step: its handler is in place (before it, under load, a background job
+# ignores SIGINT and would run until the watchdog).
+for ((i = 0; i < 600; ++i)); do grep -q '^step 1/' out && break; sleep 0.1; done
 kill -INT $pid
 wait $pid
 rc=$?
