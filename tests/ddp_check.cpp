@@ -9,9 +9,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <dptrain/data/dataset.hpp>
 #include <dptrain/parallel/process_group.hpp>
@@ -109,7 +112,12 @@ int main(int argc, char** argv) {
     if (zero > 0) {
       // A ZeRO checkpoint of the ranks is the flat state: the ranks resume it bit for bit,
       // and one process without ZeRO resumes it too.
-      const std::string path = "/tmp/dpt_ddp_zero_" + std::to_string(g.size()) + ".safetensors";
+      // Named by rank 0's process id, which every rank learns through the group: runs of
+      // this check at the same time (ctest beside a CI clone) must not share the file.
+      const auto lead = static_cast<long long>(g.sum(g.rank() == 0 ? static_cast<double>(getpid()) : 0.0));
+      const std::string path = (std::filesystem::temp_directory_path() / ("dpt_ddp_zero_" + std::to_string(lead) + "_" +
+                                                                          std::to_string(g.size()) + ".safetensors"))
+                                   .string();
       TrainConfig c;
       c.model = "12-24x2-5";
       c.optimizer = "adamw";
