@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <span>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
@@ -510,9 +511,20 @@ Tensor checked_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, con
 }
 
 namespace {
-// The alternating updates' buffers: each of `now` and `next` defined alike, the same size,
-// f32, on p's device.
-void need_twins(const std::vector<std::pair<const Tensor*, const Tensor*>>& now_next, const Tensor& p, const char* op) {
+// What both alternating updates check and pass: the gradients, f32 and of p's size; the
+// buffers, each of `now` and `next` the same size, f32, on p's device, not the same memory;
+// the ring, step counter and shadow as the kernels take them; and the scale to return.
+struct AlternatingCall {
+  CheckRingArgs ring;
+  StepCounterArgs step;
+  uint16_t* shadow;
+  Tensor scale;
+};
+using TwinPair = std::pair<const Tensor*, const Tensor*>;
+AlternatingCall alternating_call(const Tensor& g, std::span<const TwinPair> now_next, const Tensor& p,
+                                 const CheckRing& ring, const Tensor& shadow, const StepCounter& step, const char* op) {
+  need_f32(g, op);
+  DPT_CHECK(g.numel() == p.numel() && p.numel() > 0, std::string(op) + ": gradients of another size, or none");
   for (const auto& [now, next] : now_next) {
     need_f32(*now, op);
     need_f32(*next, op);
@@ -522,6 +534,8 @@ void need_twins(const std::vector<std::pair<const Tensor*, const Tensor*>>& now_
               std::string(op) + ": the two copies' sizes differ from the parameters'");
     DPT_CHECK(now->data() != next->data(), std::string(op) + ": a buffer and its next copy are the same memory");
   }
+  return {ring_args(ring, g, op), counter_args(&step, p, op), shadow_of(shadow, p, op),
+          Tensor::empty({1}, DType::f32, p.device())};
 }
 
 // The CPU's form: the check, the current copy copied into the next, the update there in
@@ -533,19 +547,12 @@ Tensor alternating_sgd_step(const Tensor& p, const Tensor& g, const Tensor& mome
                             const Tensor& next_buf, const SgdArgs& a, const CheckRing& ring, const Tensor& shadow,
                             const StepCounter& step, int64_t t) {
   const char* op = "alternating_sgd_step";
-  need_f32(g, op);
-  DPT_CHECK(g.numel() == p.numel() && p.numel() > 0, std::string(op) + ": gradients of another size, or none");
   const bool mom = a.momentum != 0.0f;
   DPT_CHECK(mom == momentum_buf.defined() && mom == next_buf.defined(),
             std::string(op) + ": momentum needs both copies of the momentum buffer, and only momentum has them");
-  std::vector<std::pair<const Tensor*, const Tensor*>> twins{{&p, &next_p}};
-  if (mom) twins.push_back({&momentum_buf, &next_buf});
-  need_twins(twins, p, op);
+  const TwinPair twins[] = {{&p, &next_p}, {&momentum_buf, &next_buf}};  // no vector: a step allocates nothing
+  const auto [r, st, sh, scale] = alternating_call(g, std::span(twins, mom ? 2 : 1), p, ring, shadow, step, op);
   const Device& d = p.device();
-  const CheckRingArgs r = ring_args(ring, g, op);
-  const StepCounterArgs st = counter_args(&step, p, op);
-  uint16_t* sh = shadow_of(shadow, p, op);
-  Tensor scale = Tensor::empty({1}, DType::f32, d);
   float* const params[2] = {p.f32(), next_p.f32()};
   float* const bufs[2] = {mom ? momentum_buf.f32() : nullptr, mom ? next_buf.f32() : nullptr};
   const auto on_cpu = [&] {
@@ -566,15 +573,9 @@ Tensor alternating_sgd_step(const Tensor& p, const Tensor& g, const Tensor& mome
 Tensor alternating_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& next_p,
                               const Tensor& next_m, const Tensor& next_v, const AdamArgs& a, const CheckRing& ring,
                               const Tensor& shadow, const StepCounter& step, int64_t t) {
-  const char* op = "alternating_adamw_step";
-  need_f32(g, op);
-  DPT_CHECK(g.numel() == p.numel() && p.numel() > 0, std::string(op) + ": gradients of another size, or none");
-  need_twins({{&p, &next_p}, {&m, &next_m}, {&v, &next_v}}, p, op);
+  const TwinPair twins[] = {{&p, &next_p}, {&m, &next_m}, {&v, &next_v}};
+  const auto [r, st, sh, scale] = alternating_call(g, twins, p, ring, shadow, step, "alternating_adamw_step");
   const Device& d = p.device();
-  const CheckRingArgs r = ring_args(ring, g, op);
-  const StepCounterArgs st = counter_args(&step, p, op);
-  uint16_t* sh = shadow_of(shadow, p, op);
-  Tensor scale = Tensor::empty({1}, DType::f32, d);
   float* const params[2] = {p.f32(), next_p.f32()};
   float* const ms[2] = {m.f32(), next_m.f32()};
   float* const vs[2] = {v.f32(), next_v.f32()};
