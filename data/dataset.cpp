@@ -217,7 +217,7 @@ void Dataset::check_model(const Shape& input, Task task, int64_t outputs) const 
   }
   if (task == Task::regression && target_shape() != Shape{outputs})
     throw UsageError(targets_name() + " has rows of " + shape_str(target_shape()) + ", the model gives " +
-                     shape_str({outputs}));
+                     shape_str(Shape{outputs}));
 }
 
 // ---- ArrayDataset -------------------------------------------------------------------

@@ -66,17 +66,22 @@ void Module::train(bool on) {
 }
 
 Parameter& Module::register_parameter(std::string name, Shape shape, float init_bound, float init_value) {
+  DPT_CHECK(!materialized(), "register_parameter() after the module was placed on a device");
   params_.push_back(
       std::make_unique<Parameter>(Parameter{std::move(name), std::move(shape), init_bound, init_value, {}, {}}));
   return *params_.back();
 }
 
 Buffer& Module::register_buffer(std::string name, Shape shape, float init) {
+  DPT_CHECK(!materialized(), "register_buffer() after the module was placed on a device");
   buffers_.push_back(std::make_unique<Buffer>(Buffer{std::move(name), std::move(shape), init, {}}));
   return *buffers_.back();
 }
 
-void Module::register_module(std::shared_ptr<Module> child) { children_.push_back(std::move(child)); }
+void Module::register_module(std::shared_ptr<Module> child) {
+  DPT_CHECK(!materialized(), "register_module() after the module was placed on a device");
+  children_.push_back(std::move(child));
+}
 
 std::vector<int64_t> Module::layout(int64_t* total) {
   std::vector<Shape> shapes;
@@ -99,7 +104,8 @@ void Module::bind(Tensor flat, Tensor buffers_flat) {
             "Module::bind: flat buffer of buffers of the wrong size");
   flat_params_ = std::move(flat);
   flat_grads_ = Tensor::zeros({total}, DType::f32, flat_params_.device());
-  auto params = parameters();
+  bound_params_ = parameters();
+  const auto& params = bound_params_;
   for (size_t k = 0; k < params.size(); ++k) {
     Parameter& p = *params[k];
     p.value = flat_params_.view(offsets[k], p.shape);
@@ -193,12 +199,12 @@ std::shared_ptr<Module> Module::replicate(const Device& device) const {
 
 void Module::zero_grad() {
   DPT_CHECK(materialized(), "zero_grad() before the module was placed on a device with to()");
-  for (Parameter* p : parameters()) p->value.set_grad_stale(true);
+  for (Parameter* p : bound_params_) p->value.set_grad_stale(true);
 }
 
 void Module::settle_grads() {
   if (!materialized()) return;
-  const auto params = parameters();
+  const auto& params = bound_params_;
   size_t stale = 0;
   for (Parameter* p : params) stale += p->value.grad_stale() ? 1 : 0;
   if (stale == 0) return;

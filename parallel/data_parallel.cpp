@@ -935,13 +935,15 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
   // step's collectives, with an empty shard, so that no other replica waits for it in an
   // all-reduce; the step is then abandoned before the update and the error rethrown.
   if (reducer_) reducer_->begin_step();
-  std::vector<std::exception_ptr> source_error(replicas_.size());
+  std::vector<std::exception_ptr>& source_error = source_error_;
+  source_error.assign(replicas_.size(), nullptr);
   step_failed_ = false;
   // Per-bucket updates queued from the replicas' threads as they hand buckets over (nccl):
   // every replica has its shards before any hands a bucket over, so that all know whether
   // the step will be abandoned (and then update nothing).
   const bool updates_in_backward = per_bucket_ && reduce_ == Reduce::nccl && replicas_.size() > 1;
-  std::barrier<> sources_taken(updates_in_backward ? static_cast<std::ptrdiff_t>(replicas_.size()) : 1);
+  std::optional<std::barrier<>> sources_taken;  // a barrier allocates: only where it is used
+  if (updates_in_backward) sources_taken.emplace(static_cast<std::ptrdiff_t>(replicas_.size()));
   // An error inside backward (out of memory) after some buckets' updates were queued leaves
   // the step partly applied: the compute streams wait for those updates before anything
   // else, and synchronize() waits for them too.
@@ -956,7 +958,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
       }
     }
   } join_on_error{*this};
-  run_on_all([&](size_t r) {
+  auto replica_step = [&](size_t r) {
     // The last step's gradient scale is not needed any more: freed now, its block serves
     // this step's backward, and steps after the first allocate nothing.
     replicas_[r].scale = Tensor();
@@ -975,7 +977,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
           }
         if (k + 1 == k_total && !arrived) {
           arrived = true;
-          sources_taken.arrive_and_wait();
+          sources_taken->arrive_and_wait();
         }
         forward_backward(r, shard, out.weights[slot], loss, out.losses[slot], metric,
                          metric ? out.metrics[slot] : no_metric, k == 0, k + 1 == k_total);
@@ -983,10 +985,11 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
       if (after_backward_) after_backward_(r);
     } catch (...) {
       step_failed_ = true;
-      if (!arrived) sources_taken.arrive_and_drop();  // the others do not wait for this one
+      if (!arrived) sources_taken->arrive_and_drop();  // the others do not wait for this one
       throw;
     }
-  });
+  };
+  run_on_all(std::ref(replica_step));  // by reference: a std::function would copy a closure this large to the heap
   join_on_error.done = true;
   if (reducer_) {
     NvtxRange range("reduce");

@@ -123,20 +123,9 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
   };
   // Only a block of exactly this size class: a request never takes the block that
   // another tensor of the same step needs, so the step after the first allocates nothing.
-  if (recording) {
-    auto& mine = capture_free_[stream];
-    if (auto it = mine.find(size); it != mine.end()) {
-      void* p = it->second;
-      mine.erase(it);
-      return hand_out(p);
-    }
-  }
-  auto& pool = free_[stream];
-  if (auto it = pool.find(size); it != pool.end()) {
-    void* p = it->second;
-    pool.erase(it);
-    return hand_out(p);
-  }
+  if (recording)
+    if (void* p = take(capture_free_[stream], size)) return hand_out(p);
+  if (void* p = take(free_[stream], size)) return hand_out(p);
   void* p = system_alloc(size);
   if (!p && !capturing_) {  // emptying the cache synchronizes the device: not while recording
     release_cached();
@@ -153,6 +142,14 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
   stats_.reserved += size;
   stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
   return hand_out(p);
+}
+
+void* CachingAllocator::take(FreeList& list, size_t size) {
+  auto it = list.find(size);
+  if (it == list.end() || it->second.empty()) return nullptr;
+  void* p = it->second.front();  // a handful of blocks a class: erasing the first is cheap
+  it->second.erase(it->second.begin());
+  return p;
 }
 
 void CachingAllocator::own_for_capture(void* ptr, Block& b) {
@@ -178,12 +175,12 @@ void CachingAllocator::free(void* ptr) {
   if (capturing_) {
     if (auto mine = capture_free_.find(b.stream); mine != capture_free_.end()) {
       own_for_capture(ptr, b);  // recorded kernels may use it
-      if (b.handed_out == capture_id_) mine->second.emplace(b.size, ptr);
+      if (b.handed_out == capture_id_) put(mine->second, b.size, ptr);
       return;
     }
   }
   if (b.owners > 0) return;  // a recorded graph's: replays still write it
-  free_[b.stream].emplace(b.size, ptr);
+  put(free_[b.stream], b.size, ptr);
 }
 
 void CachingAllocator::begin_capture(void* stream) {
@@ -216,7 +213,7 @@ void CachingAllocator::release(const std::vector<void*>& blocks) {
     if (it == blocks_.end()) continue;
     Block& b = it->second;
     b.owners -= 1;
-    if (b.owners == 0 && !b.in_use) free_[b.stream].emplace(b.size, p);
+    if (b.owners == 0 && !b.in_use) put(free_[b.stream], b.size, p);
   }
 }
 
@@ -229,11 +226,13 @@ void CachingAllocator::release_cached() {
   }
 #endif
   for (auto& [stream, pool] : free_) {
-    for (auto& [size, p] : pool) {
-      system_free(p);
-      blocks_.erase(p);
-      stats_.reserved -= size;
-      stats_.system_frees += 1;
+    for (auto& [size, ps] : pool) {
+      for (void* p : ps) {
+        blocks_.erase(p);
+        system_free(p);
+        stats_.reserved -= size;
+        stats_.system_frees += 1;
+      }
     }
   }
   free_.clear();

@@ -70,14 +70,20 @@ class CachingAllocator {
 
   Device device_;
   mutable std::mutex mu_;
-  std::unordered_map<void*, Block> blocks_;             // every block held
-  std::map<void*, std::multimap<size_t, void*>> free_;  // stream -> size -> free block
+  std::unordered_map<void*, Block> blocks_;  // every block held
+  // Free blocks of one stream by size class, each class oldest first (handed out in the
+  // order they were freed). The lists keep their capacity, so a step's frees allocate
+  // nothing on the host.
+  using FreeList = std::map<size_t, std::vector<void*>>;
+  static void* take(FreeList& list, size_t size);  // nullptr when none is free
+  static void put(FreeList& list, size_t size, void* p) { list[size].push_back(p); }
+  std::map<void*, FreeList> free_;  // by stream
   AllocatorStats stats_;
   bool capturing_ = false;
   int64_t capture_id_ = 0;
   std::vector<void*> captured_;  // the recording's blocks, each once
   // The recording's streams, and what each freed during the recording: for it alone.
-  std::map<void*, std::multimap<size_t, void*>> capture_free_;
+  std::map<void*, FreeList> capture_free_;
 };
 
 // The allocator of a device, made on first use and kept for the life of the program.

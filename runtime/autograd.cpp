@@ -1,7 +1,6 @@
 #include <dptrain/runtime/autograd.hpp>
 
-#include <unordered_map>
-#include <unordered_set>
+#include <atomic>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/ops.hpp>
@@ -88,35 +87,54 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
     return;
   }
   // Reverse topological order: a node runs only after every node that consumes its
-  // output has handed it a gradient.
-  std::vector<std::shared_ptr<Node>> order;
-  std::unordered_set<Node*> seen;
-  std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack{{root.grad_fn(), 0}};
-  seen.insert(root.grad_fn().get());
+  // output has handed it a gradient. The engine's lists keep their memory from pass to
+  // pass (a step allocates nothing for them), and a node is marked seen by the pass's
+  // number instead of in a set.
+  static std::atomic<uint64_t> passes{0};
+  const uint64_t pass = passes.fetch_add(1, std::memory_order_relaxed) + 1;
+  thread_local bool running = false;
+  thread_local std::vector<std::shared_ptr<Node>> order;
+  thread_local std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack;
+  thread_local std::vector<Tensor> node_grads;  // Grads' slots, a node at a time
+  DPT_CHECK(!running, "backward() from inside a backward pass (a hook that runs backward)");
+  running = true;
+  // The lists hold nodes only during the pass: emptying them frees what the nodes saved.
+  struct Clear {
+    ~Clear() {
+      order.clear();
+      stack.clear();
+      node_grads.clear();
+      running = false;
+    }
+  } clear_on_exit;
+  auto visit = [&](const std::shared_ptr<Node>& node) {
+    node->seen_in_pass = pass;
+    node->pending = Tensor();  // left by a pass that failed
+    stack.emplace_back(node, 0);
+  };
+  visit(root.grad_fn());
   while (!stack.empty()) {
     auto& [node, next] = stack.back();
     DPT_CHECK(!node->released, std::string("backward() through part of a graph a second time (") + node->name() +
                                    "): the first backward freed it");
     if (next < node->inputs.size()) {
       const std::shared_ptr<Node>& child = node->inputs[next++].grad_fn();
-      if (child && seen.insert(child.get()).second) stack.push_back({child, 0});
+      if (child && child->seen_in_pass != pass) visit(child);  // may move the stack: `node` is not used after
     } else {
-      order.push_back(node);
+      order.push_back(std::move(node));
       stack.pop_back();
     }
   }
-  std::unordered_map<Node*, Tensor> pending{{root.grad_fn().get(), std::move(seed)}};
+  root.grad_fn()->pending = std::move(seed);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* node = it->get();
-    auto found = pending.find(node);
-    if (found == pending.end()) continue;  // no gradient flows through this node
-    Tensor g = std::move(found->second);
-    pending.erase(found);
+    if (!node->pending.defined() && node != root.grad_fn().get()) continue;  // no gradient flows through it
+    Tensor g = std::move(node->pending);
     const bool in_turn = node->hands_over_in_turn();
     if (before_leaf_write && !in_turn)
       for (const Tensor& in : node->inputs)
         if (in.is_leaf() && in.requires_grad()) before_leaf_write(in);
-    Grads grads(node->inputs, &before_leaf_write, &on_leaf_done);
+    Grads grads(node->inputs, node_grads, &before_leaf_write, &on_leaf_done);
     if (g.defined()) {
       node->backward(g, grads);
     } else if (!node->backward_scalar(host_seed, grads)) {  // the root, seeded from the host
@@ -132,7 +150,7 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
         add_to_leaf(in, acc, gi);
         in.set_grad(acc);
       } else {
-        accumulate(pending[in.grad_fn().get()], gi);
+        accumulate(in.grad_fn()->pending, gi);
       }
     }
     if (on_leaf_done)

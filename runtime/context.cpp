@@ -50,7 +50,7 @@ Defaults& defaults() {
 }
 }  // namespace
 
-Context::Context(Device device, StreamPriority priority) : device_(device) {
+Context::Context(Device device, [[maybe_unused]] StreamPriority priority) : device_(device) {
 #if DPT_WITH_CUDA
   if (device.is_cuda()) {
     cuda::set_device(device.index);

@@ -187,12 +187,12 @@ void axpy_(float alpha, const Tensor& x, const Tensor& y) {
     need_float(x, "axpy_");
     need_float(y, "axpy_");
     DPT_CHECK(x.numel() == y.numel(), "axpy_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
-    const Tensor xf = cast(x.detach(), DType::f32);
+    const Tensor xf = cast(x.untracked(), DType::f32);
     if (!is_bf16(y)) {
       axpy_(alpha, xf, y);
       return;
     }
-    Tensor yf = cast(y.detach(), DType::f32);
+    Tensor yf = cast(y.untracked(), DType::f32);
     axpy_(alpha, xf, yf);
     copy_cast(y, yf);
     return;
@@ -447,7 +447,7 @@ int64_t checked_update_backup_size(const Tensor& p, int buffers, float max_norm)
 namespace {
 // The speculative update's backup: null where there is none (the two-launch or barrier
 // form runs).
-float* backup_of(const Tensor& backup, const Tensor& p, int buffers, float max_norm, const char* op) {
+[[maybe_unused]] float* backup_of(const Tensor& backup, const Tensor& p, int buffers, float max_norm, const char* op) {
   const int64_t need = checked_update_backup_size(p, buffers, max_norm);
   if (!backup.defined() || need == 0) return nullptr;
   need_f32(backup, op);
@@ -460,7 +460,8 @@ float* backup_of(const Tensor& backup, const Tensor& p, int buffers, float max_n
 }  // namespace
 
 Tensor checked_sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs& a, float max_norm,
-                        const CheckRing& ring, const Tensor& shadow, const StepCounter& step, const Tensor& backup) {
+                        const CheckRing& ring, const Tensor& shadow, const StepCounter& step,
+                        [[maybe_unused]] const Tensor& backup) {
   need_f32(p, "checked_sgd_step");
   need_f32(g, "checked_sgd_step");
   DPT_CHECK(p.numel() == g.numel() && (!buf.defined() || buf.numel() == p.numel()),
@@ -487,7 +488,7 @@ Tensor checked_sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, con
 
 Tensor checked_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
                           float max_norm, const CheckRing& ring, const Tensor& shadow, const StepCounter& step,
-                          const Tensor& backup) {
+                          [[maybe_unused]] const Tensor& backup) {
   need_f32(p, "checked_adamw_step");
   need_f32(g, "checked_adamw_step");
   DPT_CHECK(p.numel() == g.numel() && (p.numel() == 0 || (m.numel() == p.numel() && v.numel() == p.numel())),
@@ -599,7 +600,7 @@ namespace {
 
 class MatmulNode : public Node {
  public:
-  MatmulNode(Tensor a, Tensor b, bool ta, bool tb) : a_(a.detach()), b_(b.detach()), ta_(ta), tb_(tb) {}
+  MatmulNode(Tensor a, Tensor b, bool ta, bool tb) : a_(a.untracked()), b_(b.untracked()), ta_(ta), tb_(tb) {}
   const char* name() const override { return "matmul"; }
   void backward(Tensor& dc, Grads& grads) override {
     // C = op(A) op(B): dop(A) = dC op(B)^T, dop(B) = op(A)^T dC, then undo each op.
@@ -629,7 +630,7 @@ class MatmulNode : public Node {
 class LinearNode : public Node {
  public:
   LinearNode(Tensor x, Tensor W, Tensor saved, Act act)
-      : x_(x.detach()), W_(W.detach()), saved_(saved.detach()), act_(act) {}
+      : x_(x.untracked()), W_(W.untracked()), saved_(saved.untracked()), act_(act) {}
   const char* name() const override { return "linear"; }
   void backward(Tensor& dy, Grads& grads) override {
     const int64_t rows = x_.size(0), out = W_.size(0);
@@ -730,7 +731,7 @@ class LinearChainNode : public Node {
  public:
   // `run`: the forward's layers; `keep`: the tensors its pointers point into.
   LinearChainNode(Tensor x, const MlpLayers& run, std::vector<Tensor> keep)
-      : x_(x.detach()), run_(run), keep_(std::move(keep)) {}
+      : x_(x.untracked()), run_(run), keep_(std::move(keep)) {}
   const char* name() const override { return "linear_chain"; }
   bool hands_over_in_turn() const override { return true; }
   void backward(Tensor& dy, Grads& grads) override {
@@ -800,7 +801,7 @@ class LinearChainNode : public Node {
 
 class ActivationNode : public Node {
  public:
-  ActivationNode(Tensor saved, Act act) : saved_(saved.detach()), act_(act) {}
+  ActivationNode(Tensor saved, Act act) : saved_(saved.untracked()), act_(act) {}
   const char* name() const override { return "activation"; }
   void backward(Tensor& dy, Grads& grads) override {
     const Device d = dy.device();
@@ -824,7 +825,7 @@ class ActivationNode : public Node {
 class MseNode : public Node {
  public:
   // dy_unit: the gradient for a seed of 1, which the forward kernel wrote alongside the loss.
-  MseNode(Tensor y, Tensor t, Tensor dy_unit) : y_(y.detach()), t_(t.detach()), dy_unit_(std::move(dy_unit)) {}
+  MseNode(Tensor y, Tensor t, Tensor dy_unit) : y_(y.untracked()), t_(t.untracked()), dy_unit_(std::move(dy_unit)) {}
   const char* name() const override { return "mse_loss"; }
   void backward(Tensor& dloss, Grads& grads) override { give(grads, 0, gradient(dloss.f32(), 1.0f)); }
   // (The gradient has y's type: f32 or bf16.)
@@ -861,7 +862,7 @@ class MseNode : public Node {
 
 class CrossEntropyNode : public Node {
  public:
-  CrossEntropyNode(Tensor logits, Tensor labels) : logits_(logits.detach()), labels_(labels.detach()) {}
+  CrossEntropyNode(Tensor logits, Tensor labels) : logits_(logits.untracked()), labels_(labels.untracked()) {}
   const char* name() const override { return "cross_entropy"; }
   void backward(Tensor& dloss, Grads& grads) override {
     const Device d = logits_.device();
@@ -901,7 +902,7 @@ class CastNode : public Node {
 class LinearBf16Node : public Node {
  public:
   LinearBf16Node(Tensor x, Tensor W16, Tensor saved, Act act)
-      : x_(x.detach()), W16_(W16.detach()), saved_(saved.detach()), act_(act) {}
+      : x_(x.untracked()), W16_(W16.untracked()), saved_(saved.untracked()), act_(act) {}
   const char* name() const override { return "linear_bf16"; }
   void backward(Tensor& dy_in, Grads& grads) override {
     const int64_t rows = x_.size(0), out = W16_.size(0);
@@ -998,8 +999,7 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
                     cpu::bias_act_forward(y.f32(), bias, act, rows, out, zp, y.f32()));
   }
   if (grad) {
-    std::vector<Tensor> in{x, W};
-    if (b.defined()) in.push_back(b);
+    std::vector<Tensor> in = b.defined() ? std::vector<Tensor>{x, W, b} : std::vector<Tensor>{x, W};
     record(y, std::make_shared<LinearNode>(x, W, act == Act::gelu ? z : y, act), std::move(in));
   }
   return y;
@@ -1056,7 +1056,7 @@ Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, con
     m.z = z.defined() ? z.f32() : nullptr;
     m.act = L.act;
     for (const Tensor& t : {L.W, y, z})
-      if (t.defined()) keep.push_back(t.detach());
+      if (t.defined()) keep.push_back(t.untracked());
     out = y;
   }
   cuda::mlp_forward(rows, x.f32(), run, stream_of(d));
@@ -1109,8 +1109,7 @@ Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tens
                     cpu::bias_act_forward_bf16(acc.f32(), bias, act, rows, out, zp, y.bf16()));
   }
   if (grad) {
-    std::vector<Tensor> in{x, W};
-    if (b.defined()) in.push_back(b);
+    std::vector<Tensor> in = b.defined() ? std::vector<Tensor>{x, W, b} : std::vector<Tensor>{x, W};
     record(y, std::make_shared<LinearBf16Node>(x, W16, act == Act::gelu ? z : y, act), std::move(in));
   }
   return y;
@@ -1123,14 +1122,14 @@ Tensor activation(const Tensor& x, Act act) {
     const bool grad = any_requires_grad({&x});
     DPT_CUDA_OR_CPU(d, cuda::act_forward_bf16(x.bf16(), act, x.numel(), y.bf16(), stream_of(d)),
                     cpu::act_forward_bf16(x.bf16(), act, x.numel(), y.bf16()));
-    if (grad) record(y, std::make_shared<ActivationNode>(act == Act::gelu ? x.detach() : y, act), {x});
+    if (grad) record(y, std::make_shared<ActivationNode>(act == Act::gelu ? x.untracked() : y, act), {x});
     return y;
   }
   need_f32(x, "activation");
   const Device d = x.device();
   Tensor y = Tensor::empty(x.shape(), DType::f32, d);
   const bool grad = any_requires_grad({&x});
-  Tensor z = (grad && act == Act::gelu) ? x.detach() : Tensor();
+  Tensor z = (grad && act == Act::gelu) ? x.untracked() : Tensor();
   DPT_CUDA_OR_CPU(d, cuda::bias_act_forward(x.f32(), nullptr, act, 1, x.numel(), nullptr, y.f32(), stream_of(d)),
                   cpu::bias_act_forward(x.f32(), nullptr, act, 1, x.numel(), nullptr, y.f32()));
   if (grad) record(y, std::make_shared<ActivationNode>(act == Act::gelu ? z : y, act), {x});

@@ -73,7 +73,7 @@ void hand_over(Grads& grads, const ParamGrads& g) {
 class Conv2dNode : public Node {
  public:
   Conv2dNode(Tensor x, Tensor w, Tensor b, const ConvShape& s)
-      : x_(x.detach()), w_(w.detach()), b_(b.defined() ? b.detach() : Tensor()), s_(s) {}
+      : x_(x.untracked()), w_(w.untracked()), b_(b.defined() ? b.untracked() : Tensor()), s_(s) {}
   const char* name() const override { return "conv2d"; }
   void backward(Tensor& dy, Grads& grads) override {
     const Device d = dy.device();
@@ -110,7 +110,8 @@ class Conv2dNode : public Node {
 
 class Pool2dNode : public Node {
  public:
-  Pool2dNode(Tensor x, Tensor y, const PoolShape& s, Pool kind) : x_(x.detach()), y_(y.detach()), s_(s), kind_(kind) {}
+  Pool2dNode(Tensor x, Tensor y, const PoolShape& s, Pool kind)
+      : x_(x.untracked()), y_(y.untracked()), s_(s), kind_(kind) {}
   const char* name() const override { return "pool2d"; }
   void backward(Tensor& dy, Grads& grads) override {
     const Device d = dy.device();
@@ -131,9 +132,9 @@ class Pool2dNode : public Node {
 class BatchNormNode : public Node {
  public:
   BatchNormNode(Tensor x, Tensor gamma, Tensor beta, Tensor save_mean, Tensor save_invstd)
-      : x_(x.detach()),
-        gamma_(gamma.detach()),
-        beta_(beta.detach()),
+      : x_(x.untracked()),
+        gamma_(gamma.untracked()),
+        beta_(beta.untracked()),
         mean_(std::move(save_mean)),
         invstd_(std::move(save_invstd)) {}
   const char* name() const override { return "batch_norm2d"; }
@@ -228,8 +229,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride,
       },
       cpu::conv2d_forward(s, x.f32(), w.f32(), bias, y.f32()));
   if (any_requires_grad({&x, &w, &b})) {
-    std::vector<Tensor> in{x, w};
-    if (b.defined()) in.push_back(b);
+    std::vector<Tensor> in = b.defined() ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
     record(y, std::make_shared<Conv2dNode>(x, w, b, s), std::move(in));
   }
   return y;

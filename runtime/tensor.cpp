@@ -33,6 +33,23 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+int64_t Shape::at(size_t i) const {
+  DPT_CHECK(i < n_, "dimension " + std::to_string(i) + " of shape " + shape_str(*this));
+  return d_[i];
+}
+
+void Shape::push_back(int64_t d) { insert(end(), d); }
+
+void Shape::insert(const int64_t* pos, int64_t d) {
+  if (n_ == kMaxDims)
+    throw Error("a tensor has at most " + std::to_string(kMaxDims) + " dimensions: " + shape_str(*this) + " and " +
+                std::to_string(d) + " is one too many");
+  const auto i = static_cast<size_t>(pos - d_);
+  std::copy_backward(d_ + i, d_ + n_, d_ + n_ + 1);
+  d_[i] = d;
+  ++n_;
+}
+
 int64_t numel(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s)
@@ -41,7 +58,7 @@ int64_t numel(const Shape& s) {
   return n;
 }
 
-std::string shape_str(const Shape& s) {
+std::string shape_str(std::span<const int64_t> s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
@@ -142,7 +159,7 @@ void download(const Tensor& t, void* dst, size_t bytes) {
 }
 }  // namespace
 
-PinnedBuffer::PinnedBuffer(size_t bytes, const Device& device, bool mapped) : bytes_(bytes) {
+PinnedBuffer::PinnedBuffer(size_t bytes, const Device& device, [[maybe_unused]] bool mapped) : bytes_(bytes) {
   if (bytes == 0) return;
 #if DPT_WITH_CUDA
   if (device.is_cuda()) {
@@ -290,8 +307,14 @@ Tensor Tensor::view(int64_t offset, const Shape& shape) const {
 
 Tensor Tensor::detach() const { return view(0, shape_); }
 
+Tensor Tensor::untracked() const {
+  Tensor t = *this;
+  t.meta_.reset();
+  return t;
+}
+
 std::vector<float> Tensor::to_host() const {
-  if (dtype_ == DType::bf16) return cast(detach(), DType::f32).to_host();
+  if (dtype_ == DType::bf16) return cast(untracked(), DType::f32).to_host();
   DPT_CHECK(dtype_ == DType::f32, "to_host() needs an f32 or bf16 tensor");
   std::vector<float> out(static_cast<size_t>(numel()));
   download(*this, out.data(), nbytes());

@@ -83,7 +83,7 @@ void forward(const std::string& path, const std::string& out) {
   dpt::Shape in{8};
   if (image) {
     const auto input = dpt::nn::parse_cnn_spec(spec).input;
-    in.insert(in.end(), input.begin(), input.end());
+    for (int64_t d : input) in.push_back(d);
   } else {
     in.push_back(dpt::nn::parse_mlp_spec(spec).front());
   }
@@ -93,8 +93,8 @@ void forward(const std::string& path, const std::string& out) {
   const dpt::Tensor y = model->forward(x);
   dpt::ckpt::Checkpoint o;
   const auto xs = x.to_host(), ys = y.to_host();
-  o.tensors.emplace_back("x", dpt::ckpt::make_tensor(DType::f32, x.shape(), xs.data()));
-  o.tensors.emplace_back("y", dpt::ckpt::make_tensor(DType::f32, y.shape(), ys.data()));
+  o.tensors.emplace_back("x", dpt::ckpt::make_tensor(DType::f32, x.shape().vec(), xs.data()));
+  o.tensors.emplace_back("y", dpt::ckpt::make_tensor(DType::f32, y.shape().vec(), ys.data()));
   dpt::ckpt::save(out, o);
 }
 

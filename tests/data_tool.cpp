@@ -12,13 +12,15 @@
 
 #include <dptrain/data/dataset.hpp>
 #include <dptrain/data/npy.hpp>
+#include <span>
+
 #include <dptrain/error.hpp>
 
 using namespace dpt::data;
 
 namespace {
 
-std::string shape_json(const std::vector<int64_t>& s) {
+std::string shape_json(std::span<const int64_t> s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
   return out + "]";

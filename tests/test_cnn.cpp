@@ -66,7 +66,7 @@ TEST_CASE("CNN specs build the layers they describe", "[cnn]") {
     // The shapes inferred at build time are the shapes the layers produce.
     model->to(host, 1);
     Shape in{2};
-    in.insert(in.end(), c.input.begin(), c.input.end());
+    for (int64_t d : c.input) in.push_back(d);
     NoGradGuard g;
     CHECK(model->forward(test::randn_tensor(in, 3, host)).shape() == Shape{2, c.classes});
   }

@@ -46,11 +46,20 @@ TEST_CASE("the caching allocator reuses blocks and keeps exact stats", "[allocat
   void* r = a.allocate(3 << 20, nullptr);  // large: rounded to 2 MiB
   CHECK(a.stats().allocated == 1024 + (4 << 20));
   CHECK(a.stats().peak_allocated == 1024 + (4 << 20));
+  // Blocks of one class are handed out again in the order they were freed.
+  void* q2 = a.allocate(1000, nullptr);
+  void* q3 = a.allocate(1000, nullptr);
+  a.free(q3);
+  a.free(q2);
+  CHECK(a.allocate(1000, nullptr) == q3);
+  CHECK(a.allocate(1000, nullptr) == q2);
+  a.free(q2);
+  a.free(q3);
   a.free(q);
   a.free(r);
   a.empty_cache();
   CHECK(a.stats().reserved == 0);
-  CHECK(a.stats().system_frees == 2);
+  CHECK(a.stats().system_frees == 4);
 }
 
 TEST_CASE("a recording reuses the blocks it frees and keeps its blocks from everyone else until released",
@@ -148,6 +157,63 @@ TEST_CASE("rows of a tensor are a view of its storage", "[tensor]") {
   CHECK(t.rows(4, 0).numel() == 0);
   CHECK_THROWS_AS(t.rows(3, 2), Error);
   CHECK_THROWS_AS(t.rows(-1, 1), Error);
+}
+
+TEST_CASE("a shape holds up to kMaxDims extents inline and refuses one more", "[tensor]") {
+  Shape s{3, 4};
+  CHECK(s.size() == 2);
+  CHECK(s == Shape{3, 4});
+  CHECK(s != Shape{4, 3});
+  CHECK(s != Shape{3});
+  s.insert(s.begin(), 2);
+  s.push_back(5);
+  CHECK(s == Shape{2, 3, 4, 5});
+  CHECK(s.front() == 2);
+  CHECK(s.back() == 5);
+  CHECK(s.at(3) == 5);
+  CHECK_THROWS_AS(s.at(4), Error);
+  CHECK(numel(s) == 120);
+  CHECK(shape_str(s) == "[2, 3, 4, 5]");
+  CHECK(Shape(std::vector<int64_t>{7, 8}).vec() == std::vector<int64_t>{7, 8});
+  CHECK(shape_str(std::vector<int64_t>{1, 2}) == "[1, 2]");
+  Shape full;
+  for (size_t i = 0; i < Shape::kMaxDims; ++i) full.push_back(1);
+  try {
+    full.push_back(2);
+    FAIL("a ninth dimension was taken");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("at most 8 dimensions") != std::string::npos);
+  }
+  CHECK(full.size() == Shape::kMaxDims);
+  CHECK_THROWS_AS(Shape({1, 1, 1, 1, 1, 1, 1, 1, 1}), Error);
+}
+
+TEST_CASE("a tensor's autograd state is shared by its copies; detach() and untracked() leave it behind", "[tensor]") {
+  const Device cpu{DeviceType::cpu, 0};
+  Tensor a = Tensor::zeros({3}, DType::f32, cpu);
+  Tensor before = a;  // a handle: it sees what is set through another copy later
+  std::vector<Tensor> handles{a};
+  handles[0].set_requires_grad(true);
+  CHECK(before.requires_grad());
+  CHECK(a.requires_grad());
+  before.set_grad(Tensor::full({3}, 2.0f, cpu));
+  CHECK(a.grad().to_host() == std::vector<float>{2, 2, 2});
+  a.set_grad_stale(true);
+  CHECK(before.grad_stale());
+  // A view, detach() and untracked() share the data, not the autograd state.
+  const Tensor v = a.view(1, {2});
+  const Tensor d = a.detach();
+  Tensor u = a.untracked();
+  for (const Tensor* t : {&v, &d, static_cast<const Tensor*>(&u)}) {
+    CHECK(!t->requires_grad());
+    CHECK(!t->grad().defined());
+    CHECK(!t->grad_fn());
+  }
+  *u.f32() = 5.0f;
+  CHECK(a.to_host()[0] == 5.0f);
+  u.set_requires_grad(true);  // a state of its own
+  CHECK(!d.requires_grad());
+  CHECK(a.grad().defined());
 }
 
 TEST_CASE("parameters are views into one flat buffer, initialized like torch.nn.Linear", "[layers]") {

@@ -24,7 +24,7 @@ void fetch_tensor_part(const ckpt::Checkpoint& c, const std::string& path, const
   if (t->dtype != ckpt::DType::f32)
     throw UsageError("checkpoint '" + path + "': tensor '" + name + "' is " + ckpt::dtype_name(t->dtype) +
                      ", the model needs F32");
-  if (t->shape != whole)
+  if (t->shape != whole.vec())
     throw UsageError("checkpoint '" + path + "': tensor '" + name + "' has shape " + shape_str(t->shape) +
                      ", the model needs " + shape_str(whole));
   DPT_CHECK(begin >= 0 && begin + into.numel() <= numel(whole), "fetch_tensor_part: the part is outside the tensor");

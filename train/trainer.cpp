@@ -290,7 +290,7 @@ std::string fmt(double v) {
 
 ckpt::HostTensor host_tensor(const Tensor& t) {
   const auto v = t.to_host();
-  return ckpt::make_tensor(ckpt::DType::f32, t.shape(), v.data());
+  return ckpt::make_tensor(ckpt::DType::f32, t.shape().vec(), v.data());
 }
 }  // namespace
 

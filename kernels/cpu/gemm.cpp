@@ -11,15 +11,17 @@ namespace dpt::cpu {
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta,
           float* C) {
-  // op(B) as a contiguous k x n matrix, so the hot loop always streams rows.
-  std::vector<float> bt;
+  // op(B) as a contiguous k x n matrix, so the hot loop always streams rows. The scratch
+  // is the thread's, kept from call to call (as large as the largest op(B) it held): a
+  // small model's step allocates nothing here.
+  thread_local std::vector<float> bt, row;
   if (tb) {
     bt.resize(static_cast<size_t>(k * n));
     for (int64_t j = 0; j < n; ++j)
       for (int64_t p = 0; p < k; ++p) bt[p * n + j] = B[j * k + p];
     B = bt.data();
   }
-  std::vector<float> row(static_cast<size_t>(n));
+  row.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < m; ++i) {
     std::fill(row.begin(), row.end(), 0.0f);
     for (int64_t p = 0; p < k; ++p) {

@@ -135,6 +135,7 @@ class Module {
   std::vector<std::unique_ptr<Buffer>> buffers_;
   std::vector<std::shared_ptr<Module>> children_;
   Tensor flat_params_, flat_grads_, flat_buffers_, flat_shadow_;
+  std::vector<Parameter*> bound_params_;  // parameters(), as bind() laid them out: a step's own list
   bool training_ = true;
   DType compute_dtype_ = DType::f32;
   // Makes (bf16) or drops (f32) the shadow buffer and the parameters' views into it.

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -254,7 +255,8 @@ class DataParallel {
   // A replica's source failed this step: the per-bucket updates are skipped, as the update
   // of an abandoned step is (set before any replica hands a bucket over).
   std::atomic<bool> step_failed_{false};
-  int comm_ctas_ = 0;  // DataParallelOptions::comm_ctas
+  std::vector<std::exception_ptr> source_error_;  // per replica, the step's; kept to spare an allocation a step
+  int comm_ctas_ = 0;                             // DataParallelOptions::comm_ctas
   // The buckets of this size (and the first's, first_bucket_mb_), each parameter's, and
   // the per-bucket updates' events.
   void assign_buckets(double bucket_mb);

@@ -29,9 +29,13 @@ using LeafHook = std::function<void(const Tensor& leaf)>;
 // What a node's backward hands back for its inputs.
 class Grads {
  public:
-  explicit Grads(const std::vector<Tensor>& inputs, const LeafHook* before_write = nullptr,
-                 const LeafHook* on_done = nullptr)
-      : inputs_(inputs), out_(inputs.size()), before_write_(before_write), on_done_(on_done) {}
+  // `slots` holds the gradients handed back (emptied and sized here: the engine lends the
+  // same vector to every node, so a pass allocates nothing for them).
+  Grads(const std::vector<Tensor>& inputs, std::vector<Tensor>& slots, const LeafHook* before_write = nullptr,
+        const LeafHook* on_done = nullptr)
+      : inputs_(inputs), out_(slots), before_write_(before_write), on_done_(on_done) {
+    out_.assign(inputs.size(), Tensor());
+  }
   // Whether input i needs a gradient at all.
   bool needed(size_t i) const { return inputs_[i].requires_grad(); }
   // The existing gradient of leaf input i, to accumulate into in place (e.g. a GEMM
@@ -59,7 +63,7 @@ class Grads {
 
  private:
   const std::vector<Tensor>& inputs_;
-  std::vector<Tensor> out_;
+  std::vector<Tensor>& out_;
   std::vector<char> handed_;  // sized at the first handed(): other nodes never need it
   const LeafHook* before_write_;
   const LeafHook* on_done_;
@@ -91,6 +95,10 @@ class Node {
   // through it (backward() from another loss sharing this part of the graph) is an error,
   // as in PyTorch without retain_graph.
   bool released = false;
+  // The engine's own: the backward pass that last reached this node, and the gradient
+  // of its output gathered so far in that pass.
+  uint64_t seen_in_pass = 0;
+  Tensor pending;
 };
 
 // Runs backward from `root` with the seed gradient `seed` (same shape as root).

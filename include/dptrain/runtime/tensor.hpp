@@ -3,9 +3,11 @@
 // tensor over part of another's storage (parameters are views into one flat buffer).
 // A tensor that takes part in autograd also carries an AutogradMeta (autograd.hpp).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,9 +20,45 @@ namespace dpt {
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
-using Shape = std::vector<int64_t>;
+// A tensor's extents, at most kMaxDims of them, held inline: every op, view and detach
+// makes a tensor, and a shape of its own on the heap was a third of a small model's
+// allocations in a step.
+class Shape {
+ public:
+  static constexpr size_t kMaxDims = 8;
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims) : Shape(dims.begin(), dims.end()) {}
+  template <class It>
+  Shape(It first, It last) {
+    for (; first != last; ++first) push_back(static_cast<int64_t>(*first));
+  }
+  explicit Shape(const std::vector<int64_t>& dims) : Shape(dims.begin(), dims.end()) {}
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  int64_t& operator[](size_t i) { return d_[i]; }
+  int64_t operator[](size_t i) const { return d_[i]; }
+  int64_t at(size_t i) const;  // throws dpt::Error past the end
+  int64_t front() const { return d_[0]; }
+  int64_t back() const { return d_[n_ - 1]; }
+  int64_t* begin() { return d_; }
+  int64_t* end() { return d_ + n_; }
+  const int64_t* begin() const { return d_; }
+  const int64_t* end() const { return d_ + n_; }
+  int64_t* data() { return d_; }
+  const int64_t* data() const { return d_; }
+  void push_back(int64_t d);  // throws dpt::Error beyond kMaxDims, as insert does
+  void insert(const int64_t* pos, int64_t d);
+  std::vector<int64_t> vec() const { return {begin(), end()}; }
+  friend bool operator==(const Shape& a, const Shape& b) {
+    return a.n_ == b.n_ && std::equal(a.begin(), a.end(), b.begin());
+  }
+
+ private:
+  int64_t d_[kMaxDims] = {};
+  size_t n_ = 0;
+};
 int64_t numel(const Shape& s);
-std::string shape_str(const Shape& s);
+std::string shape_str(std::span<const int64_t> s);  // "[2, 3]"
 
 // Memory from a device's caching allocator, handed back when the last tensor using it
 // goes away.
@@ -69,6 +107,12 @@ class Tensor {
   Tensor rows(int64_t first, int64_t count) const;
   // The same data without autograd history.
   Tensor detach() const;
+  // The same data with no autograd state at all, for a tensor that is only read (what a
+  // node saves for its backward): a host allocation less than detach(), whose fresh state
+  // its copies share. Its autograd calls see no gradient and none required; one that
+  // writes (set_requires_grad, set_grad) gives it a state of its own, not shared with
+  // copies made before.
+  Tensor untracked() const;
   // Exchanges the memory of this tensor's storage and other's (each the whole of its
   // storage, the same bytes, on one device): every view of either follows, on the host.
   // What is queued already keeps the memory it was queued with. For buffers written in
