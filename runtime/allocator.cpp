@@ -255,12 +255,16 @@ void CachingAllocator::reset_peak() {
 }
 
 CachingAllocator& allocator(const Device& device) {
-  // One per device, never destroyed (tensors in static objects may outlive main).
+  // One per device, never destroyed (tensors in static objects may outlive main), so the
+  // thread may keep the last one it asked for: every tensor made and freed asks.
+  thread_local CachingAllocator* last = nullptr;
+  if (last && last->device() == device) return *last;
   static std::mutex mu;
   static auto* table = new std::map<std::pair<int, int>, std::unique_ptr<CachingAllocator>>();
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = (*table)[{static_cast<int>(device.type), device.index}];
   if (!slot) slot = std::make_unique<CachingAllocator>(device);
+  last = slot.get();
   return *slot;
 }
 
