@@ -33,17 +33,17 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
-int64_t Shape::at(size_t i) const {
-  DPT_CHECK(i < n_, "dimension " + std::to_string(i) + " of shape " + shape_str(*this));
-  return d_[i];
+void Shape::out_of_range(size_t i) const {
+  throw Error("dimension " + std::to_string(i) + " is past the end of shape " + shape_str(*this));
 }
 
-void Shape::push_back(int64_t d) { insert(end(), d); }
+void Shape::too_many(int64_t d) const {
+  throw Error("a tensor has at most " + std::to_string(kMaxDims) + " dimensions: " + shape_str(*this) + " and " +
+              std::to_string(d) + " is one too many");
+}
 
 void Shape::insert(const int64_t* pos, int64_t d) {
-  if (n_ == kMaxDims)
-    throw Error("a tensor has at most " + std::to_string(kMaxDims) + " dimensions: " + shape_str(*this) + " and " +
-                std::to_string(d) + " is one too many");
+  if (n_ == kMaxDims) too_many(d);
   const auto i = static_cast<size_t>(pos - d_);
   std::copy_backward(d_ + i, d_ + n_, d_ + n_ + 1);
   d_[i] = d;

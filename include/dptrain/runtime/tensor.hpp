@@ -37,7 +37,10 @@ class Shape {
   bool empty() const { return n_ == 0; }
   int64_t& operator[](size_t i) { return d_[i]; }
   int64_t operator[](size_t i) const { return d_[i]; }
-  int64_t at(size_t i) const;  // throws dpt::Error past the end
+  int64_t at(size_t i) const {  // throws dpt::Error past the end
+    if (i >= n_) out_of_range(i);
+    return d_[i];
+  }
   int64_t front() const { return d_[0]; }
   int64_t back() const { return d_[n_ - 1]; }
   int64_t* begin() { return d_; }
@@ -46,7 +49,10 @@ class Shape {
   const int64_t* end() const { return d_ + n_; }
   int64_t* data() { return d_; }
   const int64_t* data() const { return d_; }
-  void push_back(int64_t d);  // throws dpt::Error beyond kMaxDims, as insert does
+  void push_back(int64_t d) {  // throws dpt::Error beyond kMaxDims, as insert does
+    if (n_ == kMaxDims) too_many(d);
+    d_[n_++] = d;
+  }
   void insert(const int64_t* pos, int64_t d);
   std::vector<int64_t> vec() const { return {begin(), end()}; }
   friend bool operator==(const Shape& a, const Shape& b) {
@@ -54,6 +60,8 @@ class Shape {
   }
 
  private:
+  [[noreturn]] void out_of_range(size_t i) const;
+  [[noreturn]] void too_many(int64_t d) const;
   int64_t d_[kMaxDims] = {};
   size_t n_ = 0;
 };
