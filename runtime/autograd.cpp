@@ -99,8 +99,11 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
   DPT_CHECK(!running, "backward() from inside a backward pass (a hook that runs backward)");
   running = true;
   // The lists hold nodes only during the pass: emptying them frees what the nodes saved.
+  // A pass that failed leaves no gradient in the nodes it did not reach.
   struct Clear {
     ~Clear() {
+      for (const std::shared_ptr<Node>& n : order)
+        if (n) n->pending = Tensor();
       order.clear();
       stack.clear();
       node_grads.clear();
