@@ -66,20 +66,20 @@ void Module::train(bool on) {
 }
 
 Parameter& Module::register_parameter(std::string name, Shape shape, float init_bound, float init_value) {
-  DPT_CHECK(!materialized(), "register_parameter() after the module was placed on a device");
+  DPT_CHECK(!placed_, "register_parameter() after the module (or one it belongs to) was placed on a device");
   params_.push_back(
       std::make_unique<Parameter>(Parameter{std::move(name), std::move(shape), init_bound, init_value, {}, {}}));
   return *params_.back();
 }
 
 Buffer& Module::register_buffer(std::string name, Shape shape, float init) {
-  DPT_CHECK(!materialized(), "register_buffer() after the module was placed on a device");
+  DPT_CHECK(!placed_, "register_buffer() after the module (or one it belongs to) was placed on a device");
   buffers_.push_back(std::make_unique<Buffer>(Buffer{std::move(name), std::move(shape), init, {}}));
   return *buffers_.back();
 }
 
 void Module::register_module(std::shared_ptr<Module> child) {
-  DPT_CHECK(!materialized(), "register_module() after the module was placed on a device");
+  DPT_CHECK(!placed_, "register_module() after the module (or one it belongs to) was placed on a device");
   children_.push_back(std::move(child));
 }
 
@@ -105,6 +105,7 @@ void Module::bind(Tensor flat, Tensor buffers_flat) {
   flat_params_ = std::move(flat);
   flat_grads_ = Tensor::zeros({total}, DType::f32, flat_params_.device());
   bound_params_ = parameters();
+  mark_placed();
   const auto& params = bound_params_;
   for (size_t k = 0; k < params.size(); ++k) {
     Parameter& p = *params[k];
@@ -195,6 +196,11 @@ std::shared_ptr<Module> Module::replicate(const Device& device) const {
   r->bind(std::move(flat), std::move(bufs));
   r->train(training_);
   return r;
+}
+
+void Module::mark_placed() {
+  placed_ = true;
+  for (auto& c : children_) c->mark_placed();
 }
 
 void Module::zero_grad() {

@@ -74,9 +74,13 @@ class CachingAllocator {
   // Free blocks of one stream by size class, each class oldest first (handed out in the
   // order they were freed). The lists keep their capacity, so a step's frees allocate
   // nothing on the host.
-  using FreeList = std::map<size_t, std::vector<void*>>;
+  struct FreeClass {
+    std::vector<void*> blocks;  // the free ones are blocks[head...], oldest first
+    size_t head = 0;
+  };
+  using FreeList = std::map<size_t, FreeClass>;
   static void* take(FreeList& list, size_t size);  // nullptr when none is free
-  static void put(FreeList& list, size_t size, void* p) { list[size].push_back(p); }
+  static void put(FreeList& list, size_t size, void* p) { list[size].blocks.push_back(p); }
   std::map<void*, FreeList> free_;  // by stream
   AllocatorStats stats_;
   bool capturing_ = false;

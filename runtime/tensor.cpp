@@ -307,6 +307,10 @@ Tensor Tensor::view(int64_t offset, const Shape& shape) const {
 
 Tensor Tensor::detach() const { return view(0, shape_); }
 
+void Tensor::no_dimension(int64_t d) const {
+  throw Error("dimension " + std::to_string(d) + " of a tensor of shape " + shape_str(shape_));
+}
+
 Tensor Tensor::untracked() const {
   Tensor t = *this;
   t.meta_.reset();

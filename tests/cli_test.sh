@@ -4,7 +4,9 @@
 set -u
 exe=$1
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# Only this shell removes it: a child forked for a background run holds the trap until it
+# execs, and one signalled before that would run it.
+trap '[ "$BASHPID" = "$$" ] && rm -rf "$tmp"' EXIT
 fails=0 passes=0
 ok() { passes=$((passes + 1)); }
 bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
@@ -143,16 +145,20 @@ rc=$?
 # signals: the current step finishes, the checkpoint is written, status 128 + signal
 for sig in INT TERM; do
   rm -f "$tmp/sig.safetensors"
-  "$exe" --devices cpu --steps 100000000 --log-every 1000 --save "$tmp/sig.safetensors" >"$tmp/out" 2>&1 &
+  # A file of its own, new: a 'step 1/' left by an earlier run would send the signal before
+  # dptrain even started.
+  out="$tmp/sig_$sig.out"
+  rm -f "$out"
+  "$exe" --devices cpu --steps 100000000 --log-every 1000 --save "$tmp/sig.safetensors" >"$out" 2>&1 &
   pid=$!
   # After its first step (its handlers are in place by then: a signal before them would end
   # it, or under a loaded machine leave a background job, which ignores SIGINT, running).
-  for ((i = 0; i < 600; ++i)); do grep -q '^step 1/' "$tmp/out" && break; sleep 0.1; done
+  for ((i = 0; i < 600; ++i)); do grep -q '^step 1/' "$out" 2>/dev/null && break; sleep 0.1; done
   kill -s $sig $pid
   wait $pid
   rc=$?
   want=$([ $sig = INT ] && echo 130 || echo 143)
-  [ $rc -eq "$want" ] && grep -q "stopped by SIG$sig" "$tmp/out" && ok || bad "SIG$sig: status $rc, want $want: $(tail -2 "$tmp/out")"
+  [ $rc -eq "$want" ] && grep -q "stopped by SIG$sig" "$out" && ok || bad "SIG$sig: status $rc, want $want: $(tail -2 "$out")"
   "$exe" --devices cpu --resume "$tmp/sig.safetensors" --steps 1 >/dev/null 2>"$tmp/err"
   grep -q 'past --steps' "$tmp/err" && ok || bad "SIG$sig: the checkpoint does not load: $(cat "$tmp/err")"
 done

@@ -11,7 +11,9 @@ set -u
 exe=$1 bench=$2 src=$3
 lib="$(cd "$(dirname "$0")" && pwd)/cli_lib.sh"
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# Only this shell removes it: a child forked for a background run holds the trap until it
+# execs, and one signalled before that would run it.
+trap '[ "$BASHPID" = "$$" ] && rm -rf "$tmp"' EXIT
 cd "$tmp" || exit 1
 # shellcheck source=cli_lib.sh
 source "$lib"
@@ -210,13 +212,16 @@ run --devices cpu --steps 5 >out 2>&1
 # that will take hours on a CPU device warns once, early. A short run says nothing.
 # (Not under timeout: it would pass the signal on to its process group as well, and the
 # second SIGINT ends dptrain at once, as it should.)
+# (Into a new file: a 'step 1/' left in `out` by an earlier run would send the signal
+# before dptrain even started.)
+rm -f out
 "$exe" --devices cpu --steps 100000000 --log-every 100000 --batch 8 >out 2>err &
 pid=$!
 (sleep 60 && kill -9 $pid 2>/dev/null) &
 watchdog=$!
 # After its first step: its handler is in place (before it, under load, a background job
 # ignores SIGINT and would run until the watchdog).
-for ((i = 0; i < 600; ++i)); do grep -q '^step 1/' out && break; sleep 0.1; done
+for ((i = 0; i < 600; ++i)); do grep -q '^step 1/' out 2>/dev/null && break; sleep 0.1; done
 kill -INT $pid
 wait $pid
 rc=$?

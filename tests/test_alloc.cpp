@@ -7,8 +7,6 @@
 #include <new>
 #include <string>
 
-#include "catch.hpp"
-
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/layers.hpp>
@@ -16,6 +14,9 @@
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/ops.hpp>
+#include "catch.hpp"
+#include "common.hpp"
 
 namespace {
 std::atomic<long> g_news{0};
@@ -31,6 +32,15 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+// The nothrow forms too (Catch2 registers its tests with them): every new of the program
+// is counted and every delete frees what malloc gave, also under a sanitizer.
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(n ? n : 1);
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace dpt {
 namespace {
@@ -77,7 +87,9 @@ TEST_CASE("a step's host allocations: a few per layer, none for shapes, paramete
   const double two = bare_step("16-32x2-4"), four = bare_step("16-32x4-4");
   const double per_layer = (four - two) / 2;
   INFO("bare step: " << two << " allocations with 3 layers, " << four << " with 5");
-  CHECK(per_layer <= 8);
+  // Budgets a little above today's counts (6.5 and 6.5 with GCC 12's libstdc++): a
+  // regression of one allocation a layer, or of two a step, fails.
+  CHECK(per_layer <= 7);
   CHECK(two - 3 * per_layer <= 8);  // the loss and the update
 
   // Data parallelism on one replica, with the gradient check the trainer asks for: its
@@ -97,31 +109,33 @@ TEST_CASE("a step's host allocations: a few per layer, none for shapes, paramete
   const nn::MSELoss mse;
   const double dp_step = allocations_per_step([&](int) { (void)dp.train_step(b, mse); });
   INFO("DataParallel step: " << dp_step);
-  CHECK(dp_step <= two + 10);  // 8 now: the loss records, the loss handed back, the check's scale
+  CHECK(dp_step <= two + 9);  // 8 now: the loss records, the loss handed back, the check's scale
 }
 
-TEST_CASE("the autograd engine keeps no state between passes: a failed pass leaves nothing for the next", "[alloc]") {
-  auto net = nn::mlp("4-8-2", Act::relu);
-  net->to(kHost, 1);
-  data::Synthetic d({.task = data::Task::regression, .in = 4, .out = 2, .seed = 2}, kHost);
-  const data::Batch b = d.batch(0, 4);
+TEST_CASE("the autograd engine keeps no state between passes: a failed pass leaves nothing behind", "[alloc]") {
+  const Tensor x = test::randn_tensor({4, 3}, 1, kHost), y = test::randn_tensor({4, 2}, 2, kHost);
+  Tensor W1 = test::randn_tensor({5, 3}, 3, kHost), W2 = test::randn_tensor({2, 5}, 4, kHost);
+  W1.set_requires_grad(true);
+  W2.set_requires_grad(true);
   auto grads = [&] {
-    net->zero_grad();
-    nn::MSELoss()(net->forward(b.x), b.y).backward();
-    net->settle_grads();
-    return net->flat_grads().to_host();
+    W1.set_grad(Tensor());
+    W2.set_grad(Tensor());
+    mse_loss(linear(linear(x, W1, Tensor(), Act::relu), W2, Tensor(), Act::none), y).backward();
+    return std::make_pair(W1.grad().to_host(), W2.grad().to_host());
   };
   const auto first = grads();
-  // A hook that throws halfway through backward: the pass ends with gradients pending in
-  // nodes it did not reach.
-  net->zero_grad();
-  Tensor loss = nn::MSELoss()(net->forward(b.x), b.y);
+  // A hook that throws after the last layer's backward: the first layer's node then holds
+  // the gradient of its output, pending, and the pass ends there.
+  W1.set_grad(Tensor());
+  W2.set_grad(Tensor());
+  const Tensor h = linear(x, W1, Tensor(), Act::relu);
+  const Tensor loss = mse_loss(linear(h, W2, Tensor(), Act::none), y);
   CHECK_THROWS(run_backward(loss, 1.0f, [](const Tensor&) { throw Error("stop"); }));
-  CHECK(grads() == first);
+  CHECK(!h.grad_fn()->pending.defined());  // not kept alive by the graph the pass left
+  CHECK(grads() == first);                 // and the next pass runs as ever
   // backward from inside a pass (a hook) is refused, not run over the engine's own lists.
-  net->zero_grad();
-  Tensor l2 = nn::MSELoss()(net->forward(b.x), b.y);
-  Tensor other = nn::MSELoss()(net->forward(b.x), b.y);
+  auto fresh_loss = [&] { return mse_loss(linear(linear(x, W1, Tensor(), Act::relu), W2, Tensor(), Act::none), y); };
+  const Tensor l2 = fresh_loss(), other = fresh_loss();
   std::string refused;
   try {
     run_backward(l2, 1.0f, [&](const Tensor&) { other.backward(); });

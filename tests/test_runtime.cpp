@@ -55,11 +55,25 @@ TEST_CASE("the caching allocator reuses blocks and keeps exact stats", "[allocat
   CHECK(a.allocate(1000, nullptr) == q2);
   a.free(q2);
   a.free(q3);
+  // Many of one class, freed and taken in turns: still the order they were freed in.
+  std::vector<void*> many;
+  for (int i = 0; i < 9; ++i) many.push_back(a.allocate(100, nullptr));
+  for (void* m : many) a.free(m);
+  std::vector<void*> again;
+  for (int i = 0; i < 5; ++i) again.push_back(a.allocate(100, nullptr));
+  a.free(again[0]);  // behind the four still free
+  for (int i = 0; i < 5; ++i) again.push_back(a.allocate(100, nullptr));
+  std::vector<void*> want(many.begin(), many.begin() + 5);
+  want.insert(want.end(), many.begin() + 5, many.end());
+  want.push_back(many[0]);
+  CHECK(again == want);
+  for (size_t i = 1; i < again.size(); ++i) a.free(again[i]);
+  CHECK(a.stats().system_allocs == 4 + 9);  // the second round came from the cache
   a.free(q);
   a.free(r);
   a.empty_cache();
   CHECK(a.stats().reserved == 0);
-  CHECK(a.stats().system_frees == 4);
+  CHECK(a.stats().system_frees == 4 + 9);
 }
 
 TEST_CASE("a recording reuses the blocks it frees and keeps its blocks from everyone else until released",
@@ -186,6 +200,31 @@ TEST_CASE("a shape holds up to kMaxDims extents inline and refuses one more", "[
   }
   CHECK(full.size() == Shape::kMaxDims);
   CHECK_THROWS_AS(Shape({1, 1, 1, 1, 1, 1, 1, 1, 1}), Error);
+}
+
+TEST_CASE("a dimension outside a tensor is named in the error", "[tensor]") {
+  const Tensor t = Tensor::zeros({2, 3}, DType::f32, {DeviceType::cpu, 0});
+  CHECK(t.size(-1) == 3);
+  CHECK(t.size(-2) == 2);
+  for (int64_t d : {2, -3}) {
+    try {
+      (void)t.size(d);
+      FAIL("dimension " << d << " was given");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()) == "dimension " + std::to_string(d) + " of a tensor of shape [2, 3]");
+    }
+  }
+}
+
+TEST_CASE("a module placed on a device takes no more parameters, nor do its children", "[layers]") {
+  auto inner = std::make_shared<nn::Sequential>();
+  inner->add(std::make_shared<nn::Linear>(4, 4, Act::relu, true));
+  auto outer = std::make_shared<nn::Sequential>();
+  outer->add(inner);
+  outer->to({DeviceType::cpu, 0}, 1);
+  CHECK_THROWS_AS(inner->add(std::make_shared<nn::Linear>(4, 4, Act::relu, true)), Error);
+  CHECK_THROWS_AS(outer->add(std::make_shared<nn::Linear>(4, 4, Act::relu, true)), Error);
+  CHECK(outer->parameters().size() == 2);
 }
 
 TEST_CASE("a tensor's autograd state is shared by its copies; detach() and untracked() leave it behind", "[tensor]") {

@@ -12,8 +12,8 @@ namespace dpt::cpu {
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta,
           float* C) {
   // op(B) as a contiguous k x n matrix, so the hot loop always streams rows. The scratch
-  // is the thread's, kept from call to call (as large as the largest op(B) it held): a
-  // small model's step allocates nothing here.
+  // is the thread's, kept from call to call (up to 4 MiB): a small model's step allocates
+  // nothing here.
   thread_local std::vector<float> bt, row;
   if (tb) {
     bt.resize(static_cast<size_t>(k * n));
@@ -36,6 +36,10 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
       for (int64_t j = 0; j < n; ++j) c[j] = alpha * row[j] + beta * c[j];
     }
   }
+  // A large GEMM's scratch is not kept: the next small one would hold it for good.
+  constexpr size_t kKeep = size_t{1} << 20;  // floats
+  if (bt.capacity() > kKeep) std::vector<float>().swap(bt);
+  if (row.capacity() > kKeep) std::vector<float>().swap(row);
 }
 
 void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A, const uint16_t* B,

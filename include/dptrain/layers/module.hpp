@@ -136,6 +136,10 @@ class Module {
   std::vector<std::shared_ptr<Module>> children_;
   Tensor flat_params_, flat_grads_, flat_buffers_, flat_shadow_;
   std::vector<Parameter*> bound_params_;  // parameters(), as bind() laid them out: a step's own list
+  // Set by bind() on the module and its children: their parameters are laid out, so none
+  // may be added (zero_grad() and the update would not see it).
+  bool placed_ = false;
+  void mark_placed();
   bool training_ = true;
   DType compute_dtype_ = DType::f32;
   // Makes (bf16) or drops (f32) the shadow buffer and the parameters' views into it.

@@ -97,7 +97,11 @@ class Tensor {
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
   int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
-  int64_t size(int64_t d) const { return shape_.at(static_cast<size_t>(d < 0 ? d + dim() : d)); }
+  int64_t size(int64_t d) const {  // d < 0 counts from the last dimension
+    const int64_t i = d < 0 ? d + dim() : d;
+    if (i < 0 || i >= dim()) no_dimension(d);
+    return shape_[static_cast<size_t>(i)];
+  }
   int64_t numel() const { return dpt::numel(shape_); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   DType dtype() const { return dtype_; }
@@ -157,6 +161,7 @@ class Tensor {
   std::shared_ptr<AutogradMeta> meta_;
 
   AutogradMeta& meta();
+  [[noreturn]] void no_dimension(int64_t d) const;
 };
 
 // Copies src into dst (same dtype and element count, any devices), queued on dst's
