@@ -935,8 +935,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
   // step's collectives, with an empty shard, so that no other replica waits for it in an
   // all-reduce; the step is then abandoned before the update and the error rethrown.
   if (reducer_) reducer_->begin_step();
-  std::vector<std::exception_ptr>& source_error = source_error_;
-  source_error.assign(replicas_.size(), nullptr);
+  source_error_.assign(replicas_.size(), nullptr);
   step_failed_ = false;
   // Per-bucket updates queued from the replicas' threads as they hand buckets over (nccl):
   // every replica has its shards before any hands a bucket over, so that all know whether
@@ -969,10 +968,10 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
         const size_t slot = r * per_replica + static_cast<size_t>(k);
         out.weights[slot] = shares.weight(r, k);
         data::Batch shard;
-        if (m.count > 0 && !source_error[r]) try {
+        if (m.count > 0 && !source_error_[r]) try {
             shard = source(r, first + m.first, m.count);
           } catch (...) {
-            source_error[r] = std::current_exception();
+            source_error_[r] = std::current_exception();
             step_failed_ = true;
           }
         if (k + 1 == k_total && !arrived) {
@@ -995,7 +994,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
     NvtxRange range("reduce");
     reducer_->reduce();
   }
-  for (const std::exception_ptr& e : source_error)
+  for (const std::exception_ptr& e : source_error_)
     if (e) {
       synchronize();  // the collectives are done, on every replica
       std::rethrow_exception(e);

@@ -110,12 +110,12 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
       running = false;
     }
   } clear_on_exit;
+  const std::shared_ptr<Node>& root_node = root.grad_fn();
   auto visit = [&](const std::shared_ptr<Node>& node) {
     node->seen_in_pass = pass;
-    node->pending = Tensor();  // left by a pass that failed
     stack.emplace_back(node, 0);
   };
-  visit(root.grad_fn());
+  visit(root_node);
   while (!stack.empty()) {
     auto& [node, next] = stack.back();
     DPT_CHECK(!node->released, std::string("backward() through part of a graph a second time (") + node->name() +
@@ -128,10 +128,10 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
       stack.pop_back();
     }
   }
-  root.grad_fn()->pending = std::move(seed);
+  root_node->pending = std::move(seed);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* node = it->get();
-    if (!node->pending.defined() && node != root.grad_fn().get()) continue;  // no gradient flows through it
+    if (!node->pending.defined() && node != root_node.get()) continue;  // no gradient flows through it
     Tensor g = std::move(node->pending);
     const bool in_turn = node->hands_over_in_turn();
     if (before_leaf_write && !in_turn)

@@ -117,6 +117,10 @@ void need_f32(const Tensor& t, const char* op) {
   DPT_CHECK(t.defined() && t.dtype() == DType::f32, std::string(op) + ": expected a defined f32 tensor");
 }
 
+std::vector<Tensor> layer_inputs(const Tensor& x, const Tensor& w, const Tensor& b) {
+  return b.defined() ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
+}
+
 void record(Tensor& out, std::shared_ptr<Node> node, std::vector<Tensor> inputs) {
   node->inputs = std::move(inputs);
   out.set_grad_fn(std::move(node));
@@ -999,8 +1003,7 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
                     cpu::bias_act_forward(y.f32(), bias, act, rows, out, zp, y.f32()));
   }
   if (grad) {
-    std::vector<Tensor> in = b.defined() ? std::vector<Tensor>{x, W, b} : std::vector<Tensor>{x, W};
-    record(y, std::make_shared<LinearNode>(x, W, act == Act::gelu ? z : y, act), std::move(in));
+    record(y, std::make_shared<LinearNode>(x, W, act == Act::gelu ? z : y, act), layer_inputs(x, W, b));
   }
   return y;
 }
@@ -1109,8 +1112,7 @@ Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tens
                     cpu::bias_act_forward_bf16(acc.f32(), bias, act, rows, out, zp, y.bf16()));
   }
   if (grad) {
-    std::vector<Tensor> in = b.defined() ? std::vector<Tensor>{x, W, b} : std::vector<Tensor>{x, W};
-    record(y, std::make_shared<LinearBf16Node>(x, W16, act == Act::gelu ? z : y, act), std::move(in));
+    record(y, std::make_shared<LinearBf16Node>(x, W16, act == Act::gelu ? z : y, act), layer_inputs(x, W, b));
   }
   return y;
 }

@@ -228,10 +228,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride,
                              ws.bytes);
       },
       cpu::conv2d_forward(s, x.f32(), w.f32(), bias, y.f32()));
-  if (any_requires_grad({&x, &w, &b})) {
-    std::vector<Tensor> in = b.defined() ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
-    record(y, std::make_shared<Conv2dNode>(x, w, b, s), std::move(in));
-  }
+  if (any_requires_grad({&x, &w, &b})) record(y, std::make_shared<Conv2dNode>(x, w, b, s), layer_inputs(x, w, b));
   return y;
 }
 

@@ -44,6 +44,8 @@ void same_device(const Tensor& a, const Tensor& b, const char* op);
 void need_f32(const Tensor& t, const char* op);
 // Records `node` as the history of `out` when autograd is on for these inputs.
 void record(Tensor& out, std::shared_ptr<Node> node, std::vector<Tensor> inputs);
+// A layer's inputs as a node's edges: x, the weight, and the bias where there is one.
+std::vector<Tensor> layer_inputs(const Tensor& x, const Tensor& w, const Tensor& b);
 // Adds a fresh gradient `g` for input i: in place into its accumulator when it has one.
 void give(Grads& grads, size_t i, Tensor g);
 

@@ -145,10 +145,9 @@ rc=$?
 # signals: the current step finishes, the checkpoint is written, status 128 + signal
 for sig in INT TERM; do
   rm -f "$tmp/sig.safetensors"
-  # A file of its own, new: a 'step 1/' left by an earlier run would send the signal before
+  # A file of its own: a 'step 1/' left by an earlier run would send the signal before
   # dptrain even started.
   out="$tmp/sig_$sig.out"
-  rm -f "$out"
   "$exe" --devices cpu --steps 100000000 --log-every 1000 --save "$tmp/sig.safetensors" >"$out" 2>&1 &
   pid=$!
   # After its first step (its handlers are in place by then: a signal before them would end
