@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 
@@ -44,6 +46,15 @@ int launcher_rank() {
   for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
     if (const char* v = std::getenv(var)) return std::atoi(v);
   return 0;
+}
+
+// A rank other than 0 leaves an error that every rank finds alike to rank 0, and waits a
+// little before it exits with it: the launcher ends the whole job as soon as one rank exits
+// non-zero (Open MPI's mpiexec does), which could take rank 0 down before its line was out
+// (ddp_test.sh once saw a job end with no line at all).
+int leave_report_to_rank0(int status) {
+  if (status != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+  return status;
 }
 
 constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3, kExitNonFinite = 4;
@@ -623,7 +634,7 @@ int after_training(AfterTraining& a, bool predict) {
 // other ranks do not wait for a peer that is gone.
 int fail(int status, const char* what) {
   if (g_group && g_group->size() > 1) g_group->abort(what, status);
-  if (!g_group && launcher_rank() != 0) return status;  // rank 0 reports what every rank found
+  if (!g_group && launcher_rank() != 0) return leave_report_to_rank0(status);  // rank 0 reports it
   std::fprintf(stderr, "%sdptrain: error: %s\n", g_progress_open ? "\n" : "",
                dpt::app::one_line(dpt::app::in_flags(what)).c_str());
   return status;
@@ -668,7 +679,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   // Every rank finds the same fault in the command line; rank 0 alone reports it.
   if (const int status = dpt::app::parse_command_line(app, argc, argv, "dptrain", launcher_rank() != 0); status >= 0)
-    return status;
+    return launcher_rank() != 0 ? leave_report_to_rank0(status) : status;
   if (*predict || *eval) {
     AfterTraining& a = *predict ? predict_args : eval_args;
     a.on_command_line = dpt::app::command_line_flags(argc, argv);
