@@ -53,32 +53,49 @@ Batch Synthetic::batch(int64_t first, int64_t count) const {
   return rows({first, count, count, cfg_.samples}, count);
 }
 
-Batch Synthetic::rows(const RowMap& map, int64_t count) const {
+Batch Synthetic::rows(const RowMap& map, int64_t count, const Batch& into) const {
   DPT_CHECK(map.first >= 0 && map.per_group > 0 && map.group_stride >= map.per_group && count > 0,
             "Synthetic::rows: bad rows");
   const RowMap wrapped{map.first, map.per_group, map.group_stride, cfg_.samples};
   NoGradGuard no_grad;
+  auto fits = [&](const Tensor& given, DType dtype, const Shape& row) {
+    Shape s{count};
+    s.insert(s.end(), row.begin(), row.end());
+    DPT_CHECK(
+        given.dtype() == dtype && given.device() == device_ && given.shape() == s,
+        "Synthetic::rows: `into` does not hold " + std::to_string(count) + " rows of this set on " + device_.str());
+  };
+  if (into.x.defined()) {
+    fits(into.x, DType::f32, input_shape());
+    fits(into.y, cfg_.task == Task::classification ? DType::i32 : DType::f32, target_shape());
+  }
   Batch b;
   // Sample i's features are elements i*in .. i*in+in-1 of the input stream.
+  b.x = into.x.defined() ? into.x : Tensor::empty({count, cfg_.in}, DType::f32, device_);
+  if (!cfg_.image.empty()) b.x = b.x.reshape({count, cfg_.image[0], cfg_.image[1], cfg_.image[2]});
+  normal_rows_(b.x, cfg_.seed, kInputs, wrapped);
+  auto labels = [&](const Tensor& out) {  // classification: the teacher's argmax
+    b.y = argmax_rows(out);
+    if (into.y.defined()) {
+      copy(into.y, b.y);
+      b.y = into.y;
+    }
+  };
   if (!cfg_.image.empty()) {
     // Every op of the teacher works sample by sample, so a label does not depend on
     // the batch it is made in.
     const Shape& im = cfg_.image;
-    b.x = Tensor::empty({count, im[0], im[1], im[2]}, DType::f32, device_);
-    normal_rows_(b.x, cfg_.seed, kInputs, wrapped);
     Tensor h = activation(conv2d(b.x, w1_, Tensor(), 1, 1), Act::tanh);
     h = flatten(pool2d(h, Pool::avg, im[1], im[2], 1));
-    b.y = argmax_rows(linear(h, w2_, Tensor(), Act::none));
+    labels(linear(h, w2_, Tensor(), Act::none));
     return b;
   }
-  b.x = Tensor::empty({count, cfg_.in}, DType::f32, device_);
-  normal_rows_(b.x, cfg_.seed, kInputs, wrapped);
   Tensor h = linear(b.x, w1_, Tensor(), Act::tanh);
-  Tensor out = linear(h, w2_, Tensor(), Act::none);
   if (cfg_.task == Task::classification) {
-    b.y = argmax_rows(out);
+    labels(linear(h, w2_, Tensor(), Act::none));
     return b;
   }
+  Tensor out = linear(h, w2_, Tensor(), Act::none, into.y);
   // Noise for sample i is elements i*out .. of the noise stream, added in the same pass.
   if (cfg_.noise > 0.0f) normal_rows_(out, cfg_.seed, kNoise, wrapped, cfg_.noise, /*add=*/true);
   b.y = out;

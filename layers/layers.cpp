@@ -135,12 +135,6 @@ std::vector<std::pair<std::string, Buffer*>> Sequential::named_buffers(const std
 
 int Sequential::torch_modules() const { return 1; }
 
-bool Sequential::reads_master() const {
-  for (const auto& c : children())
-    if (c->reads_master()) return true;
-  return false;
-}
-
 std::string Sequential::describe() const {
   std::string s = "Sequential(";
   for (size_t i = 0; i < children().size(); ++i) s += (i ? ", " : "") + children()[i]->describe();

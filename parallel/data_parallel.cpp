@@ -288,18 +288,15 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
       }
     }
   // Twin buffers where every update is the checked one without clipping, each replica's
-  // optimizer over its whole buffer; in a CUDA graph only where the recorded kernels read
-  // no master parameters but the update's (bf16 compute: the shadows) and every replica
-  // updates its own (no recorded copy of the master's parameters).
+  // optimizer over its whole buffer. (A CUDA graph records a step of each parity of the
+  // step counter: each reads the copies that are current at its steps.)
   const bool twins_asked = options.twin_buffers == TwinBuffers::on ||
                            (options.twin_buffers == TwinBuffers::automatic && devices_[0].is_cuda());
-  const char* no_twins = !check_finite_                        ? "the gradients are not checked (check_finite)"
-                         : clip_ > 0.0f                        ? "clipping scales the update by the whole norm first"
-                         : !shards_.empty()                    ? "ZeRO shards the state"
-                         : options.update_per_bucket           ? "buckets are updated one by one"
-                         : use_graph_ && !every                ? "the graph would copy the master's parameters (p2p)"
-                         : use_graph_ && model->reads_master() ? "the graph's kernels read the master parameters"
-                                                               : nullptr;
+  const char* no_twins = !check_finite_              ? "the gradients are not checked (check_finite)"
+                         : clip_ > 0.0f              ? "clipping scales the update by the whole norm first"
+                         : !shards_.empty()          ? "ZeRO shards the state"
+                         : options.update_per_bucket ? "buckets are updated one by one"
+                                                     : nullptr;
   if (twins_asked && !no_twins)
     for (Replica& rep : replicas_)
       if (rep.opt) {
@@ -731,125 +728,158 @@ void DataParallel::update(size_t r) {
   if (r == 0 && timing_ && !recording_) rep.t_updated->record(*rep.ctx);
 }
 
+int DataParallel::graph_parity() const {
+  // The optimizers' step counter: with twin buffers the copies current at a step are
+  // those of its parity, and a recording bakes in their addresses.
+  const optim::Optimizer* o = replicas_[0].opt.get();
+  return o ? static_cast<int>(o->steps_taken() & 1) : 0;
+}
+
+void DataParallel::drop_graphs() {
+  for (Recording& g : rec_) {
+    g.graph.reset();
+    g.copy.clear();
+    g.out = StepLoss();
+  }
+  graph_warm_ = false;
+}
+
+data::Batch DataParallel::next_step_inputs(size_t replica) const {
+  return offered_ && replica < offered_->size() ? (*offered_)[replica] : data::Batch();
+}
+
 StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                                   const LossFn& metric, int64_t next_first) {
   const ShardPlan& shares = plan(count);
   const size_t n = replicas_.size();
   Replica& master = replicas_[0];
-  if (graph_in_.size() != n) {
-    graph_in_.assign(n, data::Batch());
+  if (graph_copy_ctx_.size() != n) {
+    for (Recording& g : rec_) g.in.assign(n, data::Batch());
     for (size_t r = 0; r < n; ++r) {
       graph_inputs_ready_.push_back(std::make_unique<Event>(devices_[r]));
       graph_copy_ctx_.push_back(std::make_unique<Context>(devices_[r]));
     }
     graph_done_ = std::make_unique<Event>(devices_[0]);
   }
+  const int q = graph_parity();
+  Recording& cur = rec_[q];
+  Recording& other = rec_[1 - q];  // the next step's
   // Each replica's shard goes into the fixed buffers that its step reads. With one
   // micro-batch a replay copies the next step's shard in (next_first) on a stream of the
   // replica's own once its backward is queued, beside its update (a node whose sources
-  // each replay moves); a shard the last replay did not copy (the first, or an unforeseen
-  // step) is copied before the replay. With micro-batches the source is asked for each in
-  // turn, as in an eager step (a file's loader serves one micro-batch at a time and reuses
-  // its buffer at the next request), so each is copied in at once, before the replay.
+  // each replay moves), or the source made it there (next_step_inputs); a shard that is
+  // in neither way (the first, or an unforeseen step) is copied before the replay. With
+  // micro-batches the source is asked for each in turn, as in an eager step (a file's
+  // loader serves one micro-batch at a time and reuses its buffer at the next request),
+  // so each is copied in at once, before the replay.
   const bool in_micro_batches = shares.micro_batches() > 1;
   // (The buffers keep what the last replay copied in when the graph is recorded anew.)
-  const bool copied_in = !in_micro_batches && graph_next_ == SampleRange{first, count};
+  const bool copied_in = !in_micro_batches && graph_next_ == SampleRange{first, count} && graph_next_parity_ == q;
   const bool ask_next = !in_micro_batches && graph_warm_ && next_first >= 0;  // a replay follows
   graph_next_ = {};
+  offered_ = !in_micro_batches && graph_warm_ ? &other.in : nullptr;
   std::vector<data::Batch> next(n);  // the next step's shards, for the graph's copy
   std::vector<char> has_rows(n, 0), resized(n, 0), next_fits(n, 1);
-  run_on_all([&](size_t r) {
-    Replica& rep = replicas_[r];
-    const SampleRange part = shares.replica_part(r);
-    if (part.count == 0) return;
-    has_rows[r] = 1;
-    // Nothing of this replica's stream may run beside a replay: the graph's kernels share
-    // the context's cuBLAS workspace and reduction counter with what the source queues.
-    // (Replica 0's stream is the replays' own. Before the first replay the event is
-    // unrecorded, and waiting for it waits for nothing.)
-    if (r > 0) graph_done_->wait_in(*rep.ctx);
-    data::Batch& in = graph_in_[r];
-    auto shape_of = [&](const data::Batch& b) {  // the fixed buffers hold the replica's part
-      Shape x = b.x.shape(), y = b.y.shape();
-      x[0] = y[0] = part.count;
-      return std::pair{x, y};
-    };
-    auto fit = [&](const data::Batch& b) {
-      const auto [x, y] = shape_of(b);
-      if (in.x.defined() && in.x.shape() == x && in.y.shape() == y) return;
-      in = {Tensor::empty(x, b.x.dtype(), rep.device), Tensor::empty(y, b.y.dtype(), rep.device)};
-      resized[r] = 1;
-    };
-    if (!in_micro_batches) {
-      if (!copied_in) {
-        const data::Batch b = source(r, first + part.first, part.count);
-        fit(b);
-        copy_all({{in.x, b.x}, {in.y, b.y}});
-      }
-      if (ask_next) {
-        // A bad row of the next step's is that step's error: its own request meets it again.
-        try {
-          next[r] = source(r, next_first + part.first, part.count);
-          next_fits[r] = shape_of(next[r]) == std::pair{in.x.shape(), in.y.shape()};
-        } catch (const std::exception&) {
-          next[r] = data::Batch();
-          next_fits[r] = 0;
+  auto same_memory = [](const Tensor& a, const Tensor& b) { return a.data() == b.data() && a.shape() == b.shape(); };
+  try {
+    run_on_all([&](size_t r) {
+      Replica& rep = replicas_[r];
+      const SampleRange part = shares.replica_part(r);
+      if (part.count == 0) return;
+      has_rows[r] = 1;
+      // Nothing of this replica's stream may run beside a replay: the graph's kernels share
+      // the context's cuBLAS workspace and reduction counter with what the source queues.
+      // (Replica 0's stream is the replays' own. Before the first replay the event is
+      // unrecorded, and waiting for it waits for nothing.)
+      if (r > 0) graph_done_->wait_in(*rep.ctx);
+      data::Batch& in = cur.in[r];
+      auto shape_of = [&](const data::Batch& b) {  // the fixed buffers hold the replica's part
+        Shape x = b.x.shape(), y = b.y.shape();
+        x[0] = y[0] = part.count;
+        return std::pair{x, y};
+      };
+      auto fit = [&](const data::Batch& b) {  // both recordings' buffers
+        const auto [x, y] = shape_of(b);
+        if (in.x.defined() && in.x.shape() == x && in.y.shape() == y) return;
+        for (Recording& g : rec_)
+          g.in[r] = {Tensor::empty(x, b.x.dtype(), rep.device), Tensor::empty(y, b.y.dtype(), rep.device)};
+        resized[r] = 1;
+      };
+      if (!in_micro_batches) {
+        if (!copied_in) {
+          const data::Batch b = source(r, first + part.first, part.count);
+          fit(b);
+          if (!same_memory(in.x, b.x) || !same_memory(in.y, b.y)) copy_all({{in.x, b.x}, {in.y, b.y}});
+        }
+        if (ask_next) {
+          // A bad row of the next step's is that step's error: its own request meets it again.
+          try {
+            next[r] = source(r, next_first + part.first, part.count);
+            next_fits[r] = shape_of(next[r]) == std::pair{in.x.shape(), in.y.shape()};
+          } catch (const std::exception&) {
+            next[r] = data::Batch();
+            next_fits[r] = 0;
+          }
+        }
+      } else {
+        for (int k = 0; k < shares.micro_batches(); ++k) {
+          const SampleRange m = shares.micro(r, k);
+          if (m.count == 0) continue;
+          const data::Batch b = source(r, first + m.first, m.count);
+          fit(b);
+          const int64_t at = m.first - part.first;
+          copy_all({{in.x.rows(at, m.count), b.x}, {in.y.rows(at, m.count), b.y}});
         }
       }
-    } else {
-      for (int k = 0; k < shares.micro_batches(); ++k) {
-        const SampleRange m = shares.micro(r, k);
-        if (m.count == 0) continue;
-        const data::Batch b = source(r, first + m.first, m.count);
-        fit(b);
-        const int64_t at = m.first - part.first;
-        copy_all({{in.x.rows(at, m.count), b.x}, {in.y.rows(at, m.count), b.y}});
-      }
-    }
-    if (r > 0) graph_inputs_ready_[r]->record(*rep.ctx);  // after what the source queued there
-  });
-  if (std::find(resized.begin(), resized.end(), 1) != resized.end()) {
-    graph_.reset();
-    graph_warm_ = false;
+      if (r > 0) graph_inputs_ready_[r]->record(*rep.ctx);  // after what the source queued there
+    });
+  } catch (...) {
+    offered_ = nullptr;
+    throw;
   }
-  // The graph's copy of replica r: from the next step's shard, or onto itself (a copy that
-  // changes nothing) when no step follows or the next shard does not fit.
+  offered_ = nullptr;
+  if (std::find(resized.begin(), resized.end(), 1) != resized.end()) drop_graphs();
+  // The graph's copy of replica r into the other recording's buffers: from the next step's
+  // shard, or onto themselves (a copy that changes nothing) when no step follows or the
+  // next shard does not fit.
   const bool next_known =
       ask_next && graph_warm_ && std::find(next_fits.begin(), next_fits.end(), 0) == next_fits.end();
   const auto copies = [&](size_t r) -> std::vector<std::pair<Tensor, Tensor>> {
-    const data::Batch& from = next_known ? next[r] : graph_in_[r];
-    return {{graph_in_[r].x, from.x}, {graph_in_[r].y, from.y}};
+    const data::Batch& from = next_known ? next[r] : other.in[r];
+    return {{other.in[r].x, from.x}, {other.in[r].y, from.y}};
   };
   // The step reads its micro-batches as views of the fixed buffers.
   const ShardSource fixed = [&](size_t r, int64_t f, int64_t count_r) {
     const int64_t at = f - first - shares.replica_part(r).first;
-    return data::Batch{graph_in_[r].x.rows(at, count_r), graph_in_[r].y.rows(at, count_r)};
+    return data::Batch{cur.in[r].x.rows(at, count_r), cur.in[r].y.rows(at, count_r)};
   };
   if (!graph_warm_) {  // an eager step first: cuBLAS and the allocator set up outside the graph
     graph_warm_ = true;
     return step_body(first, count, fixed, loss, metric);
   }
   const std::vector<optim::Optimizer*> opts = optimizers();
-  if (!graph_) {
-    // Recorded once: the schedule's learning rate (and AdamW's bias corrections) are
-    // computed in the graph, from each optimizer's counter on the device. The host's
-    // counts must not move while recording.
+  if (!cur.graph) {
+    // Recorded once for each parity: the schedule's learning rate (and AdamW's bias
+    // corrections) are computed in the graph, from each optimizer's counter on the device.
+    // The host's counts must not move while recording.
     std::vector<int64_t> taken;
     for (optim::Optimizer* o : opts) taken.push_back(o->steps_taken());
-    graph_ = std::make_unique<Graph>(*master.ctx);
+    cur.graph = std::make_unique<Graph>(*master.ctx, other.graph.get());
     recording_ = true;
     std::mutex copy_m;  // the replicas' threads record their copies in turn (the hook below)
     try {
-      graph_->begin();
-      for (size_t r = 1; r < n; ++r) graph_->join(*replicas_[r].ctx);
+      Graph& graph = *cur.graph;
+      graph.begin();
+      for (size_t r = 1; r < n; ++r) graph.join(*replicas_[r].ctx);
       if (reducer_)
-        for (Context* c : reducer_->contexts()) graph_->join(*c);
+        for (Context* c : reducer_->contexts()) graph.join(*c);
       for (Replica& rep : replicas_)
-        if (rep.update_ctx) graph_->join(*rep.update_ctx);
-      graph_copy_.assign(n, 0);
-      if (!in_micro_batches) {
+        if (rep.update_ctx) graph.join(*rep.update_ctx);
+      cur.copy.clear();
+      if (ask_next) {
+        cur.copy.assign(n, 0);
         for (size_t r = 0; r < n; ++r)
-          if (has_rows[r]) graph_->join(*graph_copy_ctx_[r]);
+          if (has_rows[r]) graph.join(*graph_copy_ctx_[r]);
         // Backward has read the inputs for the last time: the copy goes beside the rest
         // (the update, the reduction). Replicas reach here in any order, the graph numbers
         // its copies in call order: each replica's index is kept.
@@ -857,18 +887,19 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
           if (!has_rows[r]) return;
           Context& side = *graph_copy_ctx_[r];
           std::lock_guard<std::mutex> lk(copy_m);
-          graph_->fork(*replicas_[r].ctx, side);
+          graph.fork(*replicas_[r].ctx, side);
           ContextGuard g(side);
-          graph_copy_[r] = graph_->copy_in(copies(r));
+          cur.copy[r] = graph.copy_in(copies(r));
         };
       }
-      graph_out_ = step_body(first, count, fixed, loss, metric);
+      cur.out = step_body(first, count, fixed, loss, metric);
       after_backward_ = nullptr;
-      graph_->end();
+      graph.end();
     } catch (...) {
       after_backward_ = nullptr;
       recording_ = false;
-      graph_.reset();
+      cur.graph.reset();
+      cur.copy.clear();
       for (size_t i = 0; i < opts.size(); ++i) opts[i]->set_host_steps(taken[i]);  // nothing was recorded
       throw;
     }
@@ -877,21 +908,24 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   }
   {
     ContextGuard g(*master.ctx);
-    if (!in_micro_batches)
+    if (!cur.copy.empty())
       for (size_t r = 0; r < n; ++r)
-        if (has_rows[r]) graph_->set_copy_sources(graph_copy_[r], copies(r));
+        if (has_rows[r]) cur.graph->set_copy_sources(cur.copy[r], copies(r));
     for (size_t r = 1; r < n; ++r)
       if (has_rows[r]) graph_inputs_ready_[r]->wait_in(*master.ctx);
     // The whole replay counts as compute: the phases inside a graph are not timed apart.
     if (timing_) master.t_start->record(*master.ctx);
-    graph_->launch();
+    cur.graph->launch();
     if (n > 1) graph_done_->record(*master.ctx);  // what the other replicas' next inputs wait for
     if (timing_)
       for (auto* e : {master.t_backward.get(), master.t_reduced.get(), master.t_updated.get()}) e->record(*master.ctx);
   }
-  if (next_known) graph_next_ = {next_first, count};
+  if (next_known && !cur.copy.empty()) {
+    graph_next_ = {next_first, count};
+    graph_next_parity_ = 1 - q;
+  }
   for (optim::Optimizer* o : opts) o->set_host_steps(o->steps_taken() + 1);  // the replay moved the device's
-  return graph_out_;
+  return cur.out;
 }
 
 StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
@@ -1226,8 +1260,7 @@ void DataParallel::set_check_ring(const CheckRing& ring) {
   synchronize();                       // no queued step writes the old ring any more
   context(devices_[0]).synchronize();  // the new ring's count was zeroed on this thread's stream
   ring_ = ring;
-  graph_.reset();  // a recorded step writes the old one
-  graph_warm_ = false;
+  drop_graphs();  // a recorded step writes the old one
 }
 
 bool DataParallel::replicas_identical() {

@@ -189,27 +189,47 @@ void CachingAllocator::free(void* ptr) {
   put(free_[b.stream], b.size, ptr);
 }
 
-void CachingAllocator::begin_capture(void* stream) {
+void CachingAllocator::begin_capture(void* stream, Temporaries reuse) {
   std::lock_guard<std::mutex> lock(mu_);
   DPT_CHECK(!capturing_, "a CUDA graph is already being recorded on " + device_.str());
   capturing_ = true;
   capture_id_ += 1;
   captured_.clear();
   capture_free_.clear();
-  capture_free_[stream];
+  reuse_ = std::move(reuse);
+  open_capture_stream(stream);
 }
 
 void CachingAllocator::add_capture_stream(void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   DPT_CHECK(capturing_, "add_capture_stream outside a recording on " + device_.str());
-  capture_free_[stream];
+  open_capture_stream(stream);
 }
 
-std::vector<void*> CachingAllocator::end_capture() {
+void CachingAllocator::open_capture_stream(void* stream) {
+  auto& mine = capture_free_[stream];
+  // The earlier recording's temporaries on this stream that its graph still holds, free:
+  // handed out here they become this recording's too (own_for_capture).
+  if (auto it = reuse_.find(stream); it != reuse_.end())
+    for (const auto& [size, ps] : it->second)
+      for (void* p : ps)
+        if (auto b = blocks_.find(p); b != blocks_.end() && !b->second.in_use && b->second.owners > 0)
+          put(mine, size, p);
+}
+
+CachingAllocator::Capture CachingAllocator::end_capture() {
   std::lock_guard<std::mutex> lock(mu_);
   capturing_ = false;
-  capture_free_.clear();  // the graph's now, out of every pool until release()
-  return std::move(captured_);
+  Capture c{std::move(captured_), {}};
+  // The graph's now, out of every pool until release(); offered only to a recording that
+  // names them (those of an earlier recording that this one did not take stay that one's).
+  for (auto& [stream, pool] : capture_free_)
+    for (const auto& [size, ps] : pool)
+      for (void* p : ps)
+        if (blocks_.at(p).graph == capture_id_) put(c.temporaries[stream], size, p);
+  capture_free_.clear();
+  reuse_.clear();
+  return c;
 }
 
 void CachingAllocator::release(const std::vector<void*>& blocks) {

@@ -38,13 +38,30 @@ class CachingAllocator {
   // memory, not every temporary of the step. A block that was live before the recording
   // and freed during it is the graph's but never reused (recorded kernels may read it).
   // A graph's blocks stay out of every pool, even when a tensor frees them, until every
-  // graph that owns them is released. end_capture() names the recording's blocks;
-  // release() gives them up once its graph is gone.
-  void begin_capture(void* stream);
+  // graph that owns them is released. end_capture() names the recording's blocks and its
+  // temporaries (those it handed out and then freed, by stream); release() gives the
+  // blocks up once its graph is gone. A recording whose graph never runs beside an earlier
+  // one (two graphs replayed in turn on one stream) may take that one's temporaries as
+  // its own (`reuse`): the two graphs then hold one set of temporaries, not two.
+  //
+  // Free blocks of one stream by size class, each class oldest first (handed out in the
+  // order they were freed). The lists keep their capacity, so a step's frees allocate
+  // nothing on the host.
+  struct FreeClass {
+    std::vector<void*> blocks;  // the free ones are blocks[head...], oldest first
+    size_t head = 0;
+  };
+  using FreeList = std::map<size_t, FreeClass>;
+  using Temporaries = std::map<void*, FreeList>;  // by stream
+  struct Capture {
+    std::vector<void*> blocks;  // each once
+    Temporaries temporaries;
+  };
+  void begin_capture(void* stream, Temporaries reuse = {});
   // Another stream (pool) of the same recording: a graph over several replicas' streams.
   // Blocks freed on one stream are handed out again only on that stream.
   void add_capture_stream(void* stream);
-  std::vector<void*> end_capture();
+  Capture end_capture();
   void release(const std::vector<void*>& blocks);
   AllocatorStats stats() const;
   void reset_peak();
@@ -64,6 +81,7 @@ class CachingAllocator {
     int64_t handed_out = 0;  // the recording that last handed it out, 0 for none
   };
   void own_for_capture(void* ptr, Block& b);  // caller holds mu_
+  void open_capture_stream(void* stream);     // caller holds mu_
   void* system_alloc(size_t bytes);
   void system_free(void* ptr);
   void release_cached();  // caller holds mu_
@@ -71,14 +89,6 @@ class CachingAllocator {
   Device device_;
   mutable std::mutex mu_;
   std::unordered_map<void*, Block> blocks_;  // every block held
-  // Free blocks of one stream by size class, each class oldest first (handed out in the
-  // order they were freed). The lists keep their capacity, so a step's frees allocate
-  // nothing on the host.
-  struct FreeClass {
-    std::vector<void*> blocks;  // the free ones are blocks[head...], oldest first
-    size_t head = 0;
-  };
-  using FreeList = std::map<size_t, FreeClass>;
   static void* take(FreeList& list, size_t size);  // nullptr when none is free
   static void put(FreeList& list, size_t size, void* p) { list[size].blocks.push_back(p); }
   std::map<void*, FreeList> free_;  // by stream
@@ -87,7 +97,8 @@ class CachingAllocator {
   int64_t capture_id_ = 0;
   std::vector<void*> captured_;  // the recording's blocks, each once
   // The recording's streams, and what each freed during the recording: for it alone.
-  std::map<void*, FreeList> capture_free_;
+  Temporaries capture_free_;
+  Temporaries reuse_;  // an earlier recording's temporaries, offered to this one's streams
 };
 
 // The allocator of a device, made on first use and kept for the life of the program.

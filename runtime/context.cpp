@@ -208,7 +208,7 @@ double Event::ms_since(const Event& start) const {
   return host_ms_ - start.host_ms_;
 }
 
-Graph::Graph(Context& ctx) : ctx_(ctx) {
+Graph::Graph(Context& ctx, const Graph* shares_with) : ctx_(ctx), shares_with_(shares_with) {
   if (!ctx.device().is_cuda()) throw UsageError("CUDA graphs need a CUDA device, not " + ctx.device().str());
 }
 
@@ -237,15 +237,26 @@ Graph::~Graph() {
 }
 
 void Graph::end_captures() {
-  for (const Device& d : devices_) held_.push_back({d, allocator(d).end_capture()});
+  for (const Device& d : devices_) {
+    CachingAllocator::Capture c = allocator(d).end_capture();
+    held_.push_back({d, std::move(c.blocks)});
+    temporaries_.push_back({d, std::move(c.temporaries)});
+  }
   devices_.clear();
+}
+
+Graph::Temporaries Graph::shared_temporaries(const Device& d) const {
+  if (shares_with_)
+    for (const auto& [device, t] : shares_with_->temporaries_)
+      if (device == d) return t;
+  return {};
 }
 
 void Graph::begin() {
 #if DPT_WITH_CUDA
   DPT_CHECK(!graph_ && !recording_, "Graph::begin() on a graph already recorded");
   cuda::set_device(ctx_.device().index);
-  allocator(ctx_.device()).begin_capture(ctx_.pool());
+  allocator(ctx_.device()).begin_capture(ctx_.pool(), shared_temporaries(ctx_.device()));
   devices_ = {ctx_.device()};
   // Relaxed: the allocator may still need a new block (cudaMalloc) while recording, and
   // other threads queue the work of the streams that join.
@@ -277,7 +288,7 @@ void Graph::join(Context& other) {
   if (records(other)) return;
   DPT_CHECK(other.device().is_cuda(), "a CUDA graph joins CUDA streams only");
   if (std::find(devices_.begin(), devices_.end(), other.device()) == devices_.end()) {
-    allocator(other.device()).begin_capture(other.pool());
+    allocator(other.device()).begin_capture(other.pool(), shared_temporaries(other.device()));
     devices_.push_back(other.device());
   } else {
     allocator(other.device()).add_capture_stream(other.pool());

@@ -964,7 +964,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return c;
 }
 
-Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
+Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const Tensor& out_into) {
   need_f32(x, "linear");
   need_f32(W, "linear");
   same_device(x, W, "linear");
@@ -975,7 +975,11 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act) {
             "linear: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(W.shape()));
   const Device d = x.device();
   const int64_t rows = x.size(0), out = W.size(0);
-  Tensor y = Tensor::empty({rows, out}, DType::f32, d);
+  DPT_CHECK(
+      !out_into.defined() ||
+          (out_into.dtype() == DType::f32 && out_into.device() == d && out_into.shape() == Shape{rows, out}),
+      "linear: the output tensor is not [" + std::to_string(rows) + ", " + std::to_string(out) + "] f32 on " + d.str());
+  Tensor y = out_into.defined() ? out_into : Tensor::empty({rows, out}, DType::f32, d);
   const bool grad = any_requires_grad({&x, &W, &b});
   // GELU's backward needs the pre-activation; the others can work from the output.
   Tensor z = (grad && act == Act::gelu) ? Tensor::empty({rows, out}, DType::f32, d) : Tensor();

@@ -642,37 +642,37 @@ TEST_CASE("an alternating update recorded in a graph reads the copy that the cou
   }
 }
 
-TEST_CASE("twin buffers in a bf16 CUDA graph train bit for bit as one copy; an fp32 graph keeps one",
+TEST_CASE("twin buffers train bit for bit as one copy, eager and as a CUDA graph, bf16 and fp32",
           "[gpu][graph][bf16]") {
-  for (std::string opt : {"sgd", "adamw"})
-    for (bool graph : {false, true}) {
-      INFO(opt << (graph ? ", graph" : ", eager"));
-      TrainConfig c;
-      c.model = "24-48x2-6";
-      c.batch = 32;
-      c.steps = 25;
-      c.log_every = 1000;
-      c.devices = {gpu};
-      c.optimizer = opt;
-      c.lr = opt == "sgd" ? 0.05f : 0.003f;
-      c.momentum = 0.9f;
-      c.schedule = "cosine";
-      c.precision = Precision::bf16;
-      c.cuda_graph = graph;
-      c.twin_buffers = TwinBuffers::off;
-      Trainer one(c);
-      one.run();
-      CHECK_FALSE(one.optimizer().twin_buffers());
-      c.twin_buffers = TwinBuffers::automatic;  // on, on a GPU
-      Trainer two(c);
-      for (int64_t s = 0; s < 3; ++s) two.step(s);  // as a graph: eager, recorded, replayed
-      two.run();
-      CHECK(two.optimizer().twin_buffers());
-      CHECK(two.model().flat_params().to_host() == one.model().flat_params().to_host());
-      CHECK(test::bf16_bits(two.model().flat_shadow()) == test::bf16_bits(one.model().flat_shadow()));
-      c.precision = Precision::fp32;  // the graph's kernels would read the master: one copy
-      CHECK(Trainer(c).optimizer().twin_buffers() == !graph);
-    }
+  for (Precision p : {Precision::bf16, Precision::fp32})
+    for (std::string opt : {"sgd", "adamw"})
+      for (bool graph : {false, true}) {
+        INFO(precision_name(p) << ", " << opt << (graph ? ", graph" : ", eager"));
+        TrainConfig c;
+        c.model = "24-48x2-6";
+        c.batch = 32;
+        c.steps = 25;
+        c.log_every = 1000;
+        c.devices = {gpu};
+        c.optimizer = opt;
+        c.lr = opt == "sgd" ? 0.05f : 0.003f;
+        c.momentum = 0.9f;
+        c.schedule = "cosine";
+        c.precision = p;
+        c.cuda_graph = graph;
+        c.twin_buffers = TwinBuffers::off;
+        Trainer one(c);
+        one.run();
+        CHECK_FALSE(one.optimizer().twin_buffers());
+        c.twin_buffers = TwinBuffers::automatic;  // on, on a GPU
+        Trainer two(c);
+        for (int64_t s = 0; s < 3; ++s) two.step(s);  // as a graph: eager, recorded for each parity
+        two.run();
+        CHECK(two.optimizer().twin_buffers());
+        CHECK(two.model().flat_params().to_host() == one.model().flat_params().to_host());
+        if (p == Precision::bf16)
+          CHECK(test::bf16_bits(two.model().flat_shadow()) == test::bf16_bits(one.model().flat_shadow()));
+      }
 }
 
 TEST_CASE("a graph's recorded copy reads the sources that each launch names", "[gpu][graph]") {
@@ -1011,6 +1011,93 @@ TEST_CASE("a replay copies the next step's shards in beside its update, or befor
   }
 }
 
+TEST_CASE("a source may make the next step's shard straight into the graph's inputs", "[gpu][graph]") {
+  // The source copies step s + 1's shard into the buffers that DataParallel offers while
+  // it is asked for step s's, on the replica's stream, and returns them at step s + 1:
+  // every step's parameters are the eager run's bit for bit, with twin buffers (two
+  // recordings, each reading its own inputs), on one GPU and on two logical replicas.
+  constexpr int64_t kSteps = 9, kBatch = 32;
+  for (size_t replicas : {size_t{1}, size_t{2}}) {
+    int64_t offers = 0;
+    auto run = [&](bool graph) {
+      auto m = nn::make_model(nn::parse_model_spec("24-48x2-6"), Act::relu);
+      m->to(gpu, 5);
+      DataParallelOptions o;
+      o.reduce = replicas > 1 ? Reduce::p2p : Reduce::automatic;
+      o.cuda_graph = graph;
+      o.check_finite = true;
+      DataParallel dp(
+          m, std::vector<Device>(replicas, gpu),
+          [](nn::Module& r) -> std::unique_ptr<optim::Optimizer> {
+            return std::make_unique<optim::SGD>(r, optim::SGD::Options{.lr = 0.05f, .momentum = 0.9f});
+          },
+          o);
+      CHECK(dp.optimizers().front()->twin_buffers());
+      data::Synthetic d({.task = data::Task::regression, .in = 24, .out = 6, .seed = 3}, gpu);
+      const data::Dataset& rows = d;
+      std::vector<data::Batch> made(replicas);  // the shard made ahead, where it was offered
+      std::vector<int64_t> made_for(replicas, -1);
+      std::vector<std::vector<float>> params;
+      for (int64_t s = 0; s < kSteps; ++s) {
+        CHECK(dp.next_step_inputs(0).x.defined() == false);  // only while the source is asked
+        dp.train_step(
+            s * kBatch, kBatch,
+            [&](size_t r, int64_t f, int64_t n) {
+              data::Batch b = made_for[r] == f ? made[r] : rows.batch(f, n, dp.device(r));
+              if (const data::Batch into = dp.next_step_inputs(r); into.x.defined()) {
+                CHECK(into.x.size(0) == n);
+                const data::Batch next = rows.batch(f + kBatch, n, dp.device(r));
+                copy(into.x, next.x);  // on the replica's stream, after what it queued
+                copy(into.y, next.y);
+                made[r] = into;
+                made_for[r] = f + kBatch;
+                offers += graph ? 1 : 0;
+              } else {
+                made_for[r] = -1;
+              }
+              return b;
+            },
+            nn::MSELoss(), {}, true, -1);
+        dp.synchronize();
+        params.push_back(dp.replica(0).flat_params().to_host());
+      }
+      return params;
+    };
+    const auto eager = run(false);
+    CHECK(offers == 0);  // eager steps offer nothing
+    const auto graphed = run(true);
+    CHECK(offers == static_cast<int64_t>(replicas) * (kSteps - 1));  // every step after the first (eager) one
+    for (size_t s = 0; s < eager.size(); ++s) {
+      INFO(replicas << " replicas, step " << s + 1 << " (1 eager, 2 and 3 recorded, then replays)");
+      CHECK(graphed[s] == eager[s]);
+    }
+  }
+}
+
+TEST_CASE("synthetic blocks of one step are made straight into a CUDA graph's inputs, bit for bit the eager run",
+          "[gpu][graph]") {
+  // 4096 inputs and outputs: 32 KiB a sample, so a block (32 MiB) holds one step of 1024.
+  for (size_t replicas : {size_t{1}, size_t{2}})
+    for (Precision p : {Precision::fp32, Precision::bf16}) {
+      INFO(replicas << " replicas, " << precision_name(p));
+      TrainConfig c;
+      c.model = "4096-64-4096";
+      c.batch = 1024 * static_cast<int64_t>(replicas);
+      c.steps = 8;
+      c.log_every = 1000;
+      c.devices = std::vector<Device>(replicas, gpu);
+      c.lr = 0.05f;
+      c.precision = p;
+      Trainer eager(c);
+      eager.run();
+      c.cuda_graph = true;
+      Trainer graphed(c);
+      graphed.run();
+      CHECK(graphed.optimizer().twin_buffers());
+      CHECK(graphed.model().flat_params().to_host() == eager.model().flat_params().to_host());
+    }
+}
+
 TEST_CASE("ZeRO stage 1 on one GPU (NCCL, one shard) gives stage 0's parameters bit for bit", "[gpu][parallel][zero]") {
   if (!built_with_nccl()) return;
   for (std::string opt : {"sgd", "adamw"})
@@ -1274,10 +1361,10 @@ TEST_CASE("a step recorded as a CUDA graph trains exactly like the eager step", 
     eager.run();
     c.cuda_graph = true;
     Trainer graphed(c);
-    for (int64_t s = 0; s < 3; ++s) graphed.step(s);  // eager, recorded, replayed
+    for (int64_t s = 0; s < 3; ++s) graphed.step(s);  // eager, then recorded for each parity
     const int64_t allocs = allocator(gpu).stats().system_allocs;
     const TrainResult r = graphed.run();
-    CHECK(allocator(gpu).stats().system_allocs == allocs);  // one recording, replayed
+    CHECK(allocator(gpu).stats().system_allocs == allocs);  // two recordings, replayed
     INFO("final loss " << r.final_loss);
     CHECK(graphed.model().flat_params().to_host() == eager.model().flat_params().to_host());  // bit for bit
     CHECK(graphed.optimizer().steps_taken() == c.steps);

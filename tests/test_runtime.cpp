@@ -76,6 +76,55 @@ TEST_CASE("the caching allocator reuses blocks and keeps exact stats", "[allocat
   CHECK(a.stats().system_frees == 4 + 9);
 }
 
+TEST_CASE("a recording may take an earlier recording's temporaries, and both hold them", "[allocator][graph]") {
+  CachingAllocator a({DeviceType::cpu, 8});
+  int s1 = 0, s2 = 0;
+  void* rec = &s1;
+  void* side = &s2;
+  a.begin_capture(rec);
+  a.add_capture_stream(side);
+  void* t = a.allocate(2000, rec);
+  void* u = a.allocate(2000, side);
+  void* kept = a.allocate(4000, rec);  // the first graph's output: not a temporary
+  a.free(t);
+  a.free(u);
+  CachingAllocator::Capture first = a.end_capture();
+  CHECK(first.temporaries[rec].size() == 1);
+  CHECK(first.temporaries[rec].begin()->second == t);
+  CHECK(first.temporaries[side].begin()->second == u);
+  // Without `reuse` a second recording never gets them.
+  a.begin_capture(rec);
+  void* fresh = a.allocate(2000, rec);
+  CHECK(fresh != t);
+  a.free(fresh);
+  CachingAllocator::Capture other = a.end_capture();
+  // With them: each stream takes its own, the other stream's stay out of reach.
+  a.begin_capture(rec, first.temporaries);
+  a.add_capture_stream(side);
+  CHECK(a.allocate(2000, rec) == t);
+  CHECK(a.allocate(2000, side) == u);
+  void* more = a.allocate(2000, rec);
+  CHECK(more != u);
+  void* big = a.allocate(4000, rec);
+  CHECK(big != kept);  // the first graph's live block is not a temporary
+  a.free(more);
+  CachingAllocator::Capture second = a.end_capture();
+  CHECK(std::find(second.blocks.begin(), second.blocks.end(), t) != second.blocks.end());
+  CHECK(second.temporaries[rec].size() == 1);  // `more`: t is still held (an output of the second)
+  // Shared blocks come back only when both graphs are released.
+  a.release(first.blocks);
+  void* after = a.allocate(2000, rec);
+  CHECK(after != t);
+  CHECK(after != u);
+  a.release(second.blocks);
+  a.release(other.blocks);
+  for (void* p : {kept, after, big, t, u}) a.free(p);
+  // Every block is back in a pool; the allocator can hand out and return everything.
+  a.empty_cache();
+  CHECK(a.stats().allocated == 0);
+  CHECK(a.stats().reserved == 0);
+}
+
 TEST_CASE("a recording reuses the blocks it frees and keeps its blocks from everyone else until released",
           "[allocator][graph]") {
   // The logic is the same for every device; a CPU allocator with two "streams" shows it.
@@ -102,7 +151,7 @@ TEST_CASE("a recording reuses the blocks it frees and keeps its blocks from ever
   a.free(t2);
   a.free(c);
   const size_t live = a.stats().allocated;
-  auto held = a.end_capture();
+  auto held = a.end_capture().blocks;
   std::sort(held.begin(), held.end());
   std::vector<void*> want{t1, before, before2, cached, out};
   std::sort(want.begin(), want.end());
@@ -127,7 +176,7 @@ TEST_CASE("a recording reuses the blocks it frees and keeps its blocks from ever
   a.free(before2);
   void* x = a.allocate(1000, rec);
   CHECK(x != before2);  // live before this recording: not reused by it
-  const auto held2 = a.end_capture();
+  const auto held2 = a.end_capture().blocks;
   CHECK(std::find(held2.begin(), held2.end(), out) == held2.end());
   CHECK(std::find(held2.begin(), held2.end(), before2) != held2.end());
   // The first graph is gone: its free blocks return to the pool, but not one the second
@@ -481,6 +530,45 @@ TEST_CASE("synthetic rows of several steps at once are the samples each step mak
         }
       }
     }
+}
+
+TEST_CASE("synthetic rows made into given tensors are the same bits, in those tensors", "[data]") {
+  // The trainer makes a block of one step straight into a CUDA graph's inputs this way.
+  const Device cpu{DeviceType::cpu, 0};
+  const std::vector<data::SyntheticConfig> sets = {
+      {.task = data::Task::regression, .in = 8, .out = 3, .seed = 4},
+      {.task = data::Task::classification, .in = 8, .out = 3, .seed = 4},
+      {.task = data::Task::classification, .out = 4, .image = {2, 4, 4}, .seed = 3}};
+  for (const data::SyntheticConfig& cfg : sets) {
+    INFO(data::task_name(cfg.task) << (cfg.image.empty() ? "" : ", images"));
+    data::Synthetic d(cfg, cpu);
+    const data::Batch made = d.rows({2, 3, 10, 0}, 6);
+    const data::Batch into = d.empty_batch(6, cpu);
+    const data::Batch b = d.rows({2, 3, 10, 0}, 6, into);
+    CHECK(b.x.data() == into.x.data());
+    CHECK(b.y.data() == into.y.data());
+    CHECK(b.x.shape() == made.x.shape());
+    CHECK(into.x.to_host() == made.x.to_host());
+    if (cfg.task == data::Task::regression) CHECK(into.y.to_host() == made.y.to_host());
+    else CHECK(into.y.to_host_i32() == made.y.to_host_i32());
+    CHECK_THROWS_AS(d.rows({2, 3, 10, 0}, 5, into), Error);  // 6 rows given for 5
+    const data::Batch wrong_type{into.x, Tensor::empty(into.y.shape(), DType::bf16, cpu)};
+    CHECK_THROWS_AS(d.rows({2, 3, 10, 0}, 6, wrong_type), Error);
+  }
+}
+
+TEST_CASE("linear writes into a given output the bits it would allocate", "[ops]") {
+  const Device cpu{DeviceType::cpu, 0};
+  const Tensor x = test::randn_tensor({5, 7}, 1, cpu);
+  const Tensor W = test::randn_tensor({4, 7}, 2, cpu);
+  const Tensor b = test::randn_tensor({4}, 3, cpu);
+  for (Act act : {Act::none, Act::relu, Act::tanh}) {
+    const Tensor out = Tensor::empty({5, 4}, DType::f32, cpu);
+    const Tensor y = linear(x, W, b, act, out);
+    CHECK(y.data() == out.data());
+    CHECK(out.to_host() == linear(x, W, b, act).to_host());
+  }
+  CHECK_THROWS_AS(linear(x, W, b, Act::none, Tensor::empty({4, 5}, DType::f32, cpu)), Error);
 }
 
 TEST_CASE("training on the CPU is deterministic, reduces the loss and allocates only in step 1", "[train]") {

@@ -499,15 +499,7 @@ data::Batch Trainer::synthetic_shard(size_t r, int64_t first, int64_t count) {
   const int64_t part_first = plan.replica_part(r).first, part_count = plan.replica_part(r).count;
   const int64_t step = first / cfg_.batch, at = first - step * cfg_.batch - part_first;
   if (at < 0 || at + count > part_count) return data_[r]->batch(first, count);  // not a step's shard
-  // Blocks begin at multiples of their length, so a resumed run makes the same blocks;
-  // about 32 MiB of samples, at most 64 steps, at least one. A block costs the host its
-  // launches and cuBLAS calls, which the step that makes it waits for: the seed workload's
-  // eager loop took 0.0326 to 0.0398 ms a step with blocks of 16 steps, 0.0325 to 0.0337
-  // with 64 (README, Performance).
-  const data::Synthetic& d = *data_[r];
-  const int64_t row_bytes = 4 * (numel(d.input_shape()) + std::max<int64_t>(1, numel(d.target_shape())));
-  const int64_t block_rows = (int64_t{32} << 20) / row_bytes;
-  const int64_t steps = std::clamp<int64_t>(block_rows / std::max<int64_t>(1, part_count), 1, 64);
+  const int64_t steps = block_steps(r);
   const int64_t step0 = step / steps * steps;
   SyntheticBlock& b = blocks_[r];
   if (b.step0 != step0 || b.steps != steps) {
@@ -518,13 +510,36 @@ data::Batch Trainer::synthetic_shard(size_t r, int64_t first, int64_t count) {
     if (ahead_[r].step0 == step0 && ahead_[r].steps == steps) std::swap(b, ahead_[r]);
     else make_block(r, b, step0, steps);  // not foreseen: the first block, a resumed run
     b.made->wait_in(compute);
-    if (step0 + steps < cfg_.steps) make_block(r, ahead_[r], step0 + steps, steps);
+    if (step0 + steps < cfg_.steps) make_block(r, ahead_[r], step0 + steps, steps, blocks_in_graph_inputs());
   }
   const int64_t row = (step - step0) * part_count + at;
   return {b.rows.x.rows(row, count), b.rows.y.rows(row, count)};
 }
 
-void Trainer::make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t steps) {
+int64_t Trainer::block_steps(size_t r) {
+  // Blocks begin at multiples of their length, so a resumed run makes the same blocks;
+  // about 32 MiB of samples, at most 64 steps, at least one. A block costs the host its
+  // launches and cuBLAS calls, which the step that makes it waits for: the seed workload's
+  // eager loop took 0.0326 to 0.0398 ms a step with blocks of 16 steps, 0.0325 to 0.0337
+  // with 64 (README, Performance).
+  const data::Synthetic& d = *data_[r];
+  const int64_t part_count = dp_->plan(cfg_.batch).replica_part(r).count;
+  const int64_t row_bytes = 4 * (numel(d.input_shape()) + std::max<int64_t>(1, numel(d.target_shape())));
+  const int64_t block_rows = (int64_t{32} << 20) / row_bytes;
+  return std::clamp<int64_t>(block_rows / std::max<int64_t>(1, part_count), 1, 64);
+}
+
+bool Trainer::blocks_in_graph_inputs() {
+  // Blocks of one step each, under a CUDA graph: each is made straight into the buffers
+  // that its step's replay reads (DataParallel::next_step_inputs), where the replay
+  // before would otherwise copy it (32 MB a step in the mlp workload).
+  if (!cfg_.cuda_graph || train_data_) return false;
+  for (size_t r = 0; r < dp_->size(); ++r)
+    if (block_steps(r) != 1) return false;
+  return true;
+}
+
+void Trainer::make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t steps, bool into_next_inputs) {
   const int64_t part_first = dp_->plan(cfg_.batch).replica_part(r).first;
   const int64_t part_count = dp_->plan(cfg_.batch).replica_part(r).count;
   Context& side = *data_ctx_[r];
@@ -532,7 +547,9 @@ void Trainer::make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t ste
   consumed_[r]->wait_in(side);
   b.rows = data::Batch();
   b.step0 = -1;
-  b.rows = data_[r]->rows({step0 * cfg_.batch + part_first, part_count, cfg_.batch, 0}, steps * part_count);
+  data::Batch into = into_next_inputs ? dp_->next_step_inputs(r) : data::Batch();
+  if (into.x.defined() && (steps != 1 || into.x.size(0) != part_count)) into = data::Batch();
+  b.rows = data_[r]->rows({step0 * cfg_.batch + part_first, part_count, cfg_.batch, 0}, steps * part_count, into);
   if (!b.made) b.made = std::make_unique<Event>(side.device());
   b.made->record(side);
   b.step0 = step0;
@@ -576,8 +593,9 @@ StepLoss Trainer::step(int64_t s, bool measure) {
   // A recorded step cannot change what it computes: with a CUDA graph, every step measures.
   const LossFn metric = classify && (measure || cfg_.cuda_graph) ? LossFn(dpt::accuracy) : LossFn();
   // Its phases are timed only when it is measured (logged): four events less a step.
-  // The next step's samples, so that a CUDA graph's replay copies them in beside its update.
-  const int64_t next = s + 1 < cfg_.steps ? (s + 1) * cfg_.batch : -1;
+  // The next step's samples, so that a CUDA graph's replay copies them in beside its update
+  // (not where they are made straight into its inputs).
+  const int64_t next = s + 1 < cfg_.steps && !blocks_in_graph_inputs() ? (s + 1) * cfg_.batch : -1;
   StepLoss l = dp_->train_step(
       s * cfg_.batch, cfg_.batch, [this](size_t r, int64_t first, int64_t n) { return shard(r, first, n); }, loss,
       metric, measure, next);

@@ -37,8 +37,10 @@ class Synthetic : public Dataset {
   // Samples first .. first + count - 1 (wrapping around a finite dataset), on the device.
   Batch batch(int64_t first, int64_t count) const;
   // The `count` samples of a RowMap (its `samples` is this set's), made in one pass of
-  // each op: a replica's part of several steps' batches at once.
-  Batch rows(const RowMap& map, int64_t count) const;
+  // each op: a replica's part of several steps' batches at once. `into`, when given (a
+  // batch of `count` rows as empty_batch makes), is where they are made (the same bits):
+  // a CUDA graph's inputs, so that no copy moves them there.
+  Batch rows(const RowMap& map, int64_t count, const Batch& into = {}) const;
   const SyntheticConfig& config() const { return cfg_; }
 
   // The Dataset interface. Rows are made on this object's device and copied where they

@@ -29,7 +29,6 @@ class Linear : public Module {
   const Tensor& bias() const { return b_ ? b_->value : none_; }
   Act act() const { return act_; }
   bool computes_bf16() const { return W_.shadow.defined(); }
-  bool reads_master() const override { return !computes_bf16(); }
 
  private:
   int64_t in_, out_;
@@ -45,7 +44,6 @@ class Activation : public Module {
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Module> clone() const override { return std::make_shared<Activation>(act_); }
   std::string describe() const override;
-  bool reads_master() const override { return false; }
 
  private:
   Act act_;
@@ -61,7 +59,6 @@ class Sequential : public Module {
   std::vector<std::pair<std::string, Buffer*>> named_buffers(const std::string& prefix = "") override;
   int torch_modules() const override;
   std::string describe() const override;
-  bool reads_master() const override;  // when any child does
   size_t size() const { return children().size(); }
   Module& child(size_t i) const { return *children().at(i); }
 };

@@ -44,11 +44,6 @@ class Module {
   Tensor operator()(const Tensor& x) { return forward(x); }
   // The same structure with parameters not yet placed on any device.
   virtual std::shared_ptr<Module> clone() const = 0;
-  // Whether forward (or backward) reads the fp32 master parameters themselves, not only
-  // their bf16 shadows: by default yes. A CUDA graph of a step that reads only shadows may
-  // keep its master in two copies that alternate (the optimizer's twin buffers), since no
-  // recorded kernel but the update sees which copy is current.
-  virtual bool reads_master() const { return true; }
 
   // Every parameter of this module and its children, depth-first in registration order.
   std::vector<Parameter*> parameters();

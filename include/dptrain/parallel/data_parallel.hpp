@@ -9,6 +9,7 @@
 // Outputs are never gathered: each replica computes its loss on its own shard and only
 // scalars travel, when the caller reads them.
 #pragma once
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -99,9 +100,7 @@ struct DataParallelOptions {
   // With check_finite and no clip (no ZeRO, no update_per_bucket): a second copy of the
   // parameters and optimizer state that the update writes in turn, so that it checks the
   // gradients in its own pass over them (the mlp workload: 47 us a step of 1.7 ms on an
-  // H200) for one more copy of the parameters and state in memory. In a CUDA graph only
-  // where the model reads its master parameters nowhere but in the update (bf16 Linear
-  // layers) and every replica updates (not p2p). automatic: on GPUs.
+  // H200) for one more copy of the parameters and state in memory. automatic: on GPUs.
   TwinBuffers twin_buffers = TwinBuffers::automatic;
   // ZeRO stage: 0 off; 1 shards the optimizer state over the replicas or ranks (each
   // updates its contiguous shard of the flat buffer, zero_shards', from the summed gradient
@@ -119,8 +118,10 @@ struct DataParallelOptions {
   DType grad_comm = DType::f32;
   // Records the whole step (every replica's forward and backward of every micro-batch on
   // its own stream, the reduction, the updates) as one CUDA graph and replays it: GPUs in
-  // one process; recorded once (the optimizers compute what changes from step to step on
-  // the device). Each replica copies its shard into fixed buffers before a replay.
+  // one process; recorded once for each parity of the step counter (the optimizers
+  // compute what changes from step to step on the device; the second recording takes the
+  // first's temporaries). Each replica's shard goes into fixed buffers that the replay
+  // reads (train_step's next_first and next_step_inputs say how it gets there).
   bool cuda_graph = false;
   // Several processes (DDP): this process trains its rank's part of every batch on its
   // one device, and gradients are summed over every rank (NCCL on GPUs, MPI on CPUs).
@@ -186,6 +187,15 @@ class DataParallel {
   // (or with micro-batches, which are copied as they come) copies them before its replay.
   StepLoss train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                       const LossFn& metric = {}, bool timed = true, int64_t next_first = -1);
+  // With a CUDA graph, while train_step asks `source` for a step's shard of replica r (one
+  // micro-batch, the graph recorded or about to be): the fixed buffers that the next
+  // step's replay reads that replica's shard from, else an empty batch. A source may make
+  // the next step's shard straight into them, on any stream once the work queued so far
+  // on the replica's stream is done, and return them (the same tensors, or views of all
+  // of them) when that step asks, having made the step's stream wait for the making: no
+  // copy moves that shard then. Pass next_first -1 then (it would ask for the next shard
+  // before this step's replay is queued).
+  data::Batch next_step_inputs(size_t replica) const;
   // One step on a batch held anywhere (host or a device): shards are copied to their
   // replicas asynchronously.
   StepLoss train_step(const data::Batch& batch, const LossFn& loss, const LossFn& metric = {});
@@ -314,21 +324,32 @@ class DataParallel {
   const SampleRange& shard_of(size_t replica) const;
   // The step after the plan and the checks: the eager step, and what a graph records.
   StepLoss step_body(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric);
-  // CUDA-graph mode: each replica's shard is copied into fixed buffers that the graph reads,
-  // by a copy recorded in the graph whose sources each replay moves: the next step's shard,
-  // copied on a stream of the replica's own once backward no longer reads the buffers.
+  // CUDA-graph mode: two recordings of the step, one for each parity of the optimizers'
+  // step counter (with twin buffers each reads and writes the copies of its parity; the
+  // second takes the first's temporaries, as they never run at once), each reading the
+  // replicas' shards from fixed buffers of its own. So the next step's shards can go into
+  // the other recording's buffers while one replays: copied there by a copy recorded in
+  // the graph whose sources each replay moves (after backward, beside the update), or
+  // made there by the source itself (next_step_inputs).
+  struct Recording {
+    std::unique_ptr<Graph> graph;
+    std::vector<data::Batch> in;  // replica r's fixed shard
+    std::vector<size_t> copy;     // replica r's copy into the other recording's `in` (empty: none recorded)
+    StepLoss out;                 // the recorded step's losses, written by every replay
+  };
+  std::array<Recording, 2> rec_;
+  int graph_parity() const;  // the recording that the next step replays
+  void drop_graphs();        // recorded anew, after an eager step
   bool use_graph_ = false;
-  std::unique_ptr<Graph> graph_;
   bool graph_warm_ = false;
-  bool recording_ = false;             // timing events (and waits on events from before) stay out of a graph
-  std::vector<data::Batch> graph_in_;  // replica r's fixed shard
-  std::vector<size_t> graph_copy_;     // replica r's copy in the graph (Graph::copy_in's index)
-  std::vector<std::unique_ptr<Context>> graph_copy_ctx_;  // replica r's stream for it, beside the update
-  SampleRange graph_next_;                      // the step whose shards the last replay copied in (count 0: none)
-  std::function<void(size_t)> after_backward_;  // recording: replica r's backward is queued
+  bool recording_ = false;  // timing events (and waits on events from before) stay out of a graph
+  std::vector<std::unique_ptr<Context>> graph_copy_ctx_;  // replica r's stream for the copy, beside the update
+  SampleRange graph_next_;     // the step whose shards the last replay copied in (count 0: none)
+  int graph_next_parity_ = 0;  // into which recording's buffers
+  const std::vector<data::Batch>* offered_ = nullptr;       // next_step_inputs' buffers, while the source is asked
+  std::function<void(size_t)> after_backward_;              // recording: replica r's backward is queued
   std::vector<std::unique_ptr<Event>> graph_inputs_ready_;  // replica r's shard is there
   std::unique_ptr<Event> graph_done_;                       // the last replay has read the inputs
-  StepLoss graph_out_;                                      // the recorded step's losses, written by every replay
   bool timing_ = true;                                      // this step records the master's phases
   StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric,
                       int64_t next_first);

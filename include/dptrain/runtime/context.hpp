@@ -4,6 +4,7 @@
 // make its own current (data parallelism gives each replica its own stream).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -111,10 +112,14 @@ void note_host_wait();           // the runtime's waits call it
 // step of many small kernels costs one launch of host time. A joined stream's work starts
 // after what the first context queued before join() and ends before end(). Temporaries
 // freed while recording stay with the graph (every replay writes them again) until it is
-// destroyed.
+// destroyed. A graph made to share another's temporaries (`shares_with`, which must
+// outlive it) takes the blocks that the other's recording freed for its own temporaries:
+// for two graphs that are only ever replayed in turn on one stream (never at once), so
+// they hold one step's temporaries, not two. What such a graph returns may then lie in
+// the other's temporaries: read it before the other replays.
 class Graph {
  public:
-  explicit Graph(Context& ctx);
+  explicit Graph(Context& ctx, const Graph* shares_with = nullptr);
   ~Graph();
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
@@ -136,8 +141,10 @@ class Graph {
   void set_copy_sources(size_t copy, const std::vector<std::pair<Tensor, Tensor>>& dst_src);
 
  private:
+  using Temporaries = std::map<void*, std::multimap<size_t, void*>>;  // the allocator's: by stream, size
   void end_captures();
-  bool records(const Context& c) const;  // the first context or a joined one
+  Temporaries shared_temporaries(const Device& d) const;  // shares_with's on `d`
+  bool records(const Context& c) const;                   // the first context or a joined one
   Context& ctx_;
   void* graph_ = nullptr;   // cudaGraph_t
   void* exec_ = nullptr;    // cudaGraphExec_t
@@ -146,6 +153,8 @@ class Graph {
   std::vector<void*> events_;    // cudaEvent_t: the forks and joins
   std::vector<Device> devices_;  // whose allocators record
   std::vector<std::pair<Device, std::vector<void*>>> held_;
+  std::vector<std::pair<Device, Temporaries>> temporaries_;
+  const Graph* shares_with_ = nullptr;
   std::vector<void*> copies_;  // cudaGraphNode_t: copy_in's
 };
 

@@ -14,8 +14,9 @@ namespace dpt {
 // ---- Differentiable ops ----------------------------------------------------------
 // a [m, k] @ b [k, n] (with transposes: a stored [k, m] when ta, b stored [n, k] when tb).
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta = false, bool tb = false);
-// y = act(x W^T + b): x [batch, in], W [out, in], b [out] (may be undefined).
-Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act = Act::none);
+// y = act(x W^T + b): x [batch, in], W [out, in], b [out] (may be undefined). `out`, when
+// given ([batch, out] f32 on x's device), is where y is written (the same bits).
+Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act = Act::none, const Tensor& out = {});
 // The same with bf16 storage and fp32 master weights: y (bf16) = act(x W16^T + b16) with x
 // bf16, where W16 and b16 (may be undefined) are the bf16 copies of the fp32 masters W and
 // b. The GEMMs run on bf16 tensor cores with fp32 accumulation, the bias and activation are

@@ -224,8 +224,11 @@ class Trainer {
   std::vector<std::unique_ptr<Event>> consumed_;    // its compute stream when a block was taken
   data::Batch synthetic_shard(size_t replica, int64_t first, int64_t count);
   // Queues block (step0, steps) of replica r on its data stream, after the compute work
-  // `consumed_` marks (the steps that read the memory it may reuse).
-  void make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t steps);
+  // `consumed_` marks (the steps that read the memory it may reuse); into the next step's
+  // graph inputs where they are offered and asked for.
+  void make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t steps, bool into_next_inputs = false);
+  int64_t block_steps(size_t r);  // steps in a block of replica r
+  bool blocks_in_graph_inputs();  // blocks of one step made into a CUDA graph's inputs
   std::shared_ptr<const data::Dataset> train_data_, val_data_;
   std::vector<data::RowOrder> orders_;        // file data: a replica's epoch order
   std::vector<std::vector<int64_t>> picked_;  // the rows it gathers this step
