@@ -180,12 +180,12 @@ void add_flags(CLI::App& app, Options& o) {
                  "When a loss or gradient is not finite: stop (exit 4) or skip-step (the update is never applied)")
       ->capture_default_str();
   add_switch(app, "--cuda-graph", o.cfg.cuda_graph,
-             "Record the whole step as a CUDA graph once and replay it (GPUs; --ddp too; in one process not NCCL "
-             "over several GPUs: use --reduce p2p there)");
+             "Record the whole step as CUDA graphs (one for odd steps, one for even) once and replay them (GPUs; "
+             "--ddp too; in one process not NCCL over several GPUs: use --reduce p2p there)");
   add_switch(app, "--no-twin-buffers", o.no_twin_buffers,
              "Keep one copy of the parameters and optimizer state (on GPUs there are two by default where they serve: "
-             "without --clip or --zero, and in graphs of bf16 layers; the update then checks the gradients in its "
-             "own pass. This saves that memory for a second pass over the gradients a step)");
+             "without --clip or --zero; the update then checks the gradients in its own pass. This saves that memory "
+             "for a second pass over the gradients a step)");
   add_switch(app, "--no-overlap", o.no_overlap,
              "Reduce gradients only after backward, and copy p2p parameters whole after the update (to measure what "
              "overlap gains)");

@@ -777,10 +777,14 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   const bool copied_in = !in_micro_batches && graph_next_ == SampleRange{first, count} && graph_next_parity_ == q;
   const bool ask_next = !in_micro_batches && graph_warm_ && next_first >= 0;  // a replay follows
   graph_next_ = {};
-  offered_ = !in_micro_batches && graph_warm_ ? &other.in : nullptr;
   std::vector<data::Batch> next(n);  // the next step's shards, for the graph's copy
   std::vector<char> has_rows(n, 0), resized(n, 0), next_fits(n, 1);
-  auto same_memory = [](const Tensor& a, const Tensor& b) { return a.data() == b.data() && a.shape() == b.shape(); };
+  auto same_memory = [](const Tensor& a, const Tensor& b) {
+    return a.data() == b.data() && a.shape() == b.shape() && a.dtype() == b.dtype();
+  };
+  // Where the next step is not named, the source may make its shards in the buffers its
+  // replay reads (where it is named, the replay's copy writes them).
+  offered_ = !in_micro_batches && graph_warm_ && next_first < 0 ? &other.in : nullptr;
   try {
     run_on_all([&](size_t r) {
       Replica& rep = replicas_[r];
@@ -840,8 +844,8 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   offered_ = nullptr;
   if (std::find(resized.begin(), resized.end(), 1) != resized.end()) drop_graphs();
   // The graph's copy of replica r into the other recording's buffers: from the next step's
-  // shard, or onto themselves (a copy that changes nothing) when no step follows or the
-  // next shard does not fit.
+  // shard; left out of the replay when no step is named or its shard does not fit. (As
+  // recorded, before its first launch names its sources: onto themselves.)
   const bool next_known =
       ask_next && graph_warm_ && std::find(next_fits.begin(), next_fits.end(), 0) == next_fits.end();
   const auto copies = [&](size_t r) -> std::vector<std::pair<Tensor, Tensor>> {
@@ -876,7 +880,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
       for (Replica& rep : replicas_)
         if (rep.update_ctx) graph.join(*rep.update_ctx);
       cur.copy.clear();
-      if (ask_next) {
+      if (!in_micro_batches) {
         cur.copy.assign(n, 0);
         for (size_t r = 0; r < n; ++r)
           if (has_rows[r]) graph.join(*graph_copy_ctx_[r]);
@@ -909,8 +913,11 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   {
     ContextGuard g(*master.ctx);
     if (!cur.copy.empty())
-      for (size_t r = 0; r < n; ++r)
-        if (has_rows[r]) cur.graph->set_copy_sources(cur.copy[r], copies(r));
+      for (size_t r = 0; r < n; ++r) {
+        if (!has_rows[r]) continue;
+        if (next_known) cur.graph->set_copy_sources(cur.copy[r], copies(r));
+        else cur.graph->skip_copy(cur.copy[r]);
+      }
     for (size_t r = 1; r < n; ++r)
       if (has_rows[r]) graph_inputs_ready_[r]->wait_in(*master.ctx);
     // The whole replay counts as compute: the phases inside a graph are not timed apart.

@@ -207,6 +207,7 @@ void CachingAllocator::add_capture_stream(void* stream) {
 }
 
 void CachingAllocator::open_capture_stream(void* stream) {
+  if (capture_free_.count(stream)) return;  // open already: its offered blocks are there
   auto& mine = capture_free_[stream];
   // The earlier recording's temporaries on this stream that its graph still holds, free:
   // handed out here they become this recording's too (own_for_capture).

@@ -369,6 +369,8 @@ size_t Graph::copy_in(const std::vector<std::pair<Tensor, Tensor>>& dst_src) {
   const auto stream = static_cast<cudaStream_t>(ctx.stream());
   cuda::copy_device(pieces, stream);
   copies_.push_back(cuda::recorded_copy_node(pieces, stream));
+  copy_skipped_.push_back(0);
+  copy_device_.push_back(device.index);
   return copies_.size() - 1;
 #else
   (void)dst_src;
@@ -382,9 +384,23 @@ void Graph::set_copy_sources(size_t copy, const std::vector<std::pair<Tensor, Te
   const Device device = dst_src.empty() ? ctx_.device() : dst_src[0].first.device();
   cuda::set_device(device.index);
   cuda::set_copy_node_sources(exec_, copies_[copy], graph_copy_pieces(dst_src, device));
+  if (copy_skipped_[copy]) cuda::set_copy_node_enabled(exec_, copies_[copy], true);
+  copy_skipped_[copy] = 0;
 #else
   (void)copy;
   (void)dst_src;
+#endif
+}
+
+void Graph::skip_copy(size_t copy) {
+#if DPT_WITH_CUDA
+  DPT_CHECK(exec_ && copy < copies_.size(), "Graph::skip_copy() of a copy not recorded");
+  if (copy_skipped_[copy]) return;
+  cuda::set_device(copy_device_[copy]);
+  cuda::set_copy_node_enabled(exec_, copies_[copy], false);
+  copy_skipped_[copy] = 1;
+#else
+  (void)copy;
 #endif
 }
 

@@ -979,8 +979,9 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const 
       !out_into.defined() ||
           (out_into.dtype() == DType::f32 && out_into.device() == d && out_into.shape() == Shape{rows, out}),
       "linear: the output tensor is not [" + std::to_string(rows) + ", " + std::to_string(out) + "] f32 on " + d.str());
-  Tensor y = out_into.defined() ? out_into : Tensor::empty({rows, out}, DType::f32, d);
   const bool grad = any_requires_grad({&x, &W, &b});
+  DPT_CHECK(!out_into.defined() || !grad, "linear: an output tensor is for no-grad use (backward would save it)");
+  Tensor y = out_into.defined() ? out_into : Tensor::empty({rows, out}, DType::f32, d);
   // GELU's backward needs the pre-activation; the others can work from the output.
   Tensor z = (grad && act == Act::gelu) ? Tensor::empty({rows, out}, DType::f32, d) : Tensor();
   bool fused = false;  // bias and activation done in the GEMM's epilogue

@@ -956,7 +956,7 @@ TEST_CASE("a CUDA graph of logical replicas gives the eager step's parameters at
     c.cuda_graph = true;
     Trainer graphed(c);
     for (int64_t s = 0; s < c.steps; ++s) {
-      INFO("clip " << clip << ", step " << s + 1 << " (1 eager, 2 recorded, then replays)");
+      INFO("clip " << clip << ", step " << s + 1 << " (1 eager, 2 and 3 recorded, then replays)");
       eager.step(s);
       eager2.step(s);
       graphed.step(s);
@@ -1005,17 +1005,19 @@ TEST_CASE("a replay copies the next step's shards in beside its update, or befor
     };
     const auto eager = run(false), graphed = run(true);
     for (size_t s = 0; s < steps.size(); ++s) {
-      INFO(replicas << " replicas, step " << s + 1 << " (1 eager, 2 recorded, then replays)");
+      INFO(replicas << " replicas, step " << s + 1 << " (1 eager, 2 and 3 recorded, then replays)");
       CHECK(graphed[s] == eager[s]);
     }
   }
 }
 
 TEST_CASE("a source may make the next step's shard straight into the graph's inputs", "[gpu][graph]") {
-  // The source copies step s + 1's shard into the buffers that DataParallel offers while
-  // it is asked for step s's, on the replica's stream, and returns them at step s + 1:
-  // every step's parameters are the eager run's bit for bit, with twin buffers (two
-  // recordings, each reading its own inputs), on one GPU and on two logical replicas.
+  // The source makes step s + 1's shard in the buffers that DataParallel offers while it
+  // is asked for step s's, on a stream of its own once the replica's stream has done what
+  // it queued (as the trainer makes synthetic data), and returns them at step s + 1, the
+  // replica's stream waiting for the making: every step's parameters are the eager run's
+  // bit for bit, with twin buffers (two recordings, each reading its own inputs), on one
+  // GPU and on two logical replicas.
   constexpr int64_t kSteps = 9, kBatch = 32;
   for (size_t replicas : {size_t{1}, size_t{2}}) {
     int64_t offers = 0;
@@ -1037,18 +1039,32 @@ TEST_CASE("a source may make the next step's shard straight into the graph's inp
       const data::Dataset& rows = d;
       std::vector<data::Batch> made(replicas);  // the shard made ahead, where it was offered
       std::vector<int64_t> made_for(replicas, -1);
+      std::vector<std::unique_ptr<Context>> side;
+      std::vector<std::unique_ptr<Event>> queued, done;
+      for (size_t r = 0; r < replicas; ++r) {
+        side.push_back(std::make_unique<Context>(gpu));
+        queued.push_back(std::make_unique<Event>(gpu));
+        done.push_back(std::make_unique<Event>(gpu));
+      }
       std::vector<std::vector<float>> params;
       for (int64_t s = 0; s < kSteps; ++s) {
         CHECK(dp.next_step_inputs(0).x.defined() == false);  // only while the source is asked
         dp.train_step(
             s * kBatch, kBatch,
             [&](size_t r, int64_t f, int64_t n) {
+              Context& step_stream = context(dp.device(r));
               data::Batch b = made_for[r] == f ? made[r] : rows.batch(f, n, dp.device(r));
+              if (made_for[r] == f) done[r]->wait_in(step_stream);
               if (const data::Batch into = dp.next_step_inputs(r); into.x.defined()) {
                 CHECK(into.x.size(0) == n);
+                CHECK(into.x.data() != b.x.data());
+                queued[r]->record(step_stream);
+                ContextGuard g(*side[r]);
+                queued[r]->wait_in(*side[r]);
                 const data::Batch next = rows.batch(f + kBatch, n, dp.device(r));
-                copy(into.x, next.x);  // on the replica's stream, after what it queued
+                copy(into.x, next.x);
                 copy(into.y, next.y);
+                done[r]->record(*side[r]);
                 made[r] = into;
                 made_for[r] = f + kBatch;
                 offers += graph ? 1 : 0;

@@ -547,8 +547,21 @@ void Trainer::make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t ste
   consumed_[r]->wait_in(side);
   b.rows = data::Batch();
   b.step0 = -1;
-  data::Batch into = into_next_inputs ? dp_->next_step_inputs(r) : data::Batch();
-  if (into.x.defined() && (steps != 1 || into.x.size(0) != part_count)) into = data::Batch();
+  // The next step's graph inputs where they hold this block exactly and are not the block
+  // before's (a step that did not move the counter's parity is offered those again).
+  data::Batch into = into_next_inputs && steps == 1 ? dp_->next_step_inputs(r) : data::Batch();
+  if (into.x.defined()) {
+    const data::Synthetic& d = *data_[r];
+    auto holds = [&](const Tensor& t, Shape row, DType dtype) {
+      row.insert(row.begin(), part_count);
+      return t.defined() && t.shape() == row && t.dtype() == dtype;
+    };
+    const DType labels = d.task() == data::Task::classification ? DType::i32 : DType::f32;
+    const data::Batch& current = blocks_[r].rows;
+    if (!holds(into.x, d.input_shape(), DType::f32) || !holds(into.y, d.target_shape(), labels) ||
+        (current.x.defined() && (current.x.data() == into.x.data() || current.y.data() == into.y.data())))
+      into = data::Batch();
+  }
   b.rows = data_[r]->rows({step0 * cfg_.batch + part_first, part_count, cfg_.batch, 0}, steps * part_count, into);
   if (!b.made) b.made = std::make_unique<Event>(side.device());
   b.made->record(side);

@@ -241,6 +241,7 @@ void copy_device(const CopyPieces& pieces, cudaStream_t stream);
 // those.
 void* recorded_copy_node(const CopyPieces& pieces, cudaStream_t stream);
 void set_copy_node_sources(void* exec, void* node, const CopyPieces& pieces);
+void set_copy_node_enabled(void* exec, void* node, bool enabled);  // a disabled node does nothing
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std, cudaStream_t stream);
 void normal_rows(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_t stream_id, const RowMap& map,

@@ -322,6 +322,11 @@ void set_copy_node_sources(void* exec, void* node, const CopyPieces& pieces) {
       cudaGraphExecKernelNodeSetParams(static_cast<cudaGraphExec_t>(exec), static_cast<cudaGraphNode_t>(node), &p));
 }
 
+void set_copy_node_enabled(void* exec, void* node, bool enabled) {
+  DPT_CUDA_CHECK(cudaGraphNodeSetEnabled(static_cast<cudaGraphExec_t>(exec), static_cast<cudaGraphNode_t>(node),
+                                         enabled ? 1u : 0u));
+}
+
 void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "axpy: negative size");
   if (n == 0) return;

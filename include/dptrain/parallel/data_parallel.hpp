@@ -185,16 +185,17 @@ class DataParallel {
   // that step's shards into its inputs once its backward is done, beside its update,
   // instead of before the next replay's first kernel; a step whose shards it did not copy
   // (or with micro-batches, which are copied as they come) copies them before its replay.
+  // With a CUDA graph the returned losses hold until the next train_step: the replays of
+  // the other recording use their memory.
   StepLoss train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                       const LossFn& metric = {}, bool timed = true, int64_t next_first = -1);
-  // With a CUDA graph, while train_step asks `source` for a step's shard of replica r (one
-  // micro-batch, the graph recorded or about to be): the fixed buffers that the next
-  // step's replay reads that replica's shard from, else an empty batch. A source may make
-  // the next step's shard straight into them, on any stream once the work queued so far
-  // on the replica's stream is done, and return them (the same tensors, or views of all
-  // of them) when that step asks, having made the step's stream wait for the making: no
-  // copy moves that shard then. Pass next_first -1 then (it would ask for the next shard
-  // before this step's replay is queued).
+  // With a CUDA graph, while train_step (with next_first -1 and one micro-batch, the graph
+  // recorded or about to be) asks `source` for a step's shard of replica r: the fixed
+  // buffers that the next step's replay reads that replica's shard from, else an empty
+  // batch. A source may make the next step's shard straight into them, on any stream once
+  // the work queued so far on the replica's stream is done, and return them (the same
+  // tensors, or views of all of them) when that step asks, having made the step's stream
+  // wait for the making: no copy moves that shard then.
   data::Batch next_step_inputs(size_t replica) const;
   // One step on a batch held anywhere (host or a device): shards are copied to their
   // replicas asynchronously.

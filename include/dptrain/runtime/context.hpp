@@ -136,9 +136,11 @@ class Graph {
   // launches: a step's inputs, which come from a new buffer every step, copied by a node
   // of the graph, not by a launch of their own beside it. Every pair on the
   // context's GPU, at most four; the destinations and sizes stay as recorded. Returns the
-  // copy's index.
+  // copy's index. skip_copy() makes the launches after it leave the copy out, until the
+  // next set_copy_sources().
   size_t copy_in(const std::vector<std::pair<Tensor, Tensor>>& dst_src);
   void set_copy_sources(size_t copy, const std::vector<std::pair<Tensor, Tensor>>& dst_src);
+  void skip_copy(size_t copy);
 
  private:
   using Temporaries = std::map<void*, std::multimap<size_t, void*>>;  // the allocator's: by stream, size
@@ -155,7 +157,9 @@ class Graph {
   std::vector<std::pair<Device, std::vector<void*>>> held_;
   std::vector<std::pair<Device, Temporaries>> temporaries_;
   const Graph* shares_with_ = nullptr;
-  std::vector<void*> copies_;  // cudaGraphNode_t: copy_in's
+  std::vector<void*> copies_;       // cudaGraphNode_t: copy_in's
+  std::vector<char> copy_skipped_;  // a copy's node disabled by skip_copy()
+  std::vector<int> copy_device_;    // a copy's GPU
 };
 
 // The context ops on `device` use in this thread: the thread's current one when it is
