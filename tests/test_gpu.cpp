@@ -970,6 +970,25 @@ TEST_CASE("a CUDA graph of logical replicas gives the eager step's parameters at
   }
 }
 
+namespace {
+// 24-48x2-6 on `replicas` logical replicas of the GPU (p2p), SGD with momentum, the
+// gradients checked: the graph-input tests' model, eager or as a CUDA graph.
+DataParallel graph_test_replicas(size_t replicas, bool graph) {
+  auto m = nn::make_model(nn::parse_model_spec("24-48x2-6"), Act::relu);
+  m->to(gpu, 5);
+  DataParallelOptions o;
+  o.reduce = replicas > 1 ? Reduce::p2p : Reduce::automatic;
+  o.cuda_graph = graph;
+  o.check_finite = true;
+  return DataParallel(
+      m, std::vector<Device>(replicas, gpu),
+      [](nn::Module& r) -> std::unique_ptr<optim::Optimizer> {
+        return std::make_unique<optim::SGD>(r, optim::SGD::Options{.lr = 0.05f, .momentum = 0.9f});
+      },
+      o);
+}
+}  // namespace
+
 TEST_CASE("a replay copies the next step's shards in beside its update, or before it where the step was not named",
           "[gpu][graph]") {
   // Steps that name the next one, that name none, and one that names a step that does not
@@ -979,18 +998,7 @@ TEST_CASE("a replay copies the next step's shards in beside its update, or befor
                                                           {128, 500}, {200, 232}, {232, -1}};
   for (size_t replicas : {size_t{1}, size_t{2}}) {
     auto run = [&](bool graph) {
-      auto m = nn::make_model(nn::parse_model_spec("24-48x2-6"), Act::relu);
-      m->to(gpu, 5);
-      DataParallelOptions o;
-      o.reduce = replicas > 1 ? Reduce::p2p : Reduce::automatic;
-      o.cuda_graph = graph;
-      o.check_finite = true;
-      DataParallel dp(
-          m, std::vector<Device>(replicas, gpu),
-          [](nn::Module& r) -> std::unique_ptr<optim::Optimizer> {
-            return std::make_unique<optim::SGD>(r, optim::SGD::Options{.lr = 0.05f, .momentum = 0.9f});
-          },
-          o);
+      DataParallel dp = graph_test_replicas(replicas, graph);
       data::Synthetic d({.task = data::Task::regression, .in = 24, .out = 6, .seed = 3}, gpu);
       const data::Dataset& rows = d;
       std::vector<std::vector<float>> params;
@@ -1022,18 +1030,7 @@ TEST_CASE("a source may make the next step's shard straight into the graph's inp
   for (size_t replicas : {size_t{1}, size_t{2}}) {
     int64_t offers = 0;
     auto run = [&](bool graph) {
-      auto m = nn::make_model(nn::parse_model_spec("24-48x2-6"), Act::relu);
-      m->to(gpu, 5);
-      DataParallelOptions o;
-      o.reduce = replicas > 1 ? Reduce::p2p : Reduce::automatic;
-      o.cuda_graph = graph;
-      o.check_finite = true;
-      DataParallel dp(
-          m, std::vector<Device>(replicas, gpu),
-          [](nn::Module& r) -> std::unique_ptr<optim::Optimizer> {
-            return std::make_unique<optim::SGD>(r, optim::SGD::Options{.lr = 0.05f, .momentum = 0.9f});
-          },
-          o);
+      DataParallel dp = graph_test_replicas(replicas, graph);
       CHECK(dp.optimizers().front()->twin_buffers());
       data::Synthetic d({.task = data::Task::regression, .in = 24, .out = 6, .seed = 3}, gpu);
       const data::Dataset& rows = d;
