@@ -59,8 +59,8 @@ Batch Synthetic::rows(const RowMap& map, int64_t count, const Batch& into) const
   const RowMap wrapped{map.first, map.per_group, map.group_stride, cfg_.samples};
   NoGradGuard no_grad;
   auto fits = [&](const Tensor& given, DType dtype, const Shape& row) {
-    Shape s{count};
-    s.insert(s.end(), row.begin(), row.end());
+    Shape s = row;
+    s.insert(s.begin(), count);
     DPT_CHECK(
         given.dtype() == dtype && given.device() == device_ && given.shape() == s,
         "Synthetic::rows: `into` does not hold " + std::to_string(count) + " rows of this set on " + device_.str());

@@ -88,7 +88,7 @@ class CachingAllocator {
 
   Device device_;
   mutable std::mutex mu_;
-  std::unordered_map<void*, Block> blocks_;  // every block held
+  std::unordered_map<void*, Block> blocks_;        // every block held
   static void* take(FreeList& list, size_t size);  // nullptr when none is free
   static void put(FreeList& list, size_t size, void* p) { list[size].blocks.push_back(p); }
   std::map<void*, FreeList> free_;  // by stream

@@ -143,7 +143,7 @@ class Graph {
   void skip_copy(size_t copy);
 
  private:
-  using Temporaries = std::map<void*, std::multimap<size_t, void*>>;  // the allocator's: by stream, size
+  using Temporaries = std::map<void*, std::map<size_t, std::vector<void*>>>;  // CachingAllocator::Temporaries
   void end_captures();
   Temporaries shared_temporaries(const Device& d) const;  // shares_with's on `d`
   bool records(const Context& c) const;                   // the first context or a joined one
