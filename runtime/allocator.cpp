@@ -225,9 +225,9 @@ CachingAllocator::Capture CachingAllocator::end_capture() {
   // The graph's now, out of every pool until release(); offered only to a recording that
   // names them (those of an earlier recording that this one did not take stay that one's).
   for (auto& [stream, pool] : capture_free_)
-    for (const auto& [size, ps] : pool)
-      for (void* p : ps)
-        if (blocks_.at(p).graph == capture_id_) put(c.temporaries[stream], size, p);
+    for (const auto& [size, free] : pool)
+      for (size_t i = free.head; i < free.blocks.size(); ++i)
+        if (void* p = free.blocks[i]; blocks_.at(p).graph == capture_id_) c.temporaries[stream][size].push_back(p);
   capture_free_.clear();
   reuse_.clear();
   return c;

@@ -43,16 +43,7 @@ class CachingAllocator {
   // blocks up once its graph is gone. A recording whose graph never runs beside an earlier
   // one (two graphs replayed in turn on one stream) may take that one's temporaries as
   // its own (`reuse`): the two graphs then hold one set of temporaries, not two.
-  //
-  // Free blocks of one stream by size class, each class oldest first (handed out in the
-  // order they were freed). The lists keep their capacity, so a step's frees allocate
-  // nothing on the host.
-  struct FreeClass {
-    std::vector<void*> blocks;  // the free ones are blocks[head...], oldest first
-    size_t head = 0;
-  };
-  using FreeList = std::map<size_t, FreeClass>;
-  using Temporaries = std::map<void*, FreeList>;  // by stream
+  using Temporaries = std::map<void*, std::map<size_t, std::vector<void*>>>;  // stream -> size -> blocks
   struct Capture {
     std::vector<void*> blocks;  // each once
     Temporaries temporaries;
@@ -88,7 +79,15 @@ class CachingAllocator {
 
   Device device_;
   mutable std::mutex mu_;
-  std::unordered_map<void*, Block> blocks_;        // every block held
+  std::unordered_map<void*, Block> blocks_;  // every block held
+  // Free blocks of one stream by size class, each class oldest first (handed out in the
+  // order they were freed). The lists keep their capacity, so a step's frees allocate
+  // nothing on the host.
+  struct FreeClass {
+    std::vector<void*> blocks;  // the free ones are blocks[head...], oldest first
+    size_t head = 0;
+  };
+  using FreeList = std::map<size_t, FreeClass>;
   static void* take(FreeList& list, size_t size);  // nullptr when none is free
   static void put(FreeList& list, size_t size, void* p) { list[size].blocks.push_back(p); }
   std::map<void*, FreeList> free_;  // by stream
@@ -97,7 +96,7 @@ class CachingAllocator {
   int64_t capture_id_ = 0;
   std::vector<void*> captured_;  // the recording's blocks, each once
   // The recording's streams, and what each freed during the recording: for it alone.
-  Temporaries capture_free_;
+  std::map<void*, FreeList> capture_free_;
   Temporaries reuse_;  // an earlier recording's temporaries, offered to this one's streams
 };
 
