@@ -84,9 +84,30 @@ Context::~Context() {
 #endif
 #if DPT_WITH_CUDA
   if (blas_) cublasDestroy(static_cast<cublasHandle_t>(blas_));
+  if (blas_workspace_) DPT_CUDA_WARN(cudaFree(blas_workspace_));
   if (counter_) DPT_CUDA_WARN(cudaFree(counter_));
   if (stream_) DPT_CUDA_WARN(cudaStreamDestroy(static_cast<cudaStream_t>(stream_)));
 #endif
+}
+
+void* Context::blas() const {
+#if DPT_WITH_CUDA
+  if (blas_ && !blas_workspace_) {
+    cuda::set_device(device_.index);
+    int major = 0;
+    DPT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_.index));
+    const size_t bytes = (major >= 9 ? size_t{32} : size_t{4}) << 20;
+    void* w = nullptr;
+    DPT_CUDA_CHECK(cudaMalloc(&w, bytes));
+    if (const cublasStatus_t st = cublasSetWorkspace(static_cast<cublasHandle_t>(blas_), w, bytes);
+        st != CUBLAS_STATUS_SUCCESS) {
+      DPT_CUDA_WARN(cudaFree(w));
+      DPT_CUBLAS_CHECK(st);
+    }
+    blas_workspace_ = w;
+  }
+#endif
+  return blas_;
 }
 
 void* Context::dnn() const {

@@ -31,14 +31,14 @@ cudaStream_t stream_of(const Device& d) {
 bool lt_gemm(Context& ctx, const Device& d, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
              const float* A, const float* B, float beta, float* C, const float* bias, Act act) {
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
-  return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, ta, tb, m, n, k, alpha, A,
-                       B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
+  return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas_lt()), stream_of(d), ctx.precision, ta, tb, m, n, k, alpha,
+                       A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
 }
 // The same over other element types.
 bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
              float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act) {
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
-  return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas()), stream_of(d), ctx.precision, types, ta, tb, m, n, k,
+  return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas_lt()), stream_of(d), ctx.precision, types, ta, tb, m, n, k,
                        alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
 }
 // Scratch space for the deterministic two-stage reductions.

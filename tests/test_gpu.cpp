@@ -66,6 +66,39 @@ std::vector<Tensor> value_and_grads(const std::function<Tensor(std::vector<Tenso
 }
 }  // namespace
 
+TEST_CASE("a cuBLAS GEMM recorded into a CUDA graph allocates nothing there: its context's workspace serves",
+          "[gpu][gemm][graph]") {
+#if DPT_WITH_CUDA
+  // 1024 x 64 x 4096 in fp32, the forward GEMM of a replica of a 4096-64-4096 model: without
+  // a workspace of the handle's own, cuBLAS allocated one on the stream in the recording,
+  // and replicas recording at once from their threads corrupted the graph.
+  Context ctx(gpu);  // a handle never used before: its first GEMM is recorded
+  const auto h = static_cast<cublasHandle_t>(ctx.blas());
+  const auto st = static_cast<cudaStream_t>(ctx.stream());
+  const Tensor A = on(gpu, randn(1024 * 4096, 1), {1024, 4096}), B = on(gpu, randn(64 * 4096, 2), {64, 4096});
+  Tensor C = Tensor::empty({1024, 64}, DType::f32, gpu);
+  context(gpu).synchronize();
+  cudaGraph_t g = nullptr;
+  REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  cuda::gemm_cublas(h, Precision::fp32, false, true, 1024, 64, 4096, 1.0f, A.f32(), B.f32(), 0.0f, C.f32());
+  REQUIRE(cudaStreamEndCapture(st, &g) == cudaSuccess);
+  size_t count = 0;
+  REQUIRE(cudaGraphGetNodes(g, nullptr, &count) == cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(count);
+  REQUIRE(cudaGraphGetNodes(g, nodes.data(), &count) == cudaSuccess);
+  int kernels = 0, allocations = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    REQUIRE(cudaGraphNodeGetType(node, &type) == cudaSuccess);
+    kernels += type == cudaGraphNodeTypeKernel;
+    allocations += type == cudaGraphNodeTypeMemAlloc || type == cudaGraphNodeTypeMemFree;
+  }
+  cudaGraphDestroy(g);
+  CHECK(kernels >= 1);
+  CHECK(allocations == 0);
+#endif
+}
+
 TEST_CASE("GEMMs (cuBLAS, native, small-batch) match the CPU at every transpose and odd sizes", "[gpu][gemm]") {
   struct Size {
     int64_t m, n, k;

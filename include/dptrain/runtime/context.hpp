@@ -46,7 +46,16 @@ class Context {
   // so that replicas sharing a CPU device, which run in threads at once, never hand
   // blocks to each other.
   void* pool() const { return stream_ ? stream_ : const_cast<Context*>(this); }
-  void* blas() const { return blas_; }  // cublasHandle_t; nullptr on the CPU
+  // cublasHandle_t for cuBLAS calls; nullptr on the CPU. On first use it gets a workspace
+  // of its own (32 MiB from compute capability 9, 4 MiB before: cuBLAS's recommendation),
+  // kept for the context's life. Without one, cuBLAS allocates its workspace on the stream
+  // (cudaMallocAsync) at each call, which in a CUDA graph becomes allocation nodes: replicas
+  // recording into one graph from their threads at once then corrupted the graph (a
+  // segfault in the driver, illegal addresses, other bits; H200, 2026-12-05).
+  void* blas() const;
+  // The same handle for cuBLASLt calls, which take their workspace as an argument: no
+  // workspace is made for it.
+  void* blas_lt() const { return blas_; }
   // A device counter that holds 0 and that every kernel using it leaves at 0: it lets a
   // reduction finish in one kernel (the last block to finish adds the partials). Work on
   // one stream never overlaps, so one counter per context is enough. nullptr on the CPU.
@@ -67,6 +76,7 @@ class Context {
   Device device_;
   void* stream_ = nullptr;
   void* blas_ = nullptr;
+  mutable void* blas_workspace_ = nullptr;
   unsigned* counter_ = nullptr;
   mutable void* dnn_ = nullptr;
 };
