@@ -675,6 +675,24 @@ TEST_CASE("an alternating update recorded in a graph reads the copy that the cou
   }
 }
 
+TEST_CASE("twin buffers by default on a GPU from 2M parameters, one copy below", "[gpu][graph]") {
+  // The flat buffer (each parameter's start aligned) holds 2,101,312 and 2,052,160 elements.
+  for (const auto& [spec, above] : {std::pair<std::string, bool>{"1024-2048-1", true}, {"1024-2000-1", false}}) {
+    INFO(spec);
+    TrainConfig c;
+    c.model = spec;
+    c.batch = 8;
+    c.steps = 1;
+    c.log_every = 1000;
+    c.devices = {gpu};
+    Trainer t(c);
+    REQUIRE((t.model().flat_params().numel() >= kTwinsFromParams) == above);
+    CHECK(t.optimizer().twin_buffers() == above);
+    c.twin_buffers = TwinBuffers::off;
+    CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
+  }
+}
+
 TEST_CASE("twin buffers train bit for bit as one copy, eager and as a CUDA graph, bf16 and fp32",
           "[gpu][graph][bf16]") {
   for (Precision p : {Precision::bf16, Precision::fp32})
@@ -697,7 +715,7 @@ TEST_CASE("twin buffers train bit for bit as one copy, eager and as a CUDA graph
         Trainer one(c);
         one.run();
         CHECK_FALSE(one.optimizer().twin_buffers());
-        c.twin_buffers = TwinBuffers::automatic;  // on, on a GPU
+        c.twin_buffers = TwinBuffers::on;
         Trainer two(c);
         for (int64_t s = 0; s < 3; ++s) two.step(s);  // as a graph: eager, recorded for each parity
         two.run();
@@ -1013,6 +1031,7 @@ DataParallel graph_test_replicas(size_t replicas, bool graph) {
   o.reduce = replicas > 1 ? Reduce::p2p : Reduce::automatic;
   o.cuda_graph = graph;
   o.check_finite = true;
+  o.twin_buffers = TwinBuffers::on;  // a model this small would keep one copy
   return DataParallel(
       m, std::vector<Device>(replicas, gpu),
       [](nn::Module& r) -> std::unique_ptr<optim::Optimizer> {
@@ -1134,6 +1153,7 @@ TEST_CASE("synthetic blocks of one step are made straight into a CUDA graph's in
       c.devices = std::vector<Device>(replicas, gpu);
       c.lr = 0.05f;
       c.precision = p;
+      c.twin_buffers = TwinBuffers::on;  // 0.5M parameters: one copy by default
       Trainer eager(c);
       eager.run();
       c.cuda_graph = true;

@@ -61,6 +61,8 @@ Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices);
 // Whether the optimizers keep twin buffers (Optimizer::set_twin_buffers): automatic on
 // GPUs, where the update then reads the gradients once instead of twice a step.
 enum class TwinBuffers { automatic, on, off };
+// Where TwinBuffers::automatic turns twins on (GPUs): below, one copy is faster.
+constexpr int64_t kTwinsFromParams = int64_t{1} << 21;
 
 struct DataParallelOptions {
   Reduce reduce = Reduce::automatic;
@@ -100,7 +102,8 @@ struct DataParallelOptions {
   // With check_finite and no clip (no ZeRO, no update_per_bucket): a second copy of the
   // parameters and optimizer state that the update writes in turn, so that it checks the
   // gradients in its own pass over them (the mlp workload: 47 us a step of 1.7 ms on an
-  // H200) for one more copy of the parameters and state in memory. automatic: on GPUs.
+  // H200) for one more copy of the parameters and state in memory. automatic: on GPUs,
+  // for models of kTwinsFromParams parameters or more.
   TwinBuffers twin_buffers = TwinBuffers::automatic;
   // ZeRO stage: 0 off; 1 shards the optimizer state over the replicas or ranks (each
   // updates its contiguous shard of the flat buffer, zero_shards', from the summed gradient
