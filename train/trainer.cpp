@@ -521,7 +521,7 @@ int64_t Trainer::block_steps(size_t r) {
   // about 32 MiB of samples, at most 64 steps, at least one. A block costs the host its
   // launches and cuBLAS calls, which the step that makes it waits for: the seed workload's
   // eager loop took 0.0326 to 0.0398 ms a step with blocks of 16 steps, 0.0325 to 0.0337
-  // with 64 (README, Performance).
+  // with 64 (docs/performance-log.md).
   const data::Synthetic& d = *data_[r];
   const int64_t part_count = dp_->plan(cfg_.batch).replica_part(r).count;
   const int64_t row_bytes = 4 * (numel(d.input_shape()) + std::max<int64_t>(1, numel(d.target_shape())));

@@ -1,6 +1,6 @@
 // conv.cu — the convolution pieces dptrain does itself rather than through cuDNN, each
 // where cuDNN's deterministic choice was measured slow on the cnn workload (README,
-// Performance, has the figures):
+// "Measurements behind the code", has the figures):
 // - the bias of a convolution, y[n][c][.] += b[c] (cudnnAddTensor took far longer than
 //   the one read and one write of y that it is here);
 // - its gradient, db[c] = sum over n and the image of dy (cudnnConvolutionBackwardBias,

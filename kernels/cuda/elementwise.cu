@@ -70,7 +70,7 @@ static __global__ void copy_kernel(CopyPieces c) {
     int64_t done = 0;
     if (aligned16(dst) && aligned16(src)) {
       // Four loads in flight a thread before its stores (a step's inputs, 32 MB in the mlp
-      // model, are copied beside its update: README, Performance).
+      // model, are copied beside its update: docs/performance-log.md).
       const int4* s4 = reinterpret_cast<const int4*>(src);
       int4* d4 = reinterpret_cast<int4*>(dst);
       const int64_t n16 = bytes / 16, stride = grid_stride();

@@ -7,7 +7,7 @@
 // visible, and then lets the next kernel be scheduled in turn. So the result is that of a
 // plain launch; what is gained is the launch latency between dependent kernels, which a
 // step made of small dependent kernels (the seed workload's) pays once a kernel (README,
-// Performance, has the measurements).
+// "Measurements behind the code", has the figures).
 //
 // A kernel launched so MUST start with DPT_WAIT_PREVIOUS_GRID(), or it races with the one
 // before it. Only reads of memory that no kernel since the one two back can write may come

@@ -588,7 +588,7 @@ __device__ void put_back4(const Update& to, int64_t n4, Load load) {
 // for bit), writes the scale and the record, moves the step counter on and, where the
 // norm is not finite, puts the backup back, the bf16 shadow too: the step is skipped as
 // the other kernels skip it. No grid-wide barrier (most of what the check added to the
-// seed model's update: README, Performance) and no cooperative launch: any grid fits. The
+// seed model's update: docs/performance-log.md) and no cooperative launch: any grid fits. The
 // backup is the optimizer's own buffer, which no other kernel touches once made (launch.hpp
 // says why it may be written before the wait for the kernel ahead). At most kFusedMax
 // elements, whose grid gives a thread at most kHeld float4s to hold. A skipped step pays
