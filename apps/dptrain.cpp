@@ -48,12 +48,15 @@ int launcher_rank() {
   return 0;
 }
 
-// A rank other than 0 leaves an error that every rank finds alike to rank 0, and waits a
-// little before it exits with it: the launcher ends the whole job as soon as one rank exits
-// non-zero (Open MPI's mpiexec does), which could take rank 0 down before its line was out
-// (ddp_test.sh once saw a job end with no line at all).
-int leave_report_to_rank0(int status) {
-  if (status != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+// Under a launcher, before the process group exists, an error that every rank finds alike
+// (a bad flag, a missing file on a shared disk) is rank 0's to report. A rank other than 0
+// first waits: the launcher ends the whole job as soon as one rank exits non-zero (Open
+// MPI's mpiexec does), which could take rank 0 down before its line was out (ddp_test.sh
+// once saw a job end with no line at all). A rank still running after the wait met a fault
+// of its own (a file missing on its machine alone) and says so, naming itself.
+constexpr auto kRank0Grace = std::chrono::seconds(2);
+int wait_for_rank0(int status) {
+  if (status != 0) std::this_thread::sleep_for(kRank0Grace);
   return status;
 }
 
@@ -634,8 +637,10 @@ int after_training(AfterTraining& a, bool predict) {
 // other ranks do not wait for a peer that is gone.
 int fail(int status, const char* what) {
   if (g_group && g_group->size() > 1) g_group->abort(what, status);
-  if (!g_group && launcher_rank() != 0) return leave_report_to_rank0(status);  // rank 0 reports it
-  std::fprintf(stderr, "%sdptrain: error: %s\n", g_progress_open ? "\n" : "",
+  const int rank = g_group ? 0 : launcher_rank();
+  if (rank != 0) wait_for_rank0(status);
+  const std::string who = rank != 0 ? "rank " + std::to_string(rank) + ": " : "";
+  std::fprintf(stderr, "%sdptrain: error: %s%s\n", g_progress_open ? "\n" : "", who.c_str(),
                dpt::app::one_line(dpt::app::in_flags(what)).c_str());
   return status;
 }
@@ -679,7 +684,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   // Every rank finds the same fault in the command line; rank 0 alone reports it.
   if (const int status = dpt::app::parse_command_line(app, argc, argv, "dptrain", launcher_rank() != 0); status >= 0)
-    return launcher_rank() != 0 ? leave_report_to_rank0(status) : status;
+    return launcher_rank() != 0 ? wait_for_rank0(status) : status;  // (the same line on every rank)
   if (*predict || *eval) {
     AfterTraining& a = *predict ? predict_args : eval_args;
     a.on_command_line = dpt::app::command_line_flags(argc, argv);

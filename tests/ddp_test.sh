@@ -88,6 +88,15 @@ rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c 'dptrain: error: --cuda-graph records steps on GPUs: not on CPU devices' "$tmp/err")" -eq 1 ] &&
   ok || bad "--cuda-graph on CPU ranks (rc $rc): $(cat "$tmp/err")"
 
+# A fault of one rank's own before the ranks have met (here a data file that only rank 1
+# is given, as a file missing on one machine): that rank reports it, naming itself, and
+# the job ends (rank 0 alone reports the faults every rank finds, above).
+"${run[@]}" -np 1 "$exe" --ddp --devices cpu --steps 50 : -np 1 "$exe" --ddp --devices cpu --steps 50 \
+  --data "$tmp/missing.npy" --targets "$tmp/missing_y.npy" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -ne 0 ] && [ "$(grep -c '^dptrain: error: rank 1: .*missing.npy' "$tmp/err")" -eq 1 ] &&
+  [ "$(grep -c '^dptrain: error' "$tmp/err")" -eq 1 ] && ok || bad "a fault of rank 1 alone (rc $rc): $(cat "$tmp/err")"
+
 # Faults: kill (-9) or stop (-STOP) one rank mid-run; the job must end non-zero within
 # --comm-timeout (plus the launcher's own grace).
 fault() {
