@@ -229,7 +229,8 @@ void add_config_flag(CLI::App& app) {
   app.allow_config_extras(CLI::config_extras_mode::error);  // a misspelt key is an error, not ignored
 }
 
-int parse_command_line(CLI::App& app, int argc, char** argv, const char* program, bool quiet) {
+int parse_command_line(CLI::App& app, int argc, char** argv, const char* program,
+                       const std::function<std::string()>& before_error) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -239,7 +240,8 @@ int parse_command_line(CLI::App& app, int argc, char** argv, const char* program
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    if (!quiet) std::fprintf(stderr, "%s: error: %s (see --help)\n", program, one_line(e.what()).c_str());
+    const std::string who = before_error ? before_error() : "";
+    std::fprintf(stderr, "%s: error: %s%s (see --help)\n", program, who.c_str(), one_line(e.what()).c_str());
     return 2;
   }
   return -1;

@@ -3,6 +3,7 @@
 // a bounded --config file, and parsing that ends in one error line.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -72,8 +73,11 @@ constexpr uintmax_t kMaxConfigBytes = 1 << 20;
 void add_config_flag(CLI::App& app);
 
 // Parses the command line. --help and --version print and give their exit status (0); a
-// bad command line gives one line on stderr, "PROGRAM: error: ... (see --help)" (none
-// when `quiet`), and status 2. Returns -1 when the program should go on.
-int parse_command_line(CLI::App& app, int argc, char** argv, const char* program, bool quiet = false);
+// bad command line gives one line on stderr, "PROGRAM: error: ... (see --help)", and
+// status 2. `before_error`, where given, runs first and returns a prefix for the message
+// (dptrain under a launcher: a rank other than 0 waits for rank 0, then names itself).
+// Returns -1 when the program should go on.
+int parse_command_line(CLI::App& app, int argc, char** argv, const char* program,
+                       const std::function<std::string()>& before_error = {});
 
 }  // namespace dpt::app

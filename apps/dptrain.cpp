@@ -48,16 +48,19 @@ int launcher_rank() {
   return 0;
 }
 
-// Under a launcher, before the process group exists, an error that every rank finds alike
-// (a bad flag, a missing file on a shared disk) is rank 0's to report. A rank other than 0
-// first waits: the launcher ends the whole job as soon as one rank exits non-zero (Open
-// MPI's mpiexec does), which could take rank 0 down before its line was out (ddp_test.sh
-// once saw a job end with no line at all). A rank still running after the wait met a fault
-// of its own (a file missing on its machine alone) and says so, naming itself.
+// Under a launcher, before training has its process group, an error that every rank finds
+// alike (a bad flag, a missing file on a shared disk) is rank 0's to report. A rank other
+// than 0 first waits: the launcher ends the whole job as soon as one rank exits non-zero
+// (Open MPI's mpiexec does; rank 0 also ends it itself once MPI runs), which could take
+// rank 0 down before its line was out (ddp_test.sh once saw a job end with no line at
+// all). A rank still running after the wait met a fault of its own (a file missing on its
+// machine alone) and reports it, naming itself. Returns that prefix ("" for rank 0). (A
+// launcher that does not end the job when one rank fails lets every rank report.)
 constexpr auto kRank0Grace = std::chrono::seconds(2);
-int wait_for_rank0(int status) {
-  if (status != 0) std::this_thread::sleep_for(kRank0Grace);
-  return status;
+std::string wait_for_rank0(int rank) {
+  if (rank == 0) return "";
+  std::this_thread::sleep_for(kRank0Grace);
+  return "rank " + std::to_string(rank) + ": ";
 }
 
 constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3, kExitNonFinite = 4;
@@ -187,7 +190,8 @@ void add_flags(CLI::App& app, Options& o) {
              "--ddp too; in one process not NCCL over several GPUs: use --reduce p2p there)");
   add_switch(app, "--no-twin-buffers", o.no_twin_buffers,
              "Keep one copy of the parameters and optimizer state (on GPUs there are two by default where they serve: "
-             "models of 2M parameters or more, without --clip or --zero; the update then checks the gradients in its "
+             "models of 2^21 (about 2.1M) parameters or more, without --clip or --zero; the update then checks the "
+             "gradients in its "
              "own pass. This saves that memory for a second pass over the gradients a step)");
   add_switch(app, "--no-overlap", o.no_overlap,
              "Reduce gradients only after backward, and copy p2p parameters whole after the update (to measure what "
@@ -637,11 +641,14 @@ int after_training(AfterTraining& a, bool predict) {
 // other ranks do not wait for a peer that is gone.
 int fail(int status, const char* what) {
   if (g_group && g_group->size() > 1) g_group->abort(what, status);
-  const int rank = g_group ? 0 : launcher_rank();
-  if (rank != 0) wait_for_rank0(status);
-  const std::string who = rank != 0 ? "rank " + std::to_string(rank) + ": " : "";
+  // Before that, MPI may run already (the trainer starts it before it can fail).
+  dpt::ProcessGroup* mpi = g_group ? g_group : dpt::ProcessGroup::world_if_made();
+  const std::string who = wait_for_rank0(mpi ? mpi->rank() : launcher_rank());
   std::fprintf(stderr, "%sdptrain: error: %s%s\n", g_progress_open ? "\n" : "", who.c_str(),
                dpt::app::one_line(dpt::app::in_flags(what)).c_str());
+  // The whole job ends now: a peer may wait for this rank in a collective, and rank 0
+  // waiting for the others in MPI_Finalize would let them report the same error too.
+  if (mpi && mpi->size() > 1) mpi->end_job(status);
   return status;
 }
 
@@ -682,9 +689,11 @@ int main(int argc, char** argv) {
   add_after_training_flags(*predict, predict_args, true);
   add_after_training_flags(*eval, eval_args, false);
   app.require_subcommand(0, 1);
-  // Every rank finds the same fault in the command line; rank 0 alone reports it.
-  if (const int status = dpt::app::parse_command_line(app, argc, argv, "dptrain", launcher_rank() != 0); status >= 0)
-    return launcher_rank() != 0 ? wait_for_rank0(status) : status;  // (the same line on every rank)
+  // A fault in the command line is rank 0's to report, unless this rank's alone.
+  if (const int status =
+          dpt::app::parse_command_line(app, argc, argv, "dptrain", [] { return wait_for_rank0(launcher_rank()); });
+      status >= 0)
+    return status;
   if (*predict || *eval) {
     AfterTraining& a = *predict ? predict_args : eval_args;
     a.on_command_line = dpt::app::command_line_flags(argc, argv);

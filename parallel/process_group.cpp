@@ -1,6 +1,7 @@
 #include <dptrain/parallel/process_group.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,7 @@ bool built_with_mpi() { return false; }
 ProcessGroup& ProcessGroup::world() {
   throw UsageError("ProcessGroup::world needs a build with MPI (install libopenmpi-dev and rebuild)");
 }
+ProcessGroup* ProcessGroup::world_if_made() { return nullptr; }
 ProcessGroup::ProcessGroup() = default;
 ProcessGroup::~ProcessGroup() = default;
 void ProcessGroup::broadcast(void*, size_t, int) {}
@@ -37,6 +39,7 @@ void ProcessGroup::abort(const std::string& why, int status) {
   report(Severity::error, why);
   std::_Exit(status);
 }
+void ProcessGroup::end_job(int status) { std::_Exit(status); }
 
 #else
 
@@ -55,10 +58,17 @@ void check(int code, const char* call) {
 #define DPT_MPI_CHECK(call) check((call), #call)
 }  // namespace
 
+namespace {
+std::atomic<ProcessGroup*> g_world{nullptr};
+}  // namespace
+
 ProcessGroup& ProcessGroup::world() {
   static ProcessGroup* pg = new ProcessGroup();  // finalized by the atexit handler below
+  g_world = pg;
   return *pg;
 }
+
+ProcessGroup* ProcessGroup::world_if_made() { return g_world; }
 
 ProcessGroup::ProcessGroup() {
   int ready = 0;
@@ -187,6 +197,12 @@ void ProcessGroup::wait_all() { wait_through(started_); }
 
 void ProcessGroup::abort(const std::string& why, int status) {
   report(Severity::error, "rank " + std::to_string(rank_) + ": " + why);
+  end_job(status);
+}
+
+void ProcessGroup::end_job(int status) {
+  std::fflush(stderr);
+  std::fflush(stdout);
   MPI_Abort(MPI_COMM_WORLD, status);
   std::_Exit(status);
 }

@@ -10,6 +10,7 @@ run=("$mpirun" --oversubscribe)
 fails=0 passes=0
 ok() { passes=$((passes + 1)); }
 bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+one_error() { [ "$(grep -c '^dptrain: error' "$tmp/err")" -eq 1 ]; }  # no rank repeats it
 
 # A good run: one report, metrics from rank 0 only, the hash agreed by both ranks.
 if "${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 20 --batch 32 --log-every 10 --bucket-mb 0.01 \
@@ -70,23 +71,23 @@ rc=$?
 # A bad output path is bad input, found before the job starts: one line, exit 2.
 "${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 5 --metrics "$tmp/no/dir/m.jsonl" >"$tmp/out" 2>"$tmp/err"
 rc=$?
-[ $rc -eq 2 ] && [ "$(grep -c 'dptrain: error: --metrics' "$tmp/err")" -eq 1 ] && ok ||
+[ $rc -eq 2 ] && [ "$(grep -c 'dptrain: error: --metrics' "$tmp/err")" -eq 1 ] && one_error && ok ||
   bad "a bad --metrics path under mpirun (rc $rc): $(cat "$tmp/err")"
 
 # Bad input under mpirun: one line (from rank 0), exit 2.
 "${run[@]}" -np 2 "$exe" --ddp --batch 0 >"$tmp/out" 2>"$tmp/err"
-[ "$(grep -c 'dptrain: error' "$tmp/err")" -eq 1 ] && ok || bad "bad input: expected one error line: $(cat "$tmp/err")"
+one_error && ok || bad "bad input: expected one error line: $(cat "$tmp/err")"
 # bf16 gradients need a reduction that has them: MPI between CPU ranks sums fp32.
 "${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 5 --grad-comm bf16 >"$tmp/out" 2>"$tmp/err"
 rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c 'dptrain: error: --grad-comm bf16 is for NCCL, p2p and host reductions' "$tmp/err")" -eq 1 ] &&
-  ok || bad "--grad-comm bf16 under MPI (rc $rc): $(cat "$tmp/err")"
+  one_error && ok || bad "--grad-comm bf16 under MPI (rc $rc): $(cat "$tmp/err")"
 
 # Graphs record GPU steps: CPU ranks are refused in one line (GPU ranks: gpu_cli_test.sh).
 "${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 5 --cuda-graph >"$tmp/out" 2>"$tmp/err"
 rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c 'dptrain: error: --cuda-graph records steps on GPUs: not on CPU devices' "$tmp/err")" -eq 1 ] &&
-  ok || bad "--cuda-graph on CPU ranks (rc $rc): $(cat "$tmp/err")"
+  one_error && ok || bad "--cuda-graph on CPU ranks (rc $rc): $(cat "$tmp/err")"
 
 # A fault of one rank's own before the ranks have met (here a data file that only rank 1
 # is given, as a file missing on one machine): that rank reports it, naming itself, and
@@ -95,7 +96,21 @@ rc=$?
   --data "$tmp/missing.npy" --targets "$tmp/missing_y.npy" >"$tmp/out" 2>"$tmp/err"
 rc=$?
 [ $rc -ne 0 ] && [ "$(grep -c '^dptrain: error: rank 1: .*missing.npy' "$tmp/err")" -eq 1 ] &&
-  [ "$(grep -c '^dptrain: error' "$tmp/err")" -eq 1 ] && ok || bad "a fault of rank 1 alone (rc $rc): $(cat "$tmp/err")"
+  one_error && ok || bad "a fault of rank 1 alone (rc $rc): $(cat "$tmp/err")"
+# The same once MPI runs (a checkpoint to resume that rank 1 alone lacks), and in the
+# command line (a config file that rank 1 alone lacks): the job ends at once, not at
+# --comm-timeout.
+start=$(date +%s)
+"${run[@]}" -np 1 "$exe" --ddp --devices cpu --steps 50 --comm-timeout 60 : -np 1 "$exe" --ddp --devices cpu \
+  --steps 50 --comm-timeout 60 --resume "$tmp/missing.safetensors" >"$tmp/out" 2>"$tmp/err"
+rc=$? took=$(($(date +%s) - start))
+[ $rc -ne 0 ] && [ $took -lt 30 ] && [ "$(grep -c '^dptrain: error: rank 1: .*missing.safetensors' "$tmp/err")" -eq 1 ] &&
+  one_error && ok || bad "a fault of rank 1 alone once MPI runs (rc $rc, $took s): $(cat "$tmp/err")"
+"${run[@]}" -np 1 "$exe" --ddp --devices cpu --steps 50 : -np 1 "$exe" --ddp --devices cpu --steps 50 \
+  --config "$tmp/missing.toml" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: rank 1: .*missing.toml' "$tmp/err")" -eq 1 ] && one_error && ok ||
+  bad "a command-line fault of rank 1 alone (rc $rc): $(cat "$tmp/err")"
 
 # Faults: kill (-9) or stop (-STOP) one rank mid-run; the job must end non-zero within
 # --comm-timeout (plus the launcher's own grace).

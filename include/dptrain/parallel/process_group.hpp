@@ -19,6 +19,8 @@ class ProcessGroup {
   // Initializes MPI once per process (later calls return the same group). Throws
   // UsageError when this build has no MPI.
   static ProcessGroup& world();
+  // The world group if world() has made it (MPI is running), else nullptr.
+  static ProcessGroup* world_if_made();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
@@ -49,6 +51,8 @@ class ProcessGroup {
   // Ends every rank of the job: reports `why` (Severity::error, with this rank's number;
   // see set_message_handler) and aborts.
   [[noreturn]] void abort(const std::string& why, int status = 1);
+  // Ends every rank of the job with `status`, reporting nothing (the caller has).
+  [[noreturn]] void end_job(int status);
 
  private:
   ProcessGroup();
