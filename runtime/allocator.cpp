@@ -271,6 +271,11 @@ void CachingAllocator::empty_cache() {
   release_cached();
 }
 
+bool CachingAllocator::recording() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capturing_;
+}
+
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

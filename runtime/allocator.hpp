@@ -55,6 +55,7 @@ class CachingAllocator {
   Capture end_capture();
   void release(const std::vector<void*>& blocks);
   AllocatorStats stats() const;
+  bool recording() const;  // whether a CUDA graph is being recorded on this device
   void reset_peak();
   Device device() const { return device_; }
 

@@ -98,7 +98,25 @@ void* Context::blas() const {
     DPT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_.index));
     const size_t bytes = (major >= 9 ? size_t{32} : size_t{4}) << 20;
     void* w = nullptr;
-    DPT_CUDA_CHECK(cudaMalloc(&w, bytes));
+    if (cudaMalloc(&w, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();  // running out is not a sticky error
+      w = nullptr;
+      CachingAllocator& cache = allocator(device_);
+      if (!cache.recording()) {  // emptying the cache waits for the device: not while recording
+        cache.empty_cache();
+        if (cudaMalloc(&w, bytes) != cudaSuccess) {
+          (void)cudaGetLastError();
+          w = nullptr;
+        }
+      }
+      if (!w) {
+        const AllocatorStats st = cache.stats();
+        throw OutOfMemory("out of memory on " + device_.str() + ": cuBLAS's workspace of " + format_bytes(bytes) +
+                          " for a stream, with " + format_bytes(st.allocated) + " allocated and " +
+                          format_bytes(st.reserved) + " reserved; use a smaller batch (TrainConfig::batch), " +
+                          "more devices, or TrainConfig::precision bf16");
+      }
+    }
     if (const cublasStatus_t st = cublasSetWorkspace(static_cast<cublasHandle_t>(blas_), w, bytes);
         st != CUBLAS_STATUS_SUCCESS) {
       DPT_CUDA_WARN(cudaFree(w));

@@ -51,7 +51,10 @@ class Context {
   // kept for the context's life. Without one, cuBLAS allocates its workspace on the stream
   // (cudaMallocAsync) at each call, which in a CUDA graph becomes allocation nodes: replicas
   // recording into one graph from their threads at once then corrupted the graph (a
-  // segfault in the driver, illegal addresses, other bits; H200, 2026-12-05).
+  // segfault in the driver, illegal addresses, other bits; H200, 2026-12-05). A training
+  // step makes its first cuBLAS call eagerly, before any recording. Not thread-safe (a
+  // context is used by one thread at a time). The handle keeps the stream it was made
+  // with: cublasSetStream would reset its workspace.
   void* blas() const;
   // The same handle for cuBLASLt calls, which take their workspace as an argument: no
   // workspace is made for it.
