@@ -290,11 +290,11 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   // Twin buffers where every update is the checked one without clipping, each replica's
   // optimizer over its whole buffer. (A CUDA graph records a step of each parity of the
   // step counter: each reads the copies that are current at its steps.)
-  // Automatic: on GPUs from 2M parameters. Below, the update's fixed cost outweighs its
-  // saved pass (H200, 2026-12-05, ms a step with twins and with one copy: seed, 1M
-  // parameters at batch 64, 0.0308 against 0.0298 eager and as a graph; the default job
-  // 0.0483 against 0.0476, graph 0.0471 against 0.0458; 1024-1024x2-1024, 3.1M at batch
-  // 256, 0.212 against 0.217, graph 0.195 against 0.200; mlp bf16 graph 1.709 against 1.734).
+  // Automatic: on GPUs from 2^21 (about 2.1M) parameters (the flat buffer's size). Below, the update's fixed cost
+  // outweighs its saved pass (H200, 2026-12-05, ms a step with twins and with one copy: seed, 1M parameters at batch
+  // 64, 0.0308 against 0.0298 eager and as a graph; the default job 0.0483 against 0.0476, graph 0.0471 against 0.0458;
+  // 1024-1024x2-1024, 3.1M at batch 256, 0.212 against 0.217, graph 0.195 against 0.200; mlp bf16 graph 1.709
+  // against 1.734).
   const bool twins_asked = options.twin_buffers == TwinBuffers::on ||
                            (options.twin_buffers == TwinBuffers::automatic && devices_[0].is_cuda() &&
                             replicas_[0].model->flat_params().numel() >= kTwinsFromParams);

@@ -59,9 +59,11 @@ Reduce parse_reduce(const std::string& name);  // auto|nccl|p2p|host; UsageError
 Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices);
 
 // Whether the optimizers keep twin buffers (Optimizer::set_twin_buffers): automatic on
-// GPUs, where the update then reads the gradients once instead of twice a step.
+// GPUs for models of kTwinsFromParams or more, where the update then reads the gradients
+// once instead of twice a step.
 enum class TwinBuffers { automatic, on, off };
-// Where TwinBuffers::automatic turns twins on (GPUs): below, one copy is faster.
+// Where TwinBuffers::automatic turns twins on (GPUs; elements of the flat parameter buffer,
+// about 2.1M): below, one copy is faster.
 constexpr int64_t kTwinsFromParams = int64_t{1} << 21;
 
 struct DataParallelOptions {

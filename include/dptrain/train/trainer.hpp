@@ -67,7 +67,7 @@ struct TrainConfig {
   std::string on_nonfinite = "stop";
   bool cuda_graph = false;  // record the step once as a CUDA graph and replay it (one GPU, one replica)
   // A second copy of the parameters and optimizer state, so that the update checks the
-  // gradients in its own pass (DataParallelOptions::twin_buffers; automatic: on GPUs, from 2M parameters).
+  // gradients in its own pass (DataParallelOptions::twin_buffers; automatic: on GPUs, from 2^21 parameters).
   TwinBuffers twin_buffers = TwinBuffers::automatic;
   int zero = 0;                  // ZeRO stage (DataParallelOptions::zero)
   DType grad_comm = DType::f32;  // the type gradients travel in (DataParallelOptions::grad_comm)
