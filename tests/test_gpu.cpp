@@ -367,6 +367,7 @@ TEST_CASE("a run of narrow Linear layers in one kernel matches the CPU layer by 
     });
   }
   // The forward kernel against its CPU twin, outputs and GELU's pre-activations.
+#if DPT_WITH_CUDA
   {
     const int64_t rows = 19;
     const std::vector<int> widths{10, 33, 7};
@@ -398,6 +399,7 @@ TEST_CASE("a run of narrow Linear layers in one kernel matches the CPU layer by 
       CHECK(rel_error(keep[static_cast<size_t>(4 * l + 3)].to_host(), z[static_cast<size_t>(l)]) < 1e-5);
     }
   }
+#endif
   // Where it does not fit, the caller is told (an undefined tensor): more rows than the
   // skinny GEMM takes, a width past 256, more than eight layers, a parameter used twice.
   auto chain = [](int64_t rows, std::vector<int64_t> widths) {
@@ -2571,6 +2573,7 @@ TEST_CASE("the peer sum's bf16 kernel adds as the CPU's does at any alignment", 
 }
 #endif
 
+#if DPT_WITH_CUDA
 TEST_CASE("communication streams have the highest priority; a peer sum needs a peer", "[gpu][parallel]") {
   Context normal(gpu), high(gpu, StreamPriority::high);
   int least = 0, greatest = 0;
@@ -2590,6 +2593,7 @@ TEST_CASE("communication streams have the highest priority; a peer sum needs a p
   CHECK_FALSE(peer_readable(gpu, gpu));
   CHECK_FALSE(peer_readable(gpu, host));
 }
+#endif
 
 TEST_CASE("a peer's bucket summed in place equals the staged copy and sum, f32 and bf16", "[gpu][multigpu]") {
   if (cuda_device_count() >= 2) enable_peer_access({gpu, {DeviceType::cuda, 1}});
