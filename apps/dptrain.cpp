@@ -191,8 +191,7 @@ void add_flags(CLI::App& app, Options& o) {
   add_switch(app, "--no-twin-buffers", o.no_twin_buffers,
              "Keep one copy of the parameters and optimizer state (on GPUs there are two by default where they serve: "
              "models of 2^21 (about 2.1M) parameters or more, without --clip or --zero; the update then checks the "
-             "gradients in its "
-             "own pass. This saves that memory for a second pass over the gradients a step)");
+             "gradients in its own pass. This saves that memory for a second pass over the gradients a step)");
   add_switch(app, "--no-overlap", o.no_overlap,
              "Reduce gradients only after backward, and copy p2p parameters whole after the update (to measure what "
              "overlap gains)");

@@ -97,17 +97,18 @@ void* Context::blas() const {
     int major = 0;
     DPT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_.index));
     const size_t bytes = (major >= 9 ? size_t{32} : size_t{4}) << 20;
-    void* w = nullptr;
-    if (cudaMalloc(&w, bytes) != cudaSuccess) {
+    auto try_malloc = [bytes] {
+      void* p = nullptr;
+      if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
       (void)cudaGetLastError();  // running out is not a sticky error
-      w = nullptr;
+      return static_cast<void*>(nullptr);
+    };
+    void* w = try_malloc();
+    if (!w) {
       CachingAllocator& cache = allocator(device_);
       if (!cache.recording()) {  // emptying the cache waits for the device: not while recording
         cache.empty_cache();
-        if (cudaMalloc(&w, bytes) != cudaSuccess) {
-          (void)cudaGetLastError();
-          w = nullptr;
-        }
+        w = try_malloc();
       }
       if (!w) {
         const AllocatorStats st = cache.stats();

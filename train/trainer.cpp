@@ -258,6 +258,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     consumed_.push_back(std::make_unique<Event>(dp_->device(r)));
   }
   const ShardPlan& plan = dp_->plan(cfg_.batch);  // refuses a split that cannot work before any step
+  blocks_in_graph_inputs_ = blocks_in_graph_inputs();
   // GPU replicas on file data load their next shards while the steps compute, each loader
   // with its share of three quarters of the host's cores (at most 12 gathering threads:
   // on the H200's host more read no faster).
@@ -510,7 +511,7 @@ data::Batch Trainer::synthetic_shard(size_t r, int64_t first, int64_t count) {
     if (ahead_[r].step0 == step0 && ahead_[r].steps == steps) std::swap(b, ahead_[r]);
     else make_block(r, b, step0, steps);  // not foreseen: the first block, a resumed run
     b.made->wait_in(compute);
-    if (step0 + steps < cfg_.steps) make_block(r, ahead_[r], step0 + steps, steps, blocks_in_graph_inputs());
+    if (step0 + steps < cfg_.steps) make_block(r, ahead_[r], step0 + steps, steps, blocks_in_graph_inputs_);
   }
   const int64_t row = (step - step0) * part_count + at;
   return {b.rows.x.rows(row, count), b.rows.y.rows(row, count)};
@@ -608,7 +609,7 @@ StepLoss Trainer::step(int64_t s, bool measure) {
   // Its phases are timed only when it is measured (logged): four events less a step.
   // The next step's samples, so that a CUDA graph's replay copies them in beside its update
   // (not where they are made straight into its inputs).
-  const int64_t next = s + 1 < cfg_.steps && !blocks_in_graph_inputs() ? (s + 1) * cfg_.batch : -1;
+  const int64_t next = s + 1 < cfg_.steps && !blocks_in_graph_inputs_ ? (s + 1) * cfg_.batch : -1;
   StepLoss l = dp_->train_step(
       s * cfg_.batch, cfg_.batch, [this](size_t r, int64_t first, int64_t n) { return shard(r, first, n); }, loss,
       metric, measure, next);

@@ -227,8 +227,9 @@ class Trainer {
   // `consumed_` marks (the steps that read the memory it may reuse); into the next step's
   // graph inputs where they are offered and asked for.
   void make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t steps, bool into_next_inputs = false);
-  int64_t block_steps(size_t r);  // steps in a block of replica r
-  bool blocks_in_graph_inputs();  // blocks of one step made into a CUDA graph's inputs
+  int64_t block_steps(size_t r);         // steps in a block of replica r
+  bool blocks_in_graph_inputs();         // blocks of one step made into a CUDA graph's inputs
+  bool blocks_in_graph_inputs_ = false;  // its answer, fixed for the run (the constructor's)
   std::shared_ptr<const data::Dataset> train_data_, val_data_;
   std::vector<data::RowOrder> orders_;        // file data: a replica's epoch order
   std::vector<std::vector<int64_t>> picked_;  // the rows it gathers this step
