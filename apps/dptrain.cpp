@@ -216,6 +216,16 @@ std::string file_identity(const std::string& path) {
   return ec ? path : p.string();
 }
 
+// Whether two paths name one file: the same canonical path, or two names of one existing
+// file (hard links: --metrics appends in place, so a hard link to --data would overwrite
+// the data that the run reads).
+bool same_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  if (file_identity(a) == file_identity(b)) return true;
+  std::error_code ec;
+  return std::filesystem::equivalent(a, b, ec) && !ec;
+}
+
 // Two outputs in one file would leave only the last written; an output over an input
 // destroys the input. Only --save may name the --resume checkpoint (it replaces it, as a
 // continuing run should).
@@ -239,7 +249,7 @@ void check_distinct_files(const Options& o) {
       const Named &a = files[i], &b = files[j];
       if (a.path.empty() || b.path.empty() || (!a.output && !b.output)) continue;
       if (std::string(a.flag) == "--save" && std::string(b.flag) == "--resume") continue;
-      if (file_identity(a.path) == file_identity(b.path))
+      if (same_file(a.path, b.path))
         throw dpt::UsageError(std::string(a.flag) + " and " + b.flag + " name the same file '" + b.path + "'");
     }
 }
@@ -597,12 +607,11 @@ int after_training(AfterTraining& a, bool predict) {
   a.cfg.precision = dpt::parse_precision(a.precision);
   for (const std::string* out : {&a.out, &a.probabilities}) {
     dpt::check_output_file(*out, out == &a.out ? "--out" : "--probabilities");
-    if (!out->empty() &&
-        (file_identity(*out) == file_identity(a.data) || file_identity(*out) == file_identity(a.cfg.checkpoint)))
+    if (same_file(*out, a.data) || same_file(*out, a.targets) || same_file(*out, a.cfg.checkpoint))
       throw dpt::UsageError((out == &a.out ? "--out" : "--probabilities") + std::string(" '") + *out +
                             "' is an input of this run");
   }
-  if (!a.probabilities.empty() && file_identity(a.probabilities) == file_identity(a.out))
+  if (same_file(a.probabilities, a.out))
     throw dpt::UsageError("--out and --probabilities name the same file '" + a.out + "'");
   dpt::Inference model(a.cfg);
   const auto data = std::make_shared<dpt::data::ArrayDataset>(

@@ -104,6 +104,11 @@ refuse "--val-fraction must be in [0, 1), got 1" "${m[@]}" --data x.npy --target
 refuse "--eval-every needs validation rows" "${m[@]}" --data x.npy --targets y.npy --eval-every 5
 refuse "--metrics and --data name the same file" "${m[@]}" --data x.npy --targets y.npy --metrics x.npy
 refuse "--out 'new.npy' is an input of this run" predict --resume model.safetensors --data new.npy --out new.npy
+# A hard link is the same file: --metrics appends in place, which would overwrite the data.
+ln -f x.npy x-link.jsonl
+refuse "--metrics and --data name the same file" "${m[@]}" --data x.npy --targets y.npy --metrics x-link.jsonl
+ln -f new.npy new-link.npy
+refuse "--out 'new-link.npy' is an input of this run" predict --resume model.safetensors --data new.npy --out new-link.npy
 run --devices cpu --data x.npy --targets floaty.npy --model 20-16-3 --epochs 1 --save reg.safetensors >/dev/null 2>&1
 refuse "--probabilities: the model of 'reg.safetensors' does regression" predict --resume reg.safetensors --data new.npy \
   --out p.npy --probabilities q.npy --devices cpu

@@ -282,6 +282,11 @@ refuse "--plot and --resume name the same file 'good.safetensors'" --devices cpu
 refuse "--metrics and --resume name the same file" --devices cpu --steps 8 --optimizer adamw --resume good.safetensors --metrics good.safetensors
 printf 'steps = 3\n' >own.toml
 refuse "--save and --config name the same file 'own.toml'" --devices cpu --config own.toml --save own.toml
+ln -f own.toml own-link.jsonl  # a hard link: the same file under another name
+refuse "--metrics and --config name the same file 'own.toml'" --devices cpu --config own.toml --metrics own-link.jsonl
+ln -f good.safetensors good-link.jsonl
+refuse "--metrics and --resume name the same file" --devices cpu --steps 8 --optimizer adamw --resume good.safetensors \
+  --metrics good-link.jsonl
 cp good.safetensors again.safetensors
 run --devices cpu --steps 6 --optimizer adamw --resume again.safetensors --save again.safetensors >/dev/null 2>&1 && ok ||
   bad "--save over the --resume checkpoint is refused"
