@@ -44,7 +44,9 @@ std::vector<Device> DeviceFlags::devices(const std::vector<std::string>& on_comm
   const bool gpus = chosen[0] == gpus_flag_;
   const int n = gpus ? gpus_ : cpus_;
   const char* flag = gpus ? "--gpus" : "--cpus";
-  if (n < 1) throw UsageError(std::string(flag) + " must be at least 1, got " + std::to_string(n));
+  if (n < 1 || n > kMaxDevices)
+    throw UsageError(std::string(flag) + " must be in [1, " + std::to_string(kMaxDevices) + "], got " +
+                     std::to_string(n));
   std::vector<Device> out;
   for (int i = 0; i < n; ++i) {
     out.push_back({gpus ? DeviceType::cuda : DeviceType::cpu, i});

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -673,6 +674,10 @@ int with_exit_status(const std::function<int()>& job) {
   } catch (const std::bad_alloc&) {  // a host allocation the allocator does not make
     return fail(kExitOom,
                 "out of memory on the host (a host allocation failed); use a smaller batch (--batch) or model");
+  } catch (const std::length_error&) {  // a host array longer than the address space allows
+    return fail(kExitOom,
+                "out of memory on the host (an array longer than memory allows was asked); use a smaller batch "
+                "(--batch) or model");
   } catch (const std::exception& e) {
     return fail(kExitError, e.what());
   }

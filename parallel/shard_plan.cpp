@@ -42,9 +42,6 @@ ShardPlan::ShardPlan(int64_t batch, int ranks, int rank, size_t replicas, int mi
                      std::to_string(workers) + " replica(s), got " + std::to_string(micro_batches));
   rank_part_ = ranges(0, split_evenly(batch, static_cast<size_t>(ranks)))[static_cast<size_t>(rank)];
   replica_ = ranges(rank_part_.first, split_evenly(rank_part_.count, replicas));
-  for (const SampleRange& r : replica_)
-    for (const SampleRange& m : ranges(r.first, split_evenly(r.count, static_cast<size_t>(micro_batches))))
-      micro_.push_back(m);
   idle_ = batch < workers ? workers - batch : 0;
 }
 
@@ -62,7 +59,11 @@ std::vector<SampleRange> zero_shards(int64_t total, size_t n) {
 
 SampleRange ShardPlan::micro(size_t r, int k) const {
   DPT_CHECK(r < replica_.size() && k >= 0 && k < micro_batches_, "ShardPlan::micro: no such micro-batch");
-  return micro_[r * static_cast<size_t>(micro_batches_) + static_cast<size_t>(k)];
+  // Replica r's part split evenly (split_evenly's sizes, laid end to end), computed rather
+  // than stored: a step of a billion micro-batches of one sample holds no billion ranges.
+  const SampleRange part = replica_[r];
+  const int64_t base = part.count / micro_batches_, extra = part.count % micro_batches_;
+  return {part.first + k * base + std::min<int64_t>(k, extra), base + (k < extra ? 1 : 0)};
 }
 
 double ShardPlan::weight(size_t r, int k) const {

@@ -58,7 +58,8 @@ Device parse_device(std::string_view text) {
 
 void check_device(const Device& d) {
   if (d.is_cpu()) {
-    if (d.index >= 1024) throw UsageError("invalid device '" + d.str() + "': at most 1024 CPU devices");
+    if (d.index >= kMaxDevices)
+      throw UsageError("invalid device '" + d.str() + "': at most " + std::to_string(kMaxDevices) + " CPU devices");
     return;
   }
   if (!built_with_cuda())
@@ -78,6 +79,8 @@ std::vector<Device> parse_devices(std::string_view list) {
     if (comma == std::string_view::npos) comma = list.size();
     auto item = list.substr(start, comma - start);
     if (item.empty()) throw UsageError("invalid device list '" + std::string(list) + "': empty entry");
+    if (out.size() == static_cast<size_t>(kMaxDevices))  // the list itself is not repeated: it may be long
+      throw UsageError("invalid device list: more than " + std::to_string(kMaxDevices) + " devices");
     Device d = parse_device(item);
     check_device(d);
     if (!out.empty() && out.front().type != d.type)

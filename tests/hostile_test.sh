@@ -270,6 +270,22 @@ outofmem --devices cpu --steps 1 --batch 288230376151711744
 outofmem --devices cpu --steps 1 --batch 288230376151711744 --samples 1
 outofmem --devices cpu --steps 1 --batch 4398046511104 --model 1048576-4
 outofmem --devices cpu --epochs 9223372036854775807 --samples 1 --batch 9223372036854775807
+# (a third pass) A device list repeating a device 20000 times (3.4 GB of host memory and
+# 16 s before the first step), --cpus past the CPU devices there are.
+refuse "invalid device list: more than 1024 devices" --devices "$(printf 'cpu:0,%.0s' {1..1100})cpu:0" --steps 1
+refuse "--cpus must be in [1, 1024], got 100000" --cpus 100000 --steps 1
+# A billion micro-batches: the plan computes them (it stored them: 16 GB of
+# host memory before the first step); a batch of file data past the address space.
+outofmem --devices cpu --steps 1 --batch 1000000000 --grad-accum 1000000000
+python3 - <<'PY'  # 50 rows of 4 zeros and their labels, without numpy
+def npy(path, descr, shape, nbytes):
+    h = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    h += " " * (63 - (10 + len(h)) % 64) + "\n"
+    open(path, "wb").write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + bytes(nbytes))
+npy("hx.npy", "<f4", "(50, 4)", 800)
+npy("hy.npy", "<i8", "(50,)", 400)
+PY
+outofmem --devices cpu --model 4-8-3 --data hx.npy --targets hy.npy --epochs 1 --batch 4611686018427387904
 timeout 20 "$bench" --cpus 1 --batch 1152921504606846976 --steps 1 --warmup 1 --out bench >out 2>err
 [ $? -eq 3 ] && [ "$(wc -l <err)" -eq 1 ] && ok || bad "dpbench, a batch of 2^60: $(cat err)"
 # Two outputs in one file, or an output over an input, are refused up front; --save may

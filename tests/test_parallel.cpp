@@ -88,6 +88,21 @@ TEST_CASE("a shard plan splits the batch over ranks, then replicas, then micro-b
   CHECK(ShardPlan(3, 1, 0, 5, 1).idle_replicas() == 2);
   CHECK(ShardPlan(3, 1, 0, 5, 1).replica_part(4).count == 0);
   CHECK_THROWS_AS(ShardPlan(0, 1, 0, 2, 1), UsageError);
+  // Micro-batches are split_evenly's sizes end to end, for every count up to the part's.
+  for (int m = 1; m <= 11; ++m) {
+    const ShardPlan q(23, 1, 0, 2, m);
+    const SampleRange part = q.replica_part(1);
+    int64_t first = part.first;
+    const auto sizes = split_evenly(part.count, static_cast<size_t>(m));
+    for (int k = 0; k < m; ++k) {
+      CHECK(q.micro(1, k) == SampleRange{first, sizes[static_cast<size_t>(k)]});
+      first += sizes[static_cast<size_t>(k)];
+    }
+  }
+  // A billion micro-batches of one sample are computed, not stored (a hostile --grad-accum
+  // took 16 GB of host memory before the first step).
+  const ShardPlan huge(1'000'000'000, 1, 0, 1, 1'000'000'000);
+  CHECK(huge.micro(0, 999'999'999) == SampleRange{999'999'999, 1});
 }
 
 TEST_CASE("buckets tile the flat buffer from its end, at most the size asked", "[parallel]") {

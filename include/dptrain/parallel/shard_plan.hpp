@@ -52,7 +52,6 @@ class ShardPlan {
   int micro_batches_ = 1;
   SampleRange rank_part_;
   std::vector<SampleRange> replica_;
-  std::vector<SampleRange> micro_;  // replica r's micro-batch k at r * micro_batches_ + k
   int64_t idle_ = 0;
 };
 

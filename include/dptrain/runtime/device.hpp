@@ -27,8 +27,11 @@ int cuda_device_count();
 
 // Parses `cuda:0`, `cpu`, `cpu:3`; throws UsageError with a one-line reason.
 Device parse_device(std::string_view text);
-// Parses a comma-separated list and checks that every device exists and that CPU and
-// CUDA devices are not mixed.
+// The most devices one process trains on (replicas: a list may name a device again, a
+// logical replica), and the most CPU devices there are (cpu:0..cpu:1023).
+constexpr int kMaxDevices = 1024;
+// Parses a comma-separated list of at most kMaxDevices entries and checks that every
+// device exists and that CPU and CUDA devices are not mixed.
 std::vector<Device> parse_devices(std::string_view list);
 // Throws UsageError when `d` does not exist on this machine (e.g. cuda:7 with one GPU).
 void check_device(const Device& d);
