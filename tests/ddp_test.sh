@@ -112,6 +112,27 @@ rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: rank 1: .*missing.toml' "$tmp/err")" -eq 1 ] && one_error && ok ||
   bad "a command-line fault of rank 1 alone (rc $rc): $(cat "$tmp/err")"
 
+# Ranks that were given other settings (per-node config files, say): a model of another
+# size corrupted the heap in the first collective, another batch trained and reported the
+# parameters identical. Refused before the first collective, the first field that differs
+# named once.
+"${run[@]}" -np 1 "$exe" --ddp --devices cpu --steps 3 --model 4-8-2 : -np 1 "$exe" --ddp --devices cpu --steps 3 \
+  --model 64-1024x4-64 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: --model differs between rank 0 and rank 1' "$tmp/err")" -eq 1 ] &&
+  one_error && ok || bad "ranks with other models (rc $rc): $(cat "$tmp/err")"
+"${run[@]}" -np 1 "$exe" --ddp --devices cpu --steps 3 --batch 8 : -np 1 "$exe" --ddp --devices cpu --steps 3 \
+  --batch 8 --log-every 2 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: --log-every differs between rank 0 and rank 1' "$tmp/err")" -eq 1 ] &&
+  one_error && ok || bad "ranks with other log points (rc $rc): $(cat "$tmp/err")"
+"$exe" --devices cpu --steps 5 --batch 8 --save "$tmp/five.safetensors" >/dev/null 2>&1
+"${run[@]}" -np 1 "$exe" --ddp --devices cpu --steps 10 --batch 8 : -np 1 "$exe" --ddp --devices cpu --steps 10 \
+  --batch 8 --resume "$tmp/five.safetensors" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: --resume differs between rank 0 and rank 1' "$tmp/err")" -eq 1 ] &&
+  one_error && ok || bad "rank 1 alone resuming (rc $rc): $(cat "$tmp/err")"
+
 # Faults: kill (-9) or stop (-STOP) one rank mid-run; the job must end non-zero within
 # --comm-timeout (plus the launcher's own grace).
 fault() {

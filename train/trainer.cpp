@@ -38,6 +38,34 @@ std::string got(double v) {
   std::snprintf(buf, sizeof buf, ", got %g", v);
   return buf;
 }
+
+// Under --ddp every rank must run one configuration: ranks whose models differ in size
+// reduce buffers of other lengths (heap corruption, found by a hostile pass), and ranks
+// whose batches, steps or log points differ meet in other collectives, or in none, and
+// wait out the timeout. One collective of a hash over every field; where the hashes
+// differ, one a field, to name the first that does (every rank finds the same, and
+// rank 0 reports it). The data's contents are not compared (its rows and headers are).
+void check_ranks_agree(ProcessGroup& group, const std::vector<std::pair<const char*, std::string>>& fields) {
+  auto fnv = [](uint64_t h, const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    return (h ^ 0xffu) * 1099511628211ull;  // a separator: ("ab", "c") is not ("a", "bc")
+  };
+  auto differs = [&](uint64_t h) {
+    const std::vector<uint64_t> all = group.gather_all(h);
+    for (size_t r = 1; r < all.size(); ++r)
+      if (all[r] != all[0]) return static_cast<int>(r);
+    return 0;
+  };
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& [name, value] : fields) h = fnv(fnv(h, name), value);
+  if (differs(h) == 0) return;
+  for (const auto& [name, value] : fields)
+    if (const int r = differs(fnv(1469598103934665603ull, value)); r != 0)
+      throw UsageError("TrainConfig::" + std::string(name) + " differs between rank 0 and rank " + std::to_string(r) +
+                       ": every rank of a job must run one configuration");
+  throw UsageError("the ranks' configurations differ: every rank of a job must run one configuration");
+}
+
 }  // namespace
 
 float default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3f : 0.05f; }
@@ -199,6 +227,47 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   const Device master = cfg_.devices.front();
   model_ = nn::make_model(spec, cfg_.act);
   model_->to(master, cfg_.seed);
+  if (group_) {
+    auto num = [](double v) {
+      char buf[40];
+      std::snprintf(buf, sizeof buf, "%.17g", v);
+      return std::string(buf);
+    };
+    // What every rank must share (before DataParallel, whose first collectives assume it).
+    check_ranks_agree(*group_, {{"model", model_->describe()},
+                                {"task", data::task_name(cfg_.task)},
+                                {"data", data_identity()},
+                                {"samples", std::to_string(cfg_.samples)},
+                                {"val_data", val_data_ ? std::to_string(val_data_->rows()) + " rows" : "none"},
+                                {"eval_every", std::to_string(cfg_.eval_every)},
+                                {"batch", std::to_string(cfg_.batch)},
+                                {"steps", std::to_string(cfg_.steps)},
+                                {"grad_accum", std::to_string(cfg_.grad_accum)},
+                                {"seed", std::to_string(cfg_.seed)},
+                                {"optimizer", cfg_.optimizer},
+                                {"lr", num(*cfg_.lr)},
+                                {"momentum", num(cfg_.momentum)},
+                                {"nesterov", cfg_.nesterov ? "on" : "off"},
+                                {"weight_decay", num(cfg_.weight_decay)},
+                                {"beta1", num(cfg_.beta1)},
+                                {"beta2", num(cfg_.beta2)},
+                                {"eps", num(cfg_.eps)},
+                                {"schedule", cfg_.schedule},
+                                {"warmup", std::to_string(cfg_.warmup)},
+                                {"clip", num(cfg_.clip)},
+                                {"precision", precision_name(cfg_.precision)},
+                                {"gemm", gemm_name(cfg_.gemm)},
+                                {"bucket_mb", num(cfg_.bucket_mb)},
+                                {"first_bucket_mb", num(cfg_.first_bucket_mb)},
+                                {"tune_buckets", cfg_.tune_buckets ? "on" : "off"},
+                                {"overlap", cfg_.overlap ? "on" : "off"},
+                                {"cuda_graph", cfg_.cuda_graph ? "on" : "off"},
+                                {"zero", std::to_string(cfg_.zero)},
+                                {"grad_comm", dtype_name(cfg_.grad_comm)},
+                                {"on_nonfinite", cfg_.on_nonfinite},
+                                {"log_every", std::to_string(cfg_.log_every)},
+                                {"save_every", std::to_string(cfg_.save_every)}});
+  }
   if (train_data_) {
     for (size_t r = 0; r < cfg_.devices.size(); ++r) orders_.emplace_back(cfg_.samples, cfg_.seed, cfg_.shuffle);
     picked_.resize(cfg_.devices.size());
@@ -280,6 +349,9 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     }
   }
   if (!cfg_.resume.empty()) resume(cfg_.resume);
+  // Each rank reads its own copy of the checkpoint (a rank that cannot has failed above).
+  if (group_)
+    check_ranks_agree(*group_, {{"resume", cfg_.resume.empty() ? "none" : "step " + std::to_string(steps_done_)}});
 }
 
 namespace {
