@@ -220,7 +220,14 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   }
 
   if (group_) {
-    // Every rank starts from rank 0's parameters.
+    // Every rank starts from rank 0's parameters, in a buffer of one size on every rank
+    // (a broadcast of another length would write past this rank's).
+    const auto sizes = group_->gather_all(static_cast<uint64_t>(model->flat_params().numel()));
+    for (size_t r = 1; r < sizes.size(); ++r)
+      if (sizes[r] != sizes[0])
+        throw UsageError("DataParallelOptions::group: the model differs between ranks: rank 0's parameters take " +
+                         std::to_string(sizes[0]) + " floats, rank " + std::to_string(r) + "'s " +
+                         std::to_string(sizes[r]));
     auto host = model->flat_params().to_host();
     group_->broadcast(host.data(), host.size() * sizeof(float), 0);
     copy(model->flat_params(), Tensor::from_host(host, model->flat_params().shape(), devices_[0]));

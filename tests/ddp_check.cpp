@@ -17,6 +17,9 @@
 #include <unistd.h>
 
 #include <dptrain/data/dataset.hpp>
+#include <dptrain/layers/layers.hpp>
+#include <dptrain/optim/optim.hpp>
+#include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "common.hpp"
@@ -189,6 +192,30 @@ int main(int argc, char** argv) {
                     ok ? "ok" : "FAILED");
         if (!ok) ++failures;
       }
+    }
+    {
+      // A program whose ranks build models of other sizes: DataParallel refuses it on every
+      // rank before its first broadcast (which would write past the smaller buffer).
+      auto net = nn::mlp(g.rank() == 0 ? "4-8-2" : "4-64-2", Act::relu);
+      const Device mine = devs[static_cast<size_t>(g.local_rank()) % devs.size()];
+      net->to(mine, 1);
+      DataParallelOptions o;
+      o.group = &g;
+      std::string refused = "not refused";
+      try {
+        DataParallel dp(
+            net, {mine},
+            [](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
+              return std::make_unique<optim::SGD>(m, optim::SGD::Options{.lr = 0.01f});
+            },
+            o);
+      } catch (const UsageError& e) {
+        refused = e.what();
+      }
+      const bool ok = refused.find("the model differs between ranks: rank 0's parameters take") != std::string::npos;
+      if (!ok) ++failures;
+      if (g.rank() == 0)
+        std::printf("models of other sizes on the ranks: '%s': %s\n", refused.c_str(), ok ? "ok" : "FAILED");
     }
     double total = g.sum(failures);
     if (g.rank() == 0) std::printf("%s\n", total == 0 ? "all checks passed" : "some checks FAILED");
