@@ -274,6 +274,11 @@ outofmem --devices cpu --epochs 9223372036854775807 --samples 1 --batch 92233720
 # 16 s before the first step), --cpus past the CPU devices there are.
 refuse "invalid device list: more than 1024 devices" --devices "$(printf 'cpu:0,%.0s' {1..1100})cpu:0" --steps 1
 refuse "--cpus must be in [1, 1024], got 100000" --cpus 100000 --steps 1
+# An output name longer than the file system allows: refused up front (it trained the whole
+# run, then failed at the rename, with no checkpoint).
+long=$(printf 'a%.0s' {1..300}).x
+refuse "its name is 302 bytes long, and its folder's file system allows" "${cpu[@]}" --save "$long"
+refuse "its name is 302 bytes long, and its folder's file system allows" "${cpu[@]}" --plot "$long"
 # A billion micro-batches: the plan computes them (it stored them: 16 GB of
 # host memory before the first step); a batch of file data past the address space.
 outofmem --devices cpu --steps 1 --batch 1000000000 --grad-accum 1000000000

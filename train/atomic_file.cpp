@@ -90,6 +90,13 @@ void check_output_file(const std::string& path, const std::string& label) {
   const uid_t me = ::geteuid();
   if (exists && (dst.st_mode & S_ISVTX) && me != 0 && st.st_uid != me && dst.st_uid != me)
     refuse("belongs to another user in a sticky folder, so it cannot be replaced");
+  // The temporary's name is cut to fit (temporary_prefix), the target's is not: a name the
+  // file system refuses would fail only at the rename, after the whole run.
+  const std::string name = std::filesystem::path(target).filename().string();
+  const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  if (name_max > 0 && name.size() > static_cast<size_t>(name_max))
+    refuse("its name is " + std::to_string(name.size()) + " bytes long, and its folder's file system allows " +
+           std::to_string(name_max));
   // Try what the save will do: create a file of our own beside the target.
   std::string probe;
   const int fd = create_temporary(target, probe);
