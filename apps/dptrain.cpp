@@ -397,6 +397,7 @@ int train(Options& o) {
   // The metrics file is opened (and a fresh run's emptied) at the first record, so a run
   // that ends before its first step leaves an existing file as it was.
   std::ofstream metrics;
+  bool metrics_failed = false;
   auto open_metrics = [&] {
     if (trainer.resumed()) continue_metrics(o.metrics, trainer.steps_done());
     metrics.open(o.metrics, trainer.resumed() ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
@@ -458,11 +459,19 @@ int train(Options& o) {
       speed.x.push_back(static_cast<double>(s.step));
       speed.y.push_back(s.samples_per_s);
     }
-    if (!o.metrics.empty() && !metrics.is_open()) open_metrics();
+    if (!o.metrics.empty() && !metrics.is_open() && !metrics_failed) open_metrics();
     if (metrics.is_open()) {
+      errno = 0;
       metrics << json_line(s) << '\n';
       metrics.flush();
-      if (!metrics) throw dpt::Error("writing the metrics file '" + o.metrics + "' failed");
+      if (!metrics) {  // a full disk, say: the run and its checkpoint matter more than the log
+        const std::string why = errno != 0 ? std::strerror(errno) : "a write error";
+        metrics.close();
+        metrics_failed = true;
+        dpt::report(dpt::Severity::warning, "writing the metrics file '" + o.metrics + "' failed at step " +
+                                                std::to_string(s.step) + " (" + why +
+                                                "); training goes on without it, its last line may be cut");
+      }
     }
     const std::string eta = duration(s.step_ms * 1e-3 * static_cast<double>(s.total - s.step));
     const std::string acc = std::isnan(s.accuracy) ? "" : percent(s.accuracy);

@@ -279,6 +279,15 @@ refuse "--cpus must be in [1, 1024], got 100000" --cpus 100000 --steps 1
 long=$(printf 'a%.0s' {1..300}).x
 refuse "its name is 302 bytes long, and its folder's file system allows" "${cpu[@]}" --save "$long"
 refuse "its name is 302 bytes long, and its folder's file system allows" "${cpu[@]}" --plot "$long"
+# The metrics file cannot grow (a file size limit here, a full disk elsewhere): a warning
+# with the reason, and the run goes on to its checkpoint (it ended with exit 1 and none).
+rm -f big.jsonl big.safetensors
+(trap '' XFSZ; ulimit -f 64; timeout 60 "$exe" --devices cpu --model 4-8-2 --batch 8 --steps 2000 --log-every 1 \
+  --metrics big.jsonl --save big.safetensors >/dev/null 2>err)
+rc=$?
+[ $rc -eq 0 ] && [ -s big.safetensors ] && [ "$(wc -l <err)" -eq 1 ] &&
+  grep -q "^dptrain: warning: writing the metrics file 'big.jsonl' failed at step [0-9]* (File too large)" err && ok ||
+  bad "a metrics file that cannot grow (rc $rc): $(cat err)"
 # A billion micro-batches: the plan computes them (it stored them: 16 GB of
 # host memory before the first step); a batch of file data past the address space.
 outofmem --devices cpu --steps 1 --batch 1000000000 --grad-accum 1000000000
