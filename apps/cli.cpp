@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <set>
 
 #include <dptrain/error.hpp>
 
@@ -94,6 +95,17 @@ class TomlWithUnderscores : public CLI::ConfigTOML {
   std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
     auto read = CLI::ConfigTOML::from_config(input);
     for (auto& item : read) std::replace(item.name.begin(), item.name.end(), '_', '-');
+    // A key given twice (apart: CLI11 kept the first and dropped the other silently; or
+    // once as log_every, once as log-every) is an error, not a guess at which one counts.
+    // ("++" and "--" are CLI11's marks for entering and leaving a [section].)
+    std::set<std::string> seen;
+    for (const auto& item : read) {
+      if (item.name == "++" || item.name == "--") continue;
+      std::string key;
+      for (const std::string& p : item.parents) key += p + ".";
+      if (!seen.insert(key + item.name).second)
+        throw CLI::ConfigError("the config file gives '" + key + item.name + "' twice");
+    }
     return read;
   }
 };

@@ -125,6 +125,11 @@ refuse "--comm-timeout must be a positive number of seconds, got inf" "${cpu[@]}
 refuse "--nesterov is an option of --optimizer sgd, and this run trains with adamw" "${cpu[@]}" --optimizer adamw --nesterov
 refuse "--momentum is an option of --optimizer sgd, and this run trains with adamw" "${cpu[@]}" --optimizer adamw --momentum 0.5
 refuse "--beta1 is an option of --optimizer adamw, and this run trains with sgd" "${cpu[@]}" --beta1 0.8
+# A key given twice apart, or in both spellings, is refused (the first counted, silently).
+printf 'batch = 8\nsteps = 2\nbatch = 16\n' >twice.toml
+refuse "the config file gives 'batch' twice" --devices cpu --config twice.toml
+printf 'log-every = 1\nlog_every = 2\n' >twice.toml
+refuse "the config file gives 'log-every' twice" "${cpu[@]}" --config twice.toml
 printf 'optimizer = "adamw"\nmomentum = 0.5\n' >mixed.toml
 refuse "--momentum is an option of --optimizer sgd" "${cpu[@]}" --config mixed.toml
 # Each optimizer has its own default learning rate, and the header says which is used.
