@@ -88,7 +88,9 @@ std::string json_number(float v) { return std::isfinite(v) ? dpt::format_float(v
 
 std::string duration(double s) {
   char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
+  // Past a million hours (a run of 2^63 steps) the count would overflow an int: say so.
+  if (!(s < 3.6e9)) std::snprintf(buf, sizeof buf, "over 10^6 h");
+  else if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
   else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(s) % 60);
   else std::snprintf(buf, sizeof buf, "%.1fs", s);
   return buf;

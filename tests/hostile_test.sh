@@ -293,6 +293,13 @@ rc=$?
 [ $rc -eq 0 ] && [ -s big.safetensors ] && [ "$(wc -l <err)" -eq 1 ] &&
   grep -q "^dptrain: warning: writing the metrics file 'big.jsonl' failed at step [0-9]* (File too large)" err && ok ||
   bad "a metrics file that cannot grow (rc $rc): $(cat err)"
+# The ETA of a run of 2^63 steps (it wrapped to -2147483648h); a run of one step reports
+# that step's speed (it said 0.0 samples/s, 0.0000 ms/step).
+timeout 10 "$exe" --devices cpu --steps 9223372036854775807 --batch 1 --samples 1 --model 2-2 --log-every 1000 \
+  2>/dev/null | grep -m1 ETA >out
+grep -q 'ETA over 10^6 h' out && ! grep -q 'ETA -' out && ok || bad "the ETA of 2^63 steps: $(cat out)"
+run --devices cpu --steps 1 >out 2>&1
+grep -E '^done: 1 steps' out | grep -qvE ' 0\.0 samples/s| 0\.0000 ms/step' && ok || bad "a run of one step: $(grep done out)"
 # A billion micro-batches: the plan computes them (it stored them: 16 GB of
 # host memory before the first step); a batch of file data past the address space.
 outofmem --devices cpu --steps 1 --batch 1000000000 --grad-accum 1000000000

@@ -822,6 +822,12 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
   if (r.steps > 1 && timed > 0) {
     r.samples_per_s = static_cast<double>((r.steps - 1) * cfg_.batch) / timed;
     r.step_ms = 1e3 * timed / static_cast<double>(r.steps - 1);
+  } else if (r.steps == 1) {  // the first step alone, warm-up and all (rather than none)
+    const double first = std::chrono::duration<double>(after_first - start).count();
+    if (first > 0) {
+      r.samples_per_s = static_cast<double>(cfg_.batch) / first;
+      r.step_ms = 1e3 * first;
+    }
   }
   if (r.steps > 0) r.times = dp_->last_times();
   for (const auto& l : loaders_)
