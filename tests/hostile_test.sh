@@ -300,6 +300,11 @@ timeout 10 "$exe" --devices cpu --steps 9223372036854775807 --batch 1 --samples 
 grep -q 'ETA over 10^6 h' out && ! grep -q 'ETA -' out && ok || bad "the ETA of 2^63 steps: $(cat out)"
 run --devices cpu --steps 1 >out 2>&1
 grep -E '^done: 1 steps' out | grep -qvE ' 0\.0 samples/s| 0\.0000 ms/step' && ok || bad "a run of one step: $(grep done out)"
+# A warm-up that does nothing (constant has none) is refused; one as long as the run warns.
+refuse "--warmup has no effect with --schedule constant: use --schedule warmup" "${cpu[@]}" --warmup 100
+run --devices cpu --steps 5 --warmup 9223372036854775807 --schedule cosine >out 2>err
+[ "$(wc -l <err)" -eq 1 ] && grep -q "^dptrain: warning: --warmup of 9223372036854775807 steps is not shorter than the run's 5" err &&
+  ok || bad "a warm-up longer than the run: $(cat err)"
 # A billion micro-batches: the plan computes them (it stored them: 16 GB of
 # host memory before the first step); a batch of file data past the address space.
 outofmem --devices cpu --steps 1 --batch 1000000000 --grad-accum 1000000000

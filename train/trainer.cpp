@@ -108,7 +108,10 @@ nn::ModelSpec validate(TrainConfig& cfg) {
       !(cfg.targets.empty() && cfg.val_data.empty() && cfg.val_targets.empty() && cfg.val_fraction == 0.0))
     bad("data", "is needed by TrainConfig::targets, val_data, val_targets and val_fraction (file data)");
   if (cfg.warmup < 0) bad("warmup", "must be >= 0" + got(cfg.warmup));
-  (void)optim::parse_schedule(cfg.schedule);
+  if (optim::parse_schedule(cfg.schedule) == optim::Schedule::Kind::constant && cfg.warmup > 0)
+    bad("warmup",
+        "has no effect with TrainConfig::schedule constant: use TrainConfig::schedule warmup (a linear "
+        "warm-up, then constant) or cosine");
   nn::ModelSpec spec = nn::parse_model_spec(cfg.model);
   if (spec.is_cnn) cfg.task = data::Task::classification;  // a CNN classifies images
   if (cfg.task == data::Task::classification && spec.outputs() < 2)
@@ -224,6 +227,10 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     const Device mine = cfg_.devices[static_cast<size_t>(group_->local_rank()) % cfg_.devices.size()];
     cfg_.devices = {mine};
   }
+  if (cfg_.warmup >= cfg_.steps && (!group_ || group_->rank() == 0))
+    report(Severity::warning, "TrainConfig::warmup of " + std::to_string(cfg_.warmup) +
+                                  " steps is not shorter than the run's " + std::to_string(cfg_.steps) +
+                                  ": the learning rate never reaches TrainConfig::lr");
   const Device master = cfg_.devices.front();
   model_ = nn::make_model(spec, cfg_.act);
   model_->to(master, cfg_.seed);
