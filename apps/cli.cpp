@@ -195,13 +195,12 @@ std::string one_line(const std::string& message) {
 
 std::string in_flags(const std::string& message) {
   static const std::pair<const char*, const char*> kSpecial[] = {
-      {"DataParallelOptions::group", "--ddp"},
-      {"ProcessGroup::world", "--ddp"},
-      {"ProcessGroup::set_timeout", "--comm-timeout"},
-      {"DataParallelOptions::overlap", "--no-overlap"},
+      {"DataParallelOptions::group", "--ddp"},         {"ProcessGroup::world", "--ddp"},
+      {"ProcessGroup::set_timeout", "--comm-timeout"}, {"DataParallelOptions::overlap", "--no-overlap"},
+      {"InferenceConfig::checkpoint", "--resume"},
   };
-  static const char* const kOwners[] = {
-      "TrainConfig::", "DataParallelOptions::", "SGD::Options::", "AdamW::Options::", "ProcessGroup::"};
+  static const char* const kOwners[] = {"TrainConfig::",  "InferenceConfig::", "DataParallelOptions::",
+                                        "SGD::Options::", "AdamW::Options::",  "ProcessGroup::"};
   std::string out;
   size_t at = 0;
   while (at < message.size()) {

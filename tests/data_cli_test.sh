@@ -104,6 +104,7 @@ refuse "--val-fraction must be in [0, 1), got 1" "${m[@]}" --data x.npy --target
 refuse "--eval-every needs validation rows" "${m[@]}" --data x.npy --targets y.npy --eval-every 5
 refuse "--metrics and --data name the same file" "${m[@]}" --data x.npy --targets y.npy --metrics x.npy
 refuse "--out 'new.npy' is an input of this run" predict --resume model.safetensors --data new.npy --out new.npy
+refuse "dptrain: error: --batch must be >= 1, got 0" predict --resume model.safetensors --data new.npy --out p.npy --batch 0
 # A hard link is the same file: --metrics appends in place, which would overwrite the data.
 ln -f x.npy x-link.jsonl
 refuse "--metrics and --data name the same file" "${m[@]}" --data x.npy --targets y.npy --metrics x-link.jsonl
