@@ -80,6 +80,21 @@ void install_signal_handlers() {
   // A reader that goes away (dptrain ... | head) is a request to stop too: the run ends
   // after the step, with its checkpoint, instead of dying in the middle of a line.
   sigaction(SIGPIPE, &sa, nullptr);
+  // Data files are mapped into memory: one cut short while the run reads it (rewritten in
+  // place, say) faults on the next read of a page past its new end. One line and exit 1,
+  // not a bus error and a core dump (nothing may be saved: the data read may be partial).
+  struct sigaction bus {};
+  bus.sa_handler = [](int) {
+    static const char kLine[] =
+        "dptrain: error: a data file was cut short or rewritten while the run read it (it is mapped into "
+        "memory); leave --data, --targets and --val-data as they are until the run ends\n";
+    ssize_t written = g_progress_open ? ::write(STDOUT_FILENO, "\n", 1) : 0;
+    written = ::write(STDERR_FILENO, kLine, sizeof kLine - 1);
+    (void)written;
+    ::_exit(kExitError);
+  };
+  sigemptyset(&bus.sa_mask);
+  sigaction(SIGBUS, &bus, nullptr);
 }
 
 // A float in JSON: the shortest text that reads back as the same value; JSON has no NaN or

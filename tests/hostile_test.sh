@@ -305,6 +305,25 @@ refuse "--warmup has no effect with --schedule constant: use --schedule warmup" 
 run --devices cpu --steps 5 --warmup 9223372036854775807 --schedule cosine >out 2>err
 [ "$(wc -l <err)" -eq 1 ] && grep -q "^dptrain: warning: --warmup of 9223372036854775807 steps is not shorter than the run's 5" err &&
   ok || bad "a warm-up longer than the run: $(cat err)"
+# A data file cut short while the run reads it (it is mapped into memory): one line and
+# exit 1, not a bus error.
+python3 - <<'PY'
+rows = 20000
+h = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, 64), }" % rows
+h += " " * (63 - (10 + len(h)) % 64) + "\n"
+open("cut.npy", "wb").write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + bytes(rows * 64 * 4))
+h = "{'descr': '<i8', 'fortran_order': False, 'shape': (%d,), }" % rows
+h += " " * (63 - (10 + len(h)) % 64) + "\n"
+open("cut_y.npy", "wb").write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + bytes(rows * 8))
+PY
+timeout 60 "$exe" --devices cpu --epochs 100000 --batch 64 --model 64-8-3 --data cut.npy --targets cut_y.npy \
+  --log-every 100000 >out 2>err &
+for i in $(seq 100); do grep -q '^step 1/' out && break; sleep 0.1; done  # training, the file mapped
+python3 -c "open('cut.npy', 'r+b').truncate(1000)"
+wait $!
+rc=$?
+[ $rc -eq 1 ] && [ "$(grep -c . err)" -le 2 ] && grep -q '^dptrain: error: a data file was cut short or rewritten' err &&
+  ok || bad "a data file cut short mid-run (rc $rc): $(cat err)"
 # A billion micro-batches: the plan computes them (it stored them: 16 GB of
 # host memory before the first step); a batch of file data past the address space.
 outofmem --devices cpu --steps 1 --batch 1000000000 --grad-accum 1000000000
