@@ -191,8 +191,9 @@ class DictReader {
 }  // namespace
 
 NpyHeader parse_npy_header(const uint8_t* file, uint64_t size, const std::string& name) {
-  if (size < kMagicBytes + 2 || std::memcmp(file, kMagic, kMagicBytes) != 0)
+  if (size < kMagicBytes || std::memcmp(file, kMagic, kMagicBytes) != 0)
     fail(name, "not a .npy file (it does not start with \\x93NUMPY)");
+  if (size < kMagicBytes + 2) fail(name, "a .npy file cut short: it ends before its format version");
   NpyHeader h;
   h.major = file[kMagicBytes];
   h.minor = file[kMagicBytes + 1];

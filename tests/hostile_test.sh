@@ -336,6 +336,13 @@ npy("hx.npy", "<f4", "(50, 4)", 800)
 npy("hy.npy", "<i8", "(50,)", 400)
 PY
 outofmem --devices cpu --model 4-8-3 --data hx.npy --targets hy.npy --epochs 1 --batch 4611686018427387904
+# Messages that said what was not so: a file of the magic alone "does not start with" it;
+# a checkpoint of the endless stream "was made with --samples 0", a value no flag takes.
+printf '\x93NUMPY' >six.npy
+refuse "a .npy file cut short: it ends before its format version" --devices cpu --data six.npy --targets hy.npy
+run --devices cpu --steps 2 --save endless.safetensors >/dev/null 2>&1
+refuse "was made with an endless stream of samples, this run has 100" --devices cpu --steps 4 --samples 100 \
+  --resume endless.safetensors
 timeout 20 "$bench" --cpus 1 --batch 1152921504606846976 --steps 1 --warmup 1 --out bench >out 2>err
 [ $? -eq 3 ] && [ "$(wc -l <err)" -eq 1 ] && ok || bad "dpbench, a batch of 2^60: $(cat err)"
 # Two outputs in one file, or an output over an input, are refused up front; --save may

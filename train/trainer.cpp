@@ -439,9 +439,13 @@ void Trainer::resume(const std::string& path) {
     return it->second;
   };
   auto must_match = [&](const std::string& key, const std::string& ours) {  // the key is the field's name
+    // samples 0 is the endless stream of synthetic samples, which no flag spells.
+    auto shown = [&](const std::string& v) {
+      return key == "samples" && v == "0" ? "an endless stream of samples" : "TrainConfig::" + key + " " + v;
+    };
     if (meta(key) != ours)
-      throw UsageError("checkpoint '" + path + "' was made with TrainConfig::" + key + " " + meta(key) +
-                       ", this run has " + ours);
+      throw UsageError("checkpoint '" + path + "' was made with " + shown(meta(key)) + ", this run has " +
+                       (key == "samples" && ours == "0" ? "an endless stream" : ours));
   };
   if (meta("format") != "dptrain-1") throw UsageError("checkpoint '" + path + "' is not a dptrain checkpoint");
   must_match("model", cfg_.model);
