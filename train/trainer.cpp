@@ -208,7 +208,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   if (train_data_) {
     // The file is the data set: its size, and its targets say the task.
     if (cfg_.samples != 0) bad("samples", "is the data file's own size; leave it out with TrainConfig::data");
-    if (!train_data_->has_targets()) bad("data", "'" + train_data_->inputs_name() + "' has no targets to train on");
+    if (!train_data_->has_targets()) bad("data", "(" + train_data_->inputs_name() + ") has no targets to train on");
     cfg_.samples = train_data_->rows();
     cfg_.task = train_data_->task();
   }
