@@ -338,6 +338,14 @@ PY
 outofmem --devices cpu --model 4-8-3 --data hx.npy --targets hy.npy --epochs 1 --batch 4611686018427387904
 # Messages that said what was not so: a file of the magic alone "does not start with" it;
 # a checkpoint of the endless stream "was made with --samples 0", a value no flag takes.
+# SGD's momentum changed on resume, as the README allows optimizer settings to: to 0 drops
+# the buffer (it was refused: "a tensor that this model and optimizer do not have"), and
+# back from 0 starts one at zero.
+run --devices cpu --steps 4 --save m9.safetensors >/dev/null 2>&1
+run --devices cpu --steps 6 --momentum 0 --resume m9.safetensors --save m0.safetensors >out 2>&1 &&
+  grep -q 'changed: momentum 0.9 -> 0, its momentum buffer dropped' out && ok || bad "momentum to 0 on resume: $(cat out)"
+run --devices cpu --steps 8 --resume m0.safetensors >out 2>&1 && grep -q 'changed: momentum 0 -> 0.9$' out && ok ||
+  bad "momentum from 0 on resume: $(cat out)"
 printf '\x93NUMPY' >six.npy
 refuse "a .npy file cut short: it ends before its format version" --devices cpu --data six.npy --targets hy.npy
 run --devices cpu --steps 2 --save endless.safetensors >/dev/null 2>&1

@@ -531,8 +531,20 @@ void Trainer::resume(const std::string& path) {
   // The state is the whole flat buffers in the file, whatever the device count or ZeRO
   // stage; each optimizer takes its shard of it (all of it without ZeRO).
   const Shape flat = model_->flat_params().shape();
+  // SGD's momentum may change to or from 0: a buffer the file has and the run does not use
+  // is dropped; one the run needs and the file lacks starts at zero, as a fresh run's.
+  const bool file_has_momentum = c.find("optimizer.momentum_buffer") != nullptr;
+  // (A file of momentum above 0 without its buffer is refused: the fetch below names it.)
+  const bool file_without_momentum =
+      c.metadata.count("momentum") && std::strtof(meta("momentum").c_str(), nullptr) == 0;
+  if (file_has_momentum && cfg_.optimizer == "sgd" && cfg_.momentum == 0.0f) {
+    used.insert("optimizer.momentum_buffer");
+    info.changed.push_back("its momentum buffer dropped");
+  }
   for (optim::Optimizer* o : dp_->optimizers()) {
-    for (auto& [name, t] : o->state()) fetch_tensor_part(c, path, name, flat, o->shard_begin(), t, used);
+    for (auto& [name, t] : o->state())
+      if (name != "optimizer.momentum_buffer" || !file_without_momentum)
+        fetch_tensor_part(c, path, name, flat, o->shard_begin(), t, used);
     o->set_steps_taken(optimizer_steps);
   }
   for (size_t r = 0; r < dp_->size(); ++r) context(dp_->device(r)).synchronize();  // written on this thread's stream
