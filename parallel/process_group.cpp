@@ -109,7 +109,7 @@ void ProcessGroup::wait(void* requests, int count, const char* what) {
       char msg[256];
       std::snprintf(
           msg, sizeof msg,
-          "%s did not complete within %.0f s (ProcessGroup::set_timeout): another rank died or stopped answering", what,
+          "%s did not complete within %g s (ProcessGroup::set_timeout): another rank died or stopped answering", what,
           timeout_s_);
       abort(msg);
     }
