@@ -420,6 +420,13 @@ resume_bad "metadata 'lr' must be a number in (0, inf), got 'nan'" lr nan
 resume_bad "metadata 'momentum' must be a number in [0, 1), got '5'" momentum 5
 resume_bad "metadata 'beta2' must be a number in [0, 1), got '0,999'" beta2 0,999
 resume_bad "metadata 'warmup' must be a whole number" warmup -1
+resume_bad "metadata 'clip' must be a number in [0, inf), got '-1'" clip -1
+resume_bad "metadata 'grad_accum' must be a whole number in [1, 2147483647], got '0'" grad_accum 0
+resume_bad "metadata 'precision' 'fp64' is no precision" precision fp64
+# A changed precision, clipping or accumulation is resumed and said in the header.
+run --devices cpu --steps 8 --optimizer adamw --resume good.safetensors --precision bf16 --clip 1 --grad-accum 2 \
+  >out 2>&1 && grep -q 'changed: clip 0 -> 1, grad_accum 1 -> 2, precision fp32 -> bf16' out && ok ||
+  bad "a changed precision, clip and accumulation on resume: $(grep -E 'resumed|error' out)"
 python3 - good.safetensors extra.safetensors <<'PY'
 import json, struct, sys
 data = open(sys.argv[1], "rb").read()

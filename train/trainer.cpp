@@ -413,6 +413,9 @@ void Trainer::save(const std::string& path) {
                 {"eps", fmt(cfg_.eps)},
                 {"schedule", cfg_.schedule},
                 {"warmup", std::to_string(cfg_.warmup)},
+                {"clip", fmt(cfg_.clip)},
+                {"precision", precision_name(cfg_.precision)},
+                {"grad_accum", std::to_string(cfg_.grad_accum)},
                 {"seed", std::to_string(cfg_.seed)},
                 {"batch", std::to_string(cfg_.batch)},
                 {"samples", std::to_string(cfg_.samples)},
@@ -509,6 +512,22 @@ void Trainer::resume(const std::string& path) {
     const int64_t was = meta_int("warmup", 0, std::numeric_limits<int64_t>::max());
     if (was != cfg_.warmup)
       info.changed.push_back("warmup " + std::to_string(was) + " -> " + std::to_string(cfg_.warmup));
+  }
+  setting("clip", 0, kInf, false, true, cfg_.clip);
+  if (c.metadata.count("grad_accum")) {
+    const int64_t was = meta_int("grad_accum", 1, std::numeric_limits<int>::max());
+    if (was != cfg_.grad_accum)
+      info.changed.push_back("grad_accum " + std::to_string(was) + " -> " + std::to_string(cfg_.grad_accum));
+  }
+  if (c.metadata.count("precision")) {
+    const std::string was = meta("precision");
+    try {
+      (void)parse_precision(was);
+    } catch (const UsageError&) {
+      throw UsageError("checkpoint '" + path + "': metadata 'precision' " + ckpt::printable(was) + " is no precision");
+    }
+    if (was != precision_name(cfg_.precision))
+      info.changed.push_back("precision " + was + " -> " + precision_name(cfg_.precision));
   }
   if (c.metadata.count("schedule")) {
     const std::string was = meta("schedule");
