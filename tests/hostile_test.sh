@@ -306,17 +306,19 @@ refuse "--warmup has no effect with --schedule constant: use --schedule warmup" 
 run --devices cpu --steps 5 --warmup 9223372036854775807 --schedule cosine >out 2>err
 [ "$(wc -l <err)" -eq 1 ] && grep -q "^dptrain: warning: --warmup of 9223372036854775807 steps is not shorter than the run's 5" err &&
   ok || bad "a warm-up longer than the run: $(cat err)"
+# .npy files of zeros, written without numpy: 50 rows of 4 and their labels; 20000 of 64.
+python3 - <<'PY'
+def npy(path, descr, shape, nbytes):
+    h = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    h += " " * (63 - (10 + len(h)) % 64) + "\n"
+    open(path, "wb").write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + bytes(nbytes))
+npy("hx.npy", "<f4", "(50, 4)", 50 * 4 * 4)
+npy("hy.npy", "<i8", "(50,)", 50 * 8)
+npy("cut.npy", "<f4", "(20000, 64)", 20000 * 64 * 4)
+npy("cut_y.npy", "<i8", "(20000,)", 20000 * 8)
+PY
 # A data file cut short while the run reads it (it is mapped into memory): one line and
 # exit 1, not a bus error.
-python3 - <<'PY'
-rows = 20000
-h = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, 64), }" % rows
-h += " " * (63 - (10 + len(h)) % 64) + "\n"
-open("cut.npy", "wb").write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + bytes(rows * 64 * 4))
-h = "{'descr': '<i8', 'fortran_order': False, 'shape': (%d,), }" % rows
-h += " " * (63 - (10 + len(h)) % 64) + "\n"
-open("cut_y.npy", "wb").write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + bytes(rows * 8))
-PY
 timeout 60 "$exe" --devices cpu --epochs 100000 --batch 64 --model 64-8-3 --data cut.npy --targets cut_y.npy \
   --log-every 100000 >out 2>err &
 for i in $(seq 100); do grep -q '^step 1/' out && break; sleep 0.1; done  # training, the file mapped
@@ -328,17 +330,7 @@ rc=$?
 # A billion micro-batches: the plan computes them (it stored them: 16 GB of
 # host memory before the first step); a batch of file data past the address space.
 outofmem --devices cpu --steps 1 --batch 1000000000 --grad-accum 1000000000
-python3 - <<'PY'  # 50 rows of 4 zeros and their labels, without numpy
-def npy(path, descr, shape, nbytes):
-    h = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
-    h += " " * (63 - (10 + len(h)) % 64) + "\n"
-    open(path, "wb").write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + bytes(nbytes))
-npy("hx.npy", "<f4", "(50, 4)", 800)
-npy("hy.npy", "<i8", "(50,)", 400)
-PY
 outofmem --devices cpu --model 4-8-3 --data hx.npy --targets hy.npy --epochs 1 --batch 4611686018427387904
-# Messages that said what was not so: a file of the magic alone "does not start with" it;
-# a checkpoint of the endless stream "was made with --samples 0", a value no flag takes.
 # SGD's momentum changed on resume, as the README allows optimizer settings to: to 0 drops
 # the buffer (it was refused: "a tensor that this model and optimizer do not have"), and
 # back from 0 starts one at zero.
@@ -347,6 +339,8 @@ run --devices cpu --steps 6 --momentum 0 --resume m9.safetensors --save m0.safet
   grep -q 'changed: momentum 0.9 -> 0, its momentum buffer dropped' out && ok || bad "momentum to 0 on resume: $(cat out)"
 run --devices cpu --steps 8 --resume m0.safetensors >out 2>&1 && grep -q 'changed: momentum 0 -> 0.9$' out && ok ||
   bad "momentum from 0 on resume: $(cat out)"
+# Messages that said what was not so: a file of the magic alone "does not start with" it;
+# a checkpoint of the endless stream "was made with --samples 0", a value no flag takes.
 printf '\x93NUMPY' >six.npy
 refuse "a .npy file cut short: it ends before its format version" --devices cpu --data six.npy --targets hy.npy
 run --devices cpu --steps 2 --save endless.safetensors >/dev/null 2>&1

@@ -30,6 +30,12 @@ namespace {
 [[noreturn]] void bad(const std::string& field, const std::string& why) {
   throw UsageError("TrainConfig::" + field + " " + why);
 }
+// A setting's number as metadata: a float's 9 digits read back as the same float.
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
 std::string got(int64_t v) { return ", got " + std::to_string(v); }
 std::string got(int v) { return got(int64_t{v}); }
 std::string got(float v) { return ", got " + format_float(v); }
@@ -45,7 +51,7 @@ std::string got(double v) {
 // wait out the timeout. One collective of a hash over every field; where the hashes
 // differ, one a field, to name the first that does (every rank finds the same, and
 // rank 0 reports it). The data's contents are not compared (its rows and headers are).
-void check_ranks_agree(ProcessGroup& group, const std::vector<std::pair<const char*, std::string>>& fields) {
+void check_ranks_agree(ProcessGroup& group, const std::vector<std::pair<std::string, std::string>>& fields) {
   auto fnv = [](uint64_t h, const std::string& s) {
     for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
     return (h ^ 0xffu) * 1099511628211ull;  // a separator: ("ab", "c") is not ("a", "bc")
@@ -61,7 +67,7 @@ void check_ranks_agree(ProcessGroup& group, const std::vector<std::pair<const ch
   if (differs(h) == 0) return;
   for (const auto& [name, value] : fields)
     if (const int r = differs(fnv(1469598103934665603ull, value)); r != 0)
-      throw UsageError("TrainConfig::" + std::string(name) + " differs between rank 0 and rank " + std::to_string(r) +
+      throw UsageError("TrainConfig::" + name + " differs between rank 0 and rank " + std::to_string(r) +
                        ": every rank of a job must run one configuration");
   throw UsageError("the ranks' configurations differ: every rank of a job must run one configuration");
 }
@@ -236,45 +242,24 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   model_ = nn::make_model(spec, cfg_.act);
   model_->to(master, cfg_.seed);
   if (group_) {
-    auto num = [](double v) {
-      char buf[40];
-      std::snprintf(buf, sizeof buf, "%.17g", v);
-      return std::string(buf);
-    };
-    // What every rank must share (before DataParallel, whose first collectives assume it).
-    check_ranks_agree(*group_, {{"model", model_->describe()},
-                                {"task", data::task_name(cfg_.task)},
-                                {"data", data_identity()},
-                                {"samples", std::to_string(cfg_.samples)},
-                                {"val_data", val_data_ ? std::to_string(val_data_->rows()) + " rows" : "none"},
-                                {"eval_every", std::to_string(cfg_.eval_every)},
-                                {"batch", std::to_string(cfg_.batch)},
-                                {"steps", std::to_string(cfg_.steps)},
-                                {"grad_accum", std::to_string(cfg_.grad_accum)},
-                                {"seed", std::to_string(cfg_.seed)},
-                                {"optimizer", cfg_.optimizer},
-                                {"lr", num(*cfg_.lr)},
-                                {"momentum", num(cfg_.momentum)},
-                                {"nesterov", cfg_.nesterov ? "on" : "off"},
-                                {"weight_decay", num(cfg_.weight_decay)},
-                                {"beta1", num(cfg_.beta1)},
-                                {"beta2", num(cfg_.beta2)},
-                                {"eps", num(cfg_.eps)},
-                                {"schedule", cfg_.schedule},
-                                {"warmup", std::to_string(cfg_.warmup)},
-                                {"clip", num(cfg_.clip)},
-                                {"precision", precision_name(cfg_.precision)},
-                                {"gemm", gemm_name(cfg_.gemm)},
-                                {"bucket_mb", num(cfg_.bucket_mb)},
-                                {"first_bucket_mb", num(cfg_.first_bucket_mb)},
-                                {"tune_buckets", cfg_.tune_buckets ? "on" : "off"},
-                                {"overlap", cfg_.overlap ? "on" : "off"},
-                                {"cuda_graph", cfg_.cuda_graph ? "on" : "off"},
-                                {"zero", std::to_string(cfg_.zero)},
-                                {"grad_comm", dtype_name(cfg_.grad_comm)},
-                                {"on_nonfinite", cfg_.on_nonfinite},
-                                {"log_every", std::to_string(cfg_.log_every)},
-                                {"save_every", std::to_string(cfg_.save_every)}});
+    // What every rank must share (before DataParallel, whose first collectives assume it):
+    // what a checkpoint records, and how the steps meet in collectives.
+    auto shared = run_settings();
+    shared.insert(shared.end(), {{"val_data", val_data_ ? std::to_string(val_data_->rows()) + " rows" : "none"},
+                                 {"eval_every", std::to_string(cfg_.eval_every)},
+                                 {"steps", std::to_string(cfg_.steps)},
+                                 {"gemm", gemm_name(cfg_.gemm)},
+                                 {"bucket_mb", fmt(cfg_.bucket_mb)},
+                                 {"first_bucket_mb", fmt(cfg_.first_bucket_mb)},
+                                 {"tune_buckets", cfg_.tune_buckets ? "true" : "false"},
+                                 {"overlap", cfg_.overlap ? "true" : "false"},
+                                 {"cuda_graph", cfg_.cuda_graph ? "true" : "false"},
+                                 {"zero", std::to_string(cfg_.zero)},
+                                 {"grad_comm", dtype_name(cfg_.grad_comm)},
+                                 {"on_nonfinite", cfg_.on_nonfinite},
+                                 {"log_every", std::to_string(cfg_.log_every)},
+                                 {"save_every", std::to_string(cfg_.save_every)}});
+    check_ranks_agree(*group_, shared);
   }
   if (train_data_) {
     for (size_t r = 0; r < cfg_.devices.size(); ++r) orders_.emplace_back(cfg_.samples, cfg_.seed, cfg_.shuffle);
@@ -363,11 +348,6 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
 }
 
 namespace {
-std::string fmt(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
 
 ckpt::HostTensor host_tensor(const Tensor& t) {
   const auto v = t.to_host();
@@ -391,6 +371,29 @@ std::string Trainer::data_identity() const {
   return id;
 }
 
+std::vector<std::pair<std::string, std::string>> Trainer::run_settings() const {
+  return {{"model", cfg_.model},
+          {"act", nn::act_name(cfg_.act)},
+          {"task", data::task_name(cfg_.task)},
+          {"optimizer", cfg_.optimizer},
+          {"lr", fmt(*cfg_.lr)},
+          {"momentum", fmt(cfg_.momentum)},
+          {"nesterov", cfg_.nesterov ? "true" : "false"},
+          {"weight_decay", fmt(cfg_.weight_decay)},
+          {"beta1", fmt(cfg_.beta1)},
+          {"beta2", fmt(cfg_.beta2)},
+          {"eps", fmt(cfg_.eps)},
+          {"schedule", cfg_.schedule},
+          {"warmup", std::to_string(cfg_.warmup)},
+          {"clip", fmt(cfg_.clip)},
+          {"precision", precision_name(cfg_.precision)},
+          {"grad_accum", std::to_string(cfg_.grad_accum)},
+          {"seed", std::to_string(cfg_.seed)},
+          {"batch", std::to_string(cfg_.batch)},
+          {"samples", std::to_string(cfg_.samples)},
+          {"data", data_identity()}};
+}
+
 void Trainer::save(const std::string& path) {
   dp_->synchronize();
   // Collective under ZeRO with ranks (the shards travel to every rank): before rank 0 goes on alone.
@@ -399,31 +402,12 @@ void Trainer::save(const std::string& path) {
   ckpt::Checkpoint c;
   c.metadata = {{"format", "dptrain-1"},
                 {"step", std::to_string(steps_done_)},
-                {"model", cfg_.model},
-                {"act", nn::act_name(cfg_.act)},
-                {"task", data::task_name(cfg_.task)},
-                {"optimizer", optimizer().kind()},
                 {"optimizer_steps", std::to_string(optimizer().steps_taken())},
-                {"lr", fmt(*cfg_.lr)},
-                {"momentum", fmt(cfg_.momentum)},
-                {"nesterov", cfg_.nesterov ? "true" : "false"},
-                {"weight_decay", fmt(cfg_.weight_decay)},
-                {"beta1", fmt(cfg_.beta1)},
-                {"beta2", fmt(cfg_.beta2)},
-                {"eps", fmt(cfg_.eps)},
-                {"schedule", cfg_.schedule},
-                {"warmup", std::to_string(cfg_.warmup)},
-                {"clip", fmt(cfg_.clip)},
-                {"precision", precision_name(cfg_.precision)},
-                {"grad_accum", std::to_string(cfg_.grad_accum)},
-                {"seed", std::to_string(cfg_.seed)},
-                {"batch", std::to_string(cfg_.batch)},
-                {"samples", std::to_string(cfg_.samples)},
                 // Data and randomness are counter-based: the next sample index is the
                 // whole of their state.
                 {"rng", "philox4x32-10, seed " + std::to_string(cfg_.seed)},
-                {"data_position", std::to_string(steps_done_ * cfg_.batch)},
-                {"data", data_identity()}};
+                {"data_position", std::to_string(steps_done_ * cfg_.batch)}};
+  for (const auto& [key, value] : run_settings()) c.metadata[key] = value;
   if (train_data_) {  // where the position falls in the epochs, for a reader of the file
     const data::SamplePosition at = data::sample_position(steps_done_ * cfg_.batch, cfg_.samples);
     c.metadata["data_epoch"] = std::to_string(at.epoch);

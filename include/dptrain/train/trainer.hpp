@@ -239,6 +239,9 @@ class Trainer {
   int64_t eval_every_ = 0;
   data::Batch shard(size_t replica, int64_t first, int64_t count);
   std::string data_identity() const;
+  // The settings a checkpoint records (its metadata, beside the step and data position)
+  // and every rank of a job must share.
+  std::vector<std::pair<std::string, std::string>> run_settings() const;
   std::unique_ptr<DataParallel> dp_;
   optim::Schedule sched_;
   int64_t steps_done_ = 0;
