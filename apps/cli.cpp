@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
-#include <set>
 
 #include <dptrain/error.hpp>
 
@@ -89,25 +89,133 @@ CLI::Option* add_checked(CLI::App& app, const std::string& name, T& into, const 
       ->transform(decimal(max_negative, static_cast<uint64_t>(limits::max()), range));
 }
 
-// CLI11's TOML reader, with '_' in a key read as '-' (a TOML user writes log_every).
-class TomlWithUnderscores : public CLI::ConfigTOML {
+// The config file as TOML, read strictly: CLI11's own reader is a lenient INI/TOML mix
+// that took `steps = "2"` and `steps = [2]` as 2, a bare `nesterov` line as true, merged
+// `batch = 8` on two adjacent lines into one option given twice, and read an unquoted
+// word as text. Here a file of flags is top-level `key = value` lines (and comments), each
+// key once, where the value has the flag's type: a number for a numeric flag, true or
+// false for a switch, a quoted string for the others. A key is the flag's name without
+// its dashes, with '-' or '_' between words (a TOML user writes log_every). Anything else
+// is an error naming the line.
+class StrictToml : public CLI::ConfigTOML {
  public:
+  explicit StrictToml(const CLI::App& app) : app_(app) {}
+
   std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
-    auto read = CLI::ConfigTOML::from_config(input);
-    for (auto& item : read) std::replace(item.name.begin(), item.name.end(), '_', '-');
-    // A key given twice (apart: CLI11 kept the first and dropped the other silently; or
-    // once as log_every, once as log-every) is an error, not a guess at which one counts.
-    // ("++" and "--" are CLI11's marks for entering and leaving a [section].)
-    std::set<std::string> seen;
-    for (const auto& item : read) {
-      if (item.name == "++" || item.name == "--") continue;
-      std::string key;
-      for (const std::string& p : item.parents) key += p + ".";
-      if (!seen.insert(key + item.name).second)
-        throw CLI::ConfigError("the config file gives '" + key + item.name + "' twice");
+    std::vector<CLI::ConfigItem> read;
+    std::map<std::string, int> first_line;  // key -> the line that gave it
+    std::string line;
+    for (int number = 1; std::getline(input, line); ++number) {
+      if (number == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 byte order mark
+      const std::string where = "--config line " + std::to_string(number) + ": ";
+      Cursor at{line, 0};
+      at.skip_blanks();
+      if (at.done() || at.peek() == '#') continue;
+      if (at.peek() == '[')
+        throw CLI::ConfigError(where + "sections ([...]) are not read: every key stands at the top");
+      std::string key = at.bare_key();
+      if (key.empty()) throw CLI::ConfigError(where + "a line must start with a key (the flag's name without dashes)");
+      at.skip_blanks();
+      if (at.done() || at.peek() == '#')
+        throw CLI::ConfigError(where + "'" + key + "' has no value (" + key + " = ...)");
+      if (at.peek() != '=') throw CLI::ConfigError(where + "expected '=' after '" + key + "'");
+      ++at.pos;
+      at.skip_blanks();
+      const Value value = read_value(at, key, where);
+      at.skip_blanks();
+      if (!at.done() && at.peek() != '#')
+        throw CLI::ConfigError(where + "unexpected text after the value of " + key + ": '" + line.substr(at.pos) + "'");
+
+      std::replace(key.begin(), key.end(), '_', '-');
+      if (const auto [it, fresh] = first_line.emplace(key, number); !fresh)
+        throw CLI::ConfigError(where + "'" + key + "' given twice (first on line " + std::to_string(it->second) + ")");
+      check_type(key, value, where);
+      CLI::ConfigItem item;
+      item.name = key;
+      item.inputs = {value.text};
+      read.push_back(std::move(item));
     }
     return read;
   }
+
+ private:
+  enum class Kind { string, number, boolean };
+  struct Value {
+    Kind kind;
+    std::string text;
+  };
+  struct Cursor {
+    const std::string& s;
+    size_t pos;
+    bool done() const { return pos >= s.size(); }
+    char peek() const { return s[pos]; }
+    void skip_blanks() {
+      while (!done() && (peek() == ' ' || peek() == '\t' || peek() == '\r')) ++pos;
+    }
+    // TOML's bare key: letters, digits, '-' and '_'.
+    std::string bare_key() {
+      const size_t from = pos;
+      while (!done() && (std::isalnum(static_cast<unsigned char>(peek())) || peek() == '-' || peek() == '_')) ++pos;
+      return s.substr(from, pos - from);
+    }
+  };
+
+  static Value read_value(Cursor& at, const std::string& key, const std::string& where) {
+    if (at.done() || at.peek() == '#') throw CLI::ConfigError(where + "'" + key + "' has no value (" + key + " = ...)");
+    const char open = at.peek();
+    if (open == '[' || open == '{')
+      throw CLI::ConfigError(where + key + ": arrays and tables are not read; give one value");
+    if (open == '"' || open == '\'') {
+      ++at.pos;
+      std::string text;
+      while (!at.done() && at.peek() != open) {
+        char c = at.s[at.pos++];
+        if (open == '"' && c == '\\') {  // a basic string's escapes; a literal ('...') string has none
+          if (at.done()) break;
+          const char e = at.s[at.pos++];
+          static const std::map<char, char> kEscapes = {{'"', '"'},  {'\\', '\\'}, {'n', '\n'}, {'t', '\t'},
+                                                        {'r', '\r'}, {'b', '\b'},  {'f', '\f'}};
+          const auto it = kEscapes.find(e);
+          if (it == kEscapes.end())
+            throw CLI::ConfigError(where + key + ": the escape '\\" + std::string(1, e) +
+                                   "' is not read (write a backslash as \\\\, or use a '...' string)");
+          c = it->second;
+        }
+        text += c;
+      }
+      if (at.done()) throw CLI::ConfigError(where + key + ": the string has no closing " + std::string(1, open));
+      ++at.pos;
+      return {Kind::string, text};
+    }
+    const size_t from = at.pos;
+    while (!at.done() && at.peek() != ' ' && at.peek() != '\t' && at.peek() != '\r' && at.peek() != '#') ++at.pos;
+    const std::string token = at.s.substr(from, at.pos - from);
+    if (token == "true" || token == "false") return {Kind::boolean, token};
+    const char c = token[0];
+    if (std::isdigit(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.' || token == "inf" ||
+        token == "nan")
+      return {Kind::number, token};
+    throw CLI::ConfigError(where + key + " = " + token + ": text must be quoted (" + key + " = \"" + token + "\")");
+  }
+
+  // The key must name a flag (other than --config, --help and --version), and the value
+  // have its kind.
+  void check_type(const std::string& key, const Value& value, const std::string& where) const {
+    const CLI::Option* flag = app_.get_option_no_throw("--" + key);
+    if (!flag) throw CLI::ConfigError(where + "'" + key + "' names no flag");
+    if (flag == app_.get_config_ptr() || flag == app_.get_help_ptr() || flag == app_.get_version_ptr())
+      throw CLI::ConfigError(where + "'" + key + "' cannot be given in a config file");
+    const std::string type = flag->get_type_name();
+    const Kind want = flag->get_expected_max() == 0        ? Kind::boolean
+                      : (type == "INT" || type == "FLOAT") ? Kind::number
+                                                           : Kind::string;
+    if (value.kind == want) return;
+    static const char* const kWhat[] = {"a quoted string", "a number (no quotes)", "true or false (no quotes)"};
+    throw CLI::ConfigError(where + key + " takes " + kWhat[static_cast<int>(want)] + ", not " +
+                           (value.kind == Kind::string ? "\"" + value.text + "\"" : value.text));
+  }
+
+  const CLI::App& app_;
 };
 
 CLI::Validator regular_file_at_most(uintmax_t max_bytes) {
@@ -234,7 +342,7 @@ CLI::Option* add_integer(CLI::App& app, const std::string& name, uint64_t& into,
 }
 
 void add_config_flag(CLI::App& app) {
-  app.config_formatter(std::make_shared<TomlWithUnderscores>());
+  app.config_formatter(std::make_shared<StrictToml>(app));
   app.set_config("--config", "", "Read flags from a TOML file (keys as the flags, e.g. log-every = 50)")
       ->type_name("FILE")
       ->check(regular_file_at_most(kMaxConfigBytes))

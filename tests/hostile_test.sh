@@ -126,11 +126,37 @@ refuse "--comm-timeout must be a finite number of seconds >= 0.1, got 1e-09" "${
 refuse "--nesterov is an option of --optimizer sgd, and this run trains with adamw" "${cpu[@]}" --optimizer adamw --nesterov
 refuse "--momentum is an option of --optimizer sgd, and this run trains with adamw" "${cpu[@]}" --optimizer adamw --momentum 0.5
 refuse "--beta1 is an option of --optimizer adamw, and this run trains with sgd" "${cpu[@]}" --beta1 0.8
-# A key given twice apart, or in both spellings, is refused (the first counted, silently).
+# The config file is TOML, read strictly (CLI11's reader took each of these). A key given
+# twice, apart, adjacent or in both spellings, is refused (the first counted, silently).
 printf 'batch = 8\nsteps = 2\nbatch = 16\n' >twice.toml
-refuse "the config file gives 'batch' twice" --devices cpu --config twice.toml
+refuse "--config line 3: 'batch' given twice (first on line 1)" --devices cpu --config twice.toml
 printf 'log-every = 1\nlog_every = 2\n' >twice.toml
-refuse "the config file gives 'log-every' twice" "${cpu[@]}" --config twice.toml
+refuse "--config line 2: 'log-every' given twice (first on line 1)" "${cpu[@]}" --config twice.toml
+printf 'steps = 2\nsteps = 3\n' >twice.toml
+refuse "--config line 2: 'steps' given twice" "${cpu[@]}" --config twice.toml
+# Each value has its flag's type: a number, true or false, or a quoted string.
+config_refused() { # MESSAGE FILE-TEXT
+  printf '%s\n' "$2" >strict.toml
+  refuse "$1" --devices cpu --config strict.toml
+}
+config_refused "--config line 1: steps takes a number (no quotes), not \"2\"" 'steps = "2"'
+config_refused "--config line 1: lr takes a number (no quotes), not \"0.1\"" "lr = '0.1'"
+config_refused "--config line 1: steps: arrays and tables are not read; give one value" 'steps = [2]'
+config_refused "--config line 2: 'nesterov' has no value (nesterov = ...)" $'# SGD\nnesterov'
+config_refused "--config line 1: nesterov takes true or false (no quotes), not 1" 'nesterov = 1'
+config_refused "--config line 1: cuda-graph takes true or false (no quotes), not \"true\"" 'cuda_graph = "true"'
+config_refused "--config line 1: model = seed: text must be quoted (model = \"seed\")" 'model = seed'
+config_refused "--config line 1: model takes a quoted string, not 1000" 'model = 1000'
+config_refused "--config line 1: sections ([...]) are not read" $'[train]\nsteps = 2'
+config_refused "--config line 1: unexpected text after the value of steps: '3'" 'steps = 2 3'
+config_refused "--config line 1: model: the string has no closing \"" 'model = "seed'
+config_refused "--config line 1: 'bogus' names no flag" 'bogus = 1'
+config_refused "--config line 1: 'config' cannot be given in a config file" 'config = "strict.toml"'
+config_refused "--config line 1: data: the escape '\\q' is not read" 'data = "a\q.npy"'
+# Comments, blank lines, both kinds of string and a '#' inside one are read as TOML reads them.
+printf '# a run\n\nsteps = 2   # two\nlog_every = 1\nmodel = "16-8-4"\nsave = '"'"'a#b.ckpt'"'"'\nnesterov = false\n' >strict.toml
+run --devices cpu --config strict.toml >out 2>&1 && grep -q "^step 2/2 " out && [ -s 'a#b.ckpt' ] && ok ||
+  bad "a strict TOML file was not read as written: $(tail -1 out)"
 printf 'optimizer = "adamw"\nmomentum = 0.5\n' >mixed.toml
 refuse "--momentum is an option of --optimizer sgd" "${cpu[@]}" --config mixed.toml
 # Each optimizer has its own default learning rate, and the header says which is used.
@@ -394,7 +420,7 @@ refuse "--resume: an empty path" "${cpu[@]}" --resume ''
 refuse "--save: an empty path" "${cpu[@]}" --save ''
 refuse "--nesterov: '2' is not true or false" "${cpu[@]}" --nesterov=2
 printf 'nesterov = 99\n' >bool.toml
-refuse "'99' is not true or false" "${cpu[@]}" --config bool.toml
+refuse "nesterov takes true or false (no quotes), not 99" "${cpu[@]}" --config bool.toml
 run "${cpu[@]}" --nesterov=false >/dev/null 2>&1 && ok || bad "--nesterov=false is refused"
 # --ddp: --reduce has no meaning; one process over several devices says what it uses.
 refuse "--reduce chooses how one process's replicas reduce" --devices cpu --steps 2 --ddp --reduce host
