@@ -348,38 +348,43 @@ int64_t step_of(const std::string& line) {
 }
 
 // A resumed run continues its metrics file, so the file reads as one run: the records
-// of steps up to the checkpoint's are kept, and the file is cut at the first record of a
-// later step (written by a run killed after its last checkpoint: the records after it
-// are later still). The file is read once, a line at a time, and never rewritten; a line
-// longer than any record (not a metrics file of ours) is refused.
-void continue_metrics(const std::string& path, int64_t step) {
+// of steps up to the checkpoint's are kept, and the file is to be cut at the first record
+// of a later step (written by a run killed after its last checkpoint: the records after
+// it are later still), or at a last line without its newline (a record cut by a kill or a
+// full disk, which the next record would otherwise join). Returns the bytes to keep, or
+// -1 when there is no file yet. The file is read once, a line at a time, before training
+// (a refusal after the first step would end the run without its checkpoint); a line that
+// is no record, or longer than any, means the file is not a metrics file of ours and is
+// refused: appending to it would mix our records into someone else's file.
+off_t metrics_to_keep(const std::string& path, int64_t step) {
   constexpr size_t kMaxLine = 64 * 1024;
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return;  // none yet: a fresh file
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
   std::vector<char> buf(kMaxLine);
   std::string line;        // the line being read, up to kMaxLine bytes
   off_t at = 0, keep = 0;  // bytes read; bytes of the records kept
-  bool cut = false, long_line = false;
-  for (ssize_t n; !cut && !long_line && (n = ::read(fd, buf.data(), buf.size())) > 0;)
-    for (ssize_t i = 0; i < n && !cut && !long_line; ++i, ++at) {
+  int64_t number = 1;      // the line's
+  bool cut = false;
+  std::string wrong;  // why the file is not ours
+  for (ssize_t n; !cut && wrong.empty() && (n = ::read(fd, buf.data(), buf.size())) > 0;)
+    for (ssize_t i = 0; i < n && !cut && wrong.empty(); ++i, ++at) {
       if (buf[static_cast<size_t>(i)] != '\n') {
         line += buf[static_cast<size_t>(i)];
-        long_line = line.size() > kMaxLine;
+        if (line.size() > kMaxLine) wrong = "line " + std::to_string(number) + " is over 64 KiB";
         continue;
       }
-      if (step_of(line) > step) cut = true;
+      const int64_t s = step_of(line);
+      if (s < 0) wrong = "line " + std::to_string(number) + " is no record ({\"step\": N, ...})";
+      else if (s > step) cut = true;
       else keep = at + 1;
       line.clear();
+      ++number;
     }
-  cut = cut || (!long_line && step_of(line) > step);  // a last line without its newline
-  const bool ok = !cut || ::ftruncate(fd, keep) == 0;
-  const int err = errno;
   ::close(fd);
-  if (long_line)
-    throw dpt::UsageError("--metrics '" + path + "' has a line over 64 KiB: not a metrics file of dptrain's");
-  if (!ok)
-    throw dpt::Error("cannot cut the metrics file '" + path + "' at step " + std::to_string(step) + ": " +
-                     std::strerror(err));
+  if (!wrong.empty())
+    throw dpt::UsageError("--metrics '" + path + "': " + wrong +
+                          ": not a metrics file of dptrain's, which a resumed run would continue (name another file)");
+  return keep;
 }
 
 // Progress that redraws one line needs a terminal that a person watches. Under mpirun a
@@ -415,8 +420,12 @@ int train(Options& o) {
   // that ends before its first step leaves an existing file as it was.
   std::ofstream metrics;
   bool metrics_failed = false;
+  const off_t metrics_keep =
+      lead && trainer.resumed() && !o.metrics.empty() ? metrics_to_keep(o.metrics, trainer.steps_done()) : -1;
   auto open_metrics = [&] {
-    if (trainer.resumed()) continue_metrics(o.metrics, trainer.steps_done());
+    if (metrics_keep >= 0 && ::truncate(o.metrics.c_str(), metrics_keep) != 0)
+      throw dpt::Error("cannot cut the metrics file '" + o.metrics + "' at step " +
+                       std::to_string(trainer.steps_done()) + ": " + std::strerror(errno));
     metrics.open(o.metrics, trainer.resumed() ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
     if (!metrics) throw dpt::UsageError("cannot write the metrics file '" + o.metrics + "'");
   };

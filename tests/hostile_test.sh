@@ -226,6 +226,21 @@ steps = [json.loads(l)["step"] for l in open(sys.argv[1])]
 assert steps == [1, 5, 10, 11, 15, 20], steps
 PY
 grep -q "resumed from 'm.safetensors' at step 10" out && ok || bad "the header does not say it resumed: $(head -3 out)"
+# A record cut short at the end (a kill or a full disk mid-line) is dropped, not joined by
+# the next record; a file that is no metrics file of ours is refused before training and
+# left as it was.
+run --devices cpu --steps 10 --log-every 5 --save m.safetensors --metrics m.jsonl >/dev/null 2>&1
+printf '{"step": 7, "loss": 0.9' >>m.jsonl
+run --devices cpu --steps 15 --log-every 5 --resume m.safetensors --metrics m.jsonl >out 2>&1
+python3 - m.jsonl <<'PY' && ok || bad "--metrics on resume after a cut record: $(cat m.jsonl)"
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1])]
+assert steps == [1, 5, 10, 11, 15], steps
+PY
+printf 'my notes\n' >notes.txt
+refuse "--metrics 'notes.txt': line 1 is no record ({\"step\": N, ...}): not a metrics file of dptrain's" \
+  --devices cpu --steps 15 --resume m.safetensors --metrics notes.txt
+[ "$(cat notes.txt)" = "my notes" ] && ok || bad "a refused metrics file was changed: $(cat notes.txt)"
 run --devices cpu --steps 20 --log-every 5 --resume m.safetensors --lr 0.01 --schedule cosine >out 2>&1
 grep -q "changed: lr 0.05 -> 0.01, schedule constant -> cosine" out && ok || bad "changed settings: $(sed -n 3p out)"
 # --auto-resume: a fresh start, then a continuation, then nothing left to do (exit 0).
@@ -407,7 +422,7 @@ timeout 20 "$exe" --devices cpu --steps 2 --batch 17179869184 --metrics old.json
 # A huge or foreign metrics file on resume: cut without reading it into memory, or refused.
 run --devices cpu --steps 4 --log-every 2 --save big.safetensors --metrics big.jsonl >/dev/null 2>&1
 truncate -s 2G big.jsonl
-refuse "has a line over 64 KiB" --devices cpu --steps 6 --log-every 2 --resume big.safetensors --metrics big.jsonl
+refuse "line 4 is over 64 KiB: not a metrics file" --devices cpu --steps 6 --log-every 2 --resume big.safetensors --metrics big.jsonl
 # Floats that a float cannot hold are refused naming the value given.
 refuse "--clip: '1e-50' is too small for a float" "${cpu[@]}" --clip 1e-50
 refuse "--lr: '1e308' is out of range" "${cpu[@]}" --lr 1e308
