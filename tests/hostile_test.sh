@@ -41,6 +41,14 @@ for node in "${nodes[@]}"; do
 done
 [ -p fifo ] && [ -L link-to-fifo ] && [ -S sock ] && [ -d folder ] && ok || bad "a FIFO, link, socket or folder was replaced"
 if [ -e null ]; then [ -c null ] && [ -c full ] && ok || bad "a device node was replaced by a file"; fi
+# The program's own output, redirected to a file or a pipe, is not an output file (refuse
+# sends stdout to ./out and stderr to ./err): metrics there overwrote the printed lines.
+refuse "--metrics 'out': is this program's standard output, where it prints" "${cpu[@]}" --metrics out
+refuse "--save 'err': is this program's standard error, where it prints" "${cpu[@]}" --save err
+refuse "--metrics '/dev/stdout': is this program's standard output" "${cpu[@]}" --metrics /dev/stdout
+timeout 10 "$exe" "${cpu[@]}" --metrics /dev/stdout 2>err | cat >/dev/null
+[ "${PIPESTATUS[0]}" -eq 2 ] && grep -q "^dptrain: error: --metrics '/dev/stdout': is a FIFO" err && ok ||
+  bad "--metrics /dev/stdout into a pipe: $(cat err)"
 refuse "names a folder" "${cpu[@]}" --save "folder/"
 refuse "does not exist" "${cpu[@]}" --save "no/such/folder/ck.safetensors"
 refuse "does not exist" "${cpu[@]}" --plot "no/such/folder/run.svg"

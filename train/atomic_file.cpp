@@ -81,8 +81,18 @@ void check_output_file(const std::string& path, const std::string& label) {
   const std::string target = resolve_output_path(path);
   const std::string dir = folder_of(target);
   struct stat st {};
-  const bool exists = ::stat(target.c_str(), &st) == 0;
+  // stat(path) follows /proc's links too, which resolve_output_path cannot name
+  // (/dev/stdout -> /proc/self/fd/1 -> "pipe:[N]").
+  const bool exists = ::stat(path.c_str(), &st) == 0 || ::stat(target.c_str(), &st) == 0;
   if (exists && !S_ISREG(st.st_mode)) refuse("is " + file_kind(st.st_mode) + "; only a regular file is replaced");
+  // The program's own output redirected to a file: writing there too would overwrite its
+  // lines (--metrics /dev/stdout, or the file that `> out.txt` made).
+  for (const int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat out {};
+    if (exists && ::fstat(fd, &out) == 0 && out.st_dev == st.st_dev && out.st_ino == st.st_ino)
+      refuse(std::string("is this program's standard ") + (fd == STDOUT_FILENO ? "output" : "error") +
+             ", where it prints; name a file of its own");
+  }
   struct stat dst {};
   if (::stat(dir.c_str(), &dst) != 0) refuse("its folder '" + dir + "' does not exist (" + std::strerror(errno) + ")");
   if (!S_ISDIR(dst.st_mode)) refuse("'" + dir + "' is not a folder");
