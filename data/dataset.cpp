@@ -178,9 +178,21 @@ void Dataset::gather(std::span<const int64_t> rows, const Batch& into) const {
     check(into.y, target_shape(), task() == Task::classification ? DType::i32 : DType::f32, "y");
   }
   const bool labels = into.y.defined() && into.y.dtype() == DType::i32;
+  // A label outside the model's classes would index outside its scores: refused here,
+  // where the labels are on the host, naming the row.
+  auto check_labels = [&](const int32_t* got) {
+    if (!labels) return;
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (got[i] < 0 || (classes_ > 0 && got[i] >= classes_))
+        throw UsageError(targets_name() + "[" + std::to_string(rows[i]) + "] is " + std::to_string(got[i]) +
+                         (classes_ > 0 ? ", outside [0, " + std::to_string(classes_) + "): the model has " +
+                                             std::to_string(classes_) + " classes"
+                                       : std::string(": a class label is at least 0")));
+  };
   if (into.x.device().is_cpu() && (!into.y.defined() || into.y.device().is_cpu())) {
     gather_host(rows,
                 {into.x.f32(), into.y.defined() && !labels ? into.y.f32() : nullptr, labels ? into.y.i32() : nullptr});
+    if (labels) check_labels(into.y.i32());
     return;
   }
   // A GPU's tensors are filled from host memory (the caching allocator's, on the CPU).
@@ -190,6 +202,7 @@ void Dataset::gather(std::span<const int64_t> rows, const Batch& into) const {
   if (into.y.defined()) staged.y = Tensor::empty(into.y.shape(), into.y.dtype(), host);
   gather_host(rows, {staged.x.f32(), into.y.defined() && !labels ? staged.y.f32() : nullptr,
                      labels ? staged.y.i32() : nullptr});
+  if (labels) check_labels(staged.y.i32());
   copy(into.x, staged.x);
   if (into.y.defined()) copy(into.y, staged.y);
 }
@@ -218,6 +231,7 @@ void Dataset::check_model(const Shape& input, Task task, int64_t outputs) const 
   if (task == Task::regression && target_shape() != Shape{outputs})
     throw UsageError(targets_name() + " has rows of " + shape_str(target_shape()) + ", the model gives " +
                      shape_str(Shape{outputs}));
+  if (task == Task::classification) classes_ = outputs;
 }
 
 // ---- ArrayDataset -------------------------------------------------------------------
@@ -338,7 +352,14 @@ DataSplit ArrayDataset::from_safetensors(const std::string& path) {
   return split;
 }
 
-Shape ArrayDataset::input_shape() const { return {x_.shape.begin() + 1, x_.shape.end()}; }
+namespace {
+[[noreturn]] void no_arrays() { throw UsageError("an ArrayDataset without its arrays (it was moved from)"); }
+}  // namespace
+
+Shape ArrayDataset::input_shape() const {
+  if (x_.shape.empty()) no_arrays();
+  return {x_.shape.begin() + 1, x_.shape.end()};
+}
 
 Shape ArrayDataset::target_shape() const {
   if (!has_targets() || labels_) return {};
@@ -346,6 +367,7 @@ Shape ArrayDataset::target_shape() const {
 }
 
 void ArrayDataset::gather_host(std::span<const int64_t> rows, const HostRows& into) const {
+  if (!finite_) no_arrays();
   DPT_CHECK(!into.y || (has_targets() && !labels_), "ArrayDataset::gather_host: no regression targets to gather");
   DPT_CHECK(!into.labels || (has_targets() && labels_), "ArrayDataset::gather_host: no class labels to gather");
   const auto* xp = static_cast<const uint8_t*>(x_.data);

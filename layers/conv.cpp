@@ -284,6 +284,15 @@ CnnSpec parse_cnn_spec(const std::string& spec) { return SpecParser(spec).parse(
 std::shared_ptr<Sequential> cnn(const std::string& spec, Act act) { return cnn(parse_cnn_spec(spec), act); }
 
 std::shared_ptr<Sequential> cnn(const CnnSpec& s, Act act) {
+  // A spec a program built by hand (parse_cnn_spec's are so already): what the loop below
+  // relies on. Each layer checks its own sizes.
+  if (s.input.size() != 3 || s.layers.empty() || s.layers.back().kind != CnnSpec::Kind::linear)
+    throw UsageError("CnnSpec: an input [C, H, W] and layers that end in a linear one, got input " +
+                     shape_str(s.input) + " and " + std::to_string(s.layers.size()) + " layer(s)");
+  for (const CnnSpec::Layer& l : s.layers)
+    if (l.out.empty() || (l.kind != CnnSpec::Kind::linear && l.out.size() != 3))
+      throw UsageError("CnnSpec: each layer's out is its output's shape, [C, H, W] before the linear layers, got " +
+                       shape_str(l.out));
   auto seq = std::make_shared<Sequential>();
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const CnnSpec::Layer& l = s.layers[i];
@@ -292,7 +301,7 @@ std::shared_ptr<Sequential> cnn(const CnnSpec& s, Act act) {
     switch (l.kind) {
       case CnnSpec::Kind::conv: {
         // Followed by batch norm, the activation moves after it: conv -> bn -> act.
-        const bool bn_next = s.layers[i + 1].kind == CnnSpec::Kind::batch_norm;  // a conv is never last
+        const bool bn_next = !last && s.layers[i + 1].kind == CnnSpec::Kind::batch_norm;
         seq->add(
             std::make_shared<Conv2d>(in[0], l.width, l.kernel, l.stride, l.pad, l.dilation, bn_next ? Act::none : act));
         break;

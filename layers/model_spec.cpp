@@ -1,5 +1,7 @@
 #include <dptrain/layers/model_spec.hpp>
 
+#include <dptrain/error.hpp>
+
 namespace dpt::nn {
 
 ModelSpec parse_model_spec(const std::string& text) {
@@ -9,6 +11,18 @@ ModelSpec parse_model_spec(const std::string& text) {
   if (s.is_cnn) s.cnn = parse_cnn_spec(text);
   else s.widths = parse_mlp_spec(text);
   return s;
+}
+
+int64_t ModelSpec::outputs() const {
+  if (is_cnn ? cnn.layers.empty() : widths.size() < 2)
+    throw UsageError("ModelSpec: no layers (parse_model_spec makes one)");
+  return is_cnn ? cnn.classes : widths.back();
+}
+
+Shape ModelSpec::input_shape() const {
+  if (is_cnn ? cnn.input.size() != 3 : widths.empty())
+    throw UsageError("ModelSpec: no input shape (parse_model_spec makes one)");
+  return is_cnn ? cnn.input : Shape{widths.front()};
 }
 
 std::shared_ptr<Sequential> make_model(const ModelSpec& spec, Act act) {

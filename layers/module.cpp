@@ -1,5 +1,7 @@
 #include <dptrain/layers/module.hpp>
 
+#include <functional>
+
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include "../kernels/cpu/cpu.hpp"
@@ -80,6 +82,25 @@ Buffer& Module::register_buffer(std::string name, Shape shape, float init) {
 
 void Module::register_module(std::shared_ptr<Module> child) {
   DPT_CHECK(!placed_, "register_module() after the module (or one it belongs to) was placed on a device");
+  if (!child) throw UsageError("register_module(): no module (a null pointer)");
+  if (child->placed_ || child->materialized())
+    throw UsageError("register_module(): the module is on a device already; add it before placing the model");
+  // A module inside itself (s->add(s)) would recurse without end; one in two places would
+  // be bound, and trained, twice.
+  const std::function<bool(const Module&)> holds = [&](const Module& m) {
+    if (&m == child.get()) return true;
+    for (const auto& c : m.children_)
+      if (holds(*c)) return true;
+    return false;
+  };
+  const std::function<bool(const Module&)> inside_child = [&](const Module& m) {
+    if (&m == this) return true;
+    for (const auto& c : m.children_)
+      if (inside_child(*c)) return true;
+    return false;
+  };
+  if (holds(*this) || inside_child(*child))
+    throw UsageError("register_module(): the module is part of this one already, or this one of it");
   children_.push_back(std::move(child));
 }
 
@@ -155,6 +176,11 @@ void Module::refresh_shadow() {
 }
 
 void Module::to(const Device& device, uint64_t seed) {
+  // Once placed, an optimizer, a DataParallel or a CUDA graph may hold its buffers: binding
+  // new ones under them would leave them training the old.
+  if (materialized())
+    throw UsageError("Module::to: the module is on " + this->device().str() +
+                     " already; a module is placed once (replicate() copies it to another device)");
   int64_t total = 0;
   const auto offsets = layout(&total);
   auto params = parameters();

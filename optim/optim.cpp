@@ -102,9 +102,10 @@ StepCounter Optimizer::step_counter(float beta1, float beta2) const {
 void Optimizer::step_part(int64_t offset, int64_t count, bool last) {
   DPT_CHECK(begin_ == 0 && params_.numel() == model_->flat_params().numel(),
             "Optimizer::step_part: not for a ZeRO shard");
-  DPT_CHECK(offset >= 0 && count >= 0 && offset + count <= params_.numel(),
-            "Optimizer::step_part: [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
-                ") is no range of " + std::to_string(params_.numel()) + " parameters");
+  const int64_t n = params_.numel();
+  if (!(offset >= 0 && count >= 0 && offset <= n && count <= n - offset))  // no sum that can overflow
+    throw UsageError("Optimizer::step_part: " + std::to_string(count) + " parameters from " + std::to_string(offset) +
+                     " are outside the " + std::to_string(n));
   refuse_with_twins("step_part");
   StepCounter step = step_counter(0.0f, 0.0f);  // the optimizer's own betas: update_range's
   step.advance = last;

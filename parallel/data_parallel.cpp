@@ -74,22 +74,49 @@ Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices) {
   return asked;
 }
 
-float StepLoss::value() const {
-  // The losses were written on the replicas' streams; reading them from another thread's
+namespace {
+// A shard from the program's source, holding the rows asked for (a source that gives more
+// or fewer would be weighted by the plan's share all the same).
+data::Batch take_shard(const ShardSource& source, size_t r, int64_t first, int64_t count) {
+  if (!source) throw UsageError("DataParallel: an empty ShardSource");
+  data::Batch b = source(r, first, count);
+  const auto rows = [](const Tensor& t) { return t.defined() && t.dim() >= 1 ? t.size(0) : -1; };
+  if (rows(b.x) != count || (b.y.defined() && rows(b.y) != count))
+    throw UsageError("the ShardSource gave replica " + std::to_string(r) + " inputs " +
+                     (b.x.defined() ? shape_str(b.x.shape()) : std::string("(none)")) + " and targets " +
+                     (b.y.defined() ? shape_str(b.y.shape()) : std::string("(none)")) + " for " +
+                     std::to_string(count) + " rows from sample " + std::to_string(first));
+  return b;
+}
+}  // namespace
+
+double StepLoss::weighted_sum(const std::vector<Tensor>& values, const char* what) const {
+  if (values.size() != weights.size())
+    throw UsageError(std::string("StepLoss: ") + std::to_string(values.size()) + " " + what + " and " +
+                     std::to_string(weights.size()) + " weights");
+  // The values were written on the replicas' streams; reading them from another thread's
   // stream must wait for those first.
-  if (owner) owner->synchronize();
+  const bool never_owned = !owner.owner_before(std::weak_ptr<DataParallel* const>{}) &&
+                           !std::weak_ptr<DataParallel* const>{}.owner_before(owner);
+  if (!never_owned) {
+    const auto dp = owner.lock();
+    if (!dp) throw UsageError("StepLoss: the DataParallel that made it is gone (read a loss before destroying it)");
+    (*dp)->synchronize();
+  }
   double v = 0.0;
-  for (size_t i = 0; i < losses.size(); ++i)
-    if (losses[i].defined()) v += weights[i] * losses[i].item();
+  for (size_t i = 0; i < values.size(); ++i)
+    if (values[i].defined()) v += weights[i] * values[i].item();
+  return v;
+}
+
+float StepLoss::value() const {
+  const double v = weighted_sum(losses, "losses");
   return static_cast<float>(group ? group->sum(v) : v);
 }
 
 float StepLoss::metric() const {
   if (metrics.empty()) return NAN;
-  if (owner) owner->synchronize();
-  double v = 0.0;
-  for (size_t i = 0; i < metrics.size(); ++i)
-    if (metrics[i].defined()) v += weights[i] * metrics[i].item();
+  const double v = weighted_sum(metrics, "metrics");
   return static_cast<float>(group ? group->sum(v) : v);
 }
 
@@ -141,7 +168,10 @@ struct DataParallel::Replica {
 DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device> devices,
                            const OptimizerFactory& make_optimizer, DataParallelOptions options)
     : devices_(std::move(devices)) {
-  DPT_CHECK(!devices_.empty(), "DataParallel needs at least one device");
+  if (devices_.empty() || devices_.size() > kMaxDevices)
+    throw UsageError("DataParallel: 1 to " + std::to_string(kMaxDevices) + " devices, got " +
+                     std::to_string(devices_.size()));
+  if (!make_optimizer) throw UsageError("DataParallel: an empty optimizer factory");
   DPT_CHECK(model && model->materialized() && model->device() == devices_[0],
             "DataParallel: the model must be on the first device, " + devices_[0].str());
   for (const Device& d : devices_) check_device(d);
@@ -287,6 +317,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     if (i == 0 || every) {
       ContextGuard g(*replicas_[i].ctx);
       replicas_[i].opt = make_optimizer(*replicas_[i].model);
+      if (!replicas_[i].opt) throw UsageError("DataParallel: the optimizer factory returned no optimizer");
+      if (&replicas_[i].opt->model() != replicas_[i].model.get())
+        throw UsageError("DataParallel: the optimizer factory's optimizer updates a module other than the one given");
       if (!shards_.empty()) {
         const SampleRange& k = shard_of(i);
         replicas_[i].opt->restrict_to(k.first, k.first + k.count, replicas_[i].grad_shard);
@@ -575,7 +608,7 @@ void DataParallel::make_stage2_reducer(const std::vector<int64_t>& offsets, cons
 }
 
 const ShardPlan& DataParallel::plan(int64_t batch) {
-  if (plan_.batch() != batch)
+  if (batch < 1 || plan_.batch() != batch)  // (a default plan's batch is 0: ShardPlan refuses 0 itself)
     plan_ = ShardPlan(batch, group_ ? group_->size() : 1, group_ ? group_->rank() : 0, replicas_.size(), grad_accum_);
   return plan_;
 }
@@ -824,14 +857,14 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
       };
       if (!in_micro_batches) {
         if (!copied_in) {
-          const data::Batch b = source(r, first + part.first, part.count);
+          const data::Batch b = take_shard(source, r, first + part.first, part.count);
           fit(b);
           if (!same_memory(in.x, b.x) || !same_memory(in.y, b.y)) copy_all({{in.x, b.x}, {in.y, b.y}});
         }
         if (ask_next) {
           // A bad row of the next step's is that step's error: its own request meets it again.
           try {
-            next[r] = source(r, next_first + part.first, part.count);
+            next[r] = take_shard(source, r, next_first + part.first, part.count);
             next_fits[r] = shape_of(next[r]) == std::pair{in.x.shape(), in.y.shape()};
           } catch (const std::exception&) {
             next[r] = data::Batch();
@@ -842,7 +875,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
         for (int k = 0; k < shares.micro_batches(); ++k) {
           const SampleRange m = shares.micro(r, k);
           if (m.count == 0) continue;
-          const data::Batch b = source(r, first + m.first, m.count);
+          const data::Batch b = take_shard(source, r, first + m.first, m.count);
           fit(b);
           const int64_t at = m.first - part.first;
           copy_all({{in.x.rows(at, m.count), b.x}, {in.y.rows(at, m.count), b.y}});
@@ -980,7 +1013,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
   const size_t per_replica = static_cast<size_t>(k_total);
   StepLoss out;
   out.group = group_;
-  out.owner = this;
+  out.owner = self_;
   out.losses.resize(replicas_.size() * per_replica);
   out.weights.resize(replicas_.size() * per_replica);
   if (metric) out.metrics.resize(replicas_.size() * per_replica);
@@ -1023,7 +1056,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
         out.weights[slot] = shares.weight(r, k);
         data::Batch shard;
         if (m.count > 0 && !source_error_[r]) try {
-            shard = source(r, first + m.first, m.count);
+            shard = take_shard(source, r, first + m.first, m.count);
           } catch (...) {
             source_error_[r] = std::current_exception();
             step_failed_ = true;
@@ -1090,7 +1123,7 @@ void DataParallel::infer(int64_t first, int64_t count, const ShardSource& source
     try {
       NoGradGuard no_grad;
       rep.wait_for_copies();
-      const data::Batch shard = source(r, first + part.first, part.count);
+      const data::Batch shard = take_shard(source, r, first + part.first, part.count);
       take(r, part, rep.model->forward(shard.x));
     } catch (...) {
       rep.model->train(was_training);
@@ -1104,14 +1137,14 @@ StepLoss DataParallel::evaluate(int64_t first, int64_t count, const ShardSource&
                                 const LossFn& metric) {
   StepLoss out;
   out.group = group_;
-  out.owner = this;
+  out.owner = self_;
   out.losses.resize(replicas_.size());
   out.weights.assign(replicas_.size(), 0.0);
   if (metric) out.metrics.resize(replicas_.size());
   // The targets travel with the inputs: the source is asked once, and the targets kept.
   std::vector<Tensor> targets(replicas_.size());
   const ShardSource keep_targets = [&](size_t r, int64_t f, int64_t n) {
-    data::Batch b = source(r, f, n);
+    data::Batch b = take_shard(source, r, f, n);
     targets[r] = b.y;
     return b;
   };
@@ -1167,7 +1200,22 @@ size_t DataParallel::buckets() const { return buckets_.size(); }
 double DataParallel::bucket_mb() const { return bucket_mb_; }
 bool DataParallel::tuning_buckets() const { return tuning_ != nullptr; }
 
-nn::Module& DataParallel::replica(size_t i) { return *replicas_.at(i).model; }
+namespace {
+void check_replica_index(size_t i, size_t n, const char* call) {
+  if (i >= n)
+    throw UsageError(std::string("DataParallel::") + call + "(" + std::to_string(i) + "): there are " +
+                     std::to_string(n) + " replicas");
+}
+}  // namespace
+
+nn::Module& DataParallel::replica(size_t i) {
+  check_replica_index(i, replicas_.size(), "replica");
+  return *replicas_[i].model;
+}
+const Device& DataParallel::device(size_t i) const {
+  check_replica_index(i, devices_.size(), "device");
+  return devices_[i];
+}
 optim::Optimizer& DataParallel::optimizer() { return *replicas_[0].opt; }
 
 std::vector<std::pair<std::string, Tensor>> DataParallel::optimizer_state() {

@@ -16,6 +16,13 @@
 
 namespace dpt {
 
+void ProcessGroup::set_timeout(double seconds) {
+  // Bounded above too: the wait converts it to a clock's duration, which 1e300 s overflows.
+  if (!(seconds >= 0.1 && seconds <= 1e9))
+    throw UsageError("ProcessGroup::set_timeout: seconds must be in [0.1, 1e9], got " + std::to_string(seconds));
+  timeout_s_ = seconds;
+}
+
 #if !DPT_WITH_MPI
 
 bool built_with_mpi() { return false; }

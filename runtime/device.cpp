@@ -57,6 +57,7 @@ Device parse_device(std::string_view text) {
 }
 
 void check_device(const Device& d) {
+  if (d.index < 0) throw UsageError("invalid device '" + d.str() + "': an index is at least 0");
   if (d.is_cpu()) {
     if (d.index >= kMaxDevices)
       throw UsageError("invalid device '" + d.str() + "': at most " + std::to_string(kMaxDevices) + " CPU devices");

@@ -1199,7 +1199,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   need_float(logits, "cross_entropy");
   DPT_CHECK(labels.defined() && labels.dtype() == DType::i32, "cross_entropy: labels must be i32");
   same_device(logits, labels, "cross_entropy");
-  DPT_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0,
+  DPT_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0 &&
+                logits.size(1) > 0,
             "cross_entropy: logits " + shape_str(logits.shape()) + " and labels " + shape_str(labels.shape()));
   const Device d = logits.device();
   const int64_t rows = logits.size(0), cols = logits.size(1);

@@ -52,9 +52,11 @@ void Shape::insert(const int64_t* pos, int64_t d) {
 
 int64_t numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s)
+  for (int64_t d : s) {
+    if (d < 0) throw UsageError("shape " + shape_str(s) + " has a negative size");
     if (__builtin_mul_overflow(n, d, &n))
       throw Error("shape " + shape_str(s) + " has more elements than fit in 64 bits");
+  }
   return n;
 }
 
@@ -69,7 +71,8 @@ Storage::Storage(Device d, size_t b) : device(d), bytes(b), ptr(allocator(d).all
 Storage::~Storage() { allocator(device).free(ptr); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
-  for (int64_t d : shape) DPT_CHECK(d >= 0, "negative dimension in shape " + shape_str(shape));
+  for (int64_t d : shape)
+    if (d < 0) throw UsageError("shape " + shape_str(shape) + " has a negative size");
   // A shape whose bytes do not fit in 63 bits is more memory than any device has, not a
   // size to wrap around to a small one (and then write past).
   int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
@@ -275,8 +278,9 @@ int32_t* Tensor::i32() const {
 
 Tensor Tensor::rows(int64_t first, int64_t count) const {
   DPT_CHECK(defined() && dim() >= 1, "rows of a tensor without a first axis");
-  DPT_CHECK(first >= 0 && count >= 0 && first + count <= size(0),
-            "rows [" + std::to_string(first) + ", " + std::to_string(first + count) + ") outside " + shape_str(shape_));
+  if (!(first >= 0 && count >= 0 && first <= size(0) && count <= size(0) - first))  // no sum that can overflow
+    throw UsageError(std::to_string(count) + " rows from row " + std::to_string(first) + " are outside " +
+                     shape_str(shape_));
   Shape s = shape_;
   s[0] = count;
   return view(size(0) ? first * (numel() / size(0)) : 0, s);
@@ -294,8 +298,9 @@ void Tensor::swap_memory(const Tensor& other) const {
 
 Tensor Tensor::view(int64_t offset, const Shape& shape) const {
   DPT_CHECK(defined(), "view of an undefined tensor");
-  DPT_CHECK(offset >= 0 && offset + dpt::numel(shape) <= numel(),
-            "view " + shape_str(shape) + " at " + std::to_string(offset) + " outside " + shape_str(shape_));
+  const int64_t n = dpt::numel(shape);
+  if (!(offset >= 0 && offset <= numel() && n <= numel() - offset))  // no sum that can overflow
+    throw UsageError("view " + shape_str(shape) + " at " + std::to_string(offset) + " outside " + shape_str(shape_));
   Tensor t;
   t.storage_ = storage_;
   t.offset_ = offset_ + offset;

@@ -128,8 +128,8 @@ refuse "--clip must be a finite number >= 0 (0: off), got inf" "${cpu[@]}" --cli
 refuse "--lr must be a positive number, got nan" "${cpu[@]}" --lr nan
 refuse "--lr must be a positive number, got inf" "${cpu[@]}" --lr inf
 refuse "--lr must be a positive number, got 0" "${cpu[@]}" --lr 0
-refuse "--comm-timeout must be a finite number of seconds >= 0.1, got inf" "${cpu[@]}" --comm-timeout inf
-refuse "--comm-timeout must be a finite number of seconds >= 0.1, got 1e-09" "${cpu[@]}" --comm-timeout 1e-9
+refuse "--comm-timeout must be a number of seconds in [0.1, 1e9], got inf" "${cpu[@]}" --comm-timeout inf
+refuse "--comm-timeout must be a number of seconds in [0.1, 1e9], got 1e-09" "${cpu[@]}" --comm-timeout 1e-9
 # Options of the other optimizer are refused, not ignored.
 refuse "--nesterov is an option of --optimizer sgd, and this run trains with adamw" "${cpu[@]}" --optimizer adamw --nesterov
 refuse "--momentum is an option of --optimizer sgd, and this run trains with adamw" "${cpu[@]}" --optimizer adamw --momentum 0.5

@@ -130,8 +130,8 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (cfg.save_every > 0 && cfg.save.empty()) bad("save_every", "needs TrainConfig::save (a checkpoint path)");
   check_output_file(cfg.save, "TrainConfig::save");
   // Below a tenth of a second a healthy rank that is a little late would end the job.
-  if (!(cfg.comm_timeout >= 0.1) || std::isinf(cfg.comm_timeout))
-    bad("comm_timeout", "must be a finite number of seconds >= 0.1" + got(cfg.comm_timeout));
+  if (!(cfg.comm_timeout >= 0.1 && cfg.comm_timeout <= 1e9))
+    bad("comm_timeout", "must be a number of seconds in [0.1, 1e9]" + got(cfg.comm_timeout));
   if (cfg.devices.empty()) cfg.devices = default_devices();
   if (cfg.ddp && !built_with_mpi()) bad("ddp", "needs a build with MPI (install libopenmpi-dev and rebuild)");
   for (const Device& d : cfg.devices) {

@@ -33,11 +33,13 @@ double logsumexp(const float* row, int64_t cols) {
 }
 }  // namespace
 
+// A label outside [0, cols) gives NaN (as on a GPU), so a bad label shows in the loss
+// instead of reading out of bounds.
 void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss) {
   double s = 0.0;
   for (int64_t i = 0; i < rows; ++i) {
     const float* row = logits + i * cols;
-    s += logsumexp(row, cols) - row[labels[i]];
+    s += labels[i] >= 0 && labels[i] < cols ? logsumexp(row, cols) - row[labels[i]] : std::nan("");
   }
   *loss = static_cast<float>(s / static_cast<double>(rows));
 }

@@ -74,13 +74,19 @@ class Dataset {
 
   // Throws UsageError with one line when this data cannot feed a model that takes rows of
   // `input` and gives `outputs` values (regression) or scores over `outputs` classes
-  // (classification): naming both shapes, or the first label outside [0, outputs).
-  // Without targets only the inputs are checked.
+  // (classification): naming both shapes (an ArrayDataset also the first label outside
+  // [0, outputs)). Without targets only the inputs are checked. A classification model's
+  // class count is kept: gather() then refuses a label outside [0, outputs) (UsageError
+  // naming the row), since a data set of the program's is not read whole up front.
   virtual void check_model(const Shape& input, Task task, int64_t outputs) const;
 
   // Whether gather_host may run on several threads at once (an ArrayDataset's may; a
   // data set of the program's, by default, is gathered by one thread at a time).
   virtual bool concurrent_gathers() const { return false; }
+
+ private:
+  // The class count of the last classification check_model (0: none yet), for gather.
+  mutable int64_t classes_ = 0;
 };
 
 struct DataSplit;

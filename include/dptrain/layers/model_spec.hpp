@@ -14,11 +14,12 @@ namespace dpt::nn {
 struct ModelSpec {
   std::string text;  // as given (a preset keeps its name)
   bool is_cnn = false;
-  std::vector<int64_t> widths;                                              // an MLP's layer widths, its input first
-  CnnSpec cnn;                                                              // a CNN's input and layers
-  int64_t outputs() const { return is_cnn ? cnn.classes : widths.back(); }  // width, or classes
+  std::vector<int64_t> widths;  // an MLP's layer widths, its input first
+  CnnSpec cnn;                  // a CNN's input and layers
+  // The last width, or the classes; UsageError for a spec with neither.
+  int64_t outputs() const;
   // The shape of one input row: {features}, or {C, H, W} for a CNN.
-  Shape input_shape() const { return is_cnn ? Shape{cnn.input[0], cnn.input[1], cnn.input[2]} : Shape{widths.front()}; }
+  Shape input_shape() const;
 };
 
 // Throws UsageError with one line naming the problem.

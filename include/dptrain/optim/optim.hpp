@@ -51,6 +51,7 @@ class Optimizer {
   // Not for a ZeRO shard.
   void step_part(int64_t offset, int64_t count, bool last);
   virtual std::string describe() const = 0;
+  const nn::Module& model() const { return *model_; }  // the module it updates
   // The schedule the steps consult, by the optimizer's step count (0-based).
   void set_schedule(const Schedule& schedule) { schedule_ = schedule; }
   const Schedule& schedule() const { return schedule_; }

@@ -149,9 +149,14 @@ struct StepLoss {
   std::vector<Tensor> metrics;  // empty when no metric was asked for
   std::vector<double> weights;
   ProcessGroup* group = nullptr;  // when set, value() and metric() sum over every rank (collective)
-  DataParallel* owner = nullptr;  // value() waits for its replicas' streams first
+  // The DataParallel that made it: value() waits for its replicas' streams first, and
+  // throws UsageError once that DataParallel is gone (read a loss before destroying it).
+  std::weak_ptr<DataParallel* const> owner;
   float value() const;
   float metric() const;  // NaN when no metric was asked for
+
+ private:
+  double weighted_sum(const std::vector<Tensor>& values, const char* what) const;
 };
 
 // What one replica holds of the model's training state, in bytes: the fp32 parameters
@@ -219,7 +224,7 @@ class DataParallel {
 
   size_t size() const { return devices_.size(); }
   nn::Module& replica(size_t i);
-  const Device& device(size_t i) const { return devices_[i]; }
+  const Device& device(size_t i) const;
   optim::Optimizer& optimizer();  // the master's
   // Every optimizer there is: one per replica, or the master's alone on the p2p path.
   std::vector<optim::Optimizer*> optimizers();
@@ -272,7 +277,8 @@ class DataParallel {
   // of an abandoned step is (set before any replica hands a bucket over).
   std::atomic<bool> step_failed_{false};
   std::vector<std::exception_ptr> source_error_;  // per replica, the step's; kept to spare an allocation a step
-  int comm_ctas_ = 0;                             // DataParallelOptions::comm_ctas
+  std::shared_ptr<DataParallel* const> self_ = std::make_shared<DataParallel* const>(this);  // for StepLoss::owner
+  int comm_ctas_ = 0;  // DataParallelOptions::comm_ctas
   // The buckets of this size (and the first's, first_bucket_mb_), each parameter's, and
   // the per-bucket updates' events.
   void assign_buckets(double bucket_mb);

@@ -27,8 +27,9 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
-  // Seconds any wait for the other ranks may take before the job is aborted.
-  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  // Seconds any wait for the other ranks may take before the job is aborted: a finite
+  // number >= 0.1 (UsageError otherwise).
+  void set_timeout(double seconds);
   double timeout() const { return timeout_s_; }
 
   // Host-memory collectives, all bounded by the timeout.

@@ -1,0 +1,226 @@
+// The library used wrongly by a program that embeds it: each misuse here once crashed,
+// read or wrote out of bounds, hung or trained on garbage in silence (a hostile review of
+// the public API, 2026-12-05). Each is now an exception with one line that says what.
+#include <climits>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include <dptrain/dptrain.hpp>
+#include "catch.hpp"
+
+using namespace dpt;
+
+namespace {
+const Device kCpu0{DeviceType::cpu, 0}, kCpu1{DeviceType::cpu, 1};
+
+// The message of the UsageError that f throws ("" when it throws none, or another kind).
+template <class F>
+std::string usage(F&& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find('\n') == std::string::npos);
+    return msg;
+  } catch (const std::exception& e) {
+    return std::string("(not a UsageError) ") + e.what();
+  }
+  return "(no error)";
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::unique_ptr<optim::Optimizer> sgd(nn::Module& m) { return std::make_unique<optim::SGD>(m, optim::SGD::Options{}); }
+
+// A data set of the program's: 3 features, class labels as given (not checked up front).
+class LabelRows : public data::Dataset {
+ public:
+  explicit LabelRows(std::vector<int32_t> labels) : labels_(std::move(labels)) {}
+  int64_t rows() const override { return static_cast<int64_t>(labels_.size()); }
+  Shape input_shape() const override { return {3}; }
+  bool has_targets() const override { return true; }
+  data::Task task() const override { return data::Task::classification; }
+  Shape target_shape() const override { return {}; }
+  std::string inputs_name() const override { return "rows: x"; }
+  std::string targets_name() const override { return "rows: y"; }
+  void gather_host(std::span<const int64_t> rows, const data::HostRows& into) const override {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto r = static_cast<size_t>(rows[i]);
+      if (into.x)
+        for (int j = 0; j < 3; ++j) into.x[i * 3 + static_cast<size_t>(j)] = static_cast<float>(r + j) * 0.1f;
+      if (into.labels) into.labels[i] = labels_[r];
+    }
+  }
+
+ private:
+  std::vector<int32_t> labels_;
+};
+}  // namespace
+
+TEST_CASE("a class label outside the model's classes is refused, never read out of bounds", "[api]") {
+  // The CPU kernel read logits[label] (a heap overflow for -1); now NaN, as on a GPU.
+  const Tensor logits = Tensor::zeros({2, 3}, DType::f32, kCpu0);
+  for (int32_t bad : {-1, 3, -100000}) {
+    INFO(bad);
+    CHECK(std::isnan(cross_entropy(logits, Tensor::from_host_i32({bad, 0}, {2}, kCpu0)).item()));
+  }
+  CHECK(std::isfinite(cross_entropy(logits, Tensor::from_host_i32({2, 0}, {2}, kCpu0)).item()));
+  CHECK_THROWS_AS(cross_entropy(Tensor::zeros({2, 0}, DType::f32, kCpu0), Tensor::zeros({2}, DType::i32, kCpu0)),
+                  Error);
+
+  // A data set of the program's is not read whole up front: its gathers check the labels
+  // against the classes of the model it was checked for.
+  TrainConfig c;
+  c.model = "3-8-3";
+  c.task = data::Task::classification;
+  c.devices = {kCpu0};
+  c.batch = 4;
+  c.steps = 3;
+  c.log_every = 1000;
+  CHECK(usage([&] {
+          Trainer(c, std::make_shared<LabelRows>(std::vector<int32_t>{0, 1, 2, 7, 0, 1})).run();
+        }) == "rows: y[3] is 7, outside [0, 3): the model has 3 classes");
+  CHECK(has(usage([&] {
+              Trainer(c, std::make_shared<LabelRows>(std::vector<int32_t>{0, -1, 2, 1})).run();
+            }),
+            "rows: y[1] is -1, outside [0, 3)"));
+  CHECK(Trainer(c, std::make_shared<LabelRows>(std::vector<int32_t>{0, 1, 2, 1, 0, 2})).run().steps == 3);
+}
+
+TEST_CASE("views, rows and optimizer ranges are bounds-checked without a sum that overflows", "[api]") {
+  const Tensor x = Tensor::full({4}, 1.0f, kCpu0);
+  CHECK(has(usage([&] { x.view(INT64_MAX, {2}); }), "outside [4]"));
+  CHECK(has(usage([&] { x.view(INT64_MAX - 1, {3}); }), "outside [4]"));
+  CHECK(has(usage([&] { x.view(-1, {2}); }), "outside [4]"));
+  CHECK(x.view(2, {2}).to_host() == std::vector<float>{1.0f, 1.0f});
+  const Tensor m = x.reshape({2, 2});
+  CHECK(has(usage([&] { m.rows(INT64_MAX, 2); }), "outside [2, 2]"));
+  CHECK(has(usage([&] { m.rows(1, INT64_MAX); }), "outside [2, 2]"));
+  CHECK(m.rows(1, 1).numel() == 2);
+  // A negative size whose product is positive is no shape.
+  CHECK(has(usage([&] { x.reshape({-2, -2}); }), "has a negative size"));
+  CHECK(has(usage([&] { Tensor::zeros({-2, -3}, DType::f32, kCpu0); }), "has a negative size"));
+
+  auto net = nn::mlp("2-3");
+  net->to(kCpu0, 1);
+  optim::SGD opt(*net, {});
+  CHECK(has(usage([&] { opt.step_part(INT64_MAX, 5, true); }), "are outside the"));
+  CHECK(has(usage([&] { opt.step_part(0, INT64_MAX, true); }), "are outside the"));
+}
+
+TEST_CASE("a CNN spec or model spec built by hand is checked before it is read", "[api]") {
+  nn::CnnSpec s;
+  s.input = {3, 8, 8};
+  s.layers.push_back({nn::CnnSpec::Kind::conv, 4, 3, 1, 1, 1, {4, 8, 8}});  // a conv last: read past the end
+  s.classes = 4;
+  CHECK(has(usage([&] { nn::cnn(s); }), "layers that end in a linear one"));
+  s.layers.push_back({nn::CnnSpec::Kind::linear, 4, 0, 1, 0, 1, {4}});
+  CHECK(nn::cnn(s)->parameters().size() == 4);
+  CHECK(has(usage([&] { nn::ModelSpec{}.outputs(); }), "ModelSpec: no layers"));
+  CHECK(has(usage([&] { nn::ModelSpec{}.input_shape(); }), "ModelSpec: no input shape"));
+  CHECK(nn::parse_model_spec("seed").outputs() == 1000);
+}
+
+TEST_CASE("modules are placed once, and a module holds no null child, nor itself", "[api]") {
+  auto s = std::make_shared<nn::Sequential>();
+  CHECK(has(usage([&] { s->add(nullptr); }), "no module (a null pointer)"));
+  CHECK(has(usage([&] { s->add(s); }), "part of this one already"));
+  auto leaf = std::make_shared<nn::Linear>(2, 2);
+  s->add(leaf);
+  CHECK(has(usage([&] { s->add(leaf); }), "part of this one already"));
+  auto outer = std::make_shared<nn::Sequential>();
+  outer->add(s);
+  CHECK(has(usage([&] { s->add(outer); }), "part of this one already"));
+  outer->to(kCpu0, 1);
+  // Placing again left an optimizer built on the old buffers updating those, in silence.
+  optim::SGD opt(*outer, {.lr = 0.1f});
+  CHECK(has(usage([&] { outer->to(kCpu1, 1); }), "the module is on cpu:0 already"));
+  CHECK(has(usage([&] { outer->to(kCpu0, 2); }), "a module is placed once"));
+  auto placed = nn::mlp("2-2");
+  placed->to(kCpu0, 1);
+  CHECK(has(usage([&] { std::make_shared<nn::Sequential>()->add(placed); }), "on a device already"));
+}
+
+TEST_CASE("DataParallel refuses a factory or source that would break it, and bad indices", "[api]") {
+  auto model = [] {
+    auto m = nn::mlp("3-4-2");
+    m->to(kCpu0, 1);
+    return std::shared_ptr<nn::Module>(m);
+  };
+  const std::vector<Device> two{kCpu0, kCpu1};
+  // A null optimizer trained nothing and then crashed at optimizer(); one bound to another
+  // module trained that one.
+  CHECK(usage([&] { DataParallel(model(), two, [](nn::Module&) { return std::unique_ptr<optim::Optimizer>(); }); }) ==
+        "DataParallel: the optimizer factory returned no optimizer");
+  CHECK(usage([&] { DataParallel(model(), two, OptimizerFactory()); }) == "DataParallel: an empty optimizer factory");
+  auto other = nn::mlp("3-4-2");
+  other->to(kCpu0, 2);
+  CHECK(has(usage([&] {
+              DataParallel(model(), two,
+                           [&](nn::Module&) { return std::make_unique<optim::SGD>(*other, optim::SGD::Options{}); });
+            }),
+            "updates a module other than the one given"));
+  CHECK(has(usage([&] { DataParallel(model(), std::vector<Device>(kMaxDevices + 1, kCpu0), sgd); }),
+            "1 to 1024 devices"));
+  CHECK(has(usage([&] { check_device({DeviceType::cpu, -1}); }), "an index is at least 0"));
+
+  DataParallel dp(model(), two, sgd);
+  CHECK(usage([&] { dp.device(5); }) == "DataParallel::device(5): there are 2 replicas");
+  CHECK(usage([&] { dp.replica(2); }) == "DataParallel::replica(2): there are 2 replicas");
+  CHECK(dp.device(1) == kCpu1);
+
+  const nn::MSELoss mse;
+  const LossFn loss = [&](const Tensor& y, const Tensor& t) { return mse(y, t); };
+  const data::Synthetic synth({.task = data::Task::regression, .in = 3, .out = 2, .seed = 1}, kCpu0);
+  // The first step of batch 0 named ShardPlan::micro; later ones said what was wrong.
+  CHECK(usage([&] { dp.train_step(0, 0, ShardSource(), loss); }) == "a batch must hold at least one sample, got 0");
+  CHECK(usage([&] { dp.train_step(0, 4, ShardSource(), loss); }).find("an empty ShardSource") != std::string::npos);
+  // A source that gives other rows than asked was weighted by the plan's share all the same.
+  const ShardSource one_row = [&](size_t r, int64_t first, int64_t) { return synth.batch(first, 1, dp.device(r)); };
+  CHECK(has(usage([&] { dp.train_step(0, 4, one_row, loss); }), "for 2 rows from sample"));
+  const ShardSource right = [&](size_t r, int64_t first, int64_t n) { return synth.batch(first, n, dp.device(r)); };
+  CHECK(std::isfinite(dp.train_step(0, 4, right, loss).value()));
+
+  // A StepLoss read after its DataParallel is gone waited on freed memory.
+  StepLoss kept;
+  {
+    DataParallel gone(model(), two, sgd);
+    kept = gone.train_step(0, 4, right, loss);
+  }
+  CHECK(has(usage([&] { kept.value(); }), "the DataParallel that made it is gone"));
+  StepLoss odd;
+  odd.losses = {Tensor::zeros({1}, DType::f32, kCpu0)};
+  CHECK(has(usage([&] { odd.value(); }), "1 losses and 0 weights"));
+}
+
+TEST_CASE("a moved-from ArrayDataset says so instead of crashing", "[api]") {
+  std::vector<float> x(6, 1.0f), y(2, 0.0f);
+  data::ArrayDataset d(data::Array{x.data(), data::ArrayDType::f32, {2, 3}},
+                       data::Array{y.data(), data::ArrayDType::f32, {2, 1}});
+  data::ArrayDataset taken = std::move(d);
+  CHECK(taken.batch(0, 2, kCpu0).x.numel() == 6);
+  CHECK(has(usage([&] { d.batch(0, 2, kCpu0); }),
+            "without its arrays (it was moved from)"));  // NOLINT(bugprone-use-after-move)
+}
+
+TEST_CASE("a message handler may call the library: no deadlock, its own messages dropped", "[api]") {
+  int calls = 0;
+  set_message_handler([&](Severity, const std::string&) {
+    ++calls;
+    report(Severity::note, "from inside the handler");  // deadlocked on the handler's lock
+  });
+  report(Severity::warning, "one");
+  CHECK(calls == 1);
+  // A handler that replaces itself.
+  std::string last;
+  set_message_handler([&](Severity, const std::string& m) {
+    set_message_handler([&](Severity, const std::string& n) { last = "second: " + n; });
+    last = "first: " + m;
+  });
+  report(Severity::note, "a");
+  CHECK(last == "first: a");
+  report(Severity::note, "b");
+  CHECK(last == "second: b");
+  set_message_handler({});
+}
