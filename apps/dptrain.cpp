@@ -542,6 +542,9 @@ int train(Options& o) {
   if (r.steps == 0 && !r.stopped)
     std::printf("done: nothing to train, the run was complete at step %lld of %lld\n",
                 static_cast<long long>(trainer.steps_done()), static_cast<long long>(c.steps));
+  else if (r.steps == 0)
+    std::printf("stopped: before the first step, at step %lld of %lld\n", static_cast<long long>(trainer.steps_done()),
+                static_cast<long long>(c.steps));
   else
     std::printf("%s: %lld steps in %s; loss %.6g -> %.6g (%.1f%% of the first); %s samples/s; %.4f ms/step\n",
                 r.stopped ? "stopped" : "done", static_cast<long long>(r.steps), duration(r.seconds).c_str(),

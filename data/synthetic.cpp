@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include <dptrain/error.hpp>
@@ -27,6 +28,8 @@ Tensor teacher_weight(int64_t rows, int64_t cols, float gain, uint64_t seed, uin
 Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_(config), device_(device) {
   DPT_CHECK(cfg_.out > 0 && cfg_.teacher_hidden > 0, "Synthetic: widths must be positive");
   DPT_CHECK(cfg_.samples >= 0, "Synthetic: negative sample count");
+  if (!(cfg_.noise >= 0.0f && std::isfinite(cfg_.noise)))
+    throw UsageError("SyntheticConfig::noise must be a finite number >= 0, got " + std::to_string(cfg_.noise));
   if (!cfg_.image.empty()) {
     DPT_CHECK(cfg_.image.size() == 3 && numel(cfg_.image) > 0, "Synthetic: an image is [C, H, W]");
     DPT_CHECK(cfg_.task == Task::classification, "Synthetic: images come with classification only");
@@ -169,6 +172,9 @@ Batch Synthetic::batch(int64_t first, int64_t count, const Device& device) const
 
 Tensor random_labels(int64_t count, int64_t classes, uint64_t seed, uint64_t stream, int64_t first,
                      const Device& device) {
+  if (count < 0 || classes < 1 || classes > std::numeric_limits<int32_t>::max())
+    throw UsageError("random_labels: a count >= 0 and 1 to 2^31 - 1 classes, got " + std::to_string(count) + " and " +
+                     std::to_string(classes));
   std::vector<float> u(static_cast<size_t>(count));
   cpu::uniform(u.data(), count, seed, stream, static_cast<uint64_t>(first), 0.0f, static_cast<float>(classes));
   std::vector<int32_t> labels;

@@ -77,6 +77,9 @@ BatchNorm2d::BatchNorm2d(int64_t channels, Act act, BatchNormArgs args)
       mean_(register_buffer("running_mean", {channels}, 0.0f)),
       var_(register_buffer("running_var", {channels}, 1.0f)) {
   DPT_CHECK(channels > 0, "BatchNorm2d needs a positive channel count");
+  if (!(args.eps > 0.0f && std::isfinite(args.eps) && args.momentum >= 0.0f && args.momentum <= 1.0f))
+    throw UsageError("BatchNormArgs: eps must be a positive number and momentum in [0, 1], got eps " +
+                     std::to_string(args.eps) + " and momentum " + std::to_string(args.momentum));
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {

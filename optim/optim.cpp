@@ -10,6 +10,30 @@
 
 namespace dpt::optim {
 
+namespace {
+// UsageError naming the field and the value unless `ok` (NaN fails every rule below).
+void need(bool ok, const std::string& field, const char* rule, double value) {
+  if (ok) return;
+  char got[32];
+  std::snprintf(got, sizeof got, "%g", value);
+  throw UsageError(field + " must be " + rule + ", got " + got);
+}
+void need_lr(float lr, const std::string& field) {
+  need(lr > 0.0f && std::isfinite(lr), field, "a positive number", lr);
+}
+void need_unit(float v, const std::string& field) { need(v >= 0.0f && v < 1.0f, field, "in [0, 1)", v); }
+void need_decay(float v, const std::string& field) {
+  need(v >= 0.0f && std::isfinite(v), field, "a finite number >= 0", v);
+}
+}  // namespace
+
+void Optimizer::set_schedule(const Schedule& schedule) {
+  need_lr(schedule.base_lr, "Schedule::base_lr");
+  need(schedule.warmup >= 0, "Schedule::warmup", ">= 0", static_cast<double>(schedule.warmup));
+  need(schedule.total >= 1, "Schedule::total", ">= 1", static_cast<double>(schedule.total));
+  schedule_ = schedule;
+}
+
 Optimizer::Optimizer(nn::Module& model, float lr) : model_(&model), schedule_(Schedule::constant_lr(lr)) {
   DPT_CHECK(model.materialized(), "an optimizer needs a module placed on a device (Module::to)");
   params_ = model.flat_params();
@@ -120,6 +144,10 @@ Tensor part_of(const Tensor& t, int64_t offset, int64_t count) {
 }  // namespace
 
 SGD::SGD(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
+  need_lr(o.lr, "SGD::Options::lr");
+  need_unit(o.momentum, "SGD::Options::momentum");
+  need(o.dampening >= 0.0f && o.dampening <= 1.0f, "SGD::Options::dampening", "in [0, 1]", o.dampening);
+  need_decay(o.weight_decay, "SGD::Options::weight_decay");
   if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f)) {
     char got[64];
     std::snprintf(got, sizeof got, "got momentum %g and dampening %g", static_cast<double>(o.momentum),
@@ -142,6 +170,8 @@ void SGD::step(const Tensor& grad_scale) {
 }
 
 Tensor SGD::checked_step(float max_norm, const CheckRing& ring) {
+  need(max_norm >= 0.0f && std::isfinite(max_norm), "checked_step: max_norm", "a finite number >= 0 (0: no clipping)",
+       max_norm);
   if (max_norm != 0.0f) refuse_with_twins("checked_step with clipping");
   model_->settle_grads();
   if (twin_buffers()) {
@@ -177,7 +207,14 @@ std::string SGD::describe() const {
          (o_.nesterov ? ", nesterov" : "") + ", weight_decay=" + format_float(o_.weight_decay) + ")";
 }
 
-AdamW::AdamW(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) { reset_state(params_.numel()); }
+AdamW::AdamW(nn::Module& model, const Options& o) : Optimizer(model, o.lr), o_(o) {
+  need_lr(o.lr, "AdamW::Options::lr");
+  need_unit(o.beta1, "AdamW::Options::beta1");
+  need_unit(o.beta2, "AdamW::Options::beta2");
+  need(o.eps > 0.0f && std::isfinite(o.eps), "AdamW::Options::eps", "a positive number", o.eps);
+  need_decay(o.weight_decay, "AdamW::Options::weight_decay");
+  reset_state(params_.numel());
+}
 
 void AdamW::reset_state(int64_t n) {
   m_ = n > 0 ? Tensor::zeros({n}, DType::f32, params_.device()) : Tensor();
@@ -198,6 +235,8 @@ void AdamW::step(const Tensor& grad_scale) {
 }
 
 Tensor AdamW::checked_step(float max_norm, const CheckRing& ring) {
+  need(max_norm >= 0.0f && std::isfinite(max_norm), "checked_step: max_norm", "a finite number >= 0 (0: no clipping)",
+       max_norm);
   if (max_norm != 0.0f) refuse_with_twins("checked_step with clipping");
   model_->settle_grads();
   const AdamArgs a = update_args();

@@ -186,6 +186,9 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
         "DataParallelOptions::group reduces with NCCL (GPUs) or MPI (CPUs); DataParallelOptions::reduce "
         "p2p is for one process");
   reduce_ = group_ ? (devices_[0].is_cuda() ? Reduce::nccl : Reduce::host) : resolve_reduce(options.reduce, devices_);
+  if (!(options.clip >= 0.0f && std::isfinite(options.clip)))  // NaN or below 0 was clipping off, in silence
+    throw UsageError("DataParallelOptions::clip must be a finite number >= 0 (0 = off), got " +
+                     std::to_string(options.clip));
   clip_ = options.clip;
   grad_accum_ = options.grad_accum;
   overlap_ = options.overlap;

@@ -410,6 +410,18 @@ StepCounterArgs counter_args(const StepCounter* step, const Tensor& p, const cha
 }
 }  // namespace
 
+namespace {
+// An update's grad_scale: one f32 on the parameters' device, or none (undefined).
+const float* scale_of(const Tensor& grad_scale, const Tensor& p, const char* op) {
+  if (!grad_scale.defined()) return nullptr;
+  if (grad_scale.numel() != 1 || grad_scale.dtype() != DType::f32 || grad_scale.device() != p.device())
+    throw UsageError(std::string(op) + ": grad_scale must be one f32 on " + p.device().str() + ", got " +
+                     dtype_name(grad_scale.dtype()) + shape_str(grad_scale.shape()) + " on " +
+                     grad_scale.device().str());
+  return grad_scale.f32();
+}
+}  // namespace
+
 void sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs& a, const Tensor& grad_scale,
               const Tensor& shadow, const StepCounter* step) {
   need_f32(p, "sgd_step");
@@ -417,7 +429,7 @@ void sgd_step(const Tensor& p, const Tensor& g, const Tensor& buf, const SgdArgs
   DPT_CHECK(p.numel() == g.numel() && (!buf.defined() || buf.numel() == p.numel()), "sgd_step: buffer sizes differ");
   DPT_CHECK(a.momentum == 0.0f || buf.defined() || p.numel() == 0, "sgd_step: momentum needs a momentum buffer");
   float* b = buf.defined() ? buf.f32() : nullptr;
-  const float* sc = grad_scale.defined() ? grad_scale.f32() : nullptr;
+  const float* sc = scale_of(grad_scale, p, "sgd_step");
   uint16_t* sh = shadow_of(shadow, p, "sgd_step");
   const StepCounterArgs st = counter_args(step, p, "sgd_step");
   DPT_CUDA_OR_CPU(p.device(), cuda::sgd_step(p.f32(), g.f32(), b, p.numel(), a, sc, sh, st, stream_of(p.device())),
@@ -430,7 +442,7 @@ void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor&
   need_f32(g, "adamw_step");
   DPT_CHECK(p.numel() == g.numel() && (p.numel() == 0 || (m.numel() == p.numel() && v.numel() == p.numel())),
             "adamw_step: buffer sizes differ");
-  const float* sc = grad_scale.defined() ? grad_scale.f32() : nullptr;
+  const float* sc = scale_of(grad_scale, p, "adamw_step");
   uint16_t* sh = shadow_of(shadow, p, "adamw_step");
   const StepCounterArgs st = counter_args(step, p, "adamw_step");
   float* mp = m.defined() ? m.f32() : nullptr;

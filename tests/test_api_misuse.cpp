@@ -224,3 +224,50 @@ TEST_CASE("a message handler may call the library: no deadlock, its own messages
   CHECK(last == "second: b");
   set_message_handler({});
 }
+
+TEST_CASE("optimizer, schedule, clipping, batch norm and synthetic options are checked where they are given", "[api]") {
+  auto net = nn::mlp("2-3");
+  net->to(kCpu0, 1);
+  // Each of these ran: NaN parameters after one step, or clipping off, in silence.
+  CHECK(usage([&] { optim::SGD(*net, {.lr = NAN}); }) == "SGD::Options::lr must be a positive number, got nan");
+  CHECK(has(usage([&] { optim::SGD(*net, {.lr = -1.0f}); }), "SGD::Options::lr must be a positive number"));
+  CHECK(has(usage([&] { optim::SGD(*net, {.momentum = 1.0f}); }), "SGD::Options::momentum must be in [0, 1)"));
+  CHECK(has(usage([&] { optim::SGD(*net, {.weight_decay = INFINITY}); }), "SGD::Options::weight_decay must be"));
+  CHECK(has(usage([&] { optim::AdamW(*net, {.beta1 = 1.0f}); }), "AdamW::Options::beta1 must be in [0, 1)"));
+  CHECK(has(usage([&] { optim::AdamW(*net, {.beta2 = -0.5f}); }), "AdamW::Options::beta2 must be in [0, 1)"));
+  CHECK(has(usage([&] { optim::AdamW(*net, {.eps = 0.0f}); }), "AdamW::Options::eps must be a positive number"));
+  optim::SGD opt(*net, {.lr = 0.1f});
+  CHECK(has(usage([&] { opt.set_schedule({optim::Schedule::Kind::constant, NAN, 0, 1}); }), "Schedule::base_lr"));
+  CHECK(has(usage([&] { opt.set_schedule({optim::Schedule::Kind::warmup, 0.1f, -1, 10}); }), "Schedule::warmup"));
+  CHECK(has(usage([&] { opt.checked_step(NAN); }), "checked_step: max_norm must be"));
+  CHECK(has(usage([&] { opt.step(Tensor::zeros({5}, DType::f32, kCpu0)); }), "grad_scale must be one f32 on cpu:0"));
+  CHECK(has(usage([&] { opt.step(Tensor::zeros({1}, DType::f32, kCpu1)); }), "grad_scale must be one f32 on cpu:0"));
+  opt.step(Tensor::full({1}, 1.0f, kCpu0));
+  auto m = nn::mlp("3-2");
+  m->to(kCpu0, 1);
+  CHECK(has(usage([&] { DataParallel(std::shared_ptr<nn::Module>(m), {kCpu0}, sgd, {.clip = NAN}); }),
+            "DataParallelOptions::clip must be a finite number >= 0"));
+  CHECK(has(usage([&] { nn::BatchNorm2d(4, Act::none, {.eps = 0.0f}); }), "BatchNormArgs: eps must be"));
+  CHECK(has(usage([&] { data::Synthetic({.in = 3, .out = 2, .noise = NAN}, kCpu0); }), "SyntheticConfig::noise"));
+  CHECK(has(usage([&] { data::random_labels(4, 0, 1, 0, 0, kCpu0); }), "random_labels: a count >= 0 and 1 to"));
+}
+
+TEST_CASE("Trainer::step runs the steps in order, none past the last", "[api]") {
+  TrainConfig c;
+  c.model = "4-8-2";
+  c.devices = {kCpu0};
+  c.batch = 8;
+  c.steps = 2;
+  c.log_every = 1000;
+  Trainer t(c);
+  // step(100) of 2 counted 101 steps done, and run() then reported a loss of 0.
+  CHECK(usage([&] { t.step(1); }) == "Trainer::step(1): the steps run in order, the next is 0");
+  CHECK(usage([&] { t.step(-1); }) == "Trainer::step(-1): the steps run in order, the next is 0");
+  t.step(0);
+  t.step(1);
+  CHECK(usage([&] { t.step(2); }) == "Trainer::step(2): the steps run in order, and all 2 are done");
+  const TrainResult r = t.run();
+  CHECK(r.steps == 0);
+  CHECK(std::isnan(r.first_loss));
+  CHECK(std::isnan(r.final_loss));
+}

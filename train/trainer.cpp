@@ -701,6 +701,10 @@ EvalResult Trainer::validate_now() {
 }
 
 StepLoss Trainer::step(int64_t s, bool measure) {
+  if (s != steps_done_ || s >= cfg_.steps)
+    throw UsageError("Trainer::step(" + std::to_string(s) + "): the steps run in order, " +
+                     (steps_done_ < cfg_.steps ? "the next is " + std::to_string(steps_done_)
+                                               : "and all " + std::to_string(cfg_.steps) + " are done"));
   const bool classify = cfg_.task == data::Task::classification;
   const LossFn loss = classify ? LossFn(nn::CrossEntropyLoss()) : LossFn(nn::MSELoss());
   // A recorded step cannot change what it computes: with a CUDA graph, every step measures.

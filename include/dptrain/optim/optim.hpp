@@ -53,7 +53,8 @@ class Optimizer {
   virtual std::string describe() const = 0;
   const nn::Module& model() const { return *model_; }  // the module it updates
   // The schedule the steps consult, by the optimizer's step count (0-based).
-  void set_schedule(const Schedule& schedule) { schedule_ = schedule; }
+  // UsageError for a base_lr that is not a positive number, a warmup < 0 or a total < 1.
+  void set_schedule(const Schedule& schedule);
   const Schedule& schedule() const { return schedule_; }
   float lr() const { return schedule_.at(t_); }  // the next step's (on the host)
   int64_t steps_taken() const { return t_; }
@@ -127,7 +128,8 @@ class Optimizer {
 class SGD : public Optimizer {
  public:
   // lr, momentum, dampening, weight_decay, nesterov: the arguments the update kernel takes
-  // (lr: of every step, until set_schedule gives a schedule).
+  // (lr: of every step, until set_schedule gives a schedule). UsageError naming the field
+  // unless lr > 0, momentum in [0, 1), dampening in [0, 1] and weight_decay >= 0 (finite).
   using Options = SgdArgs;
   SGD(nn::Module& model, const Options& o);
   void step(const Tensor& grad_scale = {}) override;
@@ -154,6 +156,8 @@ class AdamW : public Optimizer {
     float eps = 1e-8f;
     float weight_decay = 0.01f;
   };
+  // UsageError naming the field unless lr and eps are positive, the betas in [0, 1) and
+  // weight_decay >= 0 (finite).
   AdamW(nn::Module& model, const Options& o);
   void step(const Tensor& grad_scale = {}) override;
   Tensor checked_step(float max_norm, const CheckRing& ring = {}) override;

@@ -137,8 +137,8 @@ struct InputStats {
 };
 
 struct TrainResult {
-  float first_loss = 0.0f;
-  float final_loss = 0.0f;     // of the last step done (also when the run was stopped)
+  float first_loss = NAN;      // NaN when the run took no step (it was complete, or stopped at once)
+  float final_loss = NAN;      // of the last step done (also when the run was stopped)
   float final_accuracy = NAN;  // classification: of the last logged step's batch
   int64_t steps = 0;
   double seconds = 0.0;
@@ -186,6 +186,8 @@ class Trainer {
   // and the step count. Throws UsageError when it does not fit this configuration.
   void resume(const std::string& path);
   // One step on samples [step * batch, (step + 1) * batch); reading the loss waits for it.
+  // The steps run in order: step_index is steps_done() and below config().steps
+  // (UsageError otherwise).
   // `measure`: a classification step also measures its batch's accuracy (StepLoss::metric).
   StepLoss step(int64_t step_index, bool measure = false);
 
