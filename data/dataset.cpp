@@ -208,11 +208,12 @@ void Dataset::gather(std::span<const int64_t> rows, const Batch& into) const {
 }
 
 Batch Dataset::batch(int64_t first, int64_t count, const Device& device) const {
-  DPT_CHECK(first >= 0 && count > 0, "Dataset::batch: bad range");
   const int64_t n = rows();
+  if (!(first >= 0 && count > 0 && (n > 0 || count <= std::numeric_limits<int64_t>::max() - first)))
+    throw UsageError("Dataset::batch: " + std::to_string(count) + " rows from row " + std::to_string(first));
+  Batch b = empty_batch(count, device);  // OutOfMemory naming the sizes, before a host list of the rows
   std::vector<int64_t> list(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) list[static_cast<size_t>(i)] = n > 0 ? (first + i) % n : first + i;
-  Batch b = empty_batch(count, device);
+  for (int64_t i = 0; i < count; ++i) list[static_cast<size_t>(i)] = n > 0 ? (first % n + i) % n : first + i;
   gather(list, b);
   return b;
 }

@@ -30,7 +30,12 @@ void check_rows(int64_t rows, const char* what) {
 void epoch_permutation(int64_t rows, uint64_t seed, int64_t epoch, std::vector<int64_t>& out) {
   check_rows(rows, "epoch_permutation");
   DPT_CHECK(epoch >= 0, "epoch_permutation: negative epoch");
-  out.resize(static_cast<size_t>(rows));
+  try {
+    out.resize(static_cast<size_t>(rows));
+  } catch (const std::exception&) {  // std::length_error or std::bad_alloc
+    throw OutOfMemory("out of host memory: epoch_permutation of " + std::to_string(rows) +
+                      " rows (8 bytes a row); use a smaller data set");
+  }
   for (int64_t i = 0; i < rows; ++i) out[static_cast<size_t>(i)] = i;
   const uint64_t stream = kShuffle + static_cast<uint64_t>(epoch);
   philox::U4 r{};

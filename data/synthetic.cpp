@@ -19,7 +19,11 @@ namespace {
 constexpr uint64_t kInputs = 1u << 20, kNoise = kInputs + 1, kTeacher1 = kInputs + 2, kTeacher2 = kInputs + 3;
 
 Tensor teacher_weight(int64_t rows, int64_t cols, float gain, uint64_t seed, uint64_t stream, const Device& d) {
-  std::vector<float> w(static_cast<size_t>(rows * cols));
+  int64_t n = 0;
+  if (__builtin_mul_overflow(rows, cols, &n) || n > (int64_t{1} << 40))  // 4 TiB of floats: no host has it
+    throw OutOfMemory("out of host memory: the synthetic data's teacher weights of " + std::to_string(rows) + " x " +
+                      std::to_string(cols) + " floats; use smaller widths (SyntheticConfig::in, teacher_hidden)");
+  std::vector<float> w(static_cast<size_t>(n));
   cpu::normal(w.data(), rows * cols, seed, stream, 0, gain / std::sqrt(static_cast<float>(cols)));
   return Tensor::from_host(w, {rows, cols}, d);
 }
@@ -52,7 +56,8 @@ Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_
 }
 
 Batch Synthetic::batch(int64_t first, int64_t count) const {
-  DPT_CHECK(first >= 0 && count > 0, "Synthetic::batch: bad range");
+  if (!(first >= 0 && count > 0 && count <= std::numeric_limits<int64_t>::max() - first))
+    throw UsageError("Synthetic::batch: " + std::to_string(count) + " rows from row " + std::to_string(first));
   return rows({first, count, count, cfg_.samples}, count);
 }
 

@@ -20,8 +20,8 @@ Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t 
       act_(act),
       W_(register_parameter("weight", {out, in, kernel, kernel},
                             1.0f / std::sqrt(static_cast<float>(in * kernel * kernel)))) {
-  DPT_CHECK(in > 0 && out > 0 && kernel > 0 && stride > 0 && pad >= 0 && dilation > 0,
-            "Conv2d needs positive sizes, stride and dilation");
+  DPT_REQUIRE(in > 0 && out > 0 && kernel > 0 && stride > 0 && pad >= 0 && dilation > 0,
+              "Conv2d needs positive sizes, stride and dilation");
   if (bias) b_ = &register_parameter("bias", {out}, 1.0f / std::sqrt(static_cast<float>(in * kernel * kernel)));
 }
 
@@ -44,15 +44,15 @@ std::string Conv2d::describe() const {
 
 Pool2d::Pool2d(Pool kind, int64_t kernel, int64_t stride, int64_t pad)
     : kind_(kind), kernel_(kernel), stride_(stride), pad_(pad) {
-  DPT_CHECK(kernel >= 0 && stride > 0 && pad >= 0 && (kernel > 0 || kind == Pool::avg),
-            "Pool2d needs a positive window and stride");
+  DPT_REQUIRE(kernel >= 0 && stride > 0 && pad >= 0 && (kernel > 0 || kind == Pool::avg),
+              "Pool2d needs a positive window and stride");
 }
 
 std::shared_ptr<Pool2d> Pool2d::global_avg() { return std::make_shared<Pool2d>(Pool::avg, 0, 1); }
 
 Tensor Pool2d::forward(const Tensor& x) {
   if (kernel_ == 0) {
-    DPT_CHECK(x.dim() == 4, "global average pooling: expected [n, c, h, w], got " + shape_str(x.shape()));
+    DPT_REQUIRE(x.dim() == 4, "global average pooling: expected [n, c, h, w], got " + shape_str(x.shape()));
     return pool2d(x, Pool::avg, x.size(2), x.size(3), 1);
   }
   return pool2d(x, kind_, kernel_, kernel_, stride_, pad_);
@@ -76,7 +76,7 @@ BatchNorm2d::BatchNorm2d(int64_t channels, Act act, BatchNormArgs args)
       beta_(register_parameter("bias", {channels}, 0.0f)),
       mean_(register_buffer("running_mean", {channels}, 0.0f)),
       var_(register_buffer("running_var", {channels}, 1.0f)) {
-  DPT_CHECK(channels > 0, "BatchNorm2d needs a positive channel count");
+  DPT_REQUIRE(channels > 0, "BatchNorm2d needs a positive channel count");
   if (!(args.eps > 0.0f && std::isfinite(args.eps) && args.momentum >= 0.0f && args.momentum <= 1.0f))
     throw UsageError("BatchNormArgs: eps must be a positive number and momentum in [0, 1], got eps " +
                      std::to_string(args.eps) + " and momentum " + std::to_string(args.momentum));

@@ -34,7 +34,7 @@ Linear::Linear(int64_t in, int64_t out, Act act, bool bias)
       out_(out),
       act_(act),
       W_(register_parameter("weight", {out, in}, 1.0f / std::sqrt(static_cast<float>(in)))) {
-  DPT_CHECK(in > 0 && out > 0, "Linear needs positive sizes");
+  DPT_REQUIRE(in > 0 && out > 0, "Linear needs positive sizes");
   if (bias) b_ = &register_parameter("bias", {out}, 1.0f / std::sqrt(static_cast<float>(in)));
 }
 
@@ -178,7 +178,7 @@ std::vector<int64_t> parse_mlp_spec(const std::string& spec_in) {
 std::shared_ptr<Sequential> mlp(const std::string& spec, Act act) { return mlp(parse_mlp_spec(spec), act); }
 
 std::shared_ptr<Sequential> mlp(const std::vector<int64_t>& w, Act act) {
-  DPT_CHECK(w.size() >= 2, "mlp: it needs at least an input and an output width");
+  DPT_REQUIRE(w.size() >= 2, "mlp: it needs at least an input and an output width");
   auto seq = std::make_shared<Sequential>();
   for (size_t i = 0; i + 1 < w.size(); ++i)
     seq->add(std::make_shared<Linear>(w[i], w[i + 1], i + 2 < w.size() ? act : Act::none));

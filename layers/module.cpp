@@ -68,20 +68,20 @@ void Module::train(bool on) {
 }
 
 Parameter& Module::register_parameter(std::string name, Shape shape, float init_bound, float init_value) {
-  DPT_CHECK(!placed_, "register_parameter() after the module (or one it belongs to) was placed on a device");
+  DPT_REQUIRE(!placed_, "register_parameter() after the module (or one it belongs to) was placed on a device");
   params_.push_back(
       std::make_unique<Parameter>(Parameter{std::move(name), std::move(shape), init_bound, init_value, {}, {}}));
   return *params_.back();
 }
 
 Buffer& Module::register_buffer(std::string name, Shape shape, float init) {
-  DPT_CHECK(!placed_, "register_buffer() after the module (or one it belongs to) was placed on a device");
+  DPT_REQUIRE(!placed_, "register_buffer() after the module (or one it belongs to) was placed on a device");
   buffers_.push_back(std::make_unique<Buffer>(Buffer{std::move(name), std::move(shape), init, {}}));
   return *buffers_.back();
 }
 
 void Module::register_module(std::shared_ptr<Module> child) {
-  DPT_CHECK(!placed_, "register_module() after the module (or one it belongs to) was placed on a device");
+  DPT_REQUIRE(!placed_, "register_module() after the module (or one it belongs to) was placed on a device");
   if (!child) throw UsageError("register_module(): no module (a null pointer)");
   if (child->placed_ || child->materialized())
     throw UsageError("register_module(): the module is on a device already; add it before placing the model");
@@ -153,7 +153,8 @@ void Module::bind_grads(Tensor storage, const std::vector<int64_t>& offsets) {
 }
 
 void Module::set_compute_dtype(DType t) {
-  DPT_CHECK(t == DType::f32 || t == DType::bf16, std::string("a module computes in f32 or bf16, not ") + dtype_name(t));
+  DPT_REQUIRE(t == DType::f32 || t == DType::bf16,
+              std::string("a module computes in f32 or bf16, not ") + dtype_name(t));
   compute_dtype_ = t;
   for (auto& c : children_) c->set_compute_dtype(t);
   if (materialized()) bind_shadow();
@@ -209,7 +210,7 @@ void Module::to(const Device& device, uint64_t seed) {
 }
 
 std::shared_ptr<Module> Module::replicate(const Device& device) const {
-  DPT_CHECK(materialized(), "replicate() of a module that is on no device");
+  DPT_REQUIRE(materialized(), "replicate() of a module that is on no device");
   std::shared_ptr<Module> r = clone();
   r->set_compute_dtype(compute_dtype_);  // before bind: the replica makes its shadow from its copy
   Tensor flat = Tensor::empty(flat_params_.shape(), DType::f32, device);
@@ -230,7 +231,7 @@ void Module::mark_placed() {
 }
 
 void Module::zero_grad() {
-  DPT_CHECK(materialized(), "zero_grad() before the module was placed on a device with to()");
+  DPT_REQUIRE(materialized(), "zero_grad() before the module was placed on a device with to()");
   for (Parameter* p : bound_params_) p->value.set_grad_stale(true);
 }
 

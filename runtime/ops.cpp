@@ -94,12 +94,12 @@ SmallGemm small_gemm(const Context& ctx, bool ta, bool tb, int64_t m, int64_t n,
 #endif
 
 void need_bf16(const Tensor& t, const char* op) {
-  DPT_CHECK(t.defined() && t.dtype() == DType::bf16, std::string(op) + ": expected a defined bf16 tensor");
+  DPT_REQUIRE(t.defined() && t.dtype() == DType::bf16, std::string(op) + ": expected a defined bf16 tensor");
 }
 
 void need_float(const Tensor& t, const char* op) {
-  DPT_CHECK(t.defined() && (t.dtype() == DType::f32 || t.dtype() == DType::bf16),
-            std::string(op) + ": expected a defined f32 or bf16 tensor");
+  DPT_REQUIRE(t.defined() && (t.dtype() == DType::f32 || t.dtype() == DType::bf16),
+              std::string(op) + ": expected a defined f32 or bf16 tensor");
 }
 
 bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::bf16; }
@@ -109,12 +109,12 @@ bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::bf16; 
 namespace detail {
 
 void same_device(const Tensor& a, const Tensor& b, const char* op) {
-  DPT_CHECK(a.device() == b.device(),
-            std::string(op) + ": tensors on " + a.device().str() + " and " + b.device().str());
+  DPT_REQUIRE(a.device() == b.device(),
+              std::string(op) + ": tensors on " + a.device().str() + " and " + b.device().str());
 }
 
 void need_f32(const Tensor& t, const char* op) {
-  DPT_CHECK(t.defined() && t.dtype() == DType::f32, std::string(op) + ": expected a defined f32 tensor");
+  DPT_REQUIRE(t.defined() && t.dtype() == DType::f32, std::string(op) + ": expected a defined f32 tensor");
 }
 
 std::vector<Tensor> layer_inputs(const Tensor& x, const Tensor& w, const Tensor& b) {
@@ -176,10 +176,10 @@ void fill_(const Tensor& t, float value) {
 
 void add_peer_(const Tensor& x, const Tensor& y) {
   need_f32(y, "add_peer_");
-  DPT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, "add_peer_: x must be f32 or bf16");
-  DPT_CHECK(x.numel() == y.numel(), "add_peer_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
-  DPT_CHECK(peer_readable(y.device(), x.device()),
-            "add_peer_: " + y.device().str() + " cannot read " + x.device().str() + "'s memory directly");
+  DPT_REQUIRE(x.dtype() == DType::f32 || x.dtype() == DType::bf16, "add_peer_: x must be f32 or bf16");
+  DPT_REQUIRE(x.numel() == y.numel(), "add_peer_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
+  DPT_REQUIRE(peer_readable(y.device(), x.device()),
+              "add_peer_: " + y.device().str() + " cannot read " + x.device().str() + "'s memory directly");
 #if DPT_WITH_CUDA
   if (x.dtype() == DType::bf16) cuda::add_bf16(x.bf16(), y.f32(), x.numel(), stream_of(y.device()));
   else cuda::axpy(x.numel(), 1.0f, x.f32(), y.f32(), stream_of(y.device()));
@@ -190,7 +190,7 @@ void axpy_(float alpha, const Tensor& x, const Tensor& y) {
   if (is_bf16(x) || is_bf16(y)) {  // in fp32, y rounded once (autograd adds bf16 gradients so)
     need_float(x, "axpy_");
     need_float(y, "axpy_");
-    DPT_CHECK(x.numel() == y.numel(), "axpy_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
+    DPT_REQUIRE(x.numel() == y.numel(), "axpy_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
     const Tensor xf = cast(x.untracked(), DType::f32);
     if (!is_bf16(y)) {
       axpy_(alpha, xf, y);
@@ -204,7 +204,7 @@ void axpy_(float alpha, const Tensor& x, const Tensor& y) {
   need_f32(x, "axpy_");
   need_f32(y, "axpy_");
   same_device(x, y, "axpy_");
-  DPT_CHECK(x.numel() == y.numel(), "axpy_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
+  DPT_REQUIRE(x.numel() == y.numel(), "axpy_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
   DPT_CUDA_OR_CPU(y.device(), cuda::axpy(x.numel(), alpha, x.f32(), y.f32(), stream_of(y.device())),
                   cpu::axpy(x.numel(), alpha, x.f32(), y.f32()));
 }
@@ -221,12 +221,12 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
   }
   same_device(A, B, "gemm");
   same_device(A, C, "gemm");
-  DPT_CHECK(A.dim() == 2 && B.dim() == 2 && C.dim() == 2, "gemm: operands must be matrices");
+  DPT_REQUIRE(A.dim() == 2 && B.dim() == 2 && C.dim() == 2, "gemm: operands must be matrices");
   const int64_t m = ta ? A.size(1) : A.size(0), k = ta ? A.size(0) : A.size(1);
   const int64_t kb = tb ? B.size(1) : B.size(0), n = tb ? B.size(0) : B.size(1);
-  DPT_CHECK(k == kb && C.size(0) == m && C.size(1) == n, "gemm: shapes " + shape_str(A.shape()) + (ta ? "^T" : "") +
-                                                             " x " + shape_str(B.shape()) + (tb ? "^T" : "") + " -> " +
-                                                             shape_str(C.shape()) + " do not match");
+  DPT_REQUIRE(k == kb && C.size(0) == m && C.size(1) == n, "gemm: shapes " + shape_str(A.shape()) + (ta ? "^T" : "") +
+                                                               " x " + shape_str(B.shape()) + (tb ? "^T" : "") +
+                                                               " -> " + shape_str(C.shape()) + " do not match");
   if (m == 0 || n == 0) return;
   if (bf16) {
 #if DPT_WITH_CUDA
@@ -263,8 +263,8 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
 }
 
 void copy_cast(const Tensor& dst, const Tensor& t) {
-  DPT_CHECK(dst.defined() && t.defined() && dst.numel() == t.numel(),
-            "copy_cast: " + shape_str(t.shape()) + " into " + shape_str(dst.shape()));
+  DPT_REQUIRE(dst.defined() && t.defined() && dst.numel() == t.numel(),
+              "copy_cast: " + shape_str(t.shape()) + " into " + shape_str(dst.shape()));
   same_device(dst, t, "copy_cast");
   if (t.dtype() == dst.dtype()) {
     copy(dst, t);
@@ -292,7 +292,7 @@ Tensor sum_squares(const Tensor& x) {
 
 Tensor argmax_rows(const Tensor& x) {
   need_f32(x, "argmax_rows");
-  DPT_CHECK(x.dim() == 2 && x.size(1) > 0, "argmax_rows: expected a matrix, got " + shape_str(x.shape()));
+  DPT_REQUIRE(x.dim() == 2 && x.size(1) > 0, "argmax_rows: expected a matrix, got " + shape_str(x.shape()));
   Tensor out = Tensor::empty({x.size(0)}, DType::i32, x.device());
   DPT_CUDA_OR_CPU(x.device(), cuda::argmax_rows(x.f32(), x.size(0), x.size(1), out.i32(), stream_of(x.device())),
                   cpu::argmax_rows(x.f32(), x.size(0), x.size(1), out.i32()));
@@ -958,7 +958,7 @@ class LinearBf16Node : public Node {
 }  // namespace
 
 Tensor cast(const Tensor& t, DType to) {
-  DPT_CHECK(t.defined(), "cast of an undefined tensor");
+  DPT_REQUIRE(t.defined(), "cast of an undefined tensor");
   if (t.dtype() == to) return t;
   Tensor out = Tensor::empty(t.shape(), to, t.device());
   copy_cast(out, t);
@@ -969,7 +969,7 @@ Tensor cast(const Tensor& t, DType to) {
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   need_f32(a, "matmul");
   need_f32(b, "matmul");
-  DPT_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: operands must be matrices");
+  DPT_REQUIRE(a.dim() == 2 && b.dim() == 2, "matmul: operands must be matrices");
   Tensor c = Tensor::empty({ta ? a.size(1) : a.size(0), tb ? b.size(0) : b.size(1)}, DType::f32, a.device());
   gemm(ta, tb, 1.0f, a, b, 0.0f, c);
   if (any_requires_grad({&a, &b})) record(c, std::make_shared<MatmulNode>(a, b, ta, tb), {a, b});
@@ -981,18 +981,18 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const 
   need_f32(W, "linear");
   same_device(x, W, "linear");
   if (b.defined()) same_device(x, b, "linear");
-  DPT_CHECK(x.dim() == 2 && W.dim() == 2 && x.size(1) == W.size(1),
-            "linear: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()));
-  DPT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == W.size(0)),
-            "linear: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(W.shape()));
+  DPT_REQUIRE(x.dim() == 2 && W.dim() == 2 && x.size(1) == W.size(1),
+              "linear: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()));
+  DPT_REQUIRE(!b.defined() || (b.dim() == 1 && b.size(0) == W.size(0)),
+              "linear: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(W.shape()));
   const Device d = x.device();
   const int64_t rows = x.size(0), out = W.size(0);
-  DPT_CHECK(
+  DPT_REQUIRE(
       !out_into.defined() ||
           (out_into.dtype() == DType::f32 && out_into.device() == d && out_into.shape() == Shape{rows, out}),
       "linear: the output tensor is not [" + std::to_string(rows) + ", " + std::to_string(out) + "] f32 on " + d.str());
   const bool grad = any_requires_grad({&x, &W, &b});
-  DPT_CHECK(!out_into.defined() || !grad, "linear: an output tensor is for no-grad use (backward would save it)");
+  DPT_REQUIRE(!out_into.defined() || !grad, "linear: an output tensor is for no-grad use (backward would save it)");
   Tensor y = out_into.defined() ? out_into : Tensor::empty({rows, out}, DType::f32, d);
   // GELU's backward needs the pre-activation; the others can work from the output.
   Tensor z = (grad && act == Act::gelu) ? Tensor::empty({rows, out}, DType::f32, d) : Tensor();
@@ -1096,15 +1096,15 @@ Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tens
   need_bf16(W16, "linear_bf16 (weight copy)");
   same_device(x, W, "linear_bf16");
   same_device(W, W16, "linear_bf16");
-  DPT_CHECK(x.dim() == 2 && W.dim() == 2 && x.size(1) == W.size(1) && W16.shape() == W.shape(),
-            "linear_bf16: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()) +
-                " (bf16 copy " + shape_str(W16.shape()) + ")");
-  DPT_CHECK(b.defined() == b16.defined(), "linear_bf16: a bias needs its bf16 copy, and only a bias has one");
+  DPT_REQUIRE(x.dim() == 2 && W.dim() == 2 && x.size(1) == W.size(1) && W16.shape() == W.shape(),
+              "linear_bf16: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()) +
+                  " (bf16 copy " + shape_str(W16.shape()) + ")");
+  DPT_REQUIRE(b.defined() == b16.defined(), "linear_bf16: a bias needs its bf16 copy, and only a bias has one");
   if (b.defined()) {
     need_f32(b, "linear_bf16");
     need_bf16(b16, "linear_bf16 (bias copy)");
-    DPT_CHECK(b.dim() == 1 && b.size(0) == W.size(0) && b16.shape() == b.shape(),
-              "linear_bf16: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(W.shape()));
+    DPT_REQUIRE(b.dim() == 1 && b.size(0) == W.size(0) && b16.shape() == b.shape(),
+                "linear_bf16: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(W.shape()));
   }
   const Device d = x.device();
   const int64_t rows = x.size(0), out = W.size(0);
@@ -1159,9 +1159,9 @@ Tensor mse_loss(const Tensor& y, const Tensor& target) {
   need_float(y, "mse_loss");
   need_f32(target, "mse_loss");
   same_device(y, target, "mse_loss");
-  DPT_CHECK(y.shape() == target.shape(),
-            "mse_loss: prediction " + shape_str(y.shape()) + " and target " + shape_str(target.shape()));
-  DPT_CHECK(y.numel() > 0, "mse_loss of an empty tensor");
+  DPT_REQUIRE(y.shape() == target.shape(),
+              "mse_loss: prediction " + shape_str(y.shape()) + " and target " + shape_str(target.shape()));
+  DPT_REQUIRE(y.numel() > 0, "mse_loss of an empty tensor");
   const Device d = y.device();
   Tensor loss = Tensor::empty({1}, DType::f32, d);
   const bool grad = any_requires_grad({&y});
@@ -1186,11 +1186,11 @@ Tensor mse_loss(const Tensor& y, const Tensor& target) {
 
 Tensor accuracy(const Tensor& logits, const Tensor& labels) {
   need_float(logits, "accuracy");
-  DPT_CHECK(labels.defined() && labels.dtype() == DType::i32, "accuracy: labels must be i32");
+  DPT_REQUIRE(labels.defined() && labels.dtype() == DType::i32, "accuracy: labels must be i32");
   same_device(logits, labels, "accuracy");
-  DPT_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0 &&
-                logits.size(1) > 0,
-            "accuracy: logits " + shape_str(logits.shape()) + " and labels " + shape_str(labels.shape()));
+  DPT_REQUIRE(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0 &&
+                  logits.size(1) > 0,
+              "accuracy: logits " + shape_str(logits.shape()) + " and labels " + shape_str(labels.shape()));
   const Device d = logits.device();
   const int64_t rows = logits.size(0), cols = logits.size(1);
   Tensor out = Tensor::empty({1}, DType::f32, d);
@@ -1209,11 +1209,11 @@ Tensor accuracy(const Tensor& logits, const Tensor& labels) {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   need_float(logits, "cross_entropy");
-  DPT_CHECK(labels.defined() && labels.dtype() == DType::i32, "cross_entropy: labels must be i32");
+  DPT_REQUIRE(labels.defined() && labels.dtype() == DType::i32, "cross_entropy: labels must be i32");
   same_device(logits, labels, "cross_entropy");
-  DPT_CHECK(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0 &&
-                logits.size(1) > 0,
-            "cross_entropy: logits " + shape_str(logits.shape()) + " and labels " + shape_str(labels.shape()));
+  DPT_REQUIRE(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0 &&
+                  logits.size(1) > 0,
+              "cross_entropy: logits " + shape_str(logits.shape()) + " and labels " + shape_str(labels.shape()));
   const Device d = logits.device();
   const int64_t rows = logits.size(0), cols = logits.size(1);
   Tensor loss = Tensor::empty({1}, DType::f32, d);

@@ -182,15 +182,15 @@ class FlattenNode : public Node {
 
 void need_nchw(const Tensor& x, const char* op) {
   need_f32(x, op);
-  DPT_CHECK(x.dim() == 4, std::string(op) + ": expected an NCHW input [n, c, h, w], got " + shape_str(x.shape()));
+  DPT_REQUIRE(x.dim() == 4, std::string(op) + ": expected an NCHW input [n, c, h, w], got " + shape_str(x.shape()));
 }
 
 // A per-channel vector [c] on x's device.
 void need_channels(const Tensor& v, const Tensor& x, const char* op, const char* what) {
   need_f32(v, op);
   same_device(v, x, op);
-  DPT_CHECK(v.dim() == 1 && v.size(0) == x.size(1),
-            std::string(op) + ": " + what + " " + shape_str(v.shape()) + " does not fit input " + shape_str(x.shape()));
+  DPT_REQUIRE(v.dim() == 1 && v.size(0) == x.size(1), std::string(op) + ": " + what + " " + shape_str(v.shape()) +
+                                                          " does not fit input " + shape_str(x.shape()));
 }
 
 }  // namespace
@@ -199,24 +199,24 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride,
   need_nchw(x, "conv2d");
   need_f32(w, "conv2d");
   same_device(x, w, "conv2d");
-  DPT_CHECK(w.dim() == 4 && w.size(1) == x.size(1),
-            "conv2d: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(w.shape()));
+  DPT_REQUIRE(w.dim() == 4 && w.size(1) == x.size(1),
+              "conv2d: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(w.shape()));
   if (b.defined()) {
     need_f32(b, "conv2d");
     same_device(b, x, "conv2d");
-    DPT_CHECK(b.dim() == 1 && b.size(0) == w.size(0),
-              "conv2d: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(w.shape()));
+    DPT_REQUIRE(b.dim() == 1 && b.size(0) == w.size(0),
+                "conv2d: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(w.shape()));
   }
-  DPT_CHECK(stride >= 1 && pad >= 0 && dilation >= 1, "conv2d: stride " + std::to_string(stride) + ", padding " +
-                                                          std::to_string(pad) + ", dilation " +
-                                                          std::to_string(dilation));
+  DPT_REQUIRE(stride >= 1 && pad >= 0 && dilation >= 1, "conv2d: stride " + std::to_string(stride) + ", padding " +
+                                                            std::to_string(pad) + ", dilation " +
+                                                            std::to_string(dilation));
   const ConvShape s{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), stride, pad, dilation};
   // The padded image must hold the dilated kernel (p() >= 1 alone is not enough: C++'s
   // division rounds a negative remainder toward zero).
   const int64_t extent_h = dilation * (s.r - 1) + 1, extent_w = dilation * (s.s - 1) + 1;
-  DPT_CHECK(s.h + 2 * pad >= extent_h && s.w + 2 * pad >= extent_w,
-            "conv2d: weight " + shape_str(w.shape()) + " (dilation " + std::to_string(dilation) +
-                ") does not fit input " + shape_str(x.shape()) + " with padding " + std::to_string(pad));
+  DPT_REQUIRE(s.h + 2 * pad >= extent_h && s.w + 2 * pad >= extent_w,
+              "conv2d: weight " + shape_str(w.shape()) + " (dilation " + std::to_string(dilation) +
+                  ") does not fit input " + shape_str(x.shape()) + " with padding " + std::to_string(pad));
   const Device d = x.device();
   Tensor y = Tensor::empty({s.n, s.k, s.p(), s.q()}, DType::f32, d);
   const float* bias = b.defined() ? b.f32() : nullptr;
@@ -235,13 +235,13 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride,
 Tensor pool2d(const Tensor& x, Pool kind, int64_t kh, int64_t kw, int64_t stride, int64_t pad) {
   need_nchw(x, "pool2d");
   // Padding up to half the window, as torch allows: every window then holds an input.
-  DPT_CHECK(kh >= 1 && kw >= 1 && stride >= 1 && pad >= 0 && 2 * pad <= std::min(kh, kw),
-            "pool2d: window " + std::to_string(kh) + "x" + std::to_string(kw) + ", stride " + std::to_string(stride) +
-                ", padding " + std::to_string(pad) + " (at most half the window)");
+  DPT_REQUIRE(kh >= 1 && kw >= 1 && stride >= 1 && pad >= 0 && 2 * pad <= std::min(kh, kw),
+              "pool2d: window " + std::to_string(kh) + "x" + std::to_string(kw) + ", stride " + std::to_string(stride) +
+                  ", padding " + std::to_string(pad) + " (at most half the window)");
   const PoolShape s{x.size(0), x.size(1), x.size(2), x.size(3), kh, kw, stride, pad};
-  DPT_CHECK(s.h + 2 * pad >= kh && s.w + 2 * pad >= kw,
-            "pool2d: window " + std::to_string(kh) + "x" + std::to_string(kw) + " does not fit input " +
-                shape_str(x.shape()) + " with padding " + std::to_string(pad));
+  DPT_REQUIRE(s.h + 2 * pad >= kh && s.w + 2 * pad >= kw,
+              "pool2d: window " + std::to_string(kh) + "x" + std::to_string(kw) + " does not fit input " +
+                  shape_str(x.shape()) + " with padding " + std::to_string(pad));
   const Device d = x.device();
   Tensor y = Tensor::empty({s.n, s.c, s.p(), s.q()}, DType::f32, d);
   DPT_DNN_OR_CPU(d, cuda::pool2d_forward(dnn_of(d), s, kind, x.f32(), y.f32()),
@@ -285,7 +285,7 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta, co
 }
 
 Tensor flatten(const Tensor& x) {
-  DPT_CHECK(x.defined() && x.dim() >= 1, "flatten: expected a tensor [n, ...]");
+  DPT_REQUIRE(x.defined() && x.dim() >= 1, "flatten: expected a tensor [n, ...]");
   Tensor y = x.reshape({x.size(0), x.size(0) ? x.numel() / x.size(0) : 0});
   if (any_requires_grad({&x})) record(y, std::make_shared<FlattenNode>(x.shape()), {x});
   return y;

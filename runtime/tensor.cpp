@@ -212,7 +212,7 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
 }
 
 void copy_from_host_async(const Tensor& dst, const void* src, const Context& ctx) {
-  DPT_CHECK(dst.device() == ctx.device(), "copy_from_host_async: the tensor is not on the context's device");
+  DPT_REQUIRE(dst.device() == ctx.device(), "copy_from_host_async: the tensor is not on the context's device");
   if (dst.device().is_cpu()) {
     std::memcpy(dst.data(), src, dst.nbytes());
     return;
@@ -225,7 +225,7 @@ void copy_from_host_async(const Tensor& dst, const void* src, const Context& ctx
 }
 
 void copy_to_host_async(void* dst, const Tensor& src, const Context& ctx) {
-  DPT_CHECK(src.device() == ctx.device(), "copy_to_host_async: the tensor is not on the context's device");
+  DPT_REQUIRE(src.device() == ctx.device(), "copy_to_host_async: the tensor is not on the context's device");
   if (src.device().is_cpu()) {
     std::memcpy(dst, src.data(), src.nbytes());
     return;
@@ -238,46 +238,46 @@ void copy_to_host_async(void* dst, const Tensor& src, const Context& ctx) {
 }
 
 Tensor Tensor::from_host(const std::vector<float>& values, const Shape& shape, const Device& device) {
-  DPT_CHECK(static_cast<int64_t>(values.size()) == dpt::numel(shape),
-            "from_host: " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
+  DPT_REQUIRE(static_cast<int64_t>(values.size()) == dpt::numel(shape),
+              "from_host: " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
   Tensor t = empty(shape, DType::f32, device);
   upload(t, values.data(), t.nbytes());
   return t;
 }
 
 Tensor Tensor::from_host_i32(const std::vector<int32_t>& values, const Shape& shape, const Device& device) {
-  DPT_CHECK(static_cast<int64_t>(values.size()) == dpt::numel(shape),
-            "from_host_i32: " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
+  DPT_REQUIRE(static_cast<int64_t>(values.size()) == dpt::numel(shape),
+              "from_host_i32: " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
   Tensor t = empty(shape, DType::i32, device);
   upload(t, values.data(), t.nbytes());
   return t;
 }
 
 Device Tensor::device() const {
-  DPT_CHECK(defined(), "device() of an undefined tensor");
+  DPT_REQUIRE(defined(), "device() of an undefined tensor");
   return storage_->device;
 }
 
 void* Tensor::data() const {
-  DPT_CHECK(defined(), "data() of an undefined tensor");
+  DPT_REQUIRE(defined(), "data() of an undefined tensor");
   return static_cast<char*>(storage_->ptr) + offset_ * static_cast<int64_t>(dtype_size(dtype_));
 }
 
 float* Tensor::f32() const {
-  DPT_CHECK(dtype_ == DType::f32, std::string("expected an f32 tensor, got ") + dtype_name(dtype_));
+  DPT_REQUIRE(dtype_ == DType::f32, std::string("expected an f32 tensor, got ") + dtype_name(dtype_));
   return static_cast<float*>(data());
 }
 uint16_t* Tensor::bf16() const {
-  DPT_CHECK(dtype_ == DType::bf16, std::string("expected a bf16 tensor, got ") + dtype_name(dtype_));
+  DPT_REQUIRE(dtype_ == DType::bf16, std::string("expected a bf16 tensor, got ") + dtype_name(dtype_));
   return static_cast<uint16_t*>(data());
 }
 int32_t* Tensor::i32() const {
-  DPT_CHECK(dtype_ == DType::i32, std::string("expected an i32 tensor, got ") + dtype_name(dtype_));
+  DPT_REQUIRE(dtype_ == DType::i32, std::string("expected an i32 tensor, got ") + dtype_name(dtype_));
   return static_cast<int32_t*>(data());
 }
 
 Tensor Tensor::rows(int64_t first, int64_t count) const {
-  DPT_CHECK(defined() && dim() >= 1, "rows of a tensor without a first axis");
+  DPT_REQUIRE(defined() && dim() >= 1, "rows of a tensor without a first axis");
   if (!(first >= 0 && count >= 0 && first <= size(0) && count <= size(0) - first))  // no sum that can overflow
     throw UsageError(std::to_string(count) + " rows from row " + std::to_string(first) + " are outside " +
                      shape_str(shape_));
@@ -297,7 +297,7 @@ void Tensor::swap_memory(const Tensor& other) const {
 }
 
 Tensor Tensor::view(int64_t offset, const Shape& shape) const {
-  DPT_CHECK(defined(), "view of an undefined tensor");
+  DPT_REQUIRE(defined(), "view of an undefined tensor");
   const int64_t n = dpt::numel(shape);
   if (!(offset >= 0 && offset <= numel() && n <= numel() - offset))  // no sum that can overflow
     throw UsageError("view " + shape_str(shape) + " at " + std::to_string(offset) + " outside " + shape_str(shape_));
@@ -324,21 +324,21 @@ Tensor Tensor::untracked() const {
 
 std::vector<float> Tensor::to_host() const {
   if (dtype_ == DType::bf16) return cast(untracked(), DType::f32).to_host();
-  DPT_CHECK(dtype_ == DType::f32, "to_host() needs an f32 or bf16 tensor");
+  DPT_REQUIRE(dtype_ == DType::f32, "to_host() needs an f32 or bf16 tensor");
   std::vector<float> out(static_cast<size_t>(numel()));
   download(*this, out.data(), nbytes());
   return out;
 }
 
 std::vector<int32_t> Tensor::to_host_i32() const {
-  DPT_CHECK(dtype_ == DType::i32, "to_host_i32() needs an i32 tensor");
+  DPT_REQUIRE(dtype_ == DType::i32, "to_host_i32() needs an i32 tensor");
   std::vector<int32_t> out(static_cast<size_t>(numel()));
   download(*this, out.data(), nbytes());
   return out;
 }
 
 float Tensor::item() const {
-  DPT_CHECK(numel() == 1, "item() of a tensor with " + std::to_string(numel()) + " elements");
+  DPT_REQUIRE(numel() == 1, "item() of a tensor with " + std::to_string(numel()) + " elements");
   return to_host()[0];
 }
 
@@ -350,7 +350,7 @@ AutogradMeta& Tensor::meta() {
 bool Tensor::requires_grad() const { return meta_ && meta_->requires_grad; }
 
 Tensor& Tensor::set_requires_grad(bool on) {
-  DPT_CHECK(!on || dtype_ != DType::i32, "an integer tensor cannot require a gradient");
+  DPT_REQUIRE(!on || dtype_ != DType::i32, "an integer tensor cannot require a gradient");
   meta().requires_grad = on;
   return *this;
 }
@@ -361,8 +361,8 @@ const Tensor& Tensor::grad() const {
 }
 
 void Tensor::set_grad(const Tensor& g) {
-  DPT_CHECK(!g.defined() || g.shape() == shape_,
-            "set_grad: shape " + shape_str(g.shape()) + " for a tensor of shape " + shape_str(shape_));
+  DPT_REQUIRE(!g.defined() || g.shape() == shape_,
+              "set_grad: shape " + shape_str(g.shape()) + " for a tensor of shape " + shape_str(shape_));
   meta().grad = g;
 }
 
@@ -381,15 +381,15 @@ void Tensor::set_grad_fn(std::shared_ptr<Node> fn) {
 }
 
 void Tensor::backward() const {
-  DPT_CHECK(numel() == 1, "backward() without a gradient needs a scalar, got shape " + shape_str(shape_));
+  DPT_REQUIRE(numel() == 1, "backward() without a gradient needs a scalar, got shape " + shape_str(shape_));
   run_backward(*this, 1.0f);
 }
 
 namespace {
 void check_copy(const Tensor& dst, const Tensor& src) {
-  DPT_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(),
-            "copy: " + std::string(dtype_name(src.dtype())) + shape_str(src.shape()) + " into " +
-                dtype_name(dst.dtype()) + shape_str(dst.shape()));
+  DPT_REQUIRE(dst.dtype() == src.dtype() && dst.numel() == src.numel(),
+              "copy: " + std::string(dtype_name(src.dtype())) + shape_str(src.shape()) + " into " +
+                  dtype_name(dst.dtype()) + shape_str(dst.shape()));
 }
 }  // namespace
 

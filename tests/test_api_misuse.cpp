@@ -271,3 +271,33 @@ TEST_CASE("Trainer::step runs the steps in order, none past the last", "[api]") 
   CHECK(std::isnan(r.first_loss));
   CHECK(std::isnan(r.final_loss));
 }
+
+TEST_CASE("what a program hands the ops is a UsageError without a source path; sizes beyond memory are out of memory",
+          "[api]") {
+  const Tensor y = Tensor::zeros({4, 3}, DType::f32, kCpu0);
+  CHECK(usage([&] {
+          mse_loss(y, Tensor::zeros({4, 2}, DType::f32, kCpu0));
+        }) == "mse_loss: prediction [4, 3] and target [4, 2]");
+  CHECK(has(usage([&] { matmul(y, y); }), "gemm: shapes [4, 3] x [4, 3] -> [4, 3] do not match"));
+  CHECK(has(usage([&] { y.i32(); }), "expected an i32 tensor, got f32"));
+  CHECK(has(usage([&] { mse_loss(y, Tensor::zeros({4, 3}, DType::f32, kCpu1)); }), "cpu:1"));
+
+  // These threw std::length_error, or wrapped a byte count to 0 and returned no data.
+  std::vector<int64_t> out;
+  CHECK_THROWS_AS(data::epoch_permutation(int64_t{1} << 62, 1, 0, out), OutOfMemory);
+  CHECK(has(usage([&] { ckpt::make_tensor(ckpt::DType::f32, {int64_t{1} << 62}, nullptr); }),
+            "more bytes than fit in 64 bits"));
+  CHECK_THROWS_AS(data::Synthetic({.in = int64_t{1} << 40, .out = 2, .teacher_hidden = int64_t{1} << 30}, kCpu0),
+                  OutOfMemory);
+  const data::Synthetic endless({.in = 3, .out = 2}, kCpu0);
+  CHECK(has(usage([&] { endless.batch(INT64_MAX, 2, kCpu0); }), "Synthetic::batch: 2 rows from row"));
+
+  TrainConfig c;
+  c.model = "4-8-2";
+  c.devices = {kCpu0};
+  c.batch = 8;
+  c.steps = 1;
+  Trainer t(c);
+  CHECK(usage([&] { t.save(""); }) == "Trainer::save: an empty path");
+  CHECK(has(usage([&] { t.save("no/such/folder/ck.safetensors"); }), "does not exist"));
+}

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include <dptrain/data/array.hpp>
@@ -167,7 +168,9 @@ size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
 
 HostTensor make_tensor(DType dtype, std::vector<int64_t> shape, const void* bytes) {
   const int64_t count = element_count(shape);
-  if (count < 0) throw Error("checkpoint tensor: invalid shape " + shape_text(shape));
+  if (count < 0) throw UsageError("checkpoint tensor: invalid shape " + shape_text(shape));
+  if (static_cast<uint64_t>(count) > std::numeric_limits<size_t>::max() / dtype_size(dtype))  // bytes would wrap
+    throw UsageError("checkpoint tensor: shape " + shape_text(shape) + " holds more bytes than fit in 64 bits");
   const auto* p = static_cast<const uint8_t*>(bytes);
   return {dtype, std::move(shape), std::vector<uint8_t>(p, p + static_cast<size_t>(count) * dtype_size(dtype))};
 }

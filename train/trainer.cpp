@@ -399,6 +399,8 @@ void Trainer::save(const std::string& path) {
   // Collective under ZeRO with ranks (the shards travel to every rank): before rank 0 goes on alone.
   const auto optimizer_state = dp_->optimizer_state();
   if (group_ && group_->rank() != 0) return;
+  if (path.empty()) throw UsageError("Trainer::save: an empty path");
+  check_output_file(path, "Trainer::save");  // a missing folder named as such, not as a failed rename
   ckpt::Checkpoint c;
   c.metadata = {{"format", "dptrain-1"},
                 {"step", std::to_string(steps_done_)},

@@ -39,10 +39,17 @@ void set_message_handler(MessageHandler handler);
 void report(Severity severity, const std::string& message);
 const char* severity_name(Severity severity);  // "note", "warning", "error"
 
-// Throws dpt::Error with file:line when cond is false. For internal invariants and shapes.
+// Throws dpt::Error with file:line when cond is false: for the library's own invariants.
 #define DPT_CHECK(cond, msg)                                                                                \
   do {                                                                                                      \
     if (!(cond)) throw ::dpt::Error(std::string(msg) + " (" __FILE__ ":" + std::to_string(__LINE__) + ")"); \
+  } while (0)
+
+// Throws dpt::UsageError(msg) when cond is false: for what a caller passed to a public
+// function (a tensor of another shape, dtype or device), which is the caller's to fix.
+#define DPT_REQUIRE(cond, msg)                              \
+  do {                                                      \
+    if (!(cond)) throw ::dpt::UsageError(std::string(msg)); \
   } while (0)
 
 }  // namespace dpt
