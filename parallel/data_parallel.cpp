@@ -172,6 +172,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     throw UsageError("DataParallel: 1 to " + std::to_string(kMaxDevices) + " devices, got " +
                      std::to_string(devices_.size()));
   if (!make_optimizer) throw UsageError("DataParallel: an empty optimizer factory");
+  if (model && model->in_data_parallel())
+    throw UsageError("DataParallel: the model is trained by another DataParallel already (one at a time)");
   DPT_CHECK(model && model->materialized() && model->device() == devices_[0],
             "DataParallel: the model must be on the first device, " + devices_[0].str());
   for (const Device& d : devices_) check_device(d);
@@ -390,6 +392,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
   }
   if (n > 1) pool_ = std::make_unique<WorkerPool>(n);
   buffers_ready_ = std::make_unique<Event>(devices_[0]);
+  replicas_[0].model->set_in_data_parallel(true);  // last: a constructor that threw claims nothing
 }
 
 std::vector<Bucket> DataParallel::buckets_of_size(double bucket_mb) const {
@@ -552,7 +555,7 @@ void DataParallel::update_bucket(size_t r, size_t b, Context& where) {
   }
 }
 
-DataParallel::~DataParallel() = default;
+DataParallel::~DataParallel() { replicas_[0].model->set_in_data_parallel(false); }
 
 void DataParallel::make_stage2_reducer(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
                                        DType wire) {

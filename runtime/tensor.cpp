@@ -44,6 +44,7 @@ void Shape::too_many(int64_t d) const {
 
 void Shape::insert(const int64_t* pos, int64_t d) {
   if (n_ == kMaxDims) too_many(d);
+  DPT_REQUIRE(pos >= d_ && pos <= d_ + n_, "Shape::insert: a position outside the shape");
   const auto i = static_cast<size_t>(pos - d_);
   std::copy_backward(d_ + i, d_ + n_, d_ + n_ + 1);
   d_[i] = d;
@@ -122,6 +123,7 @@ thread_local std::map<int, PinnedStage> t_pinned;
 // Copies `bytes` from host memory into a tensor; on a GPU through pinned staging,
 // asynchronously on the tensor's context stream.
 void upload(const Tensor& t, const void* src, size_t bytes) {
+  if (bytes == 0) return;  // an empty tensor: src may be null (memcpy's is undefined then)
   if (t.device().is_cpu()) {
     std::memcpy(t.data(), src, bytes);
     return;

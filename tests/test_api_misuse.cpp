@@ -165,7 +165,10 @@ TEST_CASE("DataParallel refuses a factory or source that would break it, and bad
             "1 to 1024 devices"));
   CHECK(has(usage([&] { check_device({DeviceType::cpu, -1}); }), "an index is at least 0"));
 
-  DataParallel dp(model(), two, sgd);
+  const std::shared_ptr<nn::Module> master = model();
+  DataParallel dp(master, two, sgd);
+  // A second DataParallel over the same model stepped the master from its own replicas.
+  CHECK(has(usage([&] { DataParallel(master, {kCpu0}, sgd); }), "trained by another DataParallel already"));
   CHECK(usage([&] { dp.device(5); }) == "DataParallel::device(5): there are 2 replicas");
   CHECK(usage([&] { dp.replica(2); }) == "DataParallel::replica(2): there are 2 replicas");
   CHECK(dp.device(1) == kCpu1);

@@ -114,6 +114,12 @@ class Module {
   // Parameters start at multiples of this many floats (256 bytes) for vector loads.
   static constexpr int64_t kAlign = 64;
 
+  // Whether a DataParallel trains this module as its master now: one at a time (two would
+  // each update the master's parameters from their own replicas, which then drift apart).
+  // DataParallel sets it for its lifetime.
+  bool in_data_parallel() const { return in_data_parallel_; }
+  void set_in_data_parallel(bool on) { in_data_parallel_ = on; }
+
  protected:
   Parameter& register_parameter(std::string name, Shape shape, float init_bound, float init_value = 0.0f);
   Buffer& register_buffer(std::string name, Shape shape, float init);
@@ -126,6 +132,7 @@ class Module {
   const std::vector<std::shared_ptr<Module>>& children() const { return children_; }
 
  private:
+  bool in_data_parallel_ = false;
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::unique_ptr<Buffer>> buffers_;
   std::vector<std::shared_ptr<Module>> children_;
