@@ -139,7 +139,7 @@ class StrictToml : public CLI::ConfigTOML {
   }
 
  private:
-  enum class Kind { string, number, boolean };
+  enum class Kind { string, number, boolean, word };  // word: unquoted text, which TOML has not
   struct Value {
     Kind kind;
     std::string text;
@@ -192,10 +192,17 @@ class StrictToml : public CLI::ConfigTOML {
     const std::string token = at.s.substr(from, at.pos - from);
     if (token == "true" || token == "false") return {Kind::boolean, token};
     const char c = token[0];
-    if (std::isdigit(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.' || token == "inf" ||
-        token == "nan")
-      return {Kind::number, token};
-    throw CLI::ConfigError(where + key + " = " + token + ": text must be quoted (" + key + " = \"" + token + "\")");
+    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.' || token == "inf" ||
+          token == "nan"))
+      return {Kind::word, token};  // what kind the flag wanted says what is wrong with it
+    // TOML's underscores between digits (1_000), for the number's reader.
+    std::string number;
+    for (size_t i = 0; i < token.size(); ++i)
+      if (!(token[i] == '_' && i > 0 && i + 1 < token.size() &&
+            std::isdigit(static_cast<unsigned char>(token[i - 1])) &&
+            std::isdigit(static_cast<unsigned char>(token[i + 1]))))
+        number += token[i];
+    return {Kind::number, number};
   }
 
   // The key must name a flag (other than --config, --help and --version), and the value
@@ -210,6 +217,9 @@ class StrictToml : public CLI::ConfigTOML {
                       : (type == "INT" || type == "FLOAT") ? Kind::number
                                                            : Kind::string;
     if (value.kind == want) return;
+    if (value.kind == Kind::word && want == Kind::string)
+      throw CLI::ConfigError(where + key + " = " + value.text + ": text must be quoted (" + key + " = \"" + value.text +
+                             "\")");
     static const char* const kWhat[] = {"a quoted string", "a number (no quotes)", "true or false (no quotes)"};
     throw CLI::ConfigError(where + key + " takes " + kWhat[static_cast<int>(want)] + ", not " +
                            (value.kind == Kind::string ? "\"" + value.text + "\"" : value.text));

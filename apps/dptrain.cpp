@@ -21,6 +21,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -196,10 +197,9 @@ void add_flags(CLI::App& app, Options& o) {
   add_path(app, "--save", o.cfg.save,
            "Write a checkpoint (safetensors) here at the end, on SIGINT/SIGTERM and every --save-every steps");
   add_integer(app, "--save-every", o.cfg.save_every, "Also write the checkpoint every N steps");
-  auto* resume = add_path(app, "--resume", o.cfg.resume, "Continue from this checkpoint (--steps stays the total)");
+  add_path(app, "--resume", o.cfg.resume, "Continue from this checkpoint (--steps stays the total)");
   add_switch(app, "--auto-resume", o.auto_resume,
-             "Continue from the --save checkpoint when it exists, else start afresh (one command to retry)")
-      ->excludes(resume);
+             "Continue from the --save checkpoint when it exists, else start afresh (one command to retry)");
   app.add_option("--on-nonfinite", o.cfg.on_nonfinite,
                  "When a loss or gradient is not finite: stop (exit 4) or skip-step (the update is never applied)")
       ->capture_default_str();
@@ -280,7 +280,8 @@ void resolve(Options& o) {
   if (o.was_given("--lr")) c.lr = o.lr;
   c.overlap = !o.no_overlap;
   if (o.no_twin_buffers) c.twin_buffers = dpt::TwinBuffers::off;
-  c.shuffle = !o.no_shuffle;
+  // A switch set to false (shuffle = false in a config file) is off, not "given".
+  c.shuffle = o.shuffle && !o.no_shuffle;
   if ((o.was_given("--shuffle") || o.no_shuffle) && c.data.empty())
     throw dpt::UsageError("--shuffle and --no-shuffle order the rows of --data; synthetic data has no order to change");
   // An option of the other optimizer would be silently ignored: refuse it instead.
@@ -288,10 +289,11 @@ void resolve(Options& o) {
       {"--momentum", "sgd"}, {"--nesterov", "sgd"}, {"--beta1", "adamw"}, {"--beta2", "adamw"}};
   if (c.optimizer == "sgd" || c.optimizer == "adamw")  // else validate() names the unknown one
     for (const auto& [flag, owner] : kOptimizerOf)
-      if (o.was_given(flag) && c.optimizer != owner)
+      if (o.was_given(flag) && c.optimizer != owner && !(std::string(flag) == "--nesterov" && !c.nesterov))
         throw dpt::UsageError(std::string(flag) + " is an option of --optimizer " + owner +
                               ", and this run trains with " + c.optimizer);
   if (o.auto_resume) {
+    if (!c.resume.empty()) throw dpt::UsageError("--resume excludes --auto-resume");
     if (c.save.empty()) throw dpt::UsageError("--auto-resume needs --save (the checkpoint to continue from)");
     struct stat st {};
     if (::stat(c.save.c_str(), &st) == 0) c.resume = c.save;  // else a fresh start
@@ -339,11 +341,11 @@ std::string json_line(const dpt::StepLog& s) {
 }
 
 // The step of a metrics line this program wrote ({"step": N, ...}), or -1.
+constexpr std::string_view kRecordStart = "{\"step\": ";
 int64_t step_of(const std::string& line) {
-  const std::string key = "{\"step\": ";
-  if (line.compare(0, key.size(), key) != 0) return -1;
+  if (line.compare(0, kRecordStart.size(), kRecordStart) != 0) return -1;
   int64_t step = -1;
-  std::from_chars(line.data() + key.size(), line.data() + line.size(), step);
+  std::from_chars(line.data() + kRecordStart.size(), line.data() + line.size(), step);
   return step;
 }
 
@@ -381,6 +383,10 @@ off_t metrics_to_keep(const std::string& path, int64_t step) {
       ++number;
     }
   ::close(fd);
+  // A last line without its newline is dropped, but only a record cut short: the start of
+  // one ({"step": 7, "lo), or of its key.
+  if (!cut && wrong.empty() && !line.empty() && step_of(line) < 0 && kRecordStart.compare(0, line.size(), line) != 0)
+    wrong = "line " + std::to_string(number) + " is no record ({\"step\": N, ...})";
   if (!wrong.empty())
     throw dpt::UsageError("--metrics '" + path + "': " + wrong +
                           ": not a metrics file of dptrain's, which a resumed run would continue (name another file)");

@@ -165,7 +165,16 @@ Batch Dataset::empty_batch(int64_t n, const Device& device) const {
   return b;
 }
 
-void Dataset::gather(std::span<const int64_t> rows, const Batch& into) const {
+void check_labels(const Dataset& d, std::span<const int64_t> rows, const int32_t* labels, int64_t classes) {
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (labels[i] < 0 || (classes > 0 && labels[i] >= classes))
+      throw UsageError(d.targets_name() + "[" + std::to_string(rows[i]) + "] is " + std::to_string(labels[i]) +
+                       (classes > 0 ? ", outside [0, " + std::to_string(classes) + "): the model has " +
+                                          std::to_string(classes) + " classes"
+                                    : std::string(": a class label is at least 0")));
+}
+
+void Dataset::gather(std::span<const int64_t> rows, const Batch& into, int64_t classes) const {
   const auto n = static_cast<int64_t>(rows.size());
   auto check = [&](const Tensor& t, Shape row, DType dtype, const char* what) {
     row.insert(row.begin(), n);
@@ -178,21 +187,10 @@ void Dataset::gather(std::span<const int64_t> rows, const Batch& into) const {
     check(into.y, target_shape(), task() == Task::classification ? DType::i32 : DType::f32, "y");
   }
   const bool labels = into.y.defined() && into.y.dtype() == DType::i32;
-  // A label outside the model's classes would index outside its scores: refused here,
-  // where the labels are on the host, naming the row.
-  auto check_labels = [&](const int32_t* got) {
-    if (!labels) return;
-    for (size_t i = 0; i < rows.size(); ++i)
-      if (got[i] < 0 || (classes_ > 0 && got[i] >= classes_))
-        throw UsageError(targets_name() + "[" + std::to_string(rows[i]) + "] is " + std::to_string(got[i]) +
-                         (classes_ > 0 ? ", outside [0, " + std::to_string(classes_) + "): the model has " +
-                                             std::to_string(classes_) + " classes"
-                                       : std::string(": a class label is at least 0")));
-  };
   if (into.x.device().is_cpu() && (!into.y.defined() || into.y.device().is_cpu())) {
     gather_host(rows,
                 {into.x.f32(), into.y.defined() && !labels ? into.y.f32() : nullptr, labels ? into.y.i32() : nullptr});
-    if (labels) check_labels(into.y.i32());
+    if (labels) check_labels(*this, rows, into.y.i32(), classes);
     return;
   }
   // A GPU's tensors are filled from host memory (the caching allocator's, on the CPU).
@@ -202,7 +200,7 @@ void Dataset::gather(std::span<const int64_t> rows, const Batch& into) const {
   if (into.y.defined()) staged.y = Tensor::empty(into.y.shape(), into.y.dtype(), host);
   gather_host(rows, {staged.x.f32(), into.y.defined() && !labels ? staged.y.f32() : nullptr,
                      labels ? staged.y.i32() : nullptr});
-  if (labels) check_labels(staged.y.i32());
+  if (labels) check_labels(*this, rows, staged.y.i32(), classes);
   copy(into.x, staged.x);
   if (into.y.defined()) copy(into.y, staged.y);
 }
@@ -232,7 +230,6 @@ void Dataset::check_model(const Shape& input, Task task, int64_t outputs) const 
   if (task == Task::regression && target_shape() != Shape{outputs})
     throw UsageError(targets_name() + " has rows of " + shape_str(target_shape()) + ", the model gives " +
                      shape_str(Shape{outputs}));
-  if (task == Task::classification) classes_ = outputs;
 }
 
 // ---- ArrayDataset -------------------------------------------------------------------

@@ -150,7 +150,7 @@ void Synthetic::gather_host(std::span<const int64_t> rows, const HostRows& into)
   });
 }
 
-void Synthetic::gather(std::span<const int64_t> rows, const Batch& into) const {
+void Synthetic::gather(std::span<const int64_t> rows, const Batch& into, int64_t /*classes: its labels fit*/) const {
   DPT_CHECK(into.x.defined() && into.x.size(0) == static_cast<int64_t>(rows.size()) &&
                 into.x.numel() == static_cast<int64_t>(rows.size()) * cfg_.in,
             "Synthetic::gather: x does not hold the rows");

@@ -85,22 +85,17 @@ void Module::register_module(std::shared_ptr<Module> child) {
   if (!child) throw UsageError("register_module(): no module (a null pointer)");
   if (child->placed_ || child->materialized())
     throw UsageError("register_module(): the module is on a device already; add it before placing the model");
-  // A module inside itself (s->add(s)) would recurse without end; one in two places would
-  // be bound, and trained, twice.
-  const std::function<bool(const Module&)> holds = [&](const Module& m) {
-    if (&m == child.get()) return true;
-    for (const auto& c : m.children_)
-      if (holds(*c)) return true;
-    return false;
-  };
-  const std::function<bool(const Module&)> inside_child = [&](const Module& m) {
+  // A module in two places would be bound, and trained, twice; one inside itself
+  // (s->add(s), or an ancestor added below) would recurse without end.
+  const std::function<bool(const Module&)> holds_this = [&](const Module& m) {
     if (&m == this) return true;
     for (const auto& c : m.children_)
-      if (inside_child(*c)) return true;
+      if (holds_this(*c)) return true;
     return false;
   };
-  if (holds(*this) || inside_child(*child))
-    throw UsageError("register_module(): the module is part of this one already, or this one of it");
+  if (child->has_parent_ || holds_this(*child))
+    throw UsageError("register_module(): the module belongs to a model already (here or elsewhere), or holds this one");
+  child->has_parent_ = true;
   children_.push_back(std::move(child));
 }
 

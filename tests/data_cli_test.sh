@@ -100,6 +100,10 @@ refuse "--data is needed by --targets" --devices cpu --targets y.npy
 refuse "--task: the task of --data follows from its targets" "${m[@]}" --data x.npy --targets y.npy --task regression
 refuse "--samples is the data file's own size" "${m[@]}" --data x.npy --targets y.npy --samples 10
 refuse "--shuffle and --no-shuffle order the rows of --data" --devices cpu --steps 2 --no-shuffle
+# A switch set to false in a config file is off (shuffle = false shuffled all the same).
+printf 'shuffle = false\n' >noshuffle.toml
+"$exe" "${m[@]}" --data x.npy --targets y.npy --config noshuffle.toml >out 2>&1
+grep -q "rows, in file order" out && ok || bad "shuffle = false in a config file: $(grep data: out)"
 refuse "--val-fraction must be in [0, 1), got 1" "${m[@]}" --data x.npy --targets y.npy --val-fraction 1
 refuse "--eval-every needs validation rows" "${m[@]}" --data x.npy --targets y.npy --eval-every 5
 refuse "--metrics and --data name the same file" "${m[@]}" --data x.npy --targets y.npy --metrics x.npy

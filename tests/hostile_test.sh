@@ -167,6 +167,11 @@ run --devices cpu --config strict.toml >out 2>&1 && grep -q "^step 2/2 " out && 
   bad "a strict TOML file was not read as written: $(tail -1 out)"
 printf 'optimizer = "adamw"\nmomentum = 0.5\n' >mixed.toml
 refuse "--momentum is an option of --optimizer sgd" "${cpu[@]}" --config mixed.toml
+# A switch set to false is off, not given: no clash with the option it would contradict.
+printf 'optimizer = "adamw"\nnesterov = false\nauto_resume = false\n' >off.toml
+run "${cpu[@]}" --config off.toml --save off.safetensors >out 2>&1 &&
+  run --devices cpu --steps 3 --config off.toml --resume off.safetensors >out 2>&1 && ok ||
+  bad "switches set to false clashed: $(tail -1 out)"
 # Each optimizer has its own default learning rate, and the header says which is used.
 run "${cpu[@]}" --optimizer adamw >out 2>&1
 grep -q 'AdamW(lr=0.001,' out && ok || bad "AdamW's default lr: $(sed -n 2p out)"
@@ -248,6 +253,9 @@ PY
 printf 'my notes\n' >notes.txt
 refuse "--metrics 'notes.txt': line 1 is no record ({\"step\": N, ...}): not a metrics file of dptrain's" \
   --devices cpu --steps 15 --resume m.safetensors --metrics notes.txt
+[ "$(cat notes.txt)" = "my notes" ] && ok || bad "a refused metrics file was changed: $(cat notes.txt)"
+printf 'my notes' >notes.txt  # one line, without its newline: no record cut short either
+refuse "--metrics 'notes.txt': line 1 is no record" --devices cpu --steps 15 --resume m.safetensors --metrics notes.txt
 [ "$(cat notes.txt)" = "my notes" ] && ok || bad "a refused metrics file was changed: $(cat notes.txt)"
 run --devices cpu --steps 20 --log-every 5 --resume m.safetensors --lr 0.01 --schedule cosine >out 2>&1
 grep -q "changed: lr 0.05 -> 0.01, schedule constant -> cosine" out && ok || bad "changed settings: $(sed -n 3p out)"

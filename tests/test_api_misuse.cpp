@@ -125,13 +125,17 @@ TEST_CASE("a CNN spec or model spec built by hand is checked before it is read",
 TEST_CASE("modules are placed once, and a module holds no null child, nor itself", "[api]") {
   auto s = std::make_shared<nn::Sequential>();
   CHECK(has(usage([&] { s->add(nullptr); }), "no module (a null pointer)"));
-  CHECK(has(usage([&] { s->add(s); }), "part of this one already"));
+  CHECK(has(usage([&] { s->add(s); }), "or holds this one"));
   auto leaf = std::make_shared<nn::Linear>(2, 2);
   s->add(leaf);
-  CHECK(has(usage([&] { s->add(leaf); }), "part of this one already"));
+  CHECK(has(usage([&] { s->add(leaf); }), "belongs to a model already"));
   auto outer = std::make_shared<nn::Sequential>();
   outer->add(s);
-  CHECK(has(usage([&] { s->add(outer); }), "part of this one already"));
+  CHECK(has(usage([&] { s->add(outer); }), "or holds this one"));
+  // A module in another branch of the same model was bound, and trained, twice.
+  auto other = std::make_shared<nn::Sequential>();
+  outer->add(other);
+  CHECK(has(usage([&] { other->add(leaf); }), "belongs to a model already"));
   outer->to(kCpu0, 1);
   // Placing again left an optimizer built on the old buffers updating those, in silence.
   optim::SGD opt(*outer, {.lr = 0.1f});
@@ -302,5 +306,5 @@ TEST_CASE("what a program hands the ops is a UsageError without a source path; s
   c.steps = 1;
   Trainer t(c);
   CHECK(usage([&] { t.save(""); }) == "Trainer::save: an empty path");
-  CHECK(has(usage([&] { t.save("no/such/folder/ck.safetensors"); }), "does not exist"));
+  CHECK_THROWS_WITH(t.save("no/such/folder/ck.safetensors"), Catch::Matchers::Contains("does not exist"));
 }

@@ -58,7 +58,7 @@ void Inference::check(const data::Dataset& d) const { d.check_model(spec_.input_
 EvalResult Inference::evaluate(const data::Dataset& d) {
   check(d);
   if (!d.has_targets()) throw UsageError(d.inputs_name() + ": no targets to evaluate against");
-  return dpt::evaluate(*dp_, d, cfg_.batch);
+  return dpt::evaluate(*dp_, d, cfg_.batch, task_ == data::Task::classification ? spec_.outputs() : 0);
 }
 
 std::vector<float> Inference::predict(const data::Dataset& d) {

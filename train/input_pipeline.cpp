@@ -47,7 +47,7 @@ Tensor rows_of(const Tensor& t, int64_t begin, int64_t end) {
 }  // namespace
 
 ShardLoader::ShardLoader(const data::Dataset& data, const Device& device, int64_t max_rows, uint64_t seed, bool shuffle,
-                         NextShard next, unsigned gather_threads)
+                         NextShard next, unsigned gather_threads, int64_t classes)
     : data_(data),
       device_(device),
       max_rows_(max_rows),
@@ -55,6 +55,7 @@ ShardLoader::ShardLoader(const data::Dataset& data, const Device& device, int64_
       y_row_(data.task() == data::Task::classification ? 1 : numel(data.target_shape())),
       row_bytes_((x_row_ + y_row_) * 4),
       labels_(data.task() == data::Task::classification),
+      classes_(classes),
       next_(std::move(next)),
       copy_ctx_(device),
       order_(data.rows(), seed, shuffle) {
@@ -115,6 +116,7 @@ void ShardLoader::load(Slot& s, int64_t first, int64_t count) {
     const std::span<const int64_t> part(rows_.data() + begin, static_cast<size_t>(end - begin));
     data_.gather_host(part,
                       {hx + begin * x_row_, labels_ ? nullptr : hy + begin * y_row_, labels_ ? hl + begin : nullptr});
+    if (labels_) data::check_labels(data_, part, hl + begin, classes_);
   };
   const int64_t chunk = chunk_rows();
   const auto chunks = static_cast<size_t>((count + chunk - 1) / chunk);

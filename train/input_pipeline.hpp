@@ -41,9 +41,10 @@ class ShardLoader {
   using NextShard = std::function<SampleRange(int64_t first)>;
 
   // At most `max_rows` rows a call, of `data` (which must outlive the loader), for
-  // `device`, in the order of (seed, shuffle), gathered by up to `gather_threads` threads.
+  // `device`, in the order of (seed, shuffle), gathered by up to `gather_threads` threads;
+  // class labels checked against `classes` (data::check_labels) when it is > 0.
   ShardLoader(const data::Dataset& data, const Device& device, int64_t max_rows, uint64_t seed, bool shuffle,
-              NextShard next, unsigned gather_threads);
+              NextShard next, unsigned gather_threads, int64_t classes = 0);
   ~ShardLoader();
   ShardLoader(const ShardLoader&) = delete;
   ShardLoader& operator=(const ShardLoader&) = delete;
@@ -85,6 +86,7 @@ class ShardLoader {
   int64_t max_rows_, x_row_, y_row_;
   int64_t row_bytes_;  // a row's inputs and targets (4-byte floats or labels)
   bool labels_;
+  int64_t classes_;  // labels are checked against it when > 0
   NextShard next_;
   Context copy_ctx_;  // the copy stream
   // Large shards are gathered by several threads: one copies rows at a few GB/s, less than

@@ -220,6 +220,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     cfg_.task = train_data_->task();
   }
   const nn::ModelSpec spec = validate(cfg_);
+  classes_ = cfg_.task == data::Task::classification ? spec.outputs() : 0;
   if (train_data_) {
     train_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
     if (val_data_) val_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
@@ -337,7 +338,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
       };
       loaders_.push_back(dp_->device(r).is_cuda() && rows > 0
                              ? std::make_unique<ShardLoader>(*train_data_, dp_->device(r), rows, cfg_.seed,
-                                                             cfg_.shuffle, next, threads)
+                                                             cfg_.shuffle, next, threads, classes_)
                              : nullptr);
     }
   }
@@ -400,7 +401,11 @@ void Trainer::save(const std::string& path) {
   const auto optimizer_state = dp_->optimizer_state();
   if (group_ && group_->rank() != 0) return;
   if (path.empty()) throw UsageError("Trainer::save: an empty path");
-  check_output_file(path, "Trainer::save");  // a missing folder named as such, not as a failed rename
+  try {
+    check_output_file(path, "Trainer::save");  // a missing folder named as such, not as a failed rename
+  } catch (const UsageError& e) {
+    throw Error(e.what());  // the file system's state now (its folder may have gone mid-run), not bad input
+  }
   ckpt::Checkpoint c;
   c.metadata = {{"format", "dptrain-1"},
                 {"step", std::to_string(steps_done_)},
@@ -587,10 +592,10 @@ data::Batch Trainer::shard(size_t r, int64_t first, int64_t count) {
   orders_[r].rows(first, count, picked_[r]);
   data::Batch b = train_data_->empty_batch(count, dp_->device(r));
   if (train_data_->concurrent_gathers()) {
-    train_data_->gather(picked_[r], b);
+    train_data_->gather(picked_[r], b, classes_);
   } else {  // a data set of the program's: one replica's thread at a time
     std::lock_guard<std::mutex> lk(gather_m_);
-    train_data_->gather(picked_[r], b);
+    train_data_->gather(picked_[r], b, classes_);
   }
   return b;
 }
@@ -671,7 +676,7 @@ void Trainer::make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t ste
   b.steps = steps;
 }
 
-EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch) {
+EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch, int64_t classes) {
   DPT_CHECK(batch >= 1 && d.rows() > 0 && d.has_targets(), "evaluate: a data set of rows with targets, a batch >= 1");
   const bool classify = d.task() == data::Task::classification;
   const LossFn loss = classify ? LossFn(nn::CrossEntropyLoss()) : LossFn(nn::MSELoss());
@@ -681,7 +686,7 @@ EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch) {
     rows[r].resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) rows[r][static_cast<size_t>(i)] = first + i;
     data::Batch b = d.empty_batch(n, dp.device(r));
-    d.gather(rows[r], b);
+    d.gather(rows[r], b, classes);
     return b;
   };
   // Each chunk's means weighted by its rows: the means over the whole set.
@@ -699,7 +704,7 @@ EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch) {
 EvalResult Trainer::validate_now() {
   if (!val_data_) return {};
   // In the micro-batches' size: what fits a step's forward fits validation's.
-  return evaluate(*dp_, *val_data_, (cfg_.batch + cfg_.grad_accum - 1) / cfg_.grad_accum);
+  return evaluate(*dp_, *val_data_, (cfg_.batch + cfg_.grad_accum - 1) / cfg_.grad_accum, classes_);
 }
 
 StepLoss Trainer::step(int64_t s, bool measure) {

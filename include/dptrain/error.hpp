@@ -31,7 +31,7 @@ class UsageError : public Error {
 // ends a multi-process job (ProcessGroup::abort). The library never prints: it hands each
 // one-line message to the handler the program installed, from whichever thread it is on
 // (one call at a time); with none installed, messages are dropped, and so are messages
-// the handler causes itself (it called the library). dptrain's CLI prints them as
+// the handler causes itself on its own thread (it called the library). dptrain's CLI prints them as
 // "dptrain: warning: ...".
 enum class Severity { note, warning, error };
 using MessageHandler = std::function<void(Severity, const std::string&)>;

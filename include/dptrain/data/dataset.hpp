@@ -63,8 +63,11 @@ class Dataset {
   virtual void gather_host(std::span<const int64_t> rows, const HostRows& into) const = 0;
   // The same into tensors on any device, shaped as empty_batch makes them; an undefined
   // into.y skips the targets. A CPU device is written straight from the source; a GPU
-  // through host memory and a copy on the tensor's stream.
-  virtual void gather(std::span<const int64_t> rows, const Batch& into) const;
+  // through host memory and a copy on the tensor's stream. Class labels are checked on the
+  // host (check_labels) against `classes` when it is > 0: a data set of the program's is
+  // not read whole up front, and a label outside the model's classes would index outside
+  // its scores.
+  virtual void gather(std::span<const int64_t> rows, const Batch& into, int64_t classes = 0) const;
   // Rows first .. first + count - 1 (wrapping around the end of a finite data set), as a
   // new Batch on `device`.
   virtual Batch batch(int64_t first, int64_t count, const Device& device) const;
@@ -75,19 +78,19 @@ class Dataset {
   // Throws UsageError with one line when this data cannot feed a model that takes rows of
   // `input` and gives `outputs` values (regression) or scores over `outputs` classes
   // (classification): naming both shapes (an ArrayDataset also the first label outside
-  // [0, outputs)). Without targets only the inputs are checked. A classification model's
-  // class count is kept: gather() then refuses a label outside [0, outputs) (UsageError
-  // naming the row), since a data set of the program's is not read whole up front.
+  // [0, outputs); a data set of the program's has its labels checked as they are gathered).
+  // Without targets only the inputs are checked.
   virtual void check_model(const Shape& input, Task task, int64_t outputs) const;
 
   // Whether gather_host may run on several threads at once (an ArrayDataset's may; a
   // data set of the program's, by default, is gathered by one thread at a time).
   virtual bool concurrent_gathers() const { return false; }
-
- private:
-  // The class count of the last classification check_model (0: none yet), for gather.
-  mutable int64_t classes_ = 0;
 };
+
+// UsageError naming the row ("NAME[row] is 7, outside [0, 3): the model has 3 classes")
+// when a gathered label is below 0, or not below `classes` where that is > 0. `labels`
+// holds rows.size() labels gathered from d's rows `rows`.
+void check_labels(const Dataset& d, std::span<const int64_t> rows, const int32_t* labels, int64_t classes);
 
 struct DataSplit;
 

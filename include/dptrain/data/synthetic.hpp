@@ -53,7 +53,7 @@ class Synthetic : public Dataset {
   std::string inputs_name() const override { return "synthetic data: x"; }
   std::string targets_name() const override { return "synthetic data: y"; }
   void gather_host(std::span<const int64_t> rows, const HostRows& into) const override;
-  void gather(std::span<const int64_t> rows, const Batch& into) const override;
+  void gather(std::span<const int64_t> rows, const Batch& into, int64_t classes = 0) const override;
   Batch batch(int64_t first, int64_t count, const Device& device) const override;
 
  private:

@@ -133,6 +133,7 @@ class Module {
 
  private:
   bool in_data_parallel_ = false;
+  bool has_parent_ = false;  // registered as another module's child (a module has one place)
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::unique_ptr<Buffer>> buffers_;
   std::vector<std::shared_ptr<Module>> children_;

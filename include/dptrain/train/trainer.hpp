@@ -111,7 +111,8 @@ data::DataSplit open_data_file(const std::string& path, const std::string& targe
 
 // `d`'s loss (and accuracy) computed without gradients on every replica of `dp` (and
 // every rank) at once, `batch` rows at a time; the model is left in training mode.
-EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch);
+// `classes` > 0: the model's classes, which the gathered labels are checked against.
+EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch, int64_t classes = 0);
 
 struct StepLog {
   int64_t step;  // 1-based, the number of steps done
@@ -247,6 +248,7 @@ class Trainer {
   std::unique_ptr<DataParallel> dp_;
   optim::Schedule sched_;
   int64_t steps_done_ = 0;
+  int64_t classes_ = 0;  // a classification model's classes, which gathered labels are checked against (else 0)
   std::optional<ResumeInfo> resumed_;
   ProcessGroup* group_ = nullptr;
   // Steps' gradient checks, read behind the steps (run() reports the bad ones).
