@@ -13,11 +13,13 @@
 #include <string>
 #include <vector>
 
+#include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/runtime/tensor.hpp>
 #include "../kernels/bf16.hpp"
 #include "../kernels/cpu/cpu.hpp"
+#include "catch.hpp"
 
 namespace dpt::test {
 
@@ -109,5 +111,19 @@ struct TempDir {
     return names;
   }
 };
+
+// The one-line UsageError that f() throws ("" when it throws none; another exception
+// passes through, failing the test case).
+template <class F>
+std::string usage_error(F&& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find('\n') == std::string::npos);
+    return msg;
+  }
+  return "";
+}
 
 }  // namespace dpt::test

@@ -8,26 +8,14 @@
 
 #include <dptrain/dptrain.hpp>
 #include "catch.hpp"
+#include "common.hpp"
 
 using namespace dpt;
 
 namespace {
 const Device kCpu0{DeviceType::cpu, 0}, kCpu1{DeviceType::cpu, 1};
 
-// The message of the UsageError that f throws ("" when it throws none, or another kind).
-template <class F>
-std::string usage(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    const std::string msg = e.what();
-    CHECK(msg.find('\n') == std::string::npos);
-    return msg;
-  } catch (const std::exception& e) {
-    return std::string("(not a UsageError) ") + e.what();
-  }
-  return "(no error)";
-}
+using test::usage_error;
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
@@ -78,10 +66,10 @@ TEST_CASE("a class label outside the model's classes is refused, never read out 
   c.batch = 4;
   c.steps = 3;
   c.log_every = 1000;
-  CHECK(usage([&] {
+  CHECK(usage_error([&] {
           Trainer(c, std::make_shared<LabelRows>(std::vector<int32_t>{0, 1, 2, 7, 0, 1})).run();
         }) == "rows: y[3] is 7, outside [0, 3): the model has 3 classes");
-  CHECK(has(usage([&] {
+  CHECK(has(usage_error([&] {
               Trainer(c, std::make_shared<LabelRows>(std::vector<int32_t>{0, -1, 2, 1})).run();
             }),
             "rows: y[1] is -1, outside [0, 3)"));
@@ -90,23 +78,23 @@ TEST_CASE("a class label outside the model's classes is refused, never read out 
 
 TEST_CASE("views, rows and optimizer ranges are bounds-checked without a sum that overflows", "[api]") {
   const Tensor x = Tensor::full({4}, 1.0f, kCpu0);
-  CHECK(has(usage([&] { x.view(INT64_MAX, {2}); }), "outside [4]"));
-  CHECK(has(usage([&] { x.view(INT64_MAX - 1, {3}); }), "outside [4]"));
-  CHECK(has(usage([&] { x.view(-1, {2}); }), "outside [4]"));
+  CHECK(has(usage_error([&] { x.view(INT64_MAX, {2}); }), "outside [4]"));
+  CHECK(has(usage_error([&] { x.view(INT64_MAX - 1, {3}); }), "outside [4]"));
+  CHECK(has(usage_error([&] { x.view(-1, {2}); }), "outside [4]"));
   CHECK(x.view(2, {2}).to_host() == std::vector<float>{1.0f, 1.0f});
   const Tensor m = x.reshape({2, 2});
-  CHECK(has(usage([&] { m.rows(INT64_MAX, 2); }), "outside [2, 2]"));
-  CHECK(has(usage([&] { m.rows(1, INT64_MAX); }), "outside [2, 2]"));
+  CHECK(has(usage_error([&] { m.rows(INT64_MAX, 2); }), "outside [2, 2]"));
+  CHECK(has(usage_error([&] { m.rows(1, INT64_MAX); }), "outside [2, 2]"));
   CHECK(m.rows(1, 1).numel() == 2);
   // A negative size whose product is positive is no shape.
-  CHECK(has(usage([&] { x.reshape({-2, -2}); }), "has a negative size"));
-  CHECK(has(usage([&] { Tensor::zeros({-2, -3}, DType::f32, kCpu0); }), "has a negative size"));
+  CHECK(has(usage_error([&] { x.reshape({-2, -2}); }), "has a negative size"));
+  CHECK(has(usage_error([&] { Tensor::zeros({-2, -3}, DType::f32, kCpu0); }), "has a negative size"));
 
   auto net = nn::mlp("2-3");
   net->to(kCpu0, 1);
   optim::SGD opt(*net, {});
-  CHECK(has(usage([&] { opt.step_part(INT64_MAX, 5, true); }), "are outside the"));
-  CHECK(has(usage([&] { opt.step_part(0, INT64_MAX, true); }), "are outside the"));
+  CHECK(has(usage_error([&] { opt.step_part(INT64_MAX, 5, true); }), "are outside the"));
+  CHECK(has(usage_error([&] { opt.step_part(0, INT64_MAX, true); }), "are outside the"));
 }
 
 TEST_CASE("a CNN spec or model spec built by hand is checked before it is read", "[api]") {
@@ -114,36 +102,36 @@ TEST_CASE("a CNN spec or model spec built by hand is checked before it is read",
   s.input = {3, 8, 8};
   s.layers.push_back({nn::CnnSpec::Kind::conv, 4, 3, 1, 1, 1, {4, 8, 8}});  // a conv last: read past the end
   s.classes = 4;
-  CHECK(has(usage([&] { nn::cnn(s); }), "layers that end in a linear one"));
+  CHECK(has(usage_error([&] { nn::cnn(s); }), "layers that end in a linear one"));
   s.layers.push_back({nn::CnnSpec::Kind::linear, 4, 0, 1, 0, 1, {4}});
   CHECK(nn::cnn(s)->parameters().size() == 4);
-  CHECK(has(usage([&] { nn::ModelSpec{}.outputs(); }), "ModelSpec: no layers"));
-  CHECK(has(usage([&] { nn::ModelSpec{}.input_shape(); }), "ModelSpec: no input shape"));
+  CHECK(has(usage_error([&] { nn::ModelSpec{}.outputs(); }), "ModelSpec: no layers"));
+  CHECK(has(usage_error([&] { nn::ModelSpec{}.input_shape(); }), "ModelSpec: no input shape"));
   CHECK(nn::parse_model_spec("seed").outputs() == 1000);
 }
 
 TEST_CASE("modules are placed once, and a module holds no null child, nor itself", "[api]") {
   auto s = std::make_shared<nn::Sequential>();
-  CHECK(has(usage([&] { s->add(nullptr); }), "no module (a null pointer)"));
-  CHECK(has(usage([&] { s->add(s); }), "or holds this one"));
+  CHECK(has(usage_error([&] { s->add(nullptr); }), "no module (a null pointer)"));
+  CHECK(has(usage_error([&] { s->add(s); }), "or holds this one"));
   auto leaf = std::make_shared<nn::Linear>(2, 2);
   s->add(leaf);
-  CHECK(has(usage([&] { s->add(leaf); }), "belongs to a model already"));
+  CHECK(has(usage_error([&] { s->add(leaf); }), "belongs to a model already"));
   auto outer = std::make_shared<nn::Sequential>();
   outer->add(s);
-  CHECK(has(usage([&] { s->add(outer); }), "or holds this one"));
+  CHECK(has(usage_error([&] { s->add(outer); }), "or holds this one"));
   // A module in another branch of the same model was bound, and trained, twice.
   auto other = std::make_shared<nn::Sequential>();
   outer->add(other);
-  CHECK(has(usage([&] { other->add(leaf); }), "belongs to a model already"));
+  CHECK(has(usage_error([&] { other->add(leaf); }), "belongs to a model already"));
   outer->to(kCpu0, 1);
   // Placing again left an optimizer built on the old buffers updating those, in silence.
   optim::SGD opt(*outer, {.lr = 0.1f});
-  CHECK(has(usage([&] { outer->to(kCpu1, 1); }), "the module is on cpu:0 already"));
-  CHECK(has(usage([&] { outer->to(kCpu0, 2); }), "a module is placed once"));
+  CHECK(has(usage_error([&] { outer->to(kCpu1, 1); }), "the module is on cpu:0 already"));
+  CHECK(has(usage_error([&] { outer->to(kCpu0, 2); }), "a module is placed once"));
   auto placed = nn::mlp("2-2");
   placed->to(kCpu0, 1);
-  CHECK(has(usage([&] { std::make_shared<nn::Sequential>()->add(placed); }), "on a device already"));
+  CHECK(has(usage_error([&] { std::make_shared<nn::Sequential>()->add(placed); }), "on a device already"));
 }
 
 TEST_CASE("DataParallel refuses a factory or source that would break it, and bad indices", "[api]") {
@@ -155,37 +143,41 @@ TEST_CASE("DataParallel refuses a factory or source that would break it, and bad
   const std::vector<Device> two{kCpu0, kCpu1};
   // A null optimizer trained nothing and then crashed at optimizer(); one bound to another
   // module trained that one.
-  CHECK(usage([&] { DataParallel(model(), two, [](nn::Module&) { return std::unique_ptr<optim::Optimizer>(); }); }) ==
-        "DataParallel: the optimizer factory returned no optimizer");
-  CHECK(usage([&] { DataParallel(model(), two, OptimizerFactory()); }) == "DataParallel: an empty optimizer factory");
+  CHECK(usage_error([&] {
+          DataParallel(model(), two, [](nn::Module&) { return std::unique_ptr<optim::Optimizer>(); });
+        }) == "DataParallel: the optimizer factory returned no optimizer");
+  CHECK(usage_error([&] { DataParallel(model(), two, OptimizerFactory()); }) ==
+        "DataParallel: an empty optimizer factory");
   auto other = nn::mlp("3-4-2");
   other->to(kCpu0, 2);
-  CHECK(has(usage([&] {
+  CHECK(has(usage_error([&] {
               DataParallel(model(), two,
                            [&](nn::Module&) { return std::make_unique<optim::SGD>(*other, optim::SGD::Options{}); });
             }),
             "updates a module other than the one given"));
-  CHECK(has(usage([&] { DataParallel(model(), std::vector<Device>(kMaxDevices + 1, kCpu0), sgd); }),
+  CHECK(has(usage_error([&] { DataParallel(model(), std::vector<Device>(kMaxDevices + 1, kCpu0), sgd); }),
             "1 to 1024 devices"));
-  CHECK(has(usage([&] { check_device({DeviceType::cpu, -1}); }), "an index is at least 0"));
+  CHECK(has(usage_error([&] { check_device({DeviceType::cpu, -1}); }), "an index is at least 0"));
 
   const std::shared_ptr<nn::Module> master = model();
   DataParallel dp(master, two, sgd);
   // A second DataParallel over the same model stepped the master from its own replicas.
-  CHECK(has(usage([&] { DataParallel(master, {kCpu0}, sgd); }), "trained by another DataParallel already"));
-  CHECK(usage([&] { dp.device(5); }) == "DataParallel::device(5): there are 2 replicas");
-  CHECK(usage([&] { dp.replica(2); }) == "DataParallel::replica(2): there are 2 replicas");
+  CHECK(has(usage_error([&] { DataParallel(master, {kCpu0}, sgd); }), "trained by another DataParallel already"));
+  CHECK(usage_error([&] { dp.device(5); }) == "DataParallel::device(5): there are 2 replicas");
+  CHECK(usage_error([&] { dp.replica(2); }) == "DataParallel::replica(2): there are 2 replicas");
   CHECK(dp.device(1) == kCpu1);
 
   const nn::MSELoss mse;
   const LossFn loss = [&](const Tensor& y, const Tensor& t) { return mse(y, t); };
   const data::Synthetic synth({.task = data::Task::regression, .in = 3, .out = 2, .seed = 1}, kCpu0);
   // The first step of batch 0 named ShardPlan::micro; later ones said what was wrong.
-  CHECK(usage([&] { dp.train_step(0, 0, ShardSource(), loss); }) == "a batch must hold at least one sample, got 0");
-  CHECK(usage([&] { dp.train_step(0, 4, ShardSource(), loss); }).find("an empty ShardSource") != std::string::npos);
+  CHECK(usage_error([&] { dp.train_step(0, 0, ShardSource(), loss); }) ==
+        "a batch must hold at least one sample, got 0");
+  CHECK(usage_error([&] { dp.train_step(0, 4, ShardSource(), loss); }).find("an empty ShardSource") !=
+        std::string::npos);
   // A source that gives other rows than asked was weighted by the plan's share all the same.
   const ShardSource one_row = [&](size_t r, int64_t first, int64_t) { return synth.batch(first, 1, dp.device(r)); };
-  CHECK(has(usage([&] { dp.train_step(0, 4, one_row, loss); }), "for 2 rows from sample"));
+  CHECK(has(usage_error([&] { dp.train_step(0, 4, one_row, loss); }), "for 2 rows from sample"));
   const ShardSource right = [&](size_t r, int64_t first, int64_t n) { return synth.batch(first, n, dp.device(r)); };
   CHECK(std::isfinite(dp.train_step(0, 4, right, loss).value()));
 
@@ -195,10 +187,10 @@ TEST_CASE("DataParallel refuses a factory or source that would break it, and bad
     DataParallel gone(model(), two, sgd);
     kept = gone.train_step(0, 4, right, loss);
   }
-  CHECK(has(usage([&] { kept.value(); }), "the DataParallel that made it is gone"));
+  CHECK(has(usage_error([&] { kept.value(); }), "the DataParallel that made it is gone"));
   StepLoss odd;
   odd.losses = {Tensor::zeros({1}, DType::f32, kCpu0)};
-  CHECK(has(usage([&] { odd.value(); }), "1 losses and 0 weights"));
+  CHECK(has(usage_error([&] { odd.value(); }), "1 losses and 0 weights"));
 }
 
 TEST_CASE("a moved-from ArrayDataset says so instead of crashing", "[api]") {
@@ -207,7 +199,7 @@ TEST_CASE("a moved-from ArrayDataset says so instead of crashing", "[api]") {
                        data::Array{y.data(), data::ArrayDType::f32, {2, 1}});
   data::ArrayDataset taken = std::move(d);
   CHECK(taken.batch(0, 2, kCpu0).x.numel() == 6);
-  CHECK(has(usage([&] { d.batch(0, 2, kCpu0); }),
+  CHECK(has(usage_error([&] { d.batch(0, 2, kCpu0); }),
             "without its arrays (it was moved from)"));  // NOLINT(bugprone-use-after-move)
 }
 
@@ -236,27 +228,29 @@ TEST_CASE("optimizer, schedule, clipping, batch norm and synthetic options are c
   auto net = nn::mlp("2-3");
   net->to(kCpu0, 1);
   // Each of these ran: NaN parameters after one step, or clipping off, in silence.
-  CHECK(usage([&] { optim::SGD(*net, {.lr = NAN}); }) == "SGD::Options::lr must be a positive number, got nan");
-  CHECK(has(usage([&] { optim::SGD(*net, {.lr = -1.0f}); }), "SGD::Options::lr must be a positive number"));
-  CHECK(has(usage([&] { optim::SGD(*net, {.momentum = 1.0f}); }), "SGD::Options::momentum must be in [0, 1)"));
-  CHECK(has(usage([&] { optim::SGD(*net, {.weight_decay = INFINITY}); }), "SGD::Options::weight_decay must be"));
-  CHECK(has(usage([&] { optim::AdamW(*net, {.beta1 = 1.0f}); }), "AdamW::Options::beta1 must be in [0, 1)"));
-  CHECK(has(usage([&] { optim::AdamW(*net, {.beta2 = -0.5f}); }), "AdamW::Options::beta2 must be in [0, 1)"));
-  CHECK(has(usage([&] { optim::AdamW(*net, {.eps = 0.0f}); }), "AdamW::Options::eps must be a positive number"));
+  CHECK(usage_error([&] { optim::SGD(*net, {.lr = NAN}); }) == "SGD::Options::lr must be a positive number, got nan");
+  CHECK(has(usage_error([&] { optim::SGD(*net, {.lr = -1.0f}); }), "SGD::Options::lr must be a positive number"));
+  CHECK(has(usage_error([&] { optim::SGD(*net, {.momentum = 1.0f}); }), "SGD::Options::momentum must be in [0, 1)"));
+  CHECK(has(usage_error([&] { optim::SGD(*net, {.weight_decay = INFINITY}); }), "SGD::Options::weight_decay must be"));
+  CHECK(has(usage_error([&] { optim::AdamW(*net, {.beta1 = 1.0f}); }), "AdamW::Options::beta1 must be in [0, 1)"));
+  CHECK(has(usage_error([&] { optim::AdamW(*net, {.beta2 = -0.5f}); }), "AdamW::Options::beta2 must be in [0, 1)"));
+  CHECK(has(usage_error([&] { optim::AdamW(*net, {.eps = 0.0f}); }), "AdamW::Options::eps must be a positive number"));
   optim::SGD opt(*net, {.lr = 0.1f});
-  CHECK(has(usage([&] { opt.set_schedule({optim::Schedule::Kind::constant, NAN, 0, 1}); }), "Schedule::base_lr"));
-  CHECK(has(usage([&] { opt.set_schedule({optim::Schedule::Kind::warmup, 0.1f, -1, 10}); }), "Schedule::warmup"));
-  CHECK(has(usage([&] { opt.checked_step(NAN); }), "checked_step: max_norm must be"));
-  CHECK(has(usage([&] { opt.step(Tensor::zeros({5}, DType::f32, kCpu0)); }), "grad_scale must be one f32 on cpu:0"));
-  CHECK(has(usage([&] { opt.step(Tensor::zeros({1}, DType::f32, kCpu1)); }), "grad_scale must be one f32 on cpu:0"));
+  CHECK(has(usage_error([&] { opt.set_schedule({optim::Schedule::Kind::constant, NAN, 0, 1}); }), "Schedule::base_lr"));
+  CHECK(has(usage_error([&] { opt.set_schedule({optim::Schedule::Kind::warmup, 0.1f, -1, 10}); }), "Schedule::warmup"));
+  CHECK(has(usage_error([&] { opt.checked_step(NAN); }), "checked_step: max_norm must be"));
+  CHECK(has(usage_error([&] { opt.step(Tensor::zeros({5}, DType::f32, kCpu0)); }),
+            "grad_scale must be one f32 on cpu:0"));
+  CHECK(has(usage_error([&] { opt.step(Tensor::zeros({1}, DType::f32, kCpu1)); }),
+            "grad_scale must be one f32 on cpu:0"));
   opt.step(Tensor::full({1}, 1.0f, kCpu0));
   auto m = nn::mlp("3-2");
   m->to(kCpu0, 1);
-  CHECK(has(usage([&] { DataParallel(std::shared_ptr<nn::Module>(m), {kCpu0}, sgd, {.clip = NAN}); }),
+  CHECK(has(usage_error([&] { DataParallel(std::shared_ptr<nn::Module>(m), {kCpu0}, sgd, {.clip = NAN}); }),
             "DataParallelOptions::clip must be a finite number >= 0"));
-  CHECK(has(usage([&] { nn::BatchNorm2d(4, Act::none, {.eps = 0.0f}); }), "BatchNormArgs: eps must be"));
-  CHECK(has(usage([&] { data::Synthetic({.in = 3, .out = 2, .noise = NAN}, kCpu0); }), "SyntheticConfig::noise"));
-  CHECK(has(usage([&] { data::random_labels(4, 0, 1, 0, 0, kCpu0); }), "random_labels: a count >= 0 and 1 to"));
+  CHECK(has(usage_error([&] { nn::BatchNorm2d(4, Act::none, {.eps = 0.0f}); }), "BatchNormArgs: eps must be"));
+  CHECK(has(usage_error([&] { data::Synthetic({.in = 3, .out = 2, .noise = NAN}, kCpu0); }), "SyntheticConfig::noise"));
+  CHECK(has(usage_error([&] { data::random_labels(4, 0, 1, 0, 0, kCpu0); }), "random_labels: a count >= 0 and 1 to"));
 }
 
 TEST_CASE("Trainer::step runs the steps in order, none past the last", "[api]") {
@@ -268,11 +262,11 @@ TEST_CASE("Trainer::step runs the steps in order, none past the last", "[api]") 
   c.log_every = 1000;
   Trainer t(c);
   // step(100) of 2 counted 101 steps done, and run() then reported a loss of 0.
-  CHECK(usage([&] { t.step(1); }) == "Trainer::step(1): the steps run in order, the next is 0");
-  CHECK(usage([&] { t.step(-1); }) == "Trainer::step(-1): the steps run in order, the next is 0");
+  CHECK(usage_error([&] { t.step(1); }) == "Trainer::step(1): the steps run in order, the next is 0");
+  CHECK(usage_error([&] { t.step(-1); }) == "Trainer::step(-1): the steps run in order, the next is 0");
   t.step(0);
   t.step(1);
-  CHECK(usage([&] { t.step(2); }) == "Trainer::step(2): the steps run in order, and all 2 are done");
+  CHECK(usage_error([&] { t.step(2); }) == "Trainer::step(2): the steps run in order, and all 2 are done");
   const TrainResult r = t.run();
   CHECK(r.steps == 0);
   CHECK(std::isnan(r.first_loss));
@@ -282,22 +276,22 @@ TEST_CASE("Trainer::step runs the steps in order, none past the last", "[api]") 
 TEST_CASE("what a program hands the ops is a UsageError without a source path; sizes beyond memory are out of memory",
           "[api]") {
   const Tensor y = Tensor::zeros({4, 3}, DType::f32, kCpu0);
-  CHECK(usage([&] {
+  CHECK(usage_error([&] {
           mse_loss(y, Tensor::zeros({4, 2}, DType::f32, kCpu0));
         }) == "mse_loss: prediction [4, 3] and target [4, 2]");
-  CHECK(has(usage([&] { matmul(y, y); }), "gemm: shapes [4, 3] x [4, 3] -> [4, 3] do not match"));
-  CHECK(has(usage([&] { y.i32(); }), "expected an i32 tensor, got f32"));
-  CHECK(has(usage([&] { mse_loss(y, Tensor::zeros({4, 3}, DType::f32, kCpu1)); }), "cpu:1"));
+  CHECK(has(usage_error([&] { matmul(y, y); }), "gemm: shapes [4, 3] x [4, 3] -> [4, 3] do not match"));
+  CHECK(has(usage_error([&] { y.i32(); }), "expected an i32 tensor, got f32"));
+  CHECK(has(usage_error([&] { mse_loss(y, Tensor::zeros({4, 3}, DType::f32, kCpu1)); }), "cpu:1"));
 
   // These threw std::length_error, or wrapped a byte count to 0 and returned no data.
   std::vector<int64_t> out;
   CHECK_THROWS_AS(data::epoch_permutation(int64_t{1} << 62, 1, 0, out), OutOfMemory);
-  CHECK(has(usage([&] { ckpt::make_tensor(ckpt::DType::f32, {int64_t{1} << 62}, nullptr); }),
+  CHECK(has(usage_error([&] { ckpt::make_tensor(ckpt::DType::f32, {int64_t{1} << 62}, nullptr); }),
             "more bytes than fit in 64 bits"));
   CHECK_THROWS_AS(data::Synthetic({.in = int64_t{1} << 40, .out = 2, .teacher_hidden = int64_t{1} << 30}, kCpu0),
                   OutOfMemory);
   const data::Synthetic endless({.in = 3, .out = 2}, kCpu0);
-  CHECK(has(usage([&] { endless.batch(INT64_MAX, 2, kCpu0); }), "Synthetic::batch: 2 rows from row"));
+  CHECK(has(usage_error([&] { endless.batch(INT64_MAX, 2, kCpu0); }), "Synthetic::batch: 2 rows from row"));
 
   TrainConfig c;
   c.model = "4-8-2";
@@ -305,6 +299,6 @@ TEST_CASE("what a program hands the ops is a UsageError without a source path; s
   c.batch = 8;
   c.steps = 1;
   Trainer t(c);
-  CHECK(usage([&] { t.save(""); }) == "Trainer::save: an empty path");
+  CHECK(usage_error([&] { t.save(""); }) == "Trainer::save: an empty path");
   CHECK_THROWS_WITH(t.save("no/such/folder/ck.safetensors"), Catch::Matchers::Contains("does not exist"));
 }

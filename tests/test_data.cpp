@@ -116,18 +116,7 @@ std::string npy_error(const std::string& path, const std::vector<uint8_t>& bytes
   return from_file;
 }
 
-// The one-line UsageError that f() throws ("" when it throws none).
-template <class F>
-std::string usage_error(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    const std::string msg = e.what();
-    CHECK(msg.find('\n') == std::string::npos);
-    return msg;
-  }
-  return "";
-}
+using test::usage_error;
 
 // A safetensors file made by hand: tensors (name, dtype, shape, bytes) back to back.
 using Tensor_ = std::tuple<std::string, std::string, std::vector<int64_t>, std::vector<uint8_t>>;
