@@ -111,7 +111,9 @@ double nice_step(double span) {
 // steps) gets no fractional ticks.
 Axis linear_axis(double lo, double hi, bool integers) {
   if (!(lo <= hi)) lo = 0.0, hi = 1.0;  // no data
-  if (lo == hi) {
+  // A span within rounding of the values (1e17 and 1e17 + 64) is drawn as one value: a step
+  // that small would not move a tick at that magnitude.
+  if (hi - lo <= std::max(std::fabs(lo), std::fabs(hi)) * 1e-12) {
     const double pad = lo == 0.0 ? 1.0 : std::fabs(lo) * 0.1;
     lo -= pad, hi += pad;
   }
@@ -122,7 +124,8 @@ Axis linear_axis(double lo, double hi, bool integers) {
   Axis a;
   a.lo = first * step;
   a.hi = last * step;
-  for (double i = first; i <= last + 0.5; i += 1.0) a.ticks.push_back(i * step);
+  const auto ticks = static_cast<int>(std::min(last - first, 100.0));  // about five; bounded whatever the floats do
+  for (int i = 0; i <= ticks; ++i) a.ticks.push_back((first + i) * step);
   return a;
 }
 

@@ -481,11 +481,11 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
   std::string o =
       "{\n  \"dpbench\": " + dpt::ckpt::json_quote(DPT_VERSION) +
       ",\n  \"model\": " + dpt::ckpt::json_quote(p.model.text) + ",\n  \"parameters\": " + std::to_string(parameters) +
-      ",\n  \"loss\": \"mse\",\n  \"optimizer\": {\"name\": \"" + (p.adamw ? "adamw" : "sgd") +
-      "\", \"lr\": " + fmt("%g", p.adamw ? kAdamLr : kLr) + ", \"zero\": " + std::to_string(p.zero) +
-      "},\n  \"grad_comm\": \"" + (p.grad_comm == dpt::DType::bf16 ? "bf16" : "fp32") + "\"" + ",\n  \"devices\": [" +
-      join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
-      "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
+      ",\n  \"loss\": \"" + (p.model.is_cnn ? "cross_entropy" : "mse") + "\",\n  \"optimizer\": {\"name\": \"" +
+      (p.adamw ? "adamw" : "sgd") + "\", \"lr\": " + fmt("%g", p.adamw ? kAdamLr : kLr) +
+      ", \"zero\": " + std::to_string(p.zero) + "},\n  \"grad_comm\": \"" +
+      (p.grad_comm == dpt::DType::bf16 ? "bf16" : "fp32") + "\"" + ",\n  \"devices\": [" + join(devs, ", ") +
+      "],\n  \"device_names\": [" + join(names, ", ") + "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
       ",\n  \"strong_global_batch\": " + std::to_string(p.batch * static_cast<int64_t>(p.devices.size())) +
       ",\n  \"steps\": " + std::to_string(p.steps) + ",\n  \"warmup\": " + std::to_string(p.warmup) +
       ",\n  \"blocks\": " + std::to_string(std::min(static_cast<size_t>(p.steps), kBlocks)) + ",\n  \"runs\": [";

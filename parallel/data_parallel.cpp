@@ -989,6 +989,8 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
 
 StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                                   const LossFn& metric, bool timed, int64_t next_first) {
+  DPT_REQUIRE(first >= 0 && count <= std::numeric_limits<int64_t>::max() - first,
+              "train_step: " + std::to_string(count) + " samples from sample " + std::to_string(first));
   timing_ = timed;
   // The replicas follow the master's train()/eval() mode, set before or after they were made.
   const bool training = replicas_[0].model->training();

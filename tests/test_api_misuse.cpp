@@ -1,8 +1,11 @@
 // The library used wrongly by a program that embeds it: each misuse here once crashed,
 // read or wrote out of bounds, hung or trained on garbage in silence (a hostile review of
 // the public API, 2026-12-05). Each is now an exception with one line that says what.
+#include <unistd.h>
+
 #include <climits>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -286,8 +289,9 @@ TEST_CASE("what a program hands the ops is a UsageError without a source path; s
   // These threw std::length_error, or wrapped a byte count to 0 and returned no data.
   std::vector<int64_t> out;
   CHECK_THROWS_AS(data::epoch_permutation(int64_t{1} << 62, 1, 0, out), OutOfMemory);
-  CHECK(has(usage_error([&] { ckpt::make_tensor(ckpt::DType::f32, {int64_t{1} << 62}, nullptr); }),
-            "more bytes than fit in 64 bits"));
+  for (int shift : {61, 62})
+    CHECK(has(usage_error([&] { ckpt::make_tensor(ckpt::DType::f32, {int64_t{1} << shift}, nullptr); }),
+              "holds more bytes than an array can"));
   CHECK_THROWS_AS(data::Synthetic({.in = int64_t{1} << 40, .out = 2, .teacher_hidden = int64_t{1} << 30}, kCpu0),
                   OutOfMemory);
   const data::Synthetic endless({.in = 3, .out = 2}, kCpu0);
@@ -301,4 +305,32 @@ TEST_CASE("what a program hands the ops is a UsageError without a source path; s
   Trainer t(c);
   CHECK(usage_error([&] { t.save(""); }) == "Trainer::save: an empty path");
   CHECK_THROWS_WITH(t.save("no/such/folder/ck.safetensors"), Catch::Matchers::Contains("does not exist"));
+}
+
+TEST_CASE(
+    "Inference and the trainer refuse a data set of no rows; inference checks a checkpoint before placing its model",
+    "[api]") {
+  TrainConfig c;
+  c.model = "3-8-3";
+  c.task = data::Task::classification;
+  c.devices = {kCpu0};
+  c.batch = 4;
+  c.steps = 1;
+  CHECK(usage_error([&] { Trainer(c, std::make_shared<LabelRows>(std::vector<int32_t>{})); }) ==
+        "rows: x has 0 rows: a data set needs at least one");
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("dpt_api_misuse_" + std::to_string(::getpid()) + ".safetensors"))
+          .string();
+  c.save = path;
+  Trainer(c, std::make_shared<LabelRows>(std::vector<int32_t>{0, 1, 2, 1})).run();
+  Inference inf({.checkpoint = path, .devices = {kCpu0}});
+  CHECK(has(usage_error([&] { inf.predict(data::Synthetic({.in = 3, .out = 3}, kCpu0)); }), "has 0 rows"));
+  // A checkpoint whose metadata names a huge model built it (8 GB for 16-32768x3-4) before
+  // its tensors were compared.
+  ckpt::Checkpoint k = ckpt::load(path);
+  k.metadata["model"] = "3-1048576x100-3";
+  ckpt::save(path, k);
+  CHECK(has(usage_error([&] { Inference({.checkpoint = path, .devices = {kCpu0}}); }),
+            "tensor '0.weight' has shape [8, 3], the model needs [1048576, 3]"));
+  std::filesystem::remove(path);
 }

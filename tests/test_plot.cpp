@@ -87,6 +87,12 @@ TEST_CASE("gaps, log scales and escaping", "[plot]") {
   CHECK(empty.find(">1<") != std::string::npos);
 
   CHECK_THROWS_AS(svg_line_charts({{"bad", "x", "y", {Series{"short", {1, 2}, {1}}}, {}}}), dpt::Error);
+
+  // Values a few ulps apart at a large magnitude: the tick loop once never ended there
+  // (adding 1 to a double above 2^53 does nothing).
+  const std::string flat = svg_line_charts({{"flat", "x", "y", {Series{"s", {1, 2}, {1e17, 1e17 + 64}}}, {}}});
+  CHECK(count(flat, "<polyline") == 1);
+  CHECK(count(flat, "text-anchor=\"end\">") <= 12);
 }
 
 TEST_CASE("charts stack in one document of one width", "[plot]") {

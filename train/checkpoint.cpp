@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@
 
 #include <dptrain/data/array.hpp>
 #include <dptrain/error.hpp>
+#include <dptrain/runtime/memory.hpp>
 
 #include "../data/safetensors.hpp"
 #include "atomic_file.hpp"
@@ -169,10 +171,16 @@ size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
 HostTensor make_tensor(DType dtype, std::vector<int64_t> shape, const void* bytes) {
   const int64_t count = element_count(shape);
   if (count < 0) throw UsageError("checkpoint tensor: invalid shape " + shape_text(shape));
-  if (static_cast<uint64_t>(count) > std::numeric_limits<size_t>::max() / dtype_size(dtype))  // bytes would wrap
-    throw UsageError("checkpoint tensor: shape " + shape_text(shape) + " holds more bytes than fit in 64 bits");
+  // At most what a vector may hold (PTRDIFF_MAX bytes): more would wrap or throw length_error.
+  if (static_cast<uint64_t>(count) > static_cast<uint64_t>(PTRDIFF_MAX) / dtype_size(dtype))
+    throw UsageError("checkpoint tensor: shape " + shape_text(shape) + " holds more bytes than an array can");
   const auto* p = static_cast<const uint8_t*>(bytes);
-  return {dtype, std::move(shape), std::vector<uint8_t>(p, p + static_cast<size_t>(count) * dtype_size(dtype))};
+  const size_t n = static_cast<size_t>(count) * dtype_size(dtype);
+  try {
+    return {dtype, std::move(shape), n == 0 ? std::vector<uint8_t>() : std::vector<uint8_t>(p, p + n)};
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory("out of host memory: a checkpoint tensor of " + format_bytes(n));
+  }
 }
 
 const HostTensor* Checkpoint::find(const std::string& name) const {

@@ -37,7 +37,8 @@ Inference::Inference(InferenceConfig cfg) : cfg_(std::move(cfg)) {
       throw UsageError("InferenceConfig::devices cannot mix CPU and CUDA devices");
   }
   auto model = nn::make_model(spec_, act);
-  model->to(cfg_.devices.front(), 0);  // the checkpoint's weights replace these
+  check_shapes(c, cfg_.checkpoint, *model);  // before placing it: the metadata may name a huge model
+  model->to(cfg_.devices.front(), 0);        // the checkpoint's weights replace these
   DataParallelOptions o;
   o.precision = cfg_.precision;
   o.gemm = cfg_.gemm;
@@ -53,7 +54,11 @@ Inference::Inference(InferenceConfig cfg) : cfg_(std::move(cfg)) {
 
 Inference::~Inference() = default;
 
-void Inference::check(const data::Dataset& d) const { d.check_model(spec_.input_shape(), task_, spec_.outputs()); }
+void Inference::check(const data::Dataset& d) const {
+  if (d.rows() < 1)  // an endless stream (0) has no end to predict to
+    throw UsageError(d.inputs_name() + " has " + std::to_string(d.rows()) + " rows: a data set needs at least one");
+  d.check_model(spec_.input_shape(), task_, spec_.outputs());
+}
 
 EvalResult Inference::evaluate(const data::Dataset& d) {
   check(d);

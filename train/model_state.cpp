@@ -16,17 +16,31 @@ void fetch_tensor(const ckpt::Checkpoint& c, const std::string& path, const std:
   fetch_tensor_part(c, path, name, into.shape(), 0, into, used);
 }
 
-void fetch_tensor_part(const ckpt::Checkpoint& c, const std::string& path, const std::string& name, const Shape& whole,
-                       int64_t begin, const Tensor& into, std::set<std::string>& used) {
+namespace {
+// Tensor `name` of `c`, an F32 of shape `whole` (UsageError otherwise).
+const ckpt::HostTensor& checked_tensor(const ckpt::Checkpoint& c, const std::string& path, const std::string& name,
+                                       const Shape& whole) {
   const ckpt::HostTensor* t = c.find(name);
   if (!t) throw UsageError("checkpoint '" + path + "' has no tensor '" + name + "'");
-  used.insert(name);
   if (t->dtype != ckpt::DType::f32)
     throw UsageError("checkpoint '" + path + "': tensor '" + name + "' is " + ckpt::dtype_name(t->dtype) +
                      ", the model needs F32");
   if (t->shape != whole.vec())
     throw UsageError("checkpoint '" + path + "': tensor '" + name + "' has shape " + shape_str(t->shape) +
                      ", the model needs " + shape_str(whole));
+  return *t;
+}
+}  // namespace
+
+void check_shapes(const ckpt::Checkpoint& c, const std::string& path, nn::Module& model) {
+  for (auto& [name, p] : model.named_parameters()) checked_tensor(c, path, name, p->shape);
+  for (auto& [name, b] : model.named_buffers()) checked_tensor(c, path, name, b->shape);
+}
+
+void fetch_tensor_part(const ckpt::Checkpoint& c, const std::string& path, const std::string& name, const Shape& whole,
+                       int64_t begin, const Tensor& into, std::set<std::string>& used) {
+  const ckpt::HostTensor* t = &checked_tensor(c, path, name, whole);
+  used.insert(name);
   DPT_CHECK(begin >= 0 && begin + into.numel() <= numel(whole), "fetch_tensor_part: the part is outside the tensor");
   std::vector<float> v(static_cast<size_t>(into.numel()));
   std::memcpy(v.data(), t->data.data() + static_cast<size_t>(begin) * sizeof(float), v.size() * sizeof(float));

@@ -20,6 +20,11 @@ void fetch_tensor(const ckpt::Checkpoint& c, const std::string& path, const std:
 void fetch_tensor_part(const ckpt::Checkpoint& c, const std::string& path, const std::string& name, const Shape& whole,
                        int64_t begin, const Tensor& into, std::set<std::string>& used);
 
+// Throws UsageError (as fetch_tensor) unless `c` holds every parameter and buffer of
+// `model` as F32 of its shape: checked before the model is placed, so that a checkpoint
+// whose metadata names a huge model fails at once instead of building it.
+void check_shapes(const ckpt::Checkpoint& c, const std::string& path, nn::Module& model);
+
 // Every replica's parameters and buffers from `c` (the bf16 copies follow), names added
 // to `used`.
 void load_replicas(const ckpt::Checkpoint& c, const std::string& path, DataParallel& dp, std::set<std::string>& used);

@@ -212,6 +212,11 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     bad("val_fraction", "must be in [0, 1)" + got(cfg_.val_fraction));
   if (!cfg_.data.empty()) std::tie(train_data_, val_data_) = load_files(cfg_);
   if (val_data_ && !train_data_) bad("data", "is needed for validation rows");
+  // A data set of the program's that reports no rows (0 is an endless stream for synthetic
+  // data, which the trainer makes itself) has nothing to train or validate on.
+  for (const auto* d : {train_data_.get(), val_data_.get()})
+    if (d && d->rows() < 1)
+      throw UsageError(d->inputs_name() + " has " + std::to_string(d->rows()) + " rows: a data set needs at least one");
   if (train_data_) {
     // The file is the data set: its size, and its targets say the task.
     if (cfg_.samples != 0) bad("samples", "is the data file's own size; leave it out with TrainConfig::data");
