@@ -665,6 +665,9 @@ int after_training(AfterTraining& a, bool predict) {
   const bool classify_rows = model.task() == dpt::data::Task::classification;
   if (!predict) {
     const dpt::EvalResult r = model.evaluate(*data);
+    if (!std::isfinite(r.loss))  // the outputs overflowed (inputs of 1e38, say): no number to report
+      throw dpt::NonFiniteError("eval: the loss over " + std::to_string(r.rows) + " rows of " + data->inputs_name() +
+                                " is not finite (" + std::to_string(r.loss) + "): the model's outputs overflowed");
     std::printf("eval: %s on %s: loss %.6g%s over %lld rows\n", model.model_text().c_str(), data->inputs_name().c_str(),
                 r.loss, std::isnan(r.accuracy) ? "" : (", accuracy " + percent(static_cast<float>(r.accuracy))).c_str(),
                 static_cast<long long>(r.rows));
@@ -674,6 +677,12 @@ int after_training(AfterTraining& a, bool predict) {
     throw dpt::UsageError("--probabilities: the model of '" + a.cfg.checkpoint + "' does regression");
   const std::vector<float> y = model.predict(*data);
   const int64_t rows = data->rows();
+  // Outputs that overflowed are no prediction (argmax over NaN scores would say class 0):
+  // refused before any file is written.
+  if (const auto bad = std::find_if(y.begin(), y.end(), [](float v) { return !std::isfinite(v); }); bad != y.end())
+    throw dpt::NonFiniteError("predict: the model's output for row " + std::to_string((bad - y.begin()) / classes) +
+                              " of " + data->inputs_name() + " is not finite (" + std::to_string(*bad) +
+                              "); nothing was written");
   if (classify_rows) {
     std::vector<int32_t> index;
     std::vector<float> probabilities;

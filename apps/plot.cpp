@@ -25,9 +25,21 @@ constexpr double kCharWidth = 7.0;  // px per character at kFont in a sans-serif
 constexpr int kLegendRow = 18;      // px
 constexpr size_t kMaxMarkers = 60;  // more points than this: a line alone reads better
 
+// Text as XML character data: markup escaped; control characters (which XML 1.0 does not
+// allow) and bytes that are not UTF-8 written as U+FFFD, so that the file stays XML.
 std::string escape(const std::string& s) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";
   std::string out;
-  for (char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {  // a UTF-8 sequence: its lead byte says how long, each follower is 10xxxxxx
+      const size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+      bool ok = len > 0 && c >= 0xC2 && c <= 0xF4 && i + len <= s.size();
+      for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+      out += ok ? s.substr(i, len) : kReplacement;
+      i += ok ? len : 1;
+      continue;
+    }
     switch (c) {
       case '&':
         out += "&amp;";
@@ -45,8 +57,10 @@ std::string escape(const std::string& s) {
         out += "&apos;";
         break;
       default:
-        out += c;
+        if (c < 0x20 && c != '\t' && c != '\n') out += kReplacement;
+        else out += static_cast<char>(c);
     }
+    ++i;
   }
   return out;
 }

@@ -120,5 +120,13 @@ refuse "--probabilities: the model of 'reg.safetensors' does regression" predict
 refuse "holds class labels (integers), but the task is regression" eval --resume reg.safetensors \
   --data x.npy --targets y.npy --devices cpu
 refuse "--steps is a training flag" --steps 3 predict --resume model.safetensors --data new.npy --out p.npy
+# Outputs that overflow (inputs of 3e38) are no prediction: exit 4, nothing written
+# (eval printed "loss -nan" and predict wrote class 0 with NaN probabilities, both exit 0).
+python3 -c "import numpy as np; np.save('huge.npy', np.full((10, 20), 3e38, np.float32)); np.save('hy.npy', np.zeros(10, np.int64))"
+timeout 60 "$exe" eval --resume model.safetensors --data huge.npy --targets hy.npy --devices cpu >out 2>err
+[ $? -eq 4 ] && grep -q "^dptrain: error: eval: the loss over 10 rows of .* is not finite" err && ok || bad "eval of overflowing outputs: $(cat err)"
+timeout 60 "$exe" predict --resume model.safetensors --data huge.npy --out huge-pred.npy --devices cpu >out 2>err
+[ $? -eq 4 ] && grep -q "output for row 0 of .* is not finite" err && [ ! -e huge-pred.npy ] && ok ||
+  bad "predict of overflowing outputs: $(cat err)"
 
 finish

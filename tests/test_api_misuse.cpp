@@ -332,5 +332,11 @@ TEST_CASE(
   ckpt::save(path, k);
   CHECK(has(usage_error([&] { Inference({.checkpoint = path, .devices = {kCpu0}}); }),
             "tensor '0.weight' has shape [8, 3], the model needs [1048576, 3]"));
+  k.metadata["model"] = "3-8-3";
+  k.metadata["act"] = "sigmoid";
+  ckpt::save(path, k);
+  CHECK(has(usage_error([&] { Inference({.checkpoint = path, .devices = {kCpu0}}); }),
+            "': its metadata's act: unknown activation 'sigmoid'"));
   std::filesystem::remove(path);
+  CHECK_THROWS_WITH(ckpt::save("", k), Catch::Matchers::Contains("an empty path"));
 }

@@ -93,6 +93,12 @@ TEST_CASE("gaps, log scales and escaping", "[plot]") {
   const std::string flat = svg_line_charts({{"flat", "x", "y", {Series{"s", {1, 2}, {1e17, 1e17 + 64}}}, {}}});
   CHECK(count(flat, "<polyline") == 1);
   CHECK(count(flat, "text-anchor=\"end\">") <= 12);
+
+  // Control characters and bytes that are not UTF-8 made the file no XML: U+FFFD instead.
+  const std::string title = std::string("t\x02 \xff a") + '\0' + "b \xC3\xA9";
+  const std::string odd = svg_line_charts({{title, "x", "y", {Series{"s", {1, 2}, {1, 2}}}, {}}});
+  const std::string fffd = "\xEF\xBF\xBD";
+  CHECK(odd.find(">t" + fffd + " " + fffd + " a" + fffd + "b \xC3\xA9<") != std::string::npos);
 }
 
 TEST_CASE("charts stack in one document of one width", "[plot]") {

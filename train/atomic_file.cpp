@@ -139,8 +139,10 @@ void remove_stale_temporaries(const std::string& target) {
 
 AtomicFile::AtomicFile(const std::string& path, std::string label, std::string kept)
     : target_(resolve_output_path(path)), label_(std::move(label)), kept_(std::move(kept)) {
+  if (path.empty()) fail("an empty path");
   struct stat st {};
-  if (::stat(target_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+  // stat(path) follows /proc's links too (/dev/stdout into a pipe), which target_ cannot name.
+  if ((::stat(path.c_str(), &st) == 0 || ::stat(target_.c_str(), &st) == 0) && !S_ISREG(st.st_mode))
     fail("is " + file_kind(st.st_mode) + "; only a regular file is replaced");
   remove_stale_temporaries(target_);
   fd_ = create_temporary(target_, tmp_);

@@ -26,10 +26,18 @@ Inference::Inference(InferenceConfig cfg) : cfg_(std::move(cfg)) {
   };
   if (meta("format") != "dptrain-1")
     throw UsageError("checkpoint '" + cfg_.checkpoint + "' is not a dptrain checkpoint");
+  // The metadata is the file's text: a bad value is the file's fault, named as such.
+  auto parsed = [&](const std::string& key, auto parse) {
+    try {
+      return parse(meta(key));
+    } catch (const UsageError& e) {
+      throw UsageError("checkpoint '" + cfg_.checkpoint + "': its metadata's " + key + ": " + e.what());
+    }
+  };
   model_ = meta("model");
-  spec_ = nn::parse_model_spec(model_);
-  task_ = data::parse_task(meta("task"));
-  const Act act = nn::parse_act(meta("act"));
+  spec_ = parsed("model", nn::parse_model_spec);
+  task_ = parsed("task", data::parse_task);
+  const Act act = parsed("act", nn::parse_act);
   if (cfg_.devices.empty()) cfg_.devices = default_devices();
   for (const Device& d : cfg_.devices) {
     check_device(d);

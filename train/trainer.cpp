@@ -441,7 +441,8 @@ void Trainer::resume(const std::string& path) {
   auto must_match = [&](const std::string& key, const std::string& ours) {  // the key is the field's name
     // samples 0 is the endless stream of synthetic samples, which no flag spells.
     auto shown = [&](const std::string& v) {
-      return key == "samples" && v == "0" ? "an endless stream of samples" : "TrainConfig::" + key + " " + v;
+      return key == "samples" && v == "0" ? "an endless stream of samples"
+                                          : "TrainConfig::" + key + " " + ckpt::printable(v);  // the file's text
     };
     if (meta(key) != ours)
       throw UsageError("checkpoint '" + path + "' was made with " + shown(meta(key)) + ", this run has " +
