@@ -989,6 +989,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
 
 StepLoss DataParallel::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                                   const LossFn& metric, bool timed, int64_t next_first) {
+  DPT_REQUIRE(loss, "train_step: an empty LossFn");
   DPT_REQUIRE(first >= 0 && count <= std::numeric_limits<int64_t>::max() - first,
               "train_step: " + std::to_string(count) + " samples from sample " + std::to_string(first));
   timing_ = timed;
@@ -1120,6 +1121,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
 }
 
 void DataParallel::infer(int64_t first, int64_t count, const ShardSource& source, const OutputFn& take) {
+  DPT_REQUIRE(take, "infer: an empty OutputFn");
   // Its own split: the step's plan is for the training batch size and its micro-batches.
   const ShardPlan shares(count, group_ ? group_->size() : 1, group_ ? group_->rank() : 0, replicas_.size(), 1);
   run_on_all([&](size_t r) {
@@ -1143,6 +1145,7 @@ void DataParallel::infer(int64_t first, int64_t count, const ShardSource& source
 
 StepLoss DataParallel::evaluate(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                                 const LossFn& metric) {
+  DPT_REQUIRE(loss, "evaluate: an empty LossFn");
   StepLoss out;
   out.group = group_;
   out.owner = self_;
@@ -1183,9 +1186,9 @@ void DataParallel::broadcast_buffers() {
 }
 
 StepLoss DataParallel::train_step(const data::Batch& batch, const LossFn& loss, const LossFn& metric) {
-  DPT_CHECK(batch.x.defined() && batch.y.defined() && batch.x.dim() >= 1 && batch.y.dim() >= 1 &&
-                batch.x.size(0) == batch.y.size(0),
-            "train_step: inputs and targets must have the same number of rows");
+  DPT_REQUIRE(batch.x.defined() && batch.y.defined() && batch.x.dim() >= 1 && batch.y.dim() >= 1 &&
+                  batch.x.size(0) == batch.y.size(0),
+              "train_step: inputs and targets must have the same number of rows");
   // A shard is a view of the batch where it already lies on the replica's device,
   // else a copy (queued on the replica's stream).
   auto rows = [](const Tensor& t, int64_t first, int64_t n, const Device& d) {
@@ -1300,6 +1303,7 @@ bool DataParallel::idle() {
 
 DataParallel::ReductionTimes DataParallel::time_reduction(int iters) {
   if (!reducer_) throw UsageError("DataParallel::time_reduction: one device reduces nothing");
+  DPT_REQUIRE(iters >= 1, "DataParallel::time_reduction: at least one timed call, got " + std::to_string(iters));
   if (zero_ == 2) throw UsageError("DataParallel::time_reduction: ZeRO stage 2 reduces during backward only");
   if (per_bucket_)
     throw UsageError(

@@ -96,7 +96,7 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
   thread_local std::vector<std::shared_ptr<Node>> order;
   thread_local std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack;
   thread_local std::vector<Tensor> node_grads;  // Grads' slots, a node at a time
-  DPT_CHECK(!running, "backward() from inside a backward pass (a hook that runs backward)");
+  DPT_REQUIRE(!running, "backward() from inside a backward pass (a hook that runs backward)");
   running = true;
   // The lists hold nodes only during the pass: emptying them frees what the nodes saved.
   // A pass that failed leaves no gradient in the nodes it did not reach.
@@ -118,8 +118,8 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
   visit(root_node);
   while (!stack.empty()) {
     auto& [node, next] = stack.back();
-    DPT_CHECK(!node->released, std::string("backward() through part of a graph a second time (") + node->name() +
-                                   "): the first backward freed it");
+    DPT_REQUIRE(!node->released, std::string("backward() through part of a graph a second time (") + node->name() +
+                                     "): the first backward freed it");
     if (next < node->inputs.size()) {
       const std::shared_ptr<Node>& child = node->inputs[next++].grad_fn();
       if (child && child->seen_in_pass != pass) visit(child);  // may move the stack: `node` is not used after
@@ -172,15 +172,15 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
 }  // namespace
 
 void run_backward(const Tensor& root, Tensor seed, const LeafHook& on_leaf_done, const LeafHook& before_leaf_write) {
-  DPT_CHECK(root.requires_grad(), "backward() on a tensor that does not require a gradient");
-  DPT_CHECK(seed.defined() && seed.shape() == root.shape(),
-            "backward(): seed " + shape_str(seed.shape()) + " for a tensor of shape " + shape_str(root.shape()));
+  DPT_REQUIRE(root.requires_grad(), "backward() on a tensor that does not require a gradient");
+  DPT_REQUIRE(seed.defined() && seed.shape() == root.shape(),
+              "backward(): seed " + shape_str(seed.shape()) + " for a tensor of shape " + shape_str(root.shape()));
   backward_from(root, std::move(seed), 0.0f, on_leaf_done, before_leaf_write);
 }
 
 void run_backward(const Tensor& root, float seed, const LeafHook& on_leaf_done, const LeafHook& before_leaf_write) {
-  DPT_CHECK(root.requires_grad(), "backward() on a tensor that does not require a gradient");
-  DPT_CHECK(root.numel() == 1, "backward() from a number needs a scalar, got shape " + shape_str(root.shape()));
+  DPT_REQUIRE(root.requires_grad(), "backward() on a tensor that does not require a gradient");
+  DPT_REQUIRE(root.numel() == 1, "backward() from a number needs a scalar, got shape " + shape_str(root.shape()));
   backward_from(root, Tensor(), seed, on_leaf_done, before_leaf_write);
 }
 

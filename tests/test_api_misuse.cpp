@@ -183,6 +183,10 @@ TEST_CASE("DataParallel refuses a factory or source that would break it, and bad
   CHECK(has(usage_error([&] { dp.train_step(0, 4, one_row, loss); }), "for 2 rows from sample"));
   const ShardSource right = [&](size_t r, int64_t first, int64_t n) { return synth.batch(first, n, dp.device(r)); };
   CHECK(std::isfinite(dp.train_step(0, 4, right, loss).value()));
+  // A program's loss function that is empty or gives no scalar is the program's mistake.
+  CHECK(usage_error([&] { dp.train_step(0, 4, right, LossFn()); }) == "train_step: an empty LossFn");
+  const LossFn not_scalar = [](const Tensor& y, const Tensor&) { return y; };
+  CHECK(has(usage_error([&] { dp.train_step(0, 4, right, not_scalar); }), "backward() from a number needs a scalar"));
 
   // A StepLoss read after its DataParallel is gone waited on freed memory.
   StepLoss kept;
