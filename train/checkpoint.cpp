@@ -20,7 +20,6 @@
 
 #include <dptrain/data/array.hpp>
 #include <dptrain/error.hpp>
-#include <dptrain/runtime/memory.hpp>
 
 #include "../data/safetensors.hpp"
 #include "atomic_file.hpp"
@@ -179,7 +178,7 @@ HostTensor make_tensor(DType dtype, std::vector<int64_t> shape, const void* byte
   try {
     return {dtype, std::move(shape), n == 0 ? std::vector<uint8_t>() : std::vector<uint8_t>(p, p + n)};
   } catch (const std::bad_alloc&) {
-    throw OutOfMemory("out of host memory: a checkpoint tensor of " + format_bytes(n));
+    throw OutOfMemory("out of host memory: a checkpoint tensor of " + std::to_string(n) + " bytes");
   }
 }
 
