@@ -344,3 +344,26 @@ TEST_CASE(
   std::filesystem::remove(path);
   CHECK_THROWS_WITH(ckpt::save("", k), Catch::Matchers::Contains("an empty path"));
 }
+
+TEST_CASE("a checkpoint whose metadata contradicts its tensors says so", "[api]") {
+  TrainConfig c;
+  c.model = "4-8-2";
+  c.devices = {kCpu0};
+  c.batch = 8;
+  c.steps = 2;
+  c.momentum = 0.9f;
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("dpt_api_momentum_" + std::to_string(::getpid()) + ".safetensors"))
+          .string();
+  c.save = path;
+  Trainer(c).run();
+  ckpt::Checkpoint k = ckpt::load(path);
+  k.metadata["momentum"] = "0";  // yet the file holds the momentum buffer
+  ckpt::save(path, k);
+  c.steps = 4;
+  c.save.clear();
+  c.resume = path;
+  // This was "a tensor 'optimizer.momentum_buffer' that this model and optimizer do not have".
+  CHECK(has(usage_error([&] { Trainer t(c); }), "says momentum '0' in its metadata, yet holds a momentum buffer"));
+  std::filesystem::remove(path);
+}

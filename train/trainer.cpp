@@ -554,6 +554,9 @@ void Trainer::resume(const std::string& path) {
   // (A file of momentum above 0 without its buffer is refused: the fetch below names it.)
   const bool file_without_momentum =
       c.metadata.count("momentum") && std::strtof(meta("momentum").c_str(), nullptr) == 0;
+  if (file_has_momentum && file_without_momentum)  // else reported as a tensor no optimizer has
+    throw UsageError("checkpoint '" + path + "' says momentum " + ckpt::printable(meta("momentum")) +
+                     " in its metadata, yet holds a momentum buffer: the file is inconsistent");
   if (file_has_momentum && cfg_.optimizer == "sgd" && cfg_.momentum == 0.0f) {
     used.insert("optimizer.momentum_buffer");
     info.changed.push_back("its momentum buffer dropped");
