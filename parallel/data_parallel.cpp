@@ -172,6 +172,17 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> model, std::vector<Device
     throw UsageError("DataParallel: 1 to " + std::to_string(kMaxDevices) + " devices, got " +
                      std::to_string(devices_.size()));
   if (!make_optimizer) throw UsageError("DataParallel: an empty optimizer factory");
+  // An enum cast from any integer ran as its first value (fp32, cublas) in silence.
+  const auto enum_in = [](auto v, int last, const char* field) {
+    const int i = static_cast<int>(v);
+    if (i < 0 || i > last)
+      throw UsageError(std::string("DataParallelOptions::") + field + " holds no value of its enum (" +
+                       std::to_string(i) + ")");
+  };
+  enum_in(options.precision, static_cast<int>(Precision::bf16), "precision");
+  enum_in(options.gemm, static_cast<int>(GemmImpl::native), "gemm");
+  enum_in(options.reduce, static_cast<int>(Reduce::host), "reduce");
+  enum_in(options.twin_buffers, static_cast<int>(TwinBuffers::off), "twin_buffers");
   if (model && model->in_data_parallel())
     throw UsageError("DataParallel: the model is trained by another DataParallel already (one at a time)");
   DPT_CHECK(model && model->materialized() && model->device() == devices_[0],

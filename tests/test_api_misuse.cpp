@@ -255,6 +255,10 @@ TEST_CASE("optimizer, schedule, clipping, batch norm and synthetic options are c
   m->to(kCpu0, 1);
   CHECK(has(usage_error([&] { DataParallel(std::shared_ptr<nn::Module>(m), {kCpu0}, sgd, {.clip = NAN}); }),
             "DataParallelOptions::clip must be a finite number >= 0"));
+  DataParallelOptions odd;
+  odd.precision = static_cast<Precision>(77);  // ran as fp32
+  CHECK(usage_error([&] { DataParallel(std::shared_ptr<nn::Module>(m), {kCpu0}, sgd, odd); }) ==
+        "DataParallelOptions::precision holds no value of its enum (77)");
   CHECK(has(usage_error([&] { nn::BatchNorm2d(4, Act::none, {.eps = 0.0f}); }), "BatchNormArgs: eps must be"));
   CHECK(has(usage_error([&] { data::Synthetic({.in = 3, .out = 2, .noise = NAN}, kCpu0); }), "SyntheticConfig::noise"));
   CHECK(has(usage_error([&] { data::random_labels(4, 0, 1, 0, 0, kCpu0); }), "random_labels: a count >= 0 and 1 to"));
