@@ -24,6 +24,17 @@ bool has(const std::string& text, const std::string& part) { return text.find(pa
 
 std::unique_ptr<optim::Optimizer> sgd(nn::Module& m) { return std::make_unique<optim::SGD>(m, optim::SGD::Options{}); }
 
+// A small run on cpu:0: `model`, a batch of `batch`, `steps` steps, logging off.
+TrainConfig small_run(const std::string& model, int64_t batch, int64_t steps) {
+  TrainConfig c;
+  c.model = model;
+  c.devices = {kCpu0};
+  c.batch = batch;
+  c.steps = steps;
+  c.log_every = 1000;
+  return c;
+}
+
 // A data set of the program's: 3 features, class labels as given (not checked up front).
 class LabelRows : public data::Dataset {
  public:
@@ -62,13 +73,8 @@ TEST_CASE("a class label outside the model's classes is refused, never read out 
 
   // A data set of the program's is not read whole up front: its gathers check the labels
   // against the classes of the model it was checked for.
-  TrainConfig c;
-  c.model = "3-8-3";
+  TrainConfig c = small_run("3-8-3", 4, 3);
   c.task = data::Task::classification;
-  c.devices = {kCpu0};
-  c.batch = 4;
-  c.steps = 3;
-  c.log_every = 1000;
   CHECK(usage_error([&] {
           Trainer(c, std::make_shared<LabelRows>(std::vector<int32_t>{0, 1, 2, 7, 0, 1})).run();
         }) == "rows: y[3] is 7, outside [0, 3): the model has 3 classes");
@@ -265,12 +271,7 @@ TEST_CASE("optimizer, schedule, clipping, batch norm and synthetic options are c
 }
 
 TEST_CASE("Trainer::step runs the steps in order, none past the last", "[api]") {
-  TrainConfig c;
-  c.model = "4-8-2";
-  c.devices = {kCpu0};
-  c.batch = 8;
-  c.steps = 2;
-  c.log_every = 1000;
+  const TrainConfig c = small_run("4-8-2", 8, 2);
   Trainer t(c);
   // step(100) of 2 counted 101 steps done, and run() then reported a loss of 0.
   CHECK(usage_error([&] { t.step(1); }) == "Trainer::step(1): the steps run in order, the next is 0");
@@ -305,12 +306,7 @@ TEST_CASE("what a program hands the ops is a UsageError without a source path; s
   const data::Synthetic endless({.in = 3, .out = 2}, kCpu0);
   CHECK(has(usage_error([&] { endless.batch(INT64_MAX, 2, kCpu0); }), "Synthetic::batch: 2 rows from row"));
 
-  TrainConfig c;
-  c.model = "4-8-2";
-  c.devices = {kCpu0};
-  c.batch = 8;
-  c.steps = 1;
-  Trainer t(c);
+  Trainer t(small_run("4-8-2", 8, 1));
   CHECK(usage_error([&] { t.save(""); }) == "Trainer::save: an empty path");
   CHECK_THROWS_WITH(t.save("no/such/folder/ck.safetensors"), Catch::Matchers::Contains("does not exist"));
 }
@@ -318,12 +314,8 @@ TEST_CASE("what a program hands the ops is a UsageError without a source path; s
 TEST_CASE(
     "Inference and the trainer refuse a data set of no rows; inference checks a checkpoint before placing its model",
     "[api]") {
-  TrainConfig c;
-  c.model = "3-8-3";
+  TrainConfig c = small_run("3-8-3", 4, 1);
   c.task = data::Task::classification;
-  c.devices = {kCpu0};
-  c.batch = 4;
-  c.steps = 1;
   CHECK(usage_error([&] { Trainer(c, std::make_shared<LabelRows>(std::vector<int32_t>{})); }) ==
         "rows: x has 0 rows: a data set needs at least one");
   const std::string path =
@@ -350,11 +342,7 @@ TEST_CASE(
 }
 
 TEST_CASE("a checkpoint whose metadata contradicts its tensors says so", "[api]") {
-  TrainConfig c;
-  c.model = "4-8-2";
-  c.devices = {kCpu0};
-  c.batch = 8;
-  c.steps = 2;
+  TrainConfig c = small_run("4-8-2", 8, 2);
   c.momentum = 0.9f;
   const std::string path =
       (std::filesystem::temp_directory_path() / ("dpt_api_momentum_" + std::to_string(::getpid()) + ".safetensors"))
