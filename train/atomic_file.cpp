@@ -74,6 +74,14 @@ std::string resolve_output_path(const std::string& path) {
   throw UsageError("'" + path + "': too many levels of symbolic links");
 }
 
+namespace {
+// What an output path names now, if anything: stat(path) follows /proc's links too, which
+// resolve_output_path (`target`) cannot name (/dev/stdout -> /proc/self/fd/1 -> "pipe:[N]").
+bool stat_output(const std::string& path, const std::string& target, struct stat& st) {
+  return ::stat(path.c_str(), &st) == 0 || ::stat(target.c_str(), &st) == 0;
+}
+}  // namespace
+
 void check_output_file(const std::string& path, const std::string& label) {
   if (path.empty()) return;
   auto refuse = [&](const std::string& why) { throw UsageError(label + " '" + path + "': " + why); };
@@ -81,9 +89,7 @@ void check_output_file(const std::string& path, const std::string& label) {
   const std::string target = resolve_output_path(path);
   const std::string dir = folder_of(target);
   struct stat st {};
-  // stat(path) follows /proc's links too, which resolve_output_path cannot name
-  // (/dev/stdout -> /proc/self/fd/1 -> "pipe:[N]").
-  const bool exists = ::stat(path.c_str(), &st) == 0 || ::stat(target.c_str(), &st) == 0;
+  const bool exists = stat_output(path, target, st);
   if (exists && !S_ISREG(st.st_mode)) refuse("is " + file_kind(st.st_mode) + "; only a regular file is replaced");
   // The program's own output redirected to a file: writing there too would overwrite its
   // lines (--metrics /dev/stdout, or the file that `> out.txt` made).
@@ -141,8 +147,7 @@ AtomicFile::AtomicFile(const std::string& path, std::string label, std::string k
     : target_(resolve_output_path(path)), label_(std::move(label)), kept_(std::move(kept)) {
   if (path.empty()) fail("an empty path");
   struct stat st {};
-  // stat(path) follows /proc's links too (/dev/stdout into a pipe), which target_ cannot name.
-  if ((::stat(path.c_str(), &st) == 0 || ::stat(target_.c_str(), &st) == 0) && !S_ISREG(st.st_mode))
+  if (stat_output(path, target_, st) && !S_ISREG(st.st_mode))
     fail("is " + file_kind(st.st_mode) + "; only a regular file is replaced");
   remove_stale_temporaries(target_);
   fd_ = create_temporary(target_, tmp_);
