@@ -201,7 +201,7 @@ says() {  # says "EXPECTED LINE" ARGS...: the error line is exactly the expected
 }
 says "dptrain: error: --grad-accum must be >= 1, got 0" --devices cpu --grad-accum 0
 says "dptrain: error: --save-every needs --save (a checkpoint path)" --devices cpu --save-every 3
-says "dptrain: error: --nesterov needs --momentum > 0 and dampening 0, got momentum 0 and dampening 0" \
+says "dptrain: error: --nesterov needs --momentum > 0, got 0" \
   --devices cpu --nesterov --momentum 0
 says "dptrain: error: --reduce nccl needs CUDA devices; use host on CPU devices" --cpus 2 --reduce nccl
 "$exe" --cpus 3 --batch 2 --steps 2 >/dev/null 2>"$tmp/err"

@@ -772,6 +772,14 @@ TEST_CASE("configuration errors name the field and the value, not a flag", "[tra
         "TrainConfig::clip must be a finite number >= 0 (0: off), got inf");
   CHECK(config_error([](TrainConfig& c) { c.eps = 0; }) == "TrainConfig::eps must be a positive number, got 0");
   CHECK(config_error([](TrainConfig& c) {
+          c.nesterov = true;
+          c.momentum = 0;
+        }) == "TrainConfig::nesterov needs TrainConfig::momentum > 0, got 0");
+  CHECK(config_error([](TrainConfig& c) {
+          c.nesterov = true;
+          c.optimizer = "adamw";
+        }) == "TrainConfig::nesterov is an option of the sgd optimizer; TrainConfig::optimizer is adamw");
+  CHECK(config_error([](TrainConfig& c) {
           c.epochs = 99999999999;
           c.samples = 99999999999;
           c.batch = 1;

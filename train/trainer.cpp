@@ -99,6 +99,10 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (!cfg.lr) cfg.lr = default_lr(cfg.optimizer);
   if (!(*cfg.lr > 0.0f) || !std::isfinite(*cfg.lr)) bad("lr", "must be a positive number" + got(*cfg.lr));
   if (!within(cfg.momentum, 0.0, 1.0) || cfg.momentum == 1.0f) bad("momentum", "must be in [0, 1)" + got(cfg.momentum));
+  if (cfg.nesterov && cfg.optimizer == "adamw")
+    bad("nesterov", "is an option of the sgd optimizer; TrainConfig::optimizer is adamw");
+  if (cfg.nesterov && cfg.optimizer == "sgd" && cfg.momentum == 0.0f)
+    bad("nesterov", "needs TrainConfig::momentum > 0" + got(cfg.momentum));
   if (!within(cfg.weight_decay, 0.0, HUGE_VAL) || std::isinf(cfg.weight_decay))
     bad("weight_decay", "must be a finite number >= 0" + got(cfg.weight_decay));
   if (!within(cfg.beta1, 0.0, 1.0) || cfg.beta1 == 1.0f) bad("beta1", "must be in [0, 1)" + got(cfg.beta1));
