@@ -8,6 +8,10 @@
 # ending in a wait for the GPU, as the loop's log points (every 100 steps) do. The loop's
 # figure is its time over its steps, a mean, so the bench's is the mean of its blocks (its
 # median too, in the line a pair: a median leaves out the slow blocks that a mean counts).
+# The bare step is timed twice: plain (its update a plain SGD kernel) and with --check,
+# whose update also checks the gradients and records the check in host memory, as the
+# loop's must (a non-finite step is never applied); the table gives the loop's ratio to
+# each.
 # Usage: loop_vs_step.sh BUILD_DIR [ROUNDS]
 set -u
 build=$1 rounds=${2:-3}
@@ -23,22 +27,26 @@ for w in "default 16-128x2-4 256 fp32 5000" "seed seed 64 fp32 5000" "mlp mlp 40
     for ((i = 0; i < rounds; ++i)); do
       loop=$("$dptrain" --devices cuda:0 --model "$model" --batch "$batch" --precision "$prec" --lr 0.01 --momentum 0 \
         --steps "$steps" --log-every 100 "${graph[@]}" | grep -E '^done' | ms)
-      line=$("$bench" --model "$model" --batch "$batch" --precision "$prec" --warmup 20 --blocks $((steps / 100)) \
+      run_bench=("$bench" --model "$model" --batch "$batch" --precision "$prec" --warmup 20 --blocks $((steps / 100))
         --steps 100 "${graph[@]}")
-      step=$(mean <<<"$line") median=$(ms <<<"$line")
-      echo "loop-vs-step $name $prec $mode: loop ${loop:-?} step ${step:-?} (median ${median:-?})"
+      line=$("${run_bench[@]}") checked=$("${run_bench[@]}" --check)
+      step=$(mean <<<"$line") median=$(ms <<<"$line") step_checked=$(mean <<<"$checked")
+      echo "loop-vs-step $name $prec $mode: loop ${loop:-?} step ${step:-?} (median ${median:-?})" \
+        "checked ${step_checked:-?}"
     done
   done
 done | tee /dev/stderr | python3 -c '
 import re, statistics, sys
 rows = {}
 for line in sys.stdin:
-    m = re.match(r"loop-vs-step (\S+) (\S+) (\S+): loop ([\d.]+) step ([\d.]+)", line)
+    m = re.match(r"loop-vs-step (\S+) (\S+) (\S+): loop ([\d.]+) step ([\d.]+) .*checked ([\d.]+)", line)
     if m:
-        rows.setdefault(m.group(1, 2, 3), []).append((float(m.group(4)), float(m.group(5))))
-print("%-10s%-6s%-7s%10s%10s%8s  (medians)" % ("workload", "prec", "mode", "loop ms", "step ms", "ratio"))
+        rows.setdefault(m.group(1, 2, 3), []).append(tuple(float(m.group(i)) for i in (4, 5, 6)))
+print("%-10s%-6s%-7s%10s%10s%8s%12s%8s  (medians)" %
+      ("workload", "prec", "mode", "loop ms", "step ms", "ratio", "checked ms", "ratio"))
 for (name, prec, mode), v in rows.items():
-    loop, step = statistics.median(l for l, _ in v), statistics.median(s for _, s in v)
-    ratio = statistics.median(l / s for l, s in v)
-    print(f"{name:<10}{prec:<6}{mode:<7}{loop:>10.4f}{step:>10.4f}{ratio:>8.3f}")
+    med = lambda f: statistics.median(f(r) for r in v)
+    loop, step, checked = med(lambda r: r[0]), med(lambda r: r[1]), med(lambda r: r[2])
+    ratio, ratio_checked = med(lambda r: r[0] / r[1]), med(lambda r: r[0] / r[2])
+    print(f"{name:<10}{prec:<6}{mode:<7}{loop:>10.4f}{step:>10.4f}{ratio:>8.3f}{checked:>12.4f}{ratio_checked:>8.3f}")
 '
