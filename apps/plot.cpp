@@ -24,6 +24,7 @@ constexpr int kFont = 12;           // px, ticks and legend
 constexpr double kCharWidth = 7.0;  // px per character at kFont in a sans-serif face, a safe upper guess
 constexpr int kLegendRow = 18;      // px
 constexpr size_t kMaxMarkers = 60;  // more points than this: a line alone reads better
+constexpr int kMaxPixels = 100000;  // a side of a chart (a document's height sums its charts': no int overflow)
 
 // Text as XML character data: markup escaped; control characters (which XML 1.0 does not
 // allow) and bytes that are not UTF-8 written as U+FFFD, so that the file stays XML.
@@ -163,7 +164,11 @@ Axis log_axis(double lo, double hi) {
   return a;
 }
 
-bool usable(double x, double y, bool log_y) { return std::isfinite(x) && std::isfinite(y) && (!log_y || y > 0.0); }
+// Beyond 1e300 an axis's span or its outer ticks would overflow a double into inf and NaN.
+constexpr double kLargest = 1e300;
+bool usable(double x, double y, bool log_y) {
+  return std::fabs(x) <= kLargest && std::fabs(y) <= kLargest && (!log_y || y > 0.0);  // false for NaN
+}
 
 // Where one chart's parts go, in px.
 struct Layout {
@@ -189,6 +194,9 @@ Layout layout(const Chart& c, double legend_w) {
   l.legend_w = legend_w;
   const double margin_right = legend_w > 0 ? legend_w + 32.0 : 24.0;
   const double margin_left = 76.0, margin_top = 44.0, margin_bottom = 56.0, min_plot_w = 360.0;
+  if (c.options.width > kMaxPixels || c.options.height > kMaxPixels)
+    throw Error("chart '" + c.title + "': " + std::to_string(c.options.width) + " x " +
+                std::to_string(c.options.height) + " pixels asked, at most " + std::to_string(kMaxPixels) + " a side");
   l.width = std::max(c.options.width, static_cast<int>(std::ceil(margin_left + min_plot_w + margin_right)));
   const double legend_h = static_cast<double>(rows) * kLegendRow + 12.0;
   l.height = std::max(c.options.height, static_cast<int>(std::ceil(margin_top + legend_h + margin_bottom)));

@@ -10,14 +10,16 @@ namespace dpt::plot {
 
 struct Series {
   std::string name;
-  std::vector<double> x, y;  // same length; points with a non-finite coordinate are gaps
-  bool reference = false;    // a guide such as the ideal speed-up: dashed grey, no markers
+  // Same length; points with a coordinate that is not finite, or beyond +-1e300 (whose
+  // axis would overflow a double), are gaps.
+  std::vector<double> x, y;
+  bool reference = false;  // a guide such as the ideal speed-up: dashed grey, no markers
 };
 
 struct ChartOptions {
   bool log_y = false;  // points with y <= 0 are gaps on a log scale
-  int width = 760;     // pixels; widened when the legend needs room
-  int height = 440;    // pixels; made taller when the legend needs room
+  int width = 760;     // pixels, at most 100000; widened when the legend needs room
+  int height = 440;    // pixels, at most 100000; made taller when the legend needs room
 };
 
 struct Chart {

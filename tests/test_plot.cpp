@@ -94,6 +94,22 @@ TEST_CASE("gaps, log scales and escaping", "[plot]") {
   CHECK(count(flat, "<polyline") == 1);
   CHECK(count(flat, "text-anchor=\"end\">") <= 12);
 
+  // Values near the double's limit made the axis's span inf and every coordinate "nan":
+  // beyond 1e300 they are gaps, as NaN is. So are they on a log axis.
+  for (const bool log_y : {false, true}) {
+    ChartOptions o;
+    o.log_y = log_y;
+    const Series huge{"s", {1, 2, 3, 4}, {1.7e308, 1, -1.7e308, 1e300}};
+    const std::string edge = svg_line_charts({{"edge", "x", "y", {huge, Series{"t", {-1e308, 1e308}, {1, 2}}}, o}});
+    CHECK(edge.find("nan") == std::string::npos);
+    CHECK(edge.find("inf") == std::string::npos);
+    CHECK(count(edge, "<circle") == 2);  // 1 and 1e300 alone (the other series has no usable point)
+  }
+  ChartOptions tall;
+  tall.height = 2000000000;  // two of them overflowed the document's int height
+  CHECK_THROWS_WITH(svg_line_charts({{"tall", "x", "y", {}, tall}}),
+                    "chart 'tall': 760 x 2000000000 pixels asked, at most 100000 a side");
+
   // Control characters and bytes that are not UTF-8 made the file no XML: U+FFFD instead.
   const std::string title = std::string("t\x02 \xff a") + '\0' + "b \xC3\xA9";
   const std::string odd = svg_line_charts({{title, "x", "y", {Series{"s", {1, 2}, {1, 2}}}, {}}});
