@@ -370,14 +370,17 @@ std::string printable(const std::string& s) {
     while (len > 0 && (static_cast<uint8_t>(s[len]) & 0xC0) == 0x80) --len;  // whole UTF-8 characters
   }
   std::string out = "'";
-  for (size_t i = 0; i < len; ++i) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    if (c < 0x20 || c == 0x7F) {
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  for (size_t i = 0; i < len;) {
+    const size_t seq = p[i] >= 0x80 ? utf8_length(p + i, len - i) : 1;  // 0: no UTF-8 sequence starts here
+    if (seq == 0 || p[i] < 0x20 || p[i] == 0x7F) {
       char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      std::snprintf(buf, sizeof buf, "\\x%02x", p[i]);
       out += buf;
+      ++i;
     } else {
-      out += s[i];
+      out.append(s, i, seq);
+      i += seq;
     }
   }
   return out + (len < s.size() ? "...'" : "'");

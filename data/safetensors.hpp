@@ -63,7 +63,8 @@ Header read_header(const uint8_t* header, uint64_t n, uint64_t file_size, const 
                    const Source& src);
 
 // Helpers the writer shares. A name from a file, quoted for an error message: control
-// bytes escaped (the message stays one line) and long names cut short.
+// bytes and bytes that are not UTF-8 escaped as \xNN (the message stays one line of
+// text) and long names cut short.
 std::string printable(const std::string& s);
 bool valid_utf8(const std::string& s);
 // Whether `bytes` is exactly the data of `count` elements of `t` (no overflow possible).

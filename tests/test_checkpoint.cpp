@@ -546,7 +546,7 @@ TEST_CASE("save refuses what load would refuse, and writes nothing", "[checkpoin
     std::string msg;
     try {
       ckpt::save(path, c);
-    } catch (const Error& e) {
+    } catch (const UsageError& e) {  // the caller's Checkpoint
       msg = e.what();
     }
     INFO("message: " << msg);
@@ -570,7 +570,13 @@ TEST_CASE("save refuses what load would refuse, and writes nothing", "[checkpoin
   refused(c, "more than 64 dimensions");
   c.tensors.clear();
   c.metadata = {{"k", "\xc3"}};
-  refused(c, "__metadata__ entry 'k' is not valid UTF-8");
+  refused(c, "__metadata__ value of 'k' is not valid UTF-8");
+  c.metadata = {{"\xc3", "v"}};
+  refused(c, "__metadata__ key '\\xc3' is not valid UTF-8");  // the message stays text
+  // Names in messages: control bytes and bytes that are no UTF-8 escaped, UTF-8 kept, long
+  // ones cut at a whole character.
+  CHECK(ckpt::printable("a\nb \xc3\xa9 \xff\xc3 z") == "'a\\x0ab \xc3\xa9 \\xff\\xc3 z'");
+  CHECK(ckpt::printable(std::string(79, 'x') + "\xc3\xa9") == "'" + std::string(79, 'x') + "...'");
   CHECK_THROWS_AS(ckpt::make_tensor(ckpt::DType::i32, {2, -1}, nullptr), Error);
 }
 

@@ -45,6 +45,10 @@ const std::vector<data::ArrayDType> kDTypes = {data::ArrayDType::f32, data::Arra
 [[noreturn]] void fail(const std::string& file, const std::string& problem) {
   throw Error("checkpoint '" + file + "': " + problem);
 }
+// A Checkpoint that save() is handed and could not load back is the caller's mistake.
+[[noreturn]] void refuse(const std::string& file, const std::string& problem) {
+  throw UsageError("checkpoint '" + file + "': " + problem);
+}
 
 sft::Source source(const std::string& file) { return {"checkpoint", file, false}; }
 
@@ -102,8 +106,8 @@ std::string make_header(const Checkpoint& c, const std::string& file) {
     put_string(h, kMetadataKey);
     h += ":{";
     for (const auto& [key, value] : c.metadata) {
-      if (!valid_utf8(key) || !valid_utf8(value))
-        fail(file, "__metadata__ entry " + printable(key) + " is not valid UTF-8");
+      if (!valid_utf8(key)) refuse(file, "__metadata__ key " + printable(key) + " is not valid UTF-8");
+      if (!valid_utf8(value)) refuse(file, "__metadata__ value of " + printable(key) + " is not valid UTF-8");
       separate();
       put_string(h, key);
       h += ':';
@@ -115,15 +119,15 @@ std::string make_header(const Checkpoint& c, const std::string& file) {
   uint64_t offset = 0;
   for (const auto& [name, t] : c.tensors) {
     const std::string what = "tensor " + printable(name) + ": ";
-    if (name == kMetadataKey) fail(file, what + "the name is reserved for metadata");
-    if (!valid_utf8(name)) fail(file, what + "the name is not valid UTF-8");
-    if (!names.insert(name).second) fail(file, what + "duplicate name");
-    if (t.shape.size() > kMaxDims) fail(file, what + "more than " + std::to_string(kMaxDims) + " dimensions");
+    if (name == kMetadataKey) refuse(file, what + "the name is reserved for metadata");
+    if (!valid_utf8(name)) refuse(file, what + "the name is not valid UTF-8");
+    if (!names.insert(name).second) refuse(file, what + "duplicate name");
+    if (t.shape.size() > kMaxDims) refuse(file, what + "more than " + std::to_string(kMaxDims) + " dimensions");
     const int64_t count = element_count(t.shape);
-    if (count < 0) fail(file, what + "invalid shape " + shape_text(t.shape));
+    if (count < 0) refuse(file, what + "invalid shape " + shape_text(t.shape));
     if (!holds(t.data.size(), count, t.dtype))
-      fail(file, what + std::to_string(t.data.size()) + " bytes of data for shape " + shape_text(t.shape) + " of " +
-                     dtype_name(t.dtype));
+      refuse(file, what + std::to_string(t.data.size()) + " bytes of data for shape " + shape_text(t.shape) + " of " +
+                       dtype_name(t.dtype));
     separate();
     put_string(h, name);
     h += ":{\"dtype\":\"" + std::string(dtype_name(t.dtype)) + "\",\"shape\":[";
@@ -134,7 +138,7 @@ std::string make_header(const Checkpoint& c, const std::string& file) {
   }
   h += '}';
   h.append((8 - h.size() % 8) % 8, ' ');
-  if (h.size() > kMaxHeader) fail(file, "header of " + std::to_string(h.size()) + " bytes is over the limit");
+  if (h.size() > kMaxHeader) refuse(file, "header of " + std::to_string(h.size()) + " bytes is over the limit");
   return h;
 }
 
