@@ -75,6 +75,14 @@ Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices) {
 }
 
 namespace {
+// What the program's source threw, the first replica's, as it threw it (run_on_all adds
+// the replica to what the library throws; a data set's own exception is the program's to
+// catch, in training, evaluation and inference alike).
+void rethrow_source_error(const std::vector<std::exception_ptr>& errors) {
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
 // A shard from the program's source, holding the rows asked for (a source that gives more
 // or fewer would be weighted by the plan's share all the same).
 data::Batch take_shard(const ShardSource& source, size_t r, int64_t first, int64_t count) {
@@ -848,6 +856,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
   // Where the next step is not named, the source may make its shards in the buffers its
   // replay reads (where it is named, the replay's copy writes them).
   offered_ = !in_micro_batches && graph_warm_ && next_first < 0 ? &other.in : nullptr;
+  std::vector<std::exception_ptr> source_errors(n);
   try {
     run_on_all([&](size_t r) {
       Replica& rep = replicas_[r];
@@ -872,9 +881,19 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
           g.in[r] = {Tensor::empty(x, b.x.dtype(), rep.device), Tensor::empty(y, b.y.dtype(), rep.device)};
         resized[r] = 1;
       };
+      auto take = [&](int64_t f, int64_t rows, data::Batch& b) {  // false: the source threw (kept)
+        try {
+          b = take_shard(source, r, f, rows);
+          return true;
+        } catch (...) {
+          source_errors[r] = std::current_exception();
+          return false;
+        }
+      };
       if (!in_micro_batches) {
         if (!copied_in) {
-          const data::Batch b = take_shard(source, r, first + part.first, part.count);
+          data::Batch b;
+          if (!take(first + part.first, part.count, b)) return;
           fit(b);
           if (!same_memory(in.x, b.x) || !same_memory(in.y, b.y)) copy_all({{in.x, b.x}, {in.y, b.y}});
         }
@@ -892,7 +911,8 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
         for (int k = 0; k < shares.micro_batches(); ++k) {
           const SampleRange m = shares.micro(r, k);
           if (m.count == 0) continue;
-          const data::Batch b = take_shard(source, r, first + m.first, m.count);
+          data::Batch b;
+          if (!take(first + m.first, m.count, b)) return;
           fit(b);
           const int64_t at = m.first - part.first;
           copy_all({{in.x.rows(at, m.count), b.x}, {in.y.rows(at, m.count), b.y}});
@@ -900,6 +920,7 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
       }
       if (r > 0) graph_inputs_ready_[r]->record(*rep.ctx);  // after what the source queued there
     });
+    rethrow_source_error(source_errors);
   } catch (...) {
     offered_ = nullptr;
     throw;
@@ -1101,11 +1122,11 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
     NvtxRange range("reduce");
     reducer_->reduce();
   }
-  for (const std::exception_ptr& e : source_error_)
-    if (e) {
-      synchronize();  // the collectives are done, on every replica
-      std::rethrow_exception(e);
-    }
+  if (std::find_if(source_error_.begin(), source_error_.end(), [](const auto& e) { return e != nullptr; }) !=
+      source_error_.end()) {
+    synchronize();  // the collectives are done, on every replica
+    rethrow_source_error(source_error_);
+  }
   if (!shards_.empty()) {
     // ZeRO: each replica holds the summed gradient of its shard alone (waited for here,
     // before its check, rather than in update); the global norm is the sum of the shards'
@@ -1135,6 +1156,7 @@ void DataParallel::infer(int64_t first, int64_t count, const ShardSource& source
   DPT_REQUIRE(take, "infer: an empty OutputFn");
   // Its own split: the step's plan is for the training batch size and its micro-batches.
   const ShardPlan shares(count, group_ ? group_->size() : 1, group_ ? group_->rank() : 0, replicas_.size(), 1);
+  std::vector<std::exception_ptr> source_errors(replicas_.size());
   run_on_all([&](size_t r) {
     Replica& rep = replicas_[r];
     const SampleRange part = shares.replica_part(r);
@@ -1144,14 +1166,20 @@ void DataParallel::infer(int64_t first, int64_t count, const ShardSource& source
     try {
       NoGradGuard no_grad;
       rep.wait_for_copies();
-      const data::Batch shard = take_shard(source, r, first + part.first, part.count);
-      take(r, part, rep.model->forward(shard.x));
+      data::Batch shard;
+      try {
+        shard = take_shard(source, r, first + part.first, part.count);
+      } catch (...) {
+        source_errors[r] = std::current_exception();
+      }
+      if (shard.x.defined()) take(r, part, rep.model->forward(shard.x));
     } catch (...) {
       rep.model->train(was_training);
       throw;
     }
     rep.model->train(was_training);
   });
+  rethrow_source_error(source_errors);
 }
 
 StepLoss DataParallel::evaluate(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,

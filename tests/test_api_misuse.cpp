@@ -359,3 +359,49 @@ TEST_CASE("a checkpoint whose metadata contradicts its tensors says so", "[api]"
   CHECK(has(usage_error([&] { Trainer t(c); }), "says momentum '0' in its metadata, yet holds a momentum buffer"));
   std::filesystem::remove(path);
 }
+
+namespace {
+// The program's own error, from its data set.
+struct DiskGone : std::runtime_error {
+  DiskGone() : std::runtime_error("the disk is gone") {}
+};
+// LabelRows whose gathers fail from the `fail_from`-th on (counting from 0).
+class FailingRows : public LabelRows {
+ public:
+  FailingRows(std::vector<int32_t> labels, int fail_from) : LabelRows(std::move(labels)), left_(fail_from) {}
+  void gather_host(std::span<const int64_t> rows, const data::HostRows& into) const override {
+    if (left_-- <= 0) throw DiskGone();
+    LabelRows::gather_host(rows, into);
+  }
+
+ private:
+  mutable int left_;
+};
+}  // namespace
+
+TEST_CASE("a data set's own exception reaches the program unchanged: training, validation and inference", "[api]") {
+  TrainConfig c = small_run("3-8-3", 4, 3);
+  c.task = data::Task::classification;
+  const std::vector<int32_t> labels{0, 1, 2, 1, 0, 2, 1, 0};
+  CHECK_THROWS_AS(Trainer(c, std::make_shared<FailingRows>(labels, 1)).run(), DiskGone);
+  c.eval_every = 2;
+  CHECK_THROWS_AS(Trainer(c, std::make_shared<LabelRows>(labels), std::make_shared<FailingRows>(labels, 0)).run(),
+                  DiskGone);
+  c.devices = {kCpu0, kCpu1};  // one replica's gather fails, the other's not
+  CHECK_THROWS_AS(Trainer(c, std::make_shared<LabelRows>(labels), std::make_shared<FailingRows>(labels, 1)).run(),
+                  DiskGone);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("dpt_api_disk_" + std::to_string(::getpid()) + ".safetensors"))
+          .string();
+  c.save = path;
+  c.eval_every = 0;
+  Trainer(c, std::make_shared<LabelRows>(labels)).run();
+  InferenceConfig ic;
+  ic.checkpoint = path;
+  ic.devices = {kCpu0, kCpu1};
+  ic.batch = 2;
+  Inference inf(ic);
+  CHECK_THROWS_AS(inf.predict(FailingRows(labels, 1)), DiskGone);
+  CHECK_THROWS_AS(inf.evaluate(FailingRows(labels, 0)), DiskGone);
+  std::filesystem::remove(path);
+}
