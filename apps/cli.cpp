@@ -160,6 +160,35 @@ class StrictToml : public CLI::ConfigTOML {
     }
   };
 
+  // TOML's \uXXXX and \UXXXXXXXX (the cursor after the u or U): the scalar value's UTF-8.
+  static std::string unicode_escape(Cursor& at, int digits, const std::string& where) {
+    const std::string hex = at.s.substr(at.pos, static_cast<size_t>(digits));
+    uint32_t v = 0;
+    const auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), v, 16);
+    if (hex.size() != static_cast<size_t>(digits) || ec != std::errc() || end != hex.data() + hex.size() ||
+        (v >= 0xD800 && v <= 0xDFFF) || v > 0x10FFFF)
+      throw CLI::ConfigError(where + ": \\" + std::string(1, digits == 4 ? 'u' : 'U') + " needs " +
+                             std::to_string(digits) + " hex digits of a Unicode scalar value, got '" + hex + "'");
+    at.pos += static_cast<size_t>(digits);
+    std::string out;
+    if (v < 0x80) {
+      out += static_cast<char>(v);
+    } else if (v < 0x800) {
+      out += static_cast<char>(0xC0 | v >> 6);
+      out += static_cast<char>(0x80 | (v & 0x3F));
+    } else if (v < 0x10000) {
+      out += static_cast<char>(0xE0 | v >> 12);
+      out += static_cast<char>(0x80 | (v >> 6 & 0x3F));
+      out += static_cast<char>(0x80 | (v & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | v >> 18);
+      out += static_cast<char>(0x80 | (v >> 12 & 0x3F));
+      out += static_cast<char>(0x80 | (v >> 6 & 0x3F));
+      out += static_cast<char>(0x80 | (v & 0x3F));
+    }
+    return out;
+  }
+
   static Value read_value(Cursor& at, const std::string& key, const std::string& where) {
     if (at.done() || at.peek() == '#') throw CLI::ConfigError(where + "'" + key + "' has no value (" + key + " = ...)");
     const char open = at.peek();
@@ -173,6 +202,10 @@ class StrictToml : public CLI::ConfigTOML {
         if (open == '"' && c == '\\') {  // a basic string's escapes; a literal ('...') string has none
           if (at.done()) break;
           const char e = at.s[at.pos++];
+          if (e == 'u' || e == 'U') {  // a Unicode scalar value, in UTF-8
+            text += unicode_escape(at, e == 'u' ? 4 : 8, where + key);
+            continue;
+          }
           static const std::map<char, char> kEscapes = {{'"', '"'},  {'\\', '\\'}, {'n', '\n'}, {'t', '\t'},
                                                         {'r', '\r'}, {'b', '\b'},  {'f', '\f'}};
           const auto it = kEscapes.find(e);

@@ -161,6 +161,12 @@ config_refused "--config line 1: model: the string has no closing \"" 'model = "
 config_refused "--config line 1: 'bogus' names no flag" 'bogus = 1'
 config_refused "--config line 1: 'config' cannot be given in a config file" 'config = "strict.toml"'
 config_refused "--config line 1: data: the escape '\\q' is not read" 'data = "a\q.npy"'
+config_refused "--config line 1: save: \\u needs 4 hex digits of a Unicode scalar value, got 'D800'" 'save = "a\uD800"'
+config_refused "--config line 1: save: \\U needs 8 hex digits of a Unicode scalar value, got '12\"'" 'save = "\U12"'
+# TOML's Unicode escapes are the character's UTF-8.
+printf 'save = "caf\\u00e9-\\U0001F600.ckpt"\n' >unicode.toml
+run "${cpu[@]}" --config unicode.toml >out 2>&1 && [ -s "café-😀.ckpt" ] && ok ||
+  bad "\\u and \\U escapes were not read as UTF-8: $(tail -1 out)"
 # Comments, blank lines, both kinds of string and a '#' inside one are read as TOML reads them.
 printf '# a run\n\nsteps = 2   # two\nlog_every = 1\nmodel = "16-8-4"\nsave = '"'"'a#b.ckpt'"'"'\nnesterov = false\n' >strict.toml
 run --devices cpu --config strict.toml >out 2>&1 && grep -q "^step 2/2 " out && [ -s 'a#b.ckpt' ] && ok ||
