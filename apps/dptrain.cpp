@@ -50,6 +50,13 @@ int launcher_rank() {
   return 0;
 }
 
+// How many processes the launcher started (1 when not under mpirun).
+int launcher_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  return 1;
+}
+
 // Under a launcher, before training has its process group, an error that every rank finds
 // alike (a bad flag, a missing file on a shared disk) is rank 0's to report. A rank other
 // than 0 first waits: the launcher ends the whole job as soon as one rank exits non-zero
@@ -276,6 +283,13 @@ void check_distinct_files(const Options& o) {
 // Trainer checks the rest of it.
 void resolve(Options& o) {
   auto& c = o.cfg;
+  // Without --ddp each of mpirun's processes would train the whole job alone and write the
+  // same checkpoint, metrics and plot over the others' (a metrics file of two interleaved
+  // runs, which a resume then refuses).
+  if (const int n = launcher_size(); n > 1 && !c.ddp)
+    throw dpt::UsageError("this is one of " + std::to_string(n) +
+                          " processes that mpirun started, without --ddp: each would train alone and write the same "
+                          "files; add --ddp (one process a device)");
   c.task = dpt::data::parse_task(o.task);
   if (o.was_given("--lr")) c.lr = o.lr;
   c.overlap = !o.no_overlap;
@@ -648,6 +662,11 @@ void classify(const std::vector<float>& scores, int64_t rows, int64_t classes, s
 }
 
 int after_training(AfterTraining& a, bool predict) {
+  if (const int n = launcher_size(); n > 1)
+    throw dpt::UsageError(std::string(predict ? "predict" : "eval") +
+                          " runs in one process (it uses every GPU there); " + "under mpirun each of the " +
+                          std::to_string(n) + " processes would do the whole job" +
+                          (predict ? " and write the same --out" : "") + ": run it without mpirun");
   a.cfg.devices = a.devices.devices(a.on_command_line);
   a.cfg.precision = dpt::parse_precision(a.precision);
   for (const std::string* out : {&a.out, &a.probabilities}) {

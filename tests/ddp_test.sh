@@ -132,6 +132,33 @@ rc=$?
 rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: --resume differs between rank 0 and rank 1' "$tmp/err")" -eq 1 ] &&
   one_error && ok || bad "rank 1 alone resuming (rc $rc): $(cat "$tmp/err")"
+# Ranks that resume copies of other checkpoints at the same step trained replicas that
+# never agreed, and wrote checkpoints of them, until the hash at the end.
+"$exe" --devices cpu --steps 5 --batch 8 --momentum 0.5 --save "$tmp/other.safetensors" >/dev/null 2>&1
+"${run[@]}" -np 1 "$exe" --ddp --devices cpu --steps 10 --batch 8 --resume "$tmp/five.safetensors" : -np 1 "$exe" \
+  --ddp --devices cpu --steps 10 --batch 8 --resume "$tmp/other.safetensors" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: rank 0 and rank 1 resumed checkpoints of other parameters' "$tmp/err")" \
+  -eq 1 ] && one_error && ok || bad "ranks resuming other checkpoints (rc $rc): $(cat "$tmp/err")"
+# --save on one rank alone: under ZeRO its optimizer state's gather met another collective
+# of the other rank (a segfault in MPI); without, no checkpoint and no word.
+"${run[@]}" -np 1 "$exe" --ddp --devices cpu --steps 5 --zero 1 --save "$tmp/z.safetensors" : -np 1 "$exe" --ddp \
+  --devices cpu --steps 5 --zero 1 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: --save differs between rank 0 and rank 1' "$tmp/err")" -eq 1 ] &&
+  [ ! -e "$tmp/z.safetensors" ] && one_error && ok || bad "--save on rank 0 alone (rc $rc): $(cat "$tmp/err")"
+# Under mpirun without --ddp each process trained the whole job alone and wrote the same
+# files (a metrics file of two interleaved runs); predict and eval ran twice.
+"${run[@]}" -np 2 "$exe" --devices cpu --steps 5 --metrics "$tmp/twice.jsonl" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: this is one of 2 processes that mpirun started, without --ddp' \
+  "$tmp/err")" -eq 1 ] && [ ! -e "$tmp/twice.jsonl" ] && one_error && ok ||
+  bad "mpirun without --ddp (rc $rc): $(cat "$tmp/err")"
+"${run[@]}" -np 2 "$exe" predict --resume "$tmp/five.safetensors" --data "$tmp/none.npy" --out "$tmp/p.npy" \
+  >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: predict runs in one process' "$tmp/err")" -eq 1 ] && one_error && ok ||
+  bad "predict under mpirun (rc $rc): $(cat "$tmp/err")"
 
 # Faults: kill (-9) or stop (-STOP) one rank mid-run; the job must end non-zero within
 # --comm-timeout (plus the launcher's own grace).

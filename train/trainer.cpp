@@ -268,6 +268,10 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
                                  {"grad_comm", dtype_name(cfg_.grad_comm)},
                                  {"on_nonfinite", cfg_.on_nonfinite},
                                  {"log_every", std::to_string(cfg_.log_every)},
+                                 // Rank 0 writes the checkpoint, but under ZeRO every rank takes
+                                 // part in gathering its optimizer state (a rank without a path
+                                 // would be in another collective). The paths may differ.
+                                 {"save", cfg_.save.empty() ? "none" : "a path"},
                                  {"save_every", std::to_string(cfg_.save_every)}});
     check_ranks_agree(*group_, shared);
   }
@@ -352,9 +356,19 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     }
   }
   if (!cfg_.resume.empty()) resume(cfg_.resume);
-  // Each rank reads its own copy of the checkpoint (a rank that cannot has failed above).
-  if (group_)
+  // Each rank reads its own copy of the checkpoint (a rank that cannot has failed above):
+  // copies of other runs at the same step would train replicas that never agree.
+  if (group_) {
     check_ranks_agree(*group_, {{"resume", cfg_.resume.empty() ? "none" : "step " + std::to_string(steps_done_)}});
+    if (!cfg_.resume.empty()) {
+      const std::vector<uint64_t> all = group_->gather_all(local_parameter_hash());
+      for (size_t r = 1; r < all.size(); ++r)
+        if (all[r] != all[0])
+          throw UsageError("rank 0 and rank " + std::to_string(r) +
+                           " resumed checkpoints of other parameters at the same step (TrainConfig::resume): every "
+                           "rank must resume a copy of one checkpoint");
+    }
+  }
 }
 
 namespace {
@@ -744,6 +758,18 @@ StepLoss Trainer::step(int64_t s, bool measure) {
 }
 
 uint64_t Trainer::parameter_hash() {
+  const uint64_t h = local_parameter_hash();
+  if (group_) {
+    const auto all = group_->gather_all(h);
+    for (size_t r = 0; r < all.size(); ++r)
+      if (all[r] != h)
+        throw Error("the parameters differ between ranks: rank " + std::to_string(group_->rank()) + " and rank " +
+                    std::to_string(r) + " hash differently");
+  }
+  return h;
+}
+
+uint64_t Trainer::local_parameter_hash() {
   dp_->synchronize();
   auto p = model_->flat_params().to_host();
   if (const Tensor& b = model_->flat_buffers(); b.defined()) {  // the running statistics too
@@ -753,13 +779,6 @@ uint64_t Trainer::parameter_hash() {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes
   const auto* bytes = reinterpret_cast<const unsigned char*>(p.data());
   for (size_t i = 0; i < p.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  if (group_) {
-    const auto all = group_->gather_all(h);
-    for (size_t r = 0; r < all.size(); ++r)
-      if (all[r] != h)
-        throw Error("the parameters differ between ranks: rank " + std::to_string(group_->rank()) + " and rank " +
-                    std::to_string(r) + " hash differently");
-  }
   return h;
 }
 

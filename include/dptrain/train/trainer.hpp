@@ -211,6 +211,7 @@ class Trainer {
   uint64_t parameter_hash();
 
  private:
+  uint64_t local_parameter_hash();  // this rank's, not compared
   TrainConfig cfg_;
   std::shared_ptr<nn::Sequential> model_;
   std::vector<std::unique_ptr<data::Synthetic>> data_;  // synthetic data: one per replica, on its device
