@@ -2,6 +2,7 @@
 // on the CPU.
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -677,6 +678,18 @@ TEST_CASE("a non-finite step is never applied, stops the run within kLag steps, 
   CHECK(late_done > bad);
   CHECK(late_done <= bad + NonFiniteWatch::kLag);
   CHECK(late.find("run stopped at step " + std::to_string(late_done)) != std::string::npos);
+  // A stop writes no checkpoint, and says what there is at TrainConfig::save (it once
+  // called a checkpoint that was never written "intact").
+  test::TempDir dir;
+  cfg.save = dir.file("run.safetensors");
+  CHECK(stopped_at(1000, &late_done).find(", no checkpoint was written") != std::string::npos);
+  CHECK(dir.entries().empty());
+  {
+    std::ofstream(cfg.save) << "an earlier run's";
+  }
+  CHECK(stopped_at(1000, &late_done).find(", the checkpoint '" + cfg.save + "' is left as it was") !=
+        std::string::npos);
+  cfg.save.clear();
   // skip-step: the same count read at every step, behind the steps, and on 3 replicas.
   cfg.on_nonfinite = "skip-step";
   std::vector<int64_t> skipped;

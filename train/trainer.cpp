@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <set>
 #include <thread>
@@ -810,8 +811,13 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
                                (where.empty() ? " (its squares overflowed)" : "") + "; the update was not applied";
       if (cfg_.on_nonfinite == "stop") {
         const std::string later = now > f.step + 1 ? " at step " + std::to_string(now) : "";
-        throw NonFiniteError(what + "; run stopped" + later +
-                             (cfg_.save.empty() ? "" : ", the last checkpoint is intact"));
+        // The stop writes no checkpoint: one of an earlier save point (or run) stays as it was.
+        std::error_code ec;
+        const std::string kept = cfg_.save.empty() ? ""
+                                 : std::filesystem::exists(cfg_.save, ec)
+                                     ? ", the checkpoint '" + cfg_.save + "' is left as it was"
+                                     : ", no checkpoint was written";
+        throw NonFiniteError(what + "; run stopped" + later + kept);
       }
       if (!group_ || group_->rank() == 0) report(Severity::warning, what);
       ++r.skipped;
