@@ -78,6 +78,10 @@ constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3, kExitNonFinite = 4;
 // a second signal ends it at once (SA_RESETHAND restores the default action).
 volatile std::sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
+// The status of a run stopped by a signal: 128 + its number (130 for SIGINT, 143 for
+// SIGTERM, as shells expect). A --ddp rank that stops because another rank was signalled
+// has none of its own: it ends as terminated.
+int stopped_status() { return 128 + (g_signal != 0 ? static_cast<int>(g_signal) : SIGTERM); }
 void install_signal_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -545,7 +549,7 @@ int train(Options& o) {
   install_signal_handlers();
   const dpt::TrainResult r = trainer.run(on_log, [] { return g_signal != 0; });
   const uint64_t hash = trainer.parameter_hash();  // with --ddp: compared across every rank
-  if (!lead) return r.stopped ? 128 + g_signal : 0;
+  if (!lead) return r.stopped ? stopped_status() : 0;
   if (g_progress_open) {  // a stopped run ends the progress line before its summary
     std::printf("\n");
     g_progress_open = false;
@@ -606,9 +610,10 @@ int train(Options& o) {
     std::printf("stopped by %s after step %lld\n",
                 g_signal == SIGINT    ? "SIGINT"
                 : g_signal == SIGTERM ? "SIGTERM"
-                                      : "SIGPIPE",
+                : g_signal == SIGPIPE ? "SIGPIPE"
+                                      : "a signal to another rank",
                 static_cast<long long>(trainer.steps_done()));
-    return 128 + g_signal;  // 130 for SIGINT, 143 for SIGTERM, as shells expect
+    return stopped_status();
   }
   return 0;
 }

@@ -188,9 +188,15 @@ fault() {
   echo "SIG$sig on rank $victim: job ended after $((SECONDS - start)) s with status $rc"
   [ "$sig" = STOP ] && { grep -q 'did not complete within 5 s' "$tmp/fault.err" && ok ||
     bad "SIGSTOP: no timeout message: $(cat "$tmp/fault.err")"; }
+  # A rank that is asked to stop stops them all, after one step; rank 0 names the signal
+  # (it said SIGPIPE, and ended with 128, when the signal was another rank's).
+  [ "$sig" = TERM ] && { [ $rc -eq 143 ] &&
+    grep -qE '^stopped by (a signal to another rank|SIGTERM) after step' "$tmp/fault.out" && ok ||
+    bad "SIGTERM to a rank (rc $rc): $(tail -2 "$tmp/fault.out")"; }
 }
 fault KILL
 fault STOP
+fault TERM
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

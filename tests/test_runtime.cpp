@@ -684,9 +684,7 @@ TEST_CASE("a non-finite step is never applied, stops the run within kLag steps, 
   cfg.save = dir.file("run.safetensors");
   CHECK(stopped_at(1000, &late_done).find(", no checkpoint was written") != std::string::npos);
   CHECK(dir.entries().empty());
-  {
-    std::ofstream(cfg.save) << "an earlier run's";
-  }
+  { std::ofstream(cfg.save) << "an earlier run's"; }
   CHECK(stopped_at(1000, &late_done).find(", the checkpoint '" + cfg.save + "' is left as it was") !=
         std::string::npos);
   cfg.save.clear();
