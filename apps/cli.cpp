@@ -348,7 +348,7 @@ std::string in_flags(const std::string& message) {
   static const std::pair<const char*, const char*> kSpecial[] = {
       {"DataParallelOptions::group", "--ddp"},         {"ProcessGroup::world", "--ddp"},
       {"ProcessGroup::set_timeout", "--comm-timeout"}, {"DataParallelOptions::overlap", "--no-overlap"},
-      {"InferenceConfig::checkpoint", "--resume"},
+      {"InferenceConfig::checkpoint", "--resume"},     {"TrainConfig::overlap", "--no-overlap"},
   };
   static const char* const kOwners[] = {"TrainConfig::",  "InferenceConfig::", "DataParallelOptions::",
                                         "SGD::Options::", "AdamW::Options::",  "ProcessGroup::"};

@@ -132,6 +132,13 @@ rc=$?
 rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: --resume differs between rank 0 and rank 1' "$tmp/err")" -eq 1 ] &&
   one_error && ok || bad "rank 1 alone resuming (rc $rc): $(cat "$tmp/err")"
+# The flag the user gave is named, not one derived from it (the samples for
+# --val-fraction, the data's identity for --shuffle, an --overlap that is no flag).
+"${run[@]}" -np 1 "$exe" --ddp --devices cpu --steps 3 : -np 1 "$exe" --ddp --devices cpu --steps 3 --no-overlap \
+  >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: --no-overlap differs between rank 0 and rank 1' "$tmp/err")" -eq 1 ] &&
+  one_error && ok || bad "ranks with other --no-overlap (rc $rc): $(cat "$tmp/err")"
 # Ranks that resume copies of other checkpoints at the same step trained replicas that
 # never agreed, and wrote checkpoints of them, until the hash at the end.
 "$exe" --devices cpu --steps 5 --batch 8 --momentum 0.5 --save "$tmp/other.safetensors" >/dev/null 2>&1

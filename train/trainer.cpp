@@ -254,10 +254,17 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   model_->to(master, cfg_.seed);
   if (group_) {
     // What every rank must share (before DataParallel, whose first collectives assume it):
-    // what a checkpoint records, and how the steps meet in collectives.
-    auto shared = run_settings();
-    shared.insert(shared.end(), {{"val_data", val_data_ ? std::to_string(val_data_->rows()) + " rows" : "none"},
-                                 {"eval_every", std::to_string(cfg_.eval_every)},
+    // what a checkpoint records, and how the steps meet in collectives. The first field that
+    // differs is named: the ones a user sets come before those derived from them (the data's
+    // rows and the samples follow from the validation split, the data's identity holds the
+    // shuffle).
+    std::vector<std::pair<std::string, std::string>> shared = {
+        {"val_fraction", fmt(cfg_.val_fraction)},
+        {"val_data", val_data_ ? std::to_string(val_data_->rows()) + " rows" : "none"},
+        {"shuffle", cfg_.shuffle ? "true" : "false"},
+        {"data", data_identity()}};
+    for (auto& field : run_settings()) shared.push_back(std::move(field));
+    shared.insert(shared.end(), {{"eval_every", std::to_string(cfg_.eval_every)},
                                  {"steps", std::to_string(cfg_.steps)},
                                  {"gemm", gemm_name(cfg_.gemm)},
                                  {"bucket_mb", fmt(cfg_.bucket_mb)},
