@@ -289,8 +289,9 @@ pid=$!
 (sleep 60 && kill -9 $pid 2>/dev/null) &
 watchdog=$!
 # After its first step: its handler is in place (before it, under load, a background job
-# ignores SIGINT and would run until the watchdog).
-for ((i = 0; i < 600; ++i)); do grep -q '^step 1/' out 2>/dev/null && break; sleep 0.1; done
+# ignores SIGINT and would run until the watchdog); and after the warning, which is paced
+# from the steps after the first.
+for ((i = 0; i < 600; ++i)); do grep -q '^step 1/' out 2>/dev/null && grep -q 'warning' err && break; sleep 0.1; done
 kill -INT $pid
 wait $pid
 rc=$?

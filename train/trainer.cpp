@@ -809,6 +809,9 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
   int64_t last_step = begin;
   StepLoss unread;  // the last step's loss when it was not logged
   double eval_seconds = 0;
+  bool cpu_pace = cfg_.devices.front().is_cpu();  // the CPU's pace not yet told
+  auto paced_from = start;                        // the end of the first step
+  double eval_seconds_then = 0;
   // Findings of non-finite gradients, `now` the steps done: stop or count them.
   auto handle_nonfinite = [&](int64_t now) {
     for (const NonFiniteWatch::Finding& f : watch_->take()) {
@@ -862,16 +865,6 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       if (first) {
         r.first_loss = value;
         after_first = now;
-        // A CPU device can be slower than a GPU by a thousand times: say so once, early,
-        // rather than let hours pass in silence.
-        const double left = dt / static_cast<double>(n) * static_cast<double>(cfg_.steps - done);
-        char per_step[32];
-        std::snprintf(per_step, sizeof per_step, "%.3g", dt / static_cast<double>(n));
-        if (cfg_.devices.front().is_cpu() && left > 3600 && (!group_ || group_->rank() == 0))
-          report(Severity::warning,
-                 std::string("at ") + per_step + " s a step, the " + std::to_string(cfg_.steps - done) +
-                     " steps left will take about " + rough_duration(left) +
-                     " on the CPU; a GPU (TrainConfig::devices cuda:0) trains this model far faster");
       }
       EvalResult val;
       if (evaluated) {  // not step time: the rates leave it out
@@ -889,6 +882,27 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     } else {
       unread = std::move(loss);
     }
+    // A CPU device can be slower than a GPU by a thousand times: say so once, early, rather
+    // than let hours pass in silence. Paced from the steps after the first (which pays for
+    // the start: 8 times the steady step once), over 3 steps or a second, whichever is
+    // first; a CPU step is over when step() returns.
+    if (cpu_pace && s > begin) {
+      const double since =
+          std::chrono::duration<double>(clock::now() - paced_from).count() - (eval_seconds - eval_seconds_then);
+      const int64_t steps = done - (begin + 1);
+      if (steps >= 3 || since >= 1.0) {
+        cpu_pace = false;
+        const double per = since / static_cast<double>(steps), left = per * static_cast<double>(cfg_.steps - done);
+        char per_step[32];
+        std::snprintf(per_step, sizeof per_step, "%.3g", per);
+        if (left > 3600 && (!group_ || group_->rank() == 0))
+          report(Severity::warning,
+                 std::string("at ") + per_step + " s a step, the " + std::to_string(cfg_.steps - done) +
+                     " steps left will take about " + rough_duration(left) +
+                     " on the CPU; a GPU (TrainConfig::devices cuda:0) trains this model far faster");
+      }
+    }
+    if (s == begin) paced_from = clock::now(), eval_seconds_then = eval_seconds;
     if (saved) save(cfg_.save);
   }
   watch_->drain();
