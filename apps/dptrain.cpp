@@ -725,8 +725,10 @@ int after_training(AfterTraining& a, bool predict) {
 // One line on stderr, after ending a live progress line if one is open. In a --ddp
 // job the line names the rank and the whole job is ended at once (MPI_Abort), so the
 // other ranks do not wait for a peer that is gone.
-int fail(int status, const char* what) {
-  if (g_group && g_group->size() > 1) g_group->abort(what, status);
+int fail(int status, const char* what, bool alike = false) {
+  // An error of one rank's ends the job at once, naming the rank; one that every rank meets
+  // alike once they run (`alike`) is rank 0's to report, as before they run.
+  if (g_group && g_group->size() > 1 && !alike) g_group->abort(what, status);
   // Before that, MPI may run already (the trainer starts it before it can fail).
   dpt::ProcessGroup* mpi = g_group ? g_group : dpt::ProcessGroup::world_if_made();
   const std::string who = wait_for_rank0(mpi ? mpi->rank() : launcher_rank());
@@ -747,8 +749,8 @@ int with_exit_status(const std::function<int()>& job) {
   } catch (const dpt::OutOfMemory& e) {
     return fail(kExitOom, e.what());
   } catch (const dpt::NonFiniteError& e) {
-    return fail(kExitNonFinite, e.what());
-  } catch (const std::bad_alloc&) {  // a host allocation the allocator does not make
+    return fail(kExitNonFinite, e.what(), /*alike=*/true);  // every rank checks the same reduced gradients
+  } catch (const std::bad_alloc&) {                         // a host allocation the allocator does not make
     return fail(kExitOom,
                 "out of memory on the host (a host allocation failed); use a smaller batch (--batch) or model");
   } catch (const std::length_error&) {  // a host array longer than the address space allows

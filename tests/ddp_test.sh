@@ -132,6 +132,12 @@ rc=$?
 rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: --resume differs between rank 0 and rank 1' "$tmp/err")" -eq 1 ] &&
   one_error && ok || bad "rank 1 alone resuming (rc $rc): $(cat "$tmp/err")"
+# A non-finite step stops every rank alike (they check the same reduced gradients): one
+# line, from rank 0, status 4 (each rank printed it).
+"${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 30 --lr 1e30 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 4 ] && [ "$(grep -c '^dptrain: error: step [0-9]*: the gradient of parameter .* is not finite' "$tmp/err")" \
+  -eq 1 ] && one_error && ok || bad "a non-finite stop under mpirun (rc $rc): $(cat "$tmp/err")"
 # The flag the user gave is named, not one derived from it (the samples for
 # --val-fraction, the data's identity for --shuffle, an --overlap that is no flag).
 "${run[@]}" -np 1 "$exe" --ddp --devices cpu --steps 3 : -np 1 "$exe" --ddp --devices cpu --steps 3 --no-overlap \
