@@ -433,11 +433,6 @@ int train(Options& o) {
   dpt::Trainer trainer(o.cfg);
   g_group = trainer.group();
   const auto& c = trainer.config();  // with --ddp: this rank's device
-  const size_t listed = o.cfg.devices.empty() ? dpt::default_devices().size() : o.cfg.devices.size();
-  if (g_group && g_group->size() == 1 && listed > 1)
-    dpt::report(dpt::Severity::note, "--ddp with one process trains on " + c.devices.front().str() + " alone, of the " +
-                                         std::to_string(listed) + " devices; start a process per device: mpirun -np " +
-                                         std::to_string(listed) + " dptrain --ddp ...");
   // Rank 0 alone prints and writes metrics; every rank trains and checks.
   const bool lead = !g_group || g_group->rank() == 0;
   // The metrics file is opened (and a fresh run's emptied) at the first record, so a run

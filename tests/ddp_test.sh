@@ -132,6 +132,10 @@ rc=$?
 rc=$?
 [ $rc -eq 2 ] && [ "$(grep -c '^dptrain: error: --resume differs between rank 0 and rank 1' "$tmp/err")" -eq 1 ] &&
   one_error && ok || bad "rank 1 alone resuming (rc $rc): $(cat "$tmp/err")"
+# More devices listed than ranks on the machine: said (they were idle without a word).
+"${run[@]}" -np 2 "$exe" --ddp --cpus 4 --steps 3 >"$tmp/out" 2>"$tmp/err" &&
+  [ "$(grep -c '^dptrain: note: 4 devices (--devices) for the 2 process(es) of this machine' "$tmp/err")" -eq 1 ] &&
+  ok || bad "idle devices under --ddp: $(cat "$tmp/err")"
 # A non-finite step stops every rank alike (they check the same reduced gradients): one
 # line, from rank 0, status 4 (each rank printed it).
 "${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 30 --lr 1e30 >"$tmp/out" 2>"$tmp/err"
