@@ -166,9 +166,10 @@ class StrictToml : public CLI::ConfigTOML {
     uint32_t v = 0;
     const auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), v, 16);
     if (hex.size() != static_cast<size_t>(digits) || ec != std::errc() || end != hex.data() + hex.size() ||
-        (v >= 0xD800 && v <= 0xDFFF) || v > 0x10FFFF)
-      throw CLI::ConfigError(where + ": \\" + std::string(1, digits == 4 ? 'u' : 'U') + " needs " +
-                             std::to_string(digits) + " hex digits of a Unicode scalar value, got '" + hex + "'");
+        (v >= 0xD800 && v <= 0xDFFF) || v > 0x10FFFF || v == 0)
+      throw CLI::ConfigError(
+          where + ": \\" + std::string(1, digits == 4 ? 'u' : 'U') + " needs " + std::to_string(digits) +
+          " hex digits of a Unicode scalar value other than 0 (a value ends at a NUL), got '" + hex + "'");
     at.pos += static_cast<size_t>(digits);
     std::string out;
     if (v < 0x80) {

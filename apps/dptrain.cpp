@@ -50,9 +50,9 @@ int launcher_rank() {
   return 0;
 }
 
-// How many processes the launcher started (1 when not under mpirun).
+// How many processes the launcher started (1 when not under mpirun or srun).
 int launcher_size() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
     if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
   return 1;
 }

@@ -923,6 +923,9 @@ StepLoss DataParallel::graph_step(int64_t first, int64_t count, const ShardSourc
     rethrow_source_error(source_errors);
   } catch (...) {
     offered_ = nullptr;
+    // Buffers made anew for this step are not the recorded graphs' any more: a replay after
+    // the program caught the error would read freed memory.
+    if (std::find(resized.begin(), resized.end(), 1) != resized.end()) drop_graphs();
     throw;
   }
   offered_ = nullptr;

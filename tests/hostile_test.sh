@@ -161,8 +161,9 @@ config_refused "--config line 1: model: the string has no closing \"" 'model = "
 config_refused "--config line 1: 'bogus' names no flag" 'bogus = 1'
 config_refused "--config line 1: 'config' cannot be given in a config file" 'config = "strict.toml"'
 config_refused "--config line 1: data: the escape '\\q' is not read" 'data = "a\q.npy"'
-config_refused "--config line 1: save: \\u needs 4 hex digits of a Unicode scalar value, got 'D800'" 'save = "a\uD800"'
-config_refused "--config line 1: save: \\U needs 8 hex digits of a Unicode scalar value, got '12\"'" 'save = "\U12"'
+config_refused "--config line 1: save: \\u needs 4 hex digits of a Unicode scalar value other than 0 (a value ends at a NUL), got 'D800'" 'save = "a\uD800"'
+config_refused "--config line 1: save: \\U needs 8 hex digits of a Unicode scalar value other than 0 (a value ends at a NUL), got '12\"'" 'save = "\U12"'
+config_refused "--config line 1: save: \\u needs 4 hex digits of a Unicode scalar value other than 0 (a value ends at a NUL), got '0000'" 'save = "a\u0000b"'
 # TOML's Unicode escapes are the character's UTF-8.
 printf 'save = "caf\\u00e9-\\U0001F600.ckpt"\n' >unicode.toml
 run "${cpu[@]}" --config unicode.toml >out 2>&1 && [ -s "café-😀.ckpt" ] && ok ||

@@ -3,6 +3,7 @@
 // the public API, 2026-12-05). Each is now an exception with one line that says what.
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <filesystem>
@@ -370,12 +371,12 @@ class FailingRows : public LabelRows {
  public:
   FailingRows(std::vector<int32_t> labels, int fail_from) : LabelRows(std::move(labels)), left_(fail_from) {}
   void gather_host(std::span<const int64_t> rows, const data::HostRows& into) const override {
-    if (left_-- <= 0) throw DiskGone();
+    if (left_.fetch_sub(1) <= 0) throw DiskGone();  // the replicas' threads gather at once
     LabelRows::gather_host(rows, into);
   }
 
  private:
-  mutable int left_;
+  mutable std::atomic<int> left_;
 };
 }  // namespace
 

@@ -270,9 +270,9 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     // shuffle).
     std::vector<std::pair<std::string, std::string>> shared = {
         {"val_fraction", fmt(cfg_.val_fraction)},
-        {"val_data", val_data_ ? std::to_string(val_data_->rows()) + " rows" : "none"},
         {"shuffle", cfg_.shuffle ? "true" : "false"},
-        {"data", data_identity()}};
+        {"data", data_identity()},
+        {"val_data", val_data_ ? std::to_string(val_data_->rows()) + " rows" : "none"}};
     for (auto& field : run_settings()) shared.push_back(std::move(field));
     shared.insert(shared.end(), {{"eval_every", std::to_string(cfg_.eval_every)},
                                  {"steps", std::to_string(cfg_.steps)},
