@@ -16,6 +16,7 @@
 
 #include <dptrain/error.hpp>
 
+#include "../data/safetensors.hpp"
 #include "../train/atomic_file.hpp"
 
 namespace dpt::app {
@@ -172,21 +173,7 @@ class StrictToml : public CLI::ConfigTOML {
           " hex digits of a Unicode scalar value other than 0 (a value ends at a NUL), got '" + hex + "'");
     at.pos += static_cast<size_t>(digits);
     std::string out;
-    if (v < 0x80) {
-      out += static_cast<char>(v);
-    } else if (v < 0x800) {
-      out += static_cast<char>(0xC0 | v >> 6);
-      out += static_cast<char>(0x80 | (v & 0x3F));
-    } else if (v < 0x10000) {
-      out += static_cast<char>(0xE0 | v >> 12);
-      out += static_cast<char>(0x80 | (v >> 6 & 0x3F));
-      out += static_cast<char>(0x80 | (v & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | v >> 18);
-      out += static_cast<char>(0x80 | (v >> 12 & 0x3F));
-      out += static_cast<char>(0x80 | (v >> 6 & 0x3F));
-      out += static_cast<char>(0x80 | (v & 0x3F));
-    }
+    data::safetensors::append_utf8(out, v);
     return out;
   }
 

@@ -10,6 +10,7 @@
 
 #include <dptrain/error.hpp>
 
+#include "../data/safetensors.hpp"
 #include "../train/atomic_file.hpp"
 
 namespace dpt::plot {
@@ -33,12 +34,10 @@ std::string escape(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x80) {  // a UTF-8 sequence: its lead byte says how long, each follower is 10xxxxxx
-      const size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-      bool ok = len > 0 && c >= 0xC2 && c <= 0xF4 && i + len <= s.size();
-      for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-      out += ok ? s.substr(i, len) : kReplacement;
-      i += ok ? len : 1;
+    if (c >= 0x80) {  // a UTF-8 sequence, or a byte of none
+      const size_t len = data::safetensors::utf8_length(reinterpret_cast<const uint8_t*>(s.data()) + i, s.size() - i);
+      out += len > 0 ? s.substr(i, len) : kReplacement;
+      i += len > 0 ? len : 1;
       continue;
     }
     switch (c) {

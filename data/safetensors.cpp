@@ -12,44 +12,6 @@ namespace {
 
 constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
 
-// Length of the valid UTF-8 character at p (n bytes available), or 0: overlong forms,
-// surrogates and code points past U+10FFFF are invalid (RFC 3629).
-size_t utf8_length(const uint8_t* p, size_t n) {
-  const uint8_t c = p[0];
-  if (c < 0x80) return 1;
-  size_t len;
-  uint32_t cp, min;
-  if ((c & 0xE0) == 0xC0) {
-    len = 2, cp = c & 0x1Fu, min = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3, cp = c & 0x0Fu, min = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4, cp = c & 0x07u, min = 0x10000;
-  } else {
-    return 0;
-  }
-  if (n < len) return 0;
-  for (size_t i = 1; i < len; ++i) {
-    if ((p[i] & 0xC0) != 0x80) return 0;
-    cp = cp << 6 | (p[i] & 0x3Fu);
-  }
-  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-  return len;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  auto byte = [&](uint32_t b) { out += static_cast<char>(static_cast<uint8_t>(b)); };
-  if (cp < 0x80) {
-    byte(cp);
-  } else if (cp < 0x800) {
-    byte(0xC0 | cp >> 6), byte(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    byte(0xE0 | cp >> 12), byte(0x80 | (cp >> 6 & 0x3F)), byte(0x80 | (cp & 0x3F));
-  } else {
-    byte(0xF0 | cp >> 18), byte(0x80 | (cp >> 12 & 0x3F)), byte(0x80 | (cp >> 6 & 0x3F)), byte(0x80 | (cp & 0x3F));
-  }
-}
-
 // "F32, BF16 and I32".
 std::string name_list(const std::vector<ArrayDType>& types) {
   std::string s;
@@ -360,6 +322,42 @@ const char* dtype_name(ArrayDType t) {
       return "I64";
   }
   return "?";
+}
+
+size_t utf8_length(const uint8_t* p, size_t n) {
+  const uint8_t c = p[0];
+  if (c < 0x80) return 1;
+  size_t len;
+  uint32_t cp, min;
+  if ((c & 0xE0) == 0xC0) {
+    len = 2, cp = c & 0x1Fu, min = 0x80;
+  } else if ((c & 0xF0) == 0xE0) {
+    len = 3, cp = c & 0x0Fu, min = 0x800;
+  } else if ((c & 0xF8) == 0xF0) {
+    len = 4, cp = c & 0x07u, min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (n < len) return 0;
+  for (size_t i = 1; i < len; ++i) {
+    if ((p[i] & 0xC0) != 0x80) return 0;
+    cp = cp << 6 | (p[i] & 0x3Fu);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return len;
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  auto byte = [&](uint32_t b) { out += static_cast<char>(static_cast<uint8_t>(b)); };
+  if (cp < 0x80) {
+    byte(cp);
+  } else if (cp < 0x800) {
+    byte(0xC0 | cp >> 6), byte(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    byte(0xE0 | cp >> 12), byte(0x80 | (cp >> 6 & 0x3F)), byte(0x80 | (cp & 0x3F));
+  } else {
+    byte(0xF0 | cp >> 18), byte(0x80 | (cp >> 12 & 0x3F)), byte(0x80 | (cp >> 6 & 0x3F)), byte(0x80 | (cp & 0x3F));
+  }
 }
 
 std::string printable(const std::string& s) {

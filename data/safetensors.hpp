@@ -67,6 +67,11 @@ Header read_header(const uint8_t* header, uint64_t n, uint64_t file_size, const 
 // text) and long names cut short.
 std::string printable(const std::string& s);
 bool valid_utf8(const std::string& s);
+// Length of the valid UTF-8 character at p (n > 0 bytes available), or 0: overlong forms,
+// surrogates and code points past U+10FFFF are invalid (RFC 3629).
+size_t utf8_length(const uint8_t* p, size_t n);
+// Code point `cp` (a Unicode scalar value) appended to `out` in UTF-8.
+void append_utf8(std::string& out, uint32_t cp);
 // Whether `bytes` is exactly the data of `count` elements of `t` (no overflow possible).
 bool holds(uint64_t bytes, int64_t count, ArrayDType t);
 

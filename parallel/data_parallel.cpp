@@ -1125,8 +1125,7 @@ StepLoss DataParallel::step_body(int64_t first, int64_t count, const ShardSource
     NvtxRange range("reduce");
     reducer_->reduce();
   }
-  if (std::find_if(source_error_.begin(), source_error_.end(), [](const auto& e) { return e != nullptr; }) !=
-      source_error_.end()) {
+  if (std::any_of(source_error_.begin(), source_error_.end(), [](const auto& e) { return e != nullptr; })) {
     synchronize();  // the collectives are done, on every replica
     rethrow_source_error(source_error_);
   }
