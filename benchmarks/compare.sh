@@ -13,12 +13,13 @@
 #   multi:  (more than one GPU) mlp fp32 on 1, 2, 4, ... N GPUs, weak scaling (4096 per
 #           GPU) and strong scaling (4096 x N in all): dptrain nccl against DDP, dptrain
 #           p2p against nn.DataParallel; efficiency against each side's plain 1-GPU step
-# Usage: compare.sh [single|multi|all] (all). Logs and dpbench's files go to $OUT (the
+#   loop:   single's training loop block alone
+# Usage: compare.sh [single|multi|loop|all] (all). Logs and dpbench's files go to $OUT (the
 # device tool's folder) or /tmp/dpt_compare.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 what=${1:-all}
-case $what in single | multi | all) ;; *) echo "usage: $0 [single|multi|all]" >&2; exit 2 ;; esac
+case $what in single | multi | loop | all) ;; *) echo "usage: $0 [single|multi|loop|all]" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/dpt_compare}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast can take a shared host's GPUs down (GPU.md)
@@ -27,11 +28,13 @@ if [ ! -f build/build.ninja ]; then
   bash .ci/deps
   cmake -S . -B build -G Ninja -DDPT_WERROR=ON >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
 fi
-cmake --build build --target dpbench >"$out/build.log" 2>&1 || { grep -E 'error' "$out/build.log" | head -40; exit 1; }
 dpbench=build/benchmarks/dpbench
 gpus=$(nvidia-smi -L | wc -l)
 graph=0
-"$dpbench" --help | grep -q -- '--cuda-graph' && graph=1
+if [ "$what" != loop ]; then
+  cmake --build build --target dpbench >"$out/build.log" 2>&1 || { grep -E 'error' "$out/build.log" | head -40; exit 1; }
+  "$dpbench" --help | grep -q -- '--cuda-graph' && graph=1
+fi
 
 # Steps on both sides: dpbench's warm-up + timed steps = torch_bench's warm-up + blocks x steps.
 # dpbench NAME ARGS...: a dpbench run into $out/NAME; a failure ends the script.
@@ -41,7 +44,7 @@ run_dpbench() {
   "$dpbench" "$@" --out "$out/$name" >"$out/$name.log" 2>&1 || { tail -5 "$out/$name.log"; exit 1; }
 }
 
-if [ "$what" != multi ]; then
+if [ "$what" = single ] || [ "$what" = all ]; then
   for w in "seed 64" "mlp 4096" "cnn 256"; do
     read -r model batch <<<"$w"
     args=(--gpus 1 --model "$model" --batch "$batch" --precision "fp32,tf32,bf16" --scaling weak
@@ -58,6 +61,8 @@ if [ "$what" != multi ]; then
       done
     done
   done 2>&1 | tee "$out/torch-single.log"
+fi
+if [ "$what" != multi ]; then
   cmake --build build --target dptrain_cli >>"$out/build.log" 2>&1 || { grep -E 'error' "$out/build.log" | head; exit 1; }
   # The loop end to end: dptrain's summary ms/step beside PyTorch's loop (the same steps).
   {
@@ -76,10 +81,10 @@ if [ "$what" != multi ]; then
       done
     done
   } 2>&1 | tee "$out/loop.log"
-  OUT="$out/file-data" bash benchmarks/file_data_bench.sh build >"$out/file-data.txt" 2>&1
+  [ "$what" = loop ] || OUT="$out/file-data" bash benchmarks/file_data_bench.sh build >"$out/file-data.txt" 2>&1
 fi
 
-if [ "$what" != single ] && [ "$gpus" -gt 1 ]; then
+if { [ "$what" = multi ] || [ "$what" = all ]; } && [ "$gpus" -gt 1 ]; then
   run_dpbench multi --gpus "$gpus" --model mlp --batch 4096 --precision fp32 --reduce nccl,p2p \
     --scaling weak,strong --warmup 10 --steps 49
   counts=()
