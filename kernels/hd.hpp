@@ -60,15 +60,18 @@ DPT_HD float scale_from_norm_sq(float sq, float max_norm) {
 
 // The ring's next record (CheckRecord) into *rec, from the scale and the first non-finite
 // index found (INT64_MAX: none); counts it, and returns the slot the caller stores it in.
-DPT_HD CheckRecord* next_check_record(const CheckRingArgs& ring, float scale, int64_t first_bad, CheckRecord* rec) {
+// `count` is the ring's count (*ring.count), read by the caller: an update kernel reads it
+// before its dependent-launch wait.
+DPT_HD CheckRecord* next_check_record(const CheckRingArgs& ring, int64_t count, float scale, int64_t first_bad,
+                                      CheckRecord* rec) {
 #if defined(__CUDA_ARCH__)
   rec->scale_bits = __float_as_int(scale);
 #else
   std::memcpy(&rec->scale_bits, &scale, 4);
 #endif
   rec->index = finite(scale) ? -1 : first_bad < INT32_MAX ? static_cast<int32_t>(first_bad) : INT32_MAX;
-  CheckRecord* slot = ring.records + (*ring.count % ring.slots);
-  rec->tag = *ring.count + 1;
+  CheckRecord* slot = ring.records + (count % ring.slots);
+  rec->tag = count + 1;
   *ring.count = rec->tag;
   return slot;
 }

@@ -77,7 +77,7 @@ void finish_check(const float* sum, const int64_t* first, float max_norm, float*
   *scale = scale_from_norm_sq(*sum, max_norm);
   if (!ring) return;
   CheckRecord rec;
-  CheckRecord* slot = next_check_record(*ring, *scale, *first, &rec);
+  CheckRecord* slot = next_check_record(*ring, *ring->count, *scale, *first, &rec);
   *slot = rec;
 }
 

@@ -210,17 +210,25 @@ __device__ long long block_min(long long v) {
   return m;
 }
 
+// The ring's count of records written (0 without a ring). The update kernels read it, as
+// the step counter, before their dependent-launch wait: only the kernels that check write
+// it, one a step, and by the time an update starts, every kernel before the one ahead of
+// it has finished, the last step's check among them (checked_update_kernel says why).
+__device__ __forceinline__ int64_t ring_count(const CheckRingArgs& ring) { return ring.records ? *ring.count : 0; }
+
 // The scale from the squared norm and, with a ring, the check's record. One 16-byte store
 // (a record is 16-byte aligned), without a system-wide fence on the step's critical path:
 // it reaches host memory as one transfer, so the host, which reads the tag first, sees the
 // record whole (an assumption about the hardware that CUDA does not document; a torn read
 // would pair a new tag with the old scale).
-__device__ void write_check(float sum, long long first, float max_norm, float* scale, const CheckRingArgs& ring) {
+// `count` is the ring's count, read by the caller (ring_count).
+__device__ void write_check(float sum, long long first, float max_norm, float* scale, const CheckRingArgs& ring,
+                            int64_t count) {
   const float sc = scale_from_norm_sq(sum, max_norm);
   *scale = sc;
   if (!ring.records) return;
   CheckRecord rec;
-  CheckRecord* slot = next_check_record(ring, sc, first, &rec);
+  CheckRecord* slot = next_check_record(ring, count, sc, first, &rec);
   *reinterpret_cast<int4*>(slot) = *reinterpret_cast<const int4*>(&rec);
 }
 
@@ -292,7 +300,7 @@ __device__ void check_finish(float s, long long bad, float max_norm, float* part
     *first_out = first == LLONG_MAX ? LLONG_MAX : base + first;
     return;
   }
-  write_check(static_cast<float>(total), first, max_norm, scale, ring);
+  write_check(static_cast<float>(total), first, max_norm, scale, ring, ring_count(ring));
 }
 
 // A thread's terms of the check, in check_take's order. Four loads in flight a thread (one
@@ -493,10 +501,11 @@ static __global__ void checked_update_kernel(const float* g, int64_t n, float ma
     for (int k = 0; k < kHeld; ++k)
       if (tid + k * stride < n4) held[k] = update.load(tid + k * stride);
   }
-  DPT_WAIT_PREVIOUS_GRID();
   float values[3] = {lr, bc1, bc2};
-  const int64_t t = read_step(step, values);
+  const int64_t t = read_step(step, values);  // before the wait, as the held state (above)
   update.set_values(values);
+  const int64_t count = blockIdx.x == 0 && threadIdx.x == 0 ? ring_count(ring) : 0;  // write_check's
+  DPT_WAIT_PREVIOUS_GRID();
   unsigned* released = step.blocks_done + 1;
   const auto epoch = static_cast<unsigned>(t + 1);
   float s = 0.f;
@@ -525,7 +534,7 @@ static __global__ void checked_update_kernel(const float* g, int64_t n, float ma
   __shared__ float block_scale;
   if (threadIdx.x == 0) {
     block_scale = scale_from_norm_sq(static_cast<float>(total), max_norm);
-    if (blockIdx.x == 0) write_check(static_cast<float>(total), first, max_norm, scale, ring);
+    if (blockIdx.x == 0) write_check(static_cast<float>(total), first, max_norm, scale, ring, count);
   }
   __syncthreads();
   const float sc = block_scale;
@@ -548,14 +557,15 @@ static __global__ void checked_update_kernel(const float* g, int64_t n, float ma
 // read it, before its part). True in every thread of that block where the norm is not
 // finite, so the step must be undone; false in every other block.
 __device__ bool last_block_finds_skip(float s, long long bad, float* part, long long* bad_part, unsigned* counter,
-                                      float* scale, const CheckRingArgs& ring, const StepCounterArgs& step, int64_t t) {
+                                      float* scale, const CheckRingArgs& ring, int64_t count,
+                                      const StepCounterArgs& step, int64_t t) {
   if (!check_block_part(s, bad, part, bad_part, counter)) return false;  // every block's stores are visible to the last
   double total;
   long long first;
   check_total(part, bad_part, total, first);
   __shared__ bool skipped;
   if (threadIdx.x == 0) {
-    write_check(static_cast<float>(total), first, 0.f, scale, ring);
+    write_check(static_cast<float>(total), first, 0.f, scale, ring, count);
     skipped = !isfinite(scale_from_norm_sq(static_cast<float>(total), 0.f));
     if (step.t && step.advance) *step.t = t + 1;
   }
@@ -611,10 +621,11 @@ static __global__ void speculative_update_kernel(const float* g, int64_t n, floa
       update.save(held[k], backup, tid + k * stride);
     }
   for (int64_t i = 4 * n4 + tid; i < n; i += stride) update.save1(backup, i);
-  DPT_WAIT_PREVIOUS_GRID();
   float values[3] = {lr, bc1, bc2};
-  const int64_t t = read_step(step, values);
+  const int64_t t = read_step(step, values);  // before the wait, as the held state (checked_update_kernel)
   update.set_values(values);
+  const int64_t count = threadIdx.x == 0 ? ring_count(ring) : 0;  // the last block's thread 0 writes the record
+  DPT_WAIT_PREVIOUS_GRID();
   float s = 0.f;
   long long bad = LLONG_MAX;
   float4 held_g[kHeld];
@@ -631,7 +642,7 @@ static __global__ void speculative_update_kernel(const float* g, int64_t n, floa
     check_take1(g[i], i, s, bad);
     update.one(i, g, one);
   }
-  if (!last_block_finds_skip(s, bad, part, bad_part, counter, scale, ring, step, t)) return;
+  if (!last_block_finds_skip(s, bad, part, bad_part, counter, scale, ring, count, step, t)) return;
   put_back4(update, n4, [&](int64_t i) { return update.backed(backup, i); });
   for (int64_t i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) update.restore1(backup, i);
 }
@@ -692,7 +703,7 @@ static __global__ void alternating_update_kernel(const float* g, int64_t n, floa
     check_take1(g[j], j, s, bad);
     to.one_from(from, j, g, one);
   }
-  if (!last_block_finds_skip(s, bad, part, bad_part, counter, scale, ring, step, t)) return;
+  if (!last_block_finds_skip(s, bad, part, bad_part, counter, scale, ring, ring_count(ring), step, t)) return;
   put_back4(to, n4, [&](int64_t i) { return from.load(i); });
   for (int64_t j = 4 * n4 + threadIdx.x; j < n; j += blockDim.x) to.copy1(from, j);
 }
@@ -700,7 +711,7 @@ static __global__ void alternating_update_kernel(const float* g, int64_t n, floa
 // ZeRO: the check from the shards' parts, summed and min'd over the devices.
 static __global__ void finish_check_kernel(const float* sum, const int64_t* first, float max_norm, float* scale,
                                            CheckRingArgs ring) {
-  write_check(*sum, *first, max_norm, scale, ring);
+  write_check(*sum, *first, max_norm, scale, ring, ring_count(ring));
 }
 
 }  // namespace
