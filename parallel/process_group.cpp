@@ -99,6 +99,7 @@ ProcessGroup::ProcessGroup() {
   DPT_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
   DPT_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
   DPT_MPI_CHECK(MPI_Comm_size(node, &local_size_));
+  DPT_MPI_CHECK(MPI_Allreduce(&rank_, &machine_, 1, MPI_INT, MPI_MIN, node));
   MPI_Comm_free(&node);
 }
 

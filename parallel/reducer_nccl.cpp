@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <map>
 #include <set>
 #include <thread>
 #include <utility>
@@ -27,6 +29,31 @@ namespace dpt {
 bool built_with_nccl() { return true; }
 
 namespace {
+
+// NCCL takes a GPU once in a communicator (two ranks on one fail its initialization as
+// "invalid usage"): ranks that would share one are refused here, named with the GPU. The
+// GPU is told by its machine and PCI location, not its index: a launcher may give each
+// process a GPU of its own through CUDA_VISIBLE_DEVICES, every one of them cuda:0 there.
+// A collective: every rank calls it, and every rank throws alike.
+void refuse_shared_gpus(ProcessGroup& g, const Device& d) {
+  const std::string pci = pci_location(d);
+  unsigned domain = 0, bus = 0, slot = 0;
+  DPT_CHECK(std::sscanf(pci.c_str(), "%x:%x:%x", &domain, &bus, &slot) == 3, "a PCI location " + pci);
+  const uint64_t mine = uint64_t{static_cast<uint32_t>(g.machine())} << 32 | domain << 16 | bus << 8 | slot;
+  const std::vector<uint64_t> all = g.gather_all(mine);
+  std::map<uint64_t, int> first;  // a GPU, the first rank on it
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    const auto [at, fresh] = first.emplace(all[static_cast<size_t>(r)], r);
+    if (fresh) continue;
+    char where[64];
+    std::snprintf(where, sizeof where, "%04x:%02x:%02x", static_cast<unsigned>(at->first >> 16 & 0xffff),
+                  static_cast<unsigned>(at->first >> 8 & 0xff), static_cast<unsigned>(at->first & 0xff));
+    throw UsageError("ranks " + std::to_string(at->second) + " and " + std::to_string(r) +
+                     " would train on one GPU (PCI " + where + " of rank " + std::to_string(at->first >> 32) +
+                     "'s machine), and NCCL takes a GPU once: start a process a GPU (the local rank picks its "
+                     "GPU from TrainConfig::devices), or give each process a GPU of its own");
+  }
+}
 
 class NcclReducer : public Reducer {
  public:
@@ -92,6 +119,7 @@ class NcclReducer : public Reducer {
     DPT_CHECK(shards_.empty() || shards_.size() == static_cast<size_t>(g.size()), "ZeRO shards: one a rank");
     const Device d = r_[0].ctx->device();
     DPT_CHECK(d.is_cuda(), "the NCCL reduction is for CUDA tensors");
+    refuse_shared_gpus(g, d);
     ncclUniqueId id{};
     if (g.rank() == 0) DPT_NCCL_CHECK(ncclGetUniqueId(&id));
     g.broadcast(&id, sizeof id, 0);

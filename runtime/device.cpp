@@ -107,6 +107,22 @@ std::string describe_device(const Device& d) {
   return d.str() + (d.is_cpu() ? " (host)" : "");
 }
 
+std::string pci_location(const Device& d) {
+  if (!d.is_cuda()) return "";
+#if DPT_WITH_CUDA
+  int domain = 0, bus = 0, slot = 0;
+  for (auto [value, attr] : {std::pair{&domain, cudaDevAttrPciDomainId}, std::pair{&bus, cudaDevAttrPciBusId},
+                             std::pair{&slot, cudaDevAttrPciDeviceId}})
+    if (const cudaError_t e = cudaDeviceGetAttribute(value, attr, d.index); e != cudaSuccess)
+      throw Error("the PCI location of " + d.str() + ": " + cudaGetErrorString(e));
+  char text[32];
+  std::snprintf(text, sizeof text, "%04x:%02x:%02x", domain, bus, slot);
+  return text;
+#else
+  throw UsageError("pci_location: " + d.str() + " in a build without CUDA");
+#endif
+}
+
 namespace {
 // The (reader, owner) GPU pairs whose peer access enable_peer_access turned on.
 std::mutex peers_mutex;

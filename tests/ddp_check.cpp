@@ -5,6 +5,7 @@
 // running statistics). `--cuda-graph 1` (GPU ranks): the ranks record their steps, the
 // collectives and the running statistics' broadcast with them, and the same holds.
 // Exit status 0 when every check passes on every rank, 1 otherwise.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -192,6 +193,14 @@ int main(int argc, char** argv) {
                     ok ? "ok" : "FAILED");
         if (!ok) ++failures;
       }
+    }
+    if (g.local_size() == g.size()) {
+      // Every rank on this machine: its name among the ranks (ProcessGroup::machine, which
+      // tells GPUs of one machine from another's) is its lowest rank, 0, on every rank.
+      const std::vector<uint64_t> machines = g.gather_all(static_cast<uint64_t>(g.machine()));
+      const bool ok = std::all_of(machines.begin(), machines.end(), [](uint64_t m) { return m == 0; });
+      std::printf("the machine of every rank: %s\n", ok ? "ok" : "FAILED");
+      if (!ok) ++failures;
     }
     if (g.size() > 1) {
       // A program whose ranks build models of other sizes: DataParallel refuses it on every

@@ -3,7 +3,7 @@
 # on logical replicas, non-finite gradients stop a run or are skipped, out of memory ends
 # with its message and status 3 (no core dump, no checkpoint), and DDP with NCCL runs
 # under mpirun, eager and recorded as a CUDA graph (`ddp_check`, the second argument where
-# the build has MPI). Exits 77 (skipped) without a GPU.
+# the build has MPI), and two ranks on one GPU are refused. Exits 77 (skipped) without a GPU.
 set -u
 exe=$1 ddp_check=${2:-}
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU: skipped"; exit 77; }
@@ -58,6 +58,13 @@ if command -v mpirun >/dev/null; then
   "${mpi[@]}" "$exe" "${job[@]}" --cuda-graph >"$tmp/graph.out" 2>&1
   [ -n "$(hash_of "$tmp/eager.out")" ] && [ "$(hash_of "$tmp/eager.out")" = "$(hash_of "$tmp/graph.out")" ] && ok ||
     bad "--ddp --cuda-graph is not the eager --ddp run bit for bit: $(tail -3 "$tmp/eager.out") vs $(tail -3 "$tmp/graph.out")"
+  # Two ranks on the one GPU: refused before NCCL is asked (which would fail as "invalid
+  # usage"), naming the ranks and the GPU, exit 2, within the timeout.
+  timeout 120 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+    mpirun -np 2 -x NCCL_NVLS_ENABLE=0 "$exe" --ddp --devices cuda:0 --steps 5 >"$tmp/out" 2>&1
+  rc=$?
+  [ $rc -eq 2 ] && grep -q 'ranks 0 and 1 would train on one GPU (PCI [0-9a-f:]* of rank 0' "$tmp/out" && ok ||
+    bad "two ranks on one GPU: status $rc: $(cat "$tmp/out")"
   if [ -n "$ddp_check" ]; then
     for extra in "" "--zero 1" "--grad-accum 3 --batch 21"; do
       "${mpi[@]}" "$ddp_check" --device cuda --cuda-graph 1 $extra >"$tmp/out" 2>&1 &&

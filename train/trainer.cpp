@@ -243,16 +243,14 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     group_ = &ProcessGroup::world();
     group_->set_timeout(cfg_.comm_timeout);
     const Device mine = cfg_.devices[static_cast<size_t>(group_->local_rank()) % cfg_.devices.size()];
-    // A list longer than this machine's ranks leaves devices idle, one shorter puts ranks
-    // on one GPU (NCCL refuses a GPU twice in a communicator): said, not silently done.
+    // A list longer than this machine's ranks leaves devices idle: said, not silently done.
+    // (One shorter may be right: a launcher may give each process its own GPU, each
+    // then its cuda:0. Ranks that do share a GPU are refused where NCCL is set up.)
     const auto listed = static_cast<int>(cfg_.devices.size()), local = group_->local_size();
     if (group_->rank() == 0 && listed > local)
       report(Severity::note, std::to_string(listed) + " devices (TrainConfig::devices) for the " +
                                  std::to_string(local) + " process(es) of this machine, each of which trains on one: " +
                                  std::to_string(listed - local) + " of them idle; start a process a device");
-    if (group_->rank() == 0 && mine.is_cuda() && local > listed)
-      report(Severity::warning, std::to_string(local) + " processes on this machine share its " +
-                                    std::to_string(listed) + " GPU(s) (TrainConfig::devices): start a process a GPU");
     cfg_.devices = {mine};
   }
   if (cfg_.warmup >= cfg_.steps && (!group_ || group_->rank() == 0))

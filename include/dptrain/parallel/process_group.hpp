@@ -28,6 +28,7 @@ class ProcessGroup {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }  // among the ranks of this machine
   int local_size() const { return local_size_; }  // the ranks of this machine
+  int machine() const { return machine_; }        // this machine's lowest rank: its name among the ranks
   // Seconds any wait for the other ranks may take before the job is aborted: a finite
   // number >= 0.1 (UsageError otherwise).
   void set_timeout(double seconds);
@@ -61,7 +62,7 @@ class ProcessGroup {
   ~ProcessGroup();
   // Waits for request handles (MPI_Request) until done or the timeout.
   void wait(void* requests, int count, const char* what);
-  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, machine_ = 0;
   double timeout_s_ = 300.0;
   std::vector<uint64_t> pending_;  // MPI_Request handles of the started collectives not yet completed
   uint64_t started_ = 0;           // collectives started, ever; pending_ holds the last pending_.size()
