@@ -130,6 +130,11 @@ struct DataParallelOptions {
   bool cuda_graph = false;
   // Several processes (DDP): this process trains its rank's part of every batch on its
   // one device, and gradients are summed over every rank (NCCL on GPUs, MPI on CPUs).
+  // An exception from a step is this rank's alone. A rank whose source throws in an eager
+  // step still takes part in its collectives and applies no update, while the others
+  // apply theirs; as a CUDA graph it does not replay, and the others wait in the step's
+  // collectives until the group's timeout. A program that catches it must end the job
+  // (ProcessGroup::abort), not step again: the ranks' parameters differ from then on.
   ProcessGroup* group = nullptr;
 };
 
