@@ -36,10 +36,7 @@ namespace {
 // process a GPU of its own through CUDA_VISIBLE_DEVICES, every one of them cuda:0 there.
 // A collective: every rank calls it, and every rank throws alike.
 void refuse_shared_gpus(ProcessGroup& g, const Device& d) {
-  const std::string pci = pci_location(d);
-  unsigned domain = 0, bus = 0, slot = 0;
-  DPT_CHECK(std::sscanf(pci.c_str(), "%x:%x:%x", &domain, &bus, &slot) == 3, "a PCI location " + pci);
-  const uint64_t mine = uint64_t{static_cast<uint32_t>(g.machine())} << 32 | domain << 16 | bus << 8 | slot;
+  const uint64_t mine = uint64_t{static_cast<uint32_t>(g.machine())} << 32 | pci_location(d);
   const std::vector<uint64_t> all = g.gather_all(mine);
   std::map<uint64_t, int> first;  // a GPU, the first rank on it
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {

@@ -107,17 +107,15 @@ std::string describe_device(const Device& d) {
   return d.str() + (d.is_cpu() ? " (host)" : "");
 }
 
-std::string pci_location(const Device& d) {
-  if (!d.is_cuda()) return "";
+uint32_t pci_location(const Device& d) {
+  if (!d.is_cuda()) throw UsageError("pci_location: " + d.str() + " is not a GPU");
 #if DPT_WITH_CUDA
   int domain = 0, bus = 0, slot = 0;
   for (auto [value, attr] : {std::pair{&domain, cudaDevAttrPciDomainId}, std::pair{&bus, cudaDevAttrPciBusId},
                              std::pair{&slot, cudaDevAttrPciDeviceId}})
     if (const cudaError_t e = cudaDeviceGetAttribute(value, attr, d.index); e != cudaSuccess)
       throw Error("the PCI location of " + d.str() + ": " + cudaGetErrorString(e));
-  char text[32];
-  std::snprintf(text, sizeof text, "%04x:%02x:%02x", domain, bus, slot);
-  return text;
+  return static_cast<uint32_t>(domain) << 16 | static_cast<uint32_t>(bus) << 8 | static_cast<uint32_t>(slot);
 #else
   throw UsageError("pci_location: " + d.str() + " in a build without CUDA");
 #endif

@@ -31,6 +31,10 @@ TEST_CASE("device strings parse and bad ones are refused with a reason", "[devic
   CHECK_THROWS_AS(check_device({DeviceType::cuda, gpus}), UsageError);  // one past the last GPU
   if (gpus > 0) CHECK_THROWS_AS(parse_devices("cpu:0,cuda:0"), UsageError);
   CHECK(default_devices().size() == static_cast<size_t>(std::max(gpus, 1)));
+  // A GPU's PCI location tells GPUs apart (ranks sharing one are refused by it); a CPU
+  // device has none.
+  CHECK_THROWS_AS(pci_location(Device{DeviceType::cpu, 0}), UsageError);
+  if (gpus > 1) CHECK(pci_location({DeviceType::cuda, 0}) != pci_location({DeviceType::cuda, 1}));
 }
 
 TEST_CASE("the caching allocator reuses blocks and keeps exact stats", "[allocator]") {

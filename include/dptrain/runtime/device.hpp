@@ -1,6 +1,7 @@
 // Devices: `cuda:i` for GPU i and `cpu:i` for virtual CPU devices (`cpu` = `cpu:0`).
 // Several cpu:i let data parallelism run, and be tested, on a machine without a GPU.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,10 +38,11 @@ std::vector<Device> parse_devices(std::string_view list);
 void check_device(const Device& d);
 // "cuda:0 (NVIDIA H200, 140.4 GiB)" or "cpu:0 (host)".
 std::string describe_device(const Device& d);
-// Where GPU `d` sits on this machine's PCI bus, as "0000:1b:00" (domain, bus, device):
-// processes that name GPUs by index under CUDA_VISIBLE_DEVICES of their own (one GPU
-// each, every one of them cuda:0) are told apart by it. Empty for a CPU device.
-std::string pci_location(const Device& d);
+// Where GPU `d` sits on this machine's PCI bus: domain << 16 | bus << 8 | device (printed
+// as %04x:%02x:%02x). Processes that name GPUs by index under CUDA_VISIBLE_DEVICES of
+// their own (one GPU each, every one of them cuda:0) are told apart by it. Throws
+// UsageError for a CPU device.
+uint32_t pci_location(const Device& d);
 // Lets every pair of distinct GPUs in `devices` read each other's memory directly where
 // the hardware allows (copies between the others are staged by the driver).
 void enable_peer_access(const std::vector<Device>& devices);
