@@ -664,7 +664,7 @@ void classify(const std::vector<float>& scores, int64_t rows, int64_t classes, s
 int after_training(AfterTraining& a, bool predict) {
   if (const int n = launcher_size(); n > 1)
     throw dpt::UsageError(std::string(predict ? "predict" : "eval") +
-                          " runs in one process (it uses every GPU there); " + "under mpirun each of the " +
+                          " runs in one process (it uses every GPU there); under mpirun each of the " +
                           std::to_string(n) + " processes would do the whole job" +
                           (predict ? " and write the same --out" : "") + ": run it without mpirun");
   a.cfg.devices = a.devices.devices(a.on_command_line);

@@ -80,10 +80,11 @@ int main(int argc, char** argv) {
     optim::SGD opt(*net, {.lr = 0.01f});
     const bool twins = check && d.is_cuda() && net->flat_params().numel() >= kTwinsFromParams;
     opt.set_twin_buffers(twins);
-    // The loop's ring: 8 records in mapped host memory (train/nonfinite_watch.hpp), read by
-    // no one here.
-    PinnedBuffer records(sizeof(CheckRecord) * 8, d, /*mapped=*/true);
-    const CheckRing ring{static_cast<CheckRecord*>(records.device_data()), 8, Tensor::zeros({2}, DType::i32, d)};
+    // The loop's ring: kSlots records in mapped host memory (train/nonfinite_watch.hpp's
+    // kLag), read by no one here.
+    constexpr int64_t kSlots = 8;
+    PinnedBuffer records(sizeof(CheckRecord) * kSlots, d, /*mapped=*/true);
+    const CheckRing ring{static_cast<CheckRecord*>(records.device_data()), kSlots, Tensor::zeros({2}, DType::i32, d)};
     auto step = [&] {
       net->zero_grad();
       Tensor out = net->forward(x);
