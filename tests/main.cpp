@@ -2,12 +2,8 @@
 // exits 77 when there is no GPU so ctest reports it skipped (SKIP_RETURN_CODE 77).
 #include <cstdio>
 
-#if __has_include(<catch2/catch_session.hpp>)
-#include <catch2/catch_session.hpp>
-#else
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-#endif
+#define DPT_CATCH_MAIN
+#include "catch.hpp"
 
 #include <dptrain/runtime/device.hpp>
 
@@ -19,5 +15,5 @@ int main(int argc, char** argv) {
     return 77;
   }
 #endif
-  return Catch::Session().run(argc, argv);
+  return dpt_test::run_tests(argc, argv);
 }

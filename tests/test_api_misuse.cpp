@@ -309,7 +309,7 @@ TEST_CASE("what a program hands the ops is a UsageError without a source path; s
 
   Trainer t(small_run("4-8-2", 8, 1));
   CHECK(usage_error([&] { t.save(""); }) == "Trainer::save: an empty path");
-  CHECK_THROWS_WITH(t.save("no/such/folder/ck.safetensors"), Catch::Matchers::Contains("does not exist"));
+  CHECK_THROWS_WITH(t.save("no/such/folder/ck.safetensors"), dpt_test::contains("does not exist"));
 }
 
 TEST_CASE(
@@ -339,7 +339,7 @@ TEST_CASE(
   CHECK(has(usage_error([&] { Inference({.checkpoint = path, .devices = {kCpu0}}); }),
             "': its metadata's act: unknown activation 'sigmoid'"));
   std::filesystem::remove(path);
-  CHECK_THROWS_WITH(ckpt::save("", k), Catch::Matchers::Contains("an empty path"));
+  CHECK_THROWS_WITH(ckpt::save("", k), dpt_test::contains("an empty path"));
 }
 
 TEST_CASE("a checkpoint whose metadata contradicts its tensors says so", "[api]") {
