@@ -33,6 +33,8 @@ inline auto contains(const std::string& text) {
 #endif
 }
 
+#ifdef DPT_CATCH_MAIN  // 2.x defines its Session in the runner's translation unit alone
 inline int run_tests(int argc, char** argv) { return Catch::Session().run(argc, argv); }
+#endif
 
 }  // namespace dpt_test
