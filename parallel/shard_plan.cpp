@@ -45,8 +45,8 @@ ShardPlan::ShardPlan(int64_t batch, int ranks, int rank, size_t replicas, int mi
   idle_ = batch < workers ? workers - batch : 0;
 }
 
-std::vector<SampleRange> zero_shards(int64_t total, size_t n) {
-  DPT_CHECK(total >= 0 && n >= 1, "zero_shards: a buffer and at least one device");
+std::vector<SampleRange> zero_partitions(int64_t total, size_t n) {
+  DPT_CHECK(total >= 0 && n >= 1, "zero_partitions: a buffer and at least one device");
   const auto devices = static_cast<int64_t>(n);
   const int64_t size = ((total + devices - 1) / devices + 3) / 4 * 4;
   std::vector<SampleRange> out;
