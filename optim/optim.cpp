@@ -88,6 +88,13 @@ void Optimizer::refuse_with_twins(const char* what) const {
                    "call set_twin_buffers(false) first");
 }
 
+void Optimizer::begin_checked_step(float max_norm) {
+  need(max_norm >= 0.0f && std::isfinite(max_norm), "checked_step: max_norm", "a finite number >= 0 (0: no clipping)",
+       max_norm);
+  if (max_norm != 0.0f) refuse_with_twins("checked_step with clipping");
+  model_->settle_grads();
+}
+
 void Optimizer::swap_twins() {
   for (const auto& [buf, second] : twins_) buf.swap_memory(second);
 }
@@ -170,10 +177,7 @@ void SGD::step(const Tensor& grad_scale) {
 }
 
 Tensor SGD::checked_step(float max_norm, const CheckRing& ring) {
-  need(max_norm >= 0.0f && std::isfinite(max_norm), "checked_step: max_norm", "a finite number >= 0 (0: no clipping)",
-       max_norm);
-  if (max_norm != 0.0f) refuse_with_twins("checked_step with clipping");
-  model_->settle_grads();
+  begin_checked_step(max_norm);
   if (twin_buffers()) {
     const Tensor scale = alternating_sgd_step(params_, grads_, buf_, twin(0), buf_.defined() ? twin(1) : Tensor(), o_,
                                               ring, shadow(), step_counter(0.0f, 0.0f), t_);
@@ -235,10 +239,7 @@ void AdamW::step(const Tensor& grad_scale) {
 }
 
 Tensor AdamW::checked_step(float max_norm, const CheckRing& ring) {
-  need(max_norm >= 0.0f && std::isfinite(max_norm), "checked_step: max_norm", "a finite number >= 0 (0: no clipping)",
-       max_norm);
-  if (max_norm != 0.0f) refuse_with_twins("checked_step with clipping");
-  model_->settle_grads();
+  begin_checked_step(max_norm);
   const AdamArgs a = update_args();
   if (twin_buffers()) {
     const Tensor scale = alternating_adamw_step(params_, grads_, m_, v_, twin(0), twin(1), twin(2), a, ring, shadow(),

@@ -87,6 +87,9 @@ void gemm_bf16(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, in
 void gemm_cublas_strided_batched(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m, int64_t n,
                                  int64_t k, float alpha, const float* A, int64_t stride_a, const float* B,
                                  int64_t stride_b, float beta, float* C, int64_t stride_c, int64_t batch);
+// The compute type of `precision`'s fp32 GEMMs (gemm_cublas, gemm_lt): fp32, TF32 or bf16
+// tensor cores, accumulating in fp32.
+cublasComputeType_t compute_type(Precision precision);
 // gemm_lt.cu — C = act(alpha op(A) op(B) + beta C + bias) through cuBLASLt, the bias [n]
 // (may be null) and the activation (none or relu) fused into the GEMM's epilogue. Same
 // layout contract as gemm_cublas; m, n, k >= 1. `workspace` is device memory of

@@ -1,4 +1,6 @@
 // The losses and the accuracy: mse_loss, cross_entropy (both differentiable) and accuracy.
+#include <string>
+
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/context.hpp>
@@ -113,13 +115,20 @@ Tensor mse_loss(const Tensor& y, const Tensor& target) {
   return loss;
 }
 
-Tensor accuracy(const Tensor& logits, const Tensor& labels) {
-  need_float(logits, "accuracy");
-  DPT_REQUIRE(labels.defined() && labels.dtype() == DType::i32, "accuracy: labels must be i32");
-  same_device(logits, labels, "accuracy");
+namespace {
+// Logits [rows, classes] (f32 or bf16) and i32 labels [rows], on one device, neither empty.
+void need_logits_labels(const Tensor& logits, const Tensor& labels, const char* op) {
+  need_float(logits, op);
+  DPT_REQUIRE(labels.defined() && labels.dtype() == DType::i32, std::string(op) + ": labels must be i32");
+  same_device(logits, labels, op);
   DPT_REQUIRE(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0 &&
                   logits.size(1) > 0,
-              "accuracy: logits " + shape_str(logits.shape()) + " and labels " + shape_str(labels.shape()));
+              std::string(op) + ": logits " + shape_str(logits.shape()) + " and labels " + shape_str(labels.shape()));
+}
+}  // namespace
+
+Tensor accuracy(const Tensor& logits, const Tensor& labels) {
+  need_logits_labels(logits, labels, "accuracy");
   const Device d = logits.device();
   const int64_t rows = logits.size(0), cols = logits.size(1);
   Tensor out = Tensor::empty({1}, DType::f32, d);
@@ -137,12 +146,7 @@ Tensor accuracy(const Tensor& logits, const Tensor& labels) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
-  need_float(logits, "cross_entropy");
-  DPT_REQUIRE(labels.defined() && labels.dtype() == DType::i32, "cross_entropy: labels must be i32");
-  same_device(logits, labels, "cross_entropy");
-  DPT_REQUIRE(logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == logits.size(0) && logits.size(0) > 0 &&
-                  logits.size(1) > 0,
-              "cross_entropy: logits " + shape_str(logits.shape()) + " and labels " + shape_str(labels.shape()));
+  need_logits_labels(logits, labels, "cross_entropy");
   const Device d = logits.device();
   const int64_t rows = logits.size(0), cols = logits.size(1);
   Tensor loss = Tensor::empty({1}, DType::f32, d);
