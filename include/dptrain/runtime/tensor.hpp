@@ -17,7 +17,6 @@
 
 namespace dpt {
 
-
 // A tensor's extents, at most kMaxDims of them, held inline: every op, view and detach
 // makes a tensor, and a shape of its own on the heap was a third of a small model's
 // allocations in a step.
