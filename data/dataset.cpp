@@ -11,7 +11,8 @@
 
 #include <dptrain/data/npy.hpp>
 #include <dptrain/error.hpp>
-#include "../kernels/bf16.hpp"
+#include "common/text.hpp"
+#include "kernels/bf16.hpp"
 #include "safetensors.hpp"
 
 namespace dpt::data {
@@ -320,7 +321,7 @@ DataSplit ArrayDataset::from_safetensors(const std::string& path) {
                          : e.name == "y_val" ? &y_val
                                              : nullptr;
     if (!slot)
-      src.fail("tensor " + sft::printable(e.name) + " is not one of a data file's: x, y and optionally x_val, y_val");
+      src.fail("tensor " + printable(e.name) + " is not one of a data file's: x, y and optionally x_val, y_val");
     *slot = &arrays[i];
   }
   if (!x) src.fail("no tensor 'x' (a data file holds x, y and optionally x_val, y_val)");

@@ -20,10 +20,10 @@
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "../kernels/hd.hpp"
-#include "../runtime/nvtx.hpp"
+#include "common/worker_pool.hpp"
+#include "kernels/hd.hpp"
 #include "reducer.hpp"
-#include "worker_pool.hpp"
+#include "runtime/nvtx.hpp"
 
 namespace dpt {
 

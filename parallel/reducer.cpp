@@ -10,7 +10,7 @@
 #include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "../kernels/cpu/cpu.hpp"
+#include "kernels/cpu/cpu.hpp"
 
 namespace dpt {
 

@@ -8,12 +8,12 @@
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/context.hpp>
-#include "../kernels/cpu/cpu.hpp"
+#include "kernels/cpu/cpu.hpp"
 #include "ops_internal.hpp"
 
 #if DPT_WITH_CUDA
-#include "../kernels/cuda/check.hpp"
-#include "../kernels/cuda/cuda.hpp"
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda.hpp"
 #endif
 
 namespace dpt {

@@ -10,14 +10,14 @@
 #include <utility>
 
 #include <dptrain/error.hpp>
-#include "../kernels/cpu/cpu.hpp"
+#include "kernels/cpu/cpu.hpp"
 #if DPT_WITH_CUDA
-#include "../kernels/cuda/cuda.hpp"
+#include "kernels/cuda/cuda.hpp"
 #endif
 #if DPT_WITH_CUDNN
 #include <cuda_runtime_api.h>
 
-#include "../kernels/cuda/dnn.hpp"
+#include "kernels/cuda/dnn.hpp"
 #endif
 #include <dptrain/data/dataset.hpp>
 #include <dptrain/data/shuffle.hpp>
@@ -25,12 +25,12 @@
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
-#include "../parallel/reducer.hpp"
-#include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
 #include "catch.hpp"
 #include "chunked_copy.hpp"
 #include "common.hpp"
+#include "parallel/reducer.hpp"
+#include "runtime/allocator.hpp"
+#include "train/input_pipeline.hpp"
 
 using namespace dpt;
 using test::randn;

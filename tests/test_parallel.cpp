@@ -12,11 +12,11 @@
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/train/trainer.hpp>
-#include "../parallel/reducer.hpp"
-#include "../runtime/allocator.hpp"
 #include "catch.hpp"
 #include "chunked_copy.hpp"
 #include "common.hpp"
+#include "parallel/reducer.hpp"
+#include "runtime/allocator.hpp"
 
 using namespace dpt;
 

@@ -20,10 +20,10 @@
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>
-#include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
 #include "catch.hpp"
 #include "common.hpp"
+#include "runtime/allocator.hpp"
+#include "train/input_pipeline.hpp"
 
 using namespace dpt;
 

@@ -26,7 +26,7 @@
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
 
-#include "../parallel/worker_pool.hpp"
+#include "common/worker_pool.hpp"
 
 namespace dpt {
 

@@ -18,7 +18,8 @@
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/checkpoint.hpp>
 
-#include "atomic_file.hpp"
+#include "common/atomic_file.hpp"
+#include "common/fnv1a.hpp"
 #include "input_pipeline.hpp"
 #include "model_state.hpp"
 #include "nonfinite_watch.hpp"
@@ -54,8 +55,8 @@ std::string got(double v) {
 // rank 0 reports it). The data's contents are not compared (its rows and headers are).
 void check_ranks_agree(ProcessGroup& group, const std::vector<std::pair<std::string, std::string>>& fields) {
   auto fnv = [](uint64_t h, const std::string& s) {
-    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-    return (h ^ 0xffu) * 1099511628211ull;  // a separator: ("ab", "c") is not ("a", "bc")
+    constexpr unsigned char kSeparator = 0xff;  // ("ab", "c") is not ("a", "bc")
+    return fnv1a(&kSeparator, 1, fnv1a(s, h));
   };
   auto differs = [&](uint64_t h) {
     const std::vector<uint64_t> all = group.gather_all(h);
@@ -63,11 +64,11 @@ void check_ranks_agree(ProcessGroup& group, const std::vector<std::pair<std::str
       if (all[r] != all[0]) return static_cast<int>(r);
     return 0;
   };
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnv1aOffset;
   for (const auto& [name, value] : fields) h = fnv(fnv(h, name), value);
   if (differs(h) == 0) return;
   for (const auto& [name, value] : fields)
-    if (const int r = differs(fnv(1469598103934665603ull, value)); r != 0)
+    if (const int r = differs(fnv(kFnv1aOffset, value)); r != 0)
       throw UsageError("TrainConfig::" + name + " differs between rank 0 and rank " + std::to_string(r) +
                        ": every rank of a job must run one configuration");
   throw UsageError("the ranks' configurations differ: every rank of a job must run one configuration");
@@ -792,10 +793,7 @@ uint64_t Trainer::local_parameter_hash() {
     const auto bv = b.to_host();
     p.insert(p.end(), bv.begin(), bv.end());
   }
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes
-  const auto* bytes = reinterpret_cast<const unsigned char*>(p.data());
-  for (size_t i = 0; i < p.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  return h;
+  return fnv1a(p.data(), p.size() * sizeof(float));
 }
 
 namespace {
