@@ -423,6 +423,18 @@ void ArrayDataset::check_model(const Shape& input, Task task, int64_t outputs) c
   }
 }
 
+std::string ArrayDataset::origin() const {
+  std::string id = first_ > 0 ? "from row " + std::to_string(first_) + ", " : "";
+  if (files_.empty()) return id + Dataset::origin();
+  for (const FileIdentity& f : files_) {
+    char hash[24];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(f.header_hash));
+    id += std::string(&f == files_.data() ? "" : ", ") + "a file of " + std::to_string(f.size) +
+          " bytes with header hash " + hash;
+  }
+  return id;
+}
+
 ArrayDataset ArrayDataset::slice(int64_t first, int64_t count) const {
   if (first < 0 || count < 1 || first > rows_ - count)
     throw UsageError(inputs_name() + ": rows [" + std::to_string(first) + ", " + std::to_string(first + count) +

@@ -28,9 +28,9 @@
 #include "catch.hpp"
 #include "chunked_copy.hpp"
 #include "common.hpp"
+#include "data/ahead_loader.hpp"
 #include "parallel/reducer.hpp"
 #include "runtime/allocator.hpp"
-#include "train/input_pipeline.hpp"
 
 using namespace dpt;
 using test::randn;
@@ -899,10 +899,10 @@ TEST_CASE("the GPU input pipeline copies chunked shards as a direct gather makes
   const auto xs = randn(1200 * 1024, 63), ys = randn(1200 * 2, 64);
   const data::ArrayDataset set({xs.data(), data::ArrayDType::f32, {1200, 1024}},
                                {ys.data(), data::ArrayDType::f32, {1200, 2}});
-  ShardLoader loader(
+  data::AheadLoader loader(
       set, gpu, 1100, 3, true,
       [](int64_t first) {
-        return SampleRange{first + 1100, 1100};
+        return data::Samples{first + 1100, 1100};
       },
       4);
   data::RowOrder order(1200, 3, true);
