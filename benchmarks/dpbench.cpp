@@ -29,9 +29,10 @@
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/checkpoint.hpp>
-#include "../apps/cli.hpp"
-#include "../apps/plot.hpp"
-#include "../train/atomic_file.hpp"
+#include "apps/cli.hpp"
+#include "apps/plot.hpp"
+#include "common/atomic_file.hpp"
+#include "common/text.hpp"
 
 namespace {
 
@@ -476,16 +477,16 @@ std::string csv(const std::vector<Row>& rows) {
 
 std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows) {
   std::vector<std::string> devs, names;
-  for (const Device& d : p.devices) devs.push_back(dpt::ckpt::json_quote(d.str()));
-  for (const Device& d : unique_in_order(p.devices)) names.push_back(dpt::ckpt::json_quote(dpt::describe_device(d)));
+  for (const Device& d : p.devices) devs.push_back(dpt::json_quote(d.str()));
+  for (const Device& d : unique_in_order(p.devices)) names.push_back(dpt::json_quote(dpt::describe_device(d)));
   std::string o =
-      "{\n  \"dpbench\": " + dpt::ckpt::json_quote(DPT_VERSION) +
-      ",\n  \"model\": " + dpt::ckpt::json_quote(p.model.text) + ",\n  \"parameters\": " + std::to_string(parameters) +
-      ",\n  \"loss\": \"" + (p.model.is_cnn ? "cross_entropy" : "mse") + "\",\n  \"optimizer\": {\"name\": \"" +
-      (p.adamw ? "adamw" : "sgd") + "\", \"lr\": " + fmt("%g", p.adamw ? kAdamLr : kLr) +
-      ", \"zero\": " + std::to_string(p.zero) + "},\n  \"grad_comm\": \"" +
-      (p.grad_comm == dpt::DType::bf16 ? "bf16" : "fp32") + "\"" + ",\n  \"devices\": [" + join(devs, ", ") +
-      "],\n  \"device_names\": [" + join(names, ", ") + "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
+      "{\n  \"dpbench\": " + dpt::json_quote(DPT_VERSION) + ",\n  \"model\": " + dpt::json_quote(p.model.text) +
+      ",\n  \"parameters\": " + std::to_string(parameters) + ",\n  \"loss\": \"" +
+      (p.model.is_cnn ? "cross_entropy" : "mse") + "\",\n  \"optimizer\": {\"name\": \"" + (p.adamw ? "adamw" : "sgd") +
+      "\", \"lr\": " + fmt("%g", p.adamw ? kAdamLr : kLr) + ", \"zero\": " + std::to_string(p.zero) +
+      "},\n  \"grad_comm\": \"" + (p.grad_comm == dpt::DType::bf16 ? "bf16" : "fp32") + "\"" + ",\n  \"devices\": [" +
+      join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
+      "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
       ",\n  \"strong_global_batch\": " + std::to_string(p.batch * static_cast<int64_t>(p.devices.size())) +
       ",\n  \"steps\": " + std::to_string(p.steps) + ",\n  \"warmup\": " + std::to_string(p.warmup) +
       ",\n  \"blocks\": " + std::to_string(std::min(static_cast<size_t>(p.steps), kBlocks)) + ",\n  \"runs\": [";
@@ -493,15 +494,15 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
     const Row& r = rows[i];
     const Measurement& m = *r.m;
     std::vector<std::string> list, peaks, grads, states;
-    for (const Device& d : m.devices) list.push_back(dpt::ckpt::json_quote(d.str()));
-    for (const auto& [d, b] : m.peak) peaks.push_back(dpt::ckpt::json_quote(d.str()) + ": " + std::to_string(b));
+    for (const Device& d : m.devices) list.push_back(dpt::json_quote(d.str()));
+    for (const auto& [d, b] : m.peak) peaks.push_back(dpt::json_quote(d.str()) + ": " + std::to_string(b));
     for (const dpt::ModelStateBytes& b : m.state) {
       grads.push_back(std::to_string(b.gradients));
       states.push_back(std::to_string(b.optimizer));
     }
-    o += std::string(i ? "," : "") + "\n    {\"scaling\": " + dpt::ckpt::json_quote(scaling_name(r.scaling)) +
-         ", \"reduce\": " + dpt::ckpt::json_quote(dpt::reduce_name(r.reduce)) +
-         ", \"precision\": " + dpt::ckpt::json_quote(dpt::precision_name(r.precision)) +
+    o += std::string(i ? "," : "") + "\n    {\"scaling\": " + dpt::json_quote(scaling_name(r.scaling)) +
+         ", \"reduce\": " + dpt::json_quote(dpt::reduce_name(r.reduce)) +
+         ", \"precision\": " + dpt::json_quote(dpt::precision_name(r.precision)) +
          ", \"devices\": " + std::to_string(r.n) + ", \"device_list\": [" + join(list, ", ") +
          "], \"global_batch\": " + std::to_string(r.global) + ", \"step_ms\": " + fmt("%.6g", m.step_ms) +
          ", \"samples_per_s\": " + fmt("%.6g", m.samples_per_s) + ", \"speedup\": " + fmt("%.6g", r.speedup) +
