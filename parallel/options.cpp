@@ -47,11 +47,6 @@ void check(const DataParallelOptions& o) {
   check_enum(o.twin_buffers, TwinBuffers::off, "twin_buffers");
   if (o.grad_accum < 1)
     throw UsageError("DataParallelOptions::grad_accum must be >= 1, got " + std::to_string(o.grad_accum));
-  // A step keeps a loss and a weight per micro-batch and replica: a billion micro-batches
-  // took 32 GB of host memory, which failed on one machine and ran for minutes on another.
-  if (o.grad_accum > kMaxGradAccum)
-    throw UsageError("DataParallelOptions::grad_accum must be <= " + std::to_string(kMaxGradAccum) +
-                     " micro-batches a step, got " + std::to_string(o.grad_accum));
   if (o.group && o.reduce == Reduce::p2p)
     throw UsageError(
         "DataParallelOptions::group reduces with NCCL (GPUs) or MPI (CPUs); DataParallelOptions::reduce "
