@@ -74,19 +74,42 @@ std::string wait_for_rank0(int rank) {
 
 constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3, kExitNonFinite = 4;
 
-// SIGINT/SIGTERM (and SIGPIPE) ask the run to stop after the current step (and to save);
-// a second signal ends it at once (SA_RESETHAND restores the default action).
-volatile std::sig_atomic_t g_signal = 0;
-void on_signal(int sig) { g_signal = sig; }
+// SIGINT/SIGTERM (and SIGPIPE) ask the run to stop after the current step and to save.
+// Every further one is noted and nothing more: GNU timeout signals the child and then its
+// process group, a launcher may pass one on to each rank, a user may press Ctrl-C twice,
+// and a second signal must not kill a run in the middle of its orderly stop (its
+// checkpoint). SIGKILL is the way to end a run at once. During start-up, before the
+// trainer can stop between steps, there is nothing to save: the signal ends the process
+// there and then, with its line and status (g_starting).
+volatile std::sig_atomic_t g_signal = 0;    // the first of them
+volatile std::sig_atomic_t g_starting = 1;  // until the training loop takes over the signals
+bool g_quiet_rank = false;                  // a --ddp rank other than 0, which prints no summary
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGPIPE"; }
+void on_signal(int sig) {
+  if (g_signal == 0) g_signal = sig;
+  if (!g_starting) return;
+  // Async-signal-safe: write(2) and _exit(2) only (the lines are made before).
+  static const char kInt[] = "stopped by SIGINT during start-up, before the first step\n";
+  static const char kTerm[] = "stopped by SIGTERM during start-up, before the first step\n";
+  if (!g_quiet_rank && sig != SIGPIPE) {
+    const ssize_t written =
+        sig == SIGINT ? ::write(STDOUT_FILENO, kInt, sizeof kInt - 1) : ::write(STDOUT_FILENO, kTerm, sizeof kTerm - 1);
+    (void)written;
+  }
+  ::_exit(128 + sig);
+}
 // The status of a run stopped by a signal: 128 + its number (130 for SIGINT, 143 for
 // SIGTERM, as shells expect). A --ddp rank that stops because another rank was signalled
 // has none of its own: it ends as terminated.
 int stopped_status() { return 128 + (g_signal != 0 ? static_cast<int>(g_signal) : SIGTERM); }
 void install_signal_handlers() {
+  g_quiet_rank = launcher_rank() != 0;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
-  sa.sa_flags = SA_RESETHAND;
+  // SA_RESTART: a write of the checkpoint that a later signal interrupts goes on.
+  sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGPIPE}) sigaddset(&sa.sa_mask, sig);  // one handler at a time
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   // A reader that goes away (dptrain ... | head) is a request to stop too: the run ends
@@ -429,6 +452,7 @@ std::string percent(float share) {
 }
 
 int train(Options& o) {
+  install_signal_handlers();
   resolve(o);
   dpt::Trainer trainer(o.cfg);
   g_group = trainer.group();
@@ -541,7 +565,7 @@ int train(Options& o) {
     }
     std::fflush(stdout);
   };
-  install_signal_handlers();
+  g_starting = 0;  // from here the loop stops between steps, and saves
   const dpt::TrainResult r = trainer.run(on_log, [] { return g_signal != 0; });
   const uint64_t hash = trainer.parameter_hash();  // with --ddp: compared across every rank
   if (!lead) return r.stopped ? stopped_status() : 0;
@@ -602,11 +626,7 @@ int train(Options& o) {
   if (!c.save.empty())
     std::printf("checkpoint: %s (step %lld)\n", c.save.c_str(), static_cast<long long>(trainer.steps_done()));
   if (r.stopped) {
-    std::printf("stopped by %s after step %lld\n",
-                g_signal == SIGINT    ? "SIGINT"
-                : g_signal == SIGTERM ? "SIGTERM"
-                : g_signal == SIGPIPE ? "SIGPIPE"
-                                      : "a signal to another rank",
+    std::printf("stopped by %s after step %lld\n", g_signal != 0 ? signal_name(g_signal) : "a signal to another rank",
                 static_cast<long long>(trainer.steps_done()));
     return stopped_status();
   }

@@ -280,8 +280,6 @@ run --devices cpu --steps 5 >out 2>&1
 ! grep -q $'\r' out && grep -q '^step 5/5 loss .* ETA ' out && ok || bad "plain progress lines: $(cat -A out | head -5)"
 # A stopped run ends with 'stopped:' on a line of its own and the loss it got to; a run
 # that will take hours on a CPU device warns once, early. A short run says nothing.
-# (Not under timeout: it would pass the signal on to its process group as well, and the
-# second SIGINT ends dptrain at once, as it should.)
 # (Into a new file: a 'step 1/' left in `out` by an earlier run would send the signal
 # before dptrain even started.)
 rm -f out
@@ -302,6 +300,47 @@ kill $watchdog 2>/dev/null
 grep -q '^dptrain: warning: at .* s a step, the .* steps left will take about .* hours on the CPU; a GPU (--devices cuda:0)' err &&
   [ "$(wc -l <err)" -eq 1 ] && ok || bad "no warning before hours of CPU work: $(cat err)"
 run "${cpu[@]}" >out 2>err && [ ! -s err ] && ok || bad "a short run wrote on stderr: $(cat err)"
+# ---- Signals never lose the checkpoint -----------------------------------------------
+# However many SIGTERM/SIGINT arrive, the run stops after its step and writes its
+# checkpoint: GNU timeout sends two (to the child, then to its process group), a burst
+# stands for a user or a scheduler that insists. Each waits for the first step (bounded),
+# then signals; the outcome is the same on any machine.
+wait_for() {  # wait_for PATTERN FILE: up to 60 s for a line in FILE
+  local i
+  for ((i = 0; i < 600; ++i)); do grep -q "$1" "$2" 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+stopped_with_checkpoint() {  # NAME RC WANT FILE: the status, the stop line, a checkpoint that loads
+  [ "$2" -eq "$3" ] && grep -q '^stopped by SIGTERM after step' "$4.out" && [ -s "$4.safetensors" ] &&
+    run --devices cpu --batch 8 --steps 1 --resume "$4.safetensors" 2>&1 | grep -q 'past --steps' && ok ||
+    bad "$1: status $2, want $3; $(tail -1 "$4.out"); checkpoint: $(ls "$4.safetensors" 2>&1)"
+}
+long=(--devices cpu --steps 100000000 --log-every 1000 --batch 8)
+rm -f tmo.out tmo.safetensors
+timeout --preserve-status 600 "$exe" "${long[@]}" --save tmo.safetensors >tmo.out 2>&1 &
+pid=$!
+wait_for '^step 1/' tmo.out
+kill -ALRM $pid  # timeout's own alarm: it times out now
+wait $pid
+stopped_with_checkpoint "under timeout" $? 143 tmo
+rm -f burst.out burst.safetensors
+"$exe" "${long[@]}" --save burst.safetensors >burst.out 2>&1 &
+pid=$!
+wait_for '^step 1/' burst.out
+for ((i = 0; i < 20; ++i)); do kill -TERM $pid; done
+wait $pid
+stopped_with_checkpoint "20 SIGTERMs" $? 143 burst
+# A signal during start-up (here while the model of 50 MB is made, after the warning the
+# trainer gives before it) ends the run with its line and status, not a death by signal.
+rm -f start.out start.err
+"$exe" --devices cpu --model 2048-2048x3-2048 --batch 1 --steps 3 --schedule warmup --warmup 5 \
+  --save start.safetensors >start.out 2>start.err &
+pid=$!
+for ((i = 0; i < 6000; ++i)); do grep -q 'warning' start.err 2>/dev/null && break; sleep 0.01; done
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 143 ] && grep -q '^stopped' start.out && ok || bad "a signal during start-up: status $rc: $(cat start.out)"
 # dpbench on CPU devices with no workload given measures one that takes seconds, row by row.
 timeout 120 "$bench" --cpus 2 --out bench >out 2>err && grep -q 'CPU devices: the default workload is 16-128x2-4' out &&
   [ "$(grep -cE '^(weak|strong) ' out)" -eq 4 ] && ok || bad "dpbench's CPU default: $(cat out err)"
