@@ -196,9 +196,13 @@ refuse "--grad-accum must be <= 10" --devices cpu --grad-accum 2000000000 --batc
 # ---- Checkpoints ----------------------------------------------------------------------
 run --devices cpu --steps 4 --optimizer adamw --save good.safetensors >/dev/null 2>&1 || bad "no checkpoint to edit"
 # edit.py IN OUT KEY VALUE: metadata KEY set to VALUE; "dtype NAME D": tensor NAME's dtype
-# written as D; "nan NAME I" / "inf NAME I": element I of tensor NAME made non-finite.
+# written as D; "nan NAME I" / "inf NAME I": element I of tensor NAME made non-finite;
+# "flip NAME B MASK": byte B of tensor NAME XORed with MASK (behind its checksum's back);
+# "del KEY": metadata KEY taken out; "rename KEY NEW": metadata KEY named NEW.
 cat >edit.py <<'PY'
 import json, struct, sys
+sys.path.insert(0, sys.argv.pop(1))
+from xxh64 import xxh64
 src, dst, what = sys.argv[1], sys.argv[2], sys.argv[3:]
 data = open(src, "rb").read()
 n = struct.unpack("<Q", data[:8])[0]
@@ -208,6 +212,15 @@ if what[0] == "dtype":
 elif what[0] in ("nan", "inf"):
     begin = header[what[1]]["data_offsets"][0] + 4 * int(what[2])
     body[begin:begin + 4] = struct.pack("<f", float(what[0]))
+    # Its checksum follows (a file saved with the value): the value itself is what is checked.
+    lo, hi = header[what[1]]["data_offsets"]
+    header["__metadata__"]["checksum:" + what[1]] = "xxh64:%016x" % xxh64(bytes(body[lo:hi]))
+elif what[0] == "flip":
+    body[header[what[1]]["data_offsets"][0] + int(what[2])] ^= int(what[3], 0)
+elif what[0] == "del":
+    del header["__metadata__"][what[1]]
+elif what[0] == "rename":
+    header["__metadata__"][what[2]] = header["__metadata__"].pop(what[1])
 else:
     header["__metadata__"][what[0]] = what[1]
 text = json.dumps(header).encode()
@@ -217,7 +230,7 @@ PY
 resume_bad() {  # resume_bad "EXPECTED" EDIT...
   local want=$1
   shift
-  python3 edit.py good.safetensors bad.safetensors "$@"
+  python3 edit.py "$src/tests" good.safetensors bad.safetensors "$@"
   refuse "$want" --devices cpu --steps 8 --optimizer adamw --resume bad.safetensors
 }
 resume_bad "metadata 'step' must be a whole number in [0, 9223372036854775807], got 'abc'" step abc
@@ -233,6 +246,33 @@ resume_bad "tensor '0.weight' holds nan at index 5; weights and optimizer state 
 resume_bad "tensor 'optimizer.exp_avg_sq' holds inf at index 0" inf optimizer.exp_avg_sq 0
 resume_bad "tensor '2.bias' holds nan at index 3" nan 2.bias 3
 resume_bad "'bad.safetensors'" step abc  # the file is named
+# A corrupted checkpoint is refused on every load, naming the file and the tensor: one
+# exponent bit of 0.weight[50] (0.27 -> 9.2e37, which predict took silently), one byte
+# of the optimizer state (which training resumed from).
+python3 edit.py "$src/tests" good.safetensors flip.safetensors flip 0.weight 203 0x40
+refuse "checkpoint 'flip.safetensors': tensor '0.weight' does not match its checksum (" \
+  --devices cpu --steps 8 --optimizer adamw --resume flip.safetensors
+python3 -c 'import numpy as np; np.save("rows.npy", np.ones((6, 16), np.float32))'
+refuse "checkpoint 'flip.safetensors': tensor '0.weight' does not match its checksum (" \
+  predict --resume flip.safetensors --data rows.npy --out pred.npy
+[ ! -e pred.npy ] && ok || bad "predict wrote outputs from a corrupted checkpoint"
+python3 edit.py "$src/tests" good.safetensors flip.safetensors flip optimizer.exp_avg 1 0x01
+refuse "tensor 'optimizer.exp_avg' does not match its checksum" --devices cpu --steps 8 --optimizer adamw --resume flip.safetensors
+# The metadata holds the keys dptrain writes, no other and none less.
+resume_bad "has an unknown key 'Rng' in its metadata" rename rng Rng
+resume_bad "has an unknown key 'comment' in its metadata" comment "hand-edited"
+resume_bad "has no 'rng' in its metadata" del rng
+resume_bad "tensor '2.bias' has no checksum" del checksum:2.bias
+# A checkpoint written before checksums were kept (by dptrain as it was) still loads, with
+# a note; the next save adds them.
+legacy="$src/tests/fixtures/dptrain-1-no-checksums.safetensors"
+old=(--devices cpu --model 4-8-2 --batch 16)
+run "${old[@]}" --steps 5 --resume "$legacy" --save renewed.safetensors >out 2>err && grep -q "resumed from .* at step 3" out &&
+  [ "$(cat err)" = "dptrain: note: checkpoint '$legacy' carries no checksums (it was written before dptrain kept them): its tensors cannot be checked for corruption; the next save adds them" ] &&
+  grep -q '"checksum:0.weight":"xxh64:' renewed.safetensors && ok || bad "a checkpoint without checksums: $(cat out err)"
+python3 -c 'import numpy as np; np.save("rows4.npy", np.ones((3, 4), np.float32))'
+run predict --resume "$legacy" --data rows4.npy --out legacy.npy >out 2>err && grep -q "carries no checksums" err &&
+  ok || bad "predict from a checkpoint without checksums: $(cat out err)"
 
 # ---- Runs, logs and long jobs ---------------------------------------------------------
 # --metrics continues on resume: the records of steps after the checkpoint's (written by
@@ -534,6 +574,7 @@ n = struct.unpack("<Q", data[:8])[0]
 header, body = json.loads(data[8:8 + n]), data[8 + n:]
 end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
 header["9.weight"] = {"dtype": "F32", "shape": [1], "data_offsets": [end, end + 4]}
+header["__metadata__"]["checksum:9.weight"] = "xxh64:3aefa6fd5cf2deb4"  # of its 4 zero bytes
 text = json.dumps(header).encode()
 text += b" " * (-len(text) % 8)
 open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + body + b"\0\0\0\0")

@@ -462,11 +462,13 @@ void Trainer::save(const std::string& path) {
   for (auto& [name, p] : model_->named_parameters()) c.tensors.push_back({name, host_tensor(p->value)});
   for (auto& [name, b] : model_->named_buffers()) c.tensors.push_back({name, host_tensor(b->value)});
   for (auto& [name, t] : optimizer_state) c.tensors.push_back({name, host_tensor(t)});
+  for (const auto& [key, value] : c.metadata)  // a resumed run refuses any key it does not know
+    DPT_CHECK(is_checkpoint_key(key), "Trainer::save: metadata key '" + key + "' is not in load_checkpoint's list");
   ckpt::save(path, c);
 }
 
 void Trainer::resume(const std::string& path) {
-  const ckpt::Checkpoint c = load_checkpoint(path);
+  const ckpt::Checkpoint c = load_checkpoint(path, !group_ || group_->rank() == 0);
   auto meta = [&](const std::string& key) {
     auto it = c.metadata.find(key);
     if (it == c.metadata.end()) throw UsageError("checkpoint '" + path + "' has no '" + key + "' in its metadata");
@@ -482,7 +484,6 @@ void Trainer::resume(const std::string& path) {
       throw UsageError("checkpoint '" + path + "' was made with " + shown(meta(key)) + ", this run has " +
                        (key == "samples" && ours == "0" ? "an endless stream" : ours));
   };
-  if (meta("format") != "dptrain-1") throw UsageError("checkpoint '" + path + "' is not a dptrain checkpoint");
   must_match("model", cfg_.model);
   must_match("act", nn::act_name(cfg_.act));
   must_match("task", data::task_name(cfg_.task));
