@@ -438,6 +438,33 @@ rc=$?
 [ $rc -eq 0 ] && [ -s big.safetensors ] && [ "$(wc -l <err)" -eq 1 ] &&
   grep -q "^dptrain: warning: writing the metrics file 'big.jsonl' failed at step [0-9]* (File too large)" err && ok ||
   bad "a metrics file that cannot grow (rc $rc): $(cat err)"
+# A periodic save that fails (a full disk: a file size limit here) is a warning, once, and
+# the run goes on (it ended with exit 1 at the first); only the final save's failure is
+# exit 1, naming what the file still holds, which is left as it was.
+big=(--devices cpu --model 64-256-64 --batch 8)  # a checkpoint of 260 KB, over the limit
+run --devices cpu --model 4-8-2 --batch 8 --steps 3 --save full.safetensors >/dev/null 2>&1
+cp full.safetensors full.orig
+(trap '' XFSZ; ulimit -f 64; timeout 60 "$exe" "${big[@]}" --steps 12 --save-every 5 --log-every 4 --save full.safetensors \
+  >out 2>err)
+rc=$?
+[ $rc -eq 1 ] && grep -q '^step 12/12' out && [ "$(wc -l <err)" -eq 2 ] &&
+  grep -q "^dptrain: warning: saving the checkpoint at step 5 failed (checkpoint 'full.safetensors': .*File too large.*); training goes on and tries again every 5 steps (--save-every)" err &&
+  grep -q "^dptrain: error: checkpoint 'full.safetensors': .*File too large; any previous checkpoint there is unchanged: it holds a checkpoint of an earlier run" err &&
+  cmp -s full.safetensors full.orig && ok || bad "periodic saves on a full disk (rc $rc): $(cat err; tail -1 out)"
+# Once the disk has room again, the next period saves, and the end says what failed.
+rm -f room.safetensors
+(trap '' XFSZ; ulimit -S -f 64; exec "$exe" "${big[@]}" --steps 100000000 --save-every 50 --log-every 100000 \
+  --save room.safetensors >room.out 2>room.err) &
+pid=$!
+wait_for 'warning: saving the checkpoint at step 50 failed' room.err
+prlimit --pid $pid --fsize=unlimited:
+for ((i = 0; i < 600; ++i)); do [ -s room.safetensors ] && break; sleep 0.1; done
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 143 ] && [ "$(grep -c 'warning: saving the checkpoint' room.err)" -eq 1 ] &&
+  grep -q "^dptrain: warning: [0-9]* periodic save(s) failed, the first at step 50 (.*File too large.*); the final one, of step [0-9]*, was written" room.err &&
+  ok || bad "a periodic save after a failed one (rc $rc): $(cat room.err)"
 # The ETA of a run of 2^63 steps (it wrapped to -2147483648h); a run of one step reports
 # that step's speed (it said 0.0 samples/s, 0.0000 ms/step).
 timeout 10 "$exe" --devices cpu --steps 9223372036854775807 --batch 1 --samples 1 --model 2-2 --log-every 1000 \

@@ -434,10 +434,16 @@ std::vector<std::pair<std::string, std::string>> Trainer::run_settings() const {
           {"data", data_identity()}};
 }
 
-void Trainer::save(const std::string& path) {
+void Trainer::save(const std::string& path) { write_checkpoint(path, gather_state()); }
+
+std::vector<std::pair<std::string, Tensor>> Trainer::gather_state() {
   dp_->synchronize();
   // Collective under ZeRO with ranks (the shards travel to every rank): before rank 0 goes on alone.
-  const auto optimizer_state = dp_->optimizer_state();
+  return dp_->optimizer_state();
+}
+
+void Trainer::write_checkpoint(const std::string& path,
+                               const std::vector<std::pair<std::string, Tensor>>& optimizer_state) {
   if (group_ && group_->rank() != 0) return;
   if (path.empty()) throw UsageError("Trainer::save: an empty path");
   try {
@@ -809,6 +815,50 @@ std::string rough_duration(double seconds) {
 }
 }  // namespace
 
+// The checkpoints of a run: a periodic save that fails is a warning (once, with the
+// reason) and is tried again at the next period, since the run and its later checkpoints
+// matter more than one of them; the final save's failure ends the run, naming what the
+// file still holds.
+struct Trainer::PeriodicSaves {
+  const std::string& path;
+  int64_t saved_step;  // the step the file holds from this run (or the run it resumed), -1: none
+  std::string first_failure;
+  int64_t first_failed_step = -1;
+
+  PeriodicSaves(const std::string& p, int64_t begin, bool resumed_here)
+      : path(p), saved_step(resumed_here ? begin : -1) {}
+
+  void save(Trainer& t, const std::vector<std::pair<std::string, Tensor>>& state, TrainResult& r) {
+    try {
+      t.write_checkpoint(path, state);
+      saved_step = t.steps_done_;
+    } catch (const Error& e) {
+      if (r.failed_saves++ > 0) return;
+      first_failure = e.what();
+      first_failed_step = t.steps_done_;
+      report(Severity::warning, "saving the checkpoint at step " + std::to_string(t.steps_done_) + " failed (" +
+                                    e.what() + "); training goes on and tries again every " +
+                                    std::to_string(t.cfg_.save_every) + " steps (TrainConfig::save_every)");
+    }
+  }
+
+  void save_final(Trainer& t, const std::vector<std::pair<std::string, Tensor>>& state, const TrainResult& r) {
+    try {
+      t.write_checkpoint(path, state);
+    } catch (const Error& e) {
+      std::error_code ec;
+      const std::string held = saved_step >= 0 ? ": it holds the checkpoint of step " + std::to_string(saved_step)
+                               : std::filesystem::exists(path, ec) ? ": it holds a checkpoint of an earlier run"
+                                                                   : " (there was none)";
+      throw Error(std::string(e.what()) + held);
+    }
+    if (r.failed_saves > 0)
+      report(Severity::warning, std::to_string(r.failed_saves) + " periodic save(s) failed, the first at step " +
+                                    std::to_string(first_failed_step) + " (" + first_failure +
+                                    "); the final one, of step " + std::to_string(t.steps_done_) + ", was written");
+  }
+};
+
 TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, const std::function<bool()>& stop) {
   using clock = std::chrono::steady_clock;
   TrainResult r;
@@ -842,6 +892,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       ++r.skipped;
     }
   };
+  PeriodicSaves periodic{cfg_.save, begin, resumed_ && resumed_->path == cfg_.save};
   for (int64_t s = begin; s < cfg_.steps; ++s) {
     if (stop) {
       // Every rank must stop at the same step: the decision is shared.
@@ -912,14 +963,14 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       }
     }
     if (s == begin) paced_from = clock::now(), eval_seconds_then = eval_seconds;
-    if (saved) save(cfg_.save);
+    if (saved) periodic.save(*this, gather_state(), r);
   }
   watch_->drain();
   handle_nonfinite(steps_done_);  // before the last save
   // A stopped run reports the loss of the last step it did, logged or not (every rank
   // stopped at the same step, so the collective read matches).
   if (!unread.losses.empty()) r.final_loss = unread.value();
-  if (!cfg_.save.empty()) save(cfg_.save);
+  if (!cfg_.save.empty()) periodic.save_final(*this, gather_state(), r);
   dp_->synchronize();
   const auto end = clock::now();
   r.steps = steps_done_ - begin;

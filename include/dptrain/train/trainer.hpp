@@ -152,6 +152,9 @@ struct TrainResult {
   EvalResult val;                                         // the last validation (rows 0: none)
   InputStats input;                                       // the input pipeline's work
   bool stopped = false;                                   // ended early because stop() asked so
+  // Periodic saves (TrainConfig::save_every) that failed: the run went on, warned once and
+  // tried again at the next period. Only a failed final save ends the run (dpt::Error).
+  int64_t failed_saves = 0;
 };
 
 // Where a resumed run came from, and which settings it changed (the schedule, the learning
@@ -243,6 +246,11 @@ class Trainer {
   int64_t eval_every_ = 0;
   data::Batch shard(size_t replica, int64_t first, int64_t count);
   std::string data_identity() const;
+  // save(), in its two parts: what every rank takes part in (the optimizer state gathered
+  // under ZeRO), and the writing, rank 0's alone, whose failure a periodic save survives.
+  std::vector<std::pair<std::string, Tensor>> gather_state();
+  struct PeriodicSaves;  // run()'s (trainer.cpp)
+  void write_checkpoint(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& optimizer_state);
   // The settings a checkpoint records (its metadata, beside the step and data position)
   // and every rank of a job must share.
   std::vector<std::pair<std::string, std::string>> run_settings() const;
