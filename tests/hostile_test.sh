@@ -313,6 +313,37 @@ run --devices cpu --steps 12 --auto-resume --save auto.safetensors >out 2>&1 &&
   grep -q "resumed from 'auto.safetensors' at step 6" out && ok || bad "--auto-resume: $(cat out)"
 run --devices cpu --steps 12 --auto-resume --save auto.safetensors >out 2>&1 &&
   grep -q "done: nothing to train, the run was complete at step 12 of 12" out && ok || bad "--auto-resume, done: $(cat out)"
+# The finished run is not rewritten (the same bytes, the same time), in a folder it may
+# not write into either; and the metrics' elapsed_s goes on across the resume.
+cp -p auto.safetensors auto.before
+run --devices cpu --steps 12 --auto-resume --save auto.safetensors >out 2>&1 && cmp -s auto.safetensors auto.before &&
+  [ "$(stat -c %y auto.safetensors)" = "$(stat -c %y auto.before)" ] && ok ||
+  bad "--auto-resume on a finished run rewrote its checkpoint: $(cat out)"
+if [ "$(id -u)" -ne 0 ] || [ ${#as_other[@]} -gt 0 ]; then
+  mkdir finished && cp auto.safetensors finished/ && chmod 555 finished
+  "${as_other[@]}" timeout 60 "$exe" --devices cpu --steps 12 --auto-resume --save finished/auto.safetensors >out 2>&1
+  rc=$?
+  [ $rc -eq 0 ] && grep -q "done: nothing to train" out && cmp -s finished/auto.safetensors auto.safetensors && ok ||
+    bad "--auto-resume on a finished run in a read-only folder (rc $rc): $(cat out)"
+  "${as_other[@]}" timeout 60 "$exe" --devices cpu --steps 14 --auto-resume --save finished/auto.safetensors >out 2>&1
+  rc=$?  # a run with steps left is still refused up front there
+  [ $rc -eq 2 ] && grep -q "cannot create a file in its folder 'finished'" out && ok ||
+    bad "--auto-resume with steps left in a read-only folder (rc $rc): $(cat out)"
+fi
+rm -f el.safetensors el.jsonl
+run --devices cpu --steps 6 --log-every 3 --auto-resume --save el.safetensors --metrics el.jsonl >/dev/null 2>&1
+cp el.safetensors el.first
+run --devices cpu --steps 12 --log-every 3 --auto-resume --save el.safetensors --metrics el.jsonl >/dev/null 2>&1
+python3 - el.jsonl el.first <<'PY' && ok || bad "elapsed_s across a resume: $(cat el.jsonl)"
+import json, struct, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == [1, 3, 6, 7, 9, 12], rows
+t = [r["elapsed_s"] for r in rows]
+data = open(sys.argv[2], "rb").read()
+saved = float(json.loads(data[8:8 + struct.unpack("<Q", data[:8])[0]])["__metadata__"]["elapsed_s"])
+# The checkpoint keeps the run's time, and the resumed run goes on from it, not from 0.
+assert t[2] <= saved <= t[3] and t == sorted(t), (t, saved)
+PY
 refuse "--auto-resume needs --save" "${cpu[@]}" --auto-resume
 refuse "--resume excludes --auto-resume" "${cpu[@]}" --auto-resume --save x.safetensors --resume x.safetensors
 # Off a terminal the progress is plain lines, with the ETA; no carriage returns.

@@ -78,9 +78,9 @@ namespace {
 // lack. (data_epoch and data_index: for file data alone.)
 constexpr const char* kFirstKeys[] = {"format",    "step", "optimizer_steps", "data_position", "model", "act", "task",
                                       "optimizer", "seed", "batch",           "samples"};
-constexpr const char* kLaterKeys[] = {"rng",        "lr",   "momentum",   "nesterov",  "weight_decay", "beta1",
-                                      "beta2",      "eps",  "schedule",   "warmup",    "clip",         "precision",
-                                      "grad_accum", "data", "data_epoch", "data_index"};
+constexpr const char* kLaterKeys[] = {"rng",        "lr",   "momentum",   "nesterov",   "weight_decay", "beta1",
+                                      "beta2",      "eps",  "schedule",   "warmup",     "clip",         "precision",
+                                      "grad_accum", "data", "data_epoch", "data_index", "elapsed_s"};
 
 void check_metadata(const ckpt::Checkpoint& c, const std::string& path) {
   const auto format = c.metadata.find("format");

@@ -2,6 +2,7 @@
 // clipping wired together. dptrain's CLI is a thin layer over it, and tests use it to
 // compare whole runs across devices.
 #pragma once
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -122,8 +123,8 @@ struct StepLog {
   float lr;
   double samples_per_s;  // since the previous log line
   double step_ms;        // mean wall time per step since the previous log line
-  double elapsed_s;
-  EvalResult val;  // the validation set's, when this step was evaluated (else val.rows == 0)
+  double elapsed_s;      // since the run began, the runs it resumed from included
+  EvalResult val;        // the validation set's, when this step was evaluated (else val.rows == 0)
 };
 
 // What the GPU input pipeline did (file data on GPUs; all zero otherwise), summed over
@@ -257,6 +258,11 @@ class Trainer {
   std::unique_ptr<DataParallel> dp_;
   optim::Schedule sched_;
   int64_t steps_done_ = 0;
+  // The run's time: the seconds of the runs before this one (from the checkpoint resumed),
+  // and when the current run() began (StepLog::elapsed_s and the checkpoint's elapsed_s).
+  double elapsed_before_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> run_started_;
+  double elapsed_seconds() const;
   int64_t classes_ = 0;  // a classification model's classes, which gathered labels are checked against (else 0)
   std::optional<ResumeInfo> resumed_;
   ProcessGroup* group_ = nullptr;
