@@ -30,6 +30,7 @@
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/runtime/memory.hpp>
+#include <dptrain/train/checkpoint.hpp>
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>
 
@@ -153,6 +154,7 @@ struct Options {
   dpt::app::DeviceFlags devices;
   float lr = 0.0f;
   bool no_overlap = false, no_twin_buffers = false, auto_resume = false, shuffle = true, no_shuffle = false;
+  bool overwrite = false;
   std::string metrics, plot, config;
   // Flags given (on the command line or in the config file) that resolve() checks against
   // each other: options of one optimizer are refused with the other.
@@ -256,6 +258,9 @@ void add_flags(CLI::App& app, Options& o) {
   add_path(app, "--metrics", o.metrics,
            "Write one JSON object per logged step to this file (JSONL; continued on --resume)");
   add_path(app, "--plot", o.plot, "Draw the loss curve and samples/s of the run into this SVG file");
+  add_switch(app, "--overwrite", o.overwrite,
+             "Replace --save, --metrics and --plot files that are not dptrain's (by default a run replaces only an "
+             "empty file, a dptrain checkpoint, a metrics file or a plot of dptrain's)");
   dpt::app::add_config_flag(app);
   app.set_version_flag("--version", std::string("dptrain ") + DPT_VERSION);
 }
@@ -399,7 +404,7 @@ int64_t step_of(const std::string& line) {
 // (a refusal after the first step would end the run without its checkpoint); a line that
 // is no record, or longer than any, means the file is not a metrics file of ours and is
 // refused: appending to it would mix our records into someone else's file.
-off_t metrics_to_keep(const std::string& path, int64_t step) {
+off_t metrics_to_keep(const std::string& path, int64_t step, bool fresh = false) {
   constexpr size_t kMaxLine = 64 * 1024;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
@@ -429,9 +434,47 @@ off_t metrics_to_keep(const std::string& path, int64_t step) {
   if (!cut && wrong.empty() && !line.empty() && step_of(line) < 0 && kRecordStart.compare(0, line.size(), line) != 0)
     wrong = "line " + std::to_string(number) + " is no record ({\"step\": N, ...})";
   if (!wrong.empty())
-    throw dpt::UsageError("--metrics '" + path + "': " + wrong +
-                          ": not a metrics file of dptrain's, which a resumed run would continue (name another file)");
+    throw dpt::UsageError("--metrics '" + path + "': " + wrong + ": not a metrics file of dptrain's, which a " +
+                          (fresh ? "fresh run would replace (name another file, or give --overwrite)"
+                                 : "resumed run would continue (name another file)"));
   return keep;
+}
+
+// A run replaces only what is its own: an empty file, a dptrain checkpoint (--save), a
+// metrics file (a fresh run's --metrics; a resumed run continues one) or a plot of
+// dptrain's (--plot). Anything else (notes.txt given as --metrics) is refused before the
+// first step, unless --overwrite.
+void check_outputs_are_ours(const Options& o) {
+  if (o.overwrite) return;
+  auto nonempty = [](const std::string& path) {
+    struct stat st {};
+    return !path.empty() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0;
+  };
+  const std::string& save = o.cfg.save;
+  if (nonempty(save) && !same_file(save, o.cfg.resume)) {
+    bool ours = false;
+    try {
+      const auto meta = dpt::ckpt::read_metadata(save);
+      const auto format = meta.find("format");
+      ours = format != meta.end() && format->second == "dptrain-1";
+    } catch (const dpt::Error&) {  // not a safetensors file at all
+    }
+    if (!ours)
+      throw dpt::UsageError("--save '" + save +
+                            "' is not a dptrain checkpoint, which a run would replace (name another file, or give "
+                            "--overwrite)");
+  }
+  if (nonempty(o.metrics) && o.cfg.resume.empty()) (void)metrics_to_keep(o.metrics, INT64_MAX, /*fresh=*/true);
+  if (nonempty(o.plot)) {
+    static const std::string kOurs = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg ";
+    std::ifstream in(o.plot, std::ios::binary);
+    std::string start(kOurs.size(), '\0');
+    in.read(start.data(), static_cast<std::streamsize>(start.size()));
+    if (start != kOurs)
+      throw dpt::UsageError("--plot '" + o.plot +
+                            "' is not a plot of dptrain's, which a run would replace (name another file, or give "
+                            "--overwrite)");
+  }
 }
 
 // Progress that redraws one line needs a terminal that a person watches. Under mpirun a
@@ -454,6 +497,7 @@ std::string percent(float share) {
 int train(Options& o) {
   install_signal_handlers();
   resolve(o);
+  check_outputs_are_ours(o);
   dpt::Trainer trainer(o.cfg);
   g_group = trainer.group();
   const auto& c = trainer.config();  // with --ddp: this rank's device
@@ -463,8 +507,14 @@ int train(Options& o) {
   // that ends before its first step leaves an existing file as it was.
   std::ofstream metrics;
   bool metrics_failed = false;
-  const off_t metrics_keep =
-      lead && trainer.resumed() && !o.metrics.empty() ? metrics_to_keep(o.metrics, trainer.steps_done()) : -1;
+  off_t metrics_keep = -1;
+  try {
+    if (lead && trainer.resumed() && !o.metrics.empty())
+      metrics_keep = metrics_to_keep(o.metrics, trainer.steps_done());
+  } catch (const dpt::UsageError&) {
+    if (!o.overwrite) throw;
+    metrics_keep = 0;  // not a metrics file: --overwrite starts it afresh
+  }
   auto open_metrics = [&] {
     if (metrics_keep >= 0 && ::truncate(o.metrics.c_str(), metrics_keep) != 0)
       throw dpt::Error("cannot cut the metrics file '" + o.metrics + "' at step " +

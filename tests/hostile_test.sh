@@ -70,7 +70,7 @@ fi
 # A symlink to a regular file is followed: the file it points to is replaced, the link stays.
 printf 'old' >target.safetensors
 ln -s target.safetensors link.safetensors
-run "${cpu[@]}" --save link.safetensors >out 2>err && [ -L link.safetensors ] &&
+run "${cpu[@]}" --save link.safetensors --overwrite >out 2>err && [ -L link.safetensors ] &&
   [ "$(wc -c <target.safetensors)" -gt 100 ] && ok || bad "--save through a symlink: $(cat err)"
 
 # Inputs are bounded: a config file must be a regular file of at most 1 MiB.
@@ -304,6 +304,22 @@ refuse "--metrics 'notes.txt': line 1 is no record ({\"step\": N, ...}): not a m
 printf 'my notes' >notes.txt  # one line, without its newline: no record cut short either
 refuse "--metrics 'notes.txt': line 1 is no record" --devices cpu --steps 15 --resume m.safetensors --metrics notes.txt
 [ "$(cat notes.txt)" = "my notes" ] && ok || bad "a refused metrics file was changed: $(cat notes.txt)"
+# A fresh run replaces only its own kinds of file (it replaced notes.txt, which a resumed
+# run refuses): an empty file, a metrics file, a dptrain checkpoint, a plot of dptrain's;
+# anything else is refused before the first step and left as it was, unless --overwrite.
+printf 'my notes\n' >notes.txt
+refuse "--metrics 'notes.txt': line 1 is no record ({\"step\": N, ...}): not a metrics file of dptrain's, which a fresh run would replace (name another file, or give --overwrite)" \
+  "${cpu[@]}" --metrics notes.txt
+refuse "--save 'notes.txt' is not a dptrain checkpoint, which a run would replace (name another file, or give --overwrite)" \
+  "${cpu[@]}" --save notes.txt
+refuse "--plot 'notes.txt' is not a plot of dptrain's" "${cpu[@]}" --plot notes.txt
+[ "$(cat notes.txt)" = "my notes" ] && ok || bad "a refused output was changed: $(cat notes.txt)"
+: >empty.jsonl
+run "${cpu[@]}" --metrics empty.jsonl --save ours.safetensors --plot ours.svg >/dev/null 2>&1 &&
+  run "${cpu[@]}" --metrics empty.jsonl --save ours.safetensors --plot ours.svg >out 2>&1 && ok ||
+  bad "a fresh run over its own kinds of file: $(cat out)"
+run "${cpu[@]}" --metrics notes.txt --overwrite >/dev/null 2>&1 && grep -q '^{"step": 1, ' notes.txt && ok ||
+  bad "--overwrite did not replace the metrics file: $(cat notes.txt)"
 run --devices cpu --steps 20 --log-every 5 --resume m.safetensors --lr 0.01 --schedule cosine >out 2>&1
 grep -q "changed: lr 0.05 -> 0.01, schedule constant -> cosine" out && ok || bad "changed settings: $(sed -n 3p out)"
 # --auto-resume: a fresh start, then a continuation, then nothing left to do (exit 0).

@@ -373,21 +373,37 @@ Checkpoint parse(const uint8_t* data, size_t size, const std::string& name_for_e
   return c;
 }
 
-Checkpoint load(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO must not wait for a writer (fstat then refuses it).
-  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+namespace {
+// The header of the checkpoint open as `fd`, read and checked; `size` set to the file's.
+sft::Header open_header(const Fd& f, const std::string& path, uint64_t& size, uint64_t& n) {
   if (f.fd < 0) fail(path, "cannot open: " + errno_text(errno));
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) fail(path, "cannot stat: " + errno_text(errno));
   if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
-  const auto size = static_cast<uint64_t>(st.st_size);
+  size = static_cast<uint64_t>(st.st_size);
   sft::check_file_size(size, source(path));
   uint8_t len[kLenBytes];
   read_at(f.fd, len, kLenBytes, 0, path);
-  const uint64_t n = sft::header_length(len, size, source(path));
+  n = sft::header_length(len, size, source(path));
   std::vector<uint8_t> header(n);
   read_at(f.fd, header.data(), n, kLenBytes, path);
-  sft::Header h = read_header(header.data(), n, size, path);
+  return read_header(header.data(), n, size, path);
+}
+}  // namespace
+
+std::map<std::string, std::string> read_metadata(const std::string& path) {
+  const Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  uint64_t size = 0, n = 0;
+  sft::Header h = open_header(f, path, size, n);
+  (void)take_checksums(h.metadata, h.entries, path);
+  return std::move(h.metadata);
+}
+
+Checkpoint load(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (fstat then refuses it).
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  uint64_t size = 0, n = 0;
+  sft::Header h = open_header(f, path, size, n);
   // Tensors are read straight into their buffers: memory is the file's size, once.
   Checkpoint c;
   c.metadata = std::move(h.metadata);

@@ -60,6 +60,10 @@ void save(const std::string& path, const Checkpoint& c);
 // of the metadata (see Checkpoint::checksummed).
 Checkpoint load(const std::string& path);
 
+// The metadata of checkpoint `path` alone: its header read and checked, not its data
+// (what a file is, cheaply, however large). Throws as load() does.
+std::map<std::string, std::string> read_metadata(const std::string& path);
+
 // A string from a file, quoted for a one-line error message: 'text', control bytes
 // escaped, long strings cut short.
 std::string printable(const std::string& s);
