@@ -59,6 +59,13 @@ std::vector<uint8_t> file_of(const std::string& header, size_t data = 0, uint64_
   return b;
 }
 
+// The header length in a file's first 8 bytes (little-endian).
+uint64_t header_length_of(const std::vector<uint8_t>& bytes) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | bytes[static_cast<size_t>(i)];
+  return n;
+}
+
 template <class T>
 ckpt::HostTensor tensor(ckpt::DType dtype, std::vector<int64_t> shape, const std::vector<T>& values) {
   return ckpt::make_tensor(dtype, std::move(shape), values.data());
@@ -152,8 +159,7 @@ TEST_CASE("a checkpoint round-trips bit for bit, in a deterministic file", "[che
 
   // 8-byte little-endian header length; the header is padded with spaces so that the
   // data starts 8-byte aligned.
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | bytes[static_cast<size_t>(i)];
+  const uint64_t n = header_length_of(bytes);
   CHECK(n % 8 == 0);
   REQUIRE(bytes.size() > 8 + n);
   CHECK(bytes[8] == '{');
@@ -228,8 +234,7 @@ namespace {
 // `bytes` with byte `at` of tensor `name`'s data XORed with `mask`.
 std::vector<uint8_t> flipped(const std::vector<uint8_t>& bytes, const ckpt::Checkpoint& c, const std::string& name,
                              size_t at, uint8_t mask) {
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | bytes[static_cast<size_t>(i)];
+  const uint64_t n = header_length_of(bytes);
   size_t offset = 8 + n;
   for (const auto& [other, t] : c.tensors) {  // save() writes the tensors in order
     if (other == name) break;
@@ -262,8 +267,7 @@ TEST_CASE("every tensor's checksum is saved and checked on every load", "[checkp
         std::string::npos);
 
   // The checksums must be whole: one for each tensor, of the known form, of no other tensor.
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | good[static_cast<size_t>(i)];
+  const uint64_t n = header_length_of(good);
   auto edited = [&](const std::string& from, const std::string& to) {  // the header edited, the data as it was
     std::string h = text.substr(8, n);
     const size_t at = h.find(from);
@@ -483,8 +487,7 @@ TEST_CASE("random mutations of a checkpoint either load or are refused", "[check
   const std::string path = dir.file("seed.safetensors");
   ckpt::save(path, sample());
   const std::vector<uint8_t> good = read_file(path);
-  uint64_t header = 0;
-  for (int i = 7; i >= 0; --i) header = header << 8 | good[static_cast<size_t>(i)];
+  const uint64_t header = header_length_of(good);
   std::mt19937_64 rng(6);
   int loaded = 0, refused = 0;
   for (int trial = 0; trial < 4000; ++trial) {
