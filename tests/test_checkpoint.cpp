@@ -21,9 +21,9 @@
 #include <dptrain/error.hpp>
 #include <dptrain/train/checkpoint.hpp>
 #include <dptrain/train/trainer.hpp>
-#include "../data/safetensors.hpp"
 #include "catch.hpp"
 #include "common.hpp"
+#include "data/safetensors.hpp"
 
 using namespace dpt;
 namespace fs = std::filesystem;
