@@ -11,38 +11,24 @@
 #include <tuple>
 #include <utility>
 
-#include <dptrain/data/dataset.hpp>
-#include <dptrain/data/shuffle.hpp>
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
-#include <dptrain/layers/loss.hpp>
-#include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../kernels/cpu/cpu.hpp"
-#include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
 
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/cuda.hpp"
 #endif
-#if DPT_WITH_CUDNN
-#include <cuda_runtime_api.h>
-
-#include "../kernels/cuda/dnn.hpp"
-#endif
 
 #include "catch.hpp"
-#include "chunked_copy.hpp"
 #include "common.hpp"
 #include "parallel_common.hpp"
 
 using namespace dpt;
-using test::gpu;
-using test::host;
-using test::rel_error;
+using namespace dpt::test;
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
@@ -209,8 +195,6 @@ TEST_CASE("synthetic images and their labels are a pure function of (seed, sampl
 }
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
-
-using namespace dpt::test;  // the comparisons against the CPU: host, gpu, on, compare...
 
 // ---- Convolutional networks on the GPU --------------------------------------------------
 

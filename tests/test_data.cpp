@@ -29,27 +29,11 @@
 #include <dptrain/data/shuffle.hpp>
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
-#include <dptrain/layers/loss.hpp>
 #include <dptrain/parallel/shard_plan.hpp>
-#include <dptrain/runtime/context.hpp>
-#include <dptrain/runtime/memory.hpp>
-#include <dptrain/train/trainer.hpp>
 #include "../kernels/cpu/cpu.hpp"
-#include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
-
-#if DPT_WITH_CUDA
-#include "../kernels/cuda/cuda.hpp"
-#endif
-#if DPT_WITH_CUDNN
-#include <cuda_runtime_api.h>
-
-#include "../kernels/cuda/dnn.hpp"
-#endif
 
 #include "catch.hpp"
-#include "chunked_copy.hpp"
 #include "common.hpp"
 
 using namespace dpt;

@@ -8,38 +8,20 @@
 #include <tuple>
 #include <utility>
 
-#include <dptrain/data/dataset.hpp>
-#include <dptrain/data/shuffle.hpp>
 #include <dptrain/error.hpp>
-#include <dptrain/layers/loss.hpp>
 #include <dptrain/runtime/context.hpp>
-#include <dptrain/runtime/memory.hpp>
-#include <dptrain/train/trainer.hpp>
 #include "../kernels/cpu/cpu.hpp"
-#include "../kernels/philox.hpp"
-#include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
 
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/cuda.hpp"
 #endif
-#if DPT_WITH_CUDNN
-#include <cuda_runtime_api.h>
-
-#include "../kernels/cuda/dnn.hpp"
-#endif
 
 #include "catch.hpp"
-#include "chunked_copy.hpp"
 #include "common.hpp"
 
 using namespace dpt;
-using test::gpu;
-using test::host;
-using test::on;
-using test::randn;
-using test::rel_error;
+using namespace dpt::test;
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
@@ -63,8 +45,6 @@ TEST_CASE("argmax takes the first maximum", "[ops]") {
 }
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
-
-using namespace dpt::test;  // the comparisons against the CPU: host, gpu, on, compare...
 
 TEST_CASE("a copy within the GPU (a kernel) moves every byte at any alignment and size", "[gpu][ops]") {
   // bf16 views at odd element offsets: 2-byte aligned pointers, odd lengths, the scalar path.

@@ -10,43 +10,21 @@
 #include <tuple>
 #include <utility>
 
-#include <dptrain/data/dataset.hpp>
-#include <dptrain/data/shuffle.hpp>
 #include <dptrain/error.hpp>
-#include <dptrain/layers/loss.hpp>
 #include <dptrain/runtime/context.hpp>
-#include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../kernels/cpu/cpu.hpp"
-#include "../kernels/philox.hpp"
-#include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
 
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/cuda.hpp"
 #endif
-#if DPT_WITH_CUDNN
-#include <cuda_runtime_api.h>
-
-#include "../kernels/cuda/dnn.hpp"
-#endif
 
 #include "catch.hpp"
-#include "chunked_copy.hpp"
 #include "common.hpp"
 
 using namespace dpt;
-using test::check_gradients;
-using test::compare;
-using test::gpu;
-using test::host;
-using test::numeric_grad;
-using test::on;
-using test::on_bf16;
-using test::randn;
-using test::randn_tensor;
-using test::rel_error;
+using namespace dpt::test;
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
@@ -61,8 +39,6 @@ TEST_CASE("matmul gradients match finite differences for every transpose", "[ops
 }
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
-
-using namespace dpt::test;  // the comparisons against the CPU: host, gpu, on, compare...
 
 TEST_CASE("a cuBLAS GEMM recorded into a CUDA graph allocates nothing there: its context's workspace serves",
           "[gpu][gemm][graph]") {

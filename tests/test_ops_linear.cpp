@@ -13,53 +13,26 @@
 #include <utility>
 #include <vector>
 
-#include <dptrain/data/dataset.hpp>
-#include <dptrain/data/shuffle.hpp>
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/layers/layers.hpp>
-#include <dptrain/layers/loss.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/runtime/context.hpp>
-#include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include <dptrain/train/trainer.hpp>
 #include "../kernels/cpu/cpu.hpp"
-#include "../kernels/philox.hpp"
-#include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
 #include "../train/nonfinite_watch.hpp"
 
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/cuda.hpp"
 #endif
-#if DPT_WITH_CUDNN
-#include <cuda_runtime_api.h>
-
-#include "../kernels/cuda/dnn.hpp"
-#endif
 
 #include "catch.hpp"
-#include "chunked_copy.hpp"
 #include "common.hpp"
 
 using namespace dpt;
-using test::bf16_bits;
-using test::check_gradients;
-using test::compare;
-using test::compare_bf16;
-using test::gpu;
-using test::host;
-using test::numeric_grad;
-using test::on;
-using test::on_bf16;
-using test::randn;
-using test::randn_tensor;
-using test::rel_error;
-using test::rounded;
-using test::value_and_grads;
+using namespace dpt::test;
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
@@ -235,8 +208,6 @@ TEST_CASE("bf16 activations match fp32 within bf16 precision and round once", "[
 }
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
-
-using namespace dpt::test;  // the comparisons against the CPU: host, gpu, on, compare...
 
 #if DPT_WITH_CUDA
 TEST_CASE("the activation backward with a transposed copy matches the CPU", "[gpu][ops]") {

@@ -9,23 +9,13 @@
 
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
-#include <dptrain/layers/loss.hpp>
-#include <dptrain/train/trainer.hpp>
 #include "../kernels/cpu/cpu.hpp"
-#include "../kernels/philox.hpp"
 #include "../runtime/allocator.hpp"
 #include "catch.hpp"
 #include "common.hpp"
 
 using namespace dpt;
-using test::bf16_bits;
-using test::check_gradients;
-using test::host;
-using test::numeric_grad;
-using test::randn;
-using test::randn_tensor;
-using test::rel_error;
-using test::rounded;
+using namespace dpt::test;
 
 TEST_CASE("cross-entropy gradient matches finite differences", "[ops][grad]") {
   Tensor logits = randn_tensor({5, 7}, 7, host, 2.0f);

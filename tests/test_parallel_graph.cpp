@@ -9,42 +9,21 @@
 #include <utility>
 
 #include <dptrain/data/dataset.hpp>
-#include <dptrain/data/shuffle.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/runtime/context.hpp>
-#include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../kernels/cpu/cpu.hpp"
-#include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
-
-#if DPT_WITH_CUDA
-#include "../kernels/cuda/cuda.hpp"
-#endif
-#if DPT_WITH_CUDNN
-#include <cuda_runtime_api.h>
-
-#include "../kernels/cuda/dnn.hpp"
-#endif
 
 #include "catch.hpp"
-#include "chunked_copy.hpp"
 #include "common.hpp"
 #include "parallel_common.hpp"
 
 using namespace dpt;
-using test::dp_config;
-using test::gpu;
-using test::graph_test_replicas;
-using test::randn;
-using test::rel_error;
-using test::train_dp;
+using namespace dpt::test;
 
 #ifdef DPT_GPU_TESTS  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
-
-using namespace dpt::test;  // the comparisons against the CPU: host, gpu, on, compare...
 
 TEST_CASE("a CUDA graph of logical replicas gives the eager step's parameters at every step", "[gpu][graph]") {
   for (float clip : {0.0f, 0.5f}) {

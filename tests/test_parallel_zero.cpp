@@ -10,42 +10,20 @@
 #include <tuple>
 #include <utility>
 
-#include <dptrain/data/dataset.hpp>
-#include <dptrain/data/shuffle.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/layers.hpp>
-#include <dptrain/layers/loss.hpp>
 #include <dptrain/optim/optim.hpp>
-#include <dptrain/runtime/context.hpp>
-#include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../kernels/cpu/cpu.hpp"
 #include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
-
-#if DPT_WITH_CUDA
-#include "../kernels/cuda/cuda.hpp"
-#endif
-#if DPT_WITH_CUDNN
-#include <cuda_runtime_api.h>
-
-#include "../kernels/cuda/dnn.hpp"
-#endif
 
 #include "catch.hpp"
-#include "chunked_copy.hpp"
 #include "common.hpp"
 #include "parallel_common.hpp"
 
 using namespace dpt;
-using test::cpus;
-using test::dp_config;
-using test::gpu;
-using test::rel_error;
-using test::small;
-using test::stop_message;
-using test::train_dp;
+using namespace dpt::test;
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
@@ -399,8 +377,6 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
 }
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
-
-using namespace dpt::test;  // the comparisons against the CPU: host, gpu, on, compare...
 
 TEST_CASE("ZeRO stage 1 on one GPU (NCCL, one shard) gives stage 0's parameters bit for bit", "[gpu][parallel][zero]") {
   if (!built_with_nccl()) return;

@@ -8,38 +8,16 @@
 #include <tuple>
 #include <utility>
 
-#include <dptrain/data/dataset.hpp>
-#include <dptrain/data/shuffle.hpp>
 #include <dptrain/error.hpp>
-#include <dptrain/layers/loss.hpp>
-#include <dptrain/runtime/context.hpp>
-#include <dptrain/runtime/memory.hpp>
-#include <dptrain/train/trainer.hpp>
 #include "../kernels/cpu/cpu.hpp"
 #include "../kernels/philox.hpp"
-#include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
-
-#if DPT_WITH_CUDA
-#include "../kernels/cuda/cuda.hpp"
-#endif
-#if DPT_WITH_CUDNN
-#include <cuda_runtime_api.h>
-
-#include "../kernels/cuda/dnn.hpp"
-#endif
 
 #include "catch.hpp"
-#include "chunked_copy.hpp"
 #include "common.hpp"
 
 using namespace dpt;
-using test::gpu;
-using test::host;
-using test::on;
-using test::randn;
-using test::rel_error;
+using namespace dpt::test;
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
@@ -90,8 +68,6 @@ TEST_CASE("Philox: known answer, counter-based, and plausible statistics", "[ran
 }
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
-
-using namespace dpt::test;  // the comparisons against the CPU: host, gpu, on, compare...
 
 TEST_CASE("Philox gives the same values on the GPU as on the CPU", "[gpu][random]") {
   Tensor a = Tensor::empty({100001}, DType::f32, host), b = Tensor::empty({100001}, DType::f32, gpu);

@@ -12,39 +12,26 @@
 #include <utility>
 #include <vector>
 
-#include <dptrain/data/dataset.hpp>
-#include <dptrain/data/shuffle.hpp>
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/layers.hpp>
-#include <dptrain/layers/loss.hpp>
 #include <dptrain/optim/optim.hpp>
-#include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../kernels/cpu/cpu.hpp"
-#include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
 #include "../train/nonfinite_watch.hpp"
 
 #if DPT_WITH_CUDA
 #include "../kernels/cuda/cuda.hpp"
 #endif
-#if DPT_WITH_CUDNN
-#include <cuda_runtime_api.h>
-
-#include "../kernels/cuda/dnn.hpp"
-#endif
 
 #include "catch.hpp"
-#include "chunked_copy.hpp"
 #include "common.hpp"
 
 using namespace dpt;
-using test::gpu;
-using test::host;
+using namespace dpt::test;
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
@@ -438,8 +425,6 @@ TEST_CASE("synthetic rows made into given tensors are the same bits, in those te
 }
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
-
-using namespace dpt::test;  // the comparisons against the CPU: host, gpu, on, compare...
 
 TEST_CASE("the GPU allocator makes no cudaMalloc after the first training step", "[gpu][allocator]") {
   for (GemmImpl impl : {GemmImpl::cublas, GemmImpl::native}) {

@@ -12,43 +12,24 @@
 #include <utility>
 #include <vector>
 
-#include <dptrain/data/dataset.hpp>
-#include <dptrain/data/shuffle.hpp>
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/layers/layers.hpp>
-#include <dptrain/layers/loss.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "../kernels/cpu/cpu.hpp"
-#include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
 #include "../train/nonfinite_watch.hpp"
 
-#if DPT_WITH_CUDA
-#include "../kernels/cuda/cuda.hpp"
-#endif
-#if DPT_WITH_CUDNN
-#include <cuda_runtime_api.h>
-
-#include "../kernels/cuda/dnn.hpp"
-#endif
-
 #include "catch.hpp"
-#include "chunked_copy.hpp"
 #include "common.hpp"
 
 using namespace dpt;
-using test::gpu;
-using test::host;
-using test::on;
-using test::randn;
-using test::rel_error;
+using namespace dpt::test;
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
@@ -340,8 +321,6 @@ TEST_CASE("30 bf16 training steps follow the fp32 loss curve", "[train][bf16]") 
 }
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
-
-using namespace dpt::test;  // the comparisons against the CPU: host, gpu, on, compare...
 
 TEST_CASE("50 training steps on CUDA match the same run on the CPU", "[gpu][train]") {
   for (auto task : {data::Task::regression, data::Task::classification})

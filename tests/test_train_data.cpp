@@ -7,15 +7,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <climits>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
-#include <tuple>
-#include <utility>
 #include <vector>
 
 #include <dptrain/data/dataset.hpp>
@@ -24,31 +20,16 @@
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/context.hpp>
-#include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>
-#include "../kernels/cpu/cpu.hpp"
-#include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
 #include "../train/input_pipeline.hpp"
 
-#if DPT_WITH_CUDA
-#include "../kernels/cuda/cuda.hpp"
-#endif
-#if DPT_WITH_CUDNN
-#include <cuda_runtime_api.h>
-
-#include "../kernels/cuda/dnn.hpp"
-#endif
-
 #include "catch.hpp"
-#include "chunked_copy.hpp"
 #include "common.hpp"
 
 using namespace dpt;
-using test::gpu;
-using test::host;
-using test::rel_error;
+using namespace dpt::test;
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
@@ -395,8 +376,6 @@ TEST_CASE("a bad row in one replica's shard abandons the step on every replica a
 }
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
-
-using namespace dpt::test;  // the comparisons against the CPU: host, gpu, on, compare...
 
 TEST_CASE("file data through the GPU input pipeline trains as on the CPU, with no cudaMalloc after the first step",
           "[gpu][train][data]") {
