@@ -6,8 +6,8 @@
 //     needs the matchers in 3.x);
 //   - dpt_test::contains(text): a string matcher ("Contains" in 2.x, "ContainsSubstring"
 //     in 3.x, where "Contains" matches ranges);
-//   - dpt_test::run_tests(argc, argv): the session main.cpp runs (define DPT_CATCH_MAIN
-//     before including, in main.cpp alone: 2.x builds its runner there).
+//   - dpt_test::run_tests(argc, argv): the session (define DPT_CATCH_MAIN before including,
+//     in catch_main.cpp alone: 2.x builds its runner there).
 #pragma once
 #include <string>
 

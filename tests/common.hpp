@@ -1,5 +1,5 @@
-// Helpers shared by the tests: relative error, random tensors, finite differences, a
-// temporary folder.
+// Helpers shared by the tests: relative error, random tensors, finite differences, the
+// CPU-against-GPU comparisons of the op tests (fp32 and bf16), a temporary folder.
 #pragma once
 #include <unistd.h>
 
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <dptrain/error.hpp>
+#include <dptrain/layers/module.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/runtime/tensor.hpp>
@@ -84,6 +85,101 @@ inline int64_t max_ulps(const std::vector<uint16_t>& a, const std::vector<uint16
     worst = std::max<int64_t>(worst, std::llabs(ordered(a[i]) - ordered(b[i])));
   }
   return worst;
+}
+
+// The devices the op tests compare: the CPU (the oracle) and the first GPU.
+inline const Device host{DeviceType::cpu, 0};
+inline const Device gpu{DeviceType::cuda, 0};
+
+inline Tensor on(const Device& d, const std::vector<float>& v, const Shape& s) { return Tensor::from_host(v, s, d); }
+
+// Runs f(device) on the CPU and on the GPU with the same inputs and compares every
+// tensor it returns (outputs and gradients).
+inline void compare(const std::function<std::vector<Tensor>(const Device&)>& f, double tol = 1e-5) {
+  auto a = f(host), b = f(gpu);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double err = rel_error(b[i].to_host(), a[i].to_host());
+    INFO("result " << i << " shape " << shape_str(a[i].shape()) << " relative error " << err);
+    CHECK(err < tol);
+  }
+}
+
+// An op's value and the gradients of mse(op, target) for each input.
+inline std::vector<Tensor> value_and_grads(const std::function<Tensor(std::vector<Tensor>&)>& op,
+                                           std::vector<Tensor> inputs) {
+  for (auto& t : inputs) t.set_requires_grad(true);
+  Tensor y = op(inputs);
+  Tensor target = Tensor::from_host(randn(y.numel(), 77), y.shape(), y.device());
+  mse_loss(y, target).backward();
+  std::vector<Tensor> out{y.detach()};
+  for (auto& t : inputs) out.push_back(t.grad());
+  return out;
+}
+
+// Checks d loss / d t for every tensor in `wrt` against finite differences, where
+// loss = mse(f(), target) is rebuilt from the (perturbed) tensors each time.
+inline void check_gradients(const std::function<Tensor()>& f, std::vector<Tensor> wrt, double tol = 2e-3) {
+  Tensor out0;
+  {
+    NoGradGuard g;
+    out0 = f();
+  }
+  Tensor target = randn_tensor(out0.shape(), 99, host);
+  for (auto& t : wrt) {
+    t.set_requires_grad(true);
+    t.set_grad(Tensor());
+  }
+  mse_loss(f(), target).backward();
+  auto loss = [&] {
+    NoGradGuard g;
+    return mse_loss(f(), target).item();
+  };
+  for (size_t i = 0; i < wrt.size(); ++i) {
+    INFO("input " << i << " shape " << shape_str(wrt[i].shape()));
+    REQUIRE(wrt[i].grad().defined());
+    const double err = rel_error(wrt[i].grad().to_host(), numeric_grad(wrt[i], loss));
+    INFO("relative error " << err);
+    CHECK(err < tol);
+  }
+}
+
+// t rounded to bf16 and back: the values a bf16 tensor made from t holds, as f32.
+inline Tensor rounded(const Tensor& t) { return cast(cast(t.detach(), DType::bf16), DType::f32); }
+
+// Whether the module's shadow is bitwise its master parameters rounded to bf16.
+inline bool shadow_current(const nn::Module& m) {
+  return m.flat_shadow().defined() && bf16_bits(m.flat_shadow()) == bf16_bits(m.flat_params());
+}
+
+// v rounded to bf16 and read back as floats: the values a bf16 tensor made from v holds.
+inline std::vector<float> bf16_values(std::vector<float> v) {
+  for (float& e : v) e = bf16_float(bf16_round(e));
+  return v;
+}
+
+inline Tensor on_bf16(const Device& d, const std::vector<float>& v, const Shape& s) {
+  return cast(Tensor::from_host(v, s, d), DType::bf16);
+}
+
+// For kernels that see the same bf16 inputs on both sides: every bf16 tensor f returns is
+// within `ulps` bf16 ulps of the CPU's, every f32 one within `tol` relative error. (Results
+// of GEMMs, whose fp32 sums differ in their last bits, are compared by relative error.)
+inline void compare_bf16(const std::function<std::vector<Tensor>(const Device&)>& f, int64_t ulps, double tol = 1e-5) {
+  auto a = f(host), b = f(gpu);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].dtype() == b[i].dtype());
+    if (a[i].dtype() == DType::bf16) {
+      const int64_t u = test::max_ulps(test::bf16_bits(b[i]), test::bf16_bits(a[i]));
+      INFO("result " << i << " (bf16) shape " << shape_str(a[i].shape()) << ": " << u << " ulps apart");
+      CHECK(u <= ulps);
+    } else {
+      const double err = rel_error(b[i].to_host(), a[i].to_host());
+      INFO("result " << i << " (f32) shape " << shape_str(a[i].shape()) << " relative error " << err);
+      CHECK(err < tol);
+    }
+  }
 }
 
 // A fresh folder, removed with everything in it at the end of the test.

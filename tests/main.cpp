@@ -1,11 +1,11 @@
 // The tests' main. Built twice: dpt_tests (CPU) and dpt_gpu_tests (DPT_GPU_TESTS), which
-// exits 77 when there is no GPU so ctest reports it skipped (SKIP_RETURN_CODE 77).
+// exits 77 when there is no GPU so ctest reports it skipped (SKIP_RETURN_CODE 77). Catch2's
+// session is catch_main.cpp's, compiled once.
 #include <cstdio>
 
-#define DPT_CATCH_MAIN
-#include "catch.hpp"
-
 #include <dptrain/runtime/device.hpp>
+
+int dpt_test_run(int argc, char** argv);
 
 int main(int argc, char** argv) {
 #ifdef DPT_GPU_TESTS
@@ -15,5 +15,5 @@ int main(int argc, char** argv) {
     return 77;
   }
 #endif
-  return dpt_test::run_tests(argc, argv);
+  return dpt_test_run(argc, argv);
 }

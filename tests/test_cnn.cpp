@@ -2,19 +2,37 @@
 // one line naming the layer and the shapes), torch's names for parameters and buffers,
 // train/eval modes, replicas of buffers, and image data that is a pure function of the
 // sample index.
+// On the GPU: CNN training on CUDA, on logical replicas and as a CUDA graph, against the CPU.
+
+#include <climits>
+#include <cmath>
+#include <cstring>
 #include <set>
+#include <tuple>
+#include <utility>
 
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
+#include <dptrain/runtime/memory.hpp>
+#include <dptrain/train/trainer.hpp>
+#include "kernels/cpu/cpu.hpp"
+#include "runtime/allocator.hpp"
+
+#if DPT_WITH_CUDA
+#include "kernels/cuda/cuda.hpp"
+#endif
+
 #include "catch.hpp"
 #include "common.hpp"
+#include "parallel_common.hpp"
 
 using namespace dpt;
+using namespace dpt::test;
+
+#ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
 namespace {
-const Device host{DeviceType::cpu, 0};
-
 std::vector<std::string> names(const std::vector<std::pair<std::string, nn::Parameter*>>& v) {
   std::vector<std::string> out;
   for (auto& [n, p] : v) out.push_back(n + " " + shape_str(p->shape));
@@ -175,3 +193,115 @@ TEST_CASE("synthetic images and their labels are a pure function of (seed, sampl
   // The teacher is not degenerate: most classes occur.
   CHECK(std::set<int32_t>(ya.begin(), ya.end()).size() >= 6);
 }
+
+#else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
+
+// ---- Convolutional networks on the GPU --------------------------------------------------
+
+#if DPT_WITH_CUDNN
+namespace {
+TrainConfig cnn_config(const std::string& spec) {
+  TrainConfig c;
+  c.model = spec;
+  c.task = data::Task::classification;
+  c.lr = 0.05f;
+  c.batch = 10;  // uneven on 3 and 4 replicas
+  c.steps = 30;
+  c.log_every = 1000;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("30 CNN training steps on CUDA match the same run on the CPU", "[gpu][conv][train]") {
+  for (std::string spec : {"cnn:3x9x9-c6k3-p2-c8k3s2-a2-f5", "cnn:3x8x8-c6k3-bn-p2-c8k1-g-f4"}) {
+    for (std::string opt : {"sgd", "adamw"}) {
+      // Batch norm cancels the gradient of the convolution bias before it (its true value
+      // is 0), leaving rounding noise that differs between CPU and GPU; AdamW divides by
+      // its size and turns the noise into full steps, so only SGD is compared there.
+      if (spec.find("bn") != std::string::npos && opt == "adamw") continue;
+      INFO(spec << " " << opt);
+      TrainConfig c = cnn_config(spec);
+      c.optimizer = opt;
+      c.lr = opt == "sgd" ? 0.05f : 0.003f;
+      c.devices = {host};
+      Trainer a(c);
+      const TrainResult ra = a.run();
+      c.devices = {gpu};
+      Trainer b(c);
+      const TrainResult rb = b.run();
+      const double err = rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host());
+      const bool has_buffers = a.model().flat_buffers().defined();  // batch norm's running statistics
+      const double err_buf =
+          has_buffers ? rel_error(b.model().flat_buffers().to_host(), a.model().flat_buffers().to_host()) : 0.0;
+      INFO("weights relative error " << err << ", buffers " << err_buf << ", loss " << ra.final_loss << " vs "
+                                     << rb.final_loss);
+      CHECK(err < 1e-4);
+      CHECK(err_buf < 1e-4);
+      CHECK(std::fabs(ra.final_loss - rb.final_loss) <= 1e-3 * std::fabs(ra.final_loss));
+    }
+  }
+}
+
+TEST_CASE("a CNN on logical replicas of one GPU equals one-GPU training, with no cudaMalloc after the first step",
+          "[gpu][conv][parallel][allocator]") {
+  // Without batch norm N replicas are exactly one device; with it each replica normalizes
+  // its own shard (as nn.DataParallel), so only the replicas' agreement is checked.
+  const TrainConfig c = cnn_config("cnn:3x9x9-c6k3-p2-c8k3-g-f5");
+  const auto want = train_dp(c, {gpu}, Reduce::automatic);
+  for (int n : {2, 3}) {
+    INFO(n << " replicas");
+    const auto got = train_dp(c, std::vector<Device>(static_cast<size_t>(n), gpu), Reduce::p2p);
+    const double err = rel_error(got, want);
+    INFO("relative error " << err);
+    CHECK(err < 1e-5);
+  }
+  TrainConfig bn = cnn_config("cnn:3x8x8-c6k3-bn-p2-f4");
+  train_dp(bn, {gpu, gpu, gpu}, Reduce::p2p);  // asserts the replicas (buffers too) stay identical
+  bn.devices = {gpu, gpu};
+  bn.reduce = Reduce::p2p;
+  Trainer t(bn);
+  t.step(0, /*measure=*/true);  // as a run's first step, which is logged
+  const int64_t after_first = allocator(gpu).stats().system_allocs;
+  t.run();
+  CHECK(allocator(gpu).stats().system_allocs == after_first);
+}
+
+TEST_CASE("a CNN step recorded as a CUDA graph trains exactly like the eager step", "[gpu][conv][graph]") {
+  TrainConfig c = cnn_config("cnn:3x8x8-c6k3-bn-p2-c8k3-g-f4");
+  c.batch = 16;
+  c.devices = {gpu};
+  // Each run's memory from an empty cache: the graph reuses within the recording what the
+  // step frees, so it holds about one eager step's memory, not every temporary.
+  allocator(gpu).empty_cache();
+  allocator(gpu).reset_peak();
+  const size_t eager_base = allocator(gpu).stats().reserved;  // what earlier tests still hold
+  Trainer eager(c);
+  eager.run();
+  const size_t eager_peak = allocator(gpu).stats().peak_reserved - eager_base;
+  c.cuda_graph = true;
+  allocator(gpu).empty_cache();
+  allocator(gpu).reset_peak();
+  const size_t base = allocator(gpu).stats().reserved;  // eager's model and optimizer, still alive
+  Trainer graphed(c);
+  graphed.run();
+  const size_t graph_peak = allocator(gpu).stats().peak_reserved - base;
+  INFO("peak reserved: eager " << eager_peak << " B, graph " << graph_peak << " B");
+  CHECK(graph_peak <= eager_peak + eager_peak / 4);
+  CHECK(rel_error(graphed.model().flat_params().to_host(), eager.model().flat_params().to_host()) <= 1e-6);
+  CHECK(rel_error(graphed.model().flat_buffers().to_host(), eager.model().flat_buffers().to_host()) <= 1e-6);
+  // Batch norm on 2 logical replicas with 2 micro-batches: the running statistics are
+  // copied from the master to the other replica inside the graph too.
+  c.devices = {gpu, gpu};
+  c.grad_accum = 2;
+  c.cuda_graph = false;
+  Trainer eager2(c);
+  eager2.run();
+  c.cuda_graph = true;
+  Trainer graphed2(c);
+  graphed2.run();
+  CHECK(graphed2.model().flat_params().to_host() == eager2.model().flat_params().to_host());
+  CHECK(graphed2.model().flat_buffers().to_host() == eager2.model().flat_buffers().to_host());
+}
+#endif
+
+#endif  // DPT_GPU_TESTS

@@ -5,10 +5,13 @@
 // values through every conversion; labels out of range and non-finite values are refused
 // naming the element; the epochs' permutations are permutations that depend on (seed,
 // epoch) alone; and the synthetic sources answer as a Dataset too.
+// On the GPU: rows gathered into GPU batches as on the host.
+
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +21,7 @@
 #include <numeric>
 #include <random>
 #include <tuple>
+#include <utility>
 
 #include <dptrain/data/array.hpp>
 #include <dptrain/data/dataset.hpp>
@@ -26,6 +30,9 @@
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/parallel/shard_plan.hpp>
+#include "kernels/cpu/cpu.hpp"
+#include "runtime/allocator.hpp"
+
 #include "catch.hpp"
 #include "common.hpp"
 #include "common/fnv1a.hpp"
@@ -33,6 +40,9 @@
 using namespace dpt;
 using namespace dpt::data;
 namespace fs = std::filesystem;
+using test::gpu;
+
+#ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
 namespace {
 
@@ -932,3 +942,32 @@ TEST_CASE("synthetic data answers as a Dataset", "[data]") {
   CHECK(ib.x.shape() == Shape{3, 2, 4, 4});
   CHECK(ib.y.dtype() == DType::i32);
 }
+
+#else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
+
+using namespace dpt::test;  // the comparisons against the CPU: host, gpu, on, compare...
+
+TEST_CASE("data sets gather rows into GPU batches as they gather them on the host", "[gpu][data]") {
+  // An array data set (float16 inputs, labels) and a synthetic one on the CPU.
+  std::vector<uint16_t> x(9 * 5);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint16_t>(0x3c00 + i);  // 1.0 and up
+  const std::vector<int64_t> y = {4, 0, 3, 1, 2, 0, 1, 4, 3};
+  const data::ArrayDataset a({x.data(), data::ArrayDType::f16, {9, 5}}, {y.data(), data::ArrayDType::i64, {9}});
+  const data::Synthetic s({.task = data::Task::regression, .in = 5, .out = 2, .seed = 3, .samples = 30}, host);
+  const std::vector<int64_t> rows = {8, 1, 2, 2, 7};
+  for (const data::Dataset* d : {static_cast<const data::Dataset*>(&a), static_cast<const data::Dataset*>(&s)}) {
+    INFO(d->inputs_name());
+    data::Batch on_host = d->empty_batch(5, host), on_gpu = d->empty_batch(5, gpu);
+    d->gather(rows, on_host);
+    d->gather(rows, on_gpu);
+    CHECK(on_gpu.x.device() == gpu);
+    CHECK(on_gpu.x.to_host() == on_host.x.to_host());
+    if (d->task() == data::Task::classification) CHECK(on_gpu.y.to_host_i32() == on_host.y.to_host_i32());
+    else CHECK(on_gpu.y.to_host() == on_host.y.to_host());
+    const data::Batch b = d->batch(6, 5, gpu), h = d->batch(6, 5, host);  // wraps around the array's 9 rows
+    CHECK(b.x.device() == gpu);
+    CHECK(b.x.to_host() == h.x.to_host());
+  }
+}
+
+#endif  // DPT_GPU_TESTS

@@ -1,23 +1,39 @@
-// Devices, the caching allocator, model specs, schedules, synthetic data and training
-// on the CPU.
+// Devices, the caching allocator, tensors, model specs and modules, synthetic data on the
+// CPU; on the GPU, the allocator's steady state and out-of-memory message, a failing CUDA
+// call.
+
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/optim/optim.hpp>
+#include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/trainer.hpp>
+#include "kernels/cpu/cpu.hpp"
+
+#if DPT_WITH_CUDA
+#include "kernels/cuda/cuda.hpp"
+#endif
+
 #include "catch.hpp"
 #include "common.hpp"
 #include "runtime/allocator.hpp"
 #include "train/nonfinite_watch.hpp"
 
 using namespace dpt;
+using namespace dpt::test;
+
+#ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
 TEST_CASE("device strings parse and bad ones are refused with a reason", "[device]") {
   CHECK(parse_device("cpu") == Device{DeviceType::cpu, 0});
@@ -345,169 +361,6 @@ TEST_CASE("parameters are views into one flat buffer, initialized like torch.nn.
   CHECK(m2->flat_params().to_host() == m->flat_params().to_host());
 }
 
-TEST_CASE("learning-rate schedules", "[optim]") {
-  optim::Schedule c{optim::Schedule::Kind::constant, 0.1f, 0, 100};
-  CHECK(c.at(0) == 0.1f);
-  CHECK(c.at(99) == 0.1f);
-  optim::Schedule w{optim::Schedule::Kind::warmup, 0.1f, 10, 100};
-  CHECK(std::fabs(w.at(0) - 0.01f) < 1e-7f);
-  CHECK(std::fabs(w.at(4) - 0.05f) < 1e-7f);
-  CHECK(w.at(50) == 0.1f);
-  optim::Schedule k{optim::Schedule::Kind::cosine, 0.1f, 10, 110};
-  CHECK(std::fabs(k.at(10) - 0.1f) < 1e-7f);
-  CHECK(std::fabs(k.at(60) - 0.05f) < 1e-6f);
-  CHECK(k.at(110) < 1e-7f);
-  CHECK_THROWS_AS(optim::parse_schedule("linear"), UsageError);
-}
-
-TEST_CASE("optimizers follow their schedule from a counter on the device, as the host computes it", "[optim]") {
-  // Each step's lr and AdamW's bias corrections come from the step counter that the
-  // update reads and moves on, on the device; the same steps taken with host values (the
-  // update ops given lr and the corrections of step t) give the same parameters, bit for
-  // bit. A resumed count (set_steps_taken) continues the schedule where it was.
-  const Device dev{DeviceType::cpu, 9};
-  const optim::Schedule sched{optim::Schedule::Kind::cosine, 0.05f, 3, 20};
-  auto grads_of = [&](nn::Module& m, int t) {  // a gradient that changes with the step
-    std::vector<float> g(static_cast<size_t>(m.flat_grads().numel()));
-    for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(t));
-    copy(m.flat_grads(), Tensor::from_host(g, m.flat_grads().shape(), dev));
-  };
-  for (std::string kind : {"sgd", "adamw"}) {
-    INFO(kind);
-    auto make = [&] {
-      auto m = nn::mlp("6-10-3");
-      m->to(dev, 4);
-      return m;
-    };
-    auto a = make(), b = make(), c = make();
-    auto opt = [&](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
-      std::unique_ptr<optim::Optimizer> o;
-      if (kind == "sgd") o = std::make_unique<optim::SGD>(m, optim::SGD::Options{.lr = 0.05f});
-      else o = std::make_unique<optim::AdamW>(m, optim::AdamW::Options{.lr = 0.05f});
-      o->set_schedule(sched);
-      return o;
-    };
-    auto oa = opt(*a), oc = opt(*c);
-    Tensor m1 = Tensor::zeros(b->flat_params().shape(), DType::f32, dev);
-    Tensor v1 = Tensor::zeros(b->flat_params().shape(), DType::f32, dev);
-    for (int t = 0; t < 20; ++t) {
-      CHECK(oa->lr() == sched.at(t));
-      grads_of(*a, t);
-      oa->step();
-      grads_of(*b, t);
-      if (kind == "sgd") {
-        sgd_step(b->flat_params(), b->flat_grads(), Tensor(), SgdArgs{.lr = sched.at(t)}, Tensor());
-      } else {
-        const float bc1 = 1.0f - std::pow(0.9f, static_cast<float>(t + 1));
-        const float bc2 = 1.0f - std::pow(0.999f, static_cast<float>(t + 1));
-        adamw_step(b->flat_params(), b->flat_grads(), m1, v1,
-                   AdamArgs{sched.at(t), 0.9f, 0.999f, 1e-8f, 0.01f, bc1, bc2}, Tensor());
-      }
-    }
-    CHECK(oa->steps_taken() == 20);
-    CHECK(a->flat_params().to_host() == b->flat_params().to_host());
-    if (kind == "sgd") {  // stateless: a fresh optimizer told the count continues the schedule
-      for (int t = 0; t < 12; ++t) {
-        grads_of(*c, t);
-        oc->step();
-      }
-      auto resumed = opt(*c);
-      resumed->set_steps_taken(12);
-      for (int t = 12; t < 20; ++t) {
-        grads_of(*c, t);
-        resumed->step();
-      }
-      CHECK(c->flat_params().to_host() == a->flat_params().to_host());
-    }
-  }
-}
-
-TEST_CASE("twin buffers: the alternating update gives checked_step's parameters, state and scales bit for bit",
-          "[optim]") {
-  // Twin buffers on against off, the same gradients: SGD with Nesterov momentum and
-  // weight decay, SGD without momentum (no state), AdamW with a schedule; step 3's
-  // gradients not finite (skipped by both). After each step the parameters live in the
-  // other copy's memory and every parameter's view follows.
-  const Device dev{DeviceType::cpu, 9};
-  auto grads_of = [&](nn::Module& m, int t) {
-    std::vector<float> g(static_cast<size_t>(m.flat_grads().numel()));
-    for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(t));
-    if (t == 3) g[g.size() / 2] = NAN;
-    copy(m.flat_grads(), Tensor::from_host(g, m.flat_grads().shape(), dev));
-  };
-  for (std::string kind : {"sgd momentum", "sgd", "adamw"}) {
-    INFO(kind);
-    auto make = [&] {
-      auto m = nn::mlp("6-10-3");
-      m->to(dev, 4);
-      return m;
-    };
-    auto opt = [&](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
-      std::unique_ptr<optim::Optimizer> o;
-      if (kind == "adamw") o = std::make_unique<optim::AdamW>(m, optim::AdamW::Options{.lr = 0.05f});
-      else if (kind == "sgd") o = std::make_unique<optim::SGD>(m, optim::SGD::Options{.lr = 0.05f});
-      else
-        o = std::make_unique<optim::SGD>(
-            m, optim::SGD::Options{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true});
-      o->set_schedule({optim::Schedule::Kind::cosine, 0.05f, 2, 10});
-      return o;
-    };
-    auto a = make(), b = make();
-    auto twin = opt(*a), plain = opt(*b);
-    twin->set_twin_buffers(true);
-    CHECK(twin->twin_buffers());
-    CHECK(twin->twin_bytes() == static_cast<int64_t>(a->flat_params().nbytes() * (kind == "sgd"     ? 1
-                                                                                  : kind == "adamw" ? 3
-                                                                                                    : 2)));
-    auto state_of = [](const optim::Optimizer& o) {
-      std::vector<float> all;
-      for (const auto& [name, t] : o.state()) {
-        const auto v = t.to_host();
-        all.insert(all.end(), v.begin(), v.end());
-      }
-      return all;
-    };
-    for (int t = 0; t < 8; ++t) {
-      INFO("step " << t);
-      grads_of(*a, t);
-      grads_of(*b, t);
-      const void* before = a->flat_params().data();
-      const float sa = twin->checked_step(0.0f).item(), sb = plain->checked_step(0.0f).item();
-      CHECK(std::memcmp(&sa, &sb, sizeof sa) == 0);
-      CHECK(std::isnan(sa) == (t == 3));
-      CHECK(a->flat_params().data() != before);  // the other copy
-      CHECK(a->parameters().front()->value.data() == a->flat_params().data());
-      CHECK(a->flat_params().to_host() == b->flat_params().to_host());
-      CHECK(state_of(*twin) == state_of(*plain));
-    }
-    CHECK(twin->steps_taken() == 8);
-    // Only checked_step without clipping swaps the copies: the others refuse.
-    CHECK_THROWS_AS(twin->step(), UsageError);
-    CHECK_THROWS_AS(twin->checked_step(1.0f), UsageError);
-    CHECK_THROWS_AS(twin->step_part(0, 4, true), UsageError);
-    // A replay moves the device's count and not the host's: telling the host swaps the copies.
-    const void* now = a->flat_params().data();
-    twin->set_host_steps(9);
-    CHECK(a->flat_params().data() != now);
-    twin->set_host_steps(8);
-    CHECK(a->flat_params().data() == now);
-    // A resume to a count of the other parity keeps the values (in the copy that count reads).
-    twin->set_steps_taken(11);
-    plain->set_steps_taken(11);
-    CHECK(a->flat_params().data() != now);
-    CHECK(a->flat_params().to_host() == b->flat_params().to_host());
-    CHECK(state_of(*twin) == state_of(*plain));
-    grads_of(*a, 11);
-    grads_of(*b, 11);
-    twin->checked_step(0.0f);
-    plain->checked_step(0.0f);
-    CHECK(a->flat_params().to_host() == b->flat_params().to_host());
-    twin->set_twin_buffers(false);
-    CHECK(twin->twin_bytes() == 0);
-    twin->step();  // in place again
-  }
-}
-
 TEST_CASE("synthetic samples are a pure function of (seed, index)", "[data]") {
   const Device cpu{DeviceType::cpu, 0};
   for (auto task : {data::Task::regression, data::Task::classification}) {
@@ -578,273 +431,49 @@ TEST_CASE("synthetic rows made into given tensors are the same bits, in those te
   }
 }
 
-TEST_CASE("linear writes into a given output the bits it would allocate", "[ops]") {
-  const Device cpu{DeviceType::cpu, 0};
-  const Tensor x = test::randn_tensor({5, 7}, 1, cpu);
-  const Tensor W = test::randn_tensor({4, 7}, 2, cpu);
-  const Tensor b = test::randn_tensor({4}, 3, cpu);
-  for (Act act : {Act::none, Act::relu, Act::tanh}) {
-    const Tensor out = Tensor::empty({5, 4}, DType::f32, cpu);
-    const Tensor y = linear(x, W, b, act, out);
-    CHECK(y.data() == out.data());
-    CHECK(out.to_host() == linear(x, W, b, act).to_host());
-  }
-  CHECK_THROWS_AS(linear(x, W, b, Act::none, Tensor::empty({4, 5}, DType::f32, cpu)), Error);
-  Tensor w = test::randn_tensor({4, 7}, 2, cpu);
-  w.set_requires_grad(true);
-  CHECK_THROWS_AS(linear(x, w, b, Act::none, Tensor::empty({5, 4}, DType::f32, cpu)), Error);  // backward would save it
-}
+#else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
 
-TEST_CASE("training on the CPU is deterministic, reduces the loss and allocates only in step 1", "[train]") {
-  TrainConfig cfg;
-  cfg.model = "16-64x2-4";
-  cfg.batch = 64;
-  cfg.steps = 150;
-  cfg.log_every = 1000;
-  const Device dev{DeviceType::cpu, 5};
-  cfg.devices = {dev};
-  for (auto task : {data::Task::regression, data::Task::classification})
-    for (std::string opt : {"sgd", "adamw"}) {
-      INFO(data::task_name(task) << " " << opt);
-      cfg.task = task;
-      cfg.optimizer = opt;
-      cfg.lr = opt == "sgd" ? 0.05f : 0.003f;
-      Trainer a(cfg);
-      a.step(0, /*measure=*/true);  // as a run's first step, which is logged
-      const int64_t after_first = allocator(dev).stats().system_allocs;
-      const TrainResult r = a.run();
-      CHECK(allocator(dev).stats().system_allocs == after_first);
-      CHECK(r.final_loss < 0.5f * r.first_loss);
-      Trainer b(cfg);
-      b.run();
-      CHECK(a.model().flat_params().to_host() == b.model().flat_params().to_host());
-    }
-}
-
-TEST_CASE("the training loop waits for its devices only at log points", "[train][sync]") {
-  // stop() is asked before every step: the host's waits between two asks are the step's.
-  TrainConfig cfg;
-  cfg.model = "16-64x2-4";
-  cfg.batch = 48;
-  cfg.steps = 40;
-  cfg.log_every = 10;
-  cfg.clip = 1.0f;  // the gradient check and the clipping scale, read behind the steps
-  struct Case {
-    const char* what;
-    size_t replicas;
-    int accum;
-  };
-  for (const Case c :
-       {Case{"one device", 1, 1}, Case{"3 replicas", 3, 1}, Case{"3 replicas x 2 micro-batches", 3, 2}}) {
-    INFO(c.what);
-    cfg.devices = std::vector<Device>(c.replicas, Device{DeviceType::cpu, 7});
-    cfg.grad_accum = c.accum;
+TEST_CASE("the GPU allocator makes no cudaMalloc after the first training step", "[gpu][allocator]") {
+  for (GemmImpl impl : {GemmImpl::cublas, GemmImpl::native}) {
+    TrainConfig cfg;
+    cfg.model = "64-256x3-16";
+    cfg.batch = 512;
+    cfg.steps = 30;
+    cfg.log_every = 7;
+    cfg.gemm = impl;
+    cfg.devices = {gpu};
     Trainer t(cfg);
-    std::vector<int64_t> at;
-    t.run({}, [&] {
-      at.push_back(host_waits());
-      return false;
-    });
-    REQUIRE(at.size() == 40);
-    for (size_t s = 0; s + 1 < at.size(); ++s) {
-      const int64_t done = static_cast<int64_t>(s) + 1;
-      if (s == 0 || done % cfg.log_every == 0) continue;  // logged: the loss is read
-      INFO("step " << done);
-      CHECK(at[s + 1] - at[s] == 0);
-    }
-    CHECK(at.back() > at.front());  // the count counts: the log points waited
+    t.step(0, /*measure=*/true);  // as a run's first step, which is logged
+    const int64_t after_first = allocator(gpu).stats().system_allocs;
+    t.run();
+    CHECK(allocator(gpu).stats().system_allocs == after_first);
   }
 }
 
-TEST_CASE("a non-finite step is never applied, stops the run within kLag steps, and skip-step counts exactly",
-          "[train][sync]") {
-  TrainConfig cfg;
-  cfg.model = "16-64x2-4";
-  cfg.batch = 32;
-  cfg.steps = 60;
-  cfg.lr = 1e30f;  // the weights overflow within a few steps
-  cfg.devices = {{DeviceType::cpu, 8}};
-  // Read at every step (every step logged) against read behind the steps.
-  auto stopped_at = [&](int64_t log_every, int64_t* steps_done) {
-    cfg.log_every = log_every;
-    Trainer t(cfg);
-    try {
-      t.run();
-    } catch (const NonFiniteError& e) {
-      *steps_done = t.steps_done();
-      return std::string(e.what());
-    }
-    FAIL("the run did not stop");
-    return std::string();
-  };
-  int64_t now_done = 0, late_done = 0;
-  const std::string now = stopped_at(1, &now_done), late = stopped_at(1000, &late_done);
-  INFO(now << "\n" << late);
-  // "step K: the gradient of parameter P is not finite; the update was not applied; run stopped"
-  CHECK(now.find("the gradient of parameter ") != std::string::npos);
-  CHECK(now.find("run stopped at step") == std::string::npos);
-  const int64_t bad = now_done;  // stopped at once, at the bad step
-  CHECK(now.rfind("step " + std::to_string(bad) + ": ", 0) == 0);
-  CHECK(late.rfind("step " + std::to_string(bad) + ": ", 0) == 0);  // the same step, named
-  CHECK(late_done > bad);
-  CHECK(late_done <= bad + NonFiniteWatch::kLag);
-  CHECK(late.find("run stopped at step " + std::to_string(late_done)) != std::string::npos);
-  // A stop writes no checkpoint, and says what there is at TrainConfig::save (it once
-  // called a checkpoint that was never written "intact").
-  test::TempDir dir;
-  cfg.save = dir.file("run.safetensors");
-  CHECK(stopped_at(1000, &late_done).find(", no checkpoint was written") != std::string::npos);
-  CHECK(dir.entries().empty());
-  { std::ofstream(cfg.save) << "an earlier run's"; }
-  CHECK(stopped_at(1000, &late_done).find(", the checkpoint '" + cfg.save + "' is left as it was") !=
-        std::string::npos);
-  cfg.save.clear();
-  // skip-step: the same count read at every step, behind the steps, and on 3 replicas.
-  cfg.on_nonfinite = "skip-step";
-  std::vector<int64_t> skipped;
-  for (auto [log_every, replicas] : {std::pair<int64_t, size_t>{1, 1}, {1000, 1}, {7, 3}}) {
-    cfg.log_every = log_every;
-    cfg.devices = std::vector<Device>(replicas, Device{DeviceType::cpu, 8});
-    skipped.push_back(Trainer(cfg).run().skipped);
+TEST_CASE("out of memory names the device and the sizes and says what to change", "[gpu][allocator][faults]") {
+  try {
+    Tensor::empty({int64_t(1) << 40}, DType::f32, gpu);  // 4 TiB
+    FAIL("no out-of-memory error");
+  } catch (const OutOfMemory& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("cuda:0") != std::string::npos);
+    CHECK(msg.find("4.00 TiB") != std::string::npos);             // the bytes asked
+    CHECK(msg.find("use a smaller batch") != std::string::npos);  // what to change, in the runtime's terms
   }
-  CHECK(skipped[0] > 0);
-  CHECK(skipped[1] == skipped[0]);
-  CHECK(skipped[2] == skipped[0]);
+  Tensor ok = Tensor::zeros({1024}, DType::f32, gpu);  // the device still works
+  CHECK(ok.to_host()[1023] == 0.0f);
 }
 
-TEST_CASE("the default job brings the loss below 10% of its first value", "[train]") {
-  TrainConfig cfg;
-  cfg.devices = {{DeviceType::cpu, 0}};
-  cfg.log_every = 1000;
-  const TrainResult r = Trainer(cfg).run();
-  CHECK(r.final_loss < 0.1f * r.first_loss);
-}
-
-TEST_CASE("bad training configurations are refused", "[train]") {
-  auto refused = [](auto change) {
-    TrainConfig cfg;
-    change(cfg);
-    CHECK_THROWS_AS(validate(cfg), UsageError);
-  };
-  refused([](TrainConfig& c) { c.batch = 0; });
-  refused([](TrainConfig& c) { c.batch = -3; });
-  refused([](TrainConfig& c) { c.steps = 0; });
-  refused([](TrainConfig& c) { c.epochs = 2; });  // without --samples
-  refused([](TrainConfig& c) { c.lr = -1; });
-  refused([](TrainConfig& c) { c.lr = NAN; });
-  refused([](TrainConfig& c) { c.momentum = 1.5f; });
-  refused([](TrainConfig& c) { c.optimizer = "lion"; });
-  refused([](TrainConfig& c) { c.model = "3"; });
-  refused([](TrainConfig& c) {  // the hand-written GEMM is a CUDA kernel
-    c.devices = {{DeviceType::cpu, 0}};
-    c.gemm = GemmImpl::native;
-  });
-  refused([](TrainConfig& c) {
-    c.task = data::Task::classification;
-    c.model = "4-1";
-  });
-  TrainConfig e;
-  e.epochs = 3;
-  e.samples = 1000;
-  e.batch = 300;
-  validate(e);
-  CHECK(e.steps == 10);
-}
-
-// The library speaks its own language: an error names the option field and the value, never
-// a flag of the CLI (which maps fields to flags itself).
-TEST_CASE("configuration errors name the field and the value, not a flag", "[train]") {
-  auto message = [](auto&& fn) -> std::string {
-    try {
-      fn();
-    } catch (const UsageError& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
-  auto config_error = [&](auto change) {
-    TrainConfig cfg;
-    change(cfg);
-    return message([&] { validate(cfg); });
-  };
-  CHECK(config_error([](TrainConfig& c) { c.batch = 0; }) == "TrainConfig::batch must be >= 1, got 0");
-  CHECK(config_error([](TrainConfig& c) { c.grad_accum = -2; }) == "TrainConfig::grad_accum must be >= 1, got -2");
-  // A CUDA graph is refused where it cannot be recorded, saying why: CPU devices, with
-  // --ddp or without (ranks on GPUs record their steps, collectives and all).
-  for (bool ddp : {false, true}) {
-    const std::string e = config_error([&](TrainConfig& c) {
-      c.cuda_graph = true;
-      c.ddp = ddp;
-      c.devices = {{DeviceType::cpu, 0}};
-    });
-    CHECK(e == "TrainConfig::cuda_graph records steps on GPUs: not on CPU devices (no CUDA there)");
+TEST_CASE("a failing CUDA call names the call and the device", "[gpu][errors][faults]") {
+  Tensor a = Tensor::empty({4}, DType::f32, gpu), b = Tensor::empty({8}, DType::f32, gpu);
+  CHECK_THROWS_AS(copy(a, b), Error);  // shape mismatch caught before CUDA
+  try {
+    check_device({DeviceType::cuda, 99});
+    FAIL("cuda:99 accepted");
+  } catch (const UsageError& e) {
+    CHECK(std::string(e.what()).find("cuda:99") != std::string::npos);
   }
-  CHECK(config_error([](TrainConfig& c) { c.bucket_mb = 0; }) ==
-        "TrainConfig::bucket_mb must be in (0, 1048576] MiB, got 0");
-  CHECK(config_error([](TrainConfig& c) { c.first_bucket_mb = NAN; }) ==
-        "TrainConfig::first_bucket_mb must be in (0, 1048576] MiB, got nan");
-  CHECK(config_error([](TrainConfig& c) { c.comm_ctas = 65; }) ==
-        "TrainConfig::comm_ctas must be in [0, 64] (0: NCCL's choice), got 65");
-  CHECK(config_error([](TrainConfig& c) { c.save_every = 5; }) ==
-        "TrainConfig::save_every needs TrainConfig::save (a checkpoint path)");
-  // NaN is outside every range; products that overflow are refused, not wrapped.
-  CHECK(config_error([](TrainConfig& c) { c.momentum = NAN; }) == "TrainConfig::momentum must be in [0, 1), got nan");
-  CHECK(config_error([](TrainConfig& c) { c.beta2 = -1; }) == "TrainConfig::beta2 must be in [0, 1), got -1");
-  CHECK(config_error([](TrainConfig& c) { c.clip = INFINITY; }) ==
-        "TrainConfig::clip must be a finite number >= 0 (0: off), got inf");
-  CHECK(config_error([](TrainConfig& c) { c.eps = 0; }) == "TrainConfig::eps must be a positive number, got 0");
-  CHECK(config_error([](TrainConfig& c) {
-          c.nesterov = true;
-          c.momentum = 0;
-        }) == "TrainConfig::nesterov needs TrainConfig::momentum > 0, got 0");
-  CHECK(config_error([](TrainConfig& c) {
-          c.nesterov = true;
-          c.optimizer = "adamw";
-        }) == "TrainConfig::nesterov is an option of the sgd optimizer; TrainConfig::optimizer is adamw");
-  CHECK(config_error([](TrainConfig& c) {
-          c.epochs = 99999999999;
-          c.samples = 99999999999;
-          c.batch = 1;
-        }) == "TrainConfig::epochs times TrainConfig::samples is more samples than fit in 64 bits, got 99999999999");
-  CHECK(config_error([](TrainConfig& c) { c.save = "/"; }) == "TrainConfig::save '/': names a folder, not a file");
-  // Each optimizer has its own default learning rate.
-  for (const char* opt : {"sgd", "adamw"}) {
-    TrainConfig cfg;
-    cfg.optimizer = opt;
-    validate(cfg);
-    CHECK(*cfg.lr == (std::string(opt) == "sgd" ? 0.05f : 1e-3f));
-  }
-  CHECK(message([] { ShardPlan(10, 1, 0, 3, 5); }) ==
-        "DataParallelOptions::grad_accum must be <= 4, the most samples a replica gets of a batch of 10 over 3 "
-        "replica(s), got 5");
-  CHECK(message([] { ShardPlan(10, 2, 0, 1, 5); }) == "(no error)");  // 5 + 5: one a micro-batch
-  auto model = nn::mlp("4-8-2");
-  model->to({DeviceType::cpu, 0}, 1);
-  auto sgd = [](nn::Module& m) { return std::make_unique<optim::SGD>(m, optim::SGD::Options{}); };
-  DataParallelOptions o;
-  o.grad_accum = 0;
-  CHECK(message([&] {
-          DataParallel(model, {{DeviceType::cpu, 0}}, sgd, o);
-        }) == "DataParallelOptions::grad_accum must be >= 1, got 0");
-  CHECK(message([&] { optim::SGD(*model, {.momentum = 0.0f, .nesterov = true}); }) ==
-        "SGD::Options::nesterov needs SGD::Options::momentum > 0 and dampening 0, got momentum 0 and dampening 0");
-  CHECK(message([&] {
-          (void)resolve_reduce(Reduce::nccl, {{DeviceType::cpu, 0}});
-        }).rfind("DataParallelOptions::reduce nccl", 0) == 0);
 }
 
-TEST_CASE("the library reports notes through the handler the program installs, and never prints", "[train]") {
-  std::vector<std::pair<Severity, std::string>> seen;
-  set_message_handler([&](Severity s, const std::string& m) { seen.emplace_back(s, m); });
-  TrainConfig c;
-  c.devices = {{DeviceType::cpu, 0}, {DeviceType::cpu, 1}, {DeviceType::cpu, 2}};
-  c.batch = 2;  // fewer samples than replicas
-  c.steps = 2;
-  c.log_every = 1;
-  Trainer(c).run();
-  set_message_handler({});
-  REQUIRE(seen.size() == 1);  // once per run, not once per step
-  CHECK(seen[0].first == Severity::note);
-  CHECK(seen[0].second == "batch 2 is smaller than the 3 replicas; only 2 of them get samples");
-  report(Severity::warning, "with no handler installed this goes nowhere");
-}
+#endif  // DPT_GPU_TESTS

@@ -2,6 +2,8 @@
 // replicas equal one device on shuffled, uneven, multi-epoch data; a resumed run continues
 // bit-identically mid-epoch and refuses other data; validation equals a computation by
 // hand; predictions equal the model's forward pass; no allocation after the first step.
+// On the GPU: file data through the GPU input pipeline, against the CPU and a direct gather.
+
 #include <unistd.h>
 
 #include <chrono>
@@ -20,6 +22,7 @@
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>
+
 #include "catch.hpp"
 #include "common.hpp"
 #include "data/ahead_loader.hpp"
@@ -27,6 +30,9 @@
 #include "train/input_pipeline.hpp"
 
 using namespace dpt;
+using namespace dpt::test;
+
+#ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
 namespace {
 
@@ -369,3 +375,76 @@ TEST_CASE("a bad row in one replica's shard abandons the step on every replica a
   CHECK(t.parallel().replicas_identical());
   CHECK(t.model().flat_params().to_host() == before);
 }
+
+#else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
+
+TEST_CASE("file data through the GPU input pipeline trains as on the CPU, with no cudaMalloc after the first step",
+          "[gpu][train][data]") {
+  // 203 rows (epochs end inside batches), shuffled, three epochs; one GPU and two logical
+  // replicas on it (each with its own loader thread, pinned buffers and copy stream).
+  const auto xs = randn(203 * 32, 61), ys = randn(203 * 8, 62);
+  std::vector<int32_t> labels(203);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 5 + 2) % 8);
+  for (auto task : {data::Task::regression, data::Task::classification}) {
+    INFO(data::task_name(task));
+    const data::Array x{xs.data(), data::ArrayDType::f32, {203, 32}};
+    const data::Array y = task == data::Task::regression ? data::Array{ys.data(), data::ArrayDType::f32, {203, 8}}
+                                                         : data::Array{labels.data(), data::ArrayDType::i32, {203}};
+    const auto rows = std::make_shared<data::ArrayDataset>(x, y);
+    TrainConfig cfg;
+    cfg.model = "32-64x2-8";
+    cfg.optimizer = "adamw";
+    cfg.lr = 0.003f;
+    cfg.batch = 64;
+    cfg.epochs = 3;
+    cfg.log_every = 1000;
+    cfg.devices = {host};
+    Trainer a(cfg, rows);
+    a.run();
+    for (auto [n, accum] : {std::pair<size_t, int>{1, 1}, {2, 1}, {2, 3}}) {
+      cfg.devices = std::vector<Device>(n, gpu);
+      cfg.reduce = n > 1 ? Reduce::p2p : Reduce::automatic;
+      cfg.grad_accum = accum;  // the loader then asks for each micro-batch in turn
+      Trainer b(cfg, rows);
+      b.step(0, /*measure=*/true);
+      const int64_t after_first = allocator(gpu).stats().system_allocs;
+      b.run();
+      CHECK(allocator(gpu).stats().system_allocs == after_first);
+      const double err = rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host());
+      INFO(n << " replica(s), " << accum << " micro-batch(es): weights relative error " << err);
+      CHECK(err < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("the GPU input pipeline copies chunked shards as a direct gather makes them, ahead and after a jump",
+          "[gpu][data][pipeline]") {
+  // 1100 rows of 1026 floats: over 4 MiB, so two chunks, each gathered by four threads
+  // and copied while the next is gathered; the ring runs ahead on the copy stream.
+  const auto xs = randn(1200 * 1024, 63), ys = randn(1200 * 2, 64);
+  const data::ArrayDataset set({xs.data(), data::ArrayDType::f32, {1200, 1024}},
+                               {ys.data(), data::ArrayDType::f32, {1200, 2}});
+  data::AheadLoader loader(
+      set, gpu, 1100, 3, true,
+      [](int64_t first) {
+        return data::Samples{first + 1100, 1100};
+      },
+      4);
+  data::RowOrder order(1200, 3, true);
+  std::vector<int64_t> rows;
+  for (int64_t first : {0, 1100, 2200, 3300, 9000, 10100}) {  // 9000: not foreseen
+    INFO("samples from " << first);
+    const data::Batch got = loader.get(first, 1100, context(gpu));
+    order.rows(first, 1100, rows);
+    const data::Batch want = set.empty_batch(1100, gpu);
+    set.gather(rows, want);
+    CHECK(got.x.to_host() == want.x.to_host());
+    CHECK(got.y.to_host() == want.y.to_host());
+  }
+  const InputStats st = loader.stats();
+  CHECK(st.loads >= 6);
+  CHECK(st.timed_copies >= 1);
+  CHECK(st.copy_ms > 0);
+}
+
+#endif  // DPT_GPU_TESTS
