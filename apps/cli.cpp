@@ -332,34 +332,56 @@ std::string one_line(const std::string& message) {
   return out;
 }
 
-std::string in_flags(const std::string& message) {
-  static const std::pair<const char*, const char*> kSpecial[] = {
-      {"DataParallelOptions::group", "--ddp"},         {"ProcessGroup::world", "--ddp"},
-      {"ProcessGroup::set_timeout", "--comm-timeout"}, {"DataParallelOptions::overlap", "--no-overlap"},
-      {"InferenceConfig::checkpoint", "--resume"},     {"TrainConfig::overlap", "--no-overlap"},
-  };
-  static const char* const kOwners[] = {"TrainConfig::",  "InferenceConfig::", "DataParallelOptions::",
-                                        "SGD::Options::", "AdamW::Options::",  "ProcessGroup::"};
-  std::string out;
-  size_t at = 0;
-  while (at < message.size()) {
-    size_t next = std::string::npos;
-    const char* owner = nullptr;
-    for (const char* o : kOwners)
-      if (const size_t k = message.find(o, at); k < next) next = k, owner = o;
-    if (!owner) break;
-    size_t end = next + std::strlen(owner);
-    while (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_'))
-      ++end;
-    const std::string field = message.substr(next, end - next);
-    std::string flag = "--" + field.substr(std::strlen(owner));
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    for (const auto& [f, special] : kSpecial)
-      if (field == f) flag = special;
-    out += message.substr(at, next - at) + flag;
-    at = end;
+namespace {
+struct Spelling {
+  const char* owner;
+  const char* name;
+  const char* flag;
+  const char* sets;  // the field's value when the flag is given (null: the flag's own value)
+};
+// The fields whose flag is not their name: switches that turn a default off, and the
+// process group a flag asks for.
+constexpr Spelling kSpelledOtherwise[] = {
+    {"DataParallelOptions", "overlap", "--no-overlap", "false"},
+    {"DataParallelOptions", "twin_buffers", "--no-twin-buffers", "off"},
+    {"DataParallelOptions", "group", "--ddp", nullptr},
+    {"InferenceConfig", "checkpoint", "--resume", nullptr},
+};
+const Spelling* spelling(const FieldId& field) {
+  for (const Spelling& s : kSpelledOtherwise)
+    if (field.owner == s.owner && field.name == s.name) return &s;
+  return nullptr;
+}
+}  // namespace
+
+std::string flag_name(const FieldId& field) {
+  if (const Spelling* s = spelling(field)) return s->flag;
+  std::string flag = "--" + field.name;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+const char* flag_sets(const FieldId& field) {
+  const Spelling* s = spelling(field);
+  return s ? s->sets : nullptr;
+}
+
+std::string name_fields(const std::string& message, const std::vector<FieldId>& known) {
+  std::string out = message;
+  for (const FieldId& f : known) {
+    const std::string id = f.str(), flag = flag_name(f);
+    for (size_t at = out.find(id); at != std::string::npos; at = out.find(id, at + flag.size())) {
+      const size_t end = at + id.size();
+      const bool whole = end == out.size() || !(std::isalnum(static_cast<unsigned char>(out[end])) || out[end] == '_');
+      if (whole) out.replace(at, id.size(), flag);
+    }
   }
-  return out + message.substr(std::min(at, message.size()));
+  return out;
+}
+
+std::string error_text(const std::exception& e, const std::vector<FieldId>& known) {
+  if (const auto* u = dynamic_cast<const UsageError*>(&e); u && u->field()) return u->message(flag_name);
+  return name_fields(e.what(), known);
 }
 
 CLI::Option* add_integer(CLI::App& app, const std::string& name, int64_t& into, const std::string& help) {

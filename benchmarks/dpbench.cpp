@@ -635,9 +635,19 @@ int run(const Plan& p) {
   return 0;
 }
 
+// The fields a library message may name: DataParallelOptions', as dpbench's flags.
+const std::vector<dpt::FieldId>& parallel_fields() {
+  static const std::vector<dpt::FieldId> fields = [] {
+    std::vector<dpt::FieldId> out;
+    for (const auto& f : dpt::data_parallel_schema()) out.push_back(f.id);
+    return out;
+  }();
+  return fields;
+}
+
 int fail(int status, const char* what) {
   std::fflush(stdout);
-  std::fprintf(stderr, "dpbench: error: %s\n", dpt::app::one_line(dpt::app::in_flags(what)).c_str());
+  std::fprintf(stderr, "dpbench: error: %s\n", dpt::app::one_line(what).c_str());
   return status;
 }
 
@@ -646,7 +656,7 @@ int fail(int status, const char* what) {
 int main(int argc, char** argv) {
   dpt::set_message_handler([](dpt::Severity severity, const std::string& message) {
     std::fprintf(stderr, "dpbench: %s: %s\n", dpt::severity_name(severity),
-                 dpt::app::one_line(dpt::app::in_flags(message)).c_str());
+                 dpt::app::one_line(dpt::app::name_fields(message, parallel_fields())).c_str());
   });
   CLI::App app{
       "dpbench: one workload on 1, 2, 4, ... devices, weak and strong scaling, every reduction path "
@@ -658,12 +668,12 @@ int main(int argc, char** argv) {
   try {
     return run(make_plan(f, app));
   } catch (const dpt::UsageError& e) {
-    return fail(kExitUsage, e.what());
+    return fail(kExitUsage, dpt::app::error_text(e, parallel_fields()).c_str());
   } catch (const dpt::OutOfMemory& e) {
-    return fail(kExitOom, e.what());
+    return fail(kExitOom, dpt::app::error_text(e, parallel_fields()).c_str());
   } catch (const std::bad_alloc&) {
     return fail(kExitOom, "out of memory on the host (a host allocation failed); use a smaller --batch or --model");
   } catch (const std::exception& e) {
-    return fail(kExitError, e.what());
+    return fail(kExitError, dpt::app::error_text(e, parallel_fields()).c_str());
   }
 }

@@ -9,25 +9,8 @@
 
 namespace dpt::nn {
 
-const char* act_name(Act act) {
-  switch (act) {
-    case Act::relu:
-      return "relu";
-    case Act::gelu:
-      return "gelu";
-    case Act::tanh:
-      return "tanh";
-    case Act::none:
-      break;
-  }
-  return "none";
-}
-
-Act parse_act(const std::string& name) {
-  for (Act a : {Act::relu, Act::gelu, Act::tanh, Act::none})
-    if (name == act_name(a)) return a;
-  throw UsageError("unknown activation '" + name + "': expected relu, gelu, tanh or none");
-}
+const char* act_name(Act act) { return kActNames.name(act); }
+Act parse_act(const std::string& name) { return kActNames.parse(name); }
 
 Linear::Linear(int64_t in, int64_t out, Act act, bool bias)
     : in_(in),

@@ -270,7 +270,7 @@ TEST_CASE("30 bf16 training steps follow the fp32 loss curve", "[train][bf16]") 
     c.log_every = 1000;
     c.devices = {host};
     Trainer f32(c);
-    c.precision = Precision::bf16;
+    c.parallel.precision = Precision::bf16;
     Trainer bf(c);
     REQUIRE(bf.model().compute_dtype() == DType::bf16);
     REQUIRE(f32.model().compute_dtype() == DType::f32);

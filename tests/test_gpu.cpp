@@ -690,7 +690,7 @@ TEST_CASE("twin buffers by default on a GPU from 2M parameters, one copy below",
     Trainer t(c);
     REQUIRE((t.model().flat_params().numel() >= kTwinsFromParams) == above);
     CHECK(t.optimizer().twin_buffers() == above);
-    c.twin_buffers = TwinBuffers::off;
+    c.parallel.twin_buffers = TwinBuffers::off;
     CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
   }
 }
@@ -711,13 +711,13 @@ TEST_CASE("twin buffers train bit for bit as one copy, eager and as a CUDA graph
         c.lr = opt == "sgd" ? 0.05f : 0.003f;
         c.momentum = 0.9f;
         c.schedule = "cosine";
-        c.precision = p;
-        c.cuda_graph = graph;
-        c.twin_buffers = TwinBuffers::off;
+        c.parallel.precision = p;
+        c.parallel.cuda_graph = graph;
+        c.parallel.twin_buffers = TwinBuffers::off;
         Trainer one(c);
         one.run();
         CHECK_FALSE(one.optimizer().twin_buffers());
-        c.twin_buffers = TwinBuffers::on;
+        c.parallel.twin_buffers = TwinBuffers::on;
         Trainer two(c);
         for (int64_t s = 0; s < 3; ++s) two.step(s);  // as a graph: eager, recorded for each parity
         two.run();
@@ -878,8 +878,8 @@ TEST_CASE("file data through the GPU input pipeline trains as on the CPU, with n
     a.run();
     for (auto [n, accum] : {std::pair<size_t, int>{1, 1}, {2, 1}, {2, 3}}) {
       cfg.devices = std::vector<Device>(n, gpu);
-      cfg.reduce = n > 1 ? Reduce::p2p : Reduce::automatic;
-      cfg.grad_accum = accum;  // the loader then asks for each micro-batch in turn
+      cfg.parallel.reduce = n > 1 ? Reduce::p2p : Reduce::automatic;
+      cfg.parallel.grad_accum = accum;  // the loader then asks for each micro-batch in turn
       Trainer b(cfg, rows);
       b.step(0, /*measure=*/true);
       const int64_t after_first = allocator(gpu).stats().system_allocs;
@@ -929,7 +929,7 @@ TEST_CASE("the GPU allocator makes no cudaMalloc after the first training step",
     cfg.batch = 512;
     cfg.steps = 30;
     cfg.log_every = 7;
-    cfg.gemm = impl;
+    cfg.parallel.gemm = impl;
     cfg.devices = {gpu};
     Trainer t(cfg);
     t.step(0, /*measure=*/true);  // as a run's first step, which is logged
@@ -977,7 +977,7 @@ TrainConfig dp_config(data::Task task, const std::string& opt) {
   c.batch = 10;  // uneven on 3 and 4 replicas
   c.steps = 20;
   c.log_every = 1000;
-  c.bucket_mb = 0.002;  // several buckets
+  c.parallel.bucket_mb = 0.002;  // several buckets
   return c;
 }
 
@@ -985,7 +985,7 @@ TrainConfig dp_config(data::Task task, const std::string& opt) {
 // identical, and returns the master's weights.
 std::vector<float> train_dp(TrainConfig c, std::vector<Device> devices, Reduce path) {
   c.devices = std::move(devices);
-  c.reduce = path;
+  c.parallel.reduce = path;
   Trainer t(c);
   for (int64_t s = 0; s < c.steps; ++s) {
     t.step(s);
@@ -1003,10 +1003,10 @@ TEST_CASE("a CUDA graph of logical replicas gives the eager step's parameters at
     c.steps = 6;
     c.log_every = 1000;
     c.lr = 0.05f;
-    c.clip = clip;
+    c.parallel.clip = clip;
     c.devices = {gpu, gpu};
     Trainer eager(c), eager2(c);
-    c.cuda_graph = true;
+    c.parallel.cuda_graph = true;
     Trainer graphed(c);
     for (int64_t s = 0; s < c.steps; ++s) {
       INFO("clip " << clip << ", step " << s + 1 << " (1 eager, 2 and 3 recorded, then replays)");
@@ -1154,11 +1154,11 @@ TEST_CASE("synthetic blocks of one step are made straight into a CUDA graph's in
       c.log_every = 1000;
       c.devices = std::vector<Device>(replicas, gpu);
       c.lr = 0.05f;
-      c.precision = p;
-      c.twin_buffers = TwinBuffers::on;  // 0.5M parameters: one copy by default
+      c.parallel.precision = p;
+      c.parallel.twin_buffers = TwinBuffers::on;  // 0.5M parameters: one copy by default
       Trainer eager(c);
       eager.run();
-      c.cuda_graph = true;
+      c.parallel.cuda_graph = true;
       Trainer graphed(c);
       graphed.run();
       CHECK(graphed.optimizer().twin_buffers());
@@ -1180,13 +1180,13 @@ TEST_CASE("ZeRO stage 1 on one GPU (NCCL, one shard) gives stage 0's parameters 
           c.log_every = 1000;
           c.optimizer = opt;
           c.lr = opt == "sgd" ? 0.05f : 0.003f;
-          c.clip = clip;
-          c.precision = p;
-          c.cuda_graph = graph;
+          c.parallel.clip = clip;
+          c.parallel.precision = p;
+          c.parallel.cuda_graph = graph;
           c.devices = {gpu};
           Trainer plain(c);
           plain.run();
-          c.zero = 1;
+          c.parallel.zero = 1;
           Trainer sharded(c);
           sharded.run();
           CHECK(sharded.parallel().reduce() == Reduce::nccl);
@@ -1216,16 +1216,16 @@ TEST_CASE("ZeRO stage 2 on one GPU (NCCL, one shard, gradients in two slots) giv
             c.log_every = 1000;
             c.optimizer = opt;
             c.lr = opt == "sgd" ? 0.05f : 0.003f;
-            c.clip = clip;
-            c.precision = p;
-            c.grad_accum = accum;
+            c.parallel.clip = clip;
+            c.parallel.precision = p;
+            c.parallel.grad_accum = accum;
             // Several buckets, small parameters sharing them over padding.
-            c.bucket_mb = c.task == data::Task::classification ? 0.001 : 0.004;
+            c.parallel.bucket_mb = c.task == data::Task::classification ? 0.001 : 0.004;
             c.devices = {gpu};
-            c.zero = 1;
+            c.parallel.zero = 1;
             Trainer one(c);
             one.run();
-            c.zero = 2;
+            c.parallel.zero = 2;
             Trainer two(c);
             two.run();
             CHECK(two.parallel().reduce() == Reduce::nccl);
@@ -1283,10 +1283,10 @@ TEST_CASE("bf16 on the wire between logical replicas (p2p): the master's gradien
   // And training: within bf16's tolerance of the fp32 wire, the replicas identical.
   TrainConfig c = dp_config(data::Task::regression, "adamw");
   c.devices = {gpu, gpu};
-  c.reduce = Reduce::p2p;
+  c.parallel.reduce = Reduce::p2p;
   Trainer fp32(c);
   fp32.run();
-  c.grad_comm = DType::bf16;
+  c.parallel.grad_comm = DType::bf16;
   Trainer bf16(c);
   bf16.run();
   CHECK(bf16.parallel().replicas_identical());
@@ -1298,7 +1298,7 @@ TEST_CASE("bf16 on the wire between logical replicas (p2p): the master's gradien
 TEST_CASE("data-parallel steps make no cudaMalloc after the first", "[gpu][parallel][allocator]") {
   TrainConfig c = dp_config(data::Task::regression, "sgd");
   c.devices = {gpu, gpu, gpu};
-  c.reduce = Reduce::p2p;
+  c.parallel.reduce = Reduce::p2p;
   c.steps = 15;
   Trainer t(c);
   t.step(0, /*measure=*/true);  // as a run's first step, which is logged
@@ -1334,12 +1334,12 @@ TEST_CASE("N GPUs equal one GPU on both paths, with balanced memory", "[gpu][par
   c.momentum = 0.0f;
   c.batch = 256 * gpus;
   c.steps = 3;
-  c.bucket_mb = 1.0;
+  c.parallel.bucket_mb = 1.0;
   for (Reduce path : {Reduce::nccl, Reduce::p2p}) {
     if (path == Reduce::nccl && !built_with_nccl()) continue;
     for (const Device& d : devs) allocator(d).reset_peak();
     c.devices = devs;
-    c.reduce = path;
+    c.parallel.reduce = path;
     TrainResult r = Trainer(c).run();
     const double master = static_cast<double>(r.memory[0].second.peak_allocated);
     for (size_t i = 1; i < r.memory.size(); ++i) {
@@ -1361,8 +1361,8 @@ TEST_CASE("ZeRO stages 1 and 2 over N GPUs (NCCL) train as stage 0", "[gpu][para
     for (float clip : {0.0f, 0.5f})
       for (int accum : {1, 2}) {
         TrainConfig c = dp_config(data::Task::regression, opt);
-        c.clip = clip;
-        c.grad_accum = accum;
+        c.parallel.clip = clip;
+        c.parallel.grad_accum = accum;
         c.batch = 30;
         for (int n = 2; n <= std::min(gpus, 8); ++n) {
           std::vector<Device> devs;
@@ -1371,7 +1371,7 @@ TEST_CASE("ZeRO stages 1 and 2 over N GPUs (NCCL) train as stage 0", "[gpu][para
           for (int zero : {1, 2}) {
             INFO(opt << ", clip " << clip << ", " << accum << " micro-batches, " << n << " GPUs, zero " << zero);
             TrainConfig z = c;
-            z.zero = zero;
+            z.parallel.zero = zero;
             CHECK(rel_error(train_dp(z, devs, Reduce::nccl), want) <= 1e-6);
           }
         }
@@ -1423,11 +1423,11 @@ TEST_CASE("a step recorded as a CUDA graph trains exactly like the eager step", 
     c.lr = std::string(k.optimizer) == "sgd" ? 0.05f : 0.003f;
     c.schedule = k.schedule;
     c.warmup = std::string(k.schedule) == "constant" ? 0 : 3;  // constant has no warm-up
-    c.clip = k.clip;
-    c.grad_accum = k.accum;
+    c.parallel.clip = k.clip;
+    c.parallel.grad_accum = k.accum;
     Trainer eager(c);
     eager.run();
-    c.cuda_graph = true;
+    c.parallel.cuda_graph = true;
     Trainer graphed(c);
     for (int64_t s = 0; s < 3; ++s) graphed.step(s);  // eager, then recorded for each parity
     const int64_t allocs = allocator(gpu).stats().system_allocs;
@@ -1452,7 +1452,7 @@ TEST_CASE("a CUDA graph on file data trains exactly like the eager step", "[gpu]
   for (auto [replicas, accum] : {std::pair<size_t, int>{1, 1}, {2, 1}, {1, 3}, {2, 2}}) {
     INFO("replicas " << replicas << ", grad_accum " << accum);
     TrainConfig c;
-    c.grad_accum = accum;
+    c.parallel.grad_accum = accum;
     c.model = "12-24x2-5";
     c.optimizer = "adamw";
     c.lr = 0.003f;
@@ -1462,7 +1462,7 @@ TEST_CASE("a CUDA graph on file data trains exactly like the eager step", "[gpu]
     c.devices = std::vector<Device>(replicas, gpu);
     Trainer eager(c, set);
     eager.run();
-    c.cuda_graph = true;
+    c.parallel.cuda_graph = true;
     Trainer graphed(c, set);
     graphed.run();
     CHECK(graphed.model().flat_params().to_host() == eager.model().flat_params().to_host());  // bit for bit
@@ -1813,7 +1813,7 @@ TEST_CASE("a CNN on logical replicas of one GPU equals one-GPU training, with no
   TrainConfig bn = cnn_config("cnn:3x8x8-c6k3-bn-p2-f4");
   train_dp(bn, {gpu, gpu, gpu}, Reduce::p2p);  // asserts the replicas (buffers too) stay identical
   bn.devices = {gpu, gpu};
-  bn.reduce = Reduce::p2p;
+  bn.parallel.reduce = Reduce::p2p;
   Trainer t(bn);
   t.step(0, /*measure=*/true);  // as a run's first step, which is logged
   const int64_t after_first = allocator(gpu).stats().system_allocs;
@@ -1833,7 +1833,7 @@ TEST_CASE("a CNN step recorded as a CUDA graph trains exactly like the eager ste
   Trainer eager(c);
   eager.run();
   const size_t eager_peak = allocator(gpu).stats().peak_reserved - eager_base;
-  c.cuda_graph = true;
+  c.parallel.cuda_graph = true;
   allocator(gpu).empty_cache();
   allocator(gpu).reset_peak();
   const size_t base = allocator(gpu).stats().reserved;  // eager's model and optimizer, still alive
@@ -1847,11 +1847,11 @@ TEST_CASE("a CNN step recorded as a CUDA graph trains exactly like the eager ste
   // Batch norm on 2 logical replicas with 2 micro-batches: the running statistics are
   // copied from the master to the other replica inside the graph too.
   c.devices = {gpu, gpu};
-  c.grad_accum = 2;
-  c.cuda_graph = false;
+  c.parallel.grad_accum = 2;
+  c.parallel.cuda_graph = false;
   Trainer eager2(c);
   eager2.run();
-  c.cuda_graph = true;
+  c.parallel.cuda_graph = true;
   Trainer graphed2(c);
   graphed2.run();
   CHECK(graphed2.model().flat_params().to_host() == eager2.model().flat_params().to_host());
@@ -2104,7 +2104,7 @@ TEST_CASE("30 bf16 training steps on CUDA follow the CPU bf16 run", "[gpu][train
       cfg.batch = 128;
       cfg.steps = 30;
       cfg.log_every = 1000;
-      cfg.precision = Precision::bf16;
+      cfg.parallel.precision = Precision::bf16;
       cfg.devices = {host};
       Trainer a(cfg);
       const TrainResult ra = a.run();
@@ -2125,7 +2125,7 @@ TEST_CASE("30 bf16 training steps on CUDA follow the CPU bf16 run", "[gpu][train
 TEST_CASE("bf16 on logical replicas of one GPU (p2p), NCCL with one rank and a CUDA graph equal one GPU",
           "[gpu][parallel][graph][bf16]") {
   TrainConfig c = dp_config(data::Task::regression, "adamw");
-  c.precision = Precision::bf16;
+  c.parallel.precision = Precision::bf16;
   const auto want = train_dp(c, {gpu}, Reduce::automatic);  // asserts replicas identical, shadows included
   for (int n : {2, 3}) {
     INFO(n << " logical replicas on cuda:0");
@@ -2138,7 +2138,7 @@ TEST_CASE("bf16 on logical replicas of one GPU (p2p), NCCL with one rank and a C
   c.devices = {gpu};
   Trainer eager(c);
   eager.run();
-  c.cuda_graph = true;
+  c.parallel.cuda_graph = true;
   Trainer graphed(c);
   for (int64_t s = 0; s < 3; ++s) graphed.step(s);  // eager, recorded, replayed
   const int64_t allocs = allocator(gpu).stats().system_allocs;

@@ -37,14 +37,14 @@ TrainConfig small(data::Task task, const std::string& opt, int64_t batch) {
   c.batch = batch;
   c.steps = 20;
   c.log_every = 1000;
-  c.bucket_mb = 0.001;  // about 1 KB: the parameters span several buckets
+  c.parallel.bucket_mb = 0.001;  // about 1 KB: the parameters span several buckets
   return c;
 }
 
 // What a run of `c` under ZeRO stage `zero` says when it stops on a non-finite gradient.
 std::string stop_message(TrainConfig c, int zero) {
   c.on_nonfinite = "stop";
-  c.zero = zero;
+  c.parallel.zero = zero;
   try {
     Trainer(c).run();
   } catch (const NonFiniteError& e) {
@@ -188,7 +188,7 @@ TEST_CASE("N CPU replicas train exactly like one device on the whole batch", "[p
                                        << reduce_name(path));
             TrainConfig c = one;
             c.devices = cpus(n);
-            c.reduce = path;
+            c.parallel.reduce = path;
             Trainer t(c);
             REQUIRE(t.parallel().buckets() > 1);
             for (int64_t s = 0; s < c.steps; ++s) {
@@ -209,11 +209,11 @@ TEST_CASE("twin buffers on N CPU replicas train bit for bit as one copy, overlap
       INFO(opt << (overlap ? ", overlapped" : ", after backward"));
       TrainConfig c = small(data::Task::regression, opt, 12);
       c.devices = cpus(3, 120);
-      c.overlap = overlap;
-      c.twin_buffers = TwinBuffers::off;
+      c.parallel.overlap = overlap;
+      c.parallel.twin_buffers = TwinBuffers::off;
       Trainer one(c);
       one.run();
-      c.twin_buffers = TwinBuffers::on;
+      c.parallel.twin_buffers = TwinBuffers::on;
       Trainer two(c);
       for (int64_t s = 0; s < c.steps; ++s) {
         two.step(s);
@@ -226,10 +226,10 @@ TEST_CASE("twin buffers on N CPU replicas train bit for bit as one copy, overlap
       CHECK(one.parallel().model_state_bytes()[0].twins == 0);
       CHECK(two.model().flat_params().to_host() == one.model().flat_params().to_host());
       // The default keeps one copy on CPUs, and clipping keeps one anywhere.
-      c.twin_buffers = TwinBuffers::automatic;
+      c.parallel.twin_buffers = TwinBuffers::automatic;
       CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
-      c.twin_buffers = TwinBuffers::on;
-      c.clip = 1.0f;
+      c.parallel.twin_buffers = TwinBuffers::on;
+      c.parallel.clip = 1.0f;
       CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
     }
   // A non-finite step is skipped alike.
@@ -237,10 +237,10 @@ TEST_CASE("twin buffers on N CPU replicas train bit for bit as one copy, overlap
   c.lr = 1e30f;
   c.on_nonfinite = "skip-step";
   c.devices = cpus(2, 125);
-  c.twin_buffers = TwinBuffers::off;
+  c.parallel.twin_buffers = TwinBuffers::off;
   Trainer one(c);
   const TrainResult a = one.run();
-  c.twin_buffers = TwinBuffers::on;
+  c.parallel.twin_buffers = TwinBuffers::on;
   Trainer two(c);
   const TrainResult b = two.run();
   CHECK(a.skipped > 0);
@@ -301,16 +301,16 @@ TEST_CASE("memory: no device is a dumping ground", "[parallel][memory]") {
   c.model = "64-256x2-16";
   c.momentum = 0.0f;  // no optimizer state: the master's extra on p2p is the staging bucket alone
   c.steps = 3;
-  c.bucket_mb = 0.05;
+  c.parallel.bucket_mb = 0.05;
   SECTION("host: every replica within 5% of the master") {
     c.devices = cpus(4, 100);
-    c.reduce = Reduce::host;
+    c.parallel.reduce = Reduce::host;
     auto p = peaks(Trainer(c).run());
     for (size_t i = 1; i < p.size(); ++i) CHECK(std::fabs(p[0] - p[i]) <= 0.05 * p[i]);
   }
   SECTION("p2p: the master's extra is one reused staging bucket, not N-1 gradient copies") {
     c.devices = cpus(4, 200);
-    c.reduce = Reduce::p2p;
+    c.parallel.reduce = Reduce::p2p;
     Trainer t(c);
     const double grads = static_cast<double>(t.model().flat_grads().nbytes());
     auto p = peaks(t.run());
@@ -349,8 +349,8 @@ TEST_CASE("reducing after backward (no overlap) and with gradient accumulation g
       INFO("overlap " << overlap << " grad-accum " << accum);
       TrainConfig c = one;
       c.devices = cpus(3);
-      c.overlap = overlap;
-      c.grad_accum = accum;
+      c.parallel.overlap = overlap;
+      c.parallel.grad_accum = accum;
       Trainer t(c);
       t.run();
       CHECK(t.parallel().replicas_identical());
@@ -370,7 +370,7 @@ TEST_CASE("data-parallel steps allocate nothing after the first, replicas sharin
       const Device d{DeviceType::cpu, next};
       c.devices = shared ? std::vector<Device>{d, d, d} : cpus(3, next);
       next += 3;
-      c.reduce = path;
+      c.parallel.reduce = path;
       Trainer t(c);
       t.step(0, /*measure=*/true);  // as a run's first step, which is logged
       auto allocs = [&] {
@@ -397,7 +397,7 @@ TEST_CASE("a CNN on N CPU replicas trains exactly like one device on the whole b
       INFO(n << " devices, reduce " << reduce_name(path));
       TrainConfig c = one;
       c.devices = cpus(n);
-      c.reduce = path;
+      c.parallel.reduce = path;
       Trainer t(c);
       REQUIRE(t.parallel().buckets() > 1);
       t.run();
@@ -452,7 +452,7 @@ TEST_CASE("N CPU replicas train a bf16 model like one device, every replica's sh
     one.devices = cpus(1);
     Trainer f32(one);
     f32.run();
-    one.precision = Precision::bf16;
+    one.parallel.precision = Precision::bf16;
     Trainer ref(one);
     ref.run();
     const auto want = ref.model().flat_params().to_host();
@@ -462,7 +462,7 @@ TEST_CASE("N CPU replicas train a bf16 model like one device, every replica's sh
         INFO(opt << " on " << n << " devices, reduce " << reduce_name(path));
         TrainConfig c = one;
         c.devices = cpus(n);
-        c.reduce = path;
+        c.parallel.reduce = path;
         Trainer t(c);
         for (int64_t s = 0; s < c.steps; ++s) {
           t.step(s);
@@ -541,11 +541,11 @@ TEST_CASE("ZeRO stage 1 trains as stage 0, each replica holding only its shard o
                                    << clip);
         TrainConfig c = small(task, opt, 10);  // uneven: 10 over 3 or 5
         c.devices = cpus(n, 40);
-        c.grad_accum = accum;
-        c.clip = clip;
+        c.parallel.grad_accum = accum;
+        c.parallel.clip = clip;
         Trainer plain(c);
         plain.run();
-        c.zero = 1;
+        c.parallel.zero = 1;
         Trainer sharded(c);
         for (int64_t s = 0; s < c.steps; ++s) {
           sharded.step(s);
@@ -583,13 +583,13 @@ TEST_CASE("ZeRO under bf16 compute: every replica's shadow follows the gathered 
   for (std::string opt : {"sgd", "adamw"}) {
     INFO(opt);
     TrainConfig c = small(data::Task::regression, opt, 10);
-    c.precision = Precision::bf16;
+    c.parallel.precision = Precision::bf16;
     c.devices = cpus(3, 130);
     Trainer plain(c);
     plain.run();
     for (int zero : {1, 2}) {
       INFO("zero " << zero);
-      c.zero = zero;
+      c.parallel.zero = zero;
       Trainer sharded(c);
       for (int64_t s = 0; s < c.steps; ++s) {
         sharded.step(s);
@@ -611,7 +611,7 @@ TEST_CASE("ZeRO with more replicas than a small model's shards leaves some empty
   c.devices = cpus(12, 60);
   Trainer plain(c);
   plain.run();
-  c.zero = 1;
+  c.parallel.zero = 1;
   Trainer sharded(c);
   sharded.run();
   const auto shards = sharded.parallel().zero_shards();
@@ -625,7 +625,7 @@ TEST_CASE("a ZeRO checkpoint is the flat state: it resumes on other replica coun
   TrainConfig c = small(data::Task::regression, "adamw", 12);
   c.steps = 20;
   c.devices = cpus(4, 80);
-  c.zero = 1;
+  c.parallel.zero = 1;
   Trainer whole(c);  // 20 steps without a break
   whole.run();
   const auto want = whole.model().flat_params().to_host();
@@ -637,7 +637,7 @@ TEST_CASE("a ZeRO checkpoint is the flat state: it resumes on other replica coun
     INFO("resumed on " << n << " replicas, zero " << zero);
     TrainConfig rest = c;
     rest.devices = cpus(n, 90);
-    rest.zero = zero;
+    rest.parallel.zero = zero;
     rest.resume = first.save;
     Trainer t(rest);
     t.run();
@@ -647,7 +647,7 @@ TEST_CASE("a ZeRO checkpoint is the flat state: it resumes on other replica coun
   }
   // And a plain checkpoint resumes sharded.
   TrainConfig plain = first;
-  plain.zero = 0;
+  plain.parallel.zero = 0;
   plain.devices = cpus(2, 100);
   plain.save = (dir.path / "plain.safetensors").string();
   Trainer(plain).run();
@@ -664,7 +664,7 @@ TEST_CASE("ZeRO skips a non-finite step on every replica alike", "[parallel][zer
   c.on_nonfinite = "skip-step";
   c.devices = cpus(3, 110);
   const TrainResult plain = Trainer(c).run();
-  c.zero = 1;
+  c.parallel.zero = 1;
   Trainer sharded(c);
   const TrainResult r = sharded.run();
   CHECK(plain.skipped > 0);
@@ -679,15 +679,15 @@ TEST_CASE("ZeRO skips a non-finite step on every replica alike", "[parallel][zer
 TEST_CASE("ZeRO refuses what it does not do yet, naming the setting", "[parallel][zero]") {
   TrainConfig c = small(data::Task::regression, "sgd", 12);
   c.devices = cpus(2, 120);
-  c.zero = 3;
+  c.parallel.zero = 3;
   CHECK_THROWS_AS(Trainer(c), UsageError);
   for (int zero : {1, 2}) {
-    c.zero = zero;
-    c.reduce = Reduce::p2p;
+    c.parallel.zero = zero;
+    c.parallel.reduce = Reduce::p2p;
     CHECK_THROWS_AS(Trainer(c), UsageError);
   }
-  c.reduce = Reduce::automatic;
-  c.grad_comm = DType::bf16;  // stage 2 between CPU devices sums fp32
+  c.parallel.reduce = Reduce::automatic;
+  c.parallel.grad_comm = DType::bf16;  // stage 2 between CPU devices sums fp32
   std::string why;
   try {
     Trainer t(c);
@@ -728,12 +728,12 @@ TEST_CASE("ZeRO stage 2 trains as stage 1, each replica holding a gradient shard
                                    << clip);
         TrainConfig c = small(task, opt, 10);  // uneven: 10 over 3 or 5
         c.devices = cpus(n, 140);
-        c.grad_accum = accum;
-        c.clip = clip;
-        c.zero = 1;
+        c.parallel.grad_accum = accum;
+        c.parallel.clip = clip;
+        c.parallel.zero = 1;
         Trainer one(c);
         one.run();
-        c.zero = 2;
+        c.parallel.zero = 2;
         c.devices = cpus(n, 240);
         Trainer two(c);
         for (int64_t s = 0; s < c.steps; ++s) {
@@ -759,12 +759,12 @@ TEST_CASE("ZeRO stage 2 keeps the padding inside a bucket zero when the slot's o
     INFO(model << ", buckets of " << bucket_mb << " MB");
     TrainConfig c = small(data::Task::classification, "sgd", 10);
     c.model = model;
-    c.bucket_mb = bucket_mb;
+    c.parallel.bucket_mb = bucket_mb;
     c.devices = cpus(3, 250);
-    c.zero = 1;
+    c.parallel.zero = 1;
     Trainer one(c);
     one.run();
-    c.zero = 2;
+    c.parallel.zero = 2;
     c.devices = cpus(3, 260);
     Trainer two(c);
     two.run();
@@ -775,10 +775,10 @@ TEST_CASE("ZeRO stage 2 keeps the padding inside a bucket zero when the slot's o
 
 TEST_CASE("ZeRO stage 2 keeps a shard of the gradients and the buckets in flight", "[parallel][zero]") {
   TrainConfig c = small(data::Task::regression, "adamw", 16);
-  c.model = "32-32x8-32";  // nine layers of 1056 floats
-  c.bucket_mb = 0.005;     // 1310 floats: a layer a bucket
+  c.model = "32-32x8-32";        // nine layers of 1056 floats
+  c.parallel.bucket_mb = 0.005;  // 1310 floats: a layer a bucket
   c.devices = cpus(4, 150);
-  c.zero = 2;
+  c.parallel.zero = 2;
   Trainer t(c);
   t.run();
   int64_t total = 0;
@@ -787,7 +787,8 @@ TEST_CASE("ZeRO stage 2 keeps a shard of the gradients and the buckets in flight
   for (const nn::Parameter* p : t.model().parameters()) sizes.push_back(numel(p->shape));
   int64_t largest = 0;
   int64_t at = total;
-  const auto buckets = make_param_buckets(offsets, sizes, c.bucket_mb * 1024 * 1024, c.bucket_mb * 1024 * 1024);
+  const auto buckets =
+      make_param_buckets(offsets, sizes, c.parallel.bucket_mb * 1024 * 1024, c.parallel.bucket_mb * 1024 * 1024);
   CHECK(buckets.size() == 9);  // a layer a bucket
   for (const Bucket& b : buckets) {
     CHECK(b.offset + b.count <= at);  // from the end of the buffer, in order
@@ -811,7 +812,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
   c.on_nonfinite = "skip-step";
   c.devices = cpus(3, 160);
   const TrainResult plain = Trainer(c).run();
-  c.zero = 2;
+  c.parallel.zero = 2;
   Trainer sharded(c);
   CHECK(sharded.run().skipped == plain.skipped);
   CHECK(sharded.parallel().replicas_identical());
@@ -822,7 +823,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
   tiny.devices = cpus(12, 170);
   Trainer a(tiny);
   a.run();
-  tiny.zero = 2;
+  tiny.parallel.zero = 2;
   Trainer b(tiny);
   b.run();
   CHECK(test::rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host()) <= 1e-6);
@@ -830,7 +831,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
   test::TempDir dir;
   TrainConfig w = small(data::Task::regression, "adamw", 12);
   w.devices = cpus(4, 190);
-  w.zero = 2;
+  w.parallel.zero = 2;
   Trainer whole(w);
   whole.run();
   const auto want = whole.model().flat_params().to_host();
@@ -842,7 +843,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
     INFO("resumed on " << n << " replicas, zero " << zero);
     TrainConfig rest = w;
     rest.devices = cpus(n, 200);
-    rest.zero = zero;
+    rest.parallel.zero = zero;
     rest.resume = first.save;
     Trainer t(rest);
     t.run();
@@ -851,7 +852,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
     else CHECK(test::rel_error(got, want) <= 1e-5);
   }
   TrainConfig plain0 = first;
-  plain0.zero = 0;
+  plain0.parallel.zero = 0;
   plain0.save = (dir.path / "plain.safetensors").string();
   Trainer(plain0).run();
   TrainConfig rest = w;
@@ -919,11 +920,11 @@ TEST_CASE("bf16 on the wire trains within 1e-2 of fp32 on N replicas, and one de
       INFO(opt << " on " << n << " replicas, reduce " << reduce_name(path) << ", zero " << zero);
       TrainConfig c = small(data::Task::regression, opt, 12);
       c.devices = cpus(n, 70);
-      c.reduce = path;
-      c.zero = zero;
+      c.parallel.reduce = path;
+      c.parallel.zero = zero;
       Trainer fp32(c);
       fp32.run();
-      c.grad_comm = DType::bf16;
+      c.parallel.grad_comm = DType::bf16;
       Trainer bf16(c);
       for (int64_t s = 0; s < c.steps; ++s) {
         bf16.step(s);
@@ -1043,15 +1044,15 @@ TEST_CASE("tuned buckets: each size tried, the fastest kept, the parameters thos
     TrainConfig c = small(data::Task::regression, "sgd", 12);
     c.model = "64-512x2-16";  // 304 K parameters: 1.16 MiB of gradients
     c.steps = 30;
-    c.bucket_mb = 25;
-    c.first_bucket_mb = 64;  // the first bucket as the others'
+    c.parallel.bucket_mb = 25;
+    c.parallel.first_bucket_mb = 64;  // the first bucket as the others'
 
     c.devices = cpus(3, 400);
-    c.reduce = path;
+    c.parallel.reduce = path;
     Trainer fixed(c);
     fixed.run();
     c.devices = cpus(3, 410);
-    c.tune_buckets = true;
+    c.parallel.tune_buckets = true;
     Trainer tuned(c);
     REQUIRE(tuned.parallel().tuning_buckets());
     tuned.run();
@@ -1064,13 +1065,13 @@ TEST_CASE("tuned buckets: each size tried, the fastest kept, the parameters thos
     CHECK(tuned.parallel().replicas_identical());
   }
   TrainConfig c = small(data::Task::regression, "sgd", 12);
-  c.tune_buckets = true;
-  c.zero = 2;
+  c.parallel.tune_buckets = true;
+  c.parallel.zero = 2;
   c.devices = cpus(2, 420);
   try {
     Trainer t(c);
     FAIL("accepted");
   } catch (const UsageError& e) {
-    CHECK(std::string(e.what()).find("TrainConfig::tune_buckets changes the buckets between eager steps") == 0);
+    CHECK(std::string(e.what()).find("DataParallelOptions::tune_buckets changes the buckets between eager steps") == 0);
   }
 }

@@ -61,7 +61,7 @@ TrainConfig config(const std::string& opt) {
   c.batch = 10;
   c.epochs = 3;
   c.log_every = 1000;
-  c.bucket_mb = 0.001;  // several buckets
+  c.parallel.bucket_mb = 0.001;  // several buckets
   return c;
 }
 
