@@ -1,16 +1,20 @@
-// Gradient reduction across the replicas of one process, behind one interface:
-//   nccl - in-place all-reduce of each bucket on a communication stream per device,
-//          launched as soon as backward has produced the bucket; every replica then
-//          steps its own optimizer on the same summed gradient.
-//   p2p  - the classic DataParallel scheme: every replica's buckets are copied to the
-//          master (peer copies, or staged by the driver where peers cannot reach each
-//          other) through one reused staging bucket, summed there, the master steps,
-//          and its parameters are copied back to the replicas.
-//   host - for virtual CPU devices: the sum is made in the master's buffer and copied
-//          to every replica, which steps its own optimizer.
+// Gradient reduction across the replicas of one process, or across ranks, behind one
+// interface; each kind in a file of its own:
+//   nccl - (nccl_reducer.cpp) in-place all-reduce of each bucket on a communication stream
+//          per device, launched as soon as backward has produced the bucket; every
+//          replica then steps its own optimizer on the same summed gradient.
+//   p2p  - (p2p_reducer.cpp) the classic DataParallel scheme: every replica's buckets are
+//          copied to the master (peer copies, or staged by the driver where peers cannot
+//          reach each other) through one reused staging bucket, summed there, the master
+//          steps, and its parameters are copied back to the replicas.
+//   host - (host_reducer.cpp) for virtual CPU devices: the sum is made in the master's
+//          buffer and copied to every replica, which steps its own optimizer; ZeRO stage
+//          2 sums each bucket into its owners' partitions.
+//   mpi  - (mpi_reducer.cpp) CPU processes, a bucket summed over every rank by MPI.
 // Replica gradients arrive already weighted by their share of the batch, so a plain
 // sum is the full-batch gradient.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,8 +23,11 @@
 #include <dptrain/parallel/shard_plan.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/tensor.hpp>
+#include "buckets.hpp"
 
 namespace dpt {
+
+class ProcessGroup;
 
 struct ReplicaBuffers {
   Context* ctx;   // the replica's compute context
@@ -29,23 +36,54 @@ struct ReplicaBuffers {
   Tensor shadow;  // its bf16 copy of the parameters (bf16 compute; else undefined)
 };
 
-// A contiguous range of the flat gradient buffer that is reduced in one piece.
-struct Bucket {
-  int64_t offset;
-  int64_t count;
-  bool operator==(const Bucket&) const = default;
-};
-
 // ZeRO stage 2: replica r's gradients (ReplicaBuffers::grads) are `slots` slots of
-// `slot_size` floats, bucket b in slot b % slots, and its shard of the sum is
-// `shard_sums[r]` (its shard's elements; one a process across ranks). A bucket's sum goes
-// into its owners' shards, or is added to what is there for the step's later
+// `slot_size` floats, bucket b in slot b % slots, and the sum of its partition is
+// `partition_sums[r]` (its partition's elements; one a process across ranks). A bucket's
+// sum goes into its owners' partitions, or is added to what is there for the step's later
 // micro-batches, and its slot is free for the next bucket once the sum is done.
 struct GradSlots {
-  std::vector<Tensor> shard_sums;
+  std::vector<Tensor> partition_sums;
   int64_t slot_size = 0;
   size_t slots = 0;
   bool defined() const { return slots > 0; }
+};
+
+// Owner's piece [begin, end) of bucket k: where the bucket overlaps the owner's partition
+// (begin >= end: none).
+struct Piece {
+  int64_t begin, end;
+};
+inline Piece piece_of(const Bucket& k, const SampleRange& partition) {
+  return {std::max(k.offset, partition.first), std::min(k.offset + k.count, partition.first + partition.count)};
+}
+
+// ZeRO (a reducer made with partitions): reduce() leaves replica r's gradients summed over
+// its own partition only, and each replica updates its partition.
+class ZeroReducer {
+ public:
+  // From the driving thread: every replica's entry of `partial` (a scalar on its device:
+  // its partition's part of the gradients' squared norm) becomes the sum over the
+  // replicas, added in replica order, and its entry of `first_bad` (an int64, i32 [2]: its
+  // partition's first non-finite gradient) the least over them, in place.
+  virtual void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad) = 0;
+  // After the updates: every replica gets every partition's parameters and refreshes its
+  // bf16 shadow from them.
+  virtual void gather_params() = 0;
+
+ protected:
+  ~ZeroReducer() = default;
+};
+
+// A reduction across processes (DDP), one replica a rank.
+class RankReducer {
+ public:
+  // From the driving thread after the step (DDP's broadcast_buffers): rank 0's `buffers`
+  // (the running statistics of batch norm) reach every rank, queued on the replica's
+  // compute context, after its forward wrote them.
+  virtual void broadcast_buffers(const Tensor& buffers) = 0;
+
+ protected:
+  ~RankReducer() = default;
 };
 
 class Reducer {
@@ -66,11 +104,6 @@ class Reducer {
   // From the driving thread after the master's update (when !every_replica_updates()):
   // every replica gets the master's parameters, and refreshes its bf16 shadow from them.
   virtual void broadcast_params() {}
-  // Across processes, from the driving thread after the step (DDP's broadcast_buffers):
-  // rank 0's `buffers` (the running statistics of batch norm) reach every rank, queued
-  // on the replica's compute context, after its forward wrote them. Only reducers that
-  // talk to other processes can.
-  virtual void broadcast_buffers(const Tensor& buffers);
   // Waits for ctx's queued work; reducers that talk to other processes bound the wait
   // by the communication timeout and end the job when it passes.
   virtual void synchronize(Context& ctx) { ctx.synchronize(); }
@@ -78,31 +111,24 @@ class Reducer {
   // a CUDA graph of the step records them too.
   virtual std::vector<Context*> contexts() { return {}; }
 
-  // ZeRO (a reducer made with shards): reduce() leaves replica r's gradients summed over
-  // its own shard only, and each replica updates its shard. From the driving thread:
-  // every replica's entry of `partial` (a scalar on its device: its shard's part of the
-  // gradients' squared norm) becomes the sum over the replicas, added in replica order,
-  // and its entry of `first_bad` (an int64, i32 [2]: its shard's first non-finite
-  // gradient) the least over them, in place; and, after the updates, every replica gets
-  // every shard's parameters and refreshes its bf16 shadow from them.
-  virtual bool sharded() const { return false; }
-  virtual void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad);
-  virtual void gather_params();
+  // What a reduction can do besides the sum; null where it cannot.
+  virtual ZeroReducer* zero() { return nullptr; }          // made with partitions (ZeRO)
+  virtual RankReducer* across_ranks() { return nullptr; }  // talks to other processes
 
   // Between steps (every replica's work done): reduce in these buckets from now on
-  // (DataParallelOptions::tune_buckets). Reducers whose memory is laid out by the buckets
-  // (ZeRO stage 2's slots) refuse.
-  virtual void set_buckets(std::vector<Bucket> buckets);
+  // (DataParallelOptions::tune_buckets, refused with ZeRO stage 2, whose memory is laid
+  // out by the buckets).
+  virtual void set_buckets(std::vector<Bucket> buckets) = 0;
 
   // Per-bucket updates (DataParallelOptions::update_per_bucket): `done` is called as soon as
   // replica r's sum of bucket b is queued (buckets in order; from the thread that queued
-  // it), with the context whose queue holds it. Reducers that cannot say so refuse.
+  // it), with the context whose queue holds it; only where tells_bucket_done().
   using BucketDone = std::function<void(size_t r, size_t b, Context& where)>;
   virtual bool tells_bucket_done() const { return false; }
   void on_bucket_done(BucketDone done) { bucket_done_ = std::move(done); }
 
-  // ZeRO stage 2 (gradients in bucket slots, the sums in shards of their own). From the
-  // driving thread before a step's first backward:
+  // ZeRO stage 2 (gradients in bucket slots, the sums in partitions of their own). From
+  // the driving thread before a step's first backward:
   virtual void begin_step() {}
   // From replica r's thread before backward writes bucket b's gradients into its slot:
   // returns once every bucket r handed over through that slot has been reduced.
@@ -117,73 +143,56 @@ class Reducer {
   BucketDone bucket_done_;
 };
 
-// p2p (master_updates = true) and host (false) reduction through the master. `shards`
-// (host only; one per replica, zero_shards'): ZeRO, each replica gets only its shard of
-// the sum. `wire` (DataParallelOptions::grad_comm): bf16, the other replicas' buckets are
-// rounded to bf16 on their devices (into a bf16 copy of their gradients) and added into
-// the master's fp32 sum; host then gives every replica, the master too, the sum rounded
-// to bf16.
-std::unique_ptr<Reducer> make_master_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                             bool master_updates, std::vector<SampleRange> shards = {},
-                                             DType wire = DType::f32);
+// p2p: the other replicas' buckets summed on the master, which alone updates. `wire`
+// (DataParallelOptions::grad_comm) bf16: the other replicas' buckets are rounded to bf16
+// on their devices (into a bf16 copy of their gradients) and added into the master's fp32
+// sum.
+std::unique_ptr<Reducer> make_p2p_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
+                                          DType wire = DType::f32);
+
+// host (CPU devices): the sum made on the master and handed to every replica, which
+// updates. `partitions` (one per replica, zero_partitions'): ZeRO, each replica gets only
+// its partition of the sum. `wire` bf16: as p2p, and every replica, the master too, gets
+// the sum rounded to bf16.
+std::unique_ptr<Reducer> make_host_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
+                                           std::vector<SampleRange> partitions = {}, DType wire = DType::f32);
 
 // NCCL all-reduce, one communicator per device (ncclCommInitAll); the devices must be
-// distinct GPUs. Throws UsageError when this build has no NCCL. `shards` (one per
+// distinct GPUs. Throws UsageError when this build has no NCCL. `partitions` (one per
 // replica, or per rank): ZeRO, each bucket's pieces are reduced into their owners alone
 // (ncclReduce, in owner order), and the parameters are broadcast back from them; with
-// `slots` (stage 2), from the bucket's slot into the owners' shard sums.
+// `slots` (stage 2), from the bucket's slot into the owners' partition sums.
 // `wire` bf16: each bucket is rounded into a bf16 buffer of the communication stream,
 // reduced in bf16, and widened back into the fp32 gradients. `max_ctas` > 0: NCCL's
 // collectives take at most that many thread blocks (ncclConfig_t::maxCTAs).
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                           std::vector<SampleRange> shards = {}, DType wire = DType::f32,
+                                           std::vector<SampleRange> partitions = {}, DType wire = DType::f32,
                                            GradSlots slots = {}, int max_ctas = 0);
 
-class ProcessGroup;
 // Across processes (DDP), one replica per process: NCCL between GPUs (the unique id
 // travels over MPI; non-blocking communicators, so a dead peer ends in an abort rather
 // than a hang) or MPI_Iallreduce between CPU processes.
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
-                                                std::vector<Bucket> buckets, std::vector<SampleRange> shards = {},
+                                                std::vector<Bucket> buckets, std::vector<SampleRange> partitions = {},
                                                 DType wire = DType::f32, GradSlots slots = {}, int max_ctas = 0);
-// `shards` (one per rank, zero_shards'): ZeRO, each rank gets only its shard of the sum;
-// `slots`: stage 2.
+// `partitions` (one per rank, zero_partitions'): ZeRO, each rank gets only its partition
+// of the sum; `slots`: stage 2.
 std::unique_ptr<Reducer> make_mpi_reducer(ProcessGroup& group, ReplicaBuffers replica, std::vector<Bucket> buckets,
-                                          std::vector<SampleRange> shards = {}, GradSlots slots = {});
+                                          std::vector<SampleRange> partitions = {}, GradSlots slots = {});
 
 // Stage 2 between CPU devices: the last replica to hand a bucket over sums it, in replica
-// order as the host reduction does, into every owner's shard.
+// order as the host reduction does, into every owner's partition.
 std::unique_ptr<Reducer> make_host_stage2_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                                  std::vector<SampleRange> shards, GradSlots slots);
+                                                  std::vector<SampleRange> partitions, GradSlots slots);
 
-// ZeRO stage 2: buckets of whole parameters (a gradient lies in one slot), from the end of
-// the buffer, each at most bucket_bytes (the first at most first_bytes, if less) unless one
-// parameter alone is larger; a bucket runs from its first parameter's start to its last
-// one's end. The padding between buckets is in none: its gradient, zero, is never reduced
-// (the shards' sums start at zero).
-std::vector<Bucket> make_param_buckets(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
-                                       double bucket_bytes, double first_bytes);
+// ZeRO, after the parameters' gather: the bf16 shadow of every partition but `own` from
+// the gathered fp32 parameters. The optimizer refreshed its own partition's in its update
+// (one cast of the whole buffer instead would cost a pass over it a step on one device).
+void refresh_shadow_of_others(const ReplicaBuffers& r, const std::vector<SampleRange>& partitions, size_t own);
 
-// Splits a flat buffer of `total` floats into buckets of at most bucket_bytes (rounded
-// to 64 floats), in the order backward produces them: from the end of the buffer, where
-// the last layer's parameters lie. The first is at most first_bytes (if less), so that
-// communication starts as soon as the last layer's gradients are made, as PyTorch DDP's
-// 1 MiB first bucket. A large parameter spans several buckets, so the p2p staging bucket
-// is exactly the configured size.
-std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes, double first_bytes);
-
-// p2p's copy of the updated parameters to the other replicas, in forward order: the flat
-// buffer [0, total) cut at the ends of children's parameters (child_end[c], -1 for a child
-// without any), each chunk at least min_floats but the last, which runs to `total`.
-// chunk_of[c] is the chunk that child c's last parameter is in (-1 for none): once it is
-// copied, so are the child's parameters, the chunks being copied in order.
-std::vector<Bucket> make_copy_chunks(const std::vector<int64_t>& child_end, int64_t total, int64_t min_floats,
-                                     std::vector<int>& chunk_of);
-
-// ZeRO, after the parameters' gather: the bf16 shadow of every shard but `own` from the
-// gathered masters. The optimizer refreshed its own shard's in its update (one cast of
-// the whole buffer instead would cost a pass over it a step on one device).
-void refresh_shadow_of_others(const ReplicaBuffers& r, const std::vector<SampleRange>& shards, size_t own);
+// The partitions' firsts and counts, as ProcessGroup::all_gather takes them.
+void firsts_and_counts(const std::vector<SampleRange>& partitions, std::vector<int64_t>& firsts,
+                       std::vector<int64_t>& counts);
 
 // For dpbench --comm: ms of f() (which waits for its work), the median of `iters` timed
 // calls after one untimed (the first use of communicators and buffers).

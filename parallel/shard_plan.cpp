@@ -37,16 +37,17 @@ ShardPlan::ShardPlan(int64_t batch, int ranks, int rank, size_t replicas, int mi
   const int64_t workers = static_cast<int64_t>(ranks) * static_cast<int64_t>(replicas);
   const int64_t largest = batch / workers + (batch % workers != 0);
   if (micro_batches > largest)
-    throw UsageError("DataParallelOptions::grad_accum must be <= " + std::to_string(largest) +
-                     ", the most samples a replica gets of a batch of " + std::to_string(batch) + " over " +
-                     std::to_string(workers) + " replica(s), got " + std::to_string(micro_batches));
+    throw UsageError("{} must be <= " + std::to_string(largest) + ", the most samples a replica gets of a batch of " +
+                         std::to_string(batch) + " over " + std::to_string(workers) + " replica(s), got " +
+                         std::to_string(micro_batches),
+                     {{"DataParallelOptions", "grad_accum"}});
   rank_part_ = ranges(0, split_evenly(batch, static_cast<size_t>(ranks)))[static_cast<size_t>(rank)];
   replica_ = ranges(rank_part_.first, split_evenly(rank_part_.count, replicas));
   idle_ = batch < workers ? workers - batch : 0;
 }
 
-std::vector<SampleRange> zero_shards(int64_t total, size_t n) {
-  DPT_CHECK(total >= 0 && n >= 1, "zero_shards: a buffer and at least one device");
+std::vector<SampleRange> zero_partitions(int64_t total, size_t n) {
+  DPT_CHECK(total >= 0 && n >= 1, "zero_partitions: a buffer and at least one device");
   const auto devices = static_cast<int64_t>(n);
   const int64_t size = ((total + devices - 1) / devices + 3) / 4 * 4;
   std::vector<SampleRange> out;

@@ -1233,4 +1233,16 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   return loss;
 }
 
+// ---- Sums between CPU devices (parallel/'s host reduction) ----------------------------
+
+void add_host_(const Tensor& x, const Tensor& y) {
+  detail::need_f32(y, "add_host_");
+  DPT_REQUIRE(x.dtype() == DType::f32 || x.dtype() == DType::bf16, "add_host_: x must be f32 or bf16");
+  DPT_REQUIRE(x.numel() == y.numel(), "add_host_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
+  DPT_REQUIRE(x.device().is_cpu() && y.device().is_cpu(),
+              "add_host_: CPU devices, got " + x.device().str() + " and " + y.device().str());
+  if (x.dtype() == DType::bf16) cpu::add_bf16(x.bf16(), y.f32(), x.numel());
+  else cpu::axpy(x.numel(), 1.0f, x.f32(), y.f32());
+}
+
 }  // namespace dpt

@@ -1265,7 +1265,7 @@ TEST_CASE("bf16 on the wire between logical replicas (p2p): the master's gradien
   const auto g0 = randn(total, 90), g1 = randn(total, 91);
   std::vector<ReplicaBuffers> bufs{{&a, Tensor::zeros({total}, DType::f32, gpu), on(gpu, g0, {total}), Tensor()},
                                    {&b, Tensor::zeros({total}, DType::f32, gpu), on(gpu, g1, {total}), Tensor()}};
-  auto reducer = make_master_reducer(bufs, buckets, /*master_updates=*/true, {}, DType::bf16);
+  auto reducer = make_p2p_reducer(bufs, buckets, DType::bf16);
   context(gpu).synchronize();  // the uploads, on the default stream, before a and b read them
   for (size_t i = 0; i < 2; ++i) {
     ContextGuard guard(*bufs[i].ctx);
@@ -2585,7 +2585,7 @@ TEST_CASE("communication streams have the highest priority; a peer sum needs a p
   for (int i = 0; i < 2; ++i)
     bufs.push_back(
         {&context(gpu), Tensor::zeros({256}, DType::f32, gpu), Tensor::zeros({256}, DType::f32, gpu), Tensor()});
-  auto p2p = make_master_reducer(bufs, make_buckets(256, 1024, 1024), true);
+  auto p2p = make_p2p_reducer(bufs, make_buckets(256, 1024, 1024));
   for (Context* c : p2p->contexts()) CHECK(c->priority() == greatest);
   // One GPU reads its own memory: no peer, so add_peer_ refuses.
   const Tensor a = Tensor::zeros({4}, DType::f32, gpu), b = Tensor::zeros({4}, DType::f32, gpu);

@@ -12,6 +12,7 @@
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/train/trainer.hpp>
+#include "../parallel/p2p_chunks.hpp"
 #include "../parallel/reducer.hpp"
 #include "../runtime/allocator.hpp"
 #include "catch.hpp"
@@ -131,12 +132,12 @@ TEST_CASE("p2p copies the parameters back in chunks of whole layers, in forward 
   // the last chunk runs to the end (padding after the last parameter included).
   auto c = make_copy_chunks({-1, 100, -1, 300000, 300100, 300200, -1}, 300256, 1000, chunk_of);
   REQUIRE(c.size() == 2);
-  CHECK(c[0] == Bucket{0, 300000});
-  CHECK(c[1] == Bucket{300000, 256});
+  CHECK(c[0] == CopyChunk{0, 300000});
+  CHECK(c[1] == CopyChunk{300000, 256});
   CHECK(chunk_of == std::vector<int>{-1, 0, -1, 0, 1, 1, -1});
   // Every layer large enough: a chunk each.
   c = make_copy_chunks({1000, 2000, 3000}, 3000, 1000, chunk_of);
-  CHECK(c == std::vector<Bucket>{{0, 1000}, {1000, 1000}, {2000, 1000}});
+  CHECK(c == std::vector<CopyChunk>{{0, 1000}, {1000, 1000}, {2000, 1000}});
   CHECK(chunk_of == std::vector<int>{0, 1, 2});
   CHECK(make_copy_chunks({-1, -1}, 0, 1000, chunk_of).empty());  // no parameters: nothing to copy
   CHECK(chunk_of == std::vector<int>{-1, -1});
@@ -884,7 +885,8 @@ TEST_CASE("bf16 on the wire: the sum is the master's gradient plus the others' r
       bufs.push_back({&context(devs[i]), Tensor::zeros({total}, DType::f32, devs[i]),
                       Tensor::from_host(g.back(), {total}, devs[i]), Tensor()});
     }
-    auto reducer = make_master_reducer(bufs, buckets, master_updates, {}, DType::bf16);
+    auto reducer = master_updates ? make_p2p_reducer(bufs, buckets, DType::bf16)
+                                  : make_host_reducer(bufs, buckets, {}, DType::bf16);
     for (size_t i = 0; i < devs.size(); ++i) {
       ContextGuard guard(context(devs[i]));
       for (size_t b = 0; b < buckets.size(); ++b) reducer->bucket_ready(i, b);

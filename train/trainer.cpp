@@ -121,15 +121,12 @@ nn::ModelSpec validate(TrainConfig& cfg) {
     check_device(d);
     if (d.type != cfg.devices.front().type) bad("devices", "cannot mix CPU and CUDA devices");
   }
+  // DataParallel's own checks, before anything is built. A ddp rank trains on one device,
+  // and reduces over the ranks whatever reduce says (DataParallel checks the group's part).
   const DataParallelOptions& p = cfg.parallel;
-  if (!cfg.ddp) (void)resolve_reduce(p.reduce, cfg.devices);
-  if (p.tune_buckets && (p.cuda_graph || p.zero == 2))
-    bad("parallel.tune_buckets",
-        "changes the buckets between eager steps: not with {} (which records one layout) nor {} 2 (whose gradient "
-        "slots are laid out by them)",
-        {"parallel.cuda_graph", "parallel.zero"});
-  if (p.cuda_graph && cfg.devices.front().is_cpu())
-    bad("parallel.cuda_graph", "records steps on GPUs: not on CPU devices (no CUDA there)");
+  DataParallelOptions mine = p;
+  if (cfg.ddp) mine.reduce = Reduce::automatic;
+  check_options(mine, cfg.ddp ? std::vector<Device>{cfg.devices.front()} : cfg.devices);
   if (cfg.devices.front().is_cpu() && p.gemm == GemmImpl::native)
     bad("parallel.gemm", "native is a CUDA kernel; the CPU has one GEMM");
   if (p.gemm == GemmImpl::native && p.precision != Precision::fp32)

@@ -9,11 +9,7 @@
 // Outputs are never gathered: each replica computes its loss on its own shard and only
 // scalars travel, when the caller reads them.
 #pragma once
-#include <array>
-#include <atomic>
-#include <chrono>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,11 +26,6 @@
 #include <dptrain/runtime/ops.hpp>
 
 namespace dpt {
-
-// Internal (parallel/): how the gradients are summed, and the replicas' threads.
-class Reducer;
-struct Bucket;
-class WorkerPool;
 
 // True when this build has NCCL (the nccl reduction and --ddp on GPUs).
 bool built_with_nccl();
@@ -98,7 +89,7 @@ struct DataParallelOptions {
   // Not with zero 2 or cuda_graph.
   bool tune_buckets = false;
   // The GEMMs' precision; bf16 also makes the model compute and store activations in bf16
-  // from bf16 copies of its fp32 master weights (Module::set_compute_dtype).
+  // from bf16 copies of its fp32 weights (Module::set_compute_dtype).
   Precision precision = Precision::fp32;
   GemmImpl gemm = GemmImpl::cublas;
   float clip = 0.0f;   // clip the global gradient norm (after reduction); 0 = off
@@ -116,12 +107,12 @@ struct DataParallelOptions {
   // H200) for one more copy of the parameters and state in memory. automatic: on GPUs,
   // for models of kTwinsFromParams parameters or more.
   TwinBuffers twin_buffers = TwinBuffers::automatic;
-  // ZeRO stage: 0 off; 1 shards the optimizer state over the replicas or ranks (each
-  // updates its contiguous shard of the flat buffer, zero_shards', from the summed gradient
-  // of that shard, and then every replica gets every shard's parameters); 2 also keeps
-  // only the shard of the summed gradients (a bucket is reduced into its owners as backward
-  // makes it, out of one of two bucket-sized slots). NCCL, host and MPI reductions; not
-  // p2p, and stage 2 not in a CUDA graph.
+  // ZeRO stage: 0 off; 1 partitions the optimizer state over the replicas or ranks (each
+  // updates its contiguous partition of the flat buffer, zero_partitions', from the summed
+  // gradient of that partition, and then every replica gets every partition's parameters);
+  // 2 also keeps only the partition of the summed gradients (a bucket is reduced into its
+  // owners as backward makes it, out of one of two bucket-sized slots). NCCL, host and MPI
+  // reductions; not p2p, and stage 2 not in a CUDA graph.
   int zero = 0;
   // The type gradients travel in between devices: f32, or bf16 (as DDP's bf16 compression
   // hook). With bf16 a replica's gradients are rounded to bf16 before they leave its
@@ -151,6 +142,9 @@ struct DataParallelOptions {
 // range, the help a program shows, which ones every rank of a job shares and which a
 // checkpoint records. TrainConfig's schema holds them (TrainConfig::parallel).
 const OptionSchema<DataParallelOptions>& data_parallel_schema();
+// Every check of `options` for these devices that DataParallel's constructor makes
+// (UsageError naming the field), for a program to call before it builds a model.
+void check_options(const DataParallelOptions& options, const std::vector<Device>& devices);
 
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>;
 using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
@@ -241,20 +235,21 @@ class DataParallel {
   using OutputFn = std::function<void(size_t replica, SampleRange part, const Tensor& output)>;
   void infer(int64_t first, int64_t count, const ShardSource& source, const OutputFn& take);
 
-  size_t size() const { return devices_.size(); }
+  size_t size() const;
   nn::Module& replica(size_t i);
   const Device& device(size_t i) const;
   optim::Optimizer& optimizer();  // the master's
   // Every optimizer there is: one per replica, or the master's alone on the p2p path.
   std::vector<optim::Optimizer*> optimizers();
-  // The optimizer's state as the whole flat buffers on the master, whatever the sharding
-  // (ZeRO gathers each replica's shard into them): what a checkpoint saves.
+  // The optimizer's state as the whole flat buffers on the master, whatever the partitioning
+  // (ZeRO gathers each replica's partition into them): what a checkpoint saves.
   std::vector<std::pair<std::string, Tensor>> optimizer_state();
-  // Every replica's share of the training state (ZeRO: the optimizer's is its shard).
+  // Every replica's share of the training state (ZeRO: the optimizer's is its partition).
   std::vector<ModelStateBytes> model_state_bytes();
-  // ZeRO's shards, one a replica (empty without ZeRO).
-  const std::vector<SampleRange>& zero_shards() const { return shards_; }
-  Reduce reduce() const { return reduce_; }
+  // ZeRO's partitions of the flat buffers, one a replica or rank (empty without ZeRO).
+  const std::vector<SampleRange>& zero_partitions() const;
+  const std::vector<SampleRange>& zero_shards() const { return zero_partitions(); }  // the former name
+  Reduce reduce() const;
   size_t buckets() const;       // how many pieces the gradient buffer is reduced in (0: no reduction)
   double bucket_mb() const;     // their size (the first's aside): as asked, or as tuned
   bool tuning_buckets() const;  // DataParallelOptions::tune_buckets has not chosen yet
@@ -272,7 +267,7 @@ class DataParallel {
   // Where the master records every step's gradient check (ops' check_gradients: the scale,
   // NaN when the gradients were not finite and the update was skipped, and the first
   // non-finite gradient's flat index), for the caller to read steps later without waiting;
-  // an empty ring records nothing. With ZeRO the index is the first over every shard (on
+  // an empty ring records nothing. With ZeRO the index is the first over every partition (on
   // every rank: give each rank a ring). A recorded CUDA graph is recorded again.
   void set_check_ring(const CheckRing& ring);
   // Whether every replica holds bitwise the master's parameters, bf16 shadow and buffers
@@ -284,110 +279,10 @@ class DataParallel {
   bool idle();
 
  private:
-  struct Replica;
-  void run_on_all(const std::function<void(size_t)>& fn);
-  void forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss, Tensor& loss_out,
-                        const LossFn& metric, Tensor& metric_out, bool first_micro, bool last_micro);
-  void update(size_t r);
-  // Per-bucket updates: replica r's update of bucket b, once its sum is queued on `where`.
-  void update_bucket(size_t r, size_t b, Context& where);
-  bool per_bucket_ = false;
-  // A replica's source failed this step: the per-bucket updates are skipped, as the update
-  // of an abandoned step is (set before any replica hands a bucket over).
-  std::atomic<bool> step_failed_{false};
-  std::vector<std::exception_ptr> source_error_;  // per replica, the step's; kept to spare an allocation a step
-  std::shared_ptr<DataParallel* const> self_ = std::make_shared<DataParallel* const>(this);  // for StepLoss::owner
-  int comm_ctas_ = 0;  // DataParallelOptions::comm_ctas
-  // The buckets of this size (and the first's, first_bucket_mb_), each parameter's, and
-  // the per-bucket updates' events.
-  void assign_buckets(double bucket_mb);
-  std::vector<Bucket> buckets_of_size(double bucket_mb) const;  // the layout alone
-  double bucket_mb_ = 0, first_bucket_mb_ = 0;
-  struct BucketTuning {
-    std::vector<double> sizes_mb;  // to try, in order
-    std::vector<double> ms;        // each one's time a step, so far
-    size_t at = 0;                 // the one being tried
-    int64_t steps = 0;             // steps since tuning began
-    std::chrono::steady_clock::time_point start;
-  };
-  std::unique_ptr<BucketTuning> tuning_;
-  void before_tuned_step();
-  void after_tuned_step();
-  // p2p: the other replicas copy the master's updated parameters chunk by chunk (a layer or
-  // more a chunk, first layers first) on their update streams, and their next forward
-  // waits for each layer's chunk just before the layer runs (make_copy_chunks), so the
-  // copy hides behind the first layers' forward. Eager steps of a Sequential model only
-  // (param_chunks_ empty otherwise: the reducer copies them whole).
-  std::vector<Bucket> param_chunks_;
-  std::vector<int> chunk_of_child_;        // the chunk a child's last parameter is in, -1 for none
-  std::unique_ptr<Event> params_updated_;  // the master's update is queued
-  void plan_param_chunks(nn::Module& model);
-  void copy_params_in_chunks();
-  // Copies the master's buffers (batch norm's running statistics, which each replica
-  // updated from its own shard) to every replica, or rank 0's to every rank, as
-  // nn.DataParallel and DDP do, so the replicas stay identical.
-  void broadcast_buffers();
-
-  std::vector<Device> devices_;
-  Reduce reduce_;
-  std::vector<Replica> replicas_;
-  std::vector<Bucket> buckets_;
-  std::vector<std::vector<int>> buckets_of_param_;  // parameter index -> the buckets it overlaps
-  std::unique_ptr<Reducer> reducer_;
-  std::unique_ptr<Event> buffers_ready_;  // the master's buffers are written for this step
-  float clip_ = 0.0f;
-  int grad_accum_ = 1;
-  bool overlap_ = true;
-  bool check_finite_ = false;
-  std::vector<SampleRange> shards_;  // ZeRO: replica r's shard of the flat buffers
-  int zero_ = 0;                     // the ZeRO stage
-  // Stage 2: the parameters of each bucket, how many slots the buckets take turns in, the
-  // padding in each bucket that another bucket of its slot writes gradients over (in the
-  // slots' coordinates: zeroed when the bucket takes the slot), and the reducer over the
-  // replicas' slots.
-  std::vector<std::vector<int>> params_of_bucket_;
-  size_t slots_ = 0;
-  std::vector<std::vector<Bucket>> dirty_padding_;
-  void make_stage2_reducer(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes, DType wire);
-  std::vector<Tensor> partial_;    // ZeRO: replica r's part of the squared gradient norm
-  std::vector<Tensor> first_bad_;  // and of the first non-finite gradient's index (int64)
-  CheckRing ring_;                 // where the master records its gradient checks
-  const SampleRange& shard_of(size_t replica) const;
-  // The step after the plan and the checks: the eager step, and what a graph records.
-  StepLoss step_body(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric);
-  // CUDA-graph mode: two recordings of the step, one for each parity of the optimizers'
-  // step counter (with twin buffers each reads and writes the copies of its parity; the
-  // second takes the first's temporaries, as they never run at once), each reading the
-  // replicas' shards from fixed buffers of its own. So the next step's shards can go into
-  // the other recording's buffers while one replays: copied there by a copy recorded in
-  // the graph whose sources each replay moves (after backward, beside the update), or
-  // made there by the source itself (next_step_inputs).
-  struct Recording {
-    std::unique_ptr<Graph> graph;
-    std::vector<data::Batch> in;  // replica r's fixed shard
-    std::vector<size_t> copy;     // replica r's copy into the other recording's `in` (empty: none recorded)
-    StepLoss out;                 // the recorded step's losses, written by every replay
-  };
-  std::array<Recording, 2> rec_;
-  int graph_parity() const;  // the recording that the next step replays
-  void drop_graphs();        // recorded anew, after an eager step
-  bool use_graph_ = false;
-  bool graph_warm_ = false;
-  bool recording_ = false;  // timing events (and waits on events from before) stay out of a graph
-  std::vector<std::unique_ptr<Context>> graph_copy_ctx_;  // replica r's stream for the copy, beside the update
-  SampleRange graph_next_;     // the step whose shards the last replay copied in (count 0: none)
-  int graph_next_parity_ = 0;  // into which recording's buffers
-  const std::vector<data::Batch>* offered_ = nullptr;       // next_step_inputs' buffers, while the source is asked
-  std::function<void(size_t)> after_backward_;              // recording: replica r's backward is queued
-  std::vector<std::unique_ptr<Event>> graph_inputs_ready_;  // replica r's shard is there
-  std::unique_ptr<Event> graph_done_;                       // the last replay has read the inputs
-  bool timing_ = true;                                      // this step records the master's phases
-  StepLoss graph_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric,
-                      int64_t next_first);
-  ProcessGroup* group_ = nullptr;
-  ShardPlan plan_;  // of the last batch size
-  bool warned_small_batch_ = false;
-  std::unique_ptr<WorkerPool> pool_;  // a thread per replica when there are several
+  // Its state and the steps' pieces (parallel/data_parallel_impl.hpp). Not movable: the
+  // losses it hands out and its worker threads refer to this object.
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace dpt

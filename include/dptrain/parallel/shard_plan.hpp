@@ -22,10 +22,13 @@ struct SampleRange {
 // zeros when n < parts.
 std::vector<int64_t> split_evenly(int64_t n, size_t parts);
 
-// ZeRO's shards of a flat buffer of `total` floats over `n` devices: contiguous, in device
-// order, each ceil(total / n) rounded up to a multiple of 4 floats (16-byte access), the
-// last ones shorter or empty.
-std::vector<SampleRange> zero_shards(int64_t total, size_t n);
+// ZeRO's partitions of a flat buffer of `total` floats over `n` devices (elements, not
+// samples, as [first, first + count)): contiguous, in device order, each ceil(total / n)
+// rounded up to a multiple of 4 floats (16-byte access), the last ones shorter or empty.
+std::vector<SampleRange> zero_partitions(int64_t total, size_t n);
+inline std::vector<SampleRange> zero_shards(int64_t total, size_t n) {
+  return zero_partitions(total, n);
+}  // the former name
 
 class ShardPlan {
  public:

@@ -166,4 +166,9 @@ Tensor batch_norm2d(const Tensor& x, const Tensor& gamma, const Tensor& beta, co
 // x [n, ...] as [n, rest], sharing its data (torch.flatten(x, 1)).
 Tensor flatten(const Tensor& x);
 
+// y += x (f32 y; x f32, or bf16 widened) where x and y lie on CPU devices, one or two
+// (virtual CPU devices share the host's memory, so no copy is needed): the same sums as
+// axpy_ with alpha 1 on one device, for parallel/'s host reduction.
+void add_host_(const Tensor& x, const Tensor& y);
+
 }  // namespace dpt

@@ -52,17 +52,17 @@ void refuse_shared_gpus(ProcessGroup& g, const Device& d) {
   }
 }
 
-class NcclReducer : public Reducer {
+class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
  public:
   // One process, a communicator per GPU (blocking communicators).
-  NcclReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, std::vector<SampleRange> shards,
+  NcclReducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets, std::vector<SampleRange> partitions,
               DType wire, GradSlots slots, int max_ctas)
       : r_(std::move(replicas)),
         buckets_(std::move(buckets)),
-        shards_(std::move(shards)),
+        partitions_(std::move(partitions)),
         wire_(wire),
         slots_(std::move(slots)) {
-    DPT_CHECK(shards_.empty() || shards_.size() == r_.size(), "ZeRO shards: one a replica");
+    DPT_CHECK(partitions_.empty() || partitions_.size() == r_.size(), "ZeRO partitions: one a replica");
     std::vector<int> devs;
     std::set<int> seen;
     for (auto& rep : r_) {
@@ -105,15 +105,16 @@ class NcclReducer : public Reducer {
   // One rank of a multi-process job: rank 0 makes the unique id, MPI carries it to the
   // others. The communicator is non-blocking, so every wait can be bounded and a dead
   // peer ends in ncclCommAbort instead of a hang.
-  NcclReducer(ProcessGroup& g, ReplicaBuffers replica, std::vector<Bucket> buckets, std::vector<SampleRange> shards,
+  NcclReducer(ProcessGroup& g, ReplicaBuffers replica, std::vector<Bucket> buckets, std::vector<SampleRange> partitions,
               DType wire, GradSlots slots, int max_ctas)
       : r_{std::move(replica)},
         buckets_(std::move(buckets)),
-        shards_(std::move(shards)),
+        partitions_(std::move(partitions)),
         wire_(wire),
         slots_(std::move(slots)),
         group_(&g) {
-    DPT_CHECK(shards_.empty() || shards_.size() == static_cast<size_t>(g.size()), "ZeRO shards: one a rank");
+    DPT_CHECK(partitions_.empty() || partitions_.size() == static_cast<size_t>(g.size()),
+              "ZeRO partitions: one a rank");
     const Device d = r_[0].ctx->device();
     DPT_CHECK(d.is_cuda(), "the NCCL reduction is for CUDA tensors");
     refuse_shared_gpus(g, d);
@@ -132,8 +133,8 @@ class NcclReducer : public Reducer {
   }
 
   void make_streams() {
-    DPT_CHECK(!slots_.defined() || (!shards_.empty() && slots_.shard_sums.size() == r_.size()),
-              "ZeRO stage 2: shards, and a shard sum a replica");
+    DPT_CHECK(!slots_.defined() || (!partitions_.empty() && slots_.partition_sums.size() == r_.size()),
+              "ZeRO stage 2: partitions, and a partition sum a replica");
     for (auto& rep : r_) {
       const Device d = rep.ctx->device();
       DPT_CHECK(!slots_.defined() || rep.grads.numel() == slots_.slot_size * static_cast<int64_t>(slots_.slots),
@@ -160,7 +161,8 @@ class NcclReducer : public Reducer {
   }
 
   void set_buckets(std::vector<Bucket> buckets) override {
-    if (slots_.defined()) Reducer::set_buckets(std::move(buckets));  // refused: the slots are the buckets'
+    if (slots_.defined())
+      throw UsageError("the nccl reduction cannot change its buckets");  // the slots are the buckets'
     buckets_ = std::move(buckets);
     make_bucket_state();
   }
@@ -227,7 +229,9 @@ class NcclReducer : public Reducer {
 
   const char* name() const override { return "nccl"; }
   bool every_replica_updates() const override { return true; }
-  bool tells_bucket_done() const override { return shards_.empty(); }
+  bool tells_bucket_done() const override { return partitions_.empty(); }
+  ZeroReducer* zero() override { return partitions_.empty() ? nullptr : this; }
+  RankReducer* across_ranks() override { return group_ ? this : nullptr; }
 
   void bucket_ready(size_t r, size_t b) override {
     if (slots_.defined()) {
@@ -255,7 +259,7 @@ class NcclReducer : public Reducer {
     const ncclDataType_t type = wire_ == DType::bf16 ? ncclBfloat16 : ncclFloat;
     cuda::set_device(r_[r].ctx->device().index);
     const auto stream = static_cast<cudaStream_t>(comm_[r]->stream());
-    if (shards_.empty()) {
+    if (partitions_.empty()) {
       const ncclResult_t res =
           ncclAllReduce(sent.data(), sent.data(), static_cast<size_t>(k.count), type, ncclSum, comms_[r], stream);
       if (res != ncclInProgress) DPT_NCCL_CHECK(res);
@@ -263,7 +267,7 @@ class NcclReducer : public Reducer {
     } else {
       // ZeRO: each owner's piece of the bucket is summed into that owner alone (a
       // reduce-scatter of uneven pieces), in owner order on every replica and rank.
-      for (size_t owner = 0; owner < shards_.size(); ++owner) {
+      for (size_t owner = 0; owner < partitions_.size(); ++owner) {
         const auto [begin, end] = piece(k, owner);
         if (begin >= end) continue;
         void* p = static_cast<char*>(sent.data()) + static_cast<size_t>(begin - k.offset) * dtype_size(wire_);
@@ -273,26 +277,26 @@ class NcclReducer : public Reducer {
         settle(comms_[r], "enqueueing a reduce");
       }
     }
-    if (wire_ == DType::bf16 && shards_.empty()) {
+    if (wire_ == DType::bf16 && partitions_.empty()) {
       copy_cast(grads, sent);
     } else if (wire_ == DType::bf16) {  // ZeRO: only the owner's piece of the sum is read
       const auto [begin, end] = piece(k, own(r));
       if (begin < end)
         copy_cast(grads.view(begin - k.offset, {end - begin}), sent.view(begin - k.offset, {end - begin}));
     }
-    if (shards_.empty()) reduced(r, b, *comm_[r]);
+    if (partitions_.empty()) reduced(r, b, *comm_[r]);
   }
 
   // ZeRO stage 2: bucket b lies in slot b % slots of r's gradients; each owner's piece is
-  // reduced into that owner's shard sum (straight there by NCCL on the step's first
+  // reduced into that owner's partition sum (straight there by NCCL on the step's first
   // micro-batch in fp32; else into the slot and added), and the slot is free once done.
   void reduce_slot(size_t r, size_t b) {
     const Bucket& k = buckets_[b];
     const size_t s = b % slots_.slots;
     const bool first_micro = ++arrivals_[r][b] == 1;
     const Tensor bucket = r_[r].grads.view(static_cast<int64_t>(s) * slots_.slot_size, {k.count});
-    const SampleRange& mine = shards_[own(r)];
-    const Tensor& sum = slots_.shard_sums[r];
+    const SampleRange& mine = partitions_[own(r)];
+    const Tensor& sum = slots_.partition_sums[r];
     if (alone()) {  // one GPU: the whole bucket is this replica's, on its compute stream
       Tensor into = sum.view(k.offset - mine.first, {k.count});
       if (first_micro) copy(into, bucket);
@@ -311,7 +315,7 @@ class NcclReducer : public Reducer {
     const ncclDataType_t type = wire_ == DType::bf16 ? ncclBfloat16 : ncclFloat;
     cuda::set_device(r_[r].ctx->device().index);
     const auto stream = static_cast<cudaStream_t>(comm_[r]->stream());
-    for (size_t owner = 0; owner < shards_.size(); ++owner) {
+    for (size_t owner = 0; owner < partitions_.size(); ++owner) {
       const auto [begin, end] = piece(k, owner);
       if (begin >= end) continue;
       void* from = static_cast<char*>(sent.data()) + static_cast<size_t>(begin - k.offset) * dtype_size(wire_);
@@ -349,14 +353,12 @@ class NcclReducer : public Reducer {
     if (slot_used_[r][s]) slot_free_[r][s]->wait_in(*r_[r].ctx);
   }
 
-  // The replica's (or rank's) own shard, and owner's piece [begin, end) of bucket k.
+  // The replica's (or rank's) own partition, and owner's piece [begin, end) of bucket k.
   size_t own(size_t r) const { return group_ ? static_cast<size_t>(group_->rank()) : r; }
   std::pair<int64_t, int64_t> piece(const Bucket& k, size_t owner) const {
-    const SampleRange& o = shards_[owner];
-    return {std::max(k.offset, o.first), std::min(k.offset + k.count, o.first + o.count)};
+    const Piece p = piece_of(k, partitions_[owner]);
+    return {p.begin, p.end};
   }
-
-  bool sharded() const override { return !shards_.empty(); }
 
   // One GPU in all (ZeRO on one device): every collective is the identity, and is not
   // queued, so that --zero costs nothing there.
@@ -391,7 +393,7 @@ class NcclReducer : public Reducer {
   }
 
   void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad) override {
-    DPT_CHECK(sharded() && partial.size() == r_.size() && first_bad.size() == r_.size(),
+    DPT_CHECK(zero() && partial.size() == r_.size() && first_bad.size() == r_.size(),
               "sum_partials: one partial sum a replica, ZeRO");
     if (alone()) return;
     on_every_replica("enqueueing the norm's all-reduce", [&](size_t r, cudaStream_t stream) {
@@ -404,13 +406,13 @@ class NcclReducer : public Reducer {
   }
 
   void gather_params() override {
-    DPT_CHECK(sharded(), "gather_params: ZeRO");
+    DPT_CHECK(zero(), "gather_params: ZeRO");
     if (alone()) return;
-    // Each shard's updated parameters from its owner to every replica and rank.
+    // Each partition's updated parameters from its owner to every replica and rank.
     on_every_replica("enqueueing the parameters' broadcast", [&](size_t r, cudaStream_t stream) {
       float* p = r_[r].params.f32();
-      for (size_t owner = 0; owner < shards_.size(); ++owner) {
-        const SampleRange& k = shards_[owner];
+      for (size_t owner = 0; owner < partitions_.size(); ++owner) {
+        const SampleRange& k = partitions_[owner];
         if (k.count == 0) continue;
         const ncclResult_t res = ncclBroadcast(p + k.first, p + k.first, static_cast<size_t>(k.count), ncclFloat,
                                                static_cast<int>(owner), comms_[r], stream);
@@ -418,7 +420,7 @@ class NcclReducer : public Reducer {
       }
       return ncclSuccess;
     });
-    for (size_t r = 0; r < r_.size(); ++r) refresh_shadow_of_others(r_[r], shards_, own(r));
+    for (size_t r = 0; r < r_.size(); ++r) refresh_shadow_of_others(r_[r], partitions_, own(r));
   }
 
   // On the compute stream, after the forward that wrote them: no host round trip, so the
@@ -449,8 +451,8 @@ class NcclReducer : public Reducer {
  private:
   std::vector<ReplicaBuffers> r_;
   std::vector<Bucket> buckets_;
-  std::vector<SampleRange> shards_;  // ZeRO: owner k's shard of the flat buffers
-  DType wire_;                       // the type the buckets are reduced in
+  std::vector<SampleRange> partitions_;  // ZeRO: owner k's partition of the flat buffers
+  DType wire_;                           // the type the buckets are reduced in
   std::vector<ncclComm_t> comms_;
   std::vector<std::unique_ptr<Context>> comm_;
   std::vector<std::unique_ptr<Event>> done_;
@@ -520,15 +522,16 @@ BareNcclTimes time_bare_nccl(const std::vector<Device>& devices, int64_t floats,
 }
 
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers> replicas, std::vector<Bucket> buckets,
-                                           std::vector<SampleRange> shards, DType wire, GradSlots slots, int max_ctas) {
-  return std::make_unique<NcclReducer>(std::move(replicas), std::move(buckets), std::move(shards), wire,
+                                           std::vector<SampleRange> partitions, DType wire, GradSlots slots,
+                                           int max_ctas) {
+  return std::make_unique<NcclReducer>(std::move(replicas), std::move(buckets), std::move(partitions), wire,
                                        std::move(slots), max_ctas);
 }
 
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup& group, ReplicaBuffers replica,
-                                                std::vector<Bucket> buckets, std::vector<SampleRange> shards,
+                                                std::vector<Bucket> buckets, std::vector<SampleRange> partitions,
                                                 DType wire, GradSlots slots, int max_ctas) {
-  return std::make_unique<NcclReducer>(group, std::move(replica), std::move(buckets), std::move(shards), wire,
+  return std::make_unique<NcclReducer>(group, std::move(replica), std::move(buckets), std::move(partitions), wire,
                                        std::move(slots), max_ctas);
 }
 

@@ -1,0 +1,104 @@
+#include "buckets.hpp"
+
+#include <algorithm>
+
+#include <dptrain/error.hpp>
+
+namespace dpt {
+
+std::vector<Bucket> make_buckets(int64_t total, double bucket_bytes, double first_bytes) {
+  DPT_CHECK(bucket_bytes > 0 && first_bytes > 0, "bucket sizes must be positive");
+  const int64_t align = 64;  // 256-byte boundaries keep vector loads aligned
+  auto floats = [&](double bytes) {
+    return std::max<int64_t>(align, static_cast<int64_t>(bytes / sizeof(float)) / align * align);
+  };
+  const int64_t size = floats(bucket_bytes), first = std::min(size, floats(first_bytes));
+  std::vector<Bucket> out;
+  for (int64_t end = total; end > 0;) {
+    const int64_t begin = std::max<int64_t>(0, end - (out.empty() ? first : size));
+    out.push_back({begin, end - begin});
+    end = begin;
+  }
+  return out;
+}
+
+std::vector<Bucket> make_param_buckets(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
+                                       double bucket_bytes, double first_bytes) {
+  DPT_CHECK(bucket_bytes > 0 && first_bytes > 0 && offsets.size() == sizes.size(),
+            "make_param_buckets: an offset and a size a parameter, positive bucket sizes");
+  const auto size = static_cast<int64_t>(bucket_bytes / sizeof(float));
+  const int64_t first = std::min(size, static_cast<int64_t>(first_bytes / sizeof(float)));
+  std::vector<Bucket> out;
+  if (offsets.empty()) return out;
+  int64_t end = offsets.back() + sizes.back(), begin = offsets.back();  // the bucket being filled
+  for (size_t k = offsets.size() - 1; k-- > 0;) {
+    if (end - offsets[k] > (out.empty() ? first : size)) {  // parameter k would overfill it: it starts the next
+      out.push_back({begin, end - begin});
+      end = offsets[k] + sizes[k];
+    }
+    begin = offsets[k];
+  }
+  out.push_back({begin, end - begin});
+  return out;
+}
+
+std::vector<std::vector<int>> buckets_of_params(const std::vector<Bucket>& buckets, const std::vector<int64_t>& offsets,
+                                                const std::vector<int64_t>& sizes) {
+  std::vector<std::vector<int>> out(offsets.size());
+  for (size_t k = 0; k < offsets.size(); ++k) {
+    const int64_t begin = offsets[k], end = begin + sizes[k];
+    for (size_t b = 0; b < buckets.size(); ++b)
+      if (begin < buckets[b].offset + buckets[b].count && buckets[b].offset < end)
+        out[k].push_back(static_cast<int>(b));
+  }
+  return out;
+}
+
+namespace {
+// Bucket c's padding between its parameters that the other buckets of its slot write
+// gradients over, one range a gap.
+std::vector<Bucket> dirty_padding_of(size_t c, const SlotLayout& l, const std::vector<int64_t>& sizes, size_t buckets) {
+  std::vector<Bucket> out;
+  const std::vector<int>& mine = l.params_of_bucket[c];
+  for (size_t j = 0; j + 1 < mine.size(); ++j) {
+    const auto k = static_cast<size_t>(mine[j]), next = static_cast<size_t>(mine[j + 1]);
+    const int64_t gap_begin = l.in_slots[k] + sizes[k], gap_end = l.in_slots[next];
+    int64_t lo = gap_end, hi = gap_begin;  // the part of the gap others write, as one range
+    for (size_t d = c % l.slots; d < buckets; d += l.slots) {
+      if (d == c) continue;
+      for (int o : l.params_of_bucket[d]) {
+        const int64_t b0 = l.in_slots[static_cast<size_t>(o)], b1 = b0 + sizes[static_cast<size_t>(o)];
+        if (b0 >= gap_end || b1 <= gap_begin) continue;
+        lo = std::min(lo, std::max(b0, gap_begin));
+        hi = std::max(hi, std::min(b1, gap_end));
+      }
+    }
+    if (lo < hi) out.push_back({lo, hi - lo});
+  }
+  return out;
+}
+}  // namespace
+
+SlotLayout layout_slots(const std::vector<Bucket>& buckets, const std::vector<int64_t>& offsets,
+                        const std::vector<int64_t>& sizes, const std::vector<std::vector<int>>& bucket_of_param) {
+  // Two slots of the largest bucket's size: a partition plus two buckets a replica instead
+  // of the whole buffer.
+  SlotLayout l;
+  for (const Bucket& b : buckets) l.slot_size = std::max(l.slot_size, b.count);
+  l.slots = std::min<size_t>(2, buckets.size());
+  l.params_of_bucket.assign(buckets.size(), {});
+  l.in_slots.resize(offsets.size());
+  for (size_t k = 0; k < offsets.size(); ++k) {
+    const auto b = static_cast<size_t>(bucket_of_param[k].at(0));  // whole parameters: one bucket each
+    l.params_of_bucket[b].push_back(static_cast<int>(k));
+    l.in_slots[k] = static_cast<int64_t>(b % l.slots) * l.slot_size + (offsets[k] - buckets[b].offset);
+  }
+  // A bucket is reduced whole, the padding between its parameters too: where another
+  // bucket of the same slot writes gradients over that padding, it must be zero again
+  // before this bucket is reduced.
+  l.dirty_padding.assign(buckets.size(), {});
+  for (size_t c = 0; c < buckets.size(); ++c) l.dirty_padding[c] = dirty_padding_of(c, l, sizes, buckets.size());
+  return l;
+}
+
+}  // namespace dpt
