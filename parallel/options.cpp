@@ -36,9 +36,9 @@ void check(const DataParallelOptions& o) {
                      {field("group"), field("reduce")});
   if (o.update_per_bucket && (o.clip > 0.0f || o.check_finite || o.zero > 0))
     throw UsageError(
-        "{} updates a bucket before the next is reduced: not with {} or {} (which need the norm over every bucket "
-        "first), nor with {}",
-        {field("update_per_bucket"), field("clip"), field("check_finite"), field("zero")});
+        "{} updates a bucket before the next is reduced: not with clip or check_finite (which need the norm over "
+        "every bucket first), nor with zero",
+        {field("update_per_bucket")});
   if (o.zero == 2 && o.cuda_graph)
     throw UsageError(
         "{} 2 is not recorded in a CUDA graph yet (its buckets take turns in two slots); use {} 1 with the graph",

@@ -199,7 +199,15 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   const nn::ModelSpec spec = validate(cfg_);
   classes_ = cfg_.task == data::Task::classification ? spec.outputs() : 0;
   if (train_data_) {
-    train_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
+    try {
+      train_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
+    } catch (const UsageError& e) {
+      // One float a row for a model of several outputs: most likely class labels written as floats.
+      if (cfg_.task == data::Task::regression && numel(train_data_->target_shape()) == 1 && spec.outputs() >= 2)
+        throw UsageError(std::string(e.what()) +
+                         " (class labels are integers: an integer .npy, int32 or int64, trains a classifier)");
+      throw;
+    }
     if (val_data_) val_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
     eval_every_ = val_data_ ? cfg_.eval_every : 0;  // 0: at the end of every epoch
   }
