@@ -215,10 +215,12 @@ int train(dpt::app::TrainFlags& o) {
   // The task of file data follows from its targets: a --task that agrees is fine, one that
   // contradicts them is refused.
   if (o.was_given("--task") && !o.cfg.data.empty() && trainer.config().task != o.cfg.task)
-    throw dpt::UsageError(std::string("--task ") + dpt::data::task_name(o.cfg.task) + ": the targets of --data are " +
-                          (trainer.config().task == dpt::data::Task::classification
-                               ? "integer class labels (classification)"
-                               : "float rows (regression; class labels are integers: write them as an integer .npy)"));
+    throw dpt::UsageError(
+        std::string("--task: the task of --data follows from its targets: ") +
+        (trainer.config().task == dpt::data::Task::classification
+             ? "integer class labels (classification), not --task regression"
+             : "float rows (regression), not --task classification; class labels are integers (an integer .npy, "
+               "int32 or int64)"));
   g_group = trainer.group();
   const auto& c = trainer.config();  // with --ddp: this rank's device
   // Rank 0 alone prints and writes metrics; every rank trains and checks.

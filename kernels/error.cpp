@@ -87,6 +87,8 @@ std::string quote_value(std::string_view value) {
     }
     if (len == 1 && c >= 0x20 && c != 0x7F) {
       out += value[i];
+    } else if (c == '\n') {  // as one_line writes it
+      out += "\\n";
     } else if (len > 1) {
       out.append(value.substr(i, len));
       i += len;

@@ -11,14 +11,17 @@ const OptionSchema<DataParallelOptions>& data_parallel_schema() {
   // More than a TiB a bucket is no bucket at all (and its byte count would not fit).
   const OptionRange bucket{0.0, 1048576.0, true, false, "must be in (0, 1048576] MiB"};
   static const OptionSchema<O> schema = {
+      number_field(id("clip"), &O::clip, {0.0, HUGE_VAL, false, true, "must be a finite number >= 0 (0: off)"},
+                   "Clip the global gradient norm to this value (0: off)")
+          .in_checkpoint(),
+      number_field(id("grad_accum"), &O::grad_accum, {1.0, HUGE_VAL, false, false, "must be >= 1"},
+                   "Micro-batches per step; gradients are reduced on the last only")
+          .in_checkpoint(),
       choice_field(id("precision"), &O::precision, kPrecisionNames,
                    "Precision: fp32, tf32 (TF32 GEMMs), bf16 (bf16 storage, fp32 master weights)")
           .in_checkpoint(),
       choice_field(id("gemm"), &O::gemm, kGemmNames, "GEMM implementation: cublas or native (hand-written, fp32)")
           .agreed(),
-      number_field(id("clip"), &O::clip, {0.0, HUGE_VAL, false, true, "must be a finite number >= 0 (0: off)"},
-                   "Clip the global gradient norm to this value (0: off)")
-          .in_checkpoint(),
       choice_field(id("reduce"), &O::reduce, kReduceNames,
                    "Gradient reduction: auto, nccl, p2p (to the master), host (CPU devices)"),
       number_field(id("bucket_mb"), &O::bucket_mb, bucket,
@@ -43,9 +46,6 @@ const OptionSchema<DataParallelOptions>& data_parallel_schema() {
                    "ZeRO stage: 0 off, 1 the optimizer state sharded over the devices or ranks, 2 the gradients too "
                    "(not with --cuda-graph)")
           .agreed(),
-      number_field(id("grad_accum"), &O::grad_accum, {1.0, HUGE_VAL, false, false, "must be >= 1"},
-                   "Micro-batches per step; gradients are reduced on the last only")
-          .in_checkpoint(),
       switch_field(id("cuda_graph"), &O::cuda_graph,
                    "Record the whole step as CUDA graphs (one for odd steps, one for even) once and replay them (GPUs; "
                    "--ddp too; in one process not NCCL over several GPUs: use --reduce p2p there)")

@@ -101,7 +101,7 @@ grep -q 'batch 256, 10 steps' out && ok || bad "leading zeros in a config file: 
 refuse "--batch: '0x10' is not a whole decimal number" "${cpu[@]}" --batch 0x10
 refuse "--batch: '1e3' is not a whole decimal number" "${cpu[@]}" --batch 1e3
 # Out of range is an error, never wrapped or clamped.
-refuse "--steps: '99999999999999999999' is out of range" "${cpu[@]}" --steps 99999999999999999999
+refuse "--steps: '99999999999999999999' is out of range" --devices cpu --steps 99999999999999999999
 refuse "--seed: '-1' is out of range" "${cpu[@]}" --seed -1
 refuse "--seed: '18446744073709551616' is out of range" "${cpu[@]}" --seed 18446744073709551616
 refuse "--grad-accum: '2147483648' is out of range" "${cpu[@]}" --grad-accum 2147483648
@@ -539,7 +539,7 @@ npy_of tlabels.npy '<i8' '(20,)' 160
 npy_of tfloat.npy '<f4' '(20,)' 80
 run --devices cpu --model 4-8-3 --data tx.npy --targets tlabels.npy --task classification --steps 2 >out 2>&1 &&
   grep -q '^  classification' out && ok || bad "--task classification with integer labels: $(tail -1 out)"
-refuse "--task classification: the targets of --data are float rows (regression; class labels are integers" \
+refuse "--task: the task of --data follows from its targets: float rows (regression), not --task classification; class labels are integers" \
   --devices cpu --model 4-8-1 --data tx.npy --targets tfloat.npy --task classification --steps 2
 refuse "the model gives [3] (class labels are integers: an integer .npy, int32 or int64, trains a classifier)" \
   --devices cpu --model 4-8-3 --data tx.npy --targets tfloat.npy --steps 2

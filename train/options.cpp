@@ -31,6 +31,7 @@ OptionField<C> lr_field() {
   f.help = "Learning rate (default: 0.05 for sgd, 0.001 for adamw)";
   f.get = [](const C& c) { return c.lr ? option_text::of(*c.lr) : std::string(); };
   f.set = [](C& c, const std::string& t) { c.lr = option_text::parse<float>(t); };
+  f.range = OptionRange{0, HUGE_VAL, true, true, "must be a positive number"};
   f.check = [](const C& c) {
     if (c.lr && (!(*c.lr > 0.0f) || !std::isfinite(*c.lr)))
       throw UsageError("{} must be a positive number" + option_text::got(*c.lr), {id("lr")});
@@ -63,23 +64,23 @@ OptionSchema<C> make_schema() {
       text_field(id("model"), &C::model, OptionKind::text,
                  "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:3x32x32-c32k3-p2-c64k3-p2-f10, README) "
                  "or preset: seed, mlp, cnn-small, cnn")
-          .in_checkpoint(),
+          .fixed_on_resume(),
       choice_field(id("act"), &C::act, nn::kActNames, "Hidden activation: relu, gelu, tanh, or none (a linear model)")
-          .in_checkpoint(),
+          .fixed_on_resume(),
       choice_field(id("task"), &C::task, data::kTaskNames,
                    "Synthetic task: regression or classification (a CNN classifies images; file data's targets say "
                    "it)")
-          .in_checkpoint(),
-      number_field(id("batch"), &C::batch, at_least_1, "Global batch size").in_checkpoint(),
+          .fixed_on_resume(),
+      number_field(id("batch"), &C::batch, at_least_1, "Global batch size").fixed_on_resume(),
       number_field(id("steps"), &C::steps, at_least_1, "Total optimizer steps").agreed(),
       number_field(id("epochs"), &C::epochs, at_least_0,
                    "Epochs over --samples (sets the number of steps instead of --steps)"),
       number_field(id("samples"), &C::samples, at_least_0,
                    "Synthetic dataset size (default: an endless stream of new samples)")
-          .in_checkpoint(),
+          .fixed_on_resume(),
       text_field(id("data"), &C::data, OptionKind::path,
                  "Train on this file: .safetensors (x, y, optional x_val, y_val) or .npy of inputs (with --targets)")
-          .in_checkpoint(),
+          .fixed_on_resume(),
       text_field(id("targets"), &C::targets, OptionKind::path,
                  "The .npy file of targets: float rows (regression) or integer class labels"),
       text_field(id("val_data"), &C::val_data, OptionKind::path,
@@ -94,7 +95,7 @@ OptionSchema<C> make_schema() {
           .agreed(),
       switch_field(id("shuffle"), &C::shuffle, "File data: a new order of the rows every epoch (the default)").agreed(),
       lr_field(),
-      word_field("optimizer", &C::optimizer, {"sgd", "adamw"}, "sgd or adamw").in_checkpoint(),
+      word_field("optimizer", &C::optimizer, {"sgd", "adamw"}, "sgd or adamw").fixed_on_resume(),
       number_field(id("momentum"), &C::momentum, below_1, "SGD momentum").in_checkpoint(),
       switch_field(id("nesterov"), &C::nesterov, "Nesterov momentum (SGD)").in_checkpoint(),
       number_field(id("weight_decay"), &C::weight_decay, {0, HUGE_VAL, false, true, "must be a finite number >= 0"},
@@ -127,7 +128,7 @@ OptionSchema<C> make_schema() {
       number_field(id("comm_timeout"), &C::comm_timeout,
                    {0.1, 1e9, false, false, "must be a number of seconds in [0.1, 1e9]"},
                    "Seconds a --ddp rank waits for the others before the job is ended"),
-      number_field(id("seed"), &C::seed, {}, "Seed of the data, the teacher and the initial weights").in_checkpoint(),
+      number_field(id("seed"), &C::seed, {}, "Seed of the data, the teacher and the initial weights").fixed_on_resume(),
       number_field(id("log_every"), &C::log_every, at_least_1, "Read the loss back and log every N steps").agreed(),
   };
   for (OptionField<C>& f : rest) s.push_back(std::move(f));

@@ -22,6 +22,7 @@
 #include "input_pipeline.hpp"
 #include "model_state.hpp"
 #include "nonfinite_watch.hpp"
+#include "run_settings.hpp"
 
 namespace dpt {
 
@@ -40,7 +41,6 @@ FieldId field(const std::string& name) {
   throw UsageError("{} " + why, std::move(fields));
 }
 using option_text::got;
-std::string fmt(double v) { return option_text::of(v); }
 
 // Under --ddp every rank must run one configuration: ranks whose models differ in size
 // reduce buffers of other lengths (heap corruption, found by a hostile pass), and ranks
@@ -411,118 +411,25 @@ void Trainer::save(const std::string& path) {
 
 void Trainer::resume(const std::string& path) {
   const ckpt::Checkpoint c = load_checkpoint(path);
-  auto meta = [&](const std::string& key) {
-    auto it = c.metadata.find(key);
-    if (it == c.metadata.end()) throw UsageError("checkpoint '" + path + "' has no '" + key + "' in its metadata");
-    return it->second;
-  };
-  auto must_match = [&](const std::string& key, const std::string& ours) {  // the key is the field's name
-    // samples 0 is the endless stream of synthetic samples, which no flag spells.
-    const std::string was = meta(key);
-    if (was == ours) return;
-    const std::string now = key == "samples" && ours == "0" ? "an endless stream" : ours;
-    if (key == "samples" && was == "0")
-      throw UsageError("checkpoint '" + path + "' was made with an endless stream of samples, this run has " + now);
-    throw UsageError("checkpoint '" + path + "' was made with {} " + ckpt::printable(was) + ", this run has " + now,
-                     {field(key)});
+  auto meta = [&](const std::string& key) { return metadata(c, path, key); };
+  const SettingText ours = [this](const OptionField<TrainConfig>& f) {
+    return f.id.name == "optimizer" ? optimizer().kind() : setting_text(f);
   };
   if (meta("format") != "dptrain-1") throw UsageError("checkpoint '" + path + "' is not a dptrain checkpoint");
-  must_match("model", cfg_.model);
-  must_match("act", nn::act_name(cfg_.act));
-  must_match("task", data::task_name(cfg_.task));
-  must_match("optimizer", optimizer().kind());
-  must_match("seed", std::to_string(cfg_.seed));  // the data and teacher follow from it
-  must_match("batch", std::to_string(cfg_.batch));
-  // The same data, in the same order: else the position in it means nothing.
-  const auto data_it = c.metadata.find("data");
-  const std::string made_on = data_it == c.metadata.end() ? "synthetic" : data_it->second;
-  if (made_on != data_identity())
-    throw UsageError("checkpoint '" + path + "' was made on other data ({}): " + ckpt::printable(made_on) +
-                         ", this run has '" + data_identity() + "'",
-                     {field("data")});
-  must_match("samples", std::to_string(cfg_.samples));
-  // Every number is read whole and range-checked: "12abc" is no step count.
-  auto meta_int = [&](const std::string& key, int64_t lo, int64_t hi) {
-    const std::string text = meta(key);
-    int64_t v = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
-      throw UsageError("checkpoint '" + path + "': metadata '" + key + "' must be a whole number in [" +
-                       std::to_string(lo) + ", " + std::to_string(hi) + "], got " + ckpt::printable(text));
-    return v;
-  };
-  const int64_t step = meta_int("step", 0, std::numeric_limits<int64_t>::max());
+  check_fixed_settings(c, path, ours);
+  const int64_t step = metadata_int(c, path, "step", 0, std::numeric_limits<int64_t>::max());
   if (step > cfg_.steps)
     throw UsageError(
         "checkpoint '" + path + "' is at step " + std::to_string(step) + ", past {} " + std::to_string(cfg_.steps),
         {field("steps")});
   // An optimizer steps at most once a training step (skipped steps do not count).
-  const int64_t optimizer_steps = meta_int("optimizer_steps", 0, step);
+  const int64_t optimizer_steps = metadata_int(c, path, "optimizer_steps", 0, step);
   // The data's position is one counter, the samples the steps have taken.
-  if (meta_int("data_position", 0, std::numeric_limits<int64_t>::max()) != step * cfg_.batch)
+  if (metadata_int(c, path, "data_position", 0, std::numeric_limits<int64_t>::max()) != step * cfg_.batch)
     throw UsageError("checkpoint '" + path + "': metadata 'data_position' " + meta("data_position") + " is not step " +
                      std::to_string(step) + " times batch " + std::to_string(cfg_.batch));
-  // The settings a resumed run may change are checked as well, each in its own range,
-  // and reported when they differ.
-  ResumeInfo info{path, step, {}};
-  auto setting = [&](const std::string& key, double lo, double hi, bool lo_open, bool hi_open, float now) {
-    const auto it = c.metadata.find(key);
-    if (it == c.metadata.end()) return;  // older checkpoints may not have it
-    const std::string& text = it->second;
-    char* end = nullptr;
-    const float was = std::strtof(text.c_str(), &end);
-    const bool inside = std::isfinite(was) && (lo_open ? was > lo : was >= lo) && (hi_open ? was < hi : was <= hi);
-    if (text.empty() || end != text.c_str() + text.size() || !inside)
-      throw UsageError("checkpoint '" + path + "': metadata '" + key + "' must be a number in " +
-                       (lo_open ? "(" : "[") + fmt(lo) + ", " + fmt(hi) + (hi_open ? ")" : "]") + ", got " +
-                       ckpt::printable(text));
-    if (was != now) info.changed.push_back(key + " " + format_float(was) + " -> " + format_float(now));
-  };
-  constexpr double kInf = HUGE_VAL;
-  setting("lr", 0, kInf, true, true, *cfg_.lr);
-  setting("momentum", 0, 1, false, true, cfg_.momentum);
-  setting("weight_decay", 0, kInf, false, true, cfg_.weight_decay);
-  setting("beta1", 0, 1, false, true, cfg_.beta1);
-  setting("beta2", 0, 1, false, true, cfg_.beta2);
-  setting("eps", 0, kInf, true, true, cfg_.eps);
-  if (c.metadata.count("warmup")) {
-    const int64_t was = meta_int("warmup", 0, std::numeric_limits<int64_t>::max());
-    if (was != cfg_.warmup)
-      info.changed.push_back("warmup " + std::to_string(was) + " -> " + std::to_string(cfg_.warmup));
-  }
-  setting("clip", 0, kInf, false, true, cfg_.parallel.clip);
-  if (c.metadata.count("grad_accum")) {
-    const int64_t was = meta_int("grad_accum", 1, std::numeric_limits<int>::max());
-    if (was != cfg_.parallel.grad_accum)
-      info.changed.push_back("grad_accum " + std::to_string(was) + " -> " + std::to_string(cfg_.parallel.grad_accum));
-  }
-  if (c.metadata.count("precision")) {
-    const std::string was = meta("precision");
-    try {
-      (void)parse_precision(was);
-    } catch (const UsageError&) {
-      throw UsageError("checkpoint '" + path + "': metadata 'precision' " + ckpt::printable(was) + " is no precision");
-    }
-    if (was != precision_name(cfg_.parallel.precision))
-      info.changed.push_back("precision " + was + " -> " + precision_name(cfg_.parallel.precision));
-  }
-  if (c.metadata.count("schedule")) {
-    const std::string was = meta("schedule");
-    try {
-      (void)optim::parse_schedule(was);
-    } catch (const UsageError&) {
-      throw UsageError("checkpoint '" + path + "': metadata 'schedule' " + ckpt::printable(was) + " is no schedule");
-    }
-    if (was != cfg_.schedule) info.changed.push_back("schedule " + was + " -> " + cfg_.schedule);
-  }
-  if (c.metadata.count("nesterov")) {
-    const std::string was = meta("nesterov");
-    if (was != "true" && was != "false")
-      throw UsageError("checkpoint '" + path + "': metadata 'nesterov' must be true or false, got " +
-                       ckpt::printable(was));
-    if ((was == "true") != cfg_.nesterov)
-      info.changed.push_back("nesterov " + was + " -> " + (cfg_.nesterov ? "true" : "false"));
-  }
+  // The settings a resumed run may change are checked as well, and reported when they differ.
+  ResumeInfo info{path, step, changed_settings(c, path, ours)};
   std::set<std::string> used;  // every tensor the model and optimizer take; no other may be in the file
   load_replicas(c, path, *dp_, used);
   // The state is the whole flat buffers in the file, whatever the device count or ZeRO

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -21,6 +22,15 @@
 namespace dpt {
 
 enum class OptionKind { integer, real, boolean, choice, text, path, devices };
+
+// Where a number field's value must lie: lo <= v <= hi (either end open), NaN never, and
+// the phrase an error says ("must be >= 1", "must be in [0, 1)").
+struct OptionRange {
+  double lo = -HUGE_VAL, hi = HUGE_VAL;
+  bool lo_open = false, hi_open = false;
+  std::string must;  // "must be >= 1"
+  bool holds(double v) const { return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi) && !std::isnan(v); }
+};
 
 template <class C>
 struct OptionField {
@@ -33,6 +43,7 @@ struct OptionField {
   std::vector<std::string> choices;  // a choice field's names (enum_names' table)
   bool ranks_agree = false;          // every rank of a job must hold the same value
   bool recorded = false;             // a checkpoint records it among its run settings, under id.name
+  bool fixed = false;                // recorded, and a resumed run must have the value the checkpoint has
   // The value as text ("0.05", "true", "adamw"): the default shown in help, the run setting
   // a checkpoint records and what the ranks compare. A float's text reads back as the same float.
   std::function<std::string(const C&)> get;
@@ -42,6 +53,7 @@ struct OptionField {
   std::function<void(C&, const std::string&)> set;
   // The field's own range; throws UsageError naming the field and the value. Empty: any value.
   std::function<void(const C&)> check;
+  std::optional<OptionRange> range;  // a number's range, which check() enforces
 
   // In a table: OptionField{...}.agreed(), .recorded() (a checkpoint's run setting, which
   // every rank shares too).
@@ -55,6 +67,11 @@ struct OptionField {
     f.recorded = true;
     return f;
   }
+  OptionField fixed_on_resume() const {
+    OptionField f = in_checkpoint();
+    f.fixed = true;
+    return f;
+  }
 };
 
 template <class C>
@@ -65,7 +82,8 @@ template <class Outer, class Inner>
 OptionSchema<Outer> nested(Inner Outer::*member, const OptionSchema<Inner>& inner) {
   OptionSchema<Outer> out;
   for (const OptionField<Inner>& f : inner) {
-    OptionField<Outer> o{f.id, f.kind, f.type, f.help, f.choices, f.ranks_agree, f.recorded, {}, {}, {}};
+    OptionField<Outer> o{f.id,       f.kind,  f.type, f.help, f.choices, f.ranks_agree,
+                         f.recorded, f.fixed, {},     {},     {},        f.range};
     if (f.get) o.get = [member, get = f.get](const Outer& c) { return get(c.*member); };
     if (f.set) o.set = [member, set = f.set](Outer& c, const std::string& t) { set(c.*member, t); };
     if (f.check) o.check = [member, check = f.check](const Outer& c) { check(c.*member); };
@@ -132,15 +150,6 @@ T parse(const std::string& text) {
 }
 }  // namespace option_text
 
-// Where a number field's value must lie: lo <= v <= hi (either end open), NaN never, and
-// the phrase an error says ("must be >= 1", "must be in [0, 1)").
-struct OptionRange {
-  double lo = -HUGE_VAL, hi = HUGE_VAL;
-  bool lo_open = false, hi_open = false;
-  std::string must;  // "must be >= 1"
-  bool holds(double v) const { return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi) && !std::isnan(v); }
-};
-
 // A field of number type T (an integer, float or double member), in `range`.
 template <class C, class T>
 OptionField<C> number_field(FieldId id, T C::*member, OptionRange range, std::string help) {
@@ -155,6 +164,7 @@ OptionField<C> number_field(FieldId id, T C::*member, OptionRange range, std::st
   f.help = std::move(help);
   f.get = [member](const C& c) { return option_text::of(c.*member); };
   f.set = [member](C& c, const std::string& t) { c.*member = option_text::parse<T>(t); };
+  if (!range.must.empty()) f.range = range;
   if (!range.must.empty())
     f.check = [member, range, id](const C& c) {
       const T v = c.*member;
