@@ -1,11 +1,18 @@
 // TrainConfig's fields, declared once (train_schema(), <dptrain/train/trainer.hpp>).
+#include <limits>
+
+#include <dptrain/layers/conv.hpp>
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/train/trainer.hpp>
+
+#include "atomic_file.hpp"
+#include "field_error.hpp"
 
 namespace dpt {
 
 namespace {
 using C = TrainConfig;
+using option_text::got;
 FieldId id(const char* name) { return {"TrainConfig", name}; }
 
 // A word field whose words are `words` (the optimizer, the non-finite policy).
@@ -139,6 +146,68 @@ OptionSchema<C> make_schema() {
 const OptionSchema<TrainConfig>& train_schema() {
   static const OptionSchema<TrainConfig> schema = make_schema();
   return schema;
+}
+
+float default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3f : 0.05f; }
+
+nn::ModelSpec validate(TrainConfig& cfg) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  // The steps of epochs come first, so that the steps' own check sees them.
+  if (cfg.epochs > 0 && cfg.samples >= 1 && cfg.batch >= 1) {
+    if (cfg.epochs > kMax / cfg.samples)
+      bad("epochs",
+          "times {} is more samples than fit in 64 bits: " + std::to_string(cfg.epochs) + " x " +
+              std::to_string(cfg.samples),
+          {"samples"});
+    const int64_t total = cfg.epochs * cfg.samples;
+    cfg.steps = total / cfg.batch + (total % cfg.batch != 0);
+  }
+  check_fields(train_schema(), cfg);  // each field's own range (NaN falls outside every one)
+  if (cfg.epochs > 0 && cfg.samples < 1) bad("epochs", "needs {} (the dataset size)", {"samples"});
+  // Sample indices run to steps * batch (the data's position is one counter).
+  if (cfg.steps > kMax / cfg.batch)
+    bad("steps",
+        "times {} is more samples than fit in 64 bits: " + std::to_string(cfg.steps) + " x " +
+            std::to_string(cfg.batch),
+        {"batch"});
+  if (!cfg.lr) cfg.lr = default_lr(cfg.optimizer);
+  if (cfg.nesterov && cfg.optimizer == "adamw")
+    bad("nesterov", "is an option of the sgd optimizer; {} is adamw", {"optimizer"});
+  if (cfg.nesterov && cfg.optimizer == "sgd" && cfg.momentum == 0.0f)
+    bad("nesterov", "needs {} > 0" + got(cfg.momentum), {"momentum"});
+  if (cfg.data.empty() &&
+      !(cfg.targets.empty() && cfg.val_data.empty() && cfg.val_targets.empty() && cfg.val_fraction == 0.0))
+    bad("data", "is needed by {}, {}, {} and {} (file data)", {"targets", "val_data", "val_targets", "val_fraction"});
+  if (optim::parse_schedule(cfg.schedule) == optim::Schedule::Kind::constant && cfg.warmup > 0)
+    bad("warmup", "has no effect with {} constant: use {} warmup (a linear warm-up, then constant) or cosine",
+        {"schedule", "schedule"});
+  nn::ModelSpec spec = nn::parse_model_spec(cfg.model);
+  if (spec.is_cnn) cfg.task = data::Task::classification;  // a CNN classifies images
+  if (cfg.task == data::Task::classification && spec.outputs() < 2)
+    bad("task", "classification needs at least 2 output classes, the model has " + std::to_string(spec.outputs()));
+  if (cfg.save_every > 0 && cfg.save.empty()) bad("save_every", "needs {} (a checkpoint path)", {"save"});
+  try {
+    check_output_file(cfg.save, "{}");  // the message starts with the field
+  } catch (const UsageError& e) {
+    throw UsageError(e.what(), {field("save")});
+  }
+  if (cfg.devices.empty()) cfg.devices = default_devices();
+  if (cfg.ddp && !built_with_mpi()) bad("ddp", "needs a build with MPI (install libopenmpi-dev and rebuild)");
+  for (const Device& d : cfg.devices) {
+    check_device(d);
+    if (d.type != cfg.devices.front().type) bad("devices", "cannot mix CPU and CUDA devices");
+  }
+  // DataParallel's own checks, before anything is built. A ddp rank trains on one device,
+  // and reduces over the ranks whatever reduce says (DataParallel checks the group's part).
+  const DataParallelOptions& p = cfg.parallel;
+  DataParallelOptions mine = p;
+  if (cfg.ddp) mine.reduce = Reduce::automatic;
+  check_options(mine, cfg.ddp ? std::vector<Device>{cfg.devices.front()} : cfg.devices);
+  if (cfg.devices.front().is_cpu() && p.gemm == GemmImpl::native)
+    bad("parallel.gemm", "native is a CUDA kernel; the CPU has one GEMM");
+  if (p.gemm == GemmImpl::native && p.precision != Precision::fp32)
+    bad("parallel.gemm", "native computes in fp32 only; use {} cublas for tf32 or bf16", {"parallel.gemm"});
+  return spec;
 }
 
 }  // namespace dpt
