@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include <dptrain/types.hpp>
 #include "hd.hpp"
 
 namespace dpt::philox {
@@ -90,3 +91,13 @@ DPT_HD void normal4(uint64_t seed, uint64_t stream, uint64_t k, float* out) {
 }
 
 }  // namespace dpt::philox
+
+namespace dpt {
+
+// The sample that row i of a RowMap is (synthetic data: whose counter the generator takes).
+DPT_HD int64_t row_sample(const RowMap& m, int64_t i) {
+  const int64_t s = m.first + (i / m.per_group) * m.group_stride + i % m.per_group;
+  return m.samples > 0 ? s % m.samples : s;
+}
+
+}  // namespace dpt

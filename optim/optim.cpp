@@ -6,7 +6,7 @@
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "../kernels/hd.hpp"
+#include "../kernels/schedule.hpp"
 
 namespace dpt::optim {
 
@@ -86,6 +86,13 @@ void Optimizer::refuse_with_twins(const char* what) const {
   throw UsageError(std::string("Optimizer::") + what +
                    ": not while the twin buffers are on (each step must swap them: checked_step without clipping); "
                    "call set_twin_buffers(false) first");
+}
+
+void Optimizer::begin_checked_step(float max_norm) {
+  need(max_norm >= 0.0f && std::isfinite(max_norm), "checked_step: max_norm", "a finite number >= 0 (0: no clipping)",
+       max_norm);
+  if (max_norm != 0.0f) refuse_with_twins("checked_step with clipping");
+  model_->settle_grads();
 }
 
 void Optimizer::swap_twins() {
@@ -170,10 +177,7 @@ void SGD::step(const Tensor& grad_scale) {
 }
 
 Tensor SGD::checked_step(float max_norm, const CheckRing& ring) {
-  need(max_norm >= 0.0f && std::isfinite(max_norm), "checked_step: max_norm", "a finite number >= 0 (0: no clipping)",
-       max_norm);
-  if (max_norm != 0.0f) refuse_with_twins("checked_step with clipping");
-  model_->settle_grads();
+  begin_checked_step(max_norm);
   if (twin_buffers()) {
     const Tensor scale = alternating_sgd_step(params_, grads_, buf_, twin(0), buf_.defined() ? twin(1) : Tensor(), o_,
                                               ring, shadow(), step_counter(0.0f, 0.0f), t_);
@@ -235,10 +239,7 @@ void AdamW::step(const Tensor& grad_scale) {
 }
 
 Tensor AdamW::checked_step(float max_norm, const CheckRing& ring) {
-  need(max_norm >= 0.0f && std::isfinite(max_norm), "checked_step: max_norm", "a finite number >= 0 (0: no clipping)",
-       max_norm);
-  if (max_norm != 0.0f) refuse_with_twins("checked_step with clipping");
-  model_->settle_grads();
+  begin_checked_step(max_norm);
   const AdamArgs a = update_args();
   if (twin_buffers()) {
     const Tensor scale = alternating_adamw_step(params_, grads_, m_, v_, twin(0), twin(1), twin(2), a, ring, shadow(),

@@ -134,8 +134,7 @@ void* CachingAllocator::allocate(size_t bytes, void* stream) {
   if (!p) {
     throw OutOfMemory("out of memory on " + device_.str() + ": asked " + format_bytes(bytes) + ", allocated " +
                       format_bytes(stats_.allocated) + ", reserved " + format_bytes(stats_.reserved) + ", total " +
-                      format_bytes(total_memory(device_)) +
-                      "; use a smaller batch (TrainConfig::batch), more devices, or TrainConfig::precision bf16");
+                      format_bytes(total_memory(device_)) + "; use a smaller batch, more devices, or bf16 compute");
   }
   blocks_[p] = Block{size, stream, false};
   stats_.system_allocs += 1;

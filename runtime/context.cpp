@@ -101,8 +101,7 @@ void* Context::blas() const {
         const AllocatorStats st = cache.stats();
         throw OutOfMemory("out of memory on " + device_.str() + ": cuBLAS's workspace of " + format_bytes(bytes) +
                           " for a stream, with " + format_bytes(st.allocated) + " allocated and " +
-                          format_bytes(st.reserved) + " reserved; use a smaller batch (TrainConfig::batch), " +
-                          "more devices, or TrainConfig::precision bf16");
+                          format_bytes(st.reserved) + " reserved; use a smaller batch, more devices, or bf16 compute");
       }
     }
     if (const cublasStatus_t st = cublasSetWorkspace(static_cast<cublasHandle_t>(blas_), w, bytes);

@@ -19,20 +19,6 @@
 
 namespace dpt {
 
-size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
-
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "f32";
-    case DType::bf16:
-      return "bf16";
-    case DType::i32:
-      return "i32";
-  }
-  return "?";
-}
-
 void Shape::out_of_range(size_t i) const {
   throw Error("dimension " + std::to_string(i) + " is past the end of shape " + shape_str(*this));
 }
@@ -80,7 +66,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
   for (int64_t d : shape)
     if (__builtin_mul_overflow(bytes, d, &bytes))
       throw OutOfMemory("out of memory on " + device.str() + ": asked for a tensor of shape " + shape_str(shape) +
-                        ", more than 8 EiB; use a smaller batch (TrainConfig::batch) or model");
+                        ", more than 8 EiB; use a smaller batch or model");
   Tensor t;
   t.storage_ = std::make_shared<Storage>(device, static_cast<size_t>(bytes));
   t.shape_ = shape;
@@ -181,8 +167,7 @@ PinnedBuffer::PinnedBuffer(size_t bytes, const Device& device, [[maybe_unused]] 
   if (!device.is_cuda()) device_ptr_ = ptr_ = std::malloc(bytes);
   if (!ptr_)
     throw OutOfMemory("out of " + std::string(device.is_cuda() ? "page-locked " : "") + "host memory: asked " +
-                      format_bytes(bytes) + " for the input pipeline of " + device.str() +
-                      "; use a smaller batch (TrainConfig::batch)");
+                      format_bytes(bytes) + " for the input pipeline of " + device.str() + "; use a smaller batch");
 }
 
 PinnedBuffer::~PinnedBuffer() {
@@ -239,20 +224,24 @@ void copy_to_host_async(void* dst, const Tensor& src, const Context& ctx) {
 #endif
 }
 
-Tensor Tensor::from_host(const std::vector<float>& values, const Shape& shape, const Device& device) {
+namespace {
+// A tensor of `values` (of element type `dtype`) on `device`; `op` names the caller.
+template <class T>
+Tensor tensor_of(const std::vector<T>& values, DType dtype, const Shape& shape, const Device& device, const char* op) {
   DPT_REQUIRE(static_cast<int64_t>(values.size()) == dpt::numel(shape),
-              "from_host: " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
-  Tensor t = empty(shape, DType::f32, device);
+              std::string(op) + ": " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
+  Tensor t = Tensor::empty(shape, dtype, device);
   upload(t, values.data(), t.nbytes());
   return t;
 }
+}  // namespace
+
+Tensor Tensor::from_host(const std::vector<float>& values, const Shape& shape, const Device& device) {
+  return tensor_of(values, DType::f32, shape, device, "from_host");
+}
 
 Tensor Tensor::from_host_i32(const std::vector<int32_t>& values, const Shape& shape, const Device& device) {
-  DPT_REQUIRE(static_cast<int64_t>(values.size()) == dpt::numel(shape),
-              "from_host_i32: " + std::to_string(values.size()) + " values for shape " + shape_str(shape));
-  Tensor t = empty(shape, DType::i32, device);
-  upload(t, values.data(), t.nbytes());
-  return t;
+  return tensor_of(values, DType::i32, shape, device, "from_host_i32");
 }
 
 Device Tensor::device() const {

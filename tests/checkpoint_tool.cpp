@@ -42,7 +42,7 @@ void dump(const dpt::ckpt::Checkpoint& c) {
   out += "},\"tensors\":[";
   for (const auto& [name, t] : c.tensors) {
     if (out.back() != '[') out += ',';
-    out += "{\"name\":" + dpt::ckpt::json_quote(name) + ",\"dtype\":\"" + dpt::ckpt::dtype_name(t.dtype) +
+    out += "{\"name\":" + dpt::ckpt::json_quote(name) + ",\"dtype\":\"" + dpt::ckpt::safetensors_name(t.dtype) +
            "\",\"shape\":[";
     for (size_t i = 0; i < t.shape.size(); ++i) out += (i ? "," : "") + std::to_string(t.shape[i]);
     out += "],\"hex\":\"";

@@ -392,11 +392,13 @@ wait $!
 rc=$?
 [ $rc -eq 1 ] && [ "$(grep -c . err)" -le 2 ] && grep -q '^dptrain: error: a data file was cut short or rewritten' err &&
   ok || bad "a data file cut short mid-run (rc $rc): $(cat err)"
-# A billion micro-batches: the plan computes them (it stored them: 16 GB of
-# host memory before the first step); the batch's rows (2^50 of 16 floats, 64 PiB) fit no
-# machine, so the outcome is the same everywhere (a billion rows fit a 128 GiB host and
-# ran until the timeout); a batch of file data past the address space.
-outofmem --devices cpu --steps 1 --batch 1125899906842624 --grad-accum 1000000000
+# A billion micro-batches: refused, on every machine (a step keeps a loss per micro-batch:
+# 32 GB of them failed on a 24 GiB host and ran until the timeout on a 128 GiB one);
+# a batch of file data past the address space.
+run --devices cpu --steps 1 --batch 1000000000 --grad-accum 1000000000 >out 2>err
+rc=$?
+[ $rc -eq 2 ] && [ "$(cat err)" = "dptrain: error: --grad-accum must be <= 65536 micro-batches a step, got 1000000000 (see --help)" ] &&
+  ok || bad "a billion micro-batches: rc $rc: $(cat err)"
 outofmem --devices cpu --model 4-8-3 --data hx.npy --targets hy.npy --epochs 1 --batch 4611686018427387904
 # SGD's momentum changed on resume, as the README allows optimizer settings to: to 0 drops
 # the buffer (it was refused: "a tensor that this model and optimizer do not have"), and

@@ -37,6 +37,13 @@ TEST_CASE("device strings parse and bad ones are refused with a reason", "[devic
   if (gpus > 1) CHECK(pci_location({DeviceType::cuda, 0}) != pci_location({DeviceType::cuda, 1}));
 }
 
+TEST_CASE("an element type's name parses back to it, and no other name does", "[dtype]") {
+  for (const DType t : {DType::f32, DType::bf16, DType::i32}) CHECK(parse_dtype(dtype_name(t)) == t);
+  for (const char* other : {"", "F32", "fp32", "float32", "f16", "bf16 "}) CHECK(!parse_dtype(other));
+  CHECK(dtype_size(DType::bf16) == 2);
+  CHECK(dtype_size(DType::i32) == 4);
+}
+
 TEST_CASE("the caching allocator reuses blocks and keeps exact stats", "[allocator]") {
   CachingAllocator a({DeviceType::cpu, 7});
   void* p = a.allocate(1000, nullptr);

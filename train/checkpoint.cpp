@@ -127,10 +127,10 @@ std::string make_header(const Checkpoint& c, const std::string& file) {
     if (count < 0) refuse(file, what + "invalid shape " + shape_text(t.shape));
     if (!holds(t.data.size(), count, t.dtype))
       refuse(file, what + std::to_string(t.data.size()) + " bytes of data for shape " + shape_text(t.shape) + " of " +
-                       dtype_name(t.dtype));
+                       safetensors_name(t.dtype));
     separate();
     put_string(h, name);
-    h += ":{\"dtype\":\"" + std::string(dtype_name(t.dtype)) + "\",\"shape\":[";
+    h += ":{\"dtype\":\"" + std::string(safetensors_name(t.dtype)) + "\",\"shape\":[";
     for (size_t i = 0; i < t.shape.size(); ++i) h += (i ? "," : "") + std::to_string(t.shape[i]);
     h += "],\"data_offsets\":[" + std::to_string(offset) + ",";
     offset += t.data.size();
@@ -157,19 +157,7 @@ void inject_full_disk(AtomicFile& file, const std::string& path) {
 
 std::string printable(const std::string& s) { return sft::printable(s); }
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "F32";
-    case DType::bf16:
-      return "BF16";
-    case DType::i32:
-      return "I32";
-  }
-  return "?";
-}
-
-size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
+const char* safetensors_name(DType t) { return sft::dtype_name(array_dtype(t)); }
 
 HostTensor make_tensor(DType dtype, std::vector<int64_t> shape, const void* bytes) {
   const int64_t count = element_count(shape);

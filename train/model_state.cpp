@@ -23,7 +23,7 @@ const ckpt::HostTensor& checked_tensor(const ckpt::Checkpoint& c, const std::str
   const ckpt::HostTensor* t = c.find(name);
   if (!t) throw UsageError("checkpoint '" + path + "' has no tensor '" + name + "'");
   if (t->dtype != ckpt::DType::f32)
-    throw UsageError("checkpoint '" + path + "': tensor '" + name + "' is " + ckpt::dtype_name(t->dtype) +
+    throw UsageError("checkpoint '" + path + "': tensor '" + name + "' is " + ckpt::safetensors_name(t->dtype) +
                      ", the model needs F32");
   if (t->shape != whole.vec())
     throw UsageError("checkpoint '" + path + "': tensor '" + name + "' has shape " + shape_str(t->shape) +

@@ -1,12 +1,37 @@
 // Small enums and argument structs that the CPU and CUDA kernels share.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 namespace dpt {
 
 // Element types of tensors. bf16 values are stored as uint16_t: the upper half of an IEEE
 // float (kernels/bf16.hpp converts).
+// The one element type of the library: tensors, checkpoints (as the safetensors names
+// F32, BF16, I32: train/checkpoint.hpp) and the gradients' wire type are all of these.
+// Data files hold more (float64, float16, uint8, int64 in .npy and safetensors), which no
+// tensor holds: data::ArrayDType names those, and the input pipeline converts them.
 enum class DType { f32, bf16, i32 };
+// "f32", "bf16", "i32", and back (nullopt for any other name).
+constexpr const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
+  }
+  return "?";
+}
+constexpr std::optional<DType> parse_dtype(std::string_view name) {
+  for (const DType t : {DType::f32, DType::bf16, DType::i32})
+    if (name == dtype_name(t)) return t;
+  return std::nullopt;
+}
+constexpr size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }  // bytes an element
 
 enum class Act : int { none = 0, relu, gelu, tanh };
 

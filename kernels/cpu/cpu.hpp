@@ -92,7 +92,7 @@ void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const Sg
               uint16_t* shadow, const StepCounterArgs* step = nullptr);
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
                 uint16_t* shadow, const StepCounterArgs* step = nullptr);
-// The step's gradient scale from ||g||^2 (scale_from_norm_sq, kernels/hd.hpp).
+// The step's gradient scale from ||g||^2 (scale_from_norm_sq, kernels/grad_check.hpp).
 void clip_coef(const float* norm_sq, float max_norm, float* out);
 // The same from the gradients themselves, in one pass that also finds the first
 // non-finite one; with a ring, the check's record goes to its next slot (CheckRingArgs).

@@ -1,6 +1,5 @@
 // Fill, axpy, norms, casts, argmax and the Philox random fills on the CPU.
 #include "../bf16.hpp"
-#include "../hd.hpp"
 #include "../philox.hpp"
 #include "cpu.hpp"
 

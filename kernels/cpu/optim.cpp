@@ -6,7 +6,8 @@
 #include <limits>
 
 #include "../bf16.hpp"
-#include "../hd.hpp"
+#include "../grad_check.hpp"
+#include "../schedule.hpp"
 #include "cpu.hpp"
 
 namespace dpt::cpu {

@@ -39,7 +39,7 @@ void gemm_native(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 // A * act'(deriv_of), element by element (a Linear layer's dz = dy act'(saved), made as
 // each GEMM loads dy: no pass of its own, the same products as act_bias_backward's).
 // Up to 256 rows (a batch of 256, the default job's) and k (the weight gradient's batch;
-// ops.cpp takes them past 64 for tiny GEMMs only, where cuBLAS picks split-k GEMMs).
+// runtime/ops/linear.cpp takes them past 64 for tiny GEMMs only, where cuBLAS picks split-k GEMMs).
 constexpr int64_t kSkinnyRows = 256;
 constexpr int64_t kShortK = 256;
 constexpr int64_t kShortKMaxRows = int64_t(65535) * 64;  // gemm_short_k's m: tiles of 64 on the grid's y
@@ -87,6 +87,9 @@ void gemm_bf16(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, in
 void gemm_cublas_strided_batched(cublasHandle_t handle, Precision precision, bool ta, bool tb, int64_t m, int64_t n,
                                  int64_t k, float alpha, const float* A, int64_t stride_a, const float* B,
                                  int64_t stride_b, float beta, float* C, int64_t stride_c, int64_t batch);
+// The compute type of `precision`'s fp32 GEMMs (gemm_cublas, gemm_lt): fp32, TF32 or bf16
+// tensor cores, accumulating in fp32.
+cublasComputeType_t compute_type(Precision precision);
 // gemm_lt.cu — C = act(alpha op(A) op(B) + beta C + bias) through cuBLASLt, the bias [n]
 // (may be null) and the activation (none or relu) fused into the GEMM's epilogue. Same
 // layout contract as gemm_cublas; m, n, k >= 1. `workspace` is device memory of
@@ -115,7 +118,7 @@ void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, 
                       cudaStream_t stream);
 void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx, cudaStream_t stream);
 // act_backward over a rows x cols matrix that also writes dx transposed into dxt
-// ([cols, rows]): the weight gradient's GEMM then reads a K-major operand (see ops.cpp).
+// ([cols, rows]): the weight gradient's GEMM then reads a K-major operand (see runtime/ops/linear.cpp).
 // dx may be null (only dxt is written). With db (may be null), also db = beta db + the
 // column sums of dx, deterministically, through `work` (act_backward_transposed_work floats).
 void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dx,

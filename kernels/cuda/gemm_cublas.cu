@@ -13,8 +13,6 @@
 
 namespace dpt::cuda {
 
-namespace {
-
 cublasComputeType_t compute_type(Precision p) {
   switch (p) {
     case Precision::fp32:
@@ -24,8 +22,10 @@ cublasComputeType_t compute_type(Precision p) {
     case Precision::bf16:
       return CUBLAS_COMPUTE_32F_FAST_16BF;
   }
-  throw ::dpt::Error("gemm_cublas: unknown precision " + std::to_string(static_cast<int>(p)));
+  throw ::dpt::Error("cuBLAS: unknown precision " + std::to_string(static_cast<int>(p)));
 }
+
+namespace {
 
 // The shared body: operands of type ab, C of type c, computed in `compute`.
 void gemm_ex(cublasHandle_t handle, const char* who, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,

@@ -68,20 +68,9 @@ cudaDataType_t data_type(DType t) {
   throw ::dpt::Error("gemm_lt: unsupported element type");
 }
 
-const char* type_name(DType t) { return t == DType::f32 ? "f32" : t == DType::bf16 ? "bf16" : "i32"; }
-
 // bf16 operands are already rounded: plain fp32 accumulation. fp32 operands per precision.
 cublasComputeType_t compute_type(Precision p, DType ab) {
-  if (ab == DType::bf16) return CUBLAS_COMPUTE_32F;
-  switch (p) {
-    case Precision::fp32:
-      return CUBLAS_COMPUTE_32F;
-    case Precision::tf32:
-      return CUBLAS_COMPUTE_32F_FAST_TF32;
-    case Precision::bf16:
-      return CUBLAS_COMPUTE_32F_FAST_16BF;
-  }
-  throw ::dpt::Error("gemm_lt: unknown precision " + std::to_string(static_cast<int>(p)));
+  return ab == DType::bf16 ? CUBLAS_COMPUTE_32F : cuda::compute_type(p);
 }
 
 cublasLtEpilogue_t epilogue(bool bias, Act act) {
@@ -171,7 +160,7 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
   DPT_CHECK(handle != nullptr, "gemm_lt: null cuBLAS handle");
   DPT_CHECK((types.ab == DType::f32 && types.c == DType::f32) ||
                 (types.ab == DType::bf16 && (types.c == DType::bf16 || types.c == DType::f32)),
-            std::string("gemm_lt: A/B ") + type_name(types.ab) + " with C/D " + type_name(types.c) +
+            std::string("gemm_lt: A/B ") + dtype_name(types.ab) + " with C/D " + dtype_name(types.c) +
                 " is not supported (f32/f32, or bf16 with bf16 or f32)");
   DPT_CHECK(types.bias == DType::f32 || types.bias == DType::bf16, "gemm_lt: the bias must be f32 or bf16");
   DPT_CHECK(act == Act::none || act == Act::relu, "gemm_lt: only ReLU fuses into the epilogue");

@@ -116,6 +116,9 @@ class Optimizer {
   // a refusal of the updates that cannot run with them, and the swap after a step.
   const Tensor& twin(size_t k) const { return twins_.at(k).second; }
   void refuse_with_twins(const char* what) const;
+  // checked_step's start: max_norm checked (UsageError), clipping refused with twin
+  // buffers, the gradients settled.
+  void begin_checked_step(float max_norm);
   void swap_twins();
   nn::Module* model_;
   Tensor params_, grads_;

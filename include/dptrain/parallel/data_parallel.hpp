@@ -66,6 +66,10 @@ inline constexpr auto kGradCommNames =
 // about 2.1M): below, one copy is faster.
 constexpr int64_t kTwinsFromParams = int64_t{1} << 21;
 
+// The most micro-batches a step may have (DataParallelOptions::grad_accum): a step keeps a
+// loss and a weight per micro-batch and replica.
+inline constexpr int kMaxGradAccum = 65536;
+
 struct DataParallelOptions {
   Reduce reduce = Reduce::automatic;
   double bucket_mb = 25.0;  // gradient bucket size (MiB), reduced as soon as it is ready
@@ -93,7 +97,7 @@ struct DataParallelOptions {
   Precision precision = Precision::fp32;
   GemmImpl gemm = GemmImpl::cublas;
   float clip = 0.0f;   // clip the global gradient norm (after reduction); 0 = off
-  int grad_accum = 1;  // micro-batches per step; only the last one communicates
+  int grad_accum = 1;  // micro-batches per step (1 to kMaxGradAccum); only the last one communicates
   // Reduce buckets during backward, and (p2p) copy the parameters to the replicas layer by
   // layer beside their next forward; false: all after backward, and the copy whole after
   // the update (to measure the gain).

@@ -149,7 +149,7 @@ Tensor alternating_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m,
                               const Tensor& next_m, const Tensor& next_v, const AdamArgs& a, const CheckRing& ring,
                               const Tensor& shadow, const StepCounter& step, int64_t t);
 
-// ---- Convolutional networks (ops_conv.cpp): differentiable, over NCHW tensors --------
+// ---- Convolutional networks (runtime/ops/conv.cpp): differentiable, over NCHW tensors ----
 // y = x * w + b as torch.nn.functional.conv2d: x [n, c, h, w], w [k, c, r, s], b [k] (may
 // be undefined) -> y [n, k, p, q]; stride, padding and dilation alike on both axes.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride = 1, int64_t pad = 0,

@@ -17,9 +17,6 @@
 
 namespace dpt {
 
-size_t dtype_size(DType t);
-const char* dtype_name(DType t);
-
 // A tensor's extents, at most kMaxDims of them, held inline: every op, view and detach
 // makes a tensor, and a shape of its own on the heap was a third of a small model's
 // allocations in a step.

@@ -16,12 +16,15 @@
 #include <utility>
 #include <vector>
 
+#include <dptrain/types.hpp>
+
 namespace dpt::ckpt {
 
-// The element types dptrain stores, named in the file as safetensors names them.
-enum class DType { f32, bf16, i32 };
-const char* dtype_name(DType t);  // "F32", "BF16", "I32"
-size_t dtype_size(DType t);
+// The element types dptrain stores: the library's own (types.hpp), named in the file as
+// safetensors names them.
+using ::dpt::DType;
+using ::dpt::dtype_size;
+const char* safetensors_name(DType t);  // "F32", "BF16", "I32"
 
 // A tensor on the host: its bytes as they lie in the file (row-major, little-endian;
 // bf16 as the upper 16 bits of the float).

@@ -1,0 +1,163 @@
+// The per-element SGD and AdamW updates that every update kernel runs (optim.cu,
+// optim_checked.cu), and the step counter they read and move on: the same expressions, in
+// the same order, as the CPU twin (kernels/cpu/optim.cpp). Device code only; included by
+// the .cu files alone.
+#pragma once
+#include <cstdint>
+
+#include <dptrain/types.hpp>
+
+#include "../bf16.hpp"
+#include "../schedule.hpp"
+#include "common.cuh"
+
+namespace dpt::cuda {
+namespace {
+
+// The same expressions, in the same order, as the CPU twin, each operation rounded on its
+// own (the _rn intrinsics, which nvcc never contracts into a multiply-add, as the CPU
+// build, -ffp-contract=off, does not): nvcc contracts a * b + c where it sees fit, and
+// did so differently in the loops of one kernel and another (ulps apart in one element of
+// ten thousand; the alternating update, H200, 2026-12-04), where every update kernel must
+// give the same bits.
+__device__ __forceinline__ void sgd_update(float& p, float g, float& buf, const SgdArgs& a, float scale) {
+  float d = __fadd_rn(__fmul_rn(g, scale), __fmul_rn(a.weight_decay, p));
+  if (a.momentum != 0.f) {
+    buf = __fadd_rn(__fmul_rn(a.momentum, buf), __fmul_rn(1.f - a.dampening, d));
+    d = a.nesterov ? __fadd_rn(d, __fmul_rn(a.momentum, buf)) : buf;
+  }
+  p = __fsub_rn(p, __fmul_rn(a.lr, d));
+}
+
+__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamArgs& a, float scale) {
+  const float d = __fmul_rn(g, scale);
+  p = __fsub_rn(p, __fmul_rn(__fmul_rn(a.lr, a.weight_decay), p));
+  m = __fadd_rn(__fmul_rn(a.beta1, m), __fmul_rn(1.f - a.beta1, d));
+  v = __fadd_rn(__fmul_rn(a.beta2, v), __fmul_rn(__fmul_rn(1.f - a.beta2, d), d));
+  const float step = __fdiv_rn(__fmul_rn(a.lr, __fdiv_rn(m, a.bias_correction1)),
+                               __fadd_rn(__fsqrt_rn(__fdiv_rn(v, a.bias_correction2)), a.eps));
+  p = __fsub_rn(p, step);
+}
+
+// With a step counter: the step's values from it (every thread reads it), `s` its count.
+__device__ __forceinline__ int64_t read_step(const StepCounterArgs& step, float* values) {
+  if (!step.t) return 0;
+  const int64_t s = *step.t;
+  step_values_at(s, step.schedule, step.beta1, step.beta2, values);
+  return s;
+}
+
+// The last block to finish moves the counter on (once every thread has read it) and
+// leaves the block count at 0 for the next step.
+__device__ __forceinline__ void count_step(const StepCounterArgs& step, int64_t s) {
+  if (!step.t || !step.advance) return;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(step.blocks_done, 1u) == gridDim.x - 1) {
+    *step.t = s + 1;
+    *step.blocks_done = 0;
+  }
+}
+
+// One float4 of a buffer's update, in three parts: its state loaded, its update from the
+// gradient float4, its state stored. sgd_loop and adamw_loop run them together; the fused
+// checked update loads before its barrier and stores after it. shadow (may be null) gets
+// bf16(p) of every updated element.
+__device__ __forceinline__ void store_shadow4(uint16_t* shadow, int64_t i, float4 p) {
+  if (shadow)
+    reinterpret_cast<ushort4*>(shadow)[i] =
+        make_ushort4(bf16_round(p.x), bf16_round(p.y), bf16_round(p.z), bf16_round(p.w));
+}
+
+// SGD's state: the parameters and, with momentum, its buffer (buf is read and written only
+// with momentum; it may be null without).
+struct SgdState4 {
+  float4 p, buf;
+};
+__device__ __forceinline__ SgdState4 sgd_load4(const float* p, const float* buf, bool mom, int64_t i) {
+  return {reinterpret_cast<const float4*>(p)[i],
+          mom ? reinterpret_cast<const float4*>(buf)[i] : make_float4(0.f, 0.f, 0.f, 0.f)};
+}
+__device__ __forceinline__ void sgd_store4(SgdState4 s, float4 g, int64_t i, float* p, float* buf, const SgdArgs& a,
+                                           float scale, uint16_t* shadow) {
+  sgd_update(s.p.x, g.x, s.buf.x, a, scale);
+  sgd_update(s.p.y, g.y, s.buf.y, a, scale);
+  sgd_update(s.p.z, g.z, s.buf.z, a, scale);
+  sgd_update(s.p.w, g.w, s.buf.w, a, scale);
+  reinterpret_cast<float4*>(p)[i] = s.p;
+  if (a.momentum != 0.f) reinterpret_cast<float4*>(buf)[i] = s.buf;
+  store_shadow4(shadow, i, s.p);
+}
+__device__ __forceinline__ void sgd_one(int64_t i, float* p, const float* g, float* buf, const SgdArgs& a, float scale,
+                                        uint16_t* shadow) {
+  const bool mom = a.momentum != 0.f;
+  float pv = p[i];
+  float bv = mom ? buf[i] : 0.f;
+  sgd_update(pv, g[i], bv, a, scale);
+  p[i] = pv;
+  if (mom) buf[i] = bv;
+  if (shadow) shadow[i] = bf16_round(pv);
+}
+
+template <bool Vec>
+__device__ __forceinline__ void sgd_loop(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a, float scale,
+                                         uint16_t* shadow) {
+  const bool mom = a.momentum != 0.f;
+  const int64_t tid = global_tid(), stride = grid_stride();
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    const int64_t n4 = n / 4;
+    for (int64_t i = tid; i < n4; i += stride)
+      sgd_store4(sgd_load4(p, buf, mom, i), g4[i], i, p, buf, a, scale, shadow);
+    done = 4 * n4;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) sgd_one(i, p, g, buf, a, scale, shadow);
+}
+
+struct AdamState4 {
+  float4 p, m, v;
+};
+__device__ __forceinline__ AdamState4 adamw_load4(const float* p, const float* m, const float* v, int64_t i) {
+  return {reinterpret_cast<const float4*>(p)[i], reinterpret_cast<const float4*>(m)[i],
+          reinterpret_cast<const float4*>(v)[i]};
+}
+__device__ __forceinline__ void adamw_store4(AdamState4 s, float4 g, int64_t i, float* p, float* m, float* v,
+                                             const AdamArgs& a, float scale, uint16_t* shadow) {
+  adamw_update(s.p.x, g.x, s.m.x, s.v.x, a, scale);
+  adamw_update(s.p.y, g.y, s.m.y, s.v.y, a, scale);
+  adamw_update(s.p.z, g.z, s.m.z, s.v.z, a, scale);
+  adamw_update(s.p.w, g.w, s.m.w, s.v.w, a, scale);
+  reinterpret_cast<float4*>(p)[i] = s.p;
+  reinterpret_cast<float4*>(m)[i] = s.m;
+  reinterpret_cast<float4*>(v)[i] = s.v;
+  store_shadow4(shadow, i, s.p);
+}
+__device__ __forceinline__ void adamw_one(int64_t i, float* p, const float* g, float* m, float* v, const AdamArgs& a,
+                                          float scale, uint16_t* shadow) {
+  float pv = p[i], mv = m[i], vv = v[i];
+  adamw_update(pv, g[i], mv, vv, a, scale);
+  p[i] = pv;
+  m[i] = mv;
+  v[i] = vv;
+  if (shadow) shadow[i] = bf16_round(pv);
+}
+
+template <bool Vec>
+__device__ __forceinline__ void adamw_loop(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
+                                           float scale, uint16_t* shadow) {
+  const int64_t tid = global_tid(), stride = grid_stride();
+  int64_t done = 0;
+  if constexpr (Vec) {
+    const float4* g4 = reinterpret_cast<const float4*>(g);
+    const int64_t n4 = n / 4;
+    for (int64_t i = tid; i < n4; i += stride)
+      adamw_store4(adamw_load4(p, m, v, i), g4[i], i, p, m, v, a, scale, shadow);
+    done = 4 * n4;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) adamw_one(i, p, g, m, v, a, scale, shadow);
+}
+
+}  // namespace
+}  // namespace dpt::cuda

@@ -1,0 +1,72 @@
+// The helpers that the op families share (internal.hpp).
+#include "internal.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/ops.hpp>
+
+#if DPT_WITH_CUDA
+#include "../../kernels/cuda/check.hpp"
+#include "../../kernels/cuda/cuda.hpp"
+#endif
+
+namespace dpt::detail {
+
+#if DPT_WITH_CUDA
+cudaStream_t stream_of(const Device& d) {
+  cuda::set_device(d.index);
+  return static_cast<cudaStream_t>(context(d).stream());
+}
+Tensor reduce_work(const Device& d, int64_t at_least) {
+  return Tensor::empty({std::max<int64_t>(at_least, cuda::kReduceWork)}, DType::f32, d);
+}
+#endif
+
+void need_bf16(const Tensor& t, const char* op) {
+  DPT_REQUIRE(t.defined() && t.dtype() == DType::bf16, std::string(op) + ": expected a defined bf16 tensor");
+}
+
+void need_float(const Tensor& t, const char* op) {
+  DPT_REQUIRE(t.defined() && (t.dtype() == DType::f32 || t.dtype() == DType::bf16),
+              std::string(op) + ": expected a defined f32 or bf16 tensor");
+}
+
+bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::bf16; }
+
+void same_device(const Tensor& a, const Tensor& b, const char* op) {
+  DPT_REQUIRE(a.device() == b.device(),
+              std::string(op) + ": tensors on " + a.device().str() + " and " + b.device().str());
+}
+
+void need_f32(const Tensor& t, const char* op) {
+  DPT_REQUIRE(t.defined() && t.dtype() == DType::f32, std::string(op) + ": expected a defined f32 tensor");
+}
+
+std::vector<Tensor> layer_inputs(const Tensor& x, const Tensor& w, const Tensor& b) {
+  return b.defined() ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w};
+}
+
+void record(Tensor& out, std::shared_ptr<Node> node, std::vector<Tensor> inputs) {
+  node->inputs = std::move(inputs);
+  out.set_grad_fn(std::move(node));
+}
+
+void give(Grads& grads, size_t i, Tensor g) {
+  if (Tensor acc = grads.accumulator(i); acc.defined()) {
+    if (grads.take_beta(i) == 0.0f) copy_cast(acc, g);
+    else axpy_(1.0f, g, acc);
+  } else grads.put(i, std::move(g));
+}
+
+GradSlot grad_slot(Grads& grads, size_t i, const Shape& shape, const Device& d) {
+  if (Tensor acc = grads.accumulator(i); acc.defined()) return {acc, grads.take_beta(i), false};
+  return {Tensor::empty(shape, DType::f32, d), 0.0f, true};
+}
+void put_slot(Grads& grads, size_t i, GradSlot& slot) {
+  if (slot.fresh) grads.put(i, std::move(slot.t));
+}
+
+}  // namespace dpt::detail
