@@ -16,8 +16,8 @@
 
 #include <dptrain/error.hpp>
 
-#include "../data/safetensors.hpp"
-#include "../train/atomic_file.hpp"
+#include "common/atomic_file.hpp"
+#include "common/text.hpp"
 
 namespace dpt::app {
 
@@ -183,7 +183,7 @@ class StrictToml : public CLI::ConfigTOML {
           " hex digits of a Unicode scalar value other than 0 (a value ends at a NUL), got '" + hex + "'");
     at.pos += static_cast<size_t>(digits);
     std::string out;
-    data::safetensors::append_utf8(out, v);
+    append_utf8(out, v);
     return out;
   }
 

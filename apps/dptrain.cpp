@@ -33,8 +33,8 @@
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>
 
-#include "../train/atomic_file.hpp"
 #include "cli.hpp"
+#include "common/atomic_file.hpp"
 #include "plot.hpp"
 #include "train_flags.hpp"
 

@@ -10,8 +10,8 @@
 
 #include <dptrain/error.hpp>
 
-#include "../data/safetensors.hpp"
-#include "../train/atomic_file.hpp"
+#include "common/atomic_file.hpp"
+#include "common/text.hpp"
 
 namespace dpt::plot {
 namespace {
@@ -35,7 +35,7 @@ std::string escape(const std::string& s) {
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c >= 0x80) {  // a UTF-8 sequence, or a byte of none
-      const size_t len = data::safetensors::utf8_length(reinterpret_cast<const uint8_t*>(s.data()) + i, s.size() - i);
+      const size_t len = utf8_length(reinterpret_cast<const uint8_t*>(s.data()) + i, s.size() - i);
       out += len > 0 ? s.substr(i, len) : kReplacement;
       i += len > 0 ? len : 1;
       continue;

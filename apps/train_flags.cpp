@@ -9,7 +9,7 @@
 
 #include <dptrain/layers/conv.hpp>
 
-#include "../train/atomic_file.hpp"
+#include "common/atomic_file.hpp"
 
 namespace dpt::app {
 

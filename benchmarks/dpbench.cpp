@@ -29,9 +29,10 @@
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/checkpoint.hpp>
-#include "../apps/cli.hpp"
-#include "../apps/plot.hpp"
-#include "../train/atomic_file.hpp"
+#include "apps/cli.hpp"
+#include "apps/plot.hpp"
+#include "common/atomic_file.hpp"
+#include "common/text.hpp"
 
 namespace {
 
@@ -53,13 +54,10 @@ constexpr int64_t kCpuSteps = 20, kCpuWarmup = 2;
 
 enum class Scaling { weak, strong };
 
-const char* scaling_name(Scaling s) { return s == Scaling::weak ? "weak" : "strong"; }
-
-Scaling parse_scaling(const std::string& name) {
-  if (name == "weak") return Scaling::weak;
-  if (name == "strong") return Scaling::strong;
-  throw dpt::UsageError("unknown scaling '" + name + "': expected weak or strong");
-}
+constexpr auto kScalingNames =
+    dpt::enum_names<Scaling>("scaling", {{Scaling::weak, "weak"}, {Scaling::strong, "strong"}});
+const char* scaling_name(Scaling s) { return kScalingNames.name(s); }
+Scaling parse_scaling(const std::string& name) { return kScalingNames.parse(name); }
 
 // Keeps the first of equal values, in order.
 template <class T>
@@ -200,18 +198,18 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   if (p.batch > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(p.devices.size()))
     throw dpt::UsageError("--batch times the " + std::to_string(p.devices.size()) +
                           " devices is more samples than fit in 64 bits, got " + std::to_string(p.batch));
-  if (!(f.bucket_mb > 0.0) || f.bucket_mb > 1048576.0)
-    throw dpt::UsageError("--bucket-mb must be in (0, 1048576] MiB, got " + fmt("%g", f.bucket_mb));
+  // The fields of DataParallelOptions that dpbench's flags set, in their ranges (the schema's checks).
+  dpt::DataParallelOptions given;
+  given.bucket_mb = f.bucket_mb;
+  given.first_bucket_mb = f.first_bucket_mb;
+  given.comm_ctas = f.comm_ctas;
+  given.zero = f.zero;
+  dpt::check_fields(dpt::data_parallel_schema(), given);
   if (f.cuda_graph && (p.devices.size() != 1 || !p.devices.front().is_cuda()))
     throw dpt::UsageError("--cuda-graph records one GPU's step: give one CUDA device (--gpus 1)");
   p.cuda_graph = f.cuda_graph;
   p.bucket_mb = f.bucket_mb;
-  if (!(f.first_bucket_mb > 0.0) || f.first_bucket_mb > 1048576.0)
-    throw dpt::UsageError("--first-bucket-mb must be in (0, 1048576] MiB, got " + fmt("%g", f.first_bucket_mb));
   p.first_bucket_mb = f.first_bucket_mb;
-  if (f.comm_ctas < 0 || f.comm_ctas > dpt::kMaxCommCtas)
-    throw dpt::UsageError("--comm-ctas must be in [0, " + std::to_string(dpt::kMaxCommCtas) + "], got " +
-                          std::to_string(f.comm_ctas));
   p.comm_ctas = f.comm_ctas;
   p.update_per_bucket = f.update_per_bucket;
   if (f.comm && p.devices.size() < 2)
@@ -221,16 +219,14 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   if (f.optimizer != "sgd" && f.optimizer != "adamw")
     throw dpt::UsageError("--optimizer must be sgd or adamw, got '" + f.optimizer + "'");
   p.adamw = f.optimizer == "adamw";
-  if (f.zero < 0 || f.zero > 2) throw dpt::UsageError("--zero must be 0, 1 or 2, got " + std::to_string(f.zero));
   if (f.update_per_bucket && (f.zero > 0 || f.cuda_graph))
     throw dpt::UsageError("--update-per-bucket is for runs without --zero and --cuda-graph");
   if (f.comm && f.zero == 2)
     throw dpt::UsageError(
         "--comm times the reduction after backward; ZeRO stage 2 reduces during it: use --zero 0 or 1");
   p.zero = f.zero;
-  if (f.grad_comm != "fp32" && f.grad_comm != "bf16")
-    throw dpt::UsageError("unknown --grad-comm '" + f.grad_comm + "': expected fp32 or bf16");
-  p.grad_comm = f.grad_comm == "bf16" ? dpt::DType::bf16 : dpt::DType::f32;
+  dpt::find_field(dpt::data_parallel_schema(), "grad_comm")->set(given, f.grad_comm);  // fp32 or bf16
+  p.grad_comm = given.grad_comm;
 
   for (const auto& s : f.precision) p.precisions.push_back(dpt::parse_precision(s));
   for (const auto& s : f.scaling) p.scalings.push_back(parse_scaling(s));
@@ -476,16 +472,16 @@ std::string csv(const std::vector<Row>& rows) {
 
 std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows) {
   std::vector<std::string> devs, names;
-  for (const Device& d : p.devices) devs.push_back(dpt::ckpt::json_quote(d.str()));
-  for (const Device& d : unique_in_order(p.devices)) names.push_back(dpt::ckpt::json_quote(dpt::describe_device(d)));
+  for (const Device& d : p.devices) devs.push_back(dpt::json_quote(d.str()));
+  for (const Device& d : unique_in_order(p.devices)) names.push_back(dpt::json_quote(dpt::describe_device(d)));
   std::string o =
-      "{\n  \"dpbench\": " + dpt::ckpt::json_quote(DPT_VERSION) +
-      ",\n  \"model\": " + dpt::ckpt::json_quote(p.model.text) + ",\n  \"parameters\": " + std::to_string(parameters) +
-      ",\n  \"loss\": \"" + (p.model.is_cnn ? "cross_entropy" : "mse") + "\",\n  \"optimizer\": {\"name\": \"" +
-      (p.adamw ? "adamw" : "sgd") + "\", \"lr\": " + fmt("%g", p.adamw ? kAdamLr : kLr) +
-      ", \"zero\": " + std::to_string(p.zero) + "},\n  \"grad_comm\": \"" +
-      (p.grad_comm == dpt::DType::bf16 ? "bf16" : "fp32") + "\"" + ",\n  \"devices\": [" + join(devs, ", ") +
-      "],\n  \"device_names\": [" + join(names, ", ") + "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
+      "{\n  \"dpbench\": " + dpt::json_quote(DPT_VERSION) + ",\n  \"model\": " + dpt::json_quote(p.model.text) +
+      ",\n  \"parameters\": " + std::to_string(parameters) + ",\n  \"loss\": \"" +
+      (p.model.is_cnn ? "cross_entropy" : "mse") + "\",\n  \"optimizer\": {\"name\": \"" + (p.adamw ? "adamw" : "sgd") +
+      "\", \"lr\": " + fmt("%g", p.adamw ? kAdamLr : kLr) + ", \"zero\": " + std::to_string(p.zero) +
+      "},\n  \"grad_comm\": \"" + (p.grad_comm == dpt::DType::bf16 ? "bf16" : "fp32") + "\"" + ",\n  \"devices\": [" +
+      join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
+      "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
       ",\n  \"strong_global_batch\": " + std::to_string(p.batch * static_cast<int64_t>(p.devices.size())) +
       ",\n  \"steps\": " + std::to_string(p.steps) + ",\n  \"warmup\": " + std::to_string(p.warmup) +
       ",\n  \"blocks\": " + std::to_string(std::min(static_cast<size_t>(p.steps), kBlocks)) + ",\n  \"runs\": [";
@@ -493,15 +489,15 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
     const Row& r = rows[i];
     const Measurement& m = *r.m;
     std::vector<std::string> list, peaks, grads, states;
-    for (const Device& d : m.devices) list.push_back(dpt::ckpt::json_quote(d.str()));
-    for (const auto& [d, b] : m.peak) peaks.push_back(dpt::ckpt::json_quote(d.str()) + ": " + std::to_string(b));
+    for (const Device& d : m.devices) list.push_back(dpt::json_quote(d.str()));
+    for (const auto& [d, b] : m.peak) peaks.push_back(dpt::json_quote(d.str()) + ": " + std::to_string(b));
     for (const dpt::ModelStateBytes& b : m.state) {
       grads.push_back(std::to_string(b.gradients));
       states.push_back(std::to_string(b.optimizer));
     }
-    o += std::string(i ? "," : "") + "\n    {\"scaling\": " + dpt::ckpt::json_quote(scaling_name(r.scaling)) +
-         ", \"reduce\": " + dpt::ckpt::json_quote(dpt::reduce_name(r.reduce)) +
-         ", \"precision\": " + dpt::ckpt::json_quote(dpt::precision_name(r.precision)) +
+    o += std::string(i ? "," : "") + "\n    {\"scaling\": " + dpt::json_quote(scaling_name(r.scaling)) +
+         ", \"reduce\": " + dpt::json_quote(dpt::reduce_name(r.reduce)) +
+         ", \"precision\": " + dpt::json_quote(dpt::precision_name(r.precision)) +
          ", \"devices\": " + std::to_string(r.n) + ", \"device_list\": [" + join(list, ", ") +
          "], \"global_batch\": " + std::to_string(r.global) + ", \"step_ms\": " + fmt("%.6g", m.step_ms) +
          ", \"samples_per_s\": " + fmt("%.6g", m.samples_per_s) + ", \"speedup\": " + fmt("%.6g", r.speedup) +

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/cuda/check.hpp"
-#include "../kernels/cuda/cuda.hpp"
-#include "../kernels/philox.hpp"
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda.hpp"
+#include "kernels/philox.hpp"
 
 namespace {
 

@@ -11,6 +11,8 @@
 
 #include <dptrain/error.hpp>
 
+#include "common/fnv1a.hpp"
+
 namespace dpt::data {
 
 const char* array_dtype_name(ArrayDType t) {
@@ -117,12 +119,6 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
 
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
-}
-
-uint64_t fnv1a(const void* bytes, size_t n, uint64_t hash) {
-  const auto* p = static_cast<const uint8_t*>(bytes);
-  for (size_t i = 0; i < n; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
-  return hash;
 }
 
 FileIdentity file_identity(const MappedFile& file, uint64_t header_bytes) {

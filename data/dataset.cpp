@@ -11,7 +11,8 @@
 
 #include <dptrain/data/npy.hpp>
 #include <dptrain/error.hpp>
-#include "../kernels/bf16.hpp"
+#include "common/text.hpp"
+#include "kernels/bf16.hpp"
 #include "safetensors.hpp"
 
 namespace dpt::data {
@@ -320,7 +321,7 @@ DataSplit ArrayDataset::from_safetensors(const std::string& path) {
                          : e.name == "y_val" ? &y_val
                                              : nullptr;
     if (!slot)
-      src.fail("tensor " + sft::printable(e.name) + " is not one of a data file's: x, y and optionally x_val, y_val");
+      src.fail("tensor " + printable(e.name) + " is not one of a data file's: x, y and optionally x_val, y_val");
     *slot = &arrays[i];
   }
   if (!x) src.fail("no tensor 'x' (a data file holds x, y and optionally x_val, y_val)");
@@ -420,6 +421,18 @@ void ArrayDataset::check_model(const Shape& input, Task task, int64_t outputs) c
                        ", outside [0, " + std::to_string(outputs) + "): the model has " + std::to_string(outputs) +
                        " classes");
   }
+}
+
+std::string ArrayDataset::origin() const {
+  std::string id = first_ > 0 ? "from row " + std::to_string(first_) + ", " : "";
+  if (files_.empty()) return id + Dataset::origin();
+  for (const FileIdentity& f : files_) {
+    char hash[24];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(f.header_hash));
+    id += std::string(&f == files_.data() ? "" : ", ") + "a file of " + std::to_string(f.size) +
+          " bytes with header hash " + hash;
+  }
+  return id;
 }
 
 ArrayDataset ArrayDataset::slice(int64_t first, int64_t count) const {

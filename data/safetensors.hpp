@@ -9,8 +9,8 @@
 // tensor entry, shape), so no input can make it recurse deeply or build a large tree.
 // Every size is checked against the file's size before anything is allocated for it.
 //
-// Uses only the standard library and <dptrain/error.hpp> (and array.hpp's types), so the
-// fuzzer builds it on its own.
+// Uses only the standard library, <dptrain/error.hpp>, array.hpp's types and common/text,
+// so the fuzzer builds it on its own.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -62,16 +62,6 @@ uint64_t header_length(const uint8_t* first8, uint64_t file_size, const Source& 
 Header read_header(const uint8_t* header, uint64_t n, uint64_t file_size, const std::vector<ArrayDType>& accepted,
                    const Source& src);
 
-// Helpers the writer shares. A name from a file, quoted for an error message: control
-// bytes and bytes that are not UTF-8 escaped as \xNN (the message stays one line of
-// text) and long names cut short.
-std::string printable(const std::string& s);
-bool valid_utf8(const std::string& s);
-// Length of the valid UTF-8 character at p (n > 0 bytes available), or 0: overlong forms,
-// surrogates and code points past U+10FFFF are invalid (RFC 3629).
-size_t utf8_length(const uint8_t* p, size_t n);
-// Code point `cp` (a Unicode scalar value) appended to `out` in UTF-8.
-void append_utf8(std::string& out, uint32_t cp);
 // Whether `bytes` is exactly the data of `count` elements of `t` (no overflow possible).
 bool holds(uint64_t bytes, int64_t count, ArrayDType t);
 

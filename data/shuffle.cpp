@@ -4,7 +4,7 @@
 #include <utility>
 
 #include <dptrain/error.hpp>
-#include "../kernels/philox.hpp"
+#include "kernels/philox.hpp"
 
 namespace dpt::data {
 namespace {

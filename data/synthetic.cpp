@@ -10,7 +10,7 @@
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "../kernels/cpu/cpu.hpp"
+#include "kernels/cpu/cpu.hpp"
 
 namespace dpt::data {
 

@@ -3,9 +3,9 @@
 #include <functional>
 
 #include <dptrain/error.hpp>
+#include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "../kernels/cpu/cpu.hpp"
-#include "../runtime/allocator.hpp"
+#include "kernels/cpu/cpu.hpp"
 
 namespace dpt::nn {
 

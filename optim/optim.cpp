@@ -6,7 +6,7 @@
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "../kernels/schedule.hpp"
+#include "kernels/schedule.hpp"
 
 namespace dpt::optim {
 

@@ -23,7 +23,7 @@
 #include "buckets.hpp"
 #include "p2p_chunks.hpp"
 #include "reducer.hpp"
-#include "worker_pool.hpp"
+#include "common/worker_pool.hpp"
 
 namespace dpt {
 

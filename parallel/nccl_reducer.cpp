@@ -15,7 +15,7 @@
 #include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "../kernels/cuda/check.hpp"
+#include "kernels/cuda/check.hpp"
 #include "reducer.hpp"
 
 #define DPT_NCCL_CHECK(call)                                                                                         \

@@ -12,8 +12,8 @@
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "../kernels/hd.hpp"
-#include "../runtime/nvtx.hpp"
+#include "kernels/hd.hpp"
+#include "runtime/nvtx.hpp"
 #include "data_parallel_impl.hpp"
 
 namespace dpt {

@@ -12,7 +12,7 @@
 #if DPT_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "../kernels/cuda/check.hpp"
+#include "kernels/cuda/check.hpp"
 #endif
 
 namespace dpt {

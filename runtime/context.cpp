@@ -11,8 +11,8 @@
 #include "allocator.hpp"
 
 #if DPT_WITH_CUDA
-#include "../kernels/cuda/check.hpp"
-#include "../kernels/cuda/cuda.hpp"
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda.hpp"
 #endif
 
 namespace dpt {

@@ -16,6 +16,8 @@
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/checkpoint.hpp>
 
+#include "common/text.hpp"
+
 namespace {
 
 using dpt::ckpt::DType;
@@ -38,11 +40,11 @@ dpt::ckpt::Checkpoint fixed() {
 void dump(const dpt::ckpt::Checkpoint& c) {
   std::string out = "{\"metadata\":{";
   for (const auto& [k, v] : c.metadata)
-    out += (out.back() == '{' ? "" : ",") + dpt::ckpt::json_quote(k) + ":" + dpt::ckpt::json_quote(v);
+    out += (out.back() == '{' ? "" : ",") + dpt::json_quote(k) + ":" + dpt::json_quote(v);
   out += "},\"tensors\":[";
   for (const auto& [name, t] : c.tensors) {
     if (out.back() != '[') out += ',';
-    out += "{\"name\":" + dpt::ckpt::json_quote(name) + ",\"dtype\":\"" + dpt::ckpt::safetensors_name(t.dtype) +
+    out += "{\"name\":" + dpt::json_quote(name) + ",\"dtype\":\"" + dpt::ckpt::safetensors_name(t.dtype) +
            "\",\"shape\":[";
     for (size_t i = 0; i < t.shape.size(); ++i) out += (i ? "," : "") + std::to_string(t.shape[i]);
     out += "],\"hex\":\"";

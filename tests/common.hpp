@@ -17,9 +17,9 @@
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/runtime/tensor.hpp>
-#include "../kernels/bf16.hpp"
-#include "../kernels/cpu/cpu.hpp"
 #include "catch.hpp"
+#include "kernels/bf16.hpp"
+#include "kernels/cpu/cpu.hpp"
 
 namespace dpt::test {
 

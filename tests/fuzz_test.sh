@@ -12,11 +12,11 @@
 # Usage: fuzz_test.sh SOURCE_DIR [SECONDS] [checkpoint|npy]
 set -u
 src=$1 seconds=${2:-30} target=${3:-checkpoint}
-# Each parser depends on nothing but the standard library, POSIX and <dptrain/error.hpp>.
+# Each parser depends on nothing but the standard library, POSIX, <dptrain/error.hpp> and common/.
 case "$target" in
   checkpoint)
-    sources=("$src/tests/fuzz_checkpoint.cpp" "$src/train/checkpoint.cpp" "$src/train/atomic_file.cpp"
-             "$src/data/safetensors.cpp" "$src/data/array.cpp")
+    sources=("$src/tests/fuzz_checkpoint.cpp" "$src/train/checkpoint.cpp" "$src/common/atomic_file.cpp"
+             "$src/common/text.cpp" "$src/data/safetensors.cpp" "$src/data/array.cpp")
     corpus="$src/tests/fuzz_corpus" dict="$src/tests/fuzz_checkpoint.dict" what="checkpoint fuzzer" ;;
   npy)
     sources=("$src/tests/fuzz_npy.cpp" "$src/data/npy.cpp" "$src/data/array.cpp")
@@ -41,7 +41,7 @@ if ! "$cxx" -fsanitize=fuzzer "$tmp/probe.cpp" -o "$tmp/probe" 2>/dev/null; then
   exit 77
 fi
 if ! "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-    -I "$src/include" "${sources[@]}" -o "$tmp/fuzz"; then
+    -I "$src/include" -I "$src" "${sources[@]}" -o "$tmp/fuzz"; then
   echo "FAIL: the fuzz target does not build"
   exit 1
 fi

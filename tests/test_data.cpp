@@ -28,6 +28,7 @@
 #include <dptrain/parallel/shard_plan.hpp>
 #include "catch.hpp"
 #include "common.hpp"
+#include "common/fnv1a.hpp"
 
 using namespace dpt;
 using namespace dpt::data;

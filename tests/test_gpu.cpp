@@ -10,14 +10,14 @@
 #include <utility>
 
 #include <dptrain/error.hpp>
-#include "../kernels/cpu/cpu.hpp"
+#include "kernels/cpu/cpu.hpp"
 #if DPT_WITH_CUDA
-#include "../kernels/cuda/cuda.hpp"
+#include "kernels/cuda/cuda.hpp"
 #endif
 #if DPT_WITH_CUDNN
 #include <cuda_runtime_api.h>
 
-#include "../kernels/cuda/dnn.hpp"
+#include "kernels/cuda/dnn.hpp"
 #endif
 #include <dptrain/data/dataset.hpp>
 #include <dptrain/data/shuffle.hpp>
@@ -25,12 +25,12 @@
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
-#include "../parallel/reducer.hpp"
-#include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
 #include "catch.hpp"
 #include "chunked_copy.hpp"
 #include "common.hpp"
+#include "data/ahead_loader.hpp"
+#include "parallel/reducer.hpp"
+#include "runtime/allocator.hpp"
 
 using namespace dpt;
 using test::randn;
@@ -899,10 +899,10 @@ TEST_CASE("the GPU input pipeline copies chunked shards as a direct gather makes
   const auto xs = randn(1200 * 1024, 63), ys = randn(1200 * 2, 64);
   const data::ArrayDataset set({xs.data(), data::ArrayDType::f32, {1200, 1024}},
                                {ys.data(), data::ArrayDType::f32, {1200, 2}});
-  ShardLoader loader(
+  data::AheadLoader loader(
       set, gpu, 1100, 3, true,
       [](int64_t first) {
-        return SampleRange{first + 1100, 1100};
+        return data::Samples{first + 1100, 1100};
       },
       4);
   data::RowOrder order(1200, 3, true);

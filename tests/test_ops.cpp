@@ -7,11 +7,11 @@
 #include <cstring>
 
 #include <dptrain/error.hpp>
-#include "../kernels/cpu/cpu.hpp"
-#include "../kernels/philox.hpp"
-#include "../runtime/allocator.hpp"
 #include "catch.hpp"
 #include "common.hpp"
+#include "kernels/cpu/cpu.hpp"
+#include "kernels/philox.hpp"
+#include "runtime/allocator.hpp"
 
 using namespace dpt;
 using test::numeric_grad;

@@ -12,9 +12,9 @@
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/train/trainer.hpp>
-#include "../parallel/p2p_chunks.hpp"
-#include "../parallel/reducer.hpp"
-#include "../runtime/allocator.hpp"
+#include "parallel/p2p_chunks.hpp"
+#include "parallel/reducer.hpp"
+#include "runtime/allocator.hpp"
 #include "catch.hpp"
 #include "chunked_copy.hpp"
 #include "common.hpp"

@@ -8,9 +8,9 @@
 #include <sstream>
 
 #include <dptrain/error.hpp>
-#include "../apps/plot.hpp"
-#include "../train/atomic_file.hpp"
+#include "apps/plot.hpp"
 #include "catch.hpp"
+#include "common/atomic_file.hpp"
 
 using namespace dpt::plot;
 

@@ -12,10 +12,10 @@
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/trainer.hpp>
-#include "../runtime/allocator.hpp"
-#include "../train/nonfinite_watch.hpp"
 #include "catch.hpp"
 #include "common.hpp"
+#include "runtime/allocator.hpp"
+#include "train/nonfinite_watch.hpp"
 
 using namespace dpt;
 

@@ -20,10 +20,11 @@
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>
-#include "../runtime/allocator.hpp"
-#include "../train/input_pipeline.hpp"
 #include "catch.hpp"
 #include "common.hpp"
+#include "data/ahead_loader.hpp"
+#include "runtime/allocator.hpp"
+#include "train/input_pipeline.hpp"
 
 using namespace dpt;
 
@@ -253,11 +254,11 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   // events take the GPU's path.
   const Rows rows;
   const Device d{DeviceType::cpu, 760};
-  const auto ten_on = [](int64_t first) { return SampleRange{first + 10, 8}; };
+  const auto ten_on = [](int64_t first) { return data::Samples{first + 10, 8}; };
   for (auto task : {data::Task::regression, data::Task::classification}) {
     INFO(data::task_name(task));
     const auto set = rows.set(task);
-    ShardLoader loader(*set, d, 8, 5, true, ten_on, 2);
+    data::AheadLoader loader(*set, d, 8, 5, true, ten_on, 2);
     data::RowOrder order(53, 5, true);
     std::vector<int64_t> picked;
     // Calls the loader
@@ -277,7 +278,7 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   // The loader counts what it gathered.
   {
     const auto set = rows.set(data::Task::regression);
-    ShardLoader counted(*set, d, 8, 5, true, ten_on, 1);
+    data::AheadLoader counted(*set, d, 8, 5, true, ten_on, 1);
     for (int64_t first : {0, 10, 20}) (void)counted.get(first, 8, context(d));
     const InputStats st = counted.stats();
     CHECK(st.loads >= 3);
@@ -287,7 +288,7 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   // more until the next call frees that one.
   {
     const auto set = rows.set(data::Task::regression);
-    ShardLoader ahead(*set, d, 8, 5, true, ten_on, 1);
+    data::AheadLoader ahead(*set, d, 8, 5, true, ten_on, 1);
     REQUIRE(ahead.slots() >= 3);  // small shards: a deep ring
     (void)ahead.get(0, 8, context(d));
     const auto loads = [&] { return static_cast<size_t>(ahead.stats().loads); };
@@ -304,8 +305,8 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   const auto big_x = test::randn(1200 * 1024, 43), big_y = test::randn(1200 * 2, 44);
   const data::ArrayDataset big({big_x.data(), data::ArrayDType::f32, {1200, 1024}},
                                {big_y.data(), data::ArrayDType::f32, {1200, 2}});
-  const auto eleven_hundred_on = [](int64_t first) { return SampleRange{first + 1100, 1100}; };
-  ShardLoader wide(big, d, 1100, 9, true, eleven_hundred_on, 4);
+  const auto eleven_hundred_on = [](int64_t first) { return data::Samples{first + 1100, 1100}; };
+  data::AheadLoader wide(big, d, 1100, 9, true, eleven_hundred_on, 4);
   data::RowOrder big_order(1200, 9, true);
   std::vector<int64_t> big_rows;
   for (int64_t first : {0, 1100, 2200, 3300}) {
@@ -324,7 +325,7 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
     nan_x[960 * 1024 + 7] = NAN;
     const data::ArrayDataset bad_big({nan_x.data(), data::ArrayDType::f32, {1200, 1024}},
                                      {big_y.data(), data::ArrayDType::f32, {1200, 2}});
-    ShardLoader chunked(bad_big, d, 1100, 9, false, eleven_hundred_on, 4);
+    data::AheadLoader chunked(bad_big, d, 1100, 9, false, eleven_hundred_on, 4);
     try {
       (void)chunked.get(1100, 1100, context(d));
       FAIL("the NaN row was handed out");
@@ -338,9 +339,9 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   x[17 * 12 + 4] = NAN;  // row 17
   const data::ArrayDataset bad({x.data(), data::ArrayDType::f32, {53, 12}},
                                {rows.y.data(), data::ArrayDType::f32, {53, 5}});
-  const auto ten_of_ten = [](int64_t first) { return SampleRange{first + 10, 10}; };
-  ShardLoader loader(bad, d, 10, 5, false, ten_of_ten, 1);  // file order: row 17 is in samples 10..19
-  CHECK_NOTHROW(loader.get(0, 10, context(d)));             // loads 10..19 behind the scenes
+  const auto ten_of_ten = [](int64_t first) { return data::Samples{first + 10, 10}; };
+  data::AheadLoader loader(bad, d, 10, 5, false, ten_of_ten, 1);  // file order: row 17 is in samples 10..19
+  CHECK_NOTHROW(loader.get(0, 10, context(d)));                   // loads 10..19 behind the scenes
   CHECK_THROWS_AS(loader.get(10, 10, context(d)), UsageError);
   CHECK_NOTHROW(loader.get(20, 10, context(d)));
 }

@@ -21,8 +21,9 @@
 #include <dptrain/data/array.hpp>
 #include <dptrain/error.hpp>
 
-#include "../data/safetensors.hpp"
-#include "atomic_file.hpp"
+#include "common/atomic_file.hpp"
+#include "common/text.hpp"
+#include "data/safetensors.hpp"
 
 namespace dpt::ckpt {
 namespace {
@@ -34,7 +35,6 @@ using sft::kLenBytes;
 using sft::kMaxDims;
 using sft::kMaxHeader;
 using sft::kMetadataKey;
-using sft::valid_utf8;
 
 constexpr const char* kFaultVar = "DPT_CKPT_FAIL_AFTER_BYTES";
 constexpr const char* kInjected = " (injected by DPT_CKPT_FAIL_AFTER_BYTES)";
@@ -155,7 +155,7 @@ void inject_full_disk(AtomicFile& file, const std::string& path) {
 
 }  // namespace
 
-std::string printable(const std::string& s) { return sft::printable(s); }
+std::string printable(const std::string& s) { return ::dpt::printable(s); }
 
 const char* safetensors_name(DType t) { return sft::dtype_name(array_dtype(t)); }
 
@@ -194,23 +194,6 @@ void save(const std::string& path, const Checkpoint& c) {
   file.write(header.data(), header.size());
   for (const auto& named : c.tensors) file.write(named.second.data.data(), named.second.data.size());
   file.commit();
-}
-
-std::string json_quote(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    const auto c = static_cast<uint8_t>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\', out += ch;
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
 }
 
 Checkpoint parse(const uint8_t* data, size_t size, const std::string& name_for_errors) {

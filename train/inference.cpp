@@ -9,7 +9,7 @@
 
 #include <dptrain/data/npy.hpp>
 
-#include "atomic_file.hpp"
+#include "common/atomic_file.hpp"
 #include "model_state.hpp"
 
 namespace dpt {

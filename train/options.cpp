@@ -5,7 +5,7 @@
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/train/trainer.hpp>
 
-#include "atomic_file.hpp"
+#include "common/atomic_file.hpp"
 #include "field_error.hpp"
 
 namespace dpt {

@@ -18,7 +18,9 @@
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/checkpoint.hpp>
 
-#include "atomic_file.hpp"
+#include "common/atomic_file.hpp"
+#include "common/fnv1a.hpp"
+#include "data/feeder.hpp"
 #include "field_error.hpp"
 #include "input_pipeline.hpp"
 #include "model_state.hpp"
@@ -37,8 +39,8 @@ namespace {
 // rank 0 reports it). The data's contents are not compared (its rows and headers are).
 void check_ranks_agree(ProcessGroup& group, const std::vector<std::pair<FieldId, std::string>>& fields) {
   auto fnv = [](uint64_t h, const std::string& s) {
-    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-    return (h ^ 0xffu) * 1099511628211ull;  // a separator: ("ab", "c") is not ("a", "bc")
+    constexpr unsigned char kSeparator = 0xff;  // ("ab", "c") is not ("a", "bc")
+    return fnv1a(&kSeparator, 1, fnv1a(s, h));
   };
   auto differs = [&](uint64_t h) {
     const std::vector<uint64_t> all = group.gather_all(h);
@@ -46,11 +48,11 @@ void check_ranks_agree(ProcessGroup& group, const std::vector<std::pair<FieldId,
       if (all[r] != all[0]) return static_cast<int>(r);
     return 0;
   };
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnv1aOffset;
   for (const auto& [id, value] : fields) h = fnv(fnv(h, id.name), value);
   if (differs(h) == 0) return;
   for (const auto& [id, value] : fields)
-    if (const int r = differs(fnv(1469598103934665603ull, value)); r != 0)
+    if (const int r = differs(fnv(kFnv1aOffset, value)); r != 0)
       throw UsageError("{} differs between rank 0 and rank " + std::to_string(r) +
                            ": every rank of a job must run one configuration",
                        {id});
@@ -161,11 +163,8 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   model_ = nn::make_model(spec, cfg_.act);
   model_->to(master, cfg_.seed);
   if (group_) check_ranks_agree(*group_, shared_settings());
-  if (train_data_) {
-    for (size_t r = 0; r < cfg_.devices.size(); ++r) orders_.emplace_back(cfg_.samples, cfg_.seed, cfg_.shuffle);
-    picked_.resize(cfg_.devices.size());
-  } else {
-    data::SyntheticConfig dc;
+  data::SyntheticConfig dc;  // without file or program data
+  if (!train_data_) {
     if (spec.is_cnn) {
       dc.image = spec.cnn.input;
       dc.teacher_hidden = 16;  // teacher channels: labelling stays cheap next to the student's step
@@ -176,7 +175,6 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     dc.task = cfg_.task;
     dc.seed = cfg_.seed;
     dc.samples = cfg_.samples;
-    for (const Device& d : cfg_.devices) data_.push_back(std::make_unique<data::Synthetic>(dc, d));
   }
   OptimizerFactory make_opt = [this](nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
     if (cfg_.optimizer == "sgd")
@@ -197,36 +195,16 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   };
   dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, scheduled, o);
   watch_ = std::make_unique<NonFiniteWatch>(*dp_);
-  blocks_.resize(dp_->size());  // each replica's thread uses its own
-  ahead_.resize(dp_->size());
-  for (size_t r = 0; r < dp_->size() && !train_data_; ++r) {
-    data_ctx_.push_back(std::make_unique<Context>(dp_->device(r)));
-    data_ctx_.back()->precision = cfg_.parallel.precision;  // the teacher computes as the replica would
-    data_ctx_.back()->gemm = cfg_.parallel.gemm;
-    consumed_.push_back(std::make_unique<Event>(dp_->device(r)));
-  }
-  const ShardPlan& plan = dp_->plan(cfg_.batch);  // refuses a split that cannot work before any step
-  blocks_in_graph_inputs_ = blocks_in_graph_inputs();
-  // GPU replicas on file data load their next shards while the steps compute, each loader
-  // with its share of three quarters of the host's cores (at most 12 gathering threads:
-  // on the H200's host more read no faster).
-  if (train_data_) {
-    const auto gpus = static_cast<unsigned>(
-        std::count_if(cfg_.devices.begin(), cfg_.devices.end(), [](const Device& d) { return d.is_cuda(); }));
-    const unsigned threads = std::clamp(std::thread::hardware_concurrency() * 3 / 4 / std::max(1u, gpus), 1u, 12u);
-    const int64_t end = cfg_.steps * cfg_.batch;  // nothing to load after the run
-    for (size_t r = 0; r < dp_->size(); ++r) {
-      const int64_t rows = plan.micro(r, 0).count;  // the first micro-batches are the largest
-      auto next = [plan, r, end](int64_t first) {
-        const SampleRange n = next_shard(plan, r, first);
-        return n.first < end ? n : SampleRange{};
-      };
-      loaders_.push_back(dp_->device(r).is_cuda() && rows > 0
-                             ? std::make_unique<ShardLoader>(*train_data_, dp_->device(r), rows, cfg_.seed,
-                                                             cfg_.shuffle, next, threads, classes_)
-                             : nullptr);
-    }
-  }
+  // Each replica's inputs (its thread asks its own feeder), of a split refused here if it
+  // cannot work, before any step.
+  std::vector<Device> replicas;
+  for (size_t r = 0; r < dp_->size(); ++r) replicas.push_back(dp_->device(r));
+  const data::FeedOptions feed{
+      cfg_.seed, cfg_.shuffle, classes_, cfg_.parallel.cuda_graph, cfg_.parallel.precision, cfg_.parallel.gemm};
+  feeders_ =
+      data::make_feeders(train_data_.get(), dc, replica_shares(dp_->plan(cfg_.batch), replicas, cfg_.steps), feed);
+  fill_next_inputs_ =
+      std::all_of(feeders_.begin(), feeders_.end(), [](const auto& f) { return f->fills_next_inputs(); });
   if (!cfg_.resume.empty()) resume(cfg_.resume);
   // Each rank reads its own copy of the checkpoint (a rank that cannot has failed above):
   // copies of other runs at the same step would train replicas that never agree.
@@ -257,16 +235,8 @@ ckpt::HostTensor host_tensor(const Tensor& t) {
 // order and each file's size and header hash (not its path: files move).
 std::string Trainer::data_identity() const {
   if (!train_data_) return "synthetic";
-  std::string id = "rows " + std::to_string(train_data_->rows()) + ", shuffle " + (cfg_.shuffle ? "on" : "off");
-  const auto* arrays = dynamic_cast<const data::ArrayDataset*>(train_data_.get());
-  if (arrays && arrays->first_row() > 0) id += ", from row " + std::to_string(arrays->first_row());
-  if (!arrays || arrays->files().empty()) return id + ", the program's arrays";
-  for (const data::FileIdentity& f : arrays->files()) {
-    char hash[24];
-    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(f.header_hash));
-    id += ", a file of " + std::to_string(f.size) + " bytes with header hash " + hash;
-  }
-  return id;
+  return "rows " + std::to_string(train_data_->rows()) + ", shuffle " + (cfg_.shuffle ? "on" : "off") + ", " +
+         train_data_->origin();
 }
 
 // A field's value as a checkpoint records it and the ranks compare it, where the field's
@@ -399,102 +369,11 @@ Trainer::~Trainer() {
   // Nothing queued may still read the input pipeline's buffers when they are freed, nor
   // write a synthetic block made ahead (a run stopped early leaves one in the making).
   try {
-    for (auto& c : data_ctx_) c->synchronize();
+    for (auto& f : feeders_) f->synchronize();
     if (dp_) dp_->synchronize();
   } catch (const std::exception& e) {
     report(Severity::warning, std::string("the last step failed while the trainer ended: ") + e.what());
   }
-}
-
-data::Batch Trainer::shard(size_t r, int64_t first, int64_t count) {
-  if (!train_data_) return synthetic_shard(r, first, count);
-  if (r < loaders_.size() && loaders_[r]) return loaders_[r]->get(first, count, context(dp_->device(r)));
-  // Global samples to rows of this epoch's order (a batch may reach into the next epoch).
-  orders_[r].rows(first, count, picked_[r]);
-  data::Batch b = train_data_->empty_batch(count, dp_->device(r));
-  if (train_data_->concurrent_gathers()) {
-    train_data_->gather(picked_[r], b, classes_);
-  } else {  // a data set of the program's: one replica's thread at a time
-    std::lock_guard<std::mutex> lk(gather_m_);
-    train_data_->gather(picked_[r], b, classes_);
-  }
-  return b;
-}
-
-data::Batch Trainer::synthetic_shard(size_t r, int64_t first, int64_t count) {
-  // Replica r takes the same part of every step's batch: its micro-batches, contiguous.
-  const ShardPlan& plan = dp_->plan(cfg_.batch);
-  const int64_t part_first = plan.replica_part(r).first, part_count = plan.replica_part(r).count;
-  const int64_t step = first / cfg_.batch, at = first - step * cfg_.batch - part_first;
-  if (at < 0 || at + count > part_count) return data_[r]->batch(first, count);  // not a step's shard
-  const int64_t steps = block_steps(r);
-  const int64_t step0 = step / steps * steps;
-  SyntheticBlock& b = blocks_[r];
-  if (b.step0 != step0 || b.steps != steps) {
-    Context& compute = context(dp_->device(r));  // the replica's, current on its thread
-    consumed_[r]->record(compute);               // the steps queued so far, which read b
-    b.rows = data::Batch();                      // its memory serves the blocks after it
-    b.step0 = -1;
-    if (ahead_[r].step0 == step0 && ahead_[r].steps == steps) std::swap(b, ahead_[r]);
-    else make_block(r, b, step0, steps);  // not foreseen: the first block, a resumed run
-    b.made->wait_in(compute);
-    if (step0 + steps < cfg_.steps) make_block(r, ahead_[r], step0 + steps, steps, blocks_in_graph_inputs_);
-  }
-  const int64_t row = (step - step0) * part_count + at;
-  return {b.rows.x.rows(row, count), b.rows.y.rows(row, count)};
-}
-
-int64_t Trainer::block_steps(size_t r) {
-  // Blocks begin at multiples of their length, so a resumed run makes the same blocks;
-  // about 32 MiB of samples, at most 64 steps, at least one. A block costs the host its
-  // launches and cuBLAS calls, which the step that makes it waits for: the seed workload's
-  // eager loop took 0.0326 to 0.0398 ms a step with blocks of 16 steps, 0.0325 to 0.0337
-  // with 64 (docs/performance-log.md).
-  const data::Synthetic& d = *data_[r];
-  const int64_t part_count = dp_->plan(cfg_.batch).replica_part(r).count;
-  const int64_t row_bytes = 4 * (numel(d.input_shape()) + std::max<int64_t>(1, numel(d.target_shape())));
-  const int64_t block_rows = (int64_t{32} << 20) / row_bytes;
-  return std::clamp<int64_t>(block_rows / std::max<int64_t>(1, part_count), 1, 64);
-}
-
-bool Trainer::blocks_in_graph_inputs() {
-  // Blocks of one step each, under a CUDA graph: each is made straight into the buffers
-  // that its step's replay reads (DataParallel::next_step_inputs), where the replay
-  // before would otherwise copy it (32 MB a step in the mlp workload).
-  if (!cfg_.parallel.cuda_graph || train_data_) return false;
-  for (size_t r = 0; r < dp_->size(); ++r)
-    if (block_steps(r) != 1) return false;
-  return true;
-}
-
-void Trainer::make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t steps, bool into_next_inputs) {
-  const int64_t part_first = dp_->plan(cfg_.batch).replica_part(r).first;
-  const int64_t part_count = dp_->plan(cfg_.batch).replica_part(r).count;
-  Context& side = *data_ctx_[r];
-  ContextGuard guard(side);
-  consumed_[r]->wait_in(side);
-  b.rows = data::Batch();
-  b.step0 = -1;
-  // The next step's graph inputs where they hold this block exactly and are not the block
-  // before's (a step that did not move the counter's parity is offered those again).
-  data::Batch into = into_next_inputs && steps == 1 ? dp_->next_step_inputs(r) : data::Batch();
-  if (into.x.defined()) {
-    const data::Synthetic& d = *data_[r];
-    auto holds = [&](const Tensor& t, Shape row, DType dtype) {
-      row.insert(row.begin(), part_count);
-      return t.defined() && t.shape() == row && t.dtype() == dtype;
-    };
-    const DType labels = d.task() == data::Task::classification ? DType::i32 : DType::f32;
-    const data::Batch& current = blocks_[r].rows;
-    if (!holds(into.x, d.input_shape(), DType::f32) || !holds(into.y, d.target_shape(), labels) ||
-        (current.x.defined() && (current.x.data() == into.x.data() || current.y.data() == into.y.data())))
-      into = data::Batch();
-  }
-  b.rows = data_[r]->rows({step0 * cfg_.batch + part_first, part_count, cfg_.batch, 0}, steps * part_count, into);
-  if (!b.made) b.made = std::make_unique<Event>(side.device());
-  b.made->record(side);
-  b.step0 = step0;
-  b.steps = steps;
 }
 
 EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch, int64_t classes) {
@@ -540,10 +419,11 @@ StepLoss Trainer::step(int64_t s, bool measure) {
   // Its phases are timed only when it is measured (logged): four events less a step.
   // The next step's samples, so that a CUDA graph's replay copies them in beside its update
   // (not where they are made straight into its inputs).
-  const int64_t next = s + 1 < cfg_.steps && !blocks_in_graph_inputs_ ? (s + 1) * cfg_.batch : -1;
-  StepLoss l = dp_->train_step(
-      s * cfg_.batch, cfg_.batch, [this](size_t r, int64_t first, int64_t n) { return shard(r, first, n); }, loss,
-      metric, measure, next);
+  const int64_t next = s + 1 < cfg_.steps && !fill_next_inputs_ ? (s + 1) * cfg_.batch : -1;
+  const ShardSource inputs = [this](size_t r, int64_t first, int64_t n) {
+    return feeders_[r]->inputs(first, n, fill_next_inputs_ ? dp_->next_step_inputs(r) : data::Batch());
+  };
+  StepLoss l = dp_->train_step(s * cfg_.batch, cfg_.batch, inputs, loss, metric, measure, next);
   steps_done_ = s + 1;
   // The device skipped the update of a non-finite step; the host learns of it kLag
   // steps later (run() reports it), or at the next log point or save, without waiting.
@@ -570,10 +450,7 @@ uint64_t Trainer::local_parameter_hash() {
     const auto bv = b.to_host();
     p.insert(p.end(), bv.begin(), bv.end());
   }
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes
-  const auto* bytes = reinterpret_cast<const unsigned char*>(p.data());
-  for (size_t i = 0; i < p.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  return h;
+  return fnv1a(p.data(), p.size() * sizeof(float));
 }
 
 namespace {
@@ -713,15 +590,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     }
   }
   if (r.steps > 0) r.times = dp_->last_times();
-  for (const auto& l : loaders_)
-    if (l) {
-      const InputStats s = l->stats();
-      r.input.loads += s.loads;
-      r.input.bytes += s.bytes;
-      r.input.gather_s += s.gather_s;
-      r.input.copy_ms += s.copy_ms;
-      r.input.timed_copies += s.timed_copies;
-    }
+  for (const auto& f : feeders_) r.input += f->stats();
   std::vector<Device> seen;
   for (const Device& d : cfg_.devices)
     if (std::find(seen.begin(), seen.end(), d) == seen.end()) {

@@ -7,12 +7,12 @@
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "../../kernels/cpu/cpu.hpp"
+#include "kernels/cpu/cpu.hpp"
 #include "internal.hpp"
 
 #if DPT_WITH_CUDNN
-#include "../../kernels/cuda/check.hpp"
-#include "../../kernels/cuda/dnn.hpp"
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/dnn.hpp"
 #endif
 
 namespace dpt {

@@ -6,12 +6,12 @@
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "../../kernels/cpu/cpu.hpp"
+#include "kernels/cpu/cpu.hpp"
 #include "internal.hpp"
 
 #if DPT_WITH_CUDA
-#include "../../kernels/cuda/check.hpp"
-#include "../../kernels/cuda/cuda.hpp"
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda.hpp"
 #endif
 
 namespace dpt {

@@ -9,8 +9,8 @@
 #include <dptrain/runtime/ops.hpp>
 
 #if DPT_WITH_CUDA
-#include "../../kernels/cuda/check.hpp"
-#include "../../kernels/cuda/cuda.hpp"
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda.hpp"
 #endif
 
 namespace dpt::detail {

@@ -11,7 +11,7 @@
 #include <dptrain/runtime/tensor.hpp>
 
 #if DPT_WITH_CUDA
-#include "../../kernels/cuda/cuda.hpp"
+#include "kernels/cuda/cuda.hpp"
 #endif
 
 // Op dispatch by device: gpu_call on a CUDA device, cpu_call on the CPU. A build without

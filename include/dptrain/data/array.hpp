@@ -57,12 +57,8 @@ class MappedFile {
   uint64_t size_ = 0;
 };
 
-// FNV-1a (64-bit) of `n` bytes, continuing from `hash`.
-constexpr uint64_t kFnv1aOffset = 14695981039346656037ull;
-uint64_t fnv1a(const void* bytes, size_t n, uint64_t hash = kFnv1aOffset);
-
 // What a checkpoint remembers of a data file: its size and a hash of its header (every
-// byte before the data), cheap to compute however large the file. Two files match when
+// byte before the data; FNV-1a 64), cheap to compute however large the file. Two files match when
 // both agree; the path is for messages only (a file may move between runs).
 struct FileIdentity {
   std::string path;

@@ -85,6 +85,10 @@ class Dataset {
   // Whether gather_host may run on several threads at once (an ArrayDataset's may; a
   // data set of the program's, by default, is gathered by one thread at a time).
   virtual bool concurrent_gathers() const { return false; }
+  // Where the rows come from, as far as a resumed run must find the same (a checkpoint
+  // records it): "the program's arrays" for rows the program holds; an ArrayDataset over
+  // files also says where its rows start in them and each file's size and header hash.
+  virtual std::string origin() const { return "the program's arrays"; }
 };
 
 // UsageError naming the row ("NAME[row] is 7, outside [0, 3): the model has 3 classes")
@@ -120,6 +124,9 @@ class ArrayDataset : public Dataset {
   void gather_host(std::span<const int64_t> rows, const HostRows& into) const override;
   void check_model(const Shape& input, Task task, int64_t outputs) const override;
   bool concurrent_gathers() const override { return true; }
+  // ("from row 100, " where a slice starts) "a file of 4096 bytes with header hash
+  // 0123456789abcdef, a file of ..." (not the paths: files move), or the program's arrays.
+  std::string origin() const override;
 
   // Rows [first, first + count) of this data set, sharing its arrays (and mappings).
   ArrayDataset slice(int64_t first, int64_t count) const;

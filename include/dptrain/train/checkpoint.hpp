@@ -61,9 +61,6 @@ Checkpoint load(const std::string& path);
 // escaped, long strings cut short.
 std::string printable(const std::string& s);
 
-// `s` as a JSON string literal, quotes and escapes included (for JSON this project writes).
-std::string json_quote(const std::string& s);
-
 // The loader's core on a whole file in memory; errors name `name_for_errors`.
 Checkpoint parse(const uint8_t* data, size_t size, const std::string& name_for_errors);
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <dptrain/data/dataset.hpp>
+#include <dptrain/data/input_stats.hpp>
 #include <dptrain/data/shuffle.hpp>
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
@@ -122,15 +123,8 @@ struct StepLog {
 };
 
 // What the GPU input pipeline did (file data on GPUs; all zero otherwise), summed over
-// the replicas: the host's gather of rows into page-locked memory, and the copies.
-struct InputStats {
-  int64_t loads = 0;      // shards gathered and copied
-  uint64_t bytes = 0;     // bytes gathered (inputs and targets)
-  double gather_s = 0.0;  // host seconds spent gathering them
-  double copy_ms = 0.0;   // device milliseconds of the copies timed so far
-  int64_t timed_copies = 0;
-  double gather_gb_per_s() const { return gather_s > 0 ? static_cast<double>(bytes) / gather_s / 1e9 : 0.0; }
-};
+// the replicas.
+using InputStats = data::InputStats;
 
 struct TrainResult {
   float first_loss = NAN;      // NaN when the run took no step (it was complete, or stopped at once)
@@ -158,7 +152,9 @@ struct ResumeInfo {
   std::vector<std::string> changed;  // "lr 0.05 -> 0.01", "schedule constant -> cosine"
 };
 
-class ShardLoader;     // internal (train/input_pipeline.hpp)
+namespace data {
+class Feeder;  // internal (data/feeder.hpp)
+}
 class NonFiniteWatch;  // internal (train/nonfinite_watch.hpp)
 
 class Trainer {
@@ -209,34 +205,12 @@ class Trainer {
   uint64_t local_parameter_hash();  // this rank's, not compared
   TrainConfig cfg_;
   std::shared_ptr<nn::Sequential> model_;
-  std::vector<std::unique_ptr<data::Synthetic>> data_;  // synthetic data: one per replica, on its device
-  // Synthetic data is made for several steps at once (a few launches for all of them
-  // instead of a few a step): replica r's part of steps [step0, step0 + steps). The next
-  // block is made ahead, on a stream of its own, while the steps of this one run.
-  struct SyntheticBlock {
-    int64_t step0 = -1, steps = 0;
-    data::Batch rows;
-    std::unique_ptr<Event> made;  // on the data stream
-  };
-  std::vector<SyntheticBlock> blocks_, ahead_;      // a replica's current block and the next
-  std::vector<std::unique_ptr<Context>> data_ctx_;  // a replica's data stream
-  std::vector<std::unique_ptr<Event>> consumed_;    // its compute stream when a block was taken
-  data::Batch synthetic_shard(size_t replica, int64_t first, int64_t count);
-  // Queues block (step0, steps) of replica r on its data stream, after the compute work
-  // `consumed_` marks (the steps that read the memory it may reuse); into the next step's
-  // graph inputs where they are offered and asked for.
-  void make_block(size_t r, SyntheticBlock& b, int64_t step0, int64_t steps, bool into_next_inputs = false);
-  int64_t block_steps(size_t r);         // steps in a block of replica r
-  bool blocks_in_graph_inputs();         // blocks of one step made into a CUDA graph's inputs
-  bool blocks_in_graph_inputs_ = false;  // its answer, fixed for the run (the constructor's)
   std::shared_ptr<const data::Dataset> train_data_, val_data_;
-  std::vector<data::RowOrder> orders_;        // file data: a replica's epoch order
-  std::vector<std::vector<int64_t>> picked_;  // the rows it gathers this step
-  // File data on a GPU: a replica's rows loaded a step ahead (null where there is none).
-  std::vector<std::unique_ptr<ShardLoader>> loaders_;
-  std::mutex gather_m_;  // a program's data set that gathers on one thread at a time
+  // The input pipeline: each replica's inputs for the steps (synthetic, gathered or loaded ahead).
+  std::vector<std::unique_ptr<data::Feeder>> feeders_;
+  // Every feeder makes a step's inputs straight into a CUDA graph's (no step names the next).
+  bool fill_next_inputs_ = false;
   int64_t eval_every_ = 0;
-  data::Batch shard(size_t replica, int64_t first, int64_t count);
   std::string data_identity() const;
   // The settings a checkpoint records (its metadata, beside the step and data position)
   // and every rank of a job must share.

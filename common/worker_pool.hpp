@@ -1,5 +1,6 @@
-// A thread per replica, alive as long as the DataParallel that owns it: each step's
-// work is handed to every thread at once, without starting threads in the hot loop.
+// Worker threads alive as long as their owner (DataParallel: one a replica; the
+// ahead-loader: its gathering threads): each job is handed to every thread at once,
+// without starting threads in the hot loop.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "atomic_file.hpp"
+#include "common/atomic_file.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

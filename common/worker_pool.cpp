@@ -1,4 +1,4 @@
-#include "worker_pool.hpp"
+#include "common/worker_pool.hpp"
 
 #include <algorithm>
 #include <condition_variable>
