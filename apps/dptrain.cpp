@@ -30,6 +30,7 @@
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/runtime/memory.hpp>
+#include <dptrain/train/checkpoint.hpp>
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>
 
@@ -75,19 +76,42 @@ std::string wait_for_rank0(int rank) {
 
 constexpr int kExitError = 1, kExitUsage = 2, kExitOom = 3, kExitNonFinite = 4;
 
-// SIGINT/SIGTERM (and SIGPIPE) ask the run to stop after the current step (and to save);
-// a second signal ends it at once (SA_RESETHAND restores the default action).
-volatile std::sig_atomic_t g_signal = 0;
-void on_signal(int sig) { g_signal = sig; }
+// SIGINT/SIGTERM (and SIGPIPE) ask the run to stop after the current step and to save.
+// Every further one is noted and nothing more: GNU timeout signals the child and then its
+// process group, a launcher may pass one on to each rank, a user may press Ctrl-C twice,
+// and a second signal must not kill a run in the middle of its orderly stop (its
+// checkpoint). SIGKILL is the way to end a run at once. During start-up, before the
+// trainer can stop between steps, there is nothing to save: the signal ends the process
+// there and then, with its line and status (g_starting).
+volatile std::sig_atomic_t g_signal = 0;    // the first of them
+volatile std::sig_atomic_t g_starting = 1;  // until the training loop takes over the signals
+bool g_quiet_rank = false;                  // a --ddp rank other than 0, which prints no summary
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGPIPE"; }
+void on_signal(int sig) {
+  if (g_signal == 0) g_signal = sig;
+  if (!g_starting) return;
+  // Async-signal-safe: write(2) and _exit(2) only (the lines are made before).
+  static const char kInt[] = "stopped by SIGINT during start-up, before the first step\n";
+  static const char kTerm[] = "stopped by SIGTERM during start-up, before the first step\n";
+  if (!g_quiet_rank && sig != SIGPIPE) {
+    const ssize_t written =
+        sig == SIGINT ? ::write(STDOUT_FILENO, kInt, sizeof kInt - 1) : ::write(STDOUT_FILENO, kTerm, sizeof kTerm - 1);
+    (void)written;
+  }
+  ::_exit(128 + sig);
+}
 // The status of a run stopped by a signal: 128 + its number (130 for SIGINT, 143 for
 // SIGTERM, as shells expect). A --ddp rank that stops because another rank was signalled
 // has none of its own: it ends as terminated.
 int stopped_status() { return 128 + (g_signal != 0 ? static_cast<int>(g_signal) : SIGTERM); }
 void install_signal_handlers() {
+  g_quiet_rank = launcher_rank() != 0;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
-  sa.sa_flags = SA_RESETHAND;
+  // SA_RESTART: a write of the checkpoint that a later signal interrupts goes on.
+  sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGPIPE}) sigaddset(&sa.sa_mask, sig);  // one handler at a time
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   // A reader that goes away (dptrain ... | head) is a request to stop too: the run ends
@@ -157,7 +181,7 @@ int64_t step_of(const std::string& line) {
 // (a refusal after the first step would end the run without its checkpoint); a line that
 // is no record, or longer than any, means the file is not a metrics file of ours and is
 // refused: appending to it would mix our records into someone else's file.
-off_t metrics_to_keep(const std::string& path, int64_t step) {
+off_t metrics_to_keep(const std::string& path, int64_t step, bool fresh = false) {
   constexpr size_t kMaxLine = 64 * 1024;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
@@ -187,9 +211,47 @@ off_t metrics_to_keep(const std::string& path, int64_t step) {
   if (!cut && wrong.empty() && !line.empty() && step_of(line) < 0 && kRecordStart.compare(0, line.size(), line) != 0)
     wrong = "line " + std::to_string(number) + " is no record ({\"step\": N, ...})";
   if (!wrong.empty())
-    throw dpt::UsageError("--metrics '" + path + "': " + wrong +
-                          ": not a metrics file of dptrain's, which a resumed run would continue (name another file)");
+    throw dpt::UsageError("--metrics '" + path + "': " + wrong + ": not a metrics file of dptrain's, which a " +
+                          (fresh ? "fresh run would replace (name another file, or give --overwrite)"
+                                 : "resumed run would continue (name another file)"));
   return keep;
+}
+
+// A run replaces only what is its own: an empty file, a dptrain checkpoint (--save), a
+// metrics file (a fresh run's --metrics; a resumed run continues one) or a plot of
+// dptrain's (--plot). Anything else (notes.txt given as --metrics) is refused before the
+// first step, unless --overwrite.
+void check_outputs_are_ours(const dpt::app::TrainFlags& o) {
+  if (o.overwrite) return;
+  auto nonempty = [](const std::string& path) {
+    struct stat st {};
+    return !path.empty() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0;
+  };
+  const std::string& save = o.cfg.save;
+  if (nonempty(save) && !dpt::app::same_file(save, o.cfg.resume)) {
+    bool ours = false;
+    try {
+      const auto meta = dpt::ckpt::read_metadata(save);
+      const auto format = meta.find("format");
+      ours = format != meta.end() && format->second == "dptrain-1";
+    } catch (const dpt::Error&) {  // not a safetensors file at all
+    }
+    if (!ours)
+      throw dpt::UsageError("--save '" + save +
+                            "' is not a dptrain checkpoint, which a run would replace (name another file, or give "
+                            "--overwrite)");
+  }
+  if (nonempty(o.metrics) && o.cfg.resume.empty()) (void)metrics_to_keep(o.metrics, INT64_MAX, /*fresh=*/true);
+  if (nonempty(o.plot)) {
+    static const std::string kOurs = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg ";
+    std::ifstream in(o.plot, std::ios::binary);
+    std::string start(kOurs.size(), '\0');
+    in.read(start.data(), static_cast<std::streamsize>(start.size()));
+    if (start != kOurs)
+      throw dpt::UsageError("--plot '" + o.plot +
+                            "' is not a plot of dptrain's, which a run would replace (name another file, or give "
+                            "--overwrite)");
+  }
 }
 
 // Progress that redraws one line needs a terminal that a person watches. Under mpirun a
@@ -210,7 +272,9 @@ std::string percent(float share) {
 }
 
 int train(dpt::app::TrainFlags& o) {
+  install_signal_handlers();
   dpt::app::resolve(o, launcher_size());
+  check_outputs_are_ours(o);
   dpt::Trainer trainer(o.cfg);
   // The task of file data follows from its targets: a --task that agrees is fine, one that
   // contradicts them is refused.
@@ -229,8 +293,14 @@ int train(dpt::app::TrainFlags& o) {
   // that ends before its first step leaves an existing file as it was.
   std::ofstream metrics;
   bool metrics_failed = false;
-  const off_t metrics_keep =
-      lead && trainer.resumed() && !o.metrics.empty() ? metrics_to_keep(o.metrics, trainer.steps_done()) : -1;
+  off_t metrics_keep = -1;
+  try {
+    if (lead && trainer.resumed() && !o.metrics.empty())
+      metrics_keep = metrics_to_keep(o.metrics, trainer.steps_done());
+  } catch (const dpt::UsageError&) {
+    if (!o.overwrite) throw;
+    metrics_keep = 0;  // not a metrics file: --overwrite starts it afresh
+  }
   auto open_metrics = [&] {
     if (metrics_keep >= 0 && ::truncate(o.metrics.c_str(), metrics_keep) != 0)
       throw dpt::Error("cannot cut the metrics file '" + o.metrics + "' at step " +
@@ -332,7 +402,7 @@ int train(dpt::app::TrainFlags& o) {
     }
     std::fflush(stdout);
   };
-  install_signal_handlers();
+  g_starting = 0;  // from here the loop stops between steps, and saves
   const dpt::TrainResult r = trainer.run(on_log, [] { return g_signal != 0; });
   const uint64_t hash = trainer.parameter_hash();  // with --ddp: compared across every rank
   if (!lead) return r.stopped ? stopped_status() : 0;
@@ -393,11 +463,7 @@ int train(dpt::app::TrainFlags& o) {
   if (!c.save.empty())
     std::printf("checkpoint: %s (step %lld)\n", c.save.c_str(), static_cast<long long>(trainer.steps_done()));
   if (r.stopped) {
-    std::printf("stopped by %s after step %lld\n",
-                g_signal == SIGINT    ? "SIGINT"
-                : g_signal == SIGTERM ? "SIGTERM"
-                : g_signal == SIGPIPE ? "SIGPIPE"
-                                      : "a signal to another rank",
+    std::printf("stopped by %s after step %lld\n", g_signal != 0 ? signal_name(g_signal) : "a signal to another rank",
                 static_cast<long long>(trainer.steps_done()));
     return stopped_status();
   }

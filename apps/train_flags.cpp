@@ -85,6 +85,9 @@ void add_train_flags(CLI::App& app, TrainFlags& o) {
   add_path(app, "--metrics", o.metrics,
            "Write one JSON object per logged step to this file (JSONL; continued on --resume)");
   add_path(app, "--plot", o.plot, "Draw the loss curve and samples/s of the run into this SVG file");
+  add_switch(app, "--overwrite", o.overwrite,
+             "Replace --save, --metrics and --plot files that are not dptrain's (by default a run replaces only an "
+             "empty file, a dptrain checkpoint, a metrics file or a plot of dptrain's)");
   add_config_flag(app);
 }
 

@@ -18,7 +18,7 @@ namespace dpt::app {
 struct TrainFlags {
   TrainConfig cfg;
   DeviceFlags devices;
-  bool auto_resume = false, no_shuffle = false;
+  bool auto_resume = false, no_shuffle = false, overwrite = false;
   std::string metrics, plot, config;
   // Flags given (on the command line or in the config file) that resolve() checks against
   // each other: options of one optimizer are refused with the other.

@@ -1,7 +1,9 @@
 #include "safetensors.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <set>
 
@@ -329,6 +331,72 @@ const char* dtype_name(ArrayDType t) {
 bool holds(uint64_t bytes, int64_t count, ArrayDType t) {
   const size_t size = array_dtype_size(t);
   return bytes % size == 0 && bytes / size == static_cast<uint64_t>(count);
+}
+
+namespace {
+constexpr uint64_t kP1 = 11400714785074694791ull, kP2 = 14029467366897019727ull, kP3 = 1609587929392839161ull,
+                   kP4 = 9650029242287828579ull, kP5 = 2870177450012600261ull;
+uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+// Little-endian reads, as the format stores (and every host dptrain builds for is).
+uint64_t read64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+uint64_t read32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint64_t round64(uint64_t acc, uint64_t input) { return rotl(acc + input * kP2, 31) * kP1; }
+uint64_t merge64(uint64_t acc, uint64_t v) { return (acc ^ round64(0, v)) * kP1 + kP4; }
+}  // namespace
+
+void Xxh64::update(const uint8_t* p, size_t n) {
+  static_assert(std::endian::native == std::endian::little, "xxh64 reads little-endian words");
+  if (n == 0) return;  // (p may be null then)
+  total_ += n;
+  auto stripe = [this](const uint8_t* q) {  // four lanes, 32 bytes a stripe
+    for (int lane = 0; lane < 4; ++lane) v_[lane] = round64(v_[lane], read64(q + 8 * lane));
+  };
+  if (pending_n_ > 0) {
+    const size_t take = std::min(n, sizeof pending_ - pending_n_);
+    std::memcpy(pending_ + pending_n_, p, take);
+    pending_n_ += take, p += take, n -= take;
+    if (pending_n_ < sizeof pending_) return;
+    stripe(pending_);
+    pending_n_ = 0;
+  }
+  for (; n >= 32; p += 32, n -= 32) stripe(p);
+  if (n > 0) std::memcpy(pending_, p, n);
+  pending_n_ = n;
+}
+
+uint64_t Xxh64::digest() const {
+  uint64_t h;
+  if (total_ >= 32) {
+    h = rotl(v_[0], 1) + rotl(v_[1], 7) + rotl(v_[2], 12) + rotl(v_[3], 18);
+    for (uint64_t v : v_) h = merge64(h, v);
+  } else {
+    h = kP5;
+  }
+  h += total_;
+  const uint8_t *p = pending_, *const end = pending_ + pending_n_;
+  for (; end - p >= 8; p += 8) h = rotl(h ^ round64(0, read64(p)), 27) * kP1 + kP4;
+  if (end - p >= 4) {
+    h = rotl(h ^ read32(p) * kP1, 23) * kP2 + kP3;
+    p += 4;
+  }
+  for (; p < end; ++p) h = rotl(h ^ *p * kP5, 11) * kP1;
+  h = (h ^ (h >> 33)) * kP2;
+  h = (h ^ (h >> 29)) * kP3;
+  return h ^ (h >> 32);
+}
+
+uint64_t xxh64(const uint8_t* p, size_t n) {
+  Xxh64 h;
+  h.update(p, n);
+  return h.digest();
 }
 
 void check_file_size(uint64_t size, const Source& src) {

@@ -65,4 +65,21 @@ Header read_header(const uint8_t* header, uint64_t n, uint64_t file_size, const 
 // Whether `bytes` is exactly the data of `count` elements of `t` (no overflow possible).
 bool holds(uint64_t bytes, int64_t count, ArrayDType t);
 
+// XXH64 (xxHash's 64-bit hash, seed 0): the checksum a checkpoint keeps of each tensor.
+// It finds any flipped bit or byte, as a CRC would, at several GB/s in one thread; fed a
+// piece at a time (update), as a file is read, it gives what xxh64() of the whole gives.
+class Xxh64 {
+ public:
+  void update(const uint8_t* p, size_t n);
+  uint64_t digest() const;
+
+ private:
+  uint64_t v_[4] = {11400714785074694791ull + 14029467366897019727ull, 14029467366897019727ull, 0,
+                    0 - 11400714785074694791ull};
+  uint64_t total_ = 0;
+  uint8_t pending_[32] = {};  // the bytes of a stripe not yet whole
+  size_t pending_n_ = 0;
+};
+uint64_t xxh64(const uint8_t* p, size_t n);
+
 }  // namespace dpt::data::safetensors

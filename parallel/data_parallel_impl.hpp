@@ -21,9 +21,9 @@
 
 #include <dptrain/parallel/data_parallel.hpp>
 #include "buckets.hpp"
+#include "common/worker_pool.hpp"
 #include "p2p_chunks.hpp"
 #include "reducer.hpp"
-#include "common/worker_pool.hpp"
 
 namespace dpt {
 

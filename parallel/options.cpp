@@ -31,12 +31,6 @@ void check(const DataParallelOptions& o) {
   if (o.grad_comm != DType::f32 && o.grad_comm != DType::bf16)
     throw UsageError(std::string("{} must be f32 or bf16, got ") + dtype_name(o.grad_comm), {field("grad_comm")});
   check_fields(data_parallel_schema(), o);  // each field's own range
-  // A step keeps a loss and a weight per micro-batch and replica: a billion micro-batches
-  // took 32 GB of host memory, which failed on one machine and ran for minutes on another.
-  if (o.grad_accum > kMaxGradAccum)
-    throw UsageError(
-        "{} must be <= " + std::to_string(kMaxGradAccum) + " micro-batches a step, got " + std::to_string(o.grad_accum),
-        {field("grad_accum")});
   if (o.group && o.reduce == Reduce::p2p)
     throw UsageError("{} reduces with NCCL (GPUs) or MPI (CPUs); {} p2p is for one process",
                      {field("group"), field("reduce")});

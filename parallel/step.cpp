@@ -12,9 +12,9 @@
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/ops.hpp>
+#include "data_parallel_impl.hpp"
 #include "kernels/hd.hpp"
 #include "runtime/nvtx.hpp"
-#include "data_parallel_impl.hpp"
 
 namespace dpt {
 

@@ -215,5 +215,22 @@ fault KILL
 fault STOP
 fault TERM
 
+# Signals never lose the checkpoint under mpirun either: a burst of SIGTERMs to every rank
+# (a scheduler that insists; Slurm's scancel signals each task). Waits for the first step
+# (bounded), then signals. (mpirun itself, signalled, ends its ranks: SIGTERM, then
+# SIGKILL odls_base_sigkill_timeout seconds later, 1 by default; that is Open MPI's.)
+rm -f "$tmp/stop.out" "$tmp/stop.safetensors"
+"${run[@]}" -np 2 "$exe" --ddp --devices cpu --steps 100000000 --batch 16 --log-every 1000 \
+  --save "$tmp/stop.safetensors" >"$tmp/stop.out" 2>"$tmp/stop.err" &
+job=$!
+for ((i = 0; i < 600; ++i)); do grep -q '^step 1/' "$tmp/stop.out" 2>/dev/null && break; sleep 0.1; done
+ranks=$(pgrep -P $job -f dptrain)
+for ((i = 0; i < 20; ++i)); do kill -TERM $ranks 2>/dev/null; done
+wait $job
+rc=$?
+[ $rc -eq 143 ] && grep -q '^stopped by SIGTERM after step' "$tmp/stop.out" && [ -s "$tmp/stop.safetensors" ] &&
+  "$exe" --devices cpu --batch 16 --steps 1 --resume "$tmp/stop.safetensors" 2>&1 | grep -q 'past --steps' && ok ||
+  bad "20 SIGTERMs to each rank (rc $rc): $(tail -1 "$tmp/stop.out"); $(head -3 "$tmp/stop.err"); $(ls "$tmp/stop.safetensors" 2>&1)"
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -10,6 +10,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from xxh64 import xxh64  # noqa: E402
+
 try:
     import numpy as np
     import safetensors
@@ -48,8 +51,13 @@ with tempfile.TemporaryDirectory() as tmp:
            for name, t in safetensors.deserialize(path.read_bytes())}
     check(got == expected, f"reference parser read {got}, expected {expected}")
     with safetensors.safe_open(str(path), framework="numpy") as f:
-        check(f.metadata() == {"step": "10", "model": "16-128x2-4", "note": "\u00e9 \"quoted\"\n"},
-              f"metadata {f.metadata()}")
+        meta = f.metadata()
+        sums = {k[len("checksum:"):]: v for k, v in meta.items() if k.startswith("checksum:")}
+        check({k: v for k, v in meta.items() if not k.startswith("checksum:")} ==
+              {"step": "10", "model": "16-128x2-4", "note": "\u00e9 \"quoted\"\n"}, f"metadata {meta}")
+        # Each tensor's checksum, as xxHash computes it.
+        check(sums == {name: "xxh64:%016x" % xxh64(data) for name, (_, _, data) in expected.items()},
+              f"checksums {sums}")
         w = f.get_tensor("layers.0.weight")
         check(w.dtype == np.float32 and w.shape == (2, 3) and
               np.array_equal(w, np.array([[-0.5, -0.25, 0.0], [0.25, 0.5, 0.75]], np.float32)), f"weight {w}")

@@ -23,6 +23,7 @@
 #include <dptrain/train/trainer.hpp>
 #include "catch.hpp"
 #include "common.hpp"
+#include "data/safetensors.hpp"
 
 using namespace dpt;
 namespace fs = std::filesystem;
@@ -56,6 +57,13 @@ std::vector<uint8_t> file_of(const std::string& header, size_t data = 0, uint64_
   b.insert(b.end(), header.begin(), header.end());
   b.resize(b.size() + data, 0);
   return b;
+}
+
+// The header length in a file's first 8 bytes (little-endian).
+uint64_t header_length_of(const std::vector<uint8_t>& bytes) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | bytes[static_cast<size_t>(i)];
+  return n;
 }
 
 template <class T>
@@ -151,8 +159,7 @@ TEST_CASE("a checkpoint round-trips bit for bit, in a deterministic file", "[che
 
   // 8-byte little-endian header length; the header is padded with spaces so that the
   // data starts 8-byte aligned.
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | bytes[static_cast<size_t>(i)];
+  const uint64_t n = header_length_of(bytes);
   CHECK(n % 8 == 0);
   REQUIRE(bytes.size() > 8 + n);
   CHECK(bytes[8] == '{');
@@ -203,6 +210,108 @@ TEST_CASE("files from other safetensors writers load", "[checkpoint]") {
 
   CHECK(error_of(path, file_of("{}")).empty());
   CHECK(error_of(path, file_of(R"({"__metadata__":{}})")).empty());
+}
+
+TEST_CASE("xxh64 gives xxHash's digests, whole or a piece at a time", "[checkpoint]") {
+  namespace sft = data::safetensors;
+  auto of = [](const std::string& s) { return sft::xxh64(reinterpret_cast<const uint8_t*>(s.data()), s.size()); };
+  // The reference implementation's (xxhsum -H1; its README's example for the last).
+  CHECK(of("") == 0xef46db3751d8e999ull);
+  CHECK(of("a") == 0xd24ec4f1a98c6e5bull);
+  CHECK(of("abc") == 0x44bc2cf5ad770999ull);
+  CHECK(of("Nobody inspects the spammish repetition") == 0xfbcea83c8a378bf1ull);
+  std::vector<uint8_t> bytes(1000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 3);
+  for (size_t n : {0, 5, 31, 32, 33, 64, 100, 1000})
+    for (size_t piece : {1, 3, 31, 32, 33, 500}) {
+      sft::Xxh64 h;
+      for (size_t at = 0; at < n; at += piece) h.update(bytes.data() + at, std::min(piece, n - at));
+      CHECK(h.digest() == sft::xxh64(bytes.data(), n));
+    }
+}
+
+namespace {
+// `bytes` with byte `at` of tensor `name`'s data XORed with `mask`.
+std::vector<uint8_t> flipped(const std::vector<uint8_t>& bytes, const ckpt::Checkpoint& c, const std::string& name,
+                             size_t at, uint8_t mask) {
+  const uint64_t n = header_length_of(bytes);
+  size_t offset = 8 + n;
+  for (const auto& [other, t] : c.tensors) {  // save() writes the tensors in order
+    if (other == name) break;
+    offset += t.data.size();
+  }
+  std::vector<uint8_t> out = bytes;
+  out[offset + at] ^= mask;
+  return out;
+}
+}  // namespace
+
+TEST_CASE("every tensor's checksum is saved and checked on every load", "[checkpoint]") {
+  test::TempDir dir;
+  const std::string path = dir.file("run.safetensors");
+  const ckpt::Checkpoint c = sample();
+  ckpt::save(path, c);
+  const ckpt::Checkpoint back = ckpt::load(path);
+  CHECK(back.checksummed);
+  check_equal(back, c);  // the checksums are the file's, not the caller's metadata
+  const std::vector<uint8_t> good = read_file(path);
+  const std::string text(good.begin(), good.end());
+  CHECK(text.find("\"checksum:layers.0.weight\":\"xxh64:") != std::string::npos);
+
+  // One bit of an exponent, anywhere in the data: refused, naming the file and the tensor
+  // (load and parse alike).
+  const std::string bad = dir.file("bad.safetensors");
+  CHECK(error_of(bad, flipped(good, c, "layers.0.weight", 3, 0x40))
+            .rfind("checkpoint '" + bad + "': tensor 'layers.0.weight' does not match its checksum (", 0) == 0);
+  CHECK(error_of(bad, flipped(good, c, "ints", 23, 0x01)).find("tensor 'ints' does not match its checksum") !=
+        std::string::npos);
+
+  // The checksums must be whole: one for each tensor, of the known form, of no other tensor.
+  const uint64_t n = header_length_of(good);
+  auto edited = [&](const std::string& from, const std::string& to) {  // the header edited, the data as it was
+    std::string h = text.substr(8, n);
+    const size_t at = h.find(from);
+    REQUIRE(at != std::string::npos);
+    h.replace(at, from.size(), to);
+    std::vector<uint8_t> out = file_of(h);
+    out.insert(out.end(), good.begin() + static_cast<std::ptrdiff_t>(8 + n), good.end());
+    return out;
+  };
+  CHECK(error_of(bad, edited("\"checksum:ints\"", "\"checksum:other\""))
+            .find("has a checksum of 'other', a tensor the file does not hold") != std::string::npos);
+  CHECK(error_of(bad, edited("\"checksum:ints\":\"xxh64:", "\"checksum:ints\":\"crc32:"))
+            .find("the checksum of tensor 'ints' is 'crc32:") != std::string::npos);
+  CHECK(error_of(bad, edited("\"checksum:ints\"", "\"ints-sum\"")).find("tensor 'ints' has no checksum") !=
+        std::string::npos);
+  // A key of the checksums' form is not the caller's to give.
+  ckpt::Checkpoint own = sample();
+  own.metadata["checksum:ints"] = "xxh64:0000000000000000";
+  CHECK_THROWS_AS(ckpt::save(bad, own), UsageError);
+
+  // A file without checksums (written before dptrain kept them, or by another writer)
+  // loads, and says so.
+  const std::string plain = dir.file("plain.safetensors");
+  write_file(plain,
+             file_of(R"({"__metadata__":{"step":"1"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4));
+  const ckpt::Checkpoint old = ckpt::load(plain);
+  CHECK_FALSE(old.checksummed);
+  CHECK(old.metadata == std::map<std::string, std::string>{{"step", "1"}});
+
+  // A file large enough to be hashed beside its reads (over 32 MiB) is checked as well,
+  // its last tensor (the last piece hashed) included.
+  ckpt::Checkpoint large;
+  const std::vector<float> values(size_t{5} << 20, 0.5f);  // 20 MiB a tensor
+  large.tensors.emplace_back("a", tensor(ckpt::DType::f32, {int64_t(values.size())}, values));
+  large.tensors.emplace_back("empty", tensor(ckpt::DType::f32, {0}, std::vector<float>{}));
+  large.tensors.emplace_back("b", tensor(ckpt::DType::f32, {int64_t(values.size())}, values));
+  const std::string big = dir.file("big.safetensors");
+  ckpt::save(big, large);
+  CHECK(ckpt::load(big).checksummed);
+  const std::vector<uint8_t> big_bytes = read_file(big);
+  write_file(bad, flipped(big_bytes, large, "b", values.size() * 4 - 1, 0x80));
+  check_refused(bad, "tensor 'b' does not match its checksum");
+  write_file(bad, flipped(big_bytes, large, "a", 9 << 20, 0x01));  // in its second piece
+  check_refused(bad, "tensor 'a' does not match its checksum");
 }
 
 TEST_CASE("malformed checkpoints are refused with the file and the problem named", "[checkpoint]") {
@@ -378,8 +487,7 @@ TEST_CASE("random mutations of a checkpoint either load or are refused", "[check
   const std::string path = dir.file("seed.safetensors");
   ckpt::save(path, sample());
   const std::vector<uint8_t> good = read_file(path);
-  uint64_t header = 0;
-  for (int i = 7; i >= 0; --i) header = header << 8 | good[static_cast<size_t>(i)];
+  const uint64_t header = header_length_of(good);
   std::mt19937_64 rng(6);
   int loaded = 0, refused = 0;
   for (int trial = 0; trial < 4000; ++trial) {

@@ -12,12 +12,12 @@
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/train/trainer.hpp>
-#include "parallel/p2p_chunks.hpp"
-#include "parallel/reducer.hpp"
-#include "runtime/allocator.hpp"
 #include "catch.hpp"
 #include "chunked_copy.hpp"
 #include "common.hpp"
+#include "parallel/p2p_chunks.hpp"
+#include "parallel/reducer.hpp"
+#include "runtime/allocator.hpp"
 
 using namespace dpt;
 
@@ -100,10 +100,12 @@ TEST_CASE("a shard plan splits the batch over ranks, then replicas, then micro-b
       first += sizes[static_cast<size_t>(k)];
     }
   }
-  // A billion micro-batches of one sample are computed, not stored (a hostile --grad-accum
-  // took 16 GB of host memory before the first step).
-  const ShardPlan huge(1'000'000'000, 1, 0, 1, 1'000'000'000);
-  CHECK(huge.micro(0, 999'999'999) == SampleRange{999'999'999, 1});
+  // Micro-batches are computed, not stored (a hostile --grad-accum took 16 GB of host
+  // memory before the first step); a step keeps a loss per micro-batch, so their number
+  // is capped, the same on every machine.
+  const ShardPlan most(1'000'000'000, 1, 0, 1, kMaxGradAccum);
+  CHECK(most.micro(0, kMaxGradAccum - 1).count == 1'000'000'000 / kMaxGradAccum);
+  CHECK_THROWS_AS(ShardPlan(1'000'000'000, 1, 0, 1, kMaxGradAccum + 1), UsageError);
 }
 
 TEST_CASE("buckets tile the flat buffer from its end, at most the size asked", "[parallel]") {

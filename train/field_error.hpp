@@ -25,4 +25,7 @@ inline FieldId field(const std::string& name) {
   throw UsageError("{} " + why, std::move(fields));
 }
 
+// check_output_file for TrainConfig::save, its refusal naming the field.
+void check_save_path(const std::string& path);
+
 }  // namespace dpt

@@ -26,8 +26,6 @@ Inference::Inference(InferenceConfig cfg) : cfg_(std::move(cfg)) {
       throw UsageError("checkpoint '" + cfg_.checkpoint + "' has no '" + key + "' in its metadata");
     return it->second;
   };
-  if (meta("format") != "dptrain-1")
-    throw UsageError("checkpoint '" + cfg_.checkpoint + "' is not a dptrain checkpoint");
   // The metadata is the file's text: a bad value is the file's fault, named as such.
   auto parsed = [&](const std::string& key, auto parse) {
     try {

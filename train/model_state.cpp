@@ -1,7 +1,9 @@
 #include "model_state.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include <dptrain/error.hpp>
@@ -70,14 +72,60 @@ void check_all_used(const ckpt::Checkpoint& c, const std::string& path, const st
                        " that this model and optimizer do not have");
 }
 
-ckpt::Checkpoint load_checkpoint(const std::string& path) {
+namespace {
+// The metadata keys of a dptrain checkpoint: those of the first format, which every file
+// holds, and those added since, which a file without checksums (written before them) may
+// lack. (data_epoch and data_index: for file data alone.)
+constexpr const char* kFirstKeys[] = {"format",    "step", "optimizer_steps", "data_position", "model", "act", "task",
+                                      "optimizer", "seed", "batch",           "samples"};
+constexpr const char* kLaterKeys[] = {"rng",        "lr",   "momentum",   "nesterov",   "weight_decay", "beta1",
+                                      "beta2",      "eps",  "schedule",   "warmup",     "clip",         "precision",
+                                      "grad_accum", "data", "data_epoch", "data_index", "elapsed_s"};
+
+void check_metadata(const ckpt::Checkpoint& c, const std::string& path) {
+  const auto format = c.metadata.find("format");
+  if (format == c.metadata.end()) throw UsageError("checkpoint '" + path + "' has no 'format' in its metadata");
+  if (format->second != "dptrain-1") throw UsageError("checkpoint '" + path + "' is not a dptrain checkpoint");
+  for (const auto& [key, value] : c.metadata)
+    if (!is_checkpoint_key(key))
+      throw UsageError("checkpoint '" + path + "' has an unknown key " + ckpt::printable(key) +
+                       " in its metadata (a dptrain checkpoint's keys are the ones it writes)");
+  // The position in the epochs is written for file data alone.
+  const auto data = c.metadata.find("data");
+  const bool file_data = data != c.metadata.end() && data->second != "synthetic";
+  auto need = [&](const char* key, bool needed) {
+    if (needed && !c.metadata.count(key))
+      throw UsageError("checkpoint '" + path + "' has no '" + key + "' in its metadata");
+  };
+  for (const char* key : kFirstKeys) need(key, true);
+  for (const char* key : kLaterKeys) {
+    const bool epochs = std::string(key) == "data_epoch" || std::string(key) == "data_index";
+    need(key, c.checksummed && (!epochs || file_data));
+  }
+}
+}  // namespace
+
+bool is_checkpoint_key(const std::string& key) {
+  auto is = [&](const char* k) { return key == k; };
+  return std::any_of(std::begin(kFirstKeys), std::end(kFirstKeys), is) ||
+         std::any_of(std::begin(kLaterKeys), std::end(kLaterKeys), is);
+}
+
+ckpt::Checkpoint load_checkpoint(const std::string& path, bool note) {
+  ckpt::Checkpoint c;
   try {
-    return ckpt::load(path);
+    c = ckpt::load(path);
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {
     throw UsageError(e.what());  // a missing or broken file to resume from is bad input
   }
+  check_metadata(c, path);
+  if (!c.checksummed && note)
+    report(Severity::note, "checkpoint '" + path +
+                               "' carries no checksums (it was written before dptrain kept them): its tensors cannot "
+                               "be checked for corruption; the next save adds them");
+  return c;
 }
 
 }  // namespace dpt

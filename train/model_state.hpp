@@ -33,7 +33,15 @@ void load_replicas(const ckpt::Checkpoint& c, const std::string& path, DataParal
 // takes means the file is another model's or another optimizer's.
 void check_all_used(const ckpt::Checkpoint& c, const std::string& path, const std::set<std::string>& used);
 
-// Checkpoint `path`, loaded; a missing or broken file is bad input (UsageError).
-ckpt::Checkpoint load_checkpoint(const std::string& path);
+// Checkpoint `path`, loaded (its tensors checked against their checksums); a missing or
+// broken file is bad input (UsageError). A dptrain checkpoint is checked further: its
+// format, and that its metadata holds the keys that Trainer::save writes and no other (a
+// key renamed or added by hand is refused). A file written before checkpoints kept
+// checksums may lack the keys added since the first format; it loads, with a note that it
+// carries no checksums when `note` (rank 0 alone gives it under --ddp).
+ckpt::Checkpoint load_checkpoint(const std::string& path, bool note = true);
+
+// Whether Trainer::save writes `key` into a checkpoint's metadata (it checks each one).
+bool is_checkpoint_key(const std::string& key);
 
 }  // namespace dpt

@@ -186,11 +186,9 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (cfg.task == data::Task::classification && spec.outputs() < 2)
     bad("task", "classification needs at least 2 output classes, the model has " + std::to_string(spec.outputs()));
   if (cfg.save_every > 0 && cfg.save.empty()) bad("save_every", "needs {} (a checkpoint path)", {"save"});
-  try {
-    check_output_file(cfg.save, "{}");  // the message starts with the field
-  } catch (const UsageError& e) {
-    throw UsageError(e.what(), {field("save")});
-  }
+  // A run that continues its own checkpoint checks the folder once it knows it has steps
+  // to train (Trainer::Trainer): a finished one writes nothing, a read-only folder included.
+  if (cfg.save != cfg.resume) check_save_path(cfg.save);
   if (cfg.devices.empty()) cfg.devices = default_devices();
   if (cfg.ddp && !built_with_mpi()) bad("ddp", "needs a build with MPI (install libopenmpi-dev and rebuild)");
   for (const Device& d : cfg.devices) {
@@ -208,6 +206,14 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (p.gemm == GemmImpl::native && p.precision != Precision::fp32)
     bad("parallel.gemm", "native computes in fp32 only; use {} cublas for tf32 or bf16", {"parallel.gemm"});
   return spec;
+}
+
+void check_save_path(const std::string& path) {
+  try {
+    check_output_file(path, "{}");  // the message starts with the field
+  } catch (const UsageError& e) {
+    throw UsageError(e.what(), {field("save")});
+  }
 }
 
 }  // namespace dpt

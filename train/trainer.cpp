@@ -206,6 +206,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   fill_next_inputs_ =
       std::all_of(feeders_.begin(), feeders_.end(), [](const auto& f) { return f->fills_next_inputs(); });
   if (!cfg_.resume.empty()) resume(cfg_.resume);
+  if (cfg_.save == cfg_.resume && steps_done_ < cfg_.steps) check_save_path(cfg_.save);
   // Each rank reads its own copy of the checkpoint (a rank that cannot has failed above):
   // copies of other runs at the same step would train replicas that never agree.
   if (group_) {
@@ -273,10 +274,16 @@ std::vector<std::pair<FieldId, std::string>> Trainer::shared_settings() const {
   return out;
 }
 
-void Trainer::save(const std::string& path) {
+void Trainer::save(const std::string& path) { write_checkpoint(path, gather_state()); }
+
+std::vector<std::pair<std::string, Tensor>> Trainer::gather_state() {
   dp_->synchronize();
   // Collective under ZeRO with ranks (the shards travel to every rank): before rank 0 goes on alone.
-  const auto optimizer_state = dp_->optimizer_state();
+  return dp_->optimizer_state();
+}
+
+void Trainer::write_checkpoint(const std::string& path,
+                               const std::vector<std::pair<std::string, Tensor>>& optimizer_state) {
   if (group_ && group_->rank() != 0) return;
   if (path.empty()) throw UsageError("Trainer::save: an empty path");
   try {
@@ -291,7 +298,8 @@ void Trainer::save(const std::string& path) {
                 // Data and randomness are counter-based: the next sample index is the
                 // whole of their state.
                 {"rng", "philox4x32-10, seed " + std::to_string(cfg_.seed)},
-                {"data_position", std::to_string(steps_done_ * cfg_.batch)}};
+                {"data_position", std::to_string(steps_done_ * cfg_.batch)},
+                {"elapsed_s", option_text::of(elapsed_seconds())}};
   for (const auto& [key, value] : run_settings()) c.metadata[key] = value;
   if (train_data_) {  // where the position falls in the epochs, for a reader of the file
     const data::SamplePosition at = data::sample_position(steps_done_ * cfg_.batch, cfg_.samples);
@@ -301,16 +309,17 @@ void Trainer::save(const std::string& path) {
   for (auto& [name, p] : model_->named_parameters()) c.tensors.push_back({name, host_tensor(p->value)});
   for (auto& [name, b] : model_->named_buffers()) c.tensors.push_back({name, host_tensor(b->value)});
   for (auto& [name, t] : optimizer_state) c.tensors.push_back({name, host_tensor(t)});
+  for (const auto& [key, value] : c.metadata)  // a resumed run refuses any key it does not know
+    DPT_CHECK(is_checkpoint_key(key), "Trainer::save: metadata key '" + key + "' is not in load_checkpoint's list");
   ckpt::save(path, c);
 }
 
 void Trainer::resume(const std::string& path) {
-  const ckpt::Checkpoint c = load_checkpoint(path);
+  const ckpt::Checkpoint c = load_checkpoint(path, !group_ || group_->rank() == 0);
   auto meta = [&](const std::string& key) { return metadata(c, path, key); };
   const SettingText ours = [this](const OptionField<TrainConfig>& f) {
     return f.id.name == "optimizer" ? optimizer().kind() : setting_text(f);
   };
-  if (meta("format") != "dptrain-1") throw UsageError("checkpoint '" + path + "' is not a dptrain checkpoint");
   check_fixed_settings(c, path, ours);
   const int64_t step = metadata_int(c, path, "step", 0, std::numeric_limits<int64_t>::max());
   if (step > cfg_.steps)
@@ -325,6 +334,15 @@ void Trainer::resume(const std::string& path) {
                      std::to_string(step) + " times batch " + std::to_string(cfg_.batch));
   // The settings a resumed run may change are checked as well, and reported when they differ.
   ResumeInfo info{path, step, changed_settings(c, path, ours)};
+  if (c.metadata.count("elapsed_s")) {  // (a file written before it was kept starts at 0)
+    const std::string text = meta("elapsed_s");
+    char* end = nullptr;
+    const double was = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() || !(was >= 0.0 && was < HUGE_VAL))
+      throw UsageError("checkpoint '" + path + "': metadata 'elapsed_s' must be a number of seconds >= 0, got " +
+                       ckpt::printable(text));
+    elapsed_before_ = was;
+  }
   std::set<std::string> used;  // every tensor the model and optimizer take; no other may be in the file
   load_replicas(c, path, *dp_, used);
   // The state is the whole flat buffers in the file, whatever the device count or ZeRO
@@ -463,10 +481,69 @@ std::string rough_duration(double seconds) {
 }
 }  // namespace
 
+namespace {
+// Whether two paths name one file (the same path, or two names of one existing file).
+bool same_path(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return a == b || (std::filesystem::equivalent(a, b, ec) && !ec);
+}
+}  // namespace
+
+// The checkpoints of a run: a periodic save that fails is a warning (once, with the
+// reason) and is tried again at the next period, since the run and its later checkpoints
+// matter more than one of them; the final save's failure ends the run, naming what the
+// file still holds.
+struct Trainer::PeriodicSaves {
+  const std::string& path;
+  int64_t saved_step;  // the step the file holds from this run (or the run it resumed), -1: none
+  std::string first_failure;
+  int64_t first_failed_step = -1;
+
+  PeriodicSaves(const std::string& p, int64_t begin, bool resumed_here)
+      : path(p), saved_step(resumed_here ? begin : -1) {}
+
+  void save(Trainer& t, const std::vector<std::pair<std::string, Tensor>>& state, TrainResult& r) {
+    try {
+      t.write_checkpoint(path, state);
+      saved_step = t.steps_done_;
+    } catch (const Error& e) {
+      if (r.failed_saves++ > 0) return;
+      first_failure = e.what();
+      first_failed_step = t.steps_done_;
+      report(Severity::warning, "saving the checkpoint at step " + std::to_string(t.steps_done_) + " failed (" +
+                                    e.what() + "); training goes on and tries again every " +
+                                    std::to_string(t.cfg_.save_every) + " steps (TrainConfig::save_every)");
+    }
+  }
+
+  void save_final(Trainer& t, const std::vector<std::pair<std::string, Tensor>>& state, const TrainResult& r) {
+    try {
+      t.write_checkpoint(path, state);
+    } catch (const Error& e) {
+      std::error_code ec;
+      const std::string held = saved_step >= 0 ? ": it holds the checkpoint of step " + std::to_string(saved_step)
+                               : std::filesystem::exists(path, ec) ? ": it holds a checkpoint of an earlier run"
+                                                                   : " (there was none)";
+      throw Error(std::string(e.what()) + held);
+    }
+    if (r.failed_saves > 0)
+      report(Severity::warning, std::to_string(r.failed_saves) + " periodic save(s) failed, the first at step " +
+                                    std::to_string(first_failed_step) + " (" + first_failure +
+                                    "); the final one, of step " + std::to_string(t.steps_done_) + ", was written");
+  }
+};
+
+double Trainer::elapsed_seconds() const {
+  const double now =
+      run_started_ ? std::chrono::duration<double>(std::chrono::steady_clock::now() - *run_started_).count() : 0.0;
+  return elapsed_before_ + now;
+}
+
 TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, const std::function<bool()>& stop) {
   using clock = std::chrono::steady_clock;
   TrainResult r;
   const auto start = clock::now();
+  run_started_ = start;
   auto last = start, after_first = start;
   const int64_t begin = steps_done_;
   int64_t last_step = begin;
@@ -496,6 +573,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       ++r.skipped;
     }
   };
+  PeriodicSaves periodic{cfg_.save, begin, resumed_ && same_path(resumed_->path, cfg_.save)};
   for (int64_t s = begin; s < cfg_.steps; ++s) {
     if (stop) {
       // Every rank must stop at the same step: the decision is shared.
@@ -537,7 +615,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       if (on_log)
         on_log({done, cfg_.steps, value, accuracy, sched_.at(s),
                 dt > 0 ? static_cast<double>(n * cfg_.batch) / dt : 0.0, 1e3 * dt / static_cast<double>(n),
-                std::chrono::duration<double>(now - start).count(), val});
+                elapsed_before_ + std::chrono::duration<double>(now - start).count(), val});
       r.final_loss = value;
       r.final_accuracy = accuracy;
       last = evaluated ? clock::now() : now;
@@ -566,18 +644,23 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       }
     }
     if (s == begin) paced_from = clock::now(), eval_seconds_then = eval_seconds;
-    if (saved) save(cfg_.save);
+    if (saved) periodic.save(*this, gather_state(), r);
   }
   watch_->drain();
   handle_nonfinite(steps_done_);  // before the last save
   // A stopped run reports the loss of the last step it did, logged or not (every rank
   // stopped at the same step, so the collective read matches).
   if (!unread.losses.empty()) r.final_loss = unread.value();
-  if (!cfg_.save.empty()) save(cfg_.save);
+  // A run that took no step leaves the checkpoint it resumed from as it is (it holds this
+  // very state): a finished run run again writes nothing.
+  const bool unchanged = steps_done_ == begin && resumed_ && same_path(resumed_->path, cfg_.save);
+  if (!cfg_.save.empty() && !unchanged) periodic.save_final(*this, gather_state(), r);
   dp_->synchronize();
   const auto end = clock::now();
   r.steps = steps_done_ - begin;
   r.seconds = std::chrono::duration<double>(end - start).count();
+  elapsed_before_ += r.seconds;  // a run() after this one continues the count
+  run_started_.reset();
   const double timed = std::chrono::duration<double>(end - after_first).count() - eval_seconds;
   if (r.steps > 1 && timed > 0) {
     r.samples_per_s = static_cast<double>((r.steps - 1) * cfg_.batch) / timed;

@@ -7,8 +7,8 @@
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "kernels/cpu/cpu.hpp"
 #include "internal.hpp"
+#include "kernels/cpu/cpu.hpp"
 
 #if DPT_WITH_CUDNN
 #include "kernels/cuda/check.hpp"

@@ -5,8 +5,8 @@
 #include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/ops.hpp>
-#include "kernels/cpu/cpu.hpp"
 #include "internal.hpp"
+#include "kernels/cpu/cpu.hpp"
 
 #if DPT_WITH_CUDA
 #include "kernels/cuda/check.hpp"

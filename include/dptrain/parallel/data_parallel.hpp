@@ -66,10 +66,6 @@ inline constexpr auto kGradCommNames =
 // about 2.1M): below, one copy is faster.
 constexpr int64_t kTwinsFromParams = int64_t{1} << 21;
 
-// The most micro-batches a step may have (DataParallelOptions::grad_accum): a step keeps a
-// loss and a weight per micro-batch and replica.
-inline constexpr int kMaxGradAccum = 65536;
-
 struct DataParallelOptions {
   Reduce reduce = Reduce::automatic;
   double bucket_mb = 25.0;  // gradient bucket size (MiB), reduced as soon as it is ready

@@ -11,6 +11,10 @@
 
 namespace dpt {
 
+// The most micro-batches a step may have (DataParallelOptions::grad_accum): a step keeps a
+// loss and a weight per micro-batch and replica.
+inline constexpr int kMaxGradAccum = 65536;
+
 // Samples [first, first + count) of a batch, counted from the batch's first sample.
 struct SampleRange {
   int64_t first = 0;

@@ -42,20 +42,30 @@ struct Checkpoint {
   std::map<std::string, std::string> metadata;              // safetensors allows string values only
   std::vector<std::pair<std::string, HostTensor>> tensors;  // in file order
   const HostTensor* find(const std::string& name) const;    // nullptr when absent
+  // Set by load(): every tensor matched the checksum save() kept of it. False for a file
+  // that carries none (written before dptrain kept them, or by another writer).
+  bool checksummed = false;
 };
 
 // Writes `c` to `path` atomically: a temporary file beside it, written, fsynced, renamed
-// over `path`, then the folder fsynced. On any failure the temporary file is removed,
-// whatever was at `path` is left as it was, and dpt::Error names the file and the cause
-// (e.g. "No space left on device"). Tensors are written in the given order.
+// over `path`, then the folder fsynced. Each tensor's checksum (XXH64) goes into the
+// metadata as "checksum:NAME" (a key of that form in `c.metadata` is refused). On any failure the temporary file is
+// removed, whatever was at `path` is left as it was, and dpt::Error names the file and the cause (e.g. "No space left
+// on device"). Tensors are written in the given order.
 //
 // For tests of that promise: when the environment variable DPT_CKPT_FAIL_AFTER_BYTES=N
 // is set, writing fails with ENOSPC once N bytes of the temporary file are written.
 void save(const std::string& path, const Checkpoint& c);
 
 // Reads a checkpoint written by save() or by any safetensors writer whose tensors are
-// F32, BF16 or I32. Throws dpt::Error "checkpoint 'PATH': <problem>".
+// F32, BF16 or I32. Throws dpt::Error "checkpoint 'PATH': <problem>", also when a tensor
+// does not match its checksum (naming the tensor). The checksums are checked and taken out
+// of the metadata (see Checkpoint::checksummed).
 Checkpoint load(const std::string& path);
+
+// The metadata of checkpoint `path` alone: its header read and checked, not its data
+// (what a file is, cheaply, however large). Throws as load() does.
+std::map<std::string, std::string> read_metadata(const std::string& path);
 
 // A string from a file, quoted for a one-line error message: 'text', control bytes
 // escaped, long strings cut short.

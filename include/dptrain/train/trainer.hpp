@@ -2,6 +2,7 @@
 // clipping wired together. dptrain's CLI is a thin layer over it, and tests use it to
 // compare whole runs across devices.
 #pragma once
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -118,8 +119,8 @@ struct StepLog {
   float lr;
   double samples_per_s;  // since the previous log line
   double step_ms;        // mean wall time per step since the previous log line
-  double elapsed_s;
-  EvalResult val;  // the validation set's, when this step was evaluated (else val.rows == 0)
+  double elapsed_s;      // since the run began, the runs it resumed from included
+  EvalResult val;        // the validation set's, when this step was evaluated (else val.rows == 0)
 };
 
 // What the GPU input pipeline did (file data on GPUs; all zero otherwise), summed over
@@ -141,6 +142,9 @@ struct TrainResult {
   EvalResult val;                                         // the last validation (rows 0: none)
   InputStats input;                                       // the input pipeline's work
   bool stopped = false;                                   // ended early because stop() asked so
+  // Periodic saves (TrainConfig::save_every) that failed: the run went on, warned once and
+  // tried again at the next period. Only a failed final save ends the run (dpt::Error).
+  int64_t failed_saves = 0;
 };
 
 // Where a resumed run came from, and which settings it changed (the schedule, the learning
@@ -212,6 +216,11 @@ class Trainer {
   bool fill_next_inputs_ = false;
   int64_t eval_every_ = 0;
   std::string data_identity() const;
+  // save(), in its two parts: what every rank takes part in (the optimizer state gathered
+  // under ZeRO), and the writing, rank 0's alone, whose failure a periodic save survives.
+  std::vector<std::pair<std::string, Tensor>> gather_state();
+  struct PeriodicSaves;  // run()'s (trainer.cpp)
+  void write_checkpoint(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& optimizer_state);
   // The settings a checkpoint records (its metadata, beside the step and data position)
   // and every rank of a job must share.
   std::vector<std::pair<std::string, std::string>> run_settings() const;
@@ -220,6 +229,11 @@ class Trainer {
   std::unique_ptr<DataParallel> dp_;
   optim::Schedule sched_;
   int64_t steps_done_ = 0;
+  // The run's time: the seconds of the runs before this one (from the checkpoint resumed),
+  // and when the current run() began (StepLog::elapsed_s and the checkpoint's elapsed_s).
+  double elapsed_before_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> run_started_;
+  double elapsed_seconds() const;
   int64_t classes_ = 0;  // a classification model's classes, which gathered labels are checked against (else 0)
   std::optional<ResumeInfo> resumed_;
   ProcessGroup* group_ = nullptr;
