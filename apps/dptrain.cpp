@@ -271,6 +271,51 @@ std::string percent(float share) {
   return buf;
 }
 
+// The lines that open a run: the model, where it trains, the settings that shape a step,
+// the data and where a resumed run came from.
+void print_header(dpt::Trainer& trainer) {
+  const auto& c = trainer.config();
+  std::string where = dpt::describe_device(c.devices.front());
+  if (g_group) {
+    where = std::to_string(g_group->size()) + " processes (rank 0 on " + c.devices.front().str() + "), reduce " +
+            (c.devices.front().is_cuda() ? "nccl" : "mpi") + " in " + std::to_string(trainer.parallel().buckets()) +
+            " bucket(s)";
+  } else if (c.devices.size() > 1 || trainer.parallel().buckets() > 0) {
+    where = std::to_string(c.devices.size()) + " replica(s) on";
+    for (const auto& d : c.devices) where += " " + d.str();
+    where += std::string(", reduce ") + dpt::reduce_name(trainer.parallel().reduce());
+    if (trainer.parallel().buckets() > 0) where += " in " + std::to_string(trainer.parallel().buckets()) + " bucket(s)";
+  }
+  if (trainer.parallel().tuning_buckets()) where += " (sizes to be tuned)";
+  std::printf("dptrain %s: %s, %lld parameters on %s\n", DPT_VERSION, trainer.model().describe().c_str(),
+              static_cast<long long>(trainer.model().num_parameters()), where.c_str());
+  std::printf("  %s, batch %lld, %lld steps, %s, %s, gemm %s\n", dpt::data::task_name(c.task),
+              static_cast<long long>(c.batch), static_cast<long long>(c.steps), trainer.optimizer().describe().c_str(),
+              dpt::precision_name(c.parallel.precision),
+              c.devices.front().is_cpu() ? "cpu" : dpt::gemm_name(c.parallel.gemm));
+  if (c.parallel.grad_accum > 1)
+    std::printf("  gradient accumulation: %d micro-batches per step\n", c.parallel.grad_accum);
+  if (c.parallel.zero > 0)
+    std::printf("  ZeRO stage %d: the optimizer state%s sharded over the devices\n", c.parallel.zero,
+                c.parallel.zero == 2 ? " and the gradients" : "");
+  if (c.parallel.grad_comm == dpt::DType::bf16 && c.devices.size() > 1)
+    std::printf("  gradients travel in bf16 between devices\n");
+  if (const dpt::data::Dataset* d = trainer.train_data()) {
+    std::printf("  data: %s, %lld rows, %s", d->inputs_name().c_str(), static_cast<long long>(d->rows()),
+                c.shuffle ? "shuffled every epoch" : "in file order");
+    if (const dpt::data::Dataset* v = trainer.val_data())
+      std::printf("; validation: %lld rows", static_cast<long long>(v->rows()));
+    std::printf("\n");
+  }
+  if (const auto& r = trainer.resumed()) {
+    std::string changed;
+    for (const auto& ch : r->changed) changed += (changed.empty() ? "; changed: " : ", ") + ch;
+    std::printf("  resumed from '%s' at step %lld%s\n", r->path.c_str(), static_cast<long long>(r->step),
+                changed.c_str());
+  }
+  std::fflush(stdout);
+}
+
 int train(dpt::app::TrainFlags& o) {
   install_signal_handlers();
   dpt::app::resolve(o, launcher_size());
@@ -309,47 +354,7 @@ int train(dpt::app::TrainFlags& o) {
     if (!metrics) throw dpt::UsageError("cannot write the metrics file '" + o.metrics + "'");
   };
   const bool tty = lead && interactive_terminal();
-  std::string where = dpt::describe_device(c.devices.front());
-  if (g_group) {
-    where = std::to_string(g_group->size()) + " processes (rank 0 on " + c.devices.front().str() + "), reduce " +
-            (c.devices.front().is_cuda() ? "nccl" : "mpi") + " in " + std::to_string(trainer.parallel().buckets()) +
-            " bucket(s)";
-  } else if (c.devices.size() > 1 || trainer.parallel().buckets() > 0) {
-    where = std::to_string(c.devices.size()) + " replica(s) on";
-    for (const auto& d : c.devices) where += " " + d.str();
-    where += std::string(", reduce ") + dpt::reduce_name(trainer.parallel().reduce());
-    if (trainer.parallel().buckets() > 0) where += " in " + std::to_string(trainer.parallel().buckets()) + " bucket(s)";
-  }
-  if (trainer.parallel().tuning_buckets()) where += " (sizes to be tuned)";
-  if (lead) {
-    std::printf("dptrain %s: %s, %lld parameters on %s\n", DPT_VERSION, trainer.model().describe().c_str(),
-                static_cast<long long>(trainer.model().num_parameters()), where.c_str());
-    std::printf("  %s, batch %lld, %lld steps, %s, %s, gemm %s\n", dpt::data::task_name(c.task),
-                static_cast<long long>(c.batch), static_cast<long long>(c.steps),
-                trainer.optimizer().describe().c_str(), dpt::precision_name(c.parallel.precision),
-                c.devices.front().is_cpu() ? "cpu" : dpt::gemm_name(c.parallel.gemm));
-    if (c.parallel.grad_accum > 1)
-      std::printf("  gradient accumulation: %d micro-batches per step\n", c.parallel.grad_accum);
-    if (c.parallel.zero > 0)
-      std::printf("  ZeRO stage %d: the optimizer state%s sharded over the devices\n", c.parallel.zero,
-                  c.parallel.zero == 2 ? " and the gradients" : "");
-    if (c.parallel.grad_comm == dpt::DType::bf16 && c.devices.size() > 1)
-      std::printf("  gradients travel in bf16 between devices\n");
-    if (const dpt::data::Dataset* d = trainer.train_data()) {
-      std::printf("  data: %s, %lld rows, %s", d->inputs_name().c_str(), static_cast<long long>(d->rows()),
-                  c.shuffle ? "shuffled every epoch" : "in file order");
-      if (const dpt::data::Dataset* v = trainer.val_data())
-        std::printf("; validation: %lld rows", static_cast<long long>(v->rows()));
-      std::printf("\n");
-    }
-    if (const auto& r = trainer.resumed()) {
-      std::string changed;
-      for (const auto& ch : r->changed) changed += (changed.empty() ? "; changed: " : ", ") + ch;
-      std::printf("  resumed from '%s' at step %lld%s\n", r->path.c_str(), static_cast<long long>(r->step),
-                  changed.c_str());
-    }
-    std::fflush(stdout);
-  }
+  if (lead) print_header(trainer);
 
   dpt::plot::Series loss_curve{"loss", {}, {}, false}, speed{"samples/s", {}, {}, false};
   dpt::plot::Series val_curve{"validation loss", {}, {}, false};
