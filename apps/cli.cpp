@@ -59,6 +59,14 @@ std::vector<Device> DeviceFlags::devices(const std::vector<std::string>& on_comm
 
 namespace {
 
+// A value inside a message's own quotes (or none): quote_value's escapes and cut, without
+// its quotes.
+std::string bare(const std::string& value) {
+  const std::string q = quote_value(value);
+  const size_t cut = q.find("' (cut: ");
+  return cut == std::string::npos ? q.substr(1, q.size() - 2) : q.substr(1, cut - 1) + "..." + q.substr(cut + 1);
+}
+
 // A decimal integer whose magnitude is at most max_negative (when it has a minus sign) or
 // max_positive, rewritten without leading zeros so that CLI11's conversion (strtoll with
 // base 0) reads it as decimal.
@@ -69,11 +77,11 @@ CLI::Validator decimal(uint64_t max_negative, uint64_t max_positive, const std::
     if (i < text.size() && (text[i] == '+' || text[i] == '-')) negative = text[i++] == '-';
     if (i == text.size() || !std::all_of(text.begin() + static_cast<std::ptrdiff_t>(i), text.end(),
                                          [](char c) { return c >= '0' && c <= '9'; }))
-      return "'" + text + "' is not a whole decimal number";
+      return quote_value(text) + " is not a whole decimal number";
     uint64_t magnitude = 0;
     const auto [end, ec] = std::from_chars(text.data() + i, text.data() + text.size(), magnitude);
     if (ec != std::errc() || end != text.data() + text.size() || magnitude > (negative ? max_negative : max_positive))
-      return "'" + text + "' is out of range (" + range + ")";
+      return quote_value(text) + " is out of range (" + range + ")";
     text = (negative && magnitude > 0 ? "-" : "") + std::to_string(magnitude);
     return "";
   };
@@ -118,18 +126,20 @@ class StrictToml : public CLI::ConfigTOML {
       if (key.empty()) throw CLI::ConfigError(where + "a line must start with a key (the flag's name without dashes)");
       at.skip_blanks();
       if (at.done() || at.peek() == '#')
-        throw CLI::ConfigError(where + "'" + key + "' has no value (" + key + " = ...)");
+        throw CLI::ConfigError(where + quote_value(key) + " has no value (" + bare(key) + " = ...)");
       if (at.peek() != '=') throw CLI::ConfigError(where + "expected '=' after '" + key + "'");
       ++at.pos;
       at.skip_blanks();
       const Value value = read_value(at, key, where);
       at.skip_blanks();
       if (!at.done() && at.peek() != '#')
-        throw CLI::ConfigError(where + "unexpected text after the value of " + key + ": '" + line.substr(at.pos) + "'");
+        throw CLI::ConfigError(where + "unexpected text after the value of " + key + ": " +
+                               quote_value(line.substr(at.pos)));
 
       std::replace(key.begin(), key.end(), '_', '-');
       if (const auto [it, fresh] = first_line.emplace(key, number); !fresh)
-        throw CLI::ConfigError(where + "'" + key + "' given twice (first on line " + std::to_string(it->second) + ")");
+        throw CLI::ConfigError(where + quote_value(key) + " given twice (first on line " + std::to_string(it->second) +
+                               ")");
       check_type(key, value, where);
       CLI::ConfigItem item;
       item.name = key;
@@ -178,7 +188,8 @@ class StrictToml : public CLI::ConfigTOML {
   }
 
   static Value read_value(Cursor& at, const std::string& key, const std::string& where) {
-    if (at.done() || at.peek() == '#') throw CLI::ConfigError(where + "'" + key + "' has no value (" + key + " = ...)");
+    if (at.done() || at.peek() == '#')
+      throw CLI::ConfigError(where + quote_value(key) + " has no value (" + bare(key) + " = ...)");
     const char open = at.peek();
     if (open == '[' || open == '{')
       throw CLI::ConfigError(where + key + ": arrays and tables are not read; give one value");
@@ -230,20 +241,20 @@ class StrictToml : public CLI::ConfigTOML {
   // have its kind.
   void check_type(const std::string& key, const Value& value, const std::string& where) const {
     const CLI::Option* flag = app_.get_option_no_throw("--" + key);
-    if (!flag) throw CLI::ConfigError(where + "'" + key + "' names no flag");
+    if (!flag) throw CLI::ConfigError(where + quote_value(key) + " names no flag");
     if (flag == app_.get_config_ptr() || flag == app_.get_help_ptr() || flag == app_.get_version_ptr())
-      throw CLI::ConfigError(where + "'" + key + "' cannot be given in a config file");
+      throw CLI::ConfigError(where + quote_value(key) + " cannot be given in a config file");
     const std::string type = flag->get_type_name();
     const Kind want = flag->get_expected_max() == 0        ? Kind::boolean
                       : (type == "INT" || type == "FLOAT") ? Kind::number
                                                            : Kind::string;
     if (value.kind == want) return;
     if (value.kind == Kind::word && want == Kind::string)
-      throw CLI::ConfigError(where + key + " = " + value.text + ": text must be quoted (" + key + " = \"" + value.text +
-                             "\")");
+      throw CLI::ConfigError(where + bare(key) + " = " + bare(value.text) + ": text must be quoted (" + bare(key) +
+                             " = \"" + bare(value.text) + "\")");
     static const char* const kWhat[] = {"a quoted string", "a number (no quotes)", "true or false (no quotes)"};
-    throw CLI::ConfigError(where + key + " takes " + kWhat[static_cast<int>(want)] + ", not " +
-                           (value.kind == Kind::string ? "\"" + value.text + "\"" : value.text));
+    throw CLI::ConfigError(where + bare(key) + " takes " + kWhat[static_cast<int>(want)] + ", not " +
+                           (value.kind == Kind::string ? "\"" + bare(value.text) + "\"" : bare(value.text)));
   }
 
   const CLI::App& app_;
@@ -252,11 +263,11 @@ class StrictToml : public CLI::ConfigTOML {
 CLI::Validator regular_file_at_most(uintmax_t max_bytes) {
   auto check = [max_bytes](std::string& path) -> std::string {
     struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return "'" + path + "': " + std::strerror(errno);
-    if (!S_ISREG(st.st_mode)) return "'" + path + "' is " + file_kind(st.st_mode) + ", not a regular file";
+    if (::stat(path.c_str(), &st) != 0) return quote_value(path) + ": " + std::strerror(errno);
+    if (!S_ISREG(st.st_mode)) return quote_value(path) + " is " + file_kind(st.st_mode) + ", not a regular file";
     if (static_cast<uintmax_t>(st.st_size) > max_bytes)
-      return "'" + path + "' is " + std::to_string(st.st_size) + " bytes, more than the " + std::to_string(max_bytes) +
-             " a config file may have";
+      return quote_value(path) + " is " + std::to_string(st.st_size) + " bytes, more than the " +
+             std::to_string(max_bytes) + " a config file may have";
     return "";
   };
   return CLI::Validator(check, "", "config file");
@@ -271,9 +282,9 @@ CLI::Validator representable_float() {
     if (end == text.c_str() || std::isnan(v) || std::isinf(v)) return "";  // CLI11 and the library judge those
     const float f = static_cast<float>(v);
     if (std::isinf(f) || (errno == ERANGE && std::fabs(v) > 1.0))
-      return "'" + text + "' is out of range (a float holds at most 3.4e+38)";
+      return quote_value(text) + " is out of range (a float holds at most 3.4e+38)";
     if ((f == 0.0f && v != 0.0) || (errno == ERANGE && std::fabs(v) < 1.0))
-      return "'" + text + "' is too small for a float (it would become 0; the smallest is 1.4e-45)";
+      return quote_value(text) + " is too small for a float (it would become 0; the smallest is 1.4e-45)";
     return "";
   };
   return CLI::Validator(check, "", "float");
@@ -283,7 +294,7 @@ CLI::Validator boolean_value() {
   auto check = [](std::string& text) -> std::string {
     for (const char* ok : {"true", "false", "1", "0", "on", "off", "yes", "no"})
       if (text == ok) return "";
-    return "'" + text + "' is not true or false";
+    return quote_value(text) + " is not true or false";
   };
   return CLI::Validator(check, "", "boolean");
 }
@@ -332,34 +343,56 @@ std::string one_line(const std::string& message) {
   return out;
 }
 
-std::string in_flags(const std::string& message) {
-  static const std::pair<const char*, const char*> kSpecial[] = {
-      {"DataParallelOptions::group", "--ddp"},         {"ProcessGroup::world", "--ddp"},
-      {"ProcessGroup::set_timeout", "--comm-timeout"}, {"DataParallelOptions::overlap", "--no-overlap"},
-      {"InferenceConfig::checkpoint", "--resume"},     {"TrainConfig::overlap", "--no-overlap"},
-  };
-  static const char* const kOwners[] = {"TrainConfig::",  "InferenceConfig::", "DataParallelOptions::",
-                                        "SGD::Options::", "AdamW::Options::",  "ProcessGroup::"};
-  std::string out;
-  size_t at = 0;
-  while (at < message.size()) {
-    size_t next = std::string::npos;
-    const char* owner = nullptr;
-    for (const char* o : kOwners)
-      if (const size_t k = message.find(o, at); k < next) next = k, owner = o;
-    if (!owner) break;
-    size_t end = next + std::strlen(owner);
-    while (end < message.size() && (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_'))
-      ++end;
-    const std::string field = message.substr(next, end - next);
-    std::string flag = "--" + field.substr(std::strlen(owner));
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    for (const auto& [f, special] : kSpecial)
-      if (field == f) flag = special;
-    out += message.substr(at, next - at) + flag;
-    at = end;
+namespace {
+struct Spelling {
+  const char* owner;
+  const char* name;
+  const char* flag;
+  const char* sets;  // the field's value when the flag is given (null: the flag's own value)
+};
+// The fields whose flag is not their name: switches that turn a default off, and the
+// process group a flag asks for.
+constexpr Spelling kSpelledOtherwise[] = {
+    {"DataParallelOptions", "overlap", "--no-overlap", "false"},
+    {"DataParallelOptions", "twin_buffers", "--no-twin-buffers", "off"},
+    {"DataParallelOptions", "group", "--ddp", nullptr},
+    {"InferenceConfig", "checkpoint", "--resume", nullptr},
+};
+const Spelling* spelling(const FieldId& field) {
+  for (const Spelling& s : kSpelledOtherwise)
+    if (field.owner == s.owner && field.name == s.name) return &s;
+  return nullptr;
+}
+}  // namespace
+
+std::string flag_name(const FieldId& field) {
+  if (const Spelling* s = spelling(field)) return s->flag;
+  std::string flag = "--" + field.name;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+const char* flag_sets(const FieldId& field) {
+  const Spelling* s = spelling(field);
+  return s ? s->sets : nullptr;
+}
+
+std::string name_fields(const std::string& message, const std::vector<FieldId>& known) {
+  std::string out = message;
+  for (const FieldId& f : known) {
+    const std::string id = f.str(), flag = flag_name(f);
+    for (size_t at = out.find(id); at != std::string::npos; at = out.find(id, at + flag.size())) {
+      const size_t end = at + id.size();
+      const bool whole = end == out.size() || !(std::isalnum(static_cast<unsigned char>(out[end])) || out[end] == '_');
+      if (whole) out.replace(at, id.size(), flag);
+    }
   }
-  return out + message.substr(std::min(at, message.size()));
+  return out;
+}
+
+std::string error_text(const std::exception& e, const std::vector<FieldId>& known) {
+  if (const auto* u = dynamic_cast<const UsageError*>(&e); u && u->field()) return u->message(flag_name);
+  return name_fields(e.what(), known);
 }
 
 CLI::Option* add_integer(CLI::App& app, const std::string& name, int64_t& into, const std::string& help) {
@@ -381,8 +414,67 @@ void add_config_flag(CLI::App& app) {
   app.allow_config_extras(CLI::config_extras_mode::error);  // a misspelt key is an error, not ignored
 }
 
+namespace {
+// Edits from a to b (insertions, deletions, substitutions and swaps of neighbours).
+size_t distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// The flag of `app` nearest to `flag`, when one is near enough to be a slip ("" if none).
+std::string nearest_flag(const CLI::App& app, const std::string& flag) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, flag.size() / 3) + 1;
+  for (const CLI::Option* o : app.get_options())
+    for (const std::string& name : o->get_lnames())
+      if (const size_t d = distance(flag, "--" + name); d < best_d) best_d = d, best = "--" + name;
+  return best;
+}
+
+// What CLI11 would say in its own words ("The following arguments were not expected: 5
+// --stpes", "--steps: At Most 1 required but received 2"), said in ours: an unknown flag
+// with the nearest one, a flag given twice. "" when the command line has neither.
+std::string check_flags(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* in = &app;  // the subcommand the flags belong to, once one is named
+  std::vector<std::string> seen;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
+      const auto named = app.get_subcommands([&](const CLI::App* sub) { return sub->get_name() == arg; });
+      if (in == &app && !named.empty()) in = named.front(), seen.clear();
+      continue;
+    }
+    const std::string flag = arg.substr(0, arg.find('='));
+    const CLI::Option* o = in->get_option_no_throw(flag);
+    if (!o) {
+      const std::string near = nearest_flag(*in, flag);
+      return "unknown flag " + quote_value(flag) + (near.empty() ? "" : ": did you mean " + near + "?");
+    }
+    if (std::find(seen.begin(), seen.end(), flag) != seen.end())
+      return flag + " is given twice on the command line; give it once";
+    seen.push_back(flag);
+    if (o->get_expected_max() > 0 && arg.find('=') == std::string::npos) ++i;  // its value, whatever it looks like
+  }
+  return "";
+}
+}  // namespace
+
 int parse_command_line(CLI::App& app, int argc, char** argv, const char* program,
                        const std::function<std::string()>& before_error) {
+  if (const std::string wrong = check_flags(app, argc, argv); !wrong.empty()) {
+    const std::string who = before_error ? before_error() : "";
+    std::fprintf(stderr, "%s: error: %s%s (see --help)\n", program, who.c_str(), one_line(wrong).c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <dptrain/error.hpp>
 #include <dptrain/runtime/device.hpp>
 
 namespace dpt::app {
@@ -56,11 +57,19 @@ std::vector<std::string> command_line_flags(int argc, char** argv);
 // written as escapes, so that an error is always exactly one line.
 std::string one_line(const std::string& message);
 
-// The library names the option fields it checks (TrainConfig::grad_accum,
-// DataParallelOptions::reduce); the user of a program knows flags. This maps one to the
-// other: a field's flag is its name with dashes (TrainConfig::grad_accum is
-// --grad-accum), but for the few the programs spell otherwise.
-std::string in_flags(const std::string& message);
+// The flag a program gives an option field as: its name with dashes (TrainConfig::grad_accum
+// is --grad-accum), but for the few that dptrain spells otherwise (DataParallelOptions::
+// overlap is --no-overlap, which sets it false).
+std::string flag_name(const FieldId& field);
+// What the flag sets the field to when given alone, for a flag spelled otherwise ("false"
+// for --no-overlap); null for a flag that takes the field's own value.
+const char* flag_sets(const FieldId& field);
+
+// A library error as a user of the program reads it: the fields a UsageError names
+// (UsageError::field and the others) as flags; any other error's text, with the names of
+// `known` fields written as flags (a library's note or warning names fields in its text).
+std::string error_text(const std::exception& e, const std::vector<FieldId>& known);
+std::string name_fields(const std::string& message, const std::vector<FieldId>& known);
 
 // The largest config file read: a file of flags is a few hundred bytes, and a bound keeps
 // `--config /dev/zero` from reading without end.

@@ -1,4 +1,4 @@
-// dptrain: trains an MLP or a CNN on synthetic data. A thin layer over dpt::Trainer: parse the
+// dptrain: trains an MLP or a CNN on synthetic data or the arrays of a file. A thin layer over dpt::Trainer: parse the
 // flags (CLI11), report progress, write metrics, print a summary. Exit status: 0 done,
 // 1 runtime error, 2 bad input, 3 out of memory, 4 non-finite loss or gradients,
 // 130/143 stopped by SIGINT/SIGTERM (after saving when --save is given).
@@ -37,6 +37,7 @@
 #include "cli.hpp"
 #include "common/atomic_file.hpp"
 #include "plot.hpp"
+#include "train_flags.hpp"
 
 namespace {
 
@@ -147,230 +148,6 @@ std::string duration(double s) {
   return buf;
 }
 
-struct Options {
-  dpt::TrainConfig cfg;
-  std::string task = "regression", act = "relu", precision = "fp32", gemm = "cublas", reduce = "auto";
-  std::string grad_comm = "fp32";
-  dpt::app::DeviceFlags devices;
-  float lr = 0.0f;
-  bool no_overlap = false, no_twin_buffers = false, auto_resume = false, shuffle = true, no_shuffle = false;
-  bool overwrite = false;
-  std::string metrics, plot, config;
-  // Flags given (on the command line or in the config file) that resolve() checks against
-  // each other: options of one optimizer are refused with the other.
-  std::vector<std::string> given;
-  std::vector<std::string> on_command_line;  // the flags argv itself gives
-  bool was_given(const std::string& flag) const { return std::find(given.begin(), given.end(), flag) != given.end(); }
-};
-
-void add_flags(CLI::App& app, Options& o) {
-  auto& c = o.cfg;
-  app.add_option("--model", c.model,
-                 "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:3x32x32-c32k3-p2-c64k3-p2-f10, README) "
-                 "or preset: seed, mlp, cnn-small, cnn")
-      ->capture_default_str();
-  app.add_option("--act", o.act, "Hidden activation: relu, gelu, tanh, or none (a linear model)")
-      ->capture_default_str();
-  app.add_option("--task", o.task, "Synthetic task: regression or classification (a CNN classifies images)")
-      ->capture_default_str();
-  using dpt::app::add_float, dpt::app::add_integer, dpt::app::add_path, dpt::app::add_switch;
-  add_integer(app, "--batch", c.batch, "Global batch size")->capture_default_str();
-  auto* steps = add_integer(app, "--steps", c.steps, "Total optimizer steps")->capture_default_str();
-  add_integer(app, "--epochs", c.epochs, "Epochs over --samples (sets the number of steps instead of --steps)")
-      ->excludes(steps);
-  add_integer(app, "--samples", c.samples, "Synthetic dataset size (default: an endless stream of new samples)");
-  add_path(app, "--data", c.data,
-           "Train on this file: .safetensors (x, y, optional x_val, y_val) or .npy of inputs (with --targets)");
-  add_path(app, "--targets", c.targets, "The .npy file of targets: float rows (regression) or integer class labels");
-  add_path(app, "--val-data", c.val_data, "Validation inputs (.npy, with --val-targets, or .safetensors)");
-  add_path(app, "--val-targets", c.val_targets, "Validation targets (.npy)");
-  app.add_option("--val-fraction", c.val_fraction,
-                 "Validate on the last F of the --data rows (never shuffled into training)");
-  add_integer(app, "--eval-every", c.eval_every, "Validate every N steps (default: at the end of each epoch)");
-  auto* shuffle =
-      add_switch(app, "--shuffle", o.shuffle, "File data: a new order of the rows every epoch (the default)");
-  add_switch(app, "--no-shuffle", o.no_shuffle, "File data: keep the file's order")->excludes(shuffle);
-  add_float(app, "--lr", o.lr, "Learning rate (default: 0.05 for sgd, 0.001 for adamw)");
-  app.add_option("--optimizer", c.optimizer, "sgd or adamw")->capture_default_str();
-  add_float(app, "--momentum", c.momentum, "SGD momentum")->capture_default_str();
-  add_switch(app, "--nesterov", c.nesterov, "Nesterov momentum (SGD)");
-  add_float(app, "--weight-decay", c.weight_decay, "Weight decay (L2 for SGD, decoupled for AdamW)")
-      ->capture_default_str();
-  add_float(app, "--beta1", c.beta1, "AdamW beta1")->capture_default_str();
-  add_float(app, "--beta2", c.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--schedule", c.schedule, "Learning-rate schedule: constant, warmup, cosine")->capture_default_str();
-  add_integer(app, "--warmup", c.warmup, "Linear warm-up steps (warmup, cosine)")->capture_default_str();
-  add_float(app, "--clip", c.clip, "Clip the global gradient norm to this value (0: off)")->capture_default_str();
-  app.add_option("--precision", o.precision,
-                 "Precision: fp32, tf32 (TF32 GEMMs), bf16 (bf16 storage, fp32 master weights)")
-      ->capture_default_str();
-  app.add_option("--gemm", o.gemm, "GEMM implementation: cublas or native (hand-written, fp32)")->capture_default_str();
-  o.devices.add_to(app,
-                   "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
-                   "a GPU listed twice holds two replicas");
-  app.add_option("--reduce", o.reduce, "Gradient reduction: auto, nccl, p2p (to the master), host (CPU devices)")
-      ->capture_default_str();
-  app.add_option("--bucket-mb", o.cfg.bucket_mb, "Gradient bucket size in MiB, reduced as soon as it is ready")
-      ->capture_default_str();
-  app.add_option("--first-bucket-mb", o.cfg.first_bucket_mb,
-                 "The first bucket's size in MiB when smaller (the last layer's gradients go out at once)")
-      ->capture_default_str();
-  app.add_flag("--tune-buckets", o.cfg.tune_buckets,
-               "Try bucket sizes of 1 to 64 MiB over the first steps (five each) and keep the fastest");
-  add_integer(app, "--comm-ctas", o.cfg.comm_ctas,
-              "NCCL: at most this many thread blocks a collective (fewer SMs taken from backward); 0: NCCL's choice")
-      ->capture_default_str();
-  app.add_option("--grad-comm", o.grad_comm,
-                 "The type gradients travel in between devices: fp32, or bf16 (rounded before they leave a device; "
-                 "not with --ddp on CPUs)")
-      ->capture_default_str();
-  add_integer(app, "--zero", o.cfg.zero,
-              "ZeRO stage: 0 off, 1 the optimizer state sharded over the devices or ranks, 2 the gradients too "
-              "(not with --cuda-graph)")
-      ->capture_default_str();
-  add_integer(app, "--grad-accum", o.cfg.grad_accum, "Micro-batches per step; gradients are reduced on the last only")
-      ->capture_default_str();
-  add_path(app, "--save", o.cfg.save,
-           "Write a checkpoint (safetensors) here at the end, on SIGINT/SIGTERM and every --save-every steps");
-  add_integer(app, "--save-every", o.cfg.save_every, "Also write the checkpoint every N steps");
-  add_path(app, "--resume", o.cfg.resume, "Continue from this checkpoint (--steps stays the total)");
-  add_switch(app, "--auto-resume", o.auto_resume,
-             "Continue from the --save checkpoint when it exists, else start afresh (one command to retry)");
-  app.add_option("--on-nonfinite", o.cfg.on_nonfinite,
-                 "When a loss or gradient is not finite: stop (exit 4) or skip-step (the update is never applied)")
-      ->capture_default_str();
-  add_switch(app, "--cuda-graph", o.cfg.cuda_graph,
-             "Record the whole step as CUDA graphs (one for odd steps, one for even) once and replay them (GPUs; "
-             "--ddp too; in one process not NCCL over several GPUs: use --reduce p2p there)");
-  add_switch(app, "--no-twin-buffers", o.no_twin_buffers,
-             "Keep one copy of the parameters and optimizer state (on GPUs there are two by default where they serve: "
-             "models of 2^21 (about 2.1M) parameters or more, without --clip or --zero; the update then checks the "
-             "gradients in its own pass. This saves that memory for a second pass over the gradients a step)");
-  add_switch(app, "--no-overlap", o.no_overlap,
-             "Reduce gradients only after backward, and copy p2p parameters whole after the update (to measure what "
-             "overlap gains)");
-  add_switch(app, "--ddp", o.cfg.ddp, "One process per device under mpirun (MPI bootstrap, NCCL or MPI reduction)");
-  app.add_option("--comm-timeout", o.cfg.comm_timeout,
-                 "Seconds a --ddp rank waits for the others before the job is ended")
-      ->capture_default_str();
-  add_integer(app, "--seed", c.seed, "Seed of the data, the teacher and the initial weights")->capture_default_str();
-  add_integer(app, "--log-every", c.log_every, "Read the loss back and log every N steps")->capture_default_str();
-  add_path(app, "--metrics", o.metrics,
-           "Write one JSON object per logged step to this file (JSONL; continued on --resume)");
-  add_path(app, "--plot", o.plot, "Draw the loss curve and samples/s of the run into this SVG file");
-  add_switch(app, "--overwrite", o.overwrite,
-             "Replace --save, --metrics and --plot files that are not dptrain's (by default a run replaces only an "
-             "empty file, a dptrain checkpoint, a metrics file or a plot of dptrain's)");
-  dpt::app::add_config_flag(app);
-  app.set_version_flag("--version", std::string("dptrain ") + DPT_VERSION);
-}
-
-// What a path names, for comparing two paths: the file a symlink leads to, in its folder
-// made absolute and canonical (the file itself need not exist yet).
-std::string file_identity(const std::string& path) {
-  std::error_code ec;
-  const auto p = std::filesystem::weakly_canonical(std::filesystem::absolute(dpt::resolve_output_path(path)), ec);
-  return ec ? path : p.string();
-}
-
-// Whether two paths name one file: the same canonical path, or two names of one existing
-// file (hard links: --metrics appends in place, so a hard link to --data would overwrite
-// the data that the run reads).
-bool same_file(const std::string& a, const std::string& b) {
-  if (a.empty() || b.empty()) return false;
-  if (file_identity(a) == file_identity(b)) return true;
-  std::error_code ec;
-  return std::filesystem::equivalent(a, b, ec) && !ec;
-}
-
-// Two outputs in one file would leave only the last written; an output over an input
-// destroys the input. Only --save may name the --resume checkpoint (it replaces it, as a
-// continuing run should).
-void check_distinct_files(const Options& o) {
-  struct Named {
-    const char* flag;
-    const std::string& path;
-    bool output;
-  };
-  const Named files[] = {{"--save", o.cfg.save, true},
-                         {"--plot", o.plot, true},
-                         {"--metrics", o.metrics, true},
-                         {"--resume", o.cfg.resume, false},
-                         {"--config", o.config, false},
-                         {"--data", o.cfg.data, false},
-                         {"--targets", o.cfg.targets, false},
-                         {"--val-data", o.cfg.val_data, false},
-                         {"--val-targets", o.cfg.val_targets, false}};
-  for (size_t i = 0; i < std::size(files); ++i)
-    for (size_t j = i + 1; j < std::size(files); ++j) {
-      const Named &a = files[i], &b = files[j];
-      if (a.path.empty() || b.path.empty() || (!a.output && !b.output)) continue;
-      if (std::string(a.flag) == "--save" && std::string(b.flag) == "--resume") continue;
-      if (same_file(a.path, b.path))
-        throw dpt::UsageError(std::string(a.flag) + " and " + b.flag + " name the same file '" + b.path + "'");
-    }
-}
-
-// Turns the string flags into the config; throws dpt::UsageError on bad values. The
-// Trainer checks the rest of it.
-void resolve(Options& o) {
-  auto& c = o.cfg;
-  // Without --ddp each of mpirun's processes would train the whole job alone and write the
-  // same checkpoint, metrics and plot over the others' (a metrics file of two interleaved
-  // runs, which a resume then refuses).
-  if (const int n = launcher_size(); n > 1 && !c.ddp)
-    throw dpt::UsageError("this is one of " + std::to_string(n) +
-                          " processes that mpirun started, without --ddp: each would train alone and write the same "
-                          "files; add --ddp (one process a device)");
-  c.task = dpt::data::parse_task(o.task);
-  if (o.was_given("--lr")) c.lr = o.lr;
-  c.overlap = !o.no_overlap;
-  if (o.no_twin_buffers) c.twin_buffers = dpt::TwinBuffers::off;
-  // A switch set to false (shuffle = false in a config file) is off, not "given".
-  c.shuffle = o.shuffle && !o.no_shuffle;
-  if ((o.was_given("--shuffle") || o.no_shuffle) && c.data.empty())
-    throw dpt::UsageError("--shuffle and --no-shuffle order the rows of --data; synthetic data has no order to change");
-  // An option of the other optimizer would be silently ignored: refuse it instead.
-  static const std::pair<const char*, const char*> kOptimizerOf[] = {
-      {"--momentum", "sgd"}, {"--nesterov", "sgd"}, {"--beta1", "adamw"}, {"--beta2", "adamw"}};
-  if (c.optimizer == "sgd" || c.optimizer == "adamw")  // else validate() names the unknown one
-    for (const auto& [flag, owner] : kOptimizerOf)
-      if (o.was_given(flag) && c.optimizer != owner && !(std::string(flag) == "--nesterov" && !c.nesterov))
-        throw dpt::UsageError(std::string(flag) + " is an option of --optimizer " + owner +
-                              ", and this run trains with " + c.optimizer);
-  if (o.auto_resume) {
-    if (!c.resume.empty()) throw dpt::UsageError("--resume excludes --auto-resume");
-    if (c.save.empty()) throw dpt::UsageError("--auto-resume needs --save (the checkpoint to continue from)");
-    struct stat st {};
-    if (::stat(c.save.c_str(), &st) == 0) c.resume = c.save;  // else a fresh start
-  }
-  if (o.was_given("--task") && !c.data.empty())
-    throw dpt::UsageError("--task: the task of --data follows from its targets (float rows or integer labels)");
-  if (o.was_given("--task") && c.task == dpt::data::Task::regression && dpt::nn::is_cnn_spec(c.model))
-    throw dpt::UsageError("--task regression: a CNN model ('" + c.model + "') trains image classification");
-  c.act = dpt::nn::parse_act(o.act);
-  c.precision = dpt::parse_precision(o.precision);
-  c.gemm = dpt::parse_gemm(o.gemm);
-  c.devices = o.devices.devices(o.on_command_line);
-  c.reduce = dpt::parse_reduce(o.reduce);
-  if (o.grad_comm != "fp32" && o.grad_comm != "bf16")
-    throw dpt::UsageError("unknown --grad-comm '" + o.grad_comm + "': expected fp32 or bf16");
-  c.grad_comm = o.grad_comm == "bf16" ? dpt::DType::bf16 : dpt::DType::f32;
-  // Given, these mean a data set; 0 would silently mean "no data set" (the defaults).
-  if (o.was_given("--epochs") && c.epochs < 1)
-    throw dpt::UsageError("--epochs must be >= 1, got " + std::to_string(c.epochs));
-  if (o.was_given("--samples") && c.samples < 1)
-    throw dpt::UsageError("--samples must be >= 1 (leave it out for an endless stream), got " +
-                          std::to_string(c.samples));
-  if (c.ddp && o.was_given("--reduce"))
-    throw dpt::UsageError(
-        "--reduce chooses how one process's replicas reduce; --ddp ranks all-reduce with NCCL (GPUs) "
-        "or MPI (CPUs)");
-  dpt::check_output_file(o.plot, "--plot");
-  dpt::check_output_file(o.metrics, "--metrics");
-  check_distinct_files(o);
-}
-
 std::string json_line(const dpt::StepLog& s) {
   char rates[160];
   std::snprintf(rates, sizeof rates, ", \"samples_per_s\": %.6g, \"step_ms\": %.6g, \"elapsed_s\": %.6g}",
@@ -444,14 +221,14 @@ off_t metrics_to_keep(const std::string& path, int64_t step, bool fresh = false)
 // metrics file (a fresh run's --metrics; a resumed run continues one) or a plot of
 // dptrain's (--plot). Anything else (notes.txt given as --metrics) is refused before the
 // first step, unless --overwrite.
-void check_outputs_are_ours(const Options& o) {
+void check_outputs_are_ours(const dpt::app::TrainFlags& o) {
   if (o.overwrite) return;
   auto nonempty = [](const std::string& path) {
     struct stat st {};
     return !path.empty() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0;
   };
   const std::string& save = o.cfg.save;
-  if (nonempty(save) && !same_file(save, o.cfg.resume)) {
+  if (nonempty(save) && !dpt::app::same_file(save, o.cfg.resume)) {
     bool ours = false;
     try {
       const auto meta = dpt::ckpt::read_metadata(save);
@@ -494,11 +271,65 @@ std::string percent(float share) {
   return buf;
 }
 
-int train(Options& o) {
+// The lines that open a run: the model, where it trains, the settings that shape a step,
+// the data and where a resumed run came from.
+void print_header(dpt::Trainer& trainer) {
+  const auto& c = trainer.config();
+  std::string where = dpt::describe_device(c.devices.front());
+  if (g_group) {
+    where = std::to_string(g_group->size()) + " processes (rank 0 on " + c.devices.front().str() + "), reduce " +
+            (c.devices.front().is_cuda() ? "nccl" : "mpi") + " in " + std::to_string(trainer.parallel().buckets()) +
+            " bucket(s)";
+  } else if (c.devices.size() > 1 || trainer.parallel().buckets() > 0) {
+    where = std::to_string(c.devices.size()) + " replica(s) on";
+    for (const auto& d : c.devices) where += " " + d.str();
+    where += std::string(", reduce ") + dpt::reduce_name(trainer.parallel().reduce());
+    if (trainer.parallel().buckets() > 0) where += " in " + std::to_string(trainer.parallel().buckets()) + " bucket(s)";
+  }
+  if (trainer.parallel().tuning_buckets()) where += " (sizes to be tuned)";
+  std::printf("dptrain %s: %s, %lld parameters on %s\n", DPT_VERSION, trainer.model().describe().c_str(),
+              static_cast<long long>(trainer.model().num_parameters()), where.c_str());
+  std::printf("  %s, batch %lld, %lld steps, %s, %s, gemm %s\n", dpt::data::task_name(c.task),
+              static_cast<long long>(c.batch), static_cast<long long>(c.steps), trainer.optimizer().describe().c_str(),
+              dpt::precision_name(c.parallel.precision),
+              c.devices.front().is_cpu() ? "cpu" : dpt::gemm_name(c.parallel.gemm));
+  if (c.parallel.grad_accum > 1)
+    std::printf("  gradient accumulation: %d micro-batches per step\n", c.parallel.grad_accum);
+  if (c.parallel.zero > 0)
+    std::printf("  ZeRO stage %d: the optimizer state%s sharded over the devices\n", c.parallel.zero,
+                c.parallel.zero == 2 ? " and the gradients" : "");
+  if (c.parallel.grad_comm == dpt::DType::bf16 && c.devices.size() > 1)
+    std::printf("  gradients travel in bf16 between devices\n");
+  if (const dpt::data::Dataset* d = trainer.train_data()) {
+    std::printf("  data: %s, %lld rows, %s", d->inputs_name().c_str(), static_cast<long long>(d->rows()),
+                c.shuffle ? "shuffled every epoch" : "in file order");
+    if (const dpt::data::Dataset* v = trainer.val_data())
+      std::printf("; validation: %lld rows", static_cast<long long>(v->rows()));
+    std::printf("\n");
+  }
+  if (const auto& r = trainer.resumed()) {
+    std::string changed;
+    for (const auto& ch : r->changed) changed += (changed.empty() ? "; changed: " : ", ") + ch;
+    std::printf("  resumed from '%s' at step %lld%s\n", r->path.c_str(), static_cast<long long>(r->step),
+                changed.c_str());
+  }
+  std::fflush(stdout);
+}
+
+int train(dpt::app::TrainFlags& o) {
   install_signal_handlers();
-  resolve(o);
+  dpt::app::resolve(o, launcher_size());
   check_outputs_are_ours(o);
   dpt::Trainer trainer(o.cfg);
+  // The task of file data follows from its targets: a --task that agrees is fine, one that
+  // contradicts them is refused.
+  if (o.was_given("--task") && !o.cfg.data.empty() && trainer.config().task != o.cfg.task)
+    throw dpt::UsageError(
+        std::string("--task: the task of --data follows from its targets: ") +
+        (trainer.config().task == dpt::data::Task::classification
+             ? "integer class labels (classification), not --task regression"
+             : "float rows (regression), not --task classification; class labels are integers (an integer .npy, "
+               "int32 or int64)"));
   g_group = trainer.group();
   const auto& c = trainer.config();  // with --ddp: this rank's device
   // Rank 0 alone prints and writes metrics; every rank trains and checks.
@@ -523,46 +354,7 @@ int train(Options& o) {
     if (!metrics) throw dpt::UsageError("cannot write the metrics file '" + o.metrics + "'");
   };
   const bool tty = lead && interactive_terminal();
-  std::string where = dpt::describe_device(c.devices.front());
-  if (g_group) {
-    where = std::to_string(g_group->size()) + " processes (rank 0 on " + c.devices.front().str() + "), reduce " +
-            (c.devices.front().is_cuda() ? "nccl" : "mpi") + " in " + std::to_string(trainer.parallel().buckets()) +
-            " bucket(s)";
-  } else if (c.devices.size() > 1 || trainer.parallel().buckets() > 0) {
-    where = std::to_string(c.devices.size()) + " replica(s) on";
-    for (const auto& d : c.devices) where += " " + d.str();
-    where += std::string(", reduce ") + dpt::reduce_name(trainer.parallel().reduce());
-    if (trainer.parallel().buckets() > 0) where += " in " + std::to_string(trainer.parallel().buckets()) + " bucket(s)";
-  }
-  if (trainer.parallel().tuning_buckets()) where += " (sizes to be tuned)";
-  if (lead) {
-    std::printf("dptrain %s: %s, %lld parameters on %s\n", DPT_VERSION, trainer.model().describe().c_str(),
-                static_cast<long long>(trainer.model().num_parameters()), where.c_str());
-    std::printf("  %s, batch %lld, %lld steps, %s, %s, gemm %s\n", dpt::data::task_name(c.task),
-                static_cast<long long>(c.batch), static_cast<long long>(c.steps),
-                trainer.optimizer().describe().c_str(), dpt::precision_name(c.precision),
-                c.devices.front().is_cpu() ? "cpu" : o.gemm.c_str());
-    if (c.grad_accum > 1) std::printf("  gradient accumulation: %d micro-batches per step\n", c.grad_accum);
-    if (c.zero > 0)
-      std::printf("  ZeRO stage %d: the optimizer state%s sharded over the devices\n", c.zero,
-                  c.zero == 2 ? " and the gradients" : "");
-    if (c.grad_comm == dpt::DType::bf16 && c.devices.size() > 1)
-      std::printf("  gradients travel in bf16 between devices\n");
-    if (const dpt::data::Dataset* d = trainer.train_data()) {
-      std::printf("  data: %s, %lld rows, %s", d->inputs_name().c_str(), static_cast<long long>(d->rows()),
-                  c.shuffle ? "shuffled every epoch" : "in file order");
-      if (const dpt::data::Dataset* v = trainer.val_data())
-        std::printf("; validation: %lld rows", static_cast<long long>(v->rows()));
-      std::printf("\n");
-    }
-    if (const auto& r = trainer.resumed()) {
-      std::string changed;
-      for (const auto& ch : r->changed) changed += (changed.empty() ? "; changed: " : ", ") + ch;
-      std::printf("  resumed from '%s' at step %lld%s\n", r->path.c_str(), static_cast<long long>(r->step),
-                  changed.c_str());
-    }
-    std::fflush(stdout);
-  }
+  if (lead) print_header(trainer);
 
   dpt::plot::Series loss_curve{"loss", {}, {}, false}, speed{"samples/s", {}, {}, false};
   dpt::plot::Series val_curve{"validation loss", {}, {}, false};
@@ -650,7 +442,7 @@ int train(Options& o) {
                 static_cast<long long>(r.val.rows));
   if (r.input.loads > 0) {
     const double copy = r.input.timed_copies > 0 ? r.input.copy_ms / static_cast<double>(r.input.timed_copies) : 0.0;
-    const double per_step = copy * c.grad_accum;  // a replica copies a shard a micro-batch
+    const double per_step = copy * c.parallel.grad_accum;  // a replica copies a shard a micro-batch
     std::printf(
         "input pipeline: %lld shards gathered at %.2f GB/s on the host (%.3f ms each), copied in %.3f ms each "
         "(%.0f%% of a step, beside it)\n",
@@ -741,11 +533,12 @@ int after_training(AfterTraining& a, bool predict) {
   a.cfg.precision = dpt::parse_precision(a.precision);
   for (const std::string* out : {&a.out, &a.probabilities}) {
     dpt::check_output_file(*out, out == &a.out ? "--out" : "--probabilities");
-    if (same_file(*out, a.data) || same_file(*out, a.targets) || same_file(*out, a.cfg.checkpoint))
+    if (dpt::app::same_file(*out, a.data) || dpt::app::same_file(*out, a.targets) ||
+        dpt::app::same_file(*out, a.cfg.checkpoint))
       throw dpt::UsageError((out == &a.out ? "--out" : "--probabilities") + std::string(" '") + *out +
                             "' is an input of this run");
   }
-  if (same_file(a.probabilities, a.out))
+  if (dpt::app::same_file(a.probabilities, a.out))
     throw dpt::UsageError("--out and --probabilities name the same file '" + a.out + "'");
   dpt::Inference model(a.cfg);
   const auto data = std::make_shared<dpt::data::ArrayDataset>(
@@ -798,24 +591,27 @@ int fail(int status, const char* what, bool alike = false) {
   dpt::ProcessGroup* mpi = g_group ? g_group : dpt::ProcessGroup::world_if_made();
   const std::string who = wait_for_rank0(mpi ? mpi->rank() : launcher_rank());
   std::fprintf(stderr, "%sdptrain: error: %s%s\n", g_progress_open ? "\n" : "", who.c_str(),
-               dpt::app::one_line(dpt::app::in_flags(what)).c_str());
+               dpt::app::one_line(what).c_str());
   // The whole job ends now: a peer may wait for this rank in a collective, and rank 0
   // waiting for the others in MPI_Finalize would let them report the same error too.
   if (mpi && mpi->size() > 1) mpi->end_job(status);
   return status;
 }
 
+// An error's line: the fields it names as their flags.
+std::string message(const std::exception& e) { return dpt::app::error_text(e, dpt::app::known_fields()); }
+
 // Runs `job`, turning its errors into their exit status and one line on stderr.
 int with_exit_status(const std::function<int()>& job) {
   try {
     return job();
   } catch (const dpt::UsageError& e) {
-    return fail(kExitUsage, e.what());
+    return fail(kExitUsage, message(e).c_str());
   } catch (const dpt::OutOfMemory& e) {
-    return fail(kExitOom, e.what());
+    return fail(kExitOom, message(e).c_str());
   } catch (const dpt::NonFiniteError& e) {
-    return fail(kExitNonFinite, e.what(), /*alike=*/true);  // every rank checks the same reduced gradients
-  } catch (const std::bad_alloc&) {                         // a host allocation the allocator does not make
+    return fail(kExitNonFinite, message(e).c_str(), /*alike=*/true);  // every rank checks the same reduced gradients
+  } catch (const std::bad_alloc&) {                                   // a host allocation the allocator does not make
     return fail(kExitOom,
                 "out of memory on the host (a host allocation failed); use a smaller batch (--batch) or model");
   } catch (const std::length_error&) {  // a host array longer than the address space allows
@@ -823,7 +619,7 @@ int with_exit_status(const std::function<int()>& job) {
                 "out of memory on the host (an array longer than memory allows was asked); use a smaller batch "
                 "(--batch) or model");
   } catch (const std::exception& e) {
-    return fail(kExitError, e.what());
+    return fail(kExitError, message(e).c_str());
   }
 }
 
@@ -833,13 +629,16 @@ int main(int argc, char** argv) {
   // The library's notes and warnings, and the error that ends a --ddp job, as lines of our own.
   dpt::set_message_handler([](dpt::Severity severity, const std::string& message) {
     std::fprintf(stderr, "%sdptrain: %s: %s\n", g_progress_open ? "\n" : "", dpt::severity_name(severity),
-                 dpt::app::one_line(dpt::app::in_flags(message)).c_str());
+                 dpt::app::one_line(dpt::app::name_fields(message, dpt::app::known_fields())).c_str());
     std::fflush(stderr);
     g_progress_open = false;
   });
-  CLI::App app{"dptrain: data-parallel training of MLPs and CNNs on synthetic data, on GPUs or the CPU"};
-  Options o;
-  add_flags(app, o);
+  CLI::App app{
+      "dptrain: data-parallel training of MLPs and CNNs on synthetic data or your own arrays (.npy, .safetensors), "
+      "on GPUs or the CPU"};
+  dpt::app::TrainFlags o;
+  dpt::app::add_train_flags(app, o);
+  app.set_version_flag("--version", std::string("dptrain ") + DPT_VERSION);
   AfterTraining predict_args, eval_args;
   CLI::App* predict = app.add_subcommand("predict", "Write a trained model's outputs for every row of a data set");
   CLI::App* eval = app.add_subcommand("eval", "Print a trained model's loss and accuracy on a data set");

@@ -54,13 +54,10 @@ constexpr int64_t kCpuSteps = 20, kCpuWarmup = 2;
 
 enum class Scaling { weak, strong };
 
-const char* scaling_name(Scaling s) { return s == Scaling::weak ? "weak" : "strong"; }
-
-Scaling parse_scaling(const std::string& name) {
-  if (name == "weak") return Scaling::weak;
-  if (name == "strong") return Scaling::strong;
-  throw dpt::UsageError("unknown scaling '" + name + "': expected weak or strong");
-}
+constexpr auto kScalingNames =
+    dpt::enum_names<Scaling>("scaling", {{Scaling::weak, "weak"}, {Scaling::strong, "strong"}});
+const char* scaling_name(Scaling s) { return kScalingNames.name(s); }
+Scaling parse_scaling(const std::string& name) { return kScalingNames.parse(name); }
 
 // Keeps the first of equal values, in order.
 template <class T>
@@ -201,18 +198,18 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   if (p.batch > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(p.devices.size()))
     throw dpt::UsageError("--batch times the " + std::to_string(p.devices.size()) +
                           " devices is more samples than fit in 64 bits, got " + std::to_string(p.batch));
-  if (!(f.bucket_mb > 0.0) || f.bucket_mb > 1048576.0)
-    throw dpt::UsageError("--bucket-mb must be in (0, 1048576] MiB, got " + fmt("%g", f.bucket_mb));
+  // The fields of DataParallelOptions that dpbench's flags set, in their ranges (the schema's checks).
+  dpt::DataParallelOptions given;
+  given.bucket_mb = f.bucket_mb;
+  given.first_bucket_mb = f.first_bucket_mb;
+  given.comm_ctas = f.comm_ctas;
+  given.zero = f.zero;
+  dpt::check_fields(dpt::data_parallel_schema(), given);
   if (f.cuda_graph && (p.devices.size() != 1 || !p.devices.front().is_cuda()))
     throw dpt::UsageError("--cuda-graph records one GPU's step: give one CUDA device (--gpus 1)");
   p.cuda_graph = f.cuda_graph;
   p.bucket_mb = f.bucket_mb;
-  if (!(f.first_bucket_mb > 0.0) || f.first_bucket_mb > 1048576.0)
-    throw dpt::UsageError("--first-bucket-mb must be in (0, 1048576] MiB, got " + fmt("%g", f.first_bucket_mb));
   p.first_bucket_mb = f.first_bucket_mb;
-  if (f.comm_ctas < 0 || f.comm_ctas > dpt::kMaxCommCtas)
-    throw dpt::UsageError("--comm-ctas must be in [0, " + std::to_string(dpt::kMaxCommCtas) + "], got " +
-                          std::to_string(f.comm_ctas));
   p.comm_ctas = f.comm_ctas;
   p.update_per_bucket = f.update_per_bucket;
   if (f.comm && p.devices.size() < 2)
@@ -222,16 +219,14 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   if (f.optimizer != "sgd" && f.optimizer != "adamw")
     throw dpt::UsageError("--optimizer must be sgd or adamw, got '" + f.optimizer + "'");
   p.adamw = f.optimizer == "adamw";
-  if (f.zero < 0 || f.zero > 2) throw dpt::UsageError("--zero must be 0, 1 or 2, got " + std::to_string(f.zero));
   if (f.update_per_bucket && (f.zero > 0 || f.cuda_graph))
     throw dpt::UsageError("--update-per-bucket is for runs without --zero and --cuda-graph");
   if (f.comm && f.zero == 2)
     throw dpt::UsageError(
         "--comm times the reduction after backward; ZeRO stage 2 reduces during it: use --zero 0 or 1");
   p.zero = f.zero;
-  if (f.grad_comm != "fp32" && f.grad_comm != "bf16")
-    throw dpt::UsageError("unknown --grad-comm '" + f.grad_comm + "': expected fp32 or bf16");
-  p.grad_comm = f.grad_comm == "bf16" ? dpt::DType::bf16 : dpt::DType::f32;
+  dpt::find_field(dpt::data_parallel_schema(), "grad_comm")->set(given, f.grad_comm);  // fp32 or bf16
+  p.grad_comm = given.grad_comm;
 
   for (const auto& s : f.precision) p.precisions.push_back(dpt::parse_precision(s));
   for (const auto& s : f.scaling) p.scalings.push_back(parse_scaling(s));
@@ -636,9 +631,19 @@ int run(const Plan& p) {
   return 0;
 }
 
+// The fields a library message may name: DataParallelOptions', as dpbench's flags.
+const std::vector<dpt::FieldId>& parallel_fields() {
+  static const std::vector<dpt::FieldId> fields = [] {
+    std::vector<dpt::FieldId> out;
+    for (const auto& f : dpt::data_parallel_schema()) out.push_back(f.id);
+    return out;
+  }();
+  return fields;
+}
+
 int fail(int status, const char* what) {
   std::fflush(stdout);
-  std::fprintf(stderr, "dpbench: error: %s\n", dpt::app::one_line(dpt::app::in_flags(what)).c_str());
+  std::fprintf(stderr, "dpbench: error: %s\n", dpt::app::one_line(what).c_str());
   return status;
 }
 
@@ -647,7 +652,7 @@ int fail(int status, const char* what) {
 int main(int argc, char** argv) {
   dpt::set_message_handler([](dpt::Severity severity, const std::string& message) {
     std::fprintf(stderr, "dpbench: %s: %s\n", dpt::severity_name(severity),
-                 dpt::app::one_line(dpt::app::in_flags(message)).c_str());
+                 dpt::app::one_line(dpt::app::name_fields(message, parallel_fields())).c_str());
   });
   CLI::App app{
       "dpbench: one workload on 1, 2, 4, ... devices, weak and strong scaling, every reduction path "
@@ -659,12 +664,12 @@ int main(int argc, char** argv) {
   try {
     return run(make_plan(f, app));
   } catch (const dpt::UsageError& e) {
-    return fail(kExitUsage, e.what());
+    return fail(kExitUsage, dpt::app::error_text(e, parallel_fields()).c_str());
   } catch (const dpt::OutOfMemory& e) {
-    return fail(kExitOom, e.what());
+    return fail(kExitOom, dpt::app::error_text(e, parallel_fields()).c_str());
   } catch (const std::bad_alloc&) {
     return fail(kExitOom, "out of memory on the host (a host allocation failed); use a smaller --batch or --model");
   } catch (const std::exception& e) {
-    return fail(kExitError, e.what());
+    return fail(kExitError, dpt::app::error_text(e, parallel_fields()).c_str());
   }
 }

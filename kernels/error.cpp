@@ -2,8 +2,11 @@
 // folder (the kernels' cleanup checks included) can report through it.
 #include <dptrain/error.hpp>
 
+#include <cstdio>
 #include <memory>
 #include <mutex>
+
+#include <dptrain/enum_names.hpp>
 
 namespace dpt {
 namespace {
@@ -39,15 +42,67 @@ void report(Severity severity, const std::string& message) {
 }
 
 const char* severity_name(Severity severity) {
-  switch (severity) {
-    case Severity::note:
-      return "note";
-    case Severity::warning:
-      return "warning";
-    case Severity::error:
-      break;
+  static constexpr auto kNames = enum_names<Severity>(
+      "severity", {{Severity::note, "note"}, {Severity::warning, "warning"}, {Severity::error, "error"}});
+  return kNames.name(severity);
+}
+
+namespace {
+std::string render(const std::string& text, const std::vector<FieldId>& fields,
+                   const std::function<std::string(const FieldId&)>& name) {
+  std::string out;
+  size_t at = 0;
+  for (const FieldId& f : fields) {
+    const size_t hole = text.find("{}", at);
+    if (hole == std::string::npos) break;
+    out += text.substr(at, hole - at) + name(f);
+    at = hole + 2;
   }
-  return "error";
+  return out + text.substr(at);
+}
+}  // namespace
+
+UsageError::UsageError(std::string text, std::vector<FieldId> fields)
+    : Error(render(text, fields, [](const FieldId& f) { return f.str(); })),
+      text_(std::move(text)),
+      fields_(std::move(fields)) {}
+
+std::string UsageError::message(const std::function<std::string(const FieldId&)>& name) const {
+  return fields_.empty() ? std::string(what()) : render(text_, fields_, name);
+}
+
+std::string quote_value(std::string_view value) {
+  constexpr size_t kShown = 200;  // bytes of the value shown before it is cut
+  std::string out = "'";
+  size_t i = 0;
+  while (i < value.size() && i < kShown) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    // The length of a well-formed UTF-8 sequence starting here (0: none).
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len > 1) {
+      if (i + len > value.size()) len = 0;
+      for (size_t k = 1; k < len; ++k)
+        if ((static_cast<unsigned char>(value[i + k]) & 0xC0) != 0x80) len = 0;
+      if (len == 2 && c < 0xC2) len = 0;  // an overlong form
+    }
+    if (len == 1 && c >= 0x20 && c != 0x7F) {
+      out += value[i];
+    } else if (c == '\n') {  // as one_line writes it
+      out += "\\n";
+    } else if (len > 1) {
+      out.append(value.substr(i, len));
+      i += len;
+      continue;
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+    ++i;
+  }
+  out += "'";
+  if (i < value.size()) out += " (cut: " + std::to_string(value.size()) + " bytes in all)";
+  return out;
 }
 
 }  // namespace dpt

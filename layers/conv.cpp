@@ -130,27 +130,26 @@ class SpecParser {
     shape_ = out.input;
     for (size_t i = 1; i < tokens.size(); ++i) {
       token_ = tokens[i];
-      where_ = "layer " + std::to_string(i) + " '" + std::string(token_) + "': ";
+      where_ = "layer " + std::to_string(i) + " " + quote_value(token_) + ": ";
       out.layers.push_back(layer());
       out.layers.back().out = shape_;
     }
     if (out.layers.back().kind != CnnSpec::Kind::linear)
-      throw bad("the last layer must be fN, the number of classes (got '" + std::string(token_) + "')");
+      throw bad("the last layer must be fN, the number of classes (got " + quote_value(token_) + ")");
     out.classes = out.layers.back().width;
     return out;
   }
 
  private:
   UsageError bad(const std::string& why) const {
-    return UsageError("invalid model spec '" + spec_ + "': " + where_ + why);
+    return UsageError("invalid model spec " + quote_value(spec_) + ": " + where_ + why);
   }
 
   // A whole decimal number in [lo, hi], read from the front of s (which moves past it).
   int64_t number(std::string_view& s, const char* what, int64_t lo, int64_t hi) const {
     int64_t v = 0;
     auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (end == s.data())
-      throw bad(std::string("expected a number for the ") + what + " in '" + std::string(token_) + "'");
+    if (end == s.data()) throw bad(std::string("expected a number for the ") + what + " in " + quote_value(token_));
     if (ec != std::errc() || v < lo || v > hi)
       throw bad(std::string("the ") + what + " must be " + std::to_string(lo) + ".." + std::to_string(hi));
     s.remove_prefix(static_cast<size_t>(end - s.data()));
@@ -159,7 +158,7 @@ class SpecParser {
 
   Shape input(std::string_view tok) {
     token_ = tok;
-    where_ = "input '" + std::string(tok) + "': ";
+    where_ = "input " + quote_value(tok) + ": ";
     Shape s;
     for (const char* what : {"channels", "height", "width"}) {
       if (!s.empty()) {
@@ -180,7 +179,7 @@ class SpecParser {
     while (!s.empty()) {
       const char o = s[0];
       if (allowed.find(o) == std::string::npos || seen.find(o) != std::string::npos)
-        throw bad("'" + std::string(token_) + "' is not a layer (expected " + kGrammar + ")");
+        throw bad(quote_value(token_) + " is not a layer (expected " + kGrammar + ")");
       seen += o;
       s.remove_prefix(1);
       switch (o) {
@@ -224,7 +223,7 @@ class SpecParser {
       return l;
     }
     if (s.empty() || std::string_view("cpaf").find(s[0]) == std::string_view::npos)
-      throw bad("'" + std::string(token_) + "' is not a layer (expected " + kGrammar + ")");
+      throw bad(quote_value(token_) + " is not a layer (expected " + kGrammar + ")");
     const char kind = s[0];
     s.remove_prefix(1);
     bool has_pad = false, has_kernel = false;

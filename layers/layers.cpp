@@ -9,25 +9,8 @@
 
 namespace dpt::nn {
 
-const char* act_name(Act act) {
-  switch (act) {
-    case Act::relu:
-      return "relu";
-    case Act::gelu:
-      return "gelu";
-    case Act::tanh:
-      return "tanh";
-    case Act::none:
-      break;
-  }
-  return "none";
-}
-
-Act parse_act(const std::string& name) {
-  for (Act a : {Act::relu, Act::gelu, Act::tanh, Act::none})
-    if (name == act_name(a)) return a;
-  throw UsageError("unknown activation '" + name + "': expected relu, gelu, tanh or none");
-}
+const char* act_name(Act act) { return kActNames.name(act); }
+Act parse_act(const std::string& name) { return kActNames.parse(name); }
 
 Linear::Linear(int64_t in, int64_t out, Act act, bool bias)
     : in_(in),
@@ -144,14 +127,13 @@ std::string Sequential::describe() const {
 std::vector<int64_t> parse_mlp_spec(const std::string& spec_in) {
   const std::string spec = spec_in == "seed" ? "1000-1000" : spec_in == "mlp" ? "1024-4096x3-1024" : spec_in;
   auto bad = [&](const std::string& why) {
-    return UsageError("invalid model spec '" + spec_in + "': " + why +
+    return UsageError("invalid model spec " + quote_value(spec_in) + ": " + why +
                       " (expected widths like 1024-4096x3-1024, or seed, mlp)");
   };
   auto number = [&](std::string_view s, const char* what) {
     int64_t v = 0;
     auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (s.empty() || ec != std::errc() || end != s.data() + s.size())
-      throw bad(std::string("'") + std::string(s) + "' is not a " + what);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size()) throw bad(quote_value(s) + " is not a " + what);
     return v;
   };
   std::vector<int64_t> widths;

@@ -279,12 +279,7 @@ ScheduleArgs Schedule::args() const {
 
 float Schedule::at(int64_t step) const { return schedule_lr(args(), step); }
 
-Schedule::Kind parse_schedule(const std::string& name) {
-  if (name == "constant") return Schedule::Kind::constant;
-  if (name == "warmup") return Schedule::Kind::warmup;
-  if (name == "cosine") return Schedule::Kind::cosine;
-  throw UsageError("unknown schedule '" + name + "': expected constant, warmup or cosine");
-}
+Schedule::Kind parse_schedule(const std::string& name) { return kScheduleNames.parse(name); }
 
 Tensor clip_grad_norm(nn::Module& model, float max_norm, Tensor* norm_sq) {
   DPT_CHECK(max_norm > 0.0f, "clip_grad_norm needs max_norm > 0");

@@ -7,6 +7,10 @@
 
 namespace dpt {
 
+namespace {
+const FieldId kReduceField{"DataParallelOptions", "reduce"};
+}  // namespace
+
 Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices) {
   DPT_CHECK(!devices.empty(), "no devices");
   const bool cpu = devices.front().is_cpu();
@@ -18,15 +22,14 @@ Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices) {
       if (cpu) return Reduce::host;
       return shared || !built_with_nccl() ? Reduce::p2p : Reduce::nccl;
     case Reduce::nccl:
-      if (cpu) throw UsageError("DataParallelOptions::reduce nccl needs CUDA devices; use host on CPU devices");
+      if (cpu) throw UsageError("{} nccl needs CUDA devices; use host on CPU devices", {kReduceField});
       if (shared)
-        throw UsageError(
-            "DataParallelOptions::reduce nccl cannot put two replicas on one GPU (NCCL refuses two "
-            "ranks on one device); use p2p");
-      if (!built_with_nccl()) throw UsageError("DataParallelOptions::reduce nccl needs a build with NCCL; use p2p");
+        throw UsageError("{} nccl cannot put two replicas on one GPU (NCCL refuses two ranks on one device); use p2p",
+                         {kReduceField});
+      if (!built_with_nccl()) throw UsageError("{} nccl needs a build with NCCL; use p2p", {kReduceField});
       return asked;
     case Reduce::host:
-      if (!cpu) throw UsageError("DataParallelOptions::reduce host is for CPU devices; use nccl or p2p on GPUs");
+      if (!cpu) throw UsageError("{} host is for CPU devices; use nccl or p2p on GPUs", {kReduceField});
       return asked;
     case Reduce::p2p:
       return asked;

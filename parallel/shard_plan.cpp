@@ -37,14 +37,16 @@ ShardPlan::ShardPlan(int64_t batch, int ranks, int rank, size_t replicas, int mi
   const int64_t workers = static_cast<int64_t>(ranks) * static_cast<int64_t>(replicas);
   const int64_t largest = batch / workers + (batch % workers != 0);
   if (micro_batches > largest)
-    throw UsageError("DataParallelOptions::grad_accum must be <= " + std::to_string(largest) +
-                     ", the most samples a replica gets of a batch of " + std::to_string(batch) + " over " +
-                     std::to_string(workers) + " replica(s), got " + std::to_string(micro_batches));
+    throw UsageError("{} must be <= " + std::to_string(largest) + ", the most samples a replica gets of a batch of " +
+                         std::to_string(batch) + " over " + std::to_string(workers) + " replica(s), got " +
+                         std::to_string(micro_batches),
+                     {{"DataParallelOptions", "grad_accum"}});
   // A step keeps a loss and a weight per micro-batch and replica: a billion micro-batches
   // took 32 GB of host memory, which failed on one machine and ran for minutes on another.
   if (micro_batches > kMaxGradAccum)
-    throw UsageError("DataParallelOptions::grad_accum must be <= " + std::to_string(kMaxGradAccum) +
-                     " micro-batches a step, got " + std::to_string(micro_batches));
+    throw UsageError("{} must be <= " + std::to_string(kMaxGradAccum) + " micro-batches a step, got " +
+                         std::to_string(micro_batches),
+                     {{"DataParallelOptions", "grad_accum"}});
   rank_part_ = ranges(0, split_evenly(batch, static_cast<size_t>(ranks)))[static_cast<size_t>(rank)];
   replica_ = ranges(rank_part_.first, split_evenly(rank_part_.count, replicas));
   idle_ = batch < workers ? workers - batch : 0;

@@ -17,23 +17,10 @@
 
 namespace dpt {
 
-const char* precision_name(Precision p) {
-  return p == Precision::fp32 ? "fp32" : p == Precision::tf32 ? "tf32" : "bf16";
-}
-
-Precision parse_precision(const std::string& name) {
-  for (Precision p : {Precision::fp32, Precision::tf32, Precision::bf16})
-    if (name == precision_name(p)) return p;
-  throw UsageError("unknown precision '" + name + "': expected fp32, tf32 or bf16");
-}
-
-const char* gemm_name(GemmImpl g) { return g == GemmImpl::cublas ? "cublas" : "native"; }
-
-GemmImpl parse_gemm(const std::string& name) {
-  if (name == "cublas") return GemmImpl::cublas;
-  if (name == "native") return GemmImpl::native;
-  throw UsageError("unknown GEMM '" + name + "': expected cublas or native");
-}
+const char* precision_name(Precision p) { return kPrecisionNames.name(p); }
+Precision parse_precision(const std::string& name) { return kPrecisionNames.parse(name); }
+const char* gemm_name(GemmImpl g) { return kGemmNames.name(g); }
+GemmImpl parse_gemm(const std::string& name) { return kGemmNames.parse(name); }
 
 namespace {
 thread_local Context* t_current = nullptr;

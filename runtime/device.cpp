@@ -35,7 +35,7 @@ int cuda_device_count() {
 
 Device parse_device(std::string_view text) {
   const std::string shown(text);
-  auto bad = [&](const std::string& why) { return UsageError("invalid device '" + shown + "': " + why); };
+  auto bad = [&](const std::string& why) { return UsageError("invalid device " + quote_value(shown) + ": " + why); };
   std::string_view kind = text, idx;
   if (auto colon = text.find(':'); colon != std::string_view::npos) {
     kind = text.substr(0, colon);
@@ -79,13 +79,13 @@ std::vector<Device> parse_devices(std::string_view list) {
     size_t comma = list.find(',', start);
     if (comma == std::string_view::npos) comma = list.size();
     auto item = list.substr(start, comma - start);
-    if (item.empty()) throw UsageError("invalid device list '" + std::string(list) + "': empty entry");
+    if (item.empty()) throw UsageError("invalid device list " + quote_value(list) + ": empty entry");
     if (out.size() == static_cast<size_t>(kMaxDevices))  // the list itself is not repeated: it may be long
       throw UsageError("invalid device list: more than " + std::to_string(kMaxDevices) + " devices");
     Device d = parse_device(item);
     check_device(d);
     if (!out.empty() && out.front().type != d.type)
-      throw UsageError("invalid device list '" + std::string(list) + "': CPU and CUDA devices cannot be mixed");
+      throw UsageError("invalid device list " + quote_value(list) + ": CPU and CUDA devices cannot be mixed");
     out.push_back(d);
     start = comma + 1;
   }

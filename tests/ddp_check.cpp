@@ -70,15 +70,15 @@ int main(int argc, char** argv) {
       c.batch = batch;
       c.steps = 20;
       c.log_every = 5;
-      c.bucket_mb = 0.001;  // about 1 KB: several buckets
+      c.parallel.bucket_mb = 0.001;  // about 1 KB: several buckets
       c.devices = {devs.front()};
       TrainConfig d = c;
       d.devices = devs;
       d.ddp = true;
-      d.grad_accum = accum;
-      d.zero = zero;
-      d.tune_buckets = tune != 0;  // the ranks time each size together and choose alike
-      d.cuda_graph = graph != 0;   // against one process's eager steps
+      d.parallel.grad_accum = accum;
+      d.parallel.zero = zero;
+      d.parallel.tune_buckets = tune != 0;  // the ranks time each size together and choose alike
+      d.parallel.cuda_graph = graph != 0;   // against one process's eager steps
       std::shared_ptr<const data::Dataset> rows;
       if (file_data) {
         rows = arrays(task);
@@ -129,11 +129,11 @@ int main(int argc, char** argv) {
       c.batch = batch;
       c.steps = 20;
       c.log_every = 1000;
-      c.bucket_mb = 0.001;
+      c.parallel.bucket_mb = 0.001;
       c.devices = devs;
       c.ddp = true;
-      c.zero = zero;
-      c.cuda_graph = graph != 0;  // stage 1 (stage 2 is not recorded)
+      c.parallel.zero = zero;
+      c.parallel.cuda_graph = graph != 0;  // stage 1 (stage 2 is not recorded)
       Trainer whole(c);
       whole.run();
       const auto want = whole.model().flat_params().to_host();
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
       if (g.rank() == 0) {
         TrainConfig alone = rest;
         alone.ddp = false;
-        alone.zero = 0;
+        alone.parallel.zero = 0;
         alone.devices = {devs.front()};
         Trainer one(alone);
         one.run();
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
       if (g.rank() == 0) {
         TrainConfig alone = wild;
         alone.ddp = false;
-        alone.zero = 0;
+        alone.parallel.zero = 0;
         alone.devices = {devs.front()};
         const TrainResult one = Trainer(alone).run();
         const std::string stop_one = stopped(alone);

@@ -101,7 +101,7 @@ grep -q 'batch 256, 10 steps' out && ok || bad "leading zeros in a config file: 
 refuse "--batch: '0x10' is not a whole decimal number" "${cpu[@]}" --batch 0x10
 refuse "--batch: '1e3' is not a whole decimal number" "${cpu[@]}" --batch 1e3
 # Out of range is an error, never wrapped or clamped.
-refuse "--steps: '99999999999999999999' is out of range" "${cpu[@]}" --steps 99999999999999999999
+refuse "--steps: '99999999999999999999' is out of range" --devices cpu --steps 99999999999999999999
 refuse "--seed: '-1' is out of range" "${cpu[@]}" --seed -1
 refuse "--seed: '18446744073709551616' is out of range" "${cpu[@]}" --seed 18446744073709551616
 refuse "--grad-accum: '2147483648' is out of range" "${cpu[@]}" --grad-accum 2147483648
@@ -666,5 +666,41 @@ timeout 20 "$bench" --cpus 1 --steps 9223372036854775807 --warmup 1 --out bench 
 [ $? -eq 2 ] && grep -q "must be at most 1000000000" err && ok || bad "dpbench --steps huge: $(cat err)"
 timeout 20 "$bench" --cpus 1 --reduce nccl --out bench >out 2>err
 [ $? -eq 2 ] && grep -q "^dpbench: error: --reduce nccl" err && ok || bad "dpbench names library fields: $(cat err)"
+
+# ---- Messages a person can read (issue 50) ---------------------------------------------
+# A value echoed in an error is cut to about 200 characters with its length named, and its
+# NUL and other unprintable bytes escaped; an overflow names the values that overflow.
+printf 'steps = 5\0\n' >nul.toml
+refuse "--steps: '5\\x00' is not a whole decimal number" --devices cpu --config nul.toml
+python3 -c "print('model = \"' + 'x' * 900000 + '\"')" >huge.toml
+refuse "(cut: 900000 bytes in all)" --devices cpu --config huge.toml
+[ "$(wc -c <err)" -lt 1000 ] && ok || bad "a 900 KB config value echoed whole: $(wc -c <err) bytes"
+refuse "(cut: 100004 bytes in all)" --devices "cpu:$(head -c 100000 /dev/zero | tr '\0' 9)" --steps 1
+[ "$(wc -c <err)" -lt 1000 ] && ok || bad "a 100 KB device list echoed whole: $(wc -c <err) bytes"
+refuse "--epochs times --samples is more samples than fit in 64 bits: 2 x 9223372036854775807" \
+  --devices cpu --epochs 2 --samples 9223372036854775807
+# A flag given twice and an unknown flag, in dptrain's words (the nearest flag named).
+refuse "unknown flag '--stpes': did you mean --steps?" "${cpu[@]}" --stpes 5
+refuse "unknown flag '--resme': did you mean --resume?" predict --resme x.safetensors
+refuse "--batch is given twice on the command line; give it once" "${cpu[@]}" --batch 4 --batch 8
+# --task that agrees with the data's targets is accepted; one that contradicts them is
+# refused, with the hint that class labels are integers.
+npy_of() {  # npy_of PATH DESCR SHAPE BYTES: a .npy file of zeros
+  python3 -c "import sys; p, d, s, n = sys.argv[1:]; h = \"{'descr': '%s', 'fortran_order': False, 'shape': %s, }\" % (d, s)
+h += ' ' * (63 - (10 + len(h)) % 64) + '\n'
+open(p, 'wb').write(b'\x93NUMPY\x01\x00' + len(h).to_bytes(2, 'little') + h.encode() + bytes(int(n)))" "$@"
+}
+npy_of tx.npy '<f4' '(20, 4)' 320
+npy_of tlabels.npy '<i8' '(20,)' 160
+npy_of tfloat.npy '<f4' '(20,)' 80
+run --devices cpu --model 4-8-3 --data tx.npy --targets tlabels.npy --task classification --steps 2 >out 2>&1 &&
+  grep -q '^  classification' out && ok || bad "--task classification with integer labels: $(tail -1 out)"
+refuse "--task: the task of --data follows from its targets: float rows (regression), not --task classification; class labels are integers" \
+  --devices cpu --model 4-8-1 --data tx.npy --targets tfloat.npy --task classification --steps 2
+refuse "the model gives [3] (class labels are integers: an integer .npy, int32 or int64, trains a classifier)" \
+  --devices cpu --model 4-8-3 --data tx.npy --targets tfloat.npy --steps 2
+# --eval-every 0 is documented (validation at each epoch's end).
+"$exe" --help | grep -q -- '--eval-every INT .*0, the default: at the end of each epoch' && ok ||
+  bad "--eval-every 0 is not documented in --help"
 
 finish

@@ -34,14 +34,14 @@ inline TrainConfig small(data::Task task, const std::string& opt, int64_t batch)
   c.batch = batch;
   c.steps = 20;
   c.log_every = 1000;
-  c.bucket_mb = 0.001;  // about 1 KB: the parameters span several buckets
+  c.parallel.bucket_mb = 0.001;  // about 1 KB: the parameters span several buckets
   return c;
 }
 
 // What a run of `c` under ZeRO stage `zero` says when it stops on a non-finite gradient.
 inline std::string stop_message(TrainConfig c, int zero) {
   c.on_nonfinite = "stop";
-  c.zero = zero;
+  c.parallel.zero = zero;
   try {
     Trainer(c).run();
   } catch (const NonFiniteError& e) {
@@ -59,7 +59,7 @@ inline TrainConfig dp_config(data::Task task, const std::string& opt) {
   c.batch = 10;  // uneven on 3 and 4 replicas
   c.steps = 20;
   c.log_every = 1000;
-  c.bucket_mb = 0.002;  // several buckets
+  c.parallel.bucket_mb = 0.002;  // several buckets
   return c;
 }
 
@@ -67,7 +67,7 @@ inline TrainConfig dp_config(data::Task task, const std::string& opt) {
 // identical, and returns the master's weights.
 inline std::vector<float> train_dp(TrainConfig c, std::vector<Device> devices, Reduce path) {
   c.devices = std::move(devices);
-  c.reduce = path;
+  c.parallel.reduce = path;
   Trainer t(c);
   for (int64_t s = 0; s < c.steps; ++s) {
     t.step(s);

@@ -8,10 +8,10 @@
 
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
-#include "kernels/cpu/cpu.hpp"
-#include "runtime/allocator.hpp"
 #include "catch.hpp"
 #include "common.hpp"
+#include "kernels/cpu/cpu.hpp"
+#include "runtime/allocator.hpp"
 
 using namespace dpt;
 using namespace dpt::test;

@@ -741,7 +741,7 @@ TEST_CASE("a bf16 run resumes bit-identically from its fp32 master weights", "[c
   test::TempDir dir;
   TrainConfig c;
   c.model = "10-24x2-3";
-  c.precision = Precision::bf16;
+  c.parallel.precision = Precision::bf16;
   c.batch = 12;
   check_resume(
       c, dir.file("bf16.safetensors"),
@@ -770,9 +770,9 @@ TEST_CASE("twin buffers resume bit-identically, the state moved to the copy an o
     test::TempDir dir;
     TrainConfig c;
     c.model = "10-24x2-3";
-    c.precision = precision;
+    c.parallel.precision = precision;
     c.batch = 12;
-    c.twin_buffers = TwinBuffers::on;
+    c.parallel.twin_buffers = TwinBuffers::on;
     const auto saved = [](const ckpt::Checkpoint&, const std::string&) {};
     check_resume(c, dir.file("twins.safetensors"), saved, [](Trainer& resumed, Trainer* full) {
       CHECK(resumed.optimizer().twin_buffers());

@@ -258,7 +258,7 @@ TEST_CASE("a CNN on logical replicas of one GPU equals one-GPU training, with no
   TrainConfig bn = cnn_config("cnn:3x8x8-c6k3-bn-p2-f4");
   train_dp(bn, {gpu, gpu, gpu}, Reduce::p2p);  // asserts the replicas (buffers too) stay identical
   bn.devices = {gpu, gpu};
-  bn.reduce = Reduce::p2p;
+  bn.parallel.reduce = Reduce::p2p;
   Trainer t(bn);
   t.step(0, /*measure=*/true);  // as a run's first step, which is logged
   const int64_t after_first = allocator(gpu).stats().system_allocs;
@@ -278,7 +278,7 @@ TEST_CASE("a CNN step recorded as a CUDA graph trains exactly like the eager ste
   Trainer eager(c);
   eager.run();
   const size_t eager_peak = allocator(gpu).stats().peak_reserved - eager_base;
-  c.cuda_graph = true;
+  c.parallel.cuda_graph = true;
   allocator(gpu).empty_cache();
   allocator(gpu).reset_peak();
   const size_t base = allocator(gpu).stats().reserved;  // eager's model and optimizer, still alive
@@ -292,11 +292,11 @@ TEST_CASE("a CNN step recorded as a CUDA graph trains exactly like the eager ste
   // Batch norm on 2 logical replicas with 2 micro-batches: the running statistics are
   // copied from the master to the other replica inside the graph too.
   c.devices = {gpu, gpu};
-  c.grad_accum = 2;
-  c.cuda_graph = false;
+  c.parallel.grad_accum = 2;
+  c.parallel.cuda_graph = false;
   Trainer eager2(c);
   eager2.run();
-  c.cuda_graph = true;
+  c.parallel.cuda_graph = true;
   Trainer graphed2(c);
   graphed2.run();
   CHECK(graphed2.model().flat_params().to_host() == eager2.model().flat_params().to_host());

@@ -669,7 +669,7 @@ TEST_CASE("twin buffers by default on a GPU from 2M parameters, one copy below",
     Trainer t(c);
     REQUIRE((t.model().flat_params().numel() >= kTwinsFromParams) == above);
     CHECK(t.optimizer().twin_buffers() == above);
-    c.twin_buffers = TwinBuffers::off;
+    c.parallel.twin_buffers = TwinBuffers::off;
     CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
   }
 }
@@ -690,13 +690,13 @@ TEST_CASE("twin buffers train bit for bit as one copy, eager and as a CUDA graph
         c.lr = opt == "sgd" ? 0.05f : 0.003f;
         c.momentum = 0.9f;
         c.schedule = "cosine";
-        c.precision = p;
-        c.cuda_graph = graph;
-        c.twin_buffers = TwinBuffers::off;
+        c.parallel.precision = p;
+        c.parallel.cuda_graph = graph;
+        c.parallel.twin_buffers = TwinBuffers::off;
         Trainer one(c);
         one.run();
         CHECK_FALSE(one.optimizer().twin_buffers());
-        c.twin_buffers = TwinBuffers::on;
+        c.parallel.twin_buffers = TwinBuffers::on;
         Trainer two(c);
         for (int64_t s = 0; s < 3; ++s) two.step(s);  // as a graph: eager, recorded for each parity
         two.run();

@@ -102,7 +102,7 @@ TEST_CASE("N CPU replicas train exactly like one device on the whole batch", "[p
                                        << reduce_name(path));
             TrainConfig c = one;
             c.devices = cpus(n);
-            c.reduce = path;
+            c.parallel.reduce = path;
             Trainer t(c);
             REQUIRE(t.parallel().buckets() > 1);
             for (int64_t s = 0; s < c.steps; ++s) {
@@ -123,11 +123,11 @@ TEST_CASE("twin buffers on N CPU replicas train bit for bit as one copy, overlap
       INFO(opt << (overlap ? ", overlapped" : ", after backward"));
       TrainConfig c = small(data::Task::regression, opt, 12);
       c.devices = cpus(3, 120);
-      c.overlap = overlap;
-      c.twin_buffers = TwinBuffers::off;
+      c.parallel.overlap = overlap;
+      c.parallel.twin_buffers = TwinBuffers::off;
       Trainer one(c);
       one.run();
-      c.twin_buffers = TwinBuffers::on;
+      c.parallel.twin_buffers = TwinBuffers::on;
       Trainer two(c);
       for (int64_t s = 0; s < c.steps; ++s) {
         two.step(s);
@@ -140,10 +140,10 @@ TEST_CASE("twin buffers on N CPU replicas train bit for bit as one copy, overlap
       CHECK(one.parallel().model_state_bytes()[0].twins == 0);
       CHECK(two.model().flat_params().to_host() == one.model().flat_params().to_host());
       // The default keeps one copy on CPUs, and clipping keeps one anywhere.
-      c.twin_buffers = TwinBuffers::automatic;
+      c.parallel.twin_buffers = TwinBuffers::automatic;
       CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
-      c.twin_buffers = TwinBuffers::on;
-      c.clip = 1.0f;
+      c.parallel.twin_buffers = TwinBuffers::on;
+      c.parallel.clip = 1.0f;
       CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
     }
   // A non-finite step is skipped alike.
@@ -151,10 +151,10 @@ TEST_CASE("twin buffers on N CPU replicas train bit for bit as one copy, overlap
   c.lr = 1e30f;
   c.on_nonfinite = "skip-step";
   c.devices = cpus(2, 125);
-  c.twin_buffers = TwinBuffers::off;
+  c.parallel.twin_buffers = TwinBuffers::off;
   Trainer one(c);
   const TrainResult a = one.run();
-  c.twin_buffers = TwinBuffers::on;
+  c.parallel.twin_buffers = TwinBuffers::on;
   Trainer two(c);
   const TrainResult b = two.run();
   CHECK(a.skipped > 0);
@@ -215,16 +215,16 @@ TEST_CASE("memory: no device is a dumping ground", "[parallel][memory]") {
   c.model = "64-256x2-16";
   c.momentum = 0.0f;  // no optimizer state: the master's extra on p2p is the staging bucket alone
   c.steps = 3;
-  c.bucket_mb = 0.05;
+  c.parallel.bucket_mb = 0.05;
   SECTION("host: every replica within 5% of the master") {
     c.devices = cpus(4, 100);
-    c.reduce = Reduce::host;
+    c.parallel.reduce = Reduce::host;
     auto p = peaks(Trainer(c).run());
     for (size_t i = 1; i < p.size(); ++i) CHECK(std::fabs(p[0] - p[i]) <= 0.05 * p[i]);
   }
   SECTION("p2p: the master's extra is one reused staging bucket, not N-1 gradient copies") {
     c.devices = cpus(4, 200);
-    c.reduce = Reduce::p2p;
+    c.parallel.reduce = Reduce::p2p;
     Trainer t(c);
     const double grads = static_cast<double>(t.model().flat_grads().nbytes());
     auto p = peaks(t.run());
@@ -263,8 +263,8 @@ TEST_CASE("reducing after backward (no overlap) and with gradient accumulation g
       INFO("overlap " << overlap << " grad-accum " << accum);
       TrainConfig c = one;
       c.devices = cpus(3);
-      c.overlap = overlap;
-      c.grad_accum = accum;
+      c.parallel.overlap = overlap;
+      c.parallel.grad_accum = accum;
       Trainer t(c);
       t.run();
       CHECK(t.parallel().replicas_identical());
@@ -284,7 +284,7 @@ TEST_CASE("data-parallel steps allocate nothing after the first, replicas sharin
       const Device d{DeviceType::cpu, next};
       c.devices = shared ? std::vector<Device>{d, d, d} : cpus(3, next);
       next += 3;
-      c.reduce = path;
+      c.parallel.reduce = path;
       Trainer t(c);
       t.step(0, /*measure=*/true);  // as a run's first step, which is logged
       auto allocs = [&] {
@@ -311,7 +311,7 @@ TEST_CASE("a CNN on N CPU replicas trains exactly like one device on the whole b
       INFO(n << " devices, reduce " << reduce_name(path));
       TrainConfig c = one;
       c.devices = cpus(n);
-      c.reduce = path;
+      c.parallel.reduce = path;
       Trainer t(c);
       REQUIRE(t.parallel().buckets() > 1);
       t.run();
@@ -366,7 +366,7 @@ TEST_CASE("N CPU replicas train a bf16 model like one device, every replica's sh
     one.devices = cpus(1);
     Trainer f32(one);
     f32.run();
-    one.precision = Precision::bf16;
+    one.parallel.precision = Precision::bf16;
     Trainer ref(one);
     ref.run();
     const auto want = ref.model().flat_params().to_host();
@@ -376,7 +376,7 @@ TEST_CASE("N CPU replicas train a bf16 model like one device, every replica's sh
         INFO(opt << " on " << n << " devices, reduce " << reduce_name(path));
         TrainConfig c = one;
         c.devices = cpus(n);
-        c.reduce = path;
+        c.parallel.reduce = path;
         Trainer t(c);
         for (int64_t s = 0; s < c.steps; ++s) {
           t.step(s);
@@ -446,7 +446,7 @@ TEST_CASE("logical replicas on one GPU (p2p) and NCCL with one rank equal one-GP
 TEST_CASE("data-parallel steps make no cudaMalloc after the first", "[gpu][parallel][allocator]") {
   TrainConfig c = dp_config(data::Task::regression, "sgd");
   c.devices = {gpu, gpu, gpu};
-  c.reduce = Reduce::p2p;
+  c.parallel.reduce = Reduce::p2p;
   c.steps = 15;
   Trainer t(c);
   t.step(0, /*measure=*/true);  // as a run's first step, which is logged
@@ -482,12 +482,12 @@ TEST_CASE("N GPUs equal one GPU on both paths, with balanced memory", "[gpu][par
   c.momentum = 0.0f;
   c.batch = 256 * gpus;
   c.steps = 3;
-  c.bucket_mb = 1.0;
+  c.parallel.bucket_mb = 1.0;
   for (Reduce path : {Reduce::nccl, Reduce::p2p}) {
     if (path == Reduce::nccl && !built_with_nccl()) continue;
     for (const Device& d : devs) allocator(d).reset_peak();
     c.devices = devs;
-    c.reduce = path;
+    c.parallel.reduce = path;
     TrainResult r = Trainer(c).run();
     const double master = static_cast<double>(r.memory[0].second.peak_allocated);
     for (size_t i = 1; i < r.memory.size(); ++i) {
@@ -522,7 +522,7 @@ TEST_CASE("a host batch is split, staged through pinned memory and trained exact
 TEST_CASE("bf16 on logical replicas of one GPU (p2p), NCCL with one rank and a CUDA graph equal one GPU",
           "[gpu][parallel][graph][bf16]") {
   TrainConfig c = dp_config(data::Task::regression, "adamw");
-  c.precision = Precision::bf16;
+  c.parallel.precision = Precision::bf16;
   const auto want = train_dp(c, {gpu}, Reduce::automatic);  // asserts replicas identical, shadows included
   for (int n : {2, 3}) {
     INFO(n << " logical replicas on cuda:0");
@@ -535,7 +535,7 @@ TEST_CASE("bf16 on logical replicas of one GPU (p2p), NCCL with one rank and a C
   c.devices = {gpu};
   Trainer eager(c);
   eager.run();
-  c.cuda_graph = true;
+  c.parallel.cuda_graph = true;
   Trainer graphed(c);
   for (int64_t s = 0; s < 3; ++s) graphed.step(s);  // eager, recorded, replayed
   const int64_t allocs = allocator(gpu).stats().system_allocs;

@@ -164,11 +164,11 @@ TEST_CASE("bf16 on the wire trains within 1e-2 of fp32 on N replicas, and one de
       INFO(opt << " on " << n << " replicas, reduce " << reduce_name(path) << ", zero " << zero);
       TrainConfig c = small(data::Task::regression, opt, 12);
       c.devices = cpus(n, 70);
-      c.reduce = path;
-      c.zero = zero;
+      c.parallel.reduce = path;
+      c.parallel.zero = zero;
       Trainer fp32(c);
       fp32.run();
-      c.grad_comm = DType::bf16;
+      c.parallel.grad_comm = DType::bf16;
       Trainer bf16(c);
       for (int64_t s = 0; s < c.steps; ++s) {
         bf16.step(s);
@@ -288,15 +288,15 @@ TEST_CASE("tuned buckets: each size tried, the fastest kept, the parameters thos
     TrainConfig c = small(data::Task::regression, "sgd", 12);
     c.model = "64-512x2-16";  // 304 K parameters: 1.16 MiB of gradients
     c.steps = 30;
-    c.bucket_mb = 25;
-    c.first_bucket_mb = 64;  // the first bucket as the others'
+    c.parallel.bucket_mb = 25;
+    c.parallel.first_bucket_mb = 64;  // the first bucket as the others'
 
     c.devices = cpus(3, 400);
-    c.reduce = path;
+    c.parallel.reduce = path;
     Trainer fixed(c);
     fixed.run();
     c.devices = cpus(3, 410);
-    c.tune_buckets = true;
+    c.parallel.tune_buckets = true;
     Trainer tuned(c);
     REQUIRE(tuned.parallel().tuning_buckets());
     tuned.run();
@@ -309,14 +309,14 @@ TEST_CASE("tuned buckets: each size tried, the fastest kept, the parameters thos
     CHECK(tuned.parallel().replicas_identical());
   }
   TrainConfig c = small(data::Task::regression, "sgd", 12);
-  c.tune_buckets = true;
-  c.zero = 2;
+  c.parallel.tune_buckets = true;
+  c.parallel.zero = 2;
   c.devices = cpus(2, 420);
   try {
     Trainer t(c);
     FAIL("accepted");
   } catch (const UsageError& e) {
-    CHECK(std::string(e.what()).find("TrainConfig::tune_buckets changes the buckets between eager steps") == 0);
+    CHECK(std::string(e.what()).find("DataParallelOptions::tune_buckets changes the buckets between eager steps") == 0);
   }
 }
 
@@ -349,10 +349,10 @@ TEST_CASE("bf16 on the wire between logical replicas (p2p): the master's gradien
   // And training: within bf16's tolerance of the fp32 wire, the replicas identical.
   TrainConfig c = dp_config(data::Task::regression, "adamw");
   c.devices = {gpu, gpu};
-  c.reduce = Reduce::p2p;
+  c.parallel.reduce = Reduce::p2p;
   Trainer fp32(c);
   fp32.run();
-  c.grad_comm = DType::bf16;
+  c.parallel.grad_comm = DType::bf16;
   Trainer bf16(c);
   bf16.run();
   CHECK(bf16.parallel().replicas_identical());

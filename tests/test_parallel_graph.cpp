@@ -33,10 +33,10 @@ TEST_CASE("a CUDA graph of logical replicas gives the eager step's parameters at
     c.steps = 6;
     c.log_every = 1000;
     c.lr = 0.05f;
-    c.clip = clip;
+    c.parallel.clip = clip;
     c.devices = {gpu, gpu};
     Trainer eager(c), eager2(c);
-    c.cuda_graph = true;
+    c.parallel.cuda_graph = true;
     Trainer graphed(c);
     for (int64_t s = 0; s < c.steps; ++s) {
       INFO("clip " << clip << ", step " << s + 1 << " (1 eager, 2 and 3 recorded, then replays)");
@@ -164,11 +164,11 @@ TEST_CASE("synthetic blocks of one step are made straight into a CUDA graph's in
       c.log_every = 1000;
       c.devices = std::vector<Device>(replicas, gpu);
       c.lr = 0.05f;
-      c.precision = p;
-      c.twin_buffers = TwinBuffers::on;  // 0.5M parameters: one copy by default
+      c.parallel.precision = p;
+      c.parallel.twin_buffers = TwinBuffers::on;  // 0.5M parameters: one copy by default
       Trainer eager(c);
       eager.run();
-      c.cuda_graph = true;
+      c.parallel.cuda_graph = true;
       Trainer graphed(c);
       graphed.run();
       CHECK(graphed.optimizer().twin_buffers());
@@ -201,11 +201,11 @@ TEST_CASE("a step recorded as a CUDA graph trains exactly like the eager step", 
     c.lr = std::string(k.optimizer) == "sgd" ? 0.05f : 0.003f;
     c.schedule = k.schedule;
     c.warmup = std::string(k.schedule) == "constant" ? 0 : 3;  // constant has no warm-up
-    c.clip = k.clip;
-    c.grad_accum = k.accum;
+    c.parallel.clip = k.clip;
+    c.parallel.grad_accum = k.accum;
     Trainer eager(c);
     eager.run();
-    c.cuda_graph = true;
+    c.parallel.cuda_graph = true;
     Trainer graphed(c);
     for (int64_t s = 0; s < 3; ++s) graphed.step(s);  // eager, then recorded for each parity
     const int64_t allocs = allocator(gpu).stats().system_allocs;
@@ -230,7 +230,7 @@ TEST_CASE("a CUDA graph on file data trains exactly like the eager step", "[gpu]
   for (auto [replicas, accum] : {std::pair<size_t, int>{1, 1}, {2, 1}, {1, 3}, {2, 2}}) {
     INFO("replicas " << replicas << ", grad_accum " << accum);
     TrainConfig c;
-    c.grad_accum = accum;
+    c.parallel.grad_accum = accum;
     c.model = "12-24x2-5";
     c.optimizer = "adamw";
     c.lr = 0.003f;
@@ -240,7 +240,7 @@ TEST_CASE("a CUDA graph on file data trains exactly like the eager step", "[gpu]
     c.devices = std::vector<Device>(replicas, gpu);
     Trainer eager(c, set);
     eager.run();
-    c.cuda_graph = true;
+    c.parallel.cuda_graph = true;
     Trainer graphed(c, set);
     graphed.run();
     CHECK(graphed.model().flat_params().to_host() == eager.model().flat_params().to_host());  // bit for bit

@@ -56,11 +56,11 @@ TEST_CASE("ZeRO stage 1 trains as stage 0, each replica holding only its shard o
                                    << clip);
         TrainConfig c = small(task, opt, 10);  // uneven: 10 over 3 or 5
         c.devices = cpus(n, 40);
-        c.grad_accum = accum;
-        c.clip = clip;
+        c.parallel.grad_accum = accum;
+        c.parallel.clip = clip;
         Trainer plain(c);
         plain.run();
-        c.zero = 1;
+        c.parallel.zero = 1;
         Trainer sharded(c);
         for (int64_t s = 0; s < c.steps; ++s) {
           sharded.step(s);
@@ -98,13 +98,13 @@ TEST_CASE("ZeRO under bf16 compute: every replica's shadow follows the gathered 
   for (std::string opt : {"sgd", "adamw"}) {
     INFO(opt);
     TrainConfig c = small(data::Task::regression, opt, 10);
-    c.precision = Precision::bf16;
+    c.parallel.precision = Precision::bf16;
     c.devices = cpus(3, 130);
     Trainer plain(c);
     plain.run();
     for (int zero : {1, 2}) {
       INFO("zero " << zero);
-      c.zero = zero;
+      c.parallel.zero = zero;
       Trainer sharded(c);
       for (int64_t s = 0; s < c.steps; ++s) {
         sharded.step(s);
@@ -126,7 +126,7 @@ TEST_CASE("ZeRO with more replicas than a small model's shards leaves some empty
   c.devices = cpus(12, 60);
   Trainer plain(c);
   plain.run();
-  c.zero = 1;
+  c.parallel.zero = 1;
   Trainer sharded(c);
   sharded.run();
   const auto shards = sharded.parallel().zero_shards();
@@ -140,7 +140,7 @@ TEST_CASE("a ZeRO checkpoint is the flat state: it resumes on other replica coun
   TrainConfig c = small(data::Task::regression, "adamw", 12);
   c.steps = 20;
   c.devices = cpus(4, 80);
-  c.zero = 1;
+  c.parallel.zero = 1;
   Trainer whole(c);  // 20 steps without a break
   whole.run();
   const auto want = whole.model().flat_params().to_host();
@@ -152,7 +152,7 @@ TEST_CASE("a ZeRO checkpoint is the flat state: it resumes on other replica coun
     INFO("resumed on " << n << " replicas, zero " << zero);
     TrainConfig rest = c;
     rest.devices = cpus(n, 90);
-    rest.zero = zero;
+    rest.parallel.zero = zero;
     rest.resume = first.save;
     Trainer t(rest);
     t.run();
@@ -162,7 +162,7 @@ TEST_CASE("a ZeRO checkpoint is the flat state: it resumes on other replica coun
   }
   // And a plain checkpoint resumes sharded.
   TrainConfig plain = first;
-  plain.zero = 0;
+  plain.parallel.zero = 0;
   plain.devices = cpus(2, 100);
   plain.save = (dir.path / "plain.safetensors").string();
   Trainer(plain).run();
@@ -179,7 +179,7 @@ TEST_CASE("ZeRO skips a non-finite step on every replica alike", "[parallel][zer
   c.on_nonfinite = "skip-step";
   c.devices = cpus(3, 110);
   const TrainResult plain = Trainer(c).run();
-  c.zero = 1;
+  c.parallel.zero = 1;
   Trainer sharded(c);
   const TrainResult r = sharded.run();
   CHECK(plain.skipped > 0);
@@ -194,15 +194,15 @@ TEST_CASE("ZeRO skips a non-finite step on every replica alike", "[parallel][zer
 TEST_CASE("ZeRO refuses what it does not do yet, naming the setting", "[parallel][zero]") {
   TrainConfig c = small(data::Task::regression, "sgd", 12);
   c.devices = cpus(2, 120);
-  c.zero = 3;
+  c.parallel.zero = 3;
   CHECK_THROWS_AS(Trainer(c), UsageError);
   for (int zero : {1, 2}) {
-    c.zero = zero;
-    c.reduce = Reduce::p2p;
+    c.parallel.zero = zero;
+    c.parallel.reduce = Reduce::p2p;
     CHECK_THROWS_AS(Trainer(c), UsageError);
   }
-  c.reduce = Reduce::automatic;
-  c.grad_comm = DType::bf16;  // stage 2 between CPU devices sums fp32
+  c.parallel.reduce = Reduce::automatic;
+  c.parallel.grad_comm = DType::bf16;  // stage 2 between CPU devices sums fp32
   std::string why;
   try {
     Trainer t(c);
@@ -243,12 +243,12 @@ TEST_CASE("ZeRO stage 2 trains as stage 1, each replica holding a gradient shard
                                    << clip);
         TrainConfig c = small(task, opt, 10);  // uneven: 10 over 3 or 5
         c.devices = cpus(n, 140);
-        c.grad_accum = accum;
-        c.clip = clip;
-        c.zero = 1;
+        c.parallel.grad_accum = accum;
+        c.parallel.clip = clip;
+        c.parallel.zero = 1;
         Trainer one(c);
         one.run();
-        c.zero = 2;
+        c.parallel.zero = 2;
         c.devices = cpus(n, 240);
         Trainer two(c);
         for (int64_t s = 0; s < c.steps; ++s) {
@@ -274,12 +274,12 @@ TEST_CASE("ZeRO stage 2 keeps the padding inside a bucket zero when the slot's o
     INFO(model << ", buckets of " << bucket_mb << " MB");
     TrainConfig c = small(data::Task::classification, "sgd", 10);
     c.model = model;
-    c.bucket_mb = bucket_mb;
+    c.parallel.bucket_mb = bucket_mb;
     c.devices = cpus(3, 250);
-    c.zero = 1;
+    c.parallel.zero = 1;
     Trainer one(c);
     one.run();
-    c.zero = 2;
+    c.parallel.zero = 2;
     c.devices = cpus(3, 260);
     Trainer two(c);
     two.run();
@@ -290,10 +290,10 @@ TEST_CASE("ZeRO stage 2 keeps the padding inside a bucket zero when the slot's o
 
 TEST_CASE("ZeRO stage 2 keeps a shard of the gradients and the buckets in flight", "[parallel][zero]") {
   TrainConfig c = small(data::Task::regression, "adamw", 16);
-  c.model = "32-32x8-32";  // nine layers of 1056 floats
-  c.bucket_mb = 0.005;     // 1310 floats: a layer a bucket
+  c.model = "32-32x8-32";        // nine layers of 1056 floats
+  c.parallel.bucket_mb = 0.005;  // 1310 floats: a layer a bucket
   c.devices = cpus(4, 150);
-  c.zero = 2;
+  c.parallel.zero = 2;
   Trainer t(c);
   t.run();
   int64_t total = 0;
@@ -302,7 +302,8 @@ TEST_CASE("ZeRO stage 2 keeps a shard of the gradients and the buckets in flight
   for (const nn::Parameter* p : t.model().parameters()) sizes.push_back(numel(p->shape));
   int64_t largest = 0;
   int64_t at = total;
-  const auto buckets = make_param_buckets(offsets, sizes, c.bucket_mb * 1024 * 1024, c.bucket_mb * 1024 * 1024);
+  const auto buckets =
+      make_param_buckets(offsets, sizes, c.parallel.bucket_mb * 1024 * 1024, c.parallel.bucket_mb * 1024 * 1024);
   CHECK(buckets.size() == 9);  // a layer a bucket
   for (const Bucket& b : buckets) {
     CHECK(b.offset + b.count <= at);  // from the end of the buffer, in order
@@ -326,7 +327,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
   c.on_nonfinite = "skip-step";
   c.devices = cpus(3, 160);
   const TrainResult plain = Trainer(c).run();
-  c.zero = 2;
+  c.parallel.zero = 2;
   Trainer sharded(c);
   CHECK(sharded.run().skipped == plain.skipped);
   CHECK(sharded.parallel().replicas_identical());
@@ -337,7 +338,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
   tiny.devices = cpus(12, 170);
   Trainer a(tiny);
   a.run();
-  tiny.zero = 2;
+  tiny.parallel.zero = 2;
   Trainer b(tiny);
   b.run();
   CHECK(test::rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host()) <= 1e-6);
@@ -345,7 +346,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
   test::TempDir dir;
   TrainConfig w = small(data::Task::regression, "adamw", 12);
   w.devices = cpus(4, 190);
-  w.zero = 2;
+  w.parallel.zero = 2;
   Trainer whole(w);
   whole.run();
   const auto want = whole.model().flat_params().to_host();
@@ -357,7 +358,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
     INFO("resumed on " << n << " replicas, zero " << zero);
     TrainConfig rest = w;
     rest.devices = cpus(n, 200);
-    rest.zero = zero;
+    rest.parallel.zero = zero;
     rest.resume = first.save;
     Trainer t(rest);
     t.run();
@@ -366,7 +367,7 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
     else CHECK(test::rel_error(got, want) <= 1e-5);
   }
   TrainConfig plain0 = first;
-  plain0.zero = 0;
+  plain0.parallel.zero = 0;
   plain0.save = (dir.path / "plain.safetensors").string();
   Trainer(plain0).run();
   TrainConfig rest = w;
@@ -392,13 +393,13 @@ TEST_CASE("ZeRO stage 1 on one GPU (NCCL, one shard) gives stage 0's parameters 
           c.log_every = 1000;
           c.optimizer = opt;
           c.lr = opt == "sgd" ? 0.05f : 0.003f;
-          c.clip = clip;
-          c.precision = p;
-          c.cuda_graph = graph;
+          c.parallel.clip = clip;
+          c.parallel.precision = p;
+          c.parallel.cuda_graph = graph;
           c.devices = {gpu};
           Trainer plain(c);
           plain.run();
-          c.zero = 1;
+          c.parallel.zero = 1;
           Trainer sharded(c);
           sharded.run();
           CHECK(sharded.parallel().reduce() == Reduce::nccl);
@@ -428,16 +429,16 @@ TEST_CASE("ZeRO stage 2 on one GPU (NCCL, one shard, gradients in two slots) giv
             c.log_every = 1000;
             c.optimizer = opt;
             c.lr = opt == "sgd" ? 0.05f : 0.003f;
-            c.clip = clip;
-            c.precision = p;
-            c.grad_accum = accum;
+            c.parallel.clip = clip;
+            c.parallel.precision = p;
+            c.parallel.grad_accum = accum;
             // Several buckets, small parameters sharing them over padding.
-            c.bucket_mb = c.task == data::Task::classification ? 0.001 : 0.004;
+            c.parallel.bucket_mb = c.task == data::Task::classification ? 0.001 : 0.004;
             c.devices = {gpu};
-            c.zero = 1;
+            c.parallel.zero = 1;
             Trainer one(c);
             one.run();
-            c.zero = 2;
+            c.parallel.zero = 2;
             Trainer two(c);
             two.run();
             CHECK(two.parallel().reduce() == Reduce::nccl);
@@ -461,8 +462,8 @@ TEST_CASE("ZeRO stages 1 and 2 over N GPUs (NCCL) train as stage 0", "[gpu][para
     for (float clip : {0.0f, 0.5f})
       for (int accum : {1, 2}) {
         TrainConfig c = dp_config(data::Task::regression, opt);
-        c.clip = clip;
-        c.grad_accum = accum;
+        c.parallel.clip = clip;
+        c.parallel.grad_accum = accum;
         c.batch = 30;
         for (int n = 2; n <= std::min(gpus, 8); ++n) {
           std::vector<Device> devs;
@@ -471,7 +472,7 @@ TEST_CASE("ZeRO stages 1 and 2 over N GPUs (NCCL) train as stage 0", "[gpu][para
           for (int zero : {1, 2}) {
             INFO(opt << ", clip " << clip << ", " << accum << " micro-batches, " << n << " GPUs, zero " << zero);
             TrainConfig z = c;
-            z.zero = zero;
+            z.parallel.zero = zero;
             CHECK(rel_error(train_dp(z, devs, Reduce::nccl), want) <= 1e-6);
           }
         }

@@ -440,7 +440,7 @@ TEST_CASE("the GPU allocator makes no cudaMalloc after the first training step",
     cfg.batch = 512;
     cfg.steps = 30;
     cfg.log_every = 7;
-    cfg.gemm = impl;
+    cfg.parallel.gemm = impl;
     cfg.devices = {gpu};
     Trainer t(cfg);
     t.step(0, /*measure=*/true);  // as a run's first step, which is logged

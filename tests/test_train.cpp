@@ -66,7 +66,7 @@ TEST_CASE("the training loop waits for its devices only at log points", "[train]
   cfg.batch = 48;
   cfg.steps = 40;
   cfg.log_every = 10;
-  cfg.clip = 1.0f;  // the gradient check and the clipping scale, read behind the steps
+  cfg.parallel.clip = 1.0f;  // the gradient check and the clipping scale, read behind the steps
   struct Case {
     const char* what;
     size_t replicas;
@@ -76,7 +76,7 @@ TEST_CASE("the training loop waits for its devices only at log points", "[train]
        {Case{"one device", 1, 1}, Case{"3 replicas", 3, 1}, Case{"3 replicas x 2 micro-batches", 3, 2}}) {
     INFO(c.what);
     cfg.devices = std::vector<Device>(c.replicas, Device{DeviceType::cpu, 7});
-    cfg.grad_accum = c.accum;
+    cfg.parallel.grad_accum = c.accum;
     Trainer t(cfg);
     std::vector<int64_t> at;
     t.run({}, [&] {
@@ -175,7 +175,7 @@ TEST_CASE("bad training configurations are refused", "[train]") {
   refused([](TrainConfig& c) { c.model = "3"; });
   refused([](TrainConfig& c) {  // the hand-written GEMM is a CUDA kernel
     c.devices = {{DeviceType::cpu, 0}};
-    c.gemm = GemmImpl::native;
+    c.parallel.gemm = GemmImpl::native;
   });
   refused([](TrainConfig& c) {
     c.task = data::Task::classification;
@@ -206,30 +206,31 @@ TEST_CASE("configuration errors name the field and the value, not a flag", "[tra
     return message([&] { validate(cfg); });
   };
   CHECK(config_error([](TrainConfig& c) { c.batch = 0; }) == "TrainConfig::batch must be >= 1, got 0");
-  CHECK(config_error([](TrainConfig& c) { c.grad_accum = -2; }) == "TrainConfig::grad_accum must be >= 1, got -2");
+  CHECK(config_error([](TrainConfig& c) { c.parallel.grad_accum = -2; }) ==
+        "DataParallelOptions::grad_accum must be >= 1, got -2");
   // A CUDA graph is refused where it cannot be recorded, saying why: CPU devices, with
   // --ddp or without (ranks on GPUs record their steps, collectives and all).
   for (bool ddp : {false, true}) {
     const std::string e = config_error([&](TrainConfig& c) {
-      c.cuda_graph = true;
+      c.parallel.cuda_graph = true;
       c.ddp = ddp;
       c.devices = {{DeviceType::cpu, 0}};
     });
-    CHECK(e == "TrainConfig::cuda_graph records steps on GPUs: not on CPU devices (no CUDA there)");
+    CHECK(e == "DataParallelOptions::cuda_graph records steps on GPUs: not on CPU devices (no CUDA there)");
   }
-  CHECK(config_error([](TrainConfig& c) { c.bucket_mb = 0; }) ==
-        "TrainConfig::bucket_mb must be in (0, 1048576] MiB, got 0");
-  CHECK(config_error([](TrainConfig& c) { c.first_bucket_mb = NAN; }) ==
-        "TrainConfig::first_bucket_mb must be in (0, 1048576] MiB, got nan");
-  CHECK(config_error([](TrainConfig& c) { c.comm_ctas = 65; }) ==
-        "TrainConfig::comm_ctas must be in [0, 64] (0: NCCL's choice), got 65");
+  CHECK(config_error([](TrainConfig& c) { c.parallel.bucket_mb = 0; }) ==
+        "DataParallelOptions::bucket_mb must be in (0, 1048576] MiB, got 0");
+  CHECK(config_error([](TrainConfig& c) { c.parallel.first_bucket_mb = NAN; }) ==
+        "DataParallelOptions::first_bucket_mb must be in (0, 1048576] MiB, got nan");
+  CHECK(config_error([](TrainConfig& c) { c.parallel.comm_ctas = 65; }) ==
+        "DataParallelOptions::comm_ctas must be in [0, 64] (0: NCCL's choice), got 65");
   CHECK(config_error([](TrainConfig& c) { c.save_every = 5; }) ==
         "TrainConfig::save_every needs TrainConfig::save (a checkpoint path)");
   // NaN is outside every range; products that overflow are refused, not wrapped.
   CHECK(config_error([](TrainConfig& c) { c.momentum = NAN; }) == "TrainConfig::momentum must be in [0, 1), got nan");
   CHECK(config_error([](TrainConfig& c) { c.beta2 = -1; }) == "TrainConfig::beta2 must be in [0, 1), got -1");
-  CHECK(config_error([](TrainConfig& c) { c.clip = INFINITY; }) ==
-        "TrainConfig::clip must be a finite number >= 0 (0: off), got inf");
+  CHECK(config_error([](TrainConfig& c) { c.parallel.clip = INFINITY; }) ==
+        "DataParallelOptions::clip must be a finite number >= 0 (0: off), got inf");
   CHECK(config_error([](TrainConfig& c) { c.eps = 0; }) == "TrainConfig::eps must be a positive number, got 0");
   CHECK(config_error([](TrainConfig& c) {
           c.nesterov = true;
@@ -243,7 +244,9 @@ TEST_CASE("configuration errors name the field and the value, not a flag", "[tra
           c.epochs = 99999999999;
           c.samples = 99999999999;
           c.batch = 1;
-        }) == "TrainConfig::epochs times TrainConfig::samples is more samples than fit in 64 bits, got 99999999999");
+        }) ==
+        "TrainConfig::epochs times TrainConfig::samples is more samples than fit in 64 bits: 99999999999 x "
+        "99999999999");
   CHECK(config_error([](TrainConfig& c) { c.save = "/"; }) == "TrainConfig::save '/': names a folder, not a file");
   // Each optimizer has its own default learning rate.
   for (const char* opt : {"sgd", "adamw"}) {
@@ -298,7 +301,7 @@ TEST_CASE("30 bf16 training steps follow the fp32 loss curve", "[train][bf16]") 
     c.log_every = 1000;
     c.devices = {host};
     Trainer f32(c);
-    c.precision = Precision::bf16;
+    c.parallel.precision = Precision::bf16;
     Trainer bf(c);
     REQUIRE(bf.model().compute_dtype() == DType::bf16);
     REQUIRE(f32.model().compute_dtype() == DType::f32);
@@ -359,7 +362,7 @@ TEST_CASE("30 bf16 training steps on CUDA follow the CPU bf16 run", "[gpu][train
       cfg.batch = 128;
       cfg.steps = 30;
       cfg.log_every = 1000;
-      cfg.precision = Precision::bf16;
+      cfg.parallel.precision = Precision::bf16;
       cfg.devices = {host};
       Trainer a(cfg);
       const TrainResult ra = a.run();

@@ -68,7 +68,7 @@ TrainConfig config(const std::string& opt) {
   c.batch = 10;
   c.epochs = 3;
   c.log_every = 1000;
-  c.bucket_mb = 0.001;  // several buckets
+  c.parallel.bucket_mb = 0.001;  // several buckets
   return c;
 }
 
@@ -403,8 +403,8 @@ TEST_CASE("file data through the GPU input pipeline trains as on the CPU, with n
     a.run();
     for (auto [n, accum] : {std::pair<size_t, int>{1, 1}, {2, 1}, {2, 3}}) {
       cfg.devices = std::vector<Device>(n, gpu);
-      cfg.reduce = n > 1 ? Reduce::p2p : Reduce::automatic;
-      cfg.grad_accum = accum;  // the loader then asks for each micro-batch in turn
+      cfg.parallel.reduce = n > 1 ? Reduce::p2p : Reduce::automatic;
+      cfg.parallel.grad_accum = accum;  // the loader then asks for each micro-batch in turn
       Trainer b(cfg, rows);
       b.step(0, /*measure=*/true);
       const int64_t after_first = allocator(gpu).stats().system_allocs;

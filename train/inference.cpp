@@ -15,8 +15,10 @@
 namespace dpt {
 
 Inference::Inference(InferenceConfig cfg) : cfg_(std::move(cfg)) {
-  if (cfg_.batch < 1) throw UsageError("InferenceConfig::batch must be >= 1, got " + std::to_string(cfg_.batch));
-  if (cfg_.checkpoint.empty()) throw UsageError("InferenceConfig::checkpoint: a checkpoint to read the model from");
+  if (cfg_.batch < 1)
+    throw UsageError("{} must be >= 1, got " + std::to_string(cfg_.batch), {{"InferenceConfig", "batch"}});
+  if (cfg_.checkpoint.empty())
+    throw UsageError("{}: a checkpoint to read the model from", {{"InferenceConfig", "checkpoint"}});
   const ckpt::Checkpoint c = load_checkpoint(cfg_.checkpoint);
   auto meta = [&](const std::string& key) {
     const auto it = c.metadata.find(key);
@@ -40,7 +42,7 @@ Inference::Inference(InferenceConfig cfg) : cfg_(std::move(cfg)) {
   for (const Device& d : cfg_.devices) {
     check_device(d);
     if (d.type != cfg_.devices.front().type)
-      throw UsageError("InferenceConfig::devices cannot mix CPU and CUDA devices");
+      throw UsageError("{} cannot mix CPU and CUDA devices", {{"InferenceConfig", "devices"}});
   }
   auto model = nn::make_model(spec_, act);
   check_shapes(c, cfg_.checkpoint, *model);  // before placing it: the metadata may name a huge model

@@ -21,32 +21,15 @@
 #include "common/atomic_file.hpp"
 #include "common/fnv1a.hpp"
 #include "data/feeder.hpp"
+#include "field_error.hpp"
 #include "input_pipeline.hpp"
 #include "model_state.hpp"
 #include "nonfinite_watch.hpp"
+#include "run_settings.hpp"
 
 namespace dpt {
 
 namespace {
-// Errors name the field (TrainConfig::batch), as a program that embeds the library knows
-// it; dptrain's CLI shows each field as its flag.
-[[noreturn]] void bad(const std::string& field, const std::string& why) {
-  throw UsageError("TrainConfig::" + field + " " + why);
-}
-// A setting's number as metadata: a float's 9 digits read back as the same float.
-std::string fmt(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
-std::string got(int64_t v) { return ", got " + std::to_string(v); }
-std::string got(int v) { return got(int64_t{v}); }
-std::string got(float v) { return ", got " + format_float(v); }
-std::string got(double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, ", got %g", v);
-  return buf;
-}
 
 // Under --ddp every rank must run one configuration: ranks whose models differ in size
 // reduce buffers of other lengths (heap corruption, found by a hostile pass), and ranks
@@ -54,7 +37,7 @@ std::string got(double v) {
 // wait out the timeout. One collective of a hash over every field; where the hashes
 // differ, one a field, to name the first that does (every rank finds the same, and
 // rank 0 reports it). The data's contents are not compared (its rows and headers are).
-void check_ranks_agree(ProcessGroup& group, const std::vector<std::pair<std::string, std::string>>& fields) {
+void check_ranks_agree(ProcessGroup& group, const std::vector<std::pair<FieldId, std::string>>& fields) {
   auto fnv = [](uint64_t h, const std::string& s) {
     constexpr unsigned char kSeparator = 0xff;  // ("ab", "c") is not ("a", "bc")
     return fnv1a(&kSeparator, 1, fnv1a(s, h));
@@ -66,108 +49,17 @@ void check_ranks_agree(ProcessGroup& group, const std::vector<std::pair<std::str
     return 0;
   };
   uint64_t h = kFnv1aOffset;
-  for (const auto& [name, value] : fields) h = fnv(fnv(h, name), value);
+  for (const auto& [id, value] : fields) h = fnv(fnv(h, id.name), value);
   if (differs(h) == 0) return;
-  for (const auto& [name, value] : fields)
+  for (const auto& [id, value] : fields)
     if (const int r = differs(fnv(kFnv1aOffset, value)); r != 0)
-      throw UsageError("TrainConfig::" + name + " differs between rank 0 and rank " + std::to_string(r) +
-                       ": every rank of a job must run one configuration");
+      throw UsageError("{} differs between rank 0 and rank " + std::to_string(r) +
+                           ": every rank of a job must run one configuration",
+                       {id});
   throw UsageError("the ranks' configurations differ: every rank of a job must run one configuration");
 }
 
 }  // namespace
-
-float default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3f : 0.05f; }
-
-nn::ModelSpec validate(TrainConfig& cfg) {
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  // NaN fails every comparison: each range is written so that NaN falls outside it.
-  auto within = [](double v, double lo, double hi) { return v >= lo && v <= hi; };
-  if (cfg.batch < 1) bad("batch", "must be >= 1" + got(cfg.batch));
-  if (cfg.epochs < 0) bad("epochs", "must be >= 0" + got(cfg.epochs));
-  if (cfg.samples < 0) bad("samples", "must be >= 0" + got(cfg.samples));
-  if (cfg.epochs > 0) {
-    if (cfg.samples < 1) bad("epochs", "needs TrainConfig::samples (the dataset size)");
-    if (cfg.epochs > kMax / cfg.samples)
-      bad("epochs", "times TrainConfig::samples is more samples than fit in 64 bits" + got(cfg.epochs));
-    const int64_t total = cfg.epochs * cfg.samples;
-    cfg.steps = total / cfg.batch + (total % cfg.batch != 0);
-  }
-  if (cfg.steps < 1) bad("steps", "must be >= 1" + got(cfg.steps));
-  // Sample indices run to steps * batch (the data's position is one counter).
-  if (cfg.steps > kMax / cfg.batch)
-    bad("steps", "times TrainConfig::batch is more samples than fit in 64 bits" + got(cfg.steps));
-  if (cfg.optimizer != "sgd" && cfg.optimizer != "adamw")
-    bad("optimizer", "'" + cfg.optimizer + "' is unknown: expected sgd or adamw");
-  if (!cfg.lr) cfg.lr = default_lr(cfg.optimizer);
-  if (!(*cfg.lr > 0.0f) || !std::isfinite(*cfg.lr)) bad("lr", "must be a positive number" + got(*cfg.lr));
-  if (!within(cfg.momentum, 0.0, 1.0) || cfg.momentum == 1.0f) bad("momentum", "must be in [0, 1)" + got(cfg.momentum));
-  if (cfg.nesterov && cfg.optimizer == "adamw")
-    bad("nesterov", "is an option of the sgd optimizer; TrainConfig::optimizer is adamw");
-  if (cfg.nesterov && cfg.optimizer == "sgd" && cfg.momentum == 0.0f)
-    bad("nesterov", "needs TrainConfig::momentum > 0" + got(cfg.momentum));
-  if (!within(cfg.weight_decay, 0.0, HUGE_VAL) || std::isinf(cfg.weight_decay))
-    bad("weight_decay", "must be a finite number >= 0" + got(cfg.weight_decay));
-  if (!within(cfg.beta1, 0.0, 1.0) || cfg.beta1 == 1.0f) bad("beta1", "must be in [0, 1)" + got(cfg.beta1));
-  if (!within(cfg.beta2, 0.0, 1.0) || cfg.beta2 == 1.0f) bad("beta2", "must be in [0, 1)" + got(cfg.beta2));
-  if (!(cfg.eps > 0.0f) || std::isinf(cfg.eps)) bad("eps", "must be a positive number" + got(cfg.eps));
-  if (!within(cfg.clip, 0.0, HUGE_VAL) || std::isinf(cfg.clip))
-    bad("clip", "must be a finite number >= 0 (0: off)" + got(cfg.clip));
-  if (cfg.log_every < 1) bad("log_every", "must be >= 1" + got(cfg.log_every));
-  if (cfg.eval_every < 0) bad("eval_every", "must be >= 0 (0: once an epoch)" + got(cfg.eval_every));
-  if (!(cfg.val_fraction >= 0.0 && cfg.val_fraction < 1.0))
-    bad("val_fraction", "must be in [0, 1)" + got(cfg.val_fraction));
-  if (cfg.data.empty() &&
-      !(cfg.targets.empty() && cfg.val_data.empty() && cfg.val_targets.empty() && cfg.val_fraction == 0.0))
-    bad("data", "is needed by TrainConfig::targets, val_data, val_targets and val_fraction (file data)");
-  if (cfg.warmup < 0) bad("warmup", "must be >= 0" + got(cfg.warmup));
-  if (optim::parse_schedule(cfg.schedule) == optim::Schedule::Kind::constant && cfg.warmup > 0)
-    bad("warmup",
-        "has no effect with TrainConfig::schedule constant: use TrainConfig::schedule warmup (a linear "
-        "warm-up, then constant) or cosine");
-  nn::ModelSpec spec = nn::parse_model_spec(cfg.model);
-  if (spec.is_cnn) cfg.task = data::Task::classification;  // a CNN classifies images
-  if (cfg.task == data::Task::classification && spec.outputs() < 2)
-    bad("task", "classification needs at least 2 output classes, the model has " + std::to_string(spec.outputs()));
-  if (cfg.grad_accum < 1) bad("grad_accum", "must be >= 1" + got(cfg.grad_accum));
-  if (cfg.zero < 0 || cfg.zero > 2) bad("zero", "must be 0, 1 or 2" + got(cfg.zero));
-  if (cfg.on_nonfinite != "stop" && cfg.on_nonfinite != "skip-step")
-    bad("on_nonfinite", "'" + cfg.on_nonfinite + "' is unknown: expected stop or skip-step");
-  if (cfg.save_every < 0) bad("save_every", "must be >= 0" + got(cfg.save_every));
-  if (cfg.save_every > 0 && cfg.save.empty()) bad("save_every", "needs TrainConfig::save (a checkpoint path)");
-  // A run that continues its own checkpoint checks the folder once it knows it has steps
-  // to train (Trainer::Trainer): a finished one writes nothing, a read-only folder included.
-  if (cfg.save != cfg.resume) check_output_file(cfg.save, "TrainConfig::save");
-  // Below a tenth of a second a healthy rank that is a little late would end the job.
-  if (!(cfg.comm_timeout >= 0.1 && cfg.comm_timeout <= 1e9))
-    bad("comm_timeout", "must be a number of seconds in [0.1, 1e9]" + got(cfg.comm_timeout));
-  if (cfg.devices.empty()) cfg.devices = default_devices();
-  if (cfg.ddp && !built_with_mpi()) bad("ddp", "needs a build with MPI (install libopenmpi-dev and rebuild)");
-  for (const Device& d : cfg.devices) {
-    check_device(d);
-    if (d.type != cfg.devices.front().type) bad("devices", "cannot mix CPU and CUDA devices");
-  }
-  if (!cfg.ddp) (void)resolve_reduce(cfg.reduce, cfg.devices);
-  // More than a TiB a bucket is no bucket at all (and its byte count would not fit).
-  if (!(cfg.bucket_mb > 0.0) || cfg.bucket_mb > 1048576.0)
-    bad("bucket_mb", "must be in (0, 1048576] MiB" + got(cfg.bucket_mb));
-  if (!(cfg.first_bucket_mb > 0.0) || cfg.first_bucket_mb > 1048576.0)
-    bad("first_bucket_mb", "must be in (0, 1048576] MiB" + got(cfg.first_bucket_mb));
-  if (cfg.tune_buckets && (cfg.cuda_graph || cfg.zero == 2))
-    bad("tune_buckets",
-        "changes the buckets between eager steps: not with TrainConfig::cuda_graph (which records one layout) nor "
-        "TrainConfig::zero 2 (whose gradient slots are laid out by them)");
-  if (cfg.comm_ctas < 0 || cfg.comm_ctas > kMaxCommCtas)
-    bad("comm_ctas", "must be in [0, " + std::to_string(kMaxCommCtas) + "] (0: NCCL's choice), got " +
-                         std::to_string(cfg.comm_ctas));
-  if (cfg.cuda_graph && cfg.devices.front().is_cpu())
-    bad("cuda_graph", "records steps on GPUs: not on CPU devices (no CUDA there)");
-  if (cfg.devices.front().is_cpu() && cfg.gemm == GemmImpl::native)
-    bad("gemm", "native is a CUDA kernel; the CPU has one GEMM");
-  if (cfg.gemm == GemmImpl::native && cfg.precision != Precision::fp32)
-    bad("gemm", "native computes in fp32 only; use TrainConfig::gemm cublas for tf32 or bf16");
-  return spec;
-}
 
 data::DataSplit open_data_file(const std::string& path, const std::string& targets, const char* field,
                                const char* targets_field, bool need_targets) {
@@ -192,15 +84,14 @@ std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Data
   std::optional<data::ArrayDataset> val = std::move(main.val);
   const int sources = (val ? 1 : 0) + (cfg.val_data.empty() ? 0 : 1) + (cfg.val_fraction > 0 ? 1 : 0);
   if (sources > 1)
-    bad("val_data",
-        "and TrainConfig::val_fraction (and a data file's x_val) are other sources of validation rows: "
-        "give one");
+    bad("val_data", "and {} (and a data file's x_val) are other sources of validation rows: give one",
+        {"val_fraction"});
   if (!cfg.val_data.empty()) {
     data::DataSplit v = open_data_file(cfg.val_data, cfg.val_targets, "val_data", "val_targets", true);
     if (v.val) bad("val_data", "'" + cfg.val_data + "' holds validation rows of its own (x_val)");
     val = std::move(v.train);
   } else if (!cfg.val_targets.empty()) {
-    bad("val_targets", "needs TrainConfig::val_data (the validation inputs)");
+    bad("val_targets", "needs {} (the validation inputs)", {"val_data"});
   }
   if (cfg.val_fraction > 0) {
     data::DataSplit split = main.train.split(cfg.val_fraction);
@@ -217,8 +108,7 @@ std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Data
 Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, std::shared_ptr<const data::Dataset> val)
     : cfg_(std::move(cfg)), train_data_(std::move(train)), val_data_(std::move(val)) {
   if (!cfg_.data.empty() && (train_data_ || val_data_)) bad("data", "and data sets of the program's: give one");
-  if (!(cfg_.val_fraction >= 0.0 && cfg_.val_fraction < 1.0))  // before the files are split by it
-    bad("val_fraction", "must be in [0, 1)" + got(cfg_.val_fraction));
+  find_field(train_schema(), "val_fraction")->check(cfg_);  // before the files are split by it
   if (!cfg_.data.empty()) std::tie(train_data_, val_data_) = load_files(cfg_);
   if (val_data_ && !train_data_) bad("data", "is needed for validation rows");
   // A data set of the program's that reports no rows (0 is an endless stream for synthetic
@@ -228,7 +118,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
       throw UsageError(d->inputs_name() + " has " + std::to_string(d->rows()) + " rows: a data set needs at least one");
   if (train_data_) {
     // The file is the data set: its size, and its targets say the task.
-    if (cfg_.samples != 0) bad("samples", "is the data file's own size; leave it out with TrainConfig::data");
+    if (cfg_.samples != 0) bad("samples", "is the data file's own size; leave it out with {}", {"data"});
     if (!train_data_->has_targets()) bad("data", "(" + train_data_->inputs_name() + ") has no targets to train on");
     cfg_.samples = train_data_->rows();
     cfg_.task = train_data_->task();
@@ -236,12 +126,20 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   const nn::ModelSpec spec = validate(cfg_);
   classes_ = cfg_.task == data::Task::classification ? spec.outputs() : 0;
   if (train_data_) {
-    train_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
+    try {
+      train_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
+    } catch (const UsageError& e) {
+      // One float a row for a model of several outputs: most likely class labels written as floats.
+      if (cfg_.task == data::Task::regression && numel(train_data_->target_shape()) == 1 && spec.outputs() >= 2)
+        throw UsageError(std::string(e.what()) +
+                         " (class labels are integers: an integer .npy, int32 or int64, trains a classifier)");
+      throw;
+    }
     if (val_data_) val_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
     eval_every_ = val_data_ ? cfg_.eval_every : 0;  // 0: at the end of every epoch
   }
   if (cfg_.eval_every > 0 && !val_data_)
-    bad("eval_every", "needs validation rows (TrainConfig::val_data, val_fraction or a file's x_val)");
+    bad("eval_every", "needs validation rows ({}, {} or a file's x_val)", {"val_data", "val_fraction"});
   if (cfg_.ddp) {
     // One device per process: the local rank picks it from the node's device list.
     group_ = &ProcessGroup::world();
@@ -264,37 +162,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   const Device master = cfg_.devices.front();
   model_ = nn::make_model(spec, cfg_.act);
   model_->to(master, cfg_.seed);
-  if (group_) {
-    // What every rank must share (before DataParallel, whose first collectives assume it):
-    // what a checkpoint records, and how the steps meet in collectives. The first field that
-    // differs is named: the ones a user sets come before those derived from them (the data's
-    // rows and the samples follow from the validation split, the data's identity holds the
-    // shuffle).
-    std::vector<std::pair<std::string, std::string>> shared = {
-        {"val_fraction", fmt(cfg_.val_fraction)},
-        {"shuffle", cfg_.shuffle ? "true" : "false"},
-        {"data", data_identity()},
-        {"val_data", val_data_ ? std::to_string(val_data_->rows()) + " rows" : "none"}};
-    for (auto& field : run_settings()) shared.push_back(std::move(field));
-    shared.insert(shared.end(), {{"eval_every", std::to_string(cfg_.eval_every)},
-                                 {"steps", std::to_string(cfg_.steps)},
-                                 {"gemm", gemm_name(cfg_.gemm)},
-                                 {"bucket_mb", fmt(cfg_.bucket_mb)},
-                                 {"first_bucket_mb", fmt(cfg_.first_bucket_mb)},
-                                 {"tune_buckets", cfg_.tune_buckets ? "true" : "false"},
-                                 {"overlap", cfg_.overlap ? "true" : "false"},
-                                 {"cuda_graph", cfg_.cuda_graph ? "true" : "false"},
-                                 {"zero", std::to_string(cfg_.zero)},
-                                 {"grad_comm", dtype_name(cfg_.grad_comm)},
-                                 {"on_nonfinite", cfg_.on_nonfinite},
-                                 {"log_every", std::to_string(cfg_.log_every)},
-                                 // Rank 0 writes the checkpoint, but under ZeRO every rank takes
-                                 // part in gathering its optimizer state (a rank without a path
-                                 // would be in another collective). The paths may differ.
-                                 {"save", cfg_.save.empty() ? "none" : "a path"},
-                                 {"save_every", std::to_string(cfg_.save_every)}});
-    check_ranks_agree(*group_, shared);
-  }
+  if (group_) check_ranks_agree(*group_, shared_settings());
   data::SyntheticConfig dc;  // without file or program data
   if (!train_data_) {
     if (spec.is_cnn) {
@@ -315,22 +183,8 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     return std::make_unique<optim::AdamW>(
         m, optim::AdamW::Options{*cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay});
   };
-  DataParallelOptions o;
-  o.reduce = cfg_.reduce;
-  o.bucket_mb = cfg_.bucket_mb;
-  o.first_bucket_mb = cfg_.first_bucket_mb;
-  o.comm_ctas = cfg_.comm_ctas;
-  o.tune_buckets = cfg_.tune_buckets;
-  o.precision = cfg_.precision;
-  o.gemm = cfg_.gemm;
-  o.clip = cfg_.clip;
-  o.grad_accum = cfg_.grad_accum;
-  o.overlap = cfg_.overlap;
+  DataParallelOptions o = cfg_.parallel;
   o.check_finite = true;
-  o.cuda_graph = cfg_.cuda_graph;
-  o.twin_buffers = cfg_.twin_buffers;
-  o.zero = cfg_.zero;
-  o.grad_comm = cfg_.grad_comm;
   o.group = group_;
   sched_ = {optim::parse_schedule(cfg_.schedule), *cfg_.lr, cfg_.warmup, cfg_.steps};
   // Every optimizer consults the run's schedule, on the device, each step.
@@ -345,24 +199,27 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   // cannot work, before any step.
   std::vector<Device> replicas;
   for (size_t r = 0; r < dp_->size(); ++r) replicas.push_back(dp_->device(r));
-  const data::FeedOptions feed{cfg_.seed, cfg_.shuffle, classes_, cfg_.cuda_graph, cfg_.precision, cfg_.gemm};
+  const data::FeedOptions feed{
+      cfg_.seed, cfg_.shuffle, classes_, cfg_.parallel.cuda_graph, cfg_.parallel.precision, cfg_.parallel.gemm};
   feeders_ =
       data::make_feeders(train_data_.get(), dc, replica_shares(dp_->plan(cfg_.batch), replicas, cfg_.steps), feed);
   fill_next_inputs_ =
       std::all_of(feeders_.begin(), feeders_.end(), [](const auto& f) { return f->fills_next_inputs(); });
   if (!cfg_.resume.empty()) resume(cfg_.resume);
-  if (cfg_.save == cfg_.resume && steps_done_ < cfg_.steps) check_output_file(cfg_.save, "TrainConfig::save");
+  if (cfg_.save == cfg_.resume && steps_done_ < cfg_.steps) check_save_path(cfg_.save);
   // Each rank reads its own copy of the checkpoint (a rank that cannot has failed above):
   // copies of other runs at the same step would train replicas that never agree.
   if (group_) {
-    check_ranks_agree(*group_, {{"resume", cfg_.resume.empty() ? "none" : "step " + std::to_string(steps_done_)}});
+    check_ranks_agree(*group_,
+                      {{field("resume"), cfg_.resume.empty() ? "none" : "step " + std::to_string(steps_done_)}});
     if (!cfg_.resume.empty()) {
       const std::vector<uint64_t> all = group_->gather_all(local_parameter_hash());
       for (size_t r = 1; r < all.size(); ++r)
         if (all[r] != all[0])
           throw UsageError("rank 0 and rank " + std::to_string(r) +
-                           " resumed checkpoints of other parameters at the same step (TrainConfig::resume): every "
-                           "rank must resume a copy of one checkpoint");
+                               " resumed checkpoints of other parameters at the same step ({}): every rank must resume "
+                               "a copy of one checkpoint",
+                           {field("resume")});
     }
   }
 }
@@ -383,27 +240,38 @@ std::string Trainer::data_identity() const {
          train_data_->origin();
 }
 
+// A field's value as a checkpoint records it and the ranks compare it, where the field's
+// own text would not do: the data's identity and rows stand for the paths (files move,
+// and each rank may read its own copy), and a rank's checkpoint path for whether it has one.
+std::string Trainer::setting_text(const OptionField<TrainConfig>& f) const {
+  if (f.id.name == "data") return data_identity();
+  if (f.id.name == "val_data") return val_data_ ? std::to_string(val_data_->rows()) + " rows" : "none";
+  // Rank 0 writes the checkpoint, but under ZeRO every rank takes part in gathering its
+  // optimizer state (a rank without a path would be in another collective).
+  if (f.id.name == "save") return cfg_.save.empty() ? "none" : "a path";
+  return f.get(cfg_);
+}
+
 std::vector<std::pair<std::string, std::string>> Trainer::run_settings() const {
-  return {{"model", cfg_.model},
-          {"act", nn::act_name(cfg_.act)},
-          {"task", data::task_name(cfg_.task)},
-          {"optimizer", cfg_.optimizer},
-          {"lr", fmt(*cfg_.lr)},
-          {"momentum", fmt(cfg_.momentum)},
-          {"nesterov", cfg_.nesterov ? "true" : "false"},
-          {"weight_decay", fmt(cfg_.weight_decay)},
-          {"beta1", fmt(cfg_.beta1)},
-          {"beta2", fmt(cfg_.beta2)},
-          {"eps", fmt(cfg_.eps)},
-          {"schedule", cfg_.schedule},
-          {"warmup", std::to_string(cfg_.warmup)},
-          {"clip", fmt(cfg_.clip)},
-          {"precision", precision_name(cfg_.precision)},
-          {"grad_accum", std::to_string(cfg_.grad_accum)},
-          {"seed", std::to_string(cfg_.seed)},
-          {"batch", std::to_string(cfg_.batch)},
-          {"samples", std::to_string(cfg_.samples)},
-          {"data", data_identity()}};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const OptionField<TrainConfig>& f : train_schema())
+    if (f.recorded) out.emplace_back(f.id.name, setting_text(f));
+  return out;
+}
+
+// What every rank must share (before DataParallel, whose first collectives assume it): what
+// a checkpoint records, and how the steps meet in collectives. The first field that differs
+// is named: the ones a user sets come before those derived from them (the data's rows and
+// the samples follow from the validation split; the data's identity holds the shuffle).
+std::vector<std::pair<FieldId, std::string>> Trainer::shared_settings() const {
+  std::vector<std::pair<FieldId, std::string>> out, derived;
+  for (const OptionField<TrainConfig>& f : train_schema()) {
+    if (!f.ranks_agree) continue;
+    const bool follows = f.id.name == "data" || f.id.name == "val_data" || f.id.name == "samples";
+    (follows ? derived : out).emplace_back(f.id, setting_text(f));
+  }
+  out.insert(out.end(), derived.begin(), derived.end());
+  return out;
 }
 
 void Trainer::save(const std::string& path) { write_checkpoint(path, gather_state()); }
@@ -431,7 +299,7 @@ void Trainer::write_checkpoint(const std::string& path,
                 // whole of their state.
                 {"rng", "philox4x32-10, seed " + std::to_string(cfg_.seed)},
                 {"data_position", std::to_string(steps_done_ * cfg_.batch)},
-                {"elapsed_s", fmt(elapsed_seconds())}};
+                {"elapsed_s", option_text::of(elapsed_seconds())}};
   for (const auto& [key, value] : run_settings()) c.metadata[key] = value;
   if (train_data_) {  // where the position falls in the epochs, for a reader of the file
     const data::SamplePosition at = data::sample_position(steps_done_ * cfg_.batch, cfg_.samples);
@@ -448,57 +316,24 @@ void Trainer::write_checkpoint(const std::string& path,
 
 void Trainer::resume(const std::string& path) {
   const ckpt::Checkpoint c = load_checkpoint(path, !group_ || group_->rank() == 0);
-  auto meta = [&](const std::string& key) {
-    auto it = c.metadata.find(key);
-    if (it == c.metadata.end()) throw UsageError("checkpoint '" + path + "' has no '" + key + "' in its metadata");
-    return it->second;
+  auto meta = [&](const std::string& key) { return metadata(c, path, key); };
+  const SettingText ours = [this](const OptionField<TrainConfig>& f) {
+    return f.id.name == "optimizer" ? optimizer().kind() : setting_text(f);
   };
-  auto must_match = [&](const std::string& key, const std::string& ours) {  // the key is the field's name
-    // samples 0 is the endless stream of synthetic samples, which no flag spells.
-    auto shown = [&](const std::string& v) {
-      return key == "samples" && v == "0" ? "an endless stream of samples"
-                                          : "TrainConfig::" + key + " " + ckpt::printable(v);  // the file's text
-    };
-    if (meta(key) != ours)
-      throw UsageError("checkpoint '" + path + "' was made with " + shown(meta(key)) + ", this run has " +
-                       (key == "samples" && ours == "0" ? "an endless stream" : ours));
-  };
-  must_match("model", cfg_.model);
-  must_match("act", nn::act_name(cfg_.act));
-  must_match("task", data::task_name(cfg_.task));
-  must_match("optimizer", optimizer().kind());
-  must_match("seed", std::to_string(cfg_.seed));  // the data and teacher follow from it
-  must_match("batch", std::to_string(cfg_.batch));
-  // The same data, in the same order: else the position in it means nothing.
-  const auto data_it = c.metadata.find("data");
-  const std::string made_on = data_it == c.metadata.end() ? "synthetic" : data_it->second;
-  if (made_on != data_identity())
-    throw UsageError("checkpoint '" + path + "' was made on other data (TrainConfig::data): " +
-                     ckpt::printable(made_on) + ", this run has '" + data_identity() + "'");
-  must_match("samples", std::to_string(cfg_.samples));
-  // Every number is read whole and range-checked: "12abc" is no step count.
-  auto meta_int = [&](const std::string& key, int64_t lo, int64_t hi) {
-    const std::string text = meta(key);
-    int64_t v = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
-      throw UsageError("checkpoint '" + path + "': metadata '" + key + "' must be a whole number in [" +
-                       std::to_string(lo) + ", " + std::to_string(hi) + "], got " + ckpt::printable(text));
-    return v;
-  };
-  const int64_t step = meta_int("step", 0, std::numeric_limits<int64_t>::max());
+  check_fixed_settings(c, path, ours);
+  const int64_t step = metadata_int(c, path, "step", 0, std::numeric_limits<int64_t>::max());
   if (step > cfg_.steps)
-    throw UsageError("checkpoint '" + path + "' is at step " + std::to_string(step) + ", past TrainConfig::steps " +
-                     std::to_string(cfg_.steps));
+    throw UsageError(
+        "checkpoint '" + path + "' is at step " + std::to_string(step) + ", past {} " + std::to_string(cfg_.steps),
+        {field("steps")});
   // An optimizer steps at most once a training step (skipped steps do not count).
-  const int64_t optimizer_steps = meta_int("optimizer_steps", 0, step);
+  const int64_t optimizer_steps = metadata_int(c, path, "optimizer_steps", 0, step);
   // The data's position is one counter, the samples the steps have taken.
-  if (meta_int("data_position", 0, std::numeric_limits<int64_t>::max()) != step * cfg_.batch)
+  if (metadata_int(c, path, "data_position", 0, std::numeric_limits<int64_t>::max()) != step * cfg_.batch)
     throw UsageError("checkpoint '" + path + "': metadata 'data_position' " + meta("data_position") + " is not step " +
                      std::to_string(step) + " times batch " + std::to_string(cfg_.batch));
-  // The settings a resumed run may change are checked as well, each in its own range,
-  // and reported when they differ.
-  ResumeInfo info{path, step, {}};
+  // The settings a resumed run may change are checked as well, and reported when they differ.
+  ResumeInfo info{path, step, changed_settings(c, path, ours)};
   if (c.metadata.count("elapsed_s")) {  // (a file written before it was kept starts at 0)
     const std::string text = meta("elapsed_s");
     char* end = nullptr;
@@ -507,64 +342,6 @@ void Trainer::resume(const std::string& path) {
       throw UsageError("checkpoint '" + path + "': metadata 'elapsed_s' must be a number of seconds >= 0, got " +
                        ckpt::printable(text));
     elapsed_before_ = was;
-  }
-  auto setting = [&](const std::string& key, double lo, double hi, bool lo_open, bool hi_open, float now) {
-    const auto it = c.metadata.find(key);
-    if (it == c.metadata.end()) return;  // older checkpoints may not have it
-    const std::string& text = it->second;
-    char* end = nullptr;
-    const float was = std::strtof(text.c_str(), &end);
-    const bool inside = std::isfinite(was) && (lo_open ? was > lo : was >= lo) && (hi_open ? was < hi : was <= hi);
-    if (text.empty() || end != text.c_str() + text.size() || !inside)
-      throw UsageError("checkpoint '" + path + "': metadata '" + key + "' must be a number in " +
-                       (lo_open ? "(" : "[") + fmt(lo) + ", " + fmt(hi) + (hi_open ? ")" : "]") + ", got " +
-                       ckpt::printable(text));
-    if (was != now) info.changed.push_back(key + " " + format_float(was) + " -> " + format_float(now));
-  };
-  constexpr double kInf = HUGE_VAL;
-  setting("lr", 0, kInf, true, true, *cfg_.lr);
-  setting("momentum", 0, 1, false, true, cfg_.momentum);
-  setting("weight_decay", 0, kInf, false, true, cfg_.weight_decay);
-  setting("beta1", 0, 1, false, true, cfg_.beta1);
-  setting("beta2", 0, 1, false, true, cfg_.beta2);
-  setting("eps", 0, kInf, true, true, cfg_.eps);
-  if (c.metadata.count("warmup")) {
-    const int64_t was = meta_int("warmup", 0, std::numeric_limits<int64_t>::max());
-    if (was != cfg_.warmup)
-      info.changed.push_back("warmup " + std::to_string(was) + " -> " + std::to_string(cfg_.warmup));
-  }
-  setting("clip", 0, kInf, false, true, cfg_.clip);
-  if (c.metadata.count("grad_accum")) {
-    const int64_t was = meta_int("grad_accum", 1, std::numeric_limits<int>::max());
-    if (was != cfg_.grad_accum)
-      info.changed.push_back("grad_accum " + std::to_string(was) + " -> " + std::to_string(cfg_.grad_accum));
-  }
-  if (c.metadata.count("precision")) {
-    const std::string was = meta("precision");
-    try {
-      (void)parse_precision(was);
-    } catch (const UsageError&) {
-      throw UsageError("checkpoint '" + path + "': metadata 'precision' " + ckpt::printable(was) + " is no precision");
-    }
-    if (was != precision_name(cfg_.precision))
-      info.changed.push_back("precision " + was + " -> " + precision_name(cfg_.precision));
-  }
-  if (c.metadata.count("schedule")) {
-    const std::string was = meta("schedule");
-    try {
-      (void)optim::parse_schedule(was);
-    } catch (const UsageError&) {
-      throw UsageError("checkpoint '" + path + "': metadata 'schedule' " + ckpt::printable(was) + " is no schedule");
-    }
-    if (was != cfg_.schedule) info.changed.push_back("schedule " + was + " -> " + cfg_.schedule);
-  }
-  if (c.metadata.count("nesterov")) {
-    const std::string was = meta("nesterov");
-    if (was != "true" && was != "false")
-      throw UsageError("checkpoint '" + path + "': metadata 'nesterov' must be true or false, got " +
-                       ckpt::printable(was));
-    if ((was == "true") != cfg_.nesterov)
-      info.changed.push_back("nesterov " + was + " -> " + (cfg_.nesterov ? "true" : "false"));
   }
   std::set<std::string> used;  // every tensor the model and optimizer take; no other may be in the file
   load_replicas(c, path, *dp_, used);
@@ -645,7 +422,7 @@ EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch, int
 EvalResult Trainer::validate_now() {
   if (!val_data_) return {};
   // In the micro-batches' size: what fits a step's forward fits validation's.
-  return evaluate(*dp_, *val_data_, (cfg_.batch + cfg_.grad_accum - 1) / cfg_.grad_accum, classes_);
+  return evaluate(*dp_, *val_data_, (cfg_.batch + cfg_.parallel.grad_accum - 1) / cfg_.parallel.grad_accum, classes_);
 }
 
 StepLoss Trainer::step(int64_t s, bool measure) {
@@ -656,7 +433,7 @@ StepLoss Trainer::step(int64_t s, bool measure) {
   const bool classify = cfg_.task == data::Task::classification;
   const LossFn loss = classify ? LossFn(nn::CrossEntropyLoss()) : LossFn(nn::MSELoss());
   // A recorded step cannot change what it computes: with a CUDA graph, every step measures.
-  const LossFn metric = classify && (measure || cfg_.cuda_graph) ? LossFn(dpt::accuracy) : LossFn();
+  const LossFn metric = classify && (measure || cfg_.parallel.cuda_graph) ? LossFn(dpt::accuracy) : LossFn();
   // Its phases are timed only when it is measured (logged): four events less a step.
   // The next step's samples, so that a CUDA graph's replay copies them in beside its update
   // (not where they are made straight into its inputs).

@@ -1,7 +1,9 @@
 // dptrain's public API in one include, <dptrain/dptrain.hpp>: every public header, from
 // the bottom up (tests/layering_test.py checks that none is missing).
 #pragma once
+#include <dptrain/enum_names.hpp>
 #include <dptrain/error.hpp>
+#include <dptrain/options.hpp>
 #include <dptrain/types.hpp>
 
 #include <dptrain/runtime/autograd.hpp>

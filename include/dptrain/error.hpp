@@ -5,6 +5,8 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace dpt {
 
@@ -20,11 +22,36 @@ class OutOfMemory : public Error {
   using Error::Error;
 };
 
+// An option field: the struct that holds it and the member's name ("TrainConfig", "batch").
+// The library names fields; a program that reads them from its own flags or keys names
+// them its way (dptrain's CLI: --batch).
+struct FieldId {
+  std::string owner, name;
+  std::string str() const { return owner + "::" + name; }  // "TrainConfig::batch"
+  bool operator==(const FieldId& o) const { return owner == o.owner && name == o.name; }
+};
+
 // The user asked for something invalid (flag value, model spec, device list): exit 2.
+// A refusal of option fields carries them: its text holds "{}" for each field in turn,
+// the first being the one at fault; what() writes them as Owner::name and message() as
+// the program names them, so that a program never reads field names out of the text.
 class UsageError : public Error {
  public:
   using Error::Error;
+  UsageError(std::string text, std::vector<FieldId> fields);
+  const FieldId* field() const { return fields_.empty() ? nullptr : &fields_.front(); }
+  std::string message(const std::function<std::string(const FieldId&)>& name) const;
+
+ private:
+  std::string text_;
+  std::vector<FieldId> fields_;
 };
+
+// A value a user gave, as an error message echoes it: in single quotes, bytes that are
+// not printable UTF-8 (NUL, control characters, broken sequences) as \xNN escapes, and
+// cut to about 200 characters with its length named, so that a message stays one
+// readable line whatever the value (a 900 KB config value, a device list of 100 KB).
+std::string quote_value(std::string_view value);
 
 // What the library has to say that is not an error it throws: notes (a batch smaller than
 // the replicas), warnings (a skipped step, a failure while cleaning up) and the error that

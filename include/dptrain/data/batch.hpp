@@ -3,11 +3,14 @@
 #pragma once
 #include <string>
 
+#include <dptrain/enum_names.hpp>
 #include <dptrain/runtime/tensor.hpp>
 
 namespace dpt::data {
 
 enum class Task { regression, classification };
+inline constexpr auto kTaskNames =
+    enum_names<Task>("task", {{Task::regression, "regression"}, {Task::classification, "classification"}});
 const char* task_name(Task t);
 Task parse_task(const std::string& name);  // UsageError when unknown
 

@@ -6,11 +6,14 @@
 #include <string>
 #include <vector>
 
+#include <dptrain/enum_names.hpp>
 #include <dptrain/layers/module.hpp>
 #include <dptrain/types.hpp>
 
 namespace dpt::nn {
 
+inline constexpr auto kActNames =
+    enum_names<Act>("activation", {{Act::relu, "relu"}, {Act::gelu, "gelu"}, {Act::tanh, "tanh"}, {Act::none, "none"}});
 const char* act_name(Act act);
 Act parse_act(const std::string& name);  // relu|gelu|tanh|none; UsageError otherwise
 

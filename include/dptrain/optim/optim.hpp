@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include <dptrain/enum_names.hpp>
 #include <dptrain/layers/module.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/types.hpp>
@@ -25,6 +26,9 @@ struct Schedule {
   // A constant rate.
   static Schedule constant_lr(float lr) { return {Kind::constant, lr, 0, 1}; }
 };
+inline constexpr auto kScheduleNames = enum_names<Schedule::Kind>(
+    "schedule",
+    {{Schedule::Kind::constant, "constant"}, {Schedule::Kind::warmup, "warmup"}, {Schedule::Kind::cosine, "cosine"}});
 Schedule::Kind parse_schedule(const std::string& name);  // UsageError when unknown
 
 class Optimizer {

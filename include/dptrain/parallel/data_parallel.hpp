@@ -16,8 +16,10 @@
 #include <vector>
 
 #include <dptrain/data/batch.hpp>
+#include <dptrain/enum_names.hpp>
 #include <dptrain/layers/module.hpp>
 #include <dptrain/optim/optim.hpp>
+#include <dptrain/options.hpp>
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/parallel/shard_plan.hpp>
 #include <dptrain/runtime/context.hpp>
@@ -42,6 +44,8 @@ BareNcclTimes time_bare_nccl(const std::vector<Device>& devices, int64_t floats,
 constexpr int kMaxCommCtas = 64;
 
 enum class Reduce { automatic, nccl, p2p, host };
+inline constexpr auto kReduceNames = enum_names<Reduce>(
+    "reduction", {{Reduce::automatic, "auto"}, {Reduce::nccl, "nccl"}, {Reduce::p2p, "p2p"}, {Reduce::host, "host"}});
 const char* reduce_name(Reduce r);
 Reduce parse_reduce(const std::string& name);  // auto|nccl|p2p|host; UsageError otherwise
 // What `automatic` means for these devices: host on CPUs, p2p when a GPU is listed more
@@ -53,6 +57,11 @@ Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices);
 // GPUs for models of kTwinsFromParams or more, where the update then reads the gradients
 // once instead of twice a step.
 enum class TwinBuffers { automatic, on, off };
+inline constexpr auto kTwinBufferNames = enum_names<TwinBuffers>(
+    "twin-buffer setting", {{TwinBuffers::automatic, "auto"}, {TwinBuffers::on, "on"}, {TwinBuffers::off, "off"}});
+// The types gradients may travel in (DataParallelOptions::grad_comm), as a user names them.
+inline constexpr auto kGradCommNames =
+    enum_names<DType>("gradient type", {{DType::f32, "fp32"}, {DType::bf16, "bf16"}});
 // Where TwinBuffers::automatic turns twins on (GPUs; elements of the flat parameter buffer,
 // about 2.1M): below, one copy is faster.
 constexpr int64_t kTwinsFromParams = int64_t{1} << 21;
@@ -128,6 +137,14 @@ struct DataParallelOptions {
   // (ProcessGroup::abort), not step again: the ranks' parameters differ from then on.
   ProcessGroup* group = nullptr;
 };
+
+// DataParallelOptions' fields (parallel/options_schema.cpp): the checks of each field's own
+// range, the help a program shows, which ones every rank of a job shares and which a
+// checkpoint records. TrainConfig's schema holds them (TrainConfig::parallel).
+const OptionSchema<DataParallelOptions>& data_parallel_schema();
+// Every check of `options` for these devices that DataParallel's constructor makes
+// (UsageError naming the field), for a program to call before it builds a model.
+void check_options(const DataParallelOptions& options, const std::vector<Device>& devices);
 
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(nn::Module&)>;
 using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include <dptrain/enum_names.hpp>
 #include <dptrain/runtime/device.hpp>
 #include <dptrain/types.hpp>
 
@@ -18,6 +19,11 @@ namespace dpt {
 class Tensor;
 
 enum class GemmImpl { cublas, native };
+
+inline constexpr auto kPrecisionNames = enum_names<Precision>(
+    "precision", {{Precision::fp32, "fp32"}, {Precision::tf32, "tf32"}, {Precision::bf16, "bf16"}});
+inline constexpr auto kGemmNames =
+    enum_names<GemmImpl>("GEMM", {{GemmImpl::cublas, "cublas"}, {GemmImpl::native, "native"}});
 
 const char* precision_name(Precision p);             // "fp32", "tf32", "bf16"
 Precision parse_precision(const std::string& name);  // UsageError when unknown

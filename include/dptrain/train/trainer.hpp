@@ -25,6 +25,9 @@
 
 namespace dpt {
 
+// A training run's settings. Each field is declared once more, with its range, help and
+// whether ranks share it and checkpoints record it, in train_schema() (train/options.cpp),
+// which the checks, dptrain's flags and config keys, checkpoints and the ranks' agreement read.
 struct TrainConfig {
   std::string model = "16-128x2-4";  // MLP or CNN spec (layers/conv.hpp) or preset (seed, mlp, cnn-small)
   Act act = Act::relu;
@@ -51,36 +54,28 @@ struct TrainConfig {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   std::string schedule = "constant";
   int64_t warmup = 0;
-  float clip = 0.0f;  // global gradient-norm clipping; 0 = off
-  Precision precision = Precision::fp32;
-  GemmImpl gemm = GemmImpl::cublas;
   std::vector<Device> devices;  // empty: every GPU there is, else the CPU
-  Reduce reduce = Reduce::automatic;
-  double bucket_mb = 25.0;
-  double first_bucket_mb = 1.0;  // the first bucket (the last layer's gradients), if smaller
-  int comm_ctas = 0;             // NCCL: at most this many thread blocks a collective (0: NCCL's choice)
-  bool tune_buckets = false;     // try bucket sizes over the first steps, keep the fastest
-  int grad_accum = 1;            // micro-batches per optimizer step
-  bool overlap = true;           // reduce gradient buckets while backward runs
+  // How the replicas step together: precision, GEMM, clipping, reduction and buckets,
+  // micro-batches, ZeRO, CUDA graphs (check_finite and group are the Trainer's: it checks
+  // every step's gradients, and sets the group of a ddp run).
+  DataParallelOptions parallel;
   // A step whose gradients are not finite is never applied; then "stop" ends the run
   // (NonFiniteError) and "skip-step" goes on. The check is read behind the steps, without
   // waiting for them: a bad step stops the run at most 8 steps later (at once at a log
   // point or a save; no checkpoint is written after it).
   std::string on_nonfinite = "stop";
-  bool cuda_graph = false;  // record the step once as a CUDA graph and replay it (one GPU, one replica)
-  // A second copy of the parameters and optimizer state, so that the update checks the
-  // gradients in its own pass (DataParallelOptions::twin_buffers; automatic: on GPUs, from 2^21 parameters).
-  TwinBuffers twin_buffers = TwinBuffers::automatic;
-  int zero = 0;                  // ZeRO stage (DataParallelOptions::zero)
-  DType grad_comm = DType::f32;  // the type gradients travel in (DataParallelOptions::grad_comm)
-  std::string save;              // checkpoint path ("" = none), written at the end
-  int64_t save_every = 0;        // and every N steps
-  std::string resume;            // checkpoint to continue from
-  bool ddp = false;              // one process per device under mpirun (devices: the node's list)
-  double comm_timeout = 300.0;   // seconds a rank may wait for the others
+  std::string save;             // checkpoint path ("" = none), written at the end
+  int64_t save_every = 0;       // and every N steps
+  std::string resume;           // checkpoint to continue from
+  bool ddp = false;             // one process per device under mpirun (devices: the node's list)
+  double comm_timeout = 300.0;  // seconds a rank may wait for the others
   uint64_t seed = 1;
   int64_t log_every = 10;  // read the loss back every N steps (and at the last step)
 };
+
+// TrainConfig's fields, DataParallelOptions' among them (data_parallel_schema()), in the
+// order a user meets them (dptrain --help).
+const OptionSchema<TrainConfig>& train_schema();
 
 // A step's loss or gradients were not finite and the run was asked to stop.
 class NonFiniteError : public Error {
@@ -229,6 +224,8 @@ class Trainer {
   // The settings a checkpoint records (its metadata, beside the step and data position)
   // and every rank of a job must share.
   std::vector<std::pair<std::string, std::string>> run_settings() const;
+  std::vector<std::pair<FieldId, std::string>> shared_settings() const;  // in the order a difference is named
+  std::string setting_text(const OptionField<TrainConfig>& field) const;
   std::unique_ptr<DataParallel> dp_;
   optim::Schedule sched_;
   int64_t steps_done_ = 0;
