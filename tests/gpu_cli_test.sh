@@ -42,7 +42,7 @@ ulimit -c 0
 "$exe" --devices cuda:0 --model mlp --batch 10000000 --steps 2 --save "$tmp/oom.safetensors" \
   >"$tmp/out" 2>"$tmp/err"
 rc=$?
-[ $rc -eq 3 ] && grep -q 'out of memory on cuda:0: asked .* total .*--batch' "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] &&
+[ $rc -eq 3 ] && grep -q 'out of memory on cuda:0: asked .* total .*use a smaller batch, more devices, or bf16' "$tmp/err" && [ "$(wc -l <"$tmp/err")" -eq 1 ] &&
   ok || bad "out of memory: status $rc: $(cat "$tmp/err")"
 [ ! -e "$tmp/oom.safetensors" ] && ok || bad "out of memory left a checkpoint"
 ls "$tmp"/*.tmp* >/dev/null 2>&1 && bad "a temporary checkpoint file was left behind" || ok
