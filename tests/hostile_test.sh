@@ -384,8 +384,21 @@ rc=$?
 kill $watchdog 2>/dev/null
 [ $rc -eq 130 ] && grep -q '^stopped: [0-9]* steps in .*; loss [0-9.e+-]* -> [0-9.e+-]* ' out && ! grep -q '^done:' out &&
   ok || bad "stop summary (rc $rc): $(cat out)"
-grep -q '^dptrain: warning: at .* s a step, the .* steps left will take about .* hours on the CPU; a GPU (--devices cuda:0)' err &&
+grep -q '^dptrain: warning: at .* s a step.*, the .* steps left will take about .* hours on the CPU; a GPU (--devices cuda:0)' err &&
   [ "$(wc -l <err)" -eq 1 ] && ok || bad "no warning before hours of CPU work: $(cat err)"
+# The warning comes right after the first step (it came after the fourth: a first CPU step
+# of minutes, on a large model, made the user wait for two); 10^12 steps are hours at any
+# pace, so the floor the first step gives (an eighth of it) already tells.
+rm -f out
+"$exe" --devices cpu --steps 1000000000000 --log-every 1 --batch 8 >out 2>&1 &
+pid=$!
+for ((i = 0; i < 600; ++i)); do grep -q '^step 3/' out 2>/dev/null && break; sleep 0.1; done
+kill -INT $pid
+wait $pid
+warned=$(grep -n '^dptrain: warning: at least .* s a step (an eighth of the first' out | cut -d: -f1)
+second=$(grep -n '^step 2/' out | cut -d: -f1)
+[ -n "$warned" ] && [ -n "$second" ] && [ "$warned" -lt "$second" ] && ok ||
+  bad "the CPU warning after the first step: $(head -8 out)"
 run "${cpu[@]}" >out 2>err && [ ! -s err ] && ok || bad "a short run wrote on stderr: $(cat err)"
 # ---- Signals never lose the checkpoint -----------------------------------------------
 # However many SIGTERM/SIGINT arrive, the run stops after its step and writes its

@@ -624,22 +624,26 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       unread = std::move(loss);
     }
     // A CPU device can be slower than a GPU by a thousand times: say so once, early, rather
-    // than let hours pass in silence. Paced from the steps after the first (which pays for
-    // the start: 8 times the steady step once), over 3 steps or a second, whichever is
-    // first; a CPU step is over when step() returns.
-    if (cpu_pace && s > begin) {
-      const double since =
-          std::chrono::duration<double>(clock::now() - paced_from).count() - (eval_seconds - eval_seconds_then);
-      const int64_t steps = done - (begin + 1);
-      if (steps >= 3 || since >= 1.0) {
+    // than let hours pass in silence (a CPU step is over when step() returns). The first
+    // step pays for the start (up to 8 times a steady step): an eighth of it is a floor on
+    // the pace, enough to warn at once of a run of hours. Otherwise the steps after it tell
+    // the pace, over 3 steps or a second, whichever is first.
+    if (cpu_pace) {
+      const bool at_first = s == begin;
+      const double since = std::chrono::duration<double>(clock::now() - (at_first ? start : paced_from)).count() -
+                           (eval_seconds - (at_first ? 0.0 : eval_seconds_then));
+      const int64_t steps = at_first ? 1 : done - (begin + 1);
+      const double per = at_first ? since / 8 : since / static_cast<double>(std::max<int64_t>(steps, 1));
+      const double left = per * static_cast<double>(cfg_.steps - done);
+      if (at_first ? left > 3600 : steps >= 3 || since >= 1.0) {
         cpu_pace = false;
-        const double per = since / static_cast<double>(steps), left = per * static_cast<double>(cfg_.steps - done);
         char per_step[32];
         std::snprintf(per_step, sizeof per_step, "%.3g", per);
         if (left > 3600 && (!group_ || group_->rank() == 0))
           report(Severity::warning,
-                 std::string("at ") + per_step + " s a step, the " + std::to_string(cfg_.steps - done) +
-                     " steps left will take about " + rough_duration(left) +
+                 std::string("at ") + (at_first ? "least " : "") + per_step + " s a step" +
+                     (at_first ? " (an eighth of the first, which pays for the start)" : "") + ", the " +
+                     std::to_string(cfg_.steps - done) + " steps left will take about " + rough_duration(left) +
                      " on the CPU; a GPU (TrainConfig::devices cuda:0) trains this model far faster");
       }
     }
