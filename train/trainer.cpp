@@ -633,7 +633,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       const double since = std::chrono::duration<double>(clock::now() - (at_first ? start : paced_from)).count() -
                            (eval_seconds - (at_first ? 0.0 : eval_seconds_then));
       const int64_t steps = at_first ? 1 : done - (begin + 1);
-      const double per = at_first ? since / 8 : since / static_cast<double>(std::max<int64_t>(steps, 1));
+      const double per = at_first ? since / 8 : since / static_cast<double>(steps);  // steps >= 1 after the first
       const double left = per * static_cast<double>(cfg_.steps - done);
       if (at_first ? left > 3600 : steps >= 3 || since >= 1.0) {
         cpu_pace = false;
