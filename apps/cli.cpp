@@ -377,22 +377,15 @@ const char* flag_sets(const FieldId& field) {
   return s ? s->sets : nullptr;
 }
 
-std::string name_fields(const std::string& message, const std::vector<FieldId>& known) {
-  std::string out = message;
-  for (const FieldId& f : known) {
-    const std::string id = f.str(), flag = flag_name(f);
-    for (size_t at = out.find(id); at != std::string::npos; at = out.find(id, at + flag.size())) {
-      const size_t end = at + id.size();
-      const bool whole = end == out.size() || !(std::isalnum(static_cast<unsigned char>(out[end])) || out[end] == '_');
-      if (whole) out.replace(at, id.size(), flag);
-    }
-  }
-  return out;
+std::string message_text(const Message& message, const std::vector<FieldId>& known) {
+  return message.str([&](const FieldId& f) {
+    return std::find(known.begin(), known.end(), f) != known.end() ? flag_name(f) : f.str();
+  });
 }
 
 std::string error_text(const std::exception& e, const std::vector<FieldId>& known) {
   if (const auto* u = dynamic_cast<const UsageError*>(&e); u && u->field()) return u->message(flag_name);
-  return name_fields(e.what(), known);
+  return message_text(Message::of(e), known);
 }
 
 CLI::Option* add_integer(CLI::App& app, const std::string& name, int64_t& into, const std::string& help) {

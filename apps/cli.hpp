@@ -66,10 +66,13 @@ std::string flag_name(const FieldId& field);
 const char* flag_sets(const FieldId& field);
 
 // A library error as a user of the program reads it: the fields a UsageError names
-// (UsageError::field and the others) as flags; any other error's text, with the names of
-// `known` fields written as flags (a library's note or warning names fields in its text).
+// (UsageError::field and the others) as flags; the fields any other error names as flags
+// where they are `known` (the program's own), else as Owner::name. Never from the text:
+// from the fields the error holds.
 std::string error_text(const std::exception& e, const std::vector<FieldId>& known);
-std::string name_fields(const std::string& message, const std::vector<FieldId>& known);
+// A library note or warning, its fields named as error_text names those of an error that
+// is not a UsageError.
+std::string message_text(const Message& message, const std::vector<FieldId>& known);
 
 // The largest config file read: a file of flags is a few hundred bytes, and a bound keeps
 // `--config /dev/zero` from reading without end.

@@ -316,13 +316,9 @@ void print_header(dpt::Trainer& trainer) {
   std::fflush(stdout);
 }
 
-int train(dpt::app::TrainFlags& o) {
-  install_signal_handlers();
-  dpt::app::resolve(o, launcher_size());
-  check_outputs_are_ours(o);
-  dpt::Trainer trainer(o.cfg);
-  // The task of file data follows from its targets: a --task that agrees is fine, one that
-  // contradicts them is refused.
+// The task of file data follows from its targets: a --task that agrees is fine, one that
+// contradicts them is refused.
+void check_task_agrees(const dpt::app::TrainFlags& o, const dpt::Trainer& trainer) {
   if (o.was_given("--task") && !o.cfg.data.empty() && trainer.config().task != o.cfg.task)
     throw dpt::UsageError(
         std::string("--task: the task of --data follows from its targets: ") +
@@ -330,99 +326,113 @@ int train(dpt::app::TrainFlags& o) {
              ? "integer class labels (classification), not --task regression"
              : "float rows (regression), not --task classification; class labels are integers (an integer .npy, "
                "int32 or int64)"));
-  g_group = trainer.group();
-  const auto& c = trainer.config();  // with --ddp: this rank's device
-  // Rank 0 alone prints and writes metrics; every rank trains and checks.
-  const bool lead = !g_group || g_group->rank() == 0;
-  // The metrics file is opened (and a fresh run's emptied) at the first record, so a run
-  // that ends before its first step leaves an existing file as it was.
-  std::ofstream metrics;
-  bool metrics_failed = false;
-  off_t metrics_keep = -1;
-  try {
-    if (lead && trainer.resumed() && !o.metrics.empty())
-      metrics_keep = metrics_to_keep(o.metrics, trainer.steps_done());
-  } catch (const dpt::UsageError&) {
-    if (!o.overwrite) throw;
-    metrics_keep = 0;  // not a metrics file: --overwrite starts it afresh
-  }
-  auto open_metrics = [&] {
-    if (metrics_keep >= 0 && ::truncate(o.metrics.c_str(), metrics_keep) != 0)
-      throw dpt::Error("cannot cut the metrics file '" + o.metrics + "' at step " +
-                       std::to_string(trainer.steps_done()) + ": " + std::strerror(errno));
-    metrics.open(o.metrics, trainer.resumed() ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
-    if (!metrics) throw dpt::UsageError("cannot write the metrics file '" + o.metrics + "'");
-  };
-  const bool tty = lead && interactive_terminal();
-  if (lead) print_header(trainer);
+}
 
-  dpt::plot::Series loss_curve{"loss", {}, {}, false}, speed{"samples/s", {}, {}, false};
-  dpt::plot::Series val_curve{"validation loss", {}, {}, false};
-  auto on_log = [&](const dpt::StepLog& s) {
-    if (!lead) return;
-    loss_curve.x.push_back(static_cast<double>(s.step));
-    loss_curve.y.push_back(s.loss);
+// --metrics: a JSON line a logged step. The file is opened (and a fresh run's emptied, a
+// resumed run's cut after its last kept step) at the first record, so a run that ends
+// before its first step leaves an existing file as it was. A failed write ends the log
+// with a warning, not the run.
+class MetricsFile {
+ public:
+  MetricsFile(const dpt::app::TrainFlags& o, const dpt::Trainer& trainer, bool lead)
+      : path_(o.metrics), trainer_(trainer) {
+    try {
+      if (lead && trainer.resumed() && !path_.empty()) keep_ = metrics_to_keep(path_, trainer.steps_done());
+    } catch (const dpt::UsageError&) {
+      if (!o.overwrite) throw;
+      keep_ = 0;  // not a metrics file: --overwrite starts it afresh
+    }
+  }
+
+  void write(const dpt::StepLog& s) {
+    if (!path_.empty() && !out_.is_open() && !failed_) open();
+    if (!out_.is_open()) return;
+    errno = 0;
+    out_ << json_line(s) << '\n';
+    out_.flush();
+    if (!out_) {  // a full disk, say: the run and its checkpoint matter more than the log
+      const std::string why = errno != 0 ? std::strerror(errno) : "a write error";
+      out_.close();
+      failed_ = true;
+      dpt::report(dpt::Severity::warning, "writing the metrics file '" + path_ + "' failed at step " +
+                                              std::to_string(s.step) + " (" + why +
+                                              "); training goes on without it, its last line may be cut");
+    }
+  }
+
+ private:
+  void open() {
+    if (keep_ >= 0 && ::truncate(path_.c_str(), keep_) != 0)
+      throw dpt::Error("cannot cut the metrics file '" + path_ + "' at step " + std::to_string(trainer_.steps_done()) +
+                       ": " + std::strerror(errno));
+    out_.open(path_, trainer_.resumed() ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
+    if (!out_) throw dpt::UsageError("cannot write the metrics file '" + path_ + "'");
+  }
+
+  std::string path_;
+  const dpt::Trainer& trainer_;
+  std::ofstream out_;
+  bool failed_ = false;
+  off_t keep_ = -1;  // a resumed run's bytes to keep (-1: none to cut)
+};
+
+// --plot: the loss (and validation loss) and the speed by logged step.
+struct Curves {
+  dpt::plot::Series loss{"loss", {}, {}, false}, speed{"samples/s", {}, {}, false};
+  dpt::plot::Series val{"validation loss", {}, {}, false};
+
+  void add(const dpt::StepLog& s) {
+    loss.x.push_back(static_cast<double>(s.step));
+    loss.y.push_back(s.loss);
     if (s.val.rows > 0) {
-      val_curve.x.push_back(static_cast<double>(s.step));
-      val_curve.y.push_back(s.val.loss);
+      val.x.push_back(static_cast<double>(s.step));
+      val.y.push_back(s.val.loss);
     }
     if (s.step > 1) {  // the first step's speed includes warm-up
       speed.x.push_back(static_cast<double>(s.step));
       speed.y.push_back(s.samples_per_s);
     }
-    if (!o.metrics.empty() && !metrics.is_open() && !metrics_failed) open_metrics();
-    if (metrics.is_open()) {
-      errno = 0;
-      metrics << json_line(s) << '\n';
-      metrics.flush();
-      if (!metrics) {  // a full disk, say: the run and its checkpoint matter more than the log
-        const std::string why = errno != 0 ? std::strerror(errno) : "a write error";
-        metrics.close();
-        metrics_failed = true;
-        dpt::report(dpt::Severity::warning, "writing the metrics file '" + o.metrics + "' failed at step " +
-                                                std::to_string(s.step) + " (" + why +
-                                                "); training goes on without it, its last line may be cut");
-      }
-    }
-    const std::string eta = duration(s.step_ms * 1e-3 * static_cast<double>(s.total - s.step));
-    const std::string acc = std::isnan(s.accuracy) ? "" : percent(s.accuracy);
-    std::string val;  // " val_loss 0.31 val_accuracy 91.2%" when this step was validated
-    if (s.val.rows > 0) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, " val_loss %.6g", s.val.loss);
-      val = buf;
-      if (!std::isnan(s.val.accuracy)) val += " val_accuracy " + percent(static_cast<float>(s.val.accuracy));
-    }
-    if (tty) {
-      std::printf("\r\x1b[Kstep %lld/%lld | loss %.6g%s%s%s%s | %s samples/s | ETA %s", static_cast<long long>(s.step),
-                  static_cast<long long>(s.total), s.loss, acc.empty() ? "" : " | accuracy ", acc.c_str(),
-                  val.empty() ? "" : " |", val.c_str(), dpt::format_si(s.samples_per_s).c_str(), eta.c_str());
-      g_progress_open = s.step != s.total;
-      if (!g_progress_open) std::printf("\n");
-    } else {
-      std::printf("step %lld/%lld loss %.6g%s%s%s lr %s samples/s %s step_ms %.3f ETA %s\n",
-                  static_cast<long long>(s.step), static_cast<long long>(s.total), s.loss,
-                  acc.empty() ? "" : " accuracy ", acc.c_str(), val.c_str(), dpt::format_float(s.lr).c_str(),
-                  dpt::format_si(s.samples_per_s).c_str(), s.step_ms, eta.c_str());
-    }
-    std::fflush(stdout);
-  };
-  g_starting = 0;  // from here the loop stops between steps, and saves
-  const dpt::TrainResult r = trainer.run(on_log, [] { return g_signal != 0; });
-  const uint64_t hash = trainer.parameter_hash();  // with --ddp: compared across every rank
-  if (!lead) return r.stopped ? stopped_status() : 0;
-  if (g_progress_open) {  // a stopped run ends the progress line before its summary
-    std::printf("\n");
-    g_progress_open = false;
   }
-  if (!o.plot.empty()) {
-    std::vector<dpt::plot::Series> losses{loss_curve};
-    if (!val_curve.x.empty()) losses.push_back(val_curve);
-    dpt::plot::Chart lc{"dptrain " + c.model + ": loss", "step", "loss (log scale)", losses, {}};
+
+  void write(const std::string& path, const std::string& model) const {
+    std::vector<dpt::plot::Series> losses{loss};
+    if (!val.x.empty()) losses.push_back(val);
+    dpt::plot::Chart lc{"dptrain " + model + ": loss", "step", "loss (log scale)", losses, {}};
     lc.options.log_y = true;
     dpt::plot::Chart sc{"throughput", "step", "samples/s", {speed}, {}};
-    dpt::plot::write_line_charts(o.plot, {lc, sc});
+    dpt::plot::write_line_charts(path, {lc, sc});
   }
+};
+
+// A logged step's line: rewritten in place on a terminal, one line a step otherwise.
+void print_progress(const dpt::StepLog& s, bool tty) {
+  const std::string eta = duration(s.step_ms * 1e-3 * static_cast<double>(s.total - s.step));
+  const std::string acc = std::isnan(s.accuracy) ? "" : percent(s.accuracy);
+  std::string val;  // " val_loss 0.31 val_accuracy 91.2%" when this step was validated
+  if (s.val.rows > 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " val_loss %.6g", s.val.loss);
+    val = buf;
+    if (!std::isnan(s.val.accuracy)) val += " val_accuracy " + percent(static_cast<float>(s.val.accuracy));
+  }
+  if (tty) {
+    std::printf("\r\x1b[Kstep %lld/%lld | loss %.6g%s%s%s%s | %s samples/s | ETA %s", static_cast<long long>(s.step),
+                static_cast<long long>(s.total), s.loss, acc.empty() ? "" : " | accuracy ", acc.c_str(),
+                val.empty() ? "" : " |", val.c_str(), dpt::format_si(s.samples_per_s).c_str(), eta.c_str());
+    g_progress_open = s.step != s.total;
+    if (!g_progress_open) std::printf("\n");
+  } else {
+    std::printf("step %lld/%lld loss %.6g%s%s%s lr %s samples/s %s step_ms %.3f ETA %s\n",
+                static_cast<long long>(s.step), static_cast<long long>(s.total), s.loss,
+                acc.empty() ? "" : " accuracy ", acc.c_str(), val.c_str(), dpt::format_float(s.lr).c_str(),
+                dpt::format_si(s.samples_per_s).c_str(), s.step_ms, eta.c_str());
+  }
+  std::fflush(stdout);
+}
+
+// The run's outcome: steps, loss, speed, validation, the input pipeline's times, memory.
+void print_summary(const dpt::Trainer& trainer, const dpt::TrainResult& r, uint64_t hash) {
+  const auto& c = trainer.config();
   const double ratio = r.first_loss != 0.0f ? 100.0 * r.final_loss / r.first_loss : 0.0;
   if (r.steps == 0 && !r.stopped)
     std::printf("done: nothing to train, the run was complete at step %lld of %lld\n",
@@ -467,6 +477,37 @@ int train(dpt::app::TrainFlags& o) {
   if (r.skipped > 0) std::printf("skipped %lld step(s) with non-finite gradients\n", static_cast<long long>(r.skipped));
   if (!c.save.empty())
     std::printf("checkpoint: %s (step %lld)\n", c.save.c_str(), static_cast<long long>(trainer.steps_done()));
+}
+
+int train(dpt::app::TrainFlags& o) {
+  install_signal_handlers();
+  dpt::app::resolve(o, launcher_size());
+  check_outputs_are_ours(o);
+  dpt::Trainer trainer(o.cfg);
+  check_task_agrees(o, trainer);
+  g_group = trainer.group();
+  // Rank 0 alone prints and writes metrics; every rank trains and checks.
+  const bool lead = !g_group || g_group->rank() == 0;
+  MetricsFile metrics(o, trainer, lead);
+  const bool tty = lead && interactive_terminal();
+  if (lead) print_header(trainer);
+  Curves curves;
+  auto on_log = [&](const dpt::StepLog& s) {
+    if (!lead) return;
+    curves.add(s);
+    metrics.write(s);
+    print_progress(s, tty);
+  };
+  g_starting = 0;  // from here the loop stops between steps, and saves
+  const dpt::TrainResult r = trainer.run(on_log, [] { return g_signal != 0; });
+  const uint64_t hash = trainer.parameter_hash();  // with --ddp: compared across every rank
+  if (!lead) return r.stopped ? stopped_status() : 0;
+  if (g_progress_open) {  // a stopped run ends the progress line before its summary
+    std::printf("\n");
+    g_progress_open = false;
+  }
+  if (!o.plot.empty()) curves.write(o.plot, trainer.config().model);  // with --ddp: this rank's device
+  print_summary(trainer, r, hash);
   if (r.stopped) {
     std::printf("stopped by %s after step %lld\n", g_signal != 0 ? signal_name(g_signal) : "a signal to another rank",
                 static_cast<long long>(trainer.steps_done()));
@@ -627,9 +668,9 @@ int with_exit_status(const std::function<int()>& job) {
 
 int main(int argc, char** argv) {
   // The library's notes and warnings, and the error that ends a --ddp job, as lines of our own.
-  dpt::set_message_handler([](dpt::Severity severity, const std::string& message) {
+  dpt::set_message_handler([](dpt::Severity severity, const dpt::Message& message) {
     std::fprintf(stderr, "%sdptrain: %s: %s\n", g_progress_open ? "\n" : "", dpt::severity_name(severity),
-                 dpt::app::one_line(dpt::app::name_fields(message, dpt::app::known_fields())).c_str());
+                 dpt::app::one_line(dpt::app::message_text(message, dpt::app::known_fields())).c_str());
     std::fflush(stderr);
     g_progress_open = false;
   });

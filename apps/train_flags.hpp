@@ -48,7 +48,7 @@ void add_train_flags(CLI::App& app, TrainFlags& o);
 void resolve(TrainFlags& o, int launcher_processes);
 
 // Every field a library message may name (TrainConfig's, DataParallelOptions', and those
-// spelled otherwise), for name_fields().
+// spelled otherwise), which error_text and message_text name as flags.
 const std::vector<FieldId>& known_fields();
 
 // Whether two paths name one file (the same canonical path, or two names of one existing file).

@@ -650,9 +650,9 @@ int fail(int status, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dpt::set_message_handler([](dpt::Severity severity, const std::string& message) {
+  dpt::set_message_handler([](dpt::Severity severity, const dpt::Message& message) {
     std::fprintf(stderr, "dpbench: %s: %s\n", dpt::severity_name(severity),
-                 dpt::app::one_line(dpt::app::name_fields(message, parallel_fields())).c_str());
+                 dpt::app::one_line(dpt::app::message_text(message, parallel_fields())).c_str());
   });
   CLI::App app{
       "dpbench: one workload on 1, 2, 4, ... devices, weak and strong scaling, every reduction path "

@@ -12,45 +12,28 @@
 #include <dptrain/error.hpp>
 
 #include "common/fnv1a.hpp"
+#include "data/array_dtypes.hpp"
 
 namespace dpt::data {
 
-const char* array_dtype_name(ArrayDType t) {
-  switch (t) {
-    case ArrayDType::f32:
-      return "float32";
-    case ArrayDType::f64:
-      return "float64";
-    case ArrayDType::f16:
-      return "float16";
-    case ArrayDType::bf16:
-      return "bfloat16";
-    case ArrayDType::u8:
-      return "uint8";
-    case ArrayDType::i32:
-      return "int32";
-    case ArrayDType::i64:
-      return "int64";
-  }
-  return "?";
+namespace {
+constexpr ArrayDTypeInfo kArrayDTypes[] = {
+    {ArrayDType::f32, "float32", "F32", 4}, {ArrayDType::f64, "float64", "F64", 8},
+    {ArrayDType::f16, "float16", "F16", 2}, {ArrayDType::bf16, "bfloat16", "BF16", 2},
+    {ArrayDType::u8, "uint8", "U8", 1},     {ArrayDType::i32, "int32", "I32", 4},
+    {ArrayDType::i64, "int64", "I64", 8}};
+constexpr ArrayDTypeInfo kUnknownDType = {ArrayDType::f32, "?", "?", 1};
+}  // namespace
+
+const ArrayDTypeInfo& array_dtype_info(ArrayDType t) {
+  for (const ArrayDTypeInfo& d : kArrayDTypes)
+    if (d.type == t) return d;
+  return kUnknownDType;
 }
 
-size_t array_dtype_size(ArrayDType t) {
-  switch (t) {
-    case ArrayDType::u8:
-      return 1;
-    case ArrayDType::f16:
-    case ArrayDType::bf16:
-      return 2;
-    case ArrayDType::f32:
-    case ArrayDType::i32:
-      return 4;
-    case ArrayDType::f64:
-    case ArrayDType::i64:
-      return 8;
-  }
-  return 1;
-}
+const char* array_dtype_name(ArrayDType t) { return array_dtype_info(t).numpy; }
+
+size_t array_dtype_size(ArrayDType t) { return array_dtype_info(t).size; }
 
 bool is_integer(ArrayDType t) { return t == ArrayDType::u8 || t == ArrayDType::i32 || t == ArrayDType::i64; }
 

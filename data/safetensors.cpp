@@ -10,6 +10,7 @@
 #include <dptrain/error.hpp>
 
 #include "common/text.hpp"
+#include "data/array_dtypes.hpp"
 
 namespace dpt::data::safetensors {
 namespace {
@@ -308,25 +309,7 @@ void Source::fail(const std::string& problem) const {
   throw Error(line);
 }
 
-const char* dtype_name(ArrayDType t) {
-  switch (t) {
-    case ArrayDType::f32:
-      return "F32";
-    case ArrayDType::f64:
-      return "F64";
-    case ArrayDType::f16:
-      return "F16";
-    case ArrayDType::bf16:
-      return "BF16";
-    case ArrayDType::u8:
-      return "U8";
-    case ArrayDType::i32:
-      return "I32";
-    case ArrayDType::i64:
-      return "I64";
-  }
-  return "?";
-}
+const char* dtype_name(ArrayDType t) { return array_dtype_info(t).safetensors; }
 
 bool holds(uint64_t bytes, int64_t count, ArrayDType t) {
   const size_t size = array_dtype_size(t);

@@ -22,7 +22,7 @@ void set_message_handler(MessageHandler h) {
   g_handler = std::move(p);
 }
 
-void report(Severity severity, const std::string& message) {
+void report(Severity severity, const Message& message) {
   // A message from inside the handler (it called the library) is dropped: neither a
   // deadlock on the call lock nor a recursion without end. The handler called is kept
   // alive by `h`, so it may also set another.
@@ -47,28 +47,43 @@ const char* severity_name(Severity severity) {
   return kNames.name(severity);
 }
 
-namespace {
-std::string render(const std::string& text, const std::vector<FieldId>& fields,
-                   const std::function<std::string(const FieldId&)>& name) {
-  std::string out;
+Message::Message(std::string text, std::vector<FieldId> fields) : fields_(std::move(fields)) {
+  // Each field takes the next "{}" (a field beyond the last one goes unnamed in the text).
   size_t at = 0;
-  for (const FieldId& f : fields) {
+  for (const FieldId& f : fields_) {
     const size_t hole = text.find("{}", at);
     if (hole == std::string::npos) break;
-    out += text.substr(at, hole - at) + name(f);
+    text_.append(text, at, hole - at);
+    holes_.push_back({text_.size(), f});
     at = hole + 2;
   }
-  return out + text.substr(at);
+  text_.append(text, at);
+  str_ = str([](const FieldId& f) { return f.str(); });
 }
-}  // namespace
 
-UsageError::UsageError(std::string text, std::vector<FieldId> fields)
-    : Error(render(text, fields, [](const FieldId& f) { return f.str(); })),
-      text_(std::move(text)),
-      fields_(std::move(fields)) {}
+Message Message::of(const std::exception& e) {
+  if (const auto* err = dynamic_cast<const Error*>(&e)) return err->line();
+  return Message(e.what());
+}
 
-std::string UsageError::message(const std::function<std::string(const FieldId&)>& name) const {
-  return fields_.empty() ? std::string(what()) : render(text_, fields_, name);
+std::string Message::str(const std::function<std::string(const FieldId&)>& name) const {
+  std::string out;
+  size_t at = 0;
+  for (const auto& [pos, field] : holes_) {
+    out.append(text_, at, pos - at);
+    out += name(field);
+    at = pos;
+  }
+  return out.append(text_, at);
+}
+
+Message& Message::operator+=(const Message& more) {
+  // The holes stay where they are: a "{}" in the text of either side (a value) is text.
+  for (const auto& [pos, field] : more.holes_) holes_.push_back({text_.size() + pos, field});
+  text_ += more.text_;
+  str_ += more.str_;
+  fields_.insert(fields_.end(), more.fields_.begin(), more.fields_.end());
+  return *this;
 }
 
 std::string quote_value(std::string_view value) {

@@ -1,5 +1,5 @@
 // The learning-rate schedule as an update computes it, on the host and on the device: the
-// formula behind optim::Schedule (include/dptrain/optim/optim.hpp), which the CPU and CUDA
+// formula behind optim::Schedule (include/dptrain/optim/schedule.hpp), which the CPU and CUDA
 // updates evaluate from their step counter (StepCounterArgs), so that a CUDA graph's
 // replays follow the schedule without the host.
 #pragma once

@@ -182,22 +182,24 @@ class SpecParser {
         throw bad(quote_value(token_) + " is not a layer (expected " + kGrammar + ")");
       seen += o;
       s.remove_prefix(1);
-      switch (o) {
-        case 'k':
-          l.kernel = number(s, "kernel size", 1, 1024), *has_kernel = true;
-          break;
-        case 's':
-          l.stride = number(s, "stride", 1, 1024);
-          break;
-        case 'p':
-          l.pad = number(s, "padding", 0, 1024), *has_pad = true;
-          break;
-        case 'd':
-          l.dilation = number(s, "dilation", 1, 1024);
-          break;
-      }
+      for (const LayerOption& option : kLayerOptions)
+        if (option.letter == o) l.*option.field = number(s, option.what, option.lowest, 1024);
+      if (o == 'k') *has_kernel = true;
+      if (o == 'p') *has_pad = true;
     }
   }
+
+  // A layer's options: the letter, the field it sets, its name in errors and its least value.
+  struct LayerOption {
+    char letter;
+    int64_t CnnSpec::Layer::*field;
+    const char* what;
+    int64_t lowest;
+  };
+  static constexpr LayerOption kLayerOptions[] = {{'k', &CnnSpec::Layer::kernel, "kernel size", 1},
+                                                  {'s', &CnnSpec::Layer::stride, "stride", 1},
+                                                  {'p', &CnnSpec::Layer::pad, "padding", 0},
+                                                  {'d', &CnnSpec::Layer::dilation, "dilation", 1}};
 
   bool image() const { return shape_.size() == 3; }
   void need_image(const char* layer) const {

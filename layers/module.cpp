@@ -1,6 +1,8 @@
 #include <dptrain/layers/module.hpp>
 
 #include <functional>
+#include <memory>
+#include <utility>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/memory.hpp>
@@ -24,20 +26,33 @@ std::vector<int64_t> aligned_offsets(const std::vector<Shape>& shapes, int64_t* 
 }
 }  // namespace
 
-std::vector<Parameter*> Module::parameters() {
-  std::vector<Parameter*> out;
-  for (auto& p : params_) out.push_back(p.get());
-  for (auto& c : children_)
-    for (Parameter* p : c->parameters()) out.push_back(p);
+namespace {
+// A module's own entries (item(entry)), then each child's (of_child(child)) in turn: the
+// order that the flat buffers lay parameters and buffers out in.
+template <class Item, class Entry, class ItemOf, class ItemsOfChild>
+std::vector<Item> own_then_children(const std::vector<std::unique_ptr<Entry>>& own,
+                                    const std::vector<std::shared_ptr<Module>>& children, ItemOf item,
+                                    ItemsOfChild of_child) {
+  std::vector<Item> out;
+  for (const auto& e : own) out.push_back(item(*e));
+  for (const auto& c : children)
+    for (Item& i : of_child(*c)) out.push_back(std::move(i));
   return out;
+}
+}  // namespace
+
+std::vector<Parameter*> Module::parameters() {
+  return own_then_children<Parameter*>(
+      params_, children_, [](Parameter& p) { return &p; }, [](Module& c) { return c.parameters(); });
 }
 
 std::vector<std::pair<std::string, Parameter*>> Module::named_parameters(const std::string& prefix) {
-  std::vector<std::pair<std::string, Parameter*>> out;
-  for (auto& p : params_) out.push_back({prefix + p->name, p.get()});
-  for (auto& c : children_)
-    for (auto& np : c->named_parameters(prefix)) out.push_back(np);
-  return out;
+  return own_then_children<std::pair<std::string, Parameter*>>(
+      params_, children_,
+      [&](Parameter& p) {
+        return std::pair{prefix + p.name, &p};
+      },
+      [&](Module& c) { return c.named_parameters(prefix); });
 }
 
 int64_t Module::num_parameters() {
@@ -47,19 +62,17 @@ int64_t Module::num_parameters() {
 }
 
 std::vector<Buffer*> Module::buffers() {
-  std::vector<Buffer*> out;
-  for (auto& b : buffers_) out.push_back(b.get());
-  for (auto& c : children_)
-    for (Buffer* b : c->buffers()) out.push_back(b);
-  return out;
+  return own_then_children<Buffer*>(
+      buffers_, children_, [](Buffer& b) { return &b; }, [](Module& c) { return c.buffers(); });
 }
 
 std::vector<std::pair<std::string, Buffer*>> Module::named_buffers(const std::string& prefix) {
-  std::vector<std::pair<std::string, Buffer*>> out;
-  for (auto& b : buffers_) out.push_back({prefix + b->name, b.get()});
-  for (auto& c : children_)
-    for (auto& nb : c->named_buffers(prefix)) out.push_back(nb);
-  return out;
+  return own_then_children<std::pair<std::string, Buffer*>>(
+      buffers_, children_,
+      [&](Buffer& b) {
+        return std::pair{prefix + b.name, &b};
+      },
+      [&](Module& c) { return c.named_buffers(prefix); });
 }
 
 void Module::train(bool on) {

@@ -200,9 +200,9 @@ void DataParallel::Impl::start_from_rank0(nn::Module& model) {
   const auto sizes = group_->gather_all(static_cast<uint64_t>(model.flat_params().numel()));
   for (size_t r = 1; r < sizes.size(); ++r)
     if (sizes[r] != sizes[0])
-      throw UsageError("DataParallelOptions::group: the model differs between ranks: rank 0's parameters take " +
-                       std::to_string(sizes[0]) + " floats, rank " + std::to_string(r) + "'s " +
-                       std::to_string(sizes[r]));
+      throw UsageError("{}: the model differs between ranks: rank 0's parameters take " + std::to_string(sizes[0]) +
+                           " floats, rank " + std::to_string(r) + "'s " + std::to_string(sizes[r]),
+                       {{"DataParallelOptions", "group"}});
   auto host = model.flat_params().to_host();
   group_->broadcast(host.data(), host.size() * sizeof(float), 0);
   copy(model.flat_params(), Tensor::from_host(host, model.flat_params().shape(), devices_[0]));
@@ -389,8 +389,8 @@ DataParallel::ReductionTimes DataParallel::Impl::time_reduction(int iters) {
   if (zero_ == 2) throw UsageError("DataParallel::time_reduction: ZeRO stage 2 reduces during backward only");
   if (per_bucket_)
     throw UsageError(
-        "DataParallel::time_reduction times the reduction alone: not with DataParallelOptions::update_per_bucket "
-        "(which updates as it reduces)");
+        "DataParallel::time_reduction times the reduction alone: not with {} (which updates as it reduces)",
+        {{"DataParallelOptions", "update_per_bucket"}});
   auto reduce_once = [&] {
     run_on_all([&](size_t r) {
       for (size_t b = 0; b < buckets_.size(); ++b) reducer_->bucket_ready(r, b);

@@ -46,9 +46,10 @@ void refuse_shared_gpus(ProcessGroup& g, const Device& d) {
     std::snprintf(where, sizeof where, "%04x:%02x:%02x", static_cast<unsigned>(at->first >> 16 & 0xffff),
                   static_cast<unsigned>(at->first >> 8 & 0xff), static_cast<unsigned>(at->first & 0xff));
     throw UsageError("ranks " + std::to_string(at->second) + " and " + std::to_string(r) +
-                     " would train on one GPU (PCI " + where + " of rank " + std::to_string(at->first >> 32) +
-                     "'s machine), and NCCL takes a GPU once: start a process a GPU (the local rank picks its "
-                     "GPU from TrainConfig::devices), or give each process a GPU of its own");
+                         " would train on one GPU (PCI " + where + " of rank " + std::to_string(at->first >> 32) +
+                         "'s machine), and NCCL takes a GPU once: start a process a GPU (the local rank picks its "
+                         "GPU from {}), or give each process a GPU of its own",
+                     {{"TrainConfig", "devices"}});
   }
 }
 
@@ -67,10 +68,12 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
     std::set<int> seen;
     for (auto& rep : r_) {
       const Device d = rep.ctx->device();
-      if (!d.is_cuda()) throw UsageError("DataParallelOptions::reduce nccl needs CUDA devices, got " + d.str());
+      if (!d.is_cuda())
+        throw UsageError("{} nccl needs CUDA devices, got " + d.str(), {{"DataParallelOptions", "reduce"}});
       if (!seen.insert(d.index).second)
-        throw UsageError("DataParallelOptions::reduce nccl cannot put two replicas on " + d.str() +
-                         " (NCCL refuses two ranks on one GPU); use p2p");
+        throw UsageError(
+            "{} nccl cannot put two replicas on " + d.str() + " (NCCL refuses two ranks on one GPU); use p2p",
+            {{"DataParallelOptions", "reduce"}});
       devs.push_back(d.index);
     }
     comms_.resize(r_.size());

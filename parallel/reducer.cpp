@@ -50,11 +50,11 @@ BareNcclTimes time_bare_nccl(const std::vector<Device>&, int64_t, int) {
 }
 std::unique_ptr<Reducer> make_nccl_reducer(std::vector<ReplicaBuffers>, std::vector<Bucket>, std::vector<SampleRange>,
                                            DType, GradSlots, int) {
-  throw UsageError("DataParallelOptions::reduce nccl needs a build with NCCL; this one has none (use p2p)");
+  throw UsageError("{} nccl needs a build with NCCL; this one has none (use p2p)", {{"DataParallelOptions", "reduce"}});
 }
 std::unique_ptr<Reducer> make_nccl_rank_reducer(ProcessGroup&, ReplicaBuffers, std::vector<Bucket>,
                                                 std::vector<SampleRange>, DType, GradSlots, int) {
-  throw UsageError("DataParallelOptions::group on GPUs needs a build with NCCL; this one has none");
+  throw UsageError("{} on GPUs needs a build with NCCL; this one has none", {{"DataParallelOptions", "group"}});
 }
 #endif
 

@@ -57,8 +57,9 @@ void DataParallel::Impl::run_on_all(const std::function<void(size_t)>& fn) {
       throw;
     } catch (const std::bad_alloc&) {  // a host buffer of the step (the CPU's own kernels, staging)
       throw OutOfMemory("out of memory on the host while replica " + std::to_string(i) + " on " +
-                        replicas_[i].device.str() +
-                        " stepped (a host allocation failed); use a smaller batch (TrainConfig::batch) or model");
+                            replicas_[i].device.str() +
+                            " stepped (a host allocation failed); use a smaller batch ({}) or model",
+                        {{"TrainConfig", "batch"}});
     } catch (const std::exception& e) {
       throw Error(std::string(e.what()) + " [replica " + std::to_string(i) + " on " + replicas_[i].device.str() + "]");
     }
@@ -130,7 +131,8 @@ void DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, do
       if (b < rep.next_bucket)
         throw Error(
             "ZeRO stage 2 needs backward to make the gradients bucket after bucket: a parameter's gradient came "
-            "after its bucket was reduced (a model that uses it out of order); use DataParallelOptions::zero 1");
+            "after its bucket was reduced (a model that uses it out of order); use {} 1",
+            {{"DataParallelOptions", "zero"}});
       acquire_up_to(b);
     };
   if (shard.x.defined()) {

@@ -26,7 +26,7 @@ NonFiniteWatch::~NonFiniteWatch() {
   try {
     dp_.set_check_ring({});  // waits for the steps that write the ring
   } catch (const std::exception& e) {
-    report(Severity::warning, std::string("a step failed while the gradient checks were read: ") + e.what());
+    report(Severity::warning, "a step failed while the gradient checks were read: " + Message::of(e));
   }
 }
 

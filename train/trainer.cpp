@@ -131,7 +131,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     } catch (const UsageError& e) {
       // One float a row for a model of several outputs: most likely class labels written as floats.
       if (cfg_.task == data::Task::regression && numel(train_data_->target_shape()) == 1 && spec.outputs() >= 2)
-        throw UsageError(std::string(e.what()) +
+        throw UsageError(e.line() +
                          " (class labels are integers: an integer .npy, int32 or int64, trains a classifier)");
       throw;
     }
@@ -150,15 +150,16 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     // then its cuda:0. Ranks that do share a GPU are refused where NCCL is set up.)
     const auto listed = static_cast<int>(cfg_.devices.size()), local = group_->local_size();
     if (group_->rank() == 0 && listed > local)
-      report(Severity::note, std::to_string(listed) + " devices (TrainConfig::devices) for the " +
-                                 std::to_string(local) + " process(es) of this machine, each of which trains on one: " +
-                                 std::to_string(listed - local) + " of them idle; start a process a device");
+      report(Severity::note, Message(std::to_string(listed) + " devices ({}) for the " + std::to_string(local) +
+                                         " process(es) of this machine, each of which trains on one: " +
+                                         std::to_string(listed - local) + " of them idle; start a process a device",
+                                     {{"TrainConfig", "devices"}}));
     cfg_.devices = {mine};
   }
   if (cfg_.warmup >= cfg_.steps && (!group_ || group_->rank() == 0))
-    report(Severity::warning, "TrainConfig::warmup of " + std::to_string(cfg_.warmup) +
-                                  " steps is not shorter than the run's " + std::to_string(cfg_.steps) +
-                                  ": the learning rate never reaches TrainConfig::lr");
+    report(Severity::warning, Message("{} of " + std::to_string(cfg_.warmup) + " steps is not shorter than the run's " +
+                                          std::to_string(cfg_.steps) + ": the learning rate never reaches {}",
+                                      {{"TrainConfig", "warmup"}, {"TrainConfig", "lr"}}));
   const Device master = cfg_.devices.front();
   model_ = nn::make_model(spec, cfg_.act);
   model_->to(master, cfg_.seed);
@@ -390,7 +391,7 @@ Trainer::~Trainer() {
     for (auto& f : feeders_) f->synchronize();
     if (dp_) dp_->synchronize();
   } catch (const std::exception& e) {
-    report(Severity::warning, std::string("the last step failed while the trainer ended: ") + e.what());
+    report(Severity::warning, "the last step failed while the trainer ended: " + Message::of(e));
   }
 }
 
@@ -496,7 +497,7 @@ bool same_path(const std::string& a, const std::string& b) {
 struct Trainer::PeriodicSaves {
   const std::string& path;
   int64_t saved_step;  // the step the file holds from this run (or the run it resumed), -1: none
-  std::string first_failure;
+  Message first_failure;
   int64_t first_failed_step = -1;
 
   PeriodicSaves(const std::string& p, int64_t begin, bool resumed_here)
@@ -508,11 +509,13 @@ struct Trainer::PeriodicSaves {
       saved_step = t.steps_done_;
     } catch (const Error& e) {
       if (r.failed_saves++ > 0) return;
-      first_failure = e.what();
+      first_failure = e.line();
       first_failed_step = t.steps_done_;
-      report(Severity::warning, "saving the checkpoint at step " + std::to_string(t.steps_done_) + " failed (" +
-                                    e.what() + "); training goes on and tries again every " +
-                                    std::to_string(t.cfg_.save_every) + " steps (TrainConfig::save_every)");
+      report(
+          Severity::warning,
+          "saving the checkpoint at step " + std::to_string(t.steps_done_) + " failed (" + e.line() +
+              Message("); training goes on and tries again every " + std::to_string(t.cfg_.save_every) + " steps ({})",
+                      {{"TrainConfig", "save_every"}}));
     }
   }
 
@@ -524,7 +527,7 @@ struct Trainer::PeriodicSaves {
       const std::string held = saved_step >= 0 ? ": it holds the checkpoint of step " + std::to_string(saved_step)
                                : std::filesystem::exists(path, ec) ? ": it holds a checkpoint of an earlier run"
                                                                    : " (there was none)";
-      throw Error(std::string(e.what()) + held);
+      throw Error(e.line() + held);
     }
     if (r.failed_saves > 0)
       report(Severity::warning, std::to_string(r.failed_saves) + " periodic save(s) failed, the first at step " +
@@ -539,6 +542,66 @@ double Trainer::elapsed_seconds() const {
   return elapsed_before_ + now;
 }
 
+void Trainer::take_nonfinite(int64_t now, TrainResult& r) {
+  for (const NonFiniteWatch::Finding& f : watch_->take()) {
+    const std::string where = f.index == std::numeric_limits<int32_t>::max() ? "" : parameter_at(f.index);
+    const std::string what = "step " + std::to_string(f.step + 1) + ": the gradient" +
+                             (where.empty() ? std::string("'s norm") : " of parameter " + where) + " is not finite" +
+                             (where.empty() ? " (its squares overflowed)" : "") + "; the update was not applied";
+    if (cfg_.on_nonfinite == "stop") {
+      const std::string later = now > f.step + 1 ? " at step " + std::to_string(now) : "";
+      // The stop writes no checkpoint: one of an earlier save point (or run) stays as it was.
+      std::error_code ec;
+      const std::string kept = cfg_.save.empty() ? ""
+                               : std::filesystem::exists(cfg_.save, ec)
+                                   ? ", the checkpoint '" + cfg_.save + "' is left as it was"
+                                   : ", no checkpoint was written";
+      throw NonFiniteError(what + "; run stopped" + later + kept);
+    }
+    if (!group_ || group_->rank() == 0) report(Severity::warning, what);
+    ++r.skipped;
+  }
+}
+
+// A CPU device can be slower than a GPU by a thousand times: say so once, early, rather
+// than let hours pass in silence (a CPU step is over when step() returns). The first step
+// pays for the start (up to 8 times a steady step): an eighth of it is a floor on the
+// pace, enough to warn at once of a run of hours. Otherwise the steps after it tell the
+// pace, over 3 steps or a second, whichever is first.
+struct Trainer::CpuPace {
+  using clock = std::chrono::steady_clock;
+  bool untold;                   // the CPU's pace not yet told
+  clock::time_point paced_from;  // the end of the first step
+  double eval_seconds_then = 0;  // the validation's seconds by then
+
+  // After step s (`begin` the run's first): `start` the run's start, `eval_seconds` the
+  // validation's seconds so far, which are no step's.
+  void after_step(const Trainer& t, int64_t s, int64_t begin, clock::time_point start, double eval_seconds) {
+    const int64_t done = s + 1, steps_total = t.cfg_.steps;
+    if (untold) {
+      const bool at_first = s == begin;
+      const double since = std::chrono::duration<double>(clock::now() - (at_first ? start : paced_from)).count() -
+                           (eval_seconds - (at_first ? 0.0 : eval_seconds_then));
+      const int64_t steps = at_first ? 1 : done - (begin + 1);
+      const double per = at_first ? since / 8 : since / static_cast<double>(steps);  // steps >= 1 after the first
+      const double left = per * static_cast<double>(steps_total - done);
+      if (at_first ? left > 3600 : steps >= 3 || since >= 1.0) {
+        untold = false;
+        char per_step[32];
+        std::snprintf(per_step, sizeof per_step, "%.3g", per);
+        if (left > 3600 && (!t.group_ || t.group_->rank() == 0))
+          report(Severity::warning, std::string("at ") + (at_first ? "least " : "") + per_step + " s a step" +
+                                        (at_first ? " (an eighth of the first, which pays for the start)" : "") +
+                                        ", the " + std::to_string(steps_total - done) + " steps left will take about " +
+                                        rough_duration(left) + " on the CPU; a GPU (" +
+                                        Message("{}", {{"TrainConfig", "devices"}}) +
+                                        " cuda:0) trains this model far faster");
+      }
+    }
+    if (s == begin) paced_from = clock::now(), eval_seconds_then = eval_seconds;
+  }
+};
+
 TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, const std::function<bool()>& stop) {
   using clock = std::chrono::steady_clock;
   TrainResult r;
@@ -549,30 +612,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
   int64_t last_step = begin;
   StepLoss unread;  // the last step's loss when it was not logged
   double eval_seconds = 0;
-  bool cpu_pace = cfg_.devices.front().is_cpu();  // the CPU's pace not yet told
-  auto paced_from = start;                        // the end of the first step
-  double eval_seconds_then = 0;
-  // Findings of non-finite gradients, `now` the steps done: stop or count them.
-  auto handle_nonfinite = [&](int64_t now) {
-    for (const NonFiniteWatch::Finding& f : watch_->take()) {
-      const std::string where = f.index == std::numeric_limits<int32_t>::max() ? "" : parameter_at(f.index);
-      const std::string what = "step " + std::to_string(f.step + 1) + ": the gradient" +
-                               (where.empty() ? std::string("'s norm") : " of parameter " + where) + " is not finite" +
-                               (where.empty() ? " (its squares overflowed)" : "") + "; the update was not applied";
-      if (cfg_.on_nonfinite == "stop") {
-        const std::string later = now > f.step + 1 ? " at step " + std::to_string(now) : "";
-        // The stop writes no checkpoint: one of an earlier save point (or run) stays as it was.
-        std::error_code ec;
-        const std::string kept = cfg_.save.empty() ? ""
-                                 : std::filesystem::exists(cfg_.save, ec)
-                                     ? ", the checkpoint '" + cfg_.save + "' is left as it was"
-                                     : ", no checkpoint was written";
-        throw NonFiniteError(what + "; run stopped" + later + kept);
-      }
-      if (!group_ || group_->rank() == 0) report(Severity::warning, what);
-      ++r.skipped;
-    }
-  };
+  CpuPace pace{cfg_.devices.front().is_cpu(), start};
   PeriodicSaves periodic{cfg_.save, begin, resumed_ && same_path(resumed_->path, cfg_.save)};
   for (int64_t s = begin; s < cfg_.steps; ++s) {
     if (stop) {
@@ -595,7 +635,7 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     const bool saved = cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps;
     StepLoss loss = step(s, logged);
     if (logged || saved) watch_->drain();
-    handle_nonfinite(done);
+    take_nonfinite(done, r);
     if (logged) {
       dp_->synchronize();                // bounded by --comm-timeout across ranks
       const float value = loss.value();  // the only host synchronization of a step
@@ -623,35 +663,11 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     } else {
       unread = std::move(loss);
     }
-    // A CPU device can be slower than a GPU by a thousand times: say so once, early, rather
-    // than let hours pass in silence (a CPU step is over when step() returns). The first
-    // step pays for the start (up to 8 times a steady step): an eighth of it is a floor on
-    // the pace, enough to warn at once of a run of hours. Otherwise the steps after it tell
-    // the pace, over 3 steps or a second, whichever is first.
-    if (cpu_pace) {
-      const bool at_first = s == begin;
-      const double since = std::chrono::duration<double>(clock::now() - (at_first ? start : paced_from)).count() -
-                           (eval_seconds - (at_first ? 0.0 : eval_seconds_then));
-      const int64_t steps = at_first ? 1 : done - (begin + 1);
-      const double per = at_first ? since / 8 : since / static_cast<double>(steps);  // steps >= 1 after the first
-      const double left = per * static_cast<double>(cfg_.steps - done);
-      if (at_first ? left > 3600 : steps >= 3 || since >= 1.0) {
-        cpu_pace = false;
-        char per_step[32];
-        std::snprintf(per_step, sizeof per_step, "%.3g", per);
-        if (left > 3600 && (!group_ || group_->rank() == 0))
-          report(Severity::warning,
-                 std::string("at ") + (at_first ? "least " : "") + per_step + " s a step" +
-                     (at_first ? " (an eighth of the first, which pays for the start)" : "") + ", the " +
-                     std::to_string(cfg_.steps - done) + " steps left will take about " + rough_duration(left) +
-                     " on the CPU; a GPU (TrainConfig::devices cuda:0) trains this model far faster");
-      }
-    }
-    if (s == begin) paced_from = clock::now(), eval_seconds_then = eval_seconds;
+    pace.after_step(*this, s, begin, start, eval_seconds);
     if (saved) periodic.save(*this, gather_state(), r);
   }
   watch_->drain();
-  handle_nonfinite(steps_done_);  // before the last save
+  take_nonfinite(steps_done_, r);  // before the last save
   // A stopped run reports the loss of the last step it did, logged or not (every rank
   // stopped at the same step, so the collective read matches).
   if (!unread.losses.empty()) r.final_loss = unread.value();
@@ -676,6 +692,11 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       r.step_ms = 1e3 * first;
     }
   }
+  add_resource_use(r);
+  return r;
+}
+
+void Trainer::add_resource_use(TrainResult& r) const {
   if (r.steps > 0) r.times = dp_->last_times();
   for (const auto& f : feeders_) r.input += f->stats();
   std::vector<Device> seen;
@@ -685,7 +706,6 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
       r.memory.push_back({d, memory_stats(d)});
     }
   r.model_state = dp_->model_state_bytes();
-  return r;
 }
 
 }  // namespace dpt

@@ -19,7 +19,12 @@
 #include <dptrain/layers/model_spec.hpp>
 #include <dptrain/layers/module.hpp>
 
+#include <dptrain/optim/adamw.hpp>
+#include <dptrain/optim/clip.hpp>
 #include <dptrain/optim/optim.hpp>
+#include <dptrain/optim/optimizer.hpp>
+#include <dptrain/optim/schedule.hpp>
+#include <dptrain/optim/sgd.hpp>
 
 #include <dptrain/data/array.hpp>
 #include <dptrain/data/batch.hpp>

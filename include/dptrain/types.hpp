@@ -14,24 +14,30 @@ namespace dpt {
 // Data files hold more (float64, float16, uint8, int64 in .npy and safetensors), which no
 // tensor holds: data::ArrayDType names those, and the input pipeline converts them.
 enum class DType { f32, bf16, i32 };
+// Each DType's name and the bytes of an element, in the enum's order: one table that the
+// name, its parse and the size read.
+struct DTypeInfo {
+  DType type;
+  const char* name;
+  size_t size;
+};
+inline constexpr DTypeInfo kDTypes[] = {{DType::f32, "f32", 4}, {DType::bf16, "bf16", 2}, {DType::i32, "i32", 4}};
 // "f32", "bf16", "i32", and back (nullopt for any other name).
 constexpr const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "f32";
-    case DType::bf16:
-      return "bf16";
-    case DType::i32:
-      return "i32";
-  }
+  for (const DTypeInfo& d : kDTypes)
+    if (d.type == t) return d.name;
   return "?";
 }
 constexpr std::optional<DType> parse_dtype(std::string_view name) {
-  for (const DType t : {DType::f32, DType::bf16, DType::i32})
-    if (name == dtype_name(t)) return t;
+  for (const DTypeInfo& d : kDTypes)
+    if (name == d.name) return d.type;
   return std::nullopt;
 }
-constexpr size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }  // bytes an element
+constexpr size_t dtype_size(DType t) {  // bytes an element
+  for (const DTypeInfo& d : kDTypes)
+    if (d.type == t) return d.size;
+  return 4;
+}
 
 enum class Act : int { none = 0, relu, gelu, tanh };
 
@@ -57,14 +63,19 @@ struct ScheduleArgs {
   int64_t total = 1;
 };
 
-// bias_correction1/2 = 1 - beta^t for the step t (1-based). An update given a step counter
-// (StepCounterArgs) takes lr and the corrections from it instead.
-struct AdamArgs {
+// AdamW's hyperparameters, as a user sets them (optim::AdamW::Options).
+struct AdamHyperparams {
   float lr = 1e-3f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.01f;
+};
+
+// An AdamW update's arguments: the hyperparameters, and bias_correction1/2 = 1 - beta^t for
+// the step t (1-based). An update given a step counter (StepCounterArgs) takes lr and the
+// corrections from it instead.
+struct AdamArgs : AdamHyperparams {
   float bias_correction1 = 1.0f;
   float bias_correction2 = 1.0f;
 };

@@ -393,6 +393,27 @@ class LinearBf16Node : public Node {
 
 }  // namespace
 
+namespace {
+// The bias and activation after a GEMM that did not fuse them: y = act(acc + bias), and z
+// (when defined) the pre-activation that GELU's backward keeps. acc [rows, out] is f32; y
+// is acc itself (f32) or bf16, rounded once, and then bias and z are bf16 too.
+void bias_act(const Tensor& acc, const Tensor& bias, Act act, const Tensor& z, const Tensor& y) {
+  const Device d = acc.device();
+  const int64_t rows = acc.size(0), out = acc.size(1);
+  if (y.dtype() == DType::bf16) {
+    const uint16_t* b = bias.defined() ? bias.bf16() : nullptr;
+    uint16_t* zp = z.defined() ? z.bf16() : nullptr;
+    DPT_CUDA_OR_CPU(d, cuda::bias_act_forward_bf16(acc.f32(), b, act, rows, out, zp, y.bf16(), stream_of(d)),
+                    cpu::bias_act_forward_bf16(acc.f32(), b, act, rows, out, zp, y.bf16()));
+  } else {
+    const float* b = bias.defined() ? bias.f32() : nullptr;
+    float* zp = z.defined() ? z.f32() : nullptr;
+    DPT_CUDA_OR_CPU(d, cuda::bias_act_forward(acc.f32(), b, act, rows, out, zp, y.f32(), stream_of(d)),
+                    cpu::bias_act_forward(acc.f32(), b, act, rows, out, zp, y.f32()));
+  }
+}
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   need_f32(a, "matmul");
   need_f32(b, "matmul");
@@ -440,12 +461,7 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const 
   }
 #endif
   if (!fused) gemm(false, true, 1.0f, x, W, 0.0f, y);
-  if (!fused && (b.defined() || act != Act::none)) {
-    const float* bias = b.defined() ? b.f32() : nullptr;
-    float* zp = z.defined() ? z.f32() : nullptr;
-    DPT_CUDA_OR_CPU(d, cuda::bias_act_forward(y.f32(), bias, act, rows, out, zp, y.f32(), stream_of(d)),
-                    cpu::bias_act_forward(y.f32(), bias, act, rows, out, zp, y.f32()));
-  }
+  if (!fused && (b.defined() || act != Act::none)) bias_act(y, b, act, z, y);
   if (grad) {
     record(y, std::make_shared<LinearNode>(x, W, act == Act::gelu ? z : y, act), layer_inputs(x, W, b));
   }
@@ -550,10 +566,7 @@ Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tens
   if (!fused && rows > 0) {  // the GEMM in fp32, then bias and activation rounded once into y
     Tensor acc = Tensor::empty({rows, out}, DType::f32, d);
     gemm(false, true, 1.0f, x, W16, 0.0f, acc);
-    const uint16_t* bias = b16.defined() ? b16.bf16() : nullptr;
-    uint16_t* zp = z.defined() ? z.bf16() : nullptr;
-    DPT_CUDA_OR_CPU(d, cuda::bias_act_forward_bf16(acc.f32(), bias, act, rows, out, zp, y.bf16(), stream_of(d)),
-                    cpu::bias_act_forward_bf16(acc.f32(), bias, act, rows, out, zp, y.bf16()));
+    bias_act(acc, b16, act, z, y);
   }
   if (grad) {
     record(y, std::make_shared<LinearBf16Node>(x, W16, act == Act::gelu ? z : y, act), layer_inputs(x, W, b));

@@ -103,14 +103,13 @@ Tensor mse_loss(const Tensor& y, const Tensor& target) {
                     cuda::mse_forward_bf16(y.bf16(), target.f32(), y.numel(), loss.f32(), dyp, reduce_work(d, 0).f32(),
                                            context(d).counter(), stream_of(d)),
                     cpu::mse_forward_bf16(y.bf16(), target.f32(), y.numel(), loss.f32(), dyp));
-    if (grad) record(loss, std::make_shared<MseNode>(y, target, dy), {y});
-    return loss;
+  } else {
+    float* dyp = grad ? dy.f32() : nullptr;
+    DPT_CUDA_OR_CPU(d,
+                    cuda::mse_forward(y.f32(), target.f32(), y.numel(), loss.f32(), dyp, reduce_work(d, 0).f32(),
+                                      context(d).counter(), stream_of(d)),
+                    cpu::mse_forward(y.f32(), target.f32(), y.numel(), loss.f32(), dyp));
   }
-  float* dyp = grad ? dy.f32() : nullptr;
-  DPT_CUDA_OR_CPU(d,
-                  cuda::mse_forward(y.f32(), target.f32(), y.numel(), loss.f32(), dyp, reduce_work(d, 0).f32(),
-                                    context(d).counter(), stream_of(d)),
-                  cpu::mse_forward(y.f32(), target.f32(), y.numel(), loss.f32(), dyp));
   if (grad) record(loss, std::make_shared<MseNode>(y, target, dy), {y});
   return loss;
 }
@@ -155,13 +154,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
                     cuda::cross_entropy_forward_bf16(logits.bf16(), labels.i32(), rows, cols, loss.f32(),
                                                      reduce_work(d, rows).f32(), stream_of(d)),
                     cpu::cross_entropy_forward_bf16(logits.bf16(), labels.i32(), rows, cols, loss.f32()));
-    if (any_requires_grad({&logits})) record(loss, std::make_shared<CrossEntropyNode>(logits, labels), {logits});
-    return loss;
+  } else {
+    DPT_CUDA_OR_CPU(d,
+                    cuda::cross_entropy_forward(logits.f32(), labels.i32(), rows, cols, loss.f32(),
+                                                reduce_work(d, rows).f32(), stream_of(d)),
+                    cpu::cross_entropy_forward(logits.f32(), labels.i32(), rows, cols, loss.f32()));
   }
-  DPT_CUDA_OR_CPU(d,
-                  cuda::cross_entropy_forward(logits.f32(), labels.i32(), rows, cols, loss.f32(),
-                                              reduce_work(d, rows).f32(), stream_of(d)),
-                  cpu::cross_entropy_forward(logits.f32(), labels.i32(), rows, cols, loss.f32()));
   if (any_requires_grad({&logits})) record(loss, std::make_shared<CrossEntropyNode>(logits, labels), {logits});
   return loss;
 }

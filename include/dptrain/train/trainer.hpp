@@ -220,6 +220,11 @@ class Trainer {
   // under ZeRO), and the writing, rank 0's alone, whose failure a periodic save survives.
   std::vector<std::pair<std::string, Tensor>> gather_state();
   struct PeriodicSaves;  // run()'s (trainer.cpp)
+  struct CpuPace;        // run()'s warning of a slow CPU run (trainer.cpp)
+  // run()'s parts: the findings of non-finite gradients (stop, or count and warn), `now`
+  // the steps done; and the result's times, input pipeline, memory and model state.
+  void take_nonfinite(int64_t now, TrainResult& r);
+  void add_resource_use(TrainResult& r) const;
   void write_checkpoint(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& optimizer_state);
   // The settings a checkpoint records (its metadata, beside the step and data position)
   // and every rank of a job must share.
