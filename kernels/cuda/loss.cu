@@ -16,6 +16,7 @@
 #include "check.hpp"
 #include "common.cuh"
 #include "cuda.hpp"
+#include "vec4.cuh"
 
 namespace dpt::cuda {
 namespace {
@@ -57,17 +58,8 @@ __device__ void finish_mean_in_last_block(float s, int64_t n, float* part, unsig
   }
 }
 
-// Predictions and gradients are float or bf16 (as_float and store); targets are float.
-// Four consecutive elements in one access: a float4, or for bf16 a ushort4 (8 bytes).
-__device__ __forceinline__ float4 load_four(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 load_four(const uint16_t* p) {
-  const ushort4 v = *reinterpret_cast<const ushort4*>(p);
-  return make_float4(bf16_float(v.x), bf16_float(v.y), bf16_float(v.z), bf16_float(v.w));
-}
-__device__ __forceinline__ void store_four(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
-__device__ __forceinline__ void store_four(uint16_t* p, float4 v) {
-  *reinterpret_cast<ushort4*>(p) = make_ushort4(bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w));
-}
+// Predictions and gradients are float or bf16 (as_float and store, load_four and
+// store_four); targets are float.
 
 // sum((y - t)^2) / n in one kernel, and dy = 2 (y - t) / n alongside when dy is not null
 // (the gradient for a seed of 1, so a training step needs no separate backward pass).
@@ -305,54 +297,32 @@ void cross_entropy_backward_launch(const char* who, const T* logits, const int32
 
 }  // namespace
 
-void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy, float* work, unsigned* counter,
-                 cudaStream_t stream) {
-  mse_forward_launch("mse_forward", y, t, n, loss, dy, work, counter, stream);
-}
-
-void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale, float* dy,
-                  cudaStream_t stream) {
-  mse_backward_launch("mse_backward", y, t, n, dloss, scale, dy, stream);
-}
-
-void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss,
-                           float* work, cudaStream_t stream) {
-  cross_entropy_forward_launch("cross_entropy_forward", logits, labels, rows, cols, loss, work, stream);
-}
-
-void accuracy(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out, float* work,
-              cudaStream_t stream) {
-  accuracy_launch("accuracy", logits, labels, rows, cols, out, work, stream);
-}
-
-void accuracy_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out, float* work,
-                   cudaStream_t stream) {
-  accuracy_launch("accuracy_bf16", logits, labels, rows, cols, out, work, stream);
-}
-
-void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, const float* dloss,
-                            float* dlogits, cudaStream_t stream) {
-  cross_entropy_backward_launch("cross_entropy_backward", logits, labels, rows, cols, dloss, dlogits, stream);
-}
-
-void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy, float* work,
-                      unsigned* counter, cudaStream_t stream) {
-  mse_forward_launch("mse_forward_bf16", y, t, n, loss, dy, work, counter, stream);
-}
-
-void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale, uint16_t* dy,
-                       cudaStream_t stream) {
-  mse_backward_launch("mse_backward_bf16", y, t, n, dloss, scale, dy, stream);
-}
-
-void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss,
-                                float* work, cudaStream_t stream) {
-  cross_entropy_forward_launch("cross_entropy_forward_bf16", logits, labels, rows, cols, loss, work, stream);
-}
-
-void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
-                                 const float* dloss, uint16_t* dlogits, cudaStream_t stream) {
-  cross_entropy_backward_launch("cross_entropy_backward_bf16", logits, labels, rows, cols, dloss, dlogits, stream);
-}
+// The public entries, each twice: fp32 (T float, the plain name) and bf16 (T uint16_t, the
+// name with _bf16), each running its one launcher under its own name (for the messages).
+#define DPT_LOSS_ENTRIES(T, SUFFIX)                                                                                   \
+  void mse_forward##SUFFIX(const T* y, const float* t, int64_t n, float* loss, T* dy, float* work, unsigned* counter, \
+                           cudaStream_t stream) {                                                                     \
+    mse_forward_launch("mse_forward" #SUFFIX, y, t, n, loss, dy, work, counter, stream);                              \
+  }                                                                                                                   \
+  void mse_backward##SUFFIX(const T* y, const float* t, int64_t n, const float* dloss, float scale, T* dy,            \
+                            cudaStream_t stream) {                                                                    \
+    mse_backward_launch("mse_backward" #SUFFIX, y, t, n, dloss, scale, dy, stream);                                   \
+  }                                                                                                                   \
+  void cross_entropy_forward##SUFFIX(const T* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss, \
+                                     float* work, cudaStream_t stream) {                                              \
+    cross_entropy_forward_launch("cross_entropy_forward" #SUFFIX, logits, labels, rows, cols, loss, work, stream);    \
+  }                                                                                                                   \
+  void cross_entropy_backward##SUFFIX(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,             \
+                                      const float* dloss, T* dlogits, cudaStream_t stream) {                          \
+    cross_entropy_backward_launch("cross_entropy_backward" #SUFFIX, logits, labels, rows, cols, dloss, dlogits,       \
+                                  stream);                                                                            \
+  }                                                                                                                   \
+  void accuracy##SUFFIX(const T* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out, float* work,  \
+                        cudaStream_t stream) {                                                                        \
+    accuracy_launch("accuracy" #SUFFIX, logits, labels, rows, cols, out, work, stream);                               \
+  }
+DPT_LOSS_ENTRIES(float, )
+DPT_LOSS_ENTRIES(uint16_t, _bf16)
+#undef DPT_LOSS_ENTRIES
 
 }  // namespace dpt::cuda
