@@ -15,7 +15,7 @@
 #include "check.hpp"
 #include "common.cuh"
 #include "cuda.hpp"
-#include "vec4.cuh"
+#include "loops.cuh"
 
 namespace dpt::cuda {
 namespace {
@@ -124,29 +124,27 @@ static __global__ void convert_kernel(const From* x, To* y, int64_t n) {
 // lane keeps the first maximum of its columns (NaNs skipped), and the warp merges by
 // (larger value, then smaller index), which is the same answer in any merge order.
 static __global__ void argmax_rows_kernel(const float* x, int64_t rows, int64_t cols, int32_t* out) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const float* row = x + r * cols;
-  float best = -INFINITY;
-  int idx = -1;  // none yet; cols fits int (checked by the launcher)
-  for (int c = lane; c < cols; c += 32) {
-    const float v = row[c];
-    if (v > best || (idx < 0 && v == best)) {  // the second term admits a leading -inf
-      best = v;
-      idx = c;
+  on_warp_row(x, rows, cols, [&](int64_t r, int lane, const float* row) {
+    float best = -INFINITY;
+    int idx = -1;  // none yet; cols fits int (checked by the launcher)
+    for (int c = lane; c < cols; c += 32) {
+      const float v = row[c];
+      if (v > best || (idx < 0 && v == best)) {  // the second term admits a leading -inf
+        best = v;
+        idx = c;
+      }
     }
-  }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (oi >= 0 && (idx < 0 || ov > best || (ov == best && oi < idx))) {
-      best = ov;
-      idx = oi;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (oi >= 0 && (idx < 0 || ov > best || (ov == best && oi < idx))) {
+        best = ov;
+        idx = oi;
+      }
     }
-  }
-  if (lane == 0) out[r] = isnan(row[0]) || idx < 0 ? 0 : idx;
+    if (lane == 0) out[r] = isnan(row[0]) || idx < 0 ? 0 : idx;
+  });
 }
 
 // ---- random fills -----------------------------------------------------------------------
@@ -328,9 +326,7 @@ void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaS
   DPT_CHECK(cols > 0, "argmax_rows: rows with no columns");
   DPT_CHECK(cols <= 0x7fffffff, "argmax_rows: column index does not fit int32");
   DPT_CHECK(x != nullptr && out != nullptr, "argmax_rows: null pointer");
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  DPT_CHECK(blocks <= 0x7fffffff, "argmax_rows: too many rows");
-  argmax_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, rows, cols, out);
+  argmax_rows_kernel<<<warp_row_blocks("argmax_rows", rows), kThreads, 0, stream>>>(x, rows, cols, out);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -16,7 +16,7 @@
 #include "check.hpp"
 #include "common.cuh"
 #include "cuda.hpp"
-#include "vec4.cuh"
+#include "loops.cuh"
 
 namespace dpt::cuda {
 namespace {
@@ -190,15 +190,13 @@ __device__ __forceinline__ RowStats row_stats(const T* x, int64_t cols, int lane
 template <typename T>
 static __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                                  float* work) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const T* x = logits + r * cols;
-  const RowStats st = row_stats(x, cols, lane);
-  if (lane == 0) {
-    const int32_t label = labels[r];
-    work[r] = label >= 0 && label < cols ? logf(st.sum) + st.max - as_float(x[label]) : NAN;
-  }
+  on_warp_row(logits, rows, cols, [&](int64_t r, int lane, const T* x) {
+    const RowStats st = row_stats(x, cols, lane);
+    if (lane == 0) {
+      const int32_t label = labels[r];
+      work[r] = label >= 0 && label < cols ? logf(st.sum) + st.max - as_float(x[label]) : NAN;
+    }
+  });
 }
 
 // dlogits = (*dloss / rows) (softmax(row) - onehot(label)). dlogits may be logits: each
@@ -206,20 +204,18 @@ static __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t*
 template <typename T>
 static __global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                                      const float* dloss, T* dlogits) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const T* x = logits + r * cols;
-  T* dx = dlogits + r * cols;
-  const RowStats st = row_stats(x, cols, lane);
-  const float g = *dloss / static_cast<float>(rows);
-  const float inv_sum = 1.f / st.sum;
-  const int64_t label = labels[r];
+  on_warp_row(logits, rows, cols, [&](int64_t r, int lane, const T* x) {
+    T* dx = dlogits + r * cols;
+    const RowStats st = row_stats(x, cols, lane);
+    const float g = *dloss / static_cast<float>(rows);
+    const float inv_sum = 1.f / st.sum;
+    const int64_t label = labels[r];
 #pragma unroll 4
-  for (int64_t c = lane; c < cols; c += 32) {
-    const float p = expf(as_float(x[c]) - st.max) * inv_sum;
-    store(dx + c, g * (c == label ? p - 1.f : p));
-  }
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float p = expf(as_float(x[c]) - st.max) * inv_sum;
+      store(dx + c, g * (c == label ? p - 1.f : p));
+    }
+  });
 }
 
 // work[r] = 1 when row r's largest logit (the first of equal ones; NaNs never win) is at
@@ -229,23 +225,21 @@ static __global__ void cross_entropy_backward_kernel(const T* logits, const int3
 template <typename T>
 static __global__ void accuracy_rows_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                             float* work) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const T* x = logits + r * cols;
-  float best = 0.f;
-  int64_t at = -1;
-  for (int64_t c = lane; c < cols; c += 32) {
-    const float v = as_float(x[c]);
-    if (!isnan(v) && (at < 0 || v > best)) best = v, at = c;
-  }
+  on_warp_row(logits, rows, cols, [&](int64_t r, int lane, const T* x) {
+    float best = 0.f;
+    int64_t at = -1;
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float v = as_float(x[c]);
+      if (!isnan(v) && (at < 0 || v > best)) best = v, at = c;
+    }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-    const int64_t oa = __shfl_xor_sync(0xffffffffu, at, o);
-    if (oa >= 0 && (at < 0 || ob > best || (ob == best && oa < at))) best = ob, at = oa;
-  }
-  if (lane == 0) work[r] = at >= 0 && at == labels[r] ? 1.f : 0.f;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int64_t oa = __shfl_xor_sync(0xffffffffu, at, o);
+      if (oa >= 0 && (at < 0 || ob > best || (ob == best && oa < at))) best = ob, at = oa;
+    }
+    if (lane == 0) work[r] = at >= 0 && at == labels[r] ? 1.f : 0.f;
+  });
 }
 
 template <typename T>
@@ -254,9 +248,7 @@ void accuracy_launch(const char* who, const T* logits, const int32_t* labels, in
   DPT_CHECK(rows > 0 && cols > 0, std::string(who) + ": bad shape (rows and cols must be > 0)");
   DPT_CHECK(logits != nullptr && labels != nullptr && out != nullptr && work != nullptr,
             std::string(who) + ": null pointer");
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
-  accuracy_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows, cols, work);
+  accuracy_rows_kernel<<<warp_row_blocks(who, rows), kThreads, 0, stream>>>(logits, labels, rows, cols, work);
   DPT_CUDA_CHECK_LAUNCH();
   finish_sum(work, rows, 1.0 / static_cast<double>(rows), out, stream);  // counts: exact in any order
   DPT_CUDA_CHECK_LAUNCH();
@@ -273,9 +265,7 @@ void cross_entropy_forward_launch(const char* who, const T* logits, const int32_
     DPT_CUDA_CHECK_LAUNCH();
     return;
   }
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
-  cross_entropy_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows, cols, work);
+  cross_entropy_rows_kernel<<<warp_row_blocks(who, rows), kThreads, 0, stream>>>(logits, labels, rows, cols, work);
   DPT_CUDA_CHECK_LAUNCH();
   finish_sum(work, rows, 1.0 / static_cast<double>(rows), loss, stream);
   DPT_CUDA_CHECK_LAUNCH();
@@ -288,10 +278,8 @@ void cross_entropy_backward_launch(const char* who, const T* logits, const int32
   if (rows == 0 || cols == 0) return;
   DPT_CHECK(logits != nullptr && labels != nullptr && dloss != nullptr && dlogits != nullptr,
             std::string(who) + ": null pointer");
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
-  cross_entropy_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows, cols,
-                                                                                        dloss, dlogits);
+  cross_entropy_backward_kernel<<<warp_row_blocks(who, rows), kThreads, 0, stream>>>(logits, labels, rows, cols, dloss,
+                                                                                     dlogits);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,10 +1,17 @@
-// vec4.cuh — the loop of the memory-bound kernels, written once: a grid-stride loop over
-// groups of four elements (one 16-byte float4 access, or 8 bytes of bf16) where the
-// pointers allow it, then the elements after the last whole group one at a time; the same
-// with four loads in flight a thread; and the four-element loads and stores, float or bf16.
-// A thread visits its indices in increasing order, so a sum it keeps has a fixed order.
+// loops.cuh — the loops the kernels share, each written once:
+// - vec4_loop, the memory-bound kernels' grid-stride loop over groups of four elements (one
+//   16-byte float4 access, or 8 bytes of bf16) where the pointers allow it, then the
+//   elements after the last whole group one at a time; four_in_flight, a grid-stride loop
+//   with four loads in flight a thread; load_four and store_four, the groups' float or
+//   bf16 access.
+//   A thread visits its indices in increasing order, so a sum it keeps has a fixed order.
+// - on_warp_row and warp_row_blocks: the kernels that give each row of a matrix a warp
+//   (kWarps rows a block of kThreads), device side and launch side.
 #pragma once
 #include <cstdint>
+#include <string>
+
+#include <dptrain/error.hpp>
 
 #include "../bf16.hpp"
 #include "common.cuh"
@@ -51,6 +58,22 @@ __device__ __forceinline__ void four_in_flight(int64_t n, Load load, Use use) {
     for (int u = 0; u < 4; ++u) use(v[u], i + u * stride);
   }
   for (; i < n; i += stride) use(load(i), i);
+}
+
+// f(r, lane, row) in each warp whose row r < rows exists: `row` is row r of the [rows,
+// cols] matrix m, `lane` the thread's lane (0..31); the warps past the last row return.
+template <typename T, typename F>
+__device__ __forceinline__ void on_warp_row(T* m, int64_t rows, int64_t cols, F f) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
+  if (r >= rows) return;
+  f(r, static_cast<int>(threadIdx.x % 32), m + r * cols);
+}
+
+// The grid of a kernel that gives each of `rows` rows a warp (blocks of kThreads).
+inline unsigned warp_row_blocks(const char* who, int64_t rows) {
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
+  return static_cast<unsigned>(blocks);
 }
 
 }  // namespace dpt::cuda
