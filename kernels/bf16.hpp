@@ -9,25 +9,18 @@
 
 namespace dpt {
 
-DPT_HD uint32_t float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-#endif
+// The bits of a 4-byte value read as another 4-byte type (std::bit_cast, which device code
+// lacks): memcpy, which both compilers turn into a register move.
+template <typename To, typename From>
+DPT_HD To bit_copy(From v) {
+  static_assert(sizeof(To) == sizeof(From), "bit_copy: types of one size");
+  To r;
+  std::memcpy(&r, &v, sizeof(r));
+  return r;
 }
 
-DPT_HD float bits_float(uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(b);
-#else
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-#endif
-}
+DPT_HD uint32_t float_bits(float f) { return bit_copy<uint32_t>(f); }
+DPT_HD float bits_float(uint32_t b) { return bit_copy<float>(b); }
 
 // f rounded to bf16: to nearest, ties to even; a NaN keeps its sign and top payload bits
 // and becomes quiet.

@@ -25,14 +25,32 @@ void inside(int64_t shift, int64_t stride, int64_t in, int64_t out, int64_t* lo,
   *hi = std::min(out, ceil_div(in - shift, stride));
 }
 
+// Tap (r, t) of the window: the output rows [p0, p1) and columns [q0, q1) whose tap reads
+// inside the image, at input row p * stride + dh and column q * stride + dw.
+struct Tap {
+  int64_t r, t, p0, p1, q0, q1, dh, dw;
+};
+
+// Visits every tap (r, t) in order: the loop nest the three passes share.
+template <typename Visit>
+void for_each_tap(const ConvShape& s, Visit visit) {
+  for (int64_t r = 0; r < s.r; ++r)
+    for (int64_t t = 0; t < s.s; ++t) {
+      Tap tap{r, t, 0, 0, 0, 0, r * s.dilation - s.pad, t * s.dilation - s.pad};
+      inside(tap.dh, s.stride, s.h, s.p(), &tap.p0, &tap.p1);
+      inside(tap.dw, s.stride, s.w, s.q(), &tap.q0, &tap.q1);
+      visit(tap);
+    }
+}
+
 // beta * old + fresh, where beta = 0 never reads old (it may be uninitialized memory).
 float blend(float beta, float old, double fresh) {
   return static_cast<float>(beta == 0.0f ? fresh : beta * static_cast<double>(old) + fresh);
 }
 }  // namespace
 
-// The three passes share one loop nest: for every kernel tap (r, t), the output rows p
-// and columns q whose tap reads inside the image, input position (ih, iw) =
+// The three passes share one loop nest (for_each_tap): for every kernel tap (r, t), the
+// output rows p and columns q whose tap reads inside the image, input position (ih, iw) =
 // (p * stride - pad + r * dilation, q * stride - pad + t * dilation).
 
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, const float* bias, float* y) {
@@ -42,18 +60,14 @@ void conv2d_forward(const ConvShape& s, const float* x, const float* w, const fl
     for (int64_t k = 0; k < s.k; ++k) {
       std::fill(acc.begin(), acc.end(), bias ? bias[k] : 0.0);
       for (int64_t c = 0; c < s.c; ++c)
-        for (int64_t r = 0; r < s.r; ++r)
-          for (int64_t t = 0; t < s.s; ++t) {
-            const double wv = w[at4(k, c, r, t, s.c, s.r, s.s)];
-            int64_t p0, p1, q0, q1;
-            inside(r * s.dilation - s.pad, s.stride, s.h, P, &p0, &p1);
-            inside(t * s.dilation - s.pad, s.stride, s.w, Q, &q0, &q1);
-            for (int64_t p = p0; p < p1; ++p) {
-              const float* row = x + at4(n, c, p * s.stride - s.pad + r * s.dilation, 0, s.c, s.h, s.w);
-              for (int64_t q = q0; q < q1; ++q)
-                acc[static_cast<size_t>(p * Q + q)] += wv * row[q * s.stride - s.pad + t * s.dilation];
-            }
+        for_each_tap(s, [&](const Tap& tap) {
+          const double wv = w[at4(k, c, tap.r, tap.t, s.c, s.r, s.s)];
+          for (int64_t p = tap.p0; p < tap.p1; ++p) {
+            const float* row = x + at4(n, c, p * s.stride + tap.dh, 0, s.c, s.h, s.w);
+            for (int64_t q = tap.q0; q < tap.q1; ++q)
+              acc[static_cast<size_t>(p * Q + q)] += wv * row[q * s.stride + tap.dw];
           }
+        });
       float* out = y + at4(n, k, 0, 0, s.k, P, Q);
       for (int64_t e = 0; e < P * Q; ++e) out[e] = static_cast<float>(acc[static_cast<size_t>(e)]);
     }
@@ -68,18 +82,14 @@ void conv2d_backward_data(const ConvShape& s, const float* dy, const float* w, f
     for (int64_t c = 0; c < s.c; ++c) {
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t k = 0; k < s.k; ++k)
-        for (int64_t r = 0; r < s.r; ++r)
-          for (int64_t t = 0; t < s.s; ++t) {
-            const double wv = w[at4(k, c, r, t, s.c, s.r, s.s)];
-            int64_t p0, p1, q0, q1;
-            inside(r * s.dilation - s.pad, s.stride, s.h, P, &p0, &p1);
-            inside(t * s.dilation - s.pad, s.stride, s.w, Q, &q0, &q1);
-            for (int64_t p = p0; p < p1; ++p) {
-              const float* g = dy + at4(n, k, p, 0, s.k, P, Q);
-              double* row = acc.data() + (p * s.stride - s.pad + r * s.dilation) * s.w;
-              for (int64_t q = q0; q < q1; ++q) row[q * s.stride - s.pad + t * s.dilation] += wv * g[q];
-            }
+        for_each_tap(s, [&](const Tap& tap) {
+          const double wv = w[at4(k, c, tap.r, tap.t, s.c, s.r, s.s)];
+          for (int64_t p = tap.p0; p < tap.p1; ++p) {
+            const float* g = dy + at4(n, k, p, 0, s.k, P, Q);
+            double* row = acc.data() + (p * s.stride + tap.dh) * s.w;
+            for (int64_t q = tap.q0; q < tap.q1; ++q) row[q * s.stride + tap.dw] += wv * g[q];
           }
+        });
       float* out = dx + at4(n, c, 0, 0, s.c, s.h, s.w);
       for (int64_t e = 0; e < s.h * s.w; ++e) out[e] = static_cast<float>(acc[static_cast<size_t>(e)]);
     }
@@ -89,22 +99,17 @@ void conv2d_backward_filter(const ConvShape& s, const float* x, const float* dy,
   const int64_t P = s.p(), Q = s.q();
   for (int64_t k = 0; k < s.k; ++k) {
     for (int64_t c = 0; c < s.c; ++c)
-      for (int64_t r = 0; r < s.r; ++r)
-        for (int64_t t = 0; t < s.s; ++t) {
-          int64_t p0, p1, q0, q1;
-          inside(r * s.dilation - s.pad, s.stride, s.h, P, &p0, &p1);
-          inside(t * s.dilation - s.pad, s.stride, s.w, Q, &q0, &q1);
-          double acc = 0.0;
-          for (int64_t n = 0; n < s.n; ++n)
-            for (int64_t p = p0; p < p1; ++p) {
-              const float* g = dy + at4(n, k, p, 0, s.k, P, Q);
-              const float* row = x + at4(n, c, p * s.stride - s.pad + r * s.dilation, 0, s.c, s.h, s.w);
-              for (int64_t q = q0; q < q1; ++q)
-                acc += static_cast<double>(g[q]) * row[q * s.stride - s.pad + t * s.dilation];
-            }
-          float& g = dw[at4(k, c, r, t, s.c, s.r, s.s)];
-          g = blend(beta, g, acc);
-        }
+      for_each_tap(s, [&](const Tap& tap) {
+        double acc = 0.0;
+        for (int64_t n = 0; n < s.n; ++n)
+          for (int64_t p = tap.p0; p < tap.p1; ++p) {
+            const float* g = dy + at4(n, k, p, 0, s.k, P, Q);
+            const float* row = x + at4(n, c, p * s.stride + tap.dh, 0, s.c, s.h, s.w);
+            for (int64_t q = tap.q0; q < tap.q1; ++q) acc += static_cast<double>(g[q]) * row[q * s.stride + tap.dw];
+          }
+        float& g = dw[at4(k, c, tap.r, tap.t, s.c, s.r, s.s)];
+        g = blend(beta, g, acc);
+      });
     if (db) {
       double acc = 0.0;
       for (int64_t n = 0; n < s.n; ++n)

@@ -27,44 +27,30 @@ inline std::string current_device_name() {
 
 }  // namespace dpt::cuda
 
-#define DPT_CUDA_CHECK(call)                                                                                         \
-  do {                                                                                                               \
-    cudaError_t dpt_err_ = (call);                                                                                   \
-    if (dpt_err_ != cudaSuccess) ::dpt::cuda::fail("CUDA", #call, cudaGetErrorString(dpt_err_), __FILE__, __LINE__); \
+// The one template of every checked call (as ggml's CUDA_CHECK_GEN): `text` is the call as
+// written (stringized by the named macro, before any macro in it expands), `status` its
+// result, `ok` the library's success value and `describe` its text for a status.
+#define DPT_STATUS_CHECK_(what, text, status, ok, describe)                                    \
+  do {                                                                                         \
+    const auto dpt_st_ = (status);                                                             \
+    if (dpt_st_ != (ok)) ::dpt::cuda::fail(what, text, describe(dpt_st_), __FILE__, __LINE__); \
+  } while (0)
+#define DPT_STATUS_WARN_(text, status, ok, describe)                                                            \
+  do {                                                                                                          \
+    const auto dpt_st_ = (status);                                                                              \
+    if (dpt_st_ != (ok)) ::dpt::report(::dpt::Severity::warning, std::string(text) + ": " + describe(dpt_st_)); \
   } while (0)
 
-#define DPT_CUBLAS_CHECK(call)                                                                \
-  do {                                                                                        \
-    cublasStatus_t dpt_st_ = (call);                                                          \
-    if (dpt_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
-      ::dpt::cuda::fail("cuBLAS", #call, cublasGetStatusString(dpt_st_), __FILE__, __LINE__); \
-  } while (0)
-
+#define DPT_CUDA_CHECK(call) DPT_STATUS_CHECK_("CUDA", #call, call, cudaSuccess, cudaGetErrorString)
+#define DPT_CUDA_WARN(call) DPT_STATUS_WARN_(#call, call, cudaSuccess, cudaGetErrorString)
+#define DPT_CUBLAS_CHECK(call) DPT_STATUS_CHECK_("cuBLAS", #call, call, CUBLAS_STATUS_SUCCESS, cublasGetStatusString)
 #if DPT_WITH_CUDNN
-#define DPT_CUDNN_CHECK(call)                                                              \
-  do {                                                                                     \
-    cudnnStatus_t dpt_st_ = (call);                                                        \
-    if (dpt_st_ != CUDNN_STATUS_SUCCESS)                                                   \
-      ::dpt::cuda::fail("cuDNN", #call, cudnnGetErrorString(dpt_st_), __FILE__, __LINE__); \
-  } while (0)
-
-#define DPT_CUDNN_WARN(call)                                                                             \
-  do {                                                                                                   \
-    cudnnStatus_t dpt_st_ = (call);                                                                      \
-    if (dpt_st_ != CUDNN_STATUS_SUCCESS)                                                                 \
-      ::dpt::report(::dpt::Severity::warning, std::string(#call) + ": " + cudnnGetErrorString(dpt_st_)); \
-  } while (0)
+#define DPT_CUDNN_CHECK(call) DPT_STATUS_CHECK_("cuDNN", #call, call, CUDNN_STATUS_SUCCESS, cudnnGetErrorString)
+#define DPT_CUDNN_WARN(call) DPT_STATUS_WARN_(#call, call, CUDNN_STATUS_SUCCESS, cudnnGetErrorString)
 #endif
 
 // After every kernel launch: catches bad launch configurations at once.
 #define DPT_CUDA_CHECK_LAUNCH() DPT_CUDA_CHECK(cudaGetLastError())
-
-#define DPT_CUDA_WARN(call)                                                                              \
-  do {                                                                                                   \
-    cudaError_t dpt_err_ = (call);                                                                       \
-    if (dpt_err_ != cudaSuccess)                                                                         \
-      ::dpt::report(::dpt::Severity::warning, std::string(#call) + ": " + cudaGetErrorString(dpt_err_)); \
-  } while (0)
 
 namespace dpt::cuda {
 // Makes `index` the calling thread's current device. cudaSetDevice is a driver call under

@@ -135,6 +135,35 @@ std::pair<decltype(Perf::algo), size_t> pick(const std::vector<Perf>& ranked, bo
               current_device_name());
 }
 
+// One pass's algorithm: the heuristics' ranking (count(max): how many it may hold; then
+// rank(max, got, ranked): the first `got` of them), then pick's choice from it
+// (workspace(algo): an algorithm's workspace bytes). DPT_CONV_PASS_CALLS writes the three.
+template <class Perf, class Count, class Rank, class Workspace>
+std::pair<decltype(Perf::algo), size_t> rank_and_pick(Count count, Rank rank, Workspace workspace, bool strict,
+                                                      cudnnConvolutionDescriptor_t conv, const char* pass,
+                                                      const ConvShape& s) {
+  int max = 0, got = 0;
+  count(max);
+  std::vector<Perf> ranked(static_cast<size_t>(max));
+  rank(max, got, ranked);
+  ranked.resize(static_cast<size_t>(got));
+  return pick(ranked, strict, conv, workspace, pass, s);
+}
+
+// rank_and_pick's count, rank and workspace for one pass: its cuDNN calls
+// (cudnnGetConvolution<Pass>...) on the descriptors in the order they take them, `ranked`
+// the name of the ranking (which the call's text, in a failure's message, shows).
+#define DPT_CONV_PASS_CALLS(Pass, ranked, A, B, conv, C)                                                      \
+  [&](int& max) { DPT_CUDNN_CHECK(cudnnGetConvolution##Pass##AlgorithmMaxCount(h, &max)); },                  \
+      [&](int max, int& got, auto& ranked) {                                                                  \
+        DPT_CUDNN_CHECK(cudnnGetConvolution##Pass##Algorithm_v7(h, A, B, conv, C, max, &got, ranked.data())); \
+      },                                                                                                      \
+      [&](auto a) {                                                                                           \
+        size_t b = 0;                                                                                         \
+        DPT_CUDNN_CHECK(cudnnGetConvolution##Pass##WorkspaceSize(h, A, B, conv, C, a, &b));                   \
+        return b;                                                                                             \
+      }
+
 std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t h, bool strict, const ConvShape& s) {
   const int pad = to_int(s.pad, "conv2d: pad", 0), stride = to_int(s.stride, "conv2d: stride"),
             dil = to_int(s.dilation, "conv2d: dilation");
@@ -159,48 +188,16 @@ std::unique_ptr<ConvPlan> make_conv_plan(cudnnHandle_t h, bool strict, const Con
   DPT_CHECK(dims[2] == s.p() && dims[3] == s.q(),
             "conv2d: cuDNN's output size differs from ConvShape's for " + shape_str(s));
 
-  int max = 0, got = 0;
-  DPT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max));
-  std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(static_cast<size_t>(max));
-  DPT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->fwd, p->y, max, &got, fwd.data()));
-  fwd.resize(static_cast<size_t>(got));
-  std::tie(p->fwd_algo, p->fwd_ws) = pick(
-      fwd, strict, p->fwd,
-      [&](cudnnConvolutionFwdAlgo_t a) {
-        size_t b = 0;
-        DPT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->x, p->w, p->fwd, p->y, a, &b));
-        return b;
-      },
-      "forward", s);
-
-  DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max));
-  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> data(static_cast<size_t>(max));
-  DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->data, p->x, max, &got, data.data()));
-  data.resize(static_cast<size_t>(got));
-  std::tie(p->data_algo, p->data_ws) = pick(
-      data, strict, p->data,
-      [&](cudnnConvolutionBwdDataAlgo_t a) {
-        size_t b = 0;
-        DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->w, p->y, p->data, p->x, a, &b));
-        return b;
-      },
-      "backward-data", s);
-
-  DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max));
-  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> filter(static_cast<size_t>(max));
-  DPT_CUDNN_CHECK(
-      cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->filter, p->w, max, &got, filter.data()));
-  filter.resize(static_cast<size_t>(got));
-  std::tie(p->filter_algo, p->filter_ws) = pick(
-      filter, strict, p->filter,
-      [&](cudnnConvolutionBwdFilterAlgo_t a) {
-        size_t b = 0;
-        DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->x, p->y, p->filter, p->w, a, &b));
-        return b;
-      },
-      "backward-filter", s);
+  std::tie(p->fwd_algo, p->fwd_ws) = rank_and_pick<cudnnConvolutionFwdAlgoPerf_t>(
+      DPT_CONV_PASS_CALLS(Forward, fwd, p->x, p->w, p->fwd, p->y), strict, p->fwd, "forward", s);
+  std::tie(p->data_algo, p->data_ws) = rank_and_pick<cudnnConvolutionBwdDataAlgoPerf_t>(
+      DPT_CONV_PASS_CALLS(BackwardData, data, p->w, p->y, p->data, p->x), strict, p->data, "backward-data", s);
+  std::tie(p->filter_algo, p->filter_ws) = rank_and_pick<cudnnConvolutionBwdFilterAlgoPerf_t>(
+      DPT_CONV_PASS_CALLS(BackwardFilter, filter, p->x, p->y, p->filter, p->w), strict, p->filter, "backward-filter",
+      s);
   return p;
 }
+#undef DPT_CONV_PASS_CALLS
 
 const ConvPlan& conv_plan(cudnnHandle_t h, Precision precision, const ConvShape& s) {
   DPT_CHECK(h != nullptr, "conv2d: null cuDNN handle");

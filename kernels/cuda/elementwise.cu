@@ -9,50 +9,42 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
-#include "../bf16.hpp"
 #include "../philox.hpp"
 #include "check.hpp"
 #include "common.cuh"
 #include "cuda.hpp"
+#include "loops.cuh"
 
 namespace dpt::cuda {
 namespace {
 
 // ---- fill, axpy -------------------------------------------------------------------------
 
-// The float4 part covers [0, 4 * (n / 4)) when Vec; the rest is scalar.
+// The float4 part covers [0, 4 * (n / 4)) when Vec; the rest is scalar (vec4_loop).
 template <bool Vec>
 static __global__ void fill_kernel(float* x, int64_t n, float value) {
   DPT_WAIT_PREVIOUS_GRID();
-  int64_t done = 0;
-  if constexpr (Vec) {
-    float4* x4 = reinterpret_cast<float4*>(x);
-    const float4 v = make_float4(value, value, value, value);
-    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) x4[i] = v;
-    done = n / 4 * 4;
-  }
-  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) x[i] = value;
+  const float4 v = make_float4(value, value, value, value);
+  vec4_loop<Vec>(
+      n, [&](int64_t q) { store_four(x + 4 * q, v); }, [&](int64_t i) { x[i] = value; });
 }
 
 template <bool Vec>
 static __global__ void axpy_kernel(int64_t n, float alpha, const float* x, float* y) {
-  int64_t done = 0;
-  if constexpr (Vec) {
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    float4* y4 = reinterpret_cast<float4*>(y);
-    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
-      const float4 a = x4[i];
-      float4 b = y4[i];
-      b.x += alpha * a.x;
-      b.y += alpha * a.y;
-      b.z += alpha * a.z;
-      b.w += alpha * a.w;
-      y4[i] = b;
-    }
-    done = n / 4 * 4;
-  }
-  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) y[i] += alpha * x[i];
+  vec4_loop<Vec>(
+      n,
+      [&](int64_t q) {
+        const float4 a = load_four(x + 4 * q);
+        float4 b = load_four(y + 4 * q);
+        b.x += alpha * a.x;
+        b.y += alpha * a.y;
+        b.z += alpha * a.z;
+        b.w += alpha * a.w;
+        store_four(y + 4 * q, b);
+      },
+      [&](int64_t i) { y[i] += alpha * x[i]; });
 }
 
 // ---- copy -----------------------------------------------------------------------------
@@ -73,17 +65,9 @@ static __global__ void copy_kernel(CopyPieces c) {
       // model, are copied beside its update: docs/performance-log.md).
       const int4* s4 = reinterpret_cast<const int4*>(src);
       int4* d4 = reinterpret_cast<int4*>(dst);
-      const int64_t n16 = bytes / 16, stride = grid_stride();
-      int64_t i = global_tid();
-      for (; i + 3 * stride < n16; i += 4 * stride) {
-        int4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) v[u] = s4[i + u * stride];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) d4[i + u * stride] = v[u];
-      }
-      for (; i < n16; i += stride) d4[i] = s4[i];
-      done = n16 * 16;
+      four_in_flight(
+          bytes / 16, [&](int64_t i) { return s4[i]; }, [&](int4 v, int64_t i) { d4[i] = v; });
+      done = bytes / 16 * 16;
     }
     for (int64_t i = done + global_tid(); i < bytes; i += grid_stride()) dst[i] = src[i];
   }
@@ -94,16 +78,13 @@ static __global__ void copy_kernel(CopyPieces c) {
 template <bool Vec>
 static __global__ void sum_squares_partial_kernel(const float* x, int64_t n, float* part) {
   float s = 0.f;
-  int64_t done = 0;
-  if constexpr (Vec) {
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
-      const float4 a = x4[i];
-      s += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-    }
-    done = n / 4 * 4;
-  }
-  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) s += x[i] * x[i];
+  vec4_loop<Vec>(
+      n,
+      [&](int64_t q) {
+        const float4 a = load_four(x + 4 * q);
+        s += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+      },
+      [&](int64_t i) { s += x[i] * x[i]; });
   s = block_sum(s);
   if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
@@ -117,60 +98,23 @@ static __global__ void finish_sum_kernel(const float* part, int64_t count, float
 
 // ---- casts ------------------------------------------------------------------------------
 
-// Round to nearest even; a NaN stays a (quiet) NaN, the sign and top payload bits kept:
-// the functions of bf16.hpp, which the CPU twin uses too.
-__device__ __forceinline__ uint16_t f32_to_bf16(float f) { return bf16_round(f); }
-__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return bf16_float(h); }
-
-// Vec: 4 elements per step, float4 in and 8 bytes out.
-template <bool Vec>
-static __global__ void cast_f32_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
-  int64_t done = 0;
-  if constexpr (Vec) {
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    ushort4* y4 = reinterpret_cast<ushort4*>(y);
-    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
-      const float4 a = x4[i];
-      y4[i] = make_ushort4(f32_to_bf16(a.x), f32_to_bf16(a.y), f32_to_bf16(a.z), f32_to_bf16(a.w));
-    }
-    done = n / 4 * 4;
-  }
-  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) y[i] = f32_to_bf16(x[i]);
-}
-
-template <bool Vec>
-static __global__ void cast_bf16_f32_kernel(const uint16_t* x, float* y, int64_t n) {
-  int64_t done = 0;
-  if constexpr (Vec) {
-    const ushort4* x4 = reinterpret_cast<const ushort4*>(x);
-    float4* y4 = reinterpret_cast<float4*>(y);
-    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
-      const ushort4 a = x4[i];
-      y4[i] = make_float4(bf16_to_f32(a.x), bf16_to_f32(a.y), bf16_to_f32(a.z), bf16_to_f32(a.w));
-    }
-    done = n / 4 * 4;
-  }
-  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) y[i] = bf16_to_f32(x[i]);
-}
-
-template <bool Vec>
-static __global__ void add_bf16_kernel(const uint16_t* x, float* y, int64_t n) {
-  int64_t done = 0;
-  if constexpr (Vec) {
-    const ushort4* x4 = reinterpret_cast<const ushort4*>(x);
-    float4* y4 = reinterpret_cast<float4*>(y);
-    for (int64_t i = global_tid(); i < n / 4; i += grid_stride()) {
-      const ushort4 a = x4[i];
-      float4 b = y4[i];
-      b.x += bf16_to_f32(a.x);
-      b.y += bf16_to_f32(a.y);
-      b.z += bf16_to_f32(a.z);
-      b.w += bf16_to_f32(a.w);
-      y4[i] = b;
-    }
-    done = n / 4 * 4;
-  }
-  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) y[i] += bf16_to_f32(x[i]);
+// y = x, or y += x with Add; From and To each float or bf16, read as floats and each store
+// rounded once (round to nearest even; a NaN stays a quiet NaN, the sign and top payload
+// bits kept: the functions of bf16.hpp, which the CPU twin uses too). Vec: 4 elements a
+// step (a float4, or 8 bytes of bf16).
+template <typename From, typename To, bool Add, bool Vec>
+static __global__ void convert_kernel(const From* x, To* y, int64_t n) {
+  vec4_loop<Vec>(
+      n,
+      [&](int64_t q) {
+        float4 a = load_four(x + 4 * q);
+        if constexpr (Add) {
+          const float4 b = load_four(y + 4 * q);
+          a = make_float4(b.x + a.x, b.y + a.y, b.z + a.z, b.w + a.w);
+        }
+        store_four(y + 4 * q, a);
+      },
+      [&](int64_t i) { store(y + i, Add ? as_float(y[i]) + as_float(x[i]) : as_float(x[i])); });
 }
 
 // ---- argmax_rows ------------------------------------------------------------------------
@@ -180,29 +124,27 @@ static __global__ void add_bf16_kernel(const uint16_t* x, float* y, int64_t n) {
 // lane keeps the first maximum of its columns (NaNs skipped), and the warp merges by
 // (larger value, then smaller index), which is the same answer in any merge order.
 static __global__ void argmax_rows_kernel(const float* x, int64_t rows, int64_t cols, int32_t* out) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const float* row = x + r * cols;
-  float best = -INFINITY;
-  int idx = -1;  // none yet; cols fits int (checked by the launcher)
-  for (int c = lane; c < cols; c += 32) {
-    const float v = row[c];
-    if (v > best || (idx < 0 && v == best)) {  // the second term admits a leading -inf
-      best = v;
-      idx = c;
+  on_warp_row(x, rows, cols, [&](int64_t r, int lane, const float* row) {
+    float best = -INFINITY;
+    int idx = -1;  // none yet; cols fits int (checked by the launcher)
+    for (int c = lane; c < cols; c += 32) {
+      const float v = row[c];
+      if (v > best || (idx < 0 && v == best)) {  // the second term admits a leading -inf
+        best = v;
+        idx = c;
+      }
     }
-  }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (oi >= 0 && (idx < 0 || ov > best || (ov == best && oi < idx))) {
-      best = ov;
-      idx = oi;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (oi >= 0 && (idx < 0 || ov > best || (ov == best && oi < idx))) {
+        best = ov;
+        idx = oi;
+      }
     }
-  }
-  if (lane == 0) out[r] = isnan(row[0]) || idx < 0 ? 0 : idx;
+    if (lane == 0) out[r] = isnan(row[0]) || idx < 0 ? 0 : idx;
+  });
 }
 
 // ---- random fills -----------------------------------------------------------------------
@@ -259,12 +201,28 @@ static __global__ void uniform_kernel(float* out, int64_t n, uint64_t seed, uint
     out[i] = philox::uniform(seed, stream_id, offset + static_cast<uint64_t>(i), lo, hi);
 }
 
+// The launchers' checks of a size and its pointers (`pointers_set`, all not null): false
+// when there are no elements, so nothing to launch.
+bool has_work(const char* who, int64_t n, bool pointers_set) {
+  DPT_CHECK(n >= 0, std::string(who) + ": negative size");
+  if (n == 0) return false;
+  DPT_CHECK(pointers_set, std::string(who) + ": null pointer");
+  return true;
+}
+
+template <typename From, typename To, bool Add>
+void convert(const char* who, const From* x, To* y, int64_t n, cudaStream_t stream) {
+  if (!has_work(who, n, x != nullptr && y != nullptr)) return;
+  if (aligned(x, 4 * sizeof(From)) && aligned(y, 4 * sizeof(To)))
+    convert_kernel<From, To, Add, true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
+  else convert_kernel<From, To, Add, false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void fill(float* x, int64_t n, float value, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "fill: negative size");
-  if (n == 0) return;
-  DPT_CHECK(x != nullptr, "fill: null pointer");
+  if (!has_work("fill", n, x != nullptr)) return;
   if (aligned16(x)) launch_after_previous(fill_kernel<true>, blocks_for(n / 4), kThreads, stream, x, n, value);
   else launch_after_previous(fill_kernel<false>, blocks_for(n), kThreads, stream, x, n, value);
 }
@@ -328,9 +286,7 @@ void set_copy_node_enabled(void* exec, void* node, bool enabled) {
 }
 
 void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "axpy: negative size");
-  if (n == 0) return;
-  DPT_CHECK(x != nullptr && y != nullptr, "axpy: null pointer");
+  if (!has_work("axpy", n, x != nullptr && y != nullptr)) return;
   if (aligned16(x) && aligned16(y)) axpy_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(n, alpha, x, y);
   else axpy_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(n, alpha, x, y);
   DPT_CUDA_CHECK_LAUNCH();
@@ -353,30 +309,15 @@ void sum_squares(const float* x, int64_t n, float* out, float* work, cudaStream_
 }
 
 void cast_f32_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "cast_f32_bf16: negative size");
-  if (n == 0) return;
-  DPT_CHECK(x != nullptr && y != nullptr, "cast_f32_bf16: null pointer");
-  if (aligned16(x) && aligned(y, 8)) cast_f32_bf16_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
-  else cast_f32_bf16_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
-  DPT_CUDA_CHECK_LAUNCH();
+  convert<float, uint16_t, false>("cast_f32_bf16", x, y, n, stream);
 }
 
 void add_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "add_bf16: negative size");
-  if (n == 0) return;
-  DPT_CHECK(x != nullptr && y != nullptr, "add_bf16: null pointer");
-  if (aligned(x, 8) && aligned16(y)) add_bf16_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
-  else add_bf16_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
-  DPT_CUDA_CHECK_LAUNCH();
+  convert<uint16_t, float, true>("add_bf16", x, y, n, stream);
 }
 
 void cast_bf16_f32(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "cast_bf16_f32: negative size");
-  if (n == 0) return;
-  DPT_CHECK(x != nullptr && y != nullptr, "cast_bf16_f32: null pointer");
-  if (aligned(x, 8) && aligned16(y)) cast_bf16_f32_kernel<true><<<blocks_for(n / 4), kThreads, 0, stream>>>(x, y, n);
-  else cast_bf16_f32_kernel<false><<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
-  DPT_CUDA_CHECK_LAUNCH();
+  convert<uint16_t, float, false>("cast_bf16_f32", x, y, n, stream);
 }
 
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
@@ -385,9 +326,7 @@ void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaS
   DPT_CHECK(cols > 0, "argmax_rows: rows with no columns");
   DPT_CHECK(cols <= 0x7fffffff, "argmax_rows: column index does not fit int32");
   DPT_CHECK(x != nullptr && out != nullptr, "argmax_rows: null pointer");
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  DPT_CHECK(blocks <= 0x7fffffff, "argmax_rows: too many rows");
-  argmax_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, rows, cols, out);
+  argmax_rows_kernel<<<warp_row_blocks("argmax_rows", rows), kThreads, 0, stream>>>(x, rows, cols, out);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -409,18 +348,14 @@ void normal_rows(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_
 }
 
 void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "normal: negative size");
-  if (n == 0) return;
-  DPT_CHECK(out != nullptr, "normal: null pointer");
+  if (!has_work("normal", n, out != nullptr)) return;
   normal_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, n, seed, stream_id, offset, std);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
 void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float lo, float hi,
              cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "uniform: negative size");
-  if (n == 0) return;
-  DPT_CHECK(out != nullptr, "uniform: null pointer");
+  if (!has_work("uniform", n, out != nullptr)) return;
   uniform_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, n, seed, stream_id, offset, lo, hi);
   DPT_CUDA_CHECK_LAUNCH();
 }

@@ -56,6 +56,7 @@ struct Plan {
   bool supported = true;  // false: cuBLASLt has no kernel for it (remembered, never launched)
 };
 
+// Kept beside compute_type(Precision) (gemm_cublas.cu), alike only in shape: another enum, another mapping.
 cudaDataType_t data_type(DType t) {
   switch (t) {
     case DType::f32:

@@ -10,6 +10,7 @@
 
 #include "../grad_check.hpp"
 #include "common.cuh"
+#include "loops.cuh"
 
 namespace dpt::cuda {
 namespace {
@@ -127,22 +128,13 @@ __device__ void check_finish(float s, long long bad, float max_norm, float* part
 template <bool Vec>
 __device__ void check_terms(const float* g, int64_t n, float& s, long long& bad) {
   int64_t done = 0;
-  const int64_t stride = grid_stride();
   if constexpr (Vec) {
-    const float4* g4 = reinterpret_cast<const float4*>(g);
-    const int64_t n4 = n / 4;
-    int64_t i = global_tid();
-    for (; i + 3 * stride < n4; i += 4 * stride) {
-      float4 a[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) a[k] = g4[i + k * stride];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) check_take4(a[k], i + k * stride, s, bad);
-    }
-    for (; i < n4; i += stride) check_take4(g4[i], i, s, bad);
-    done = n4 * 4;
+    four_in_flight(
+        n / 4, [&](int64_t q) { return load_four(g + 4 * q); },
+        [&](float4 a, int64_t q) { check_take4(a, q, s, bad); });
+    done = n / 4 * 4;
   }
-  for (int64_t i = done + global_tid(); i < n; i += stride) check_take1(g[i], i, s, bad);
+  for (int64_t i = done + global_tid(); i < n; i += grid_stride()) check_take1(g[i], i, s, bad);
 }
 
 }  // namespace

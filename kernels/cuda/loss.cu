@@ -16,6 +16,7 @@
 #include "check.hpp"
 #include "common.cuh"
 #include "cuda.hpp"
+#include "loops.cuh"
 
 namespace dpt::cuda {
 namespace {
@@ -57,17 +58,8 @@ __device__ void finish_mean_in_last_block(float s, int64_t n, float* part, unsig
   }
 }
 
-// Predictions and gradients are float or bf16 (as_float and store); targets are float.
-// Four consecutive elements in one access: a float4, or for bf16 a ushort4 (8 bytes).
-__device__ __forceinline__ float4 load_four(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 load_four(const uint16_t* p) {
-  const ushort4 v = *reinterpret_cast<const ushort4*>(p);
-  return make_float4(bf16_float(v.x), bf16_float(v.y), bf16_float(v.z), bf16_float(v.w));
-}
-__device__ __forceinline__ void store_four(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
-__device__ __forceinline__ void store_four(uint16_t* p, float4 v) {
-  *reinterpret_cast<ushort4*>(p) = make_ushort4(bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w));
-}
+// Predictions and gradients are float or bf16 (as_float and store, load_four and
+// store_four); targets are float.
 
 // sum((y - t)^2) / n in one kernel, and dy = 2 (y - t) / n alongside when dy is not null
 // (the gradient for a seed of 1, so a training step needs no separate backward pass).
@@ -198,15 +190,13 @@ __device__ __forceinline__ RowStats row_stats(const T* x, int64_t cols, int lane
 template <typename T>
 static __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                                  float* work) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const T* x = logits + r * cols;
-  const RowStats st = row_stats(x, cols, lane);
-  if (lane == 0) {
-    const int32_t label = labels[r];
-    work[r] = label >= 0 && label < cols ? logf(st.sum) + st.max - as_float(x[label]) : NAN;
-  }
+  on_warp_row(logits, rows, cols, [&](int64_t r, int lane, const T* x) {
+    const RowStats st = row_stats(x, cols, lane);
+    if (lane == 0) {
+      const int32_t label = labels[r];
+      work[r] = label >= 0 && label < cols ? logf(st.sum) + st.max - as_float(x[label]) : NAN;
+    }
+  });
 }
 
 // dlogits = (*dloss / rows) (softmax(row) - onehot(label)). dlogits may be logits: each
@@ -214,20 +204,18 @@ static __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t*
 template <typename T>
 static __global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                                      const float* dloss, T* dlogits) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const T* x = logits + r * cols;
-  T* dx = dlogits + r * cols;
-  const RowStats st = row_stats(x, cols, lane);
-  const float g = *dloss / static_cast<float>(rows);
-  const float inv_sum = 1.f / st.sum;
-  const int64_t label = labels[r];
+  on_warp_row(logits, rows, cols, [&](int64_t r, int lane, const T* x) {
+    T* dx = dlogits + r * cols;
+    const RowStats st = row_stats(x, cols, lane);
+    const float g = *dloss / static_cast<float>(rows);
+    const float inv_sum = 1.f / st.sum;
+    const int64_t label = labels[r];
 #pragma unroll 4
-  for (int64_t c = lane; c < cols; c += 32) {
-    const float p = expf(as_float(x[c]) - st.max) * inv_sum;
-    store(dx + c, g * (c == label ? p - 1.f : p));
-  }
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float p = expf(as_float(x[c]) - st.max) * inv_sum;
+      store(dx + c, g * (c == label ? p - 1.f : p));
+    }
+  });
 }
 
 // work[r] = 1 when row r's largest logit (the first of equal ones; NaNs never win) is at
@@ -237,23 +225,21 @@ static __global__ void cross_entropy_backward_kernel(const T* logits, const int3
 template <typename T>
 static __global__ void accuracy_rows_kernel(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,
                                             float* work) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const T* x = logits + r * cols;
-  float best = 0.f;
-  int64_t at = -1;
-  for (int64_t c = lane; c < cols; c += 32) {
-    const float v = as_float(x[c]);
-    if (!isnan(v) && (at < 0 || v > best)) best = v, at = c;
-  }
+  on_warp_row(logits, rows, cols, [&](int64_t r, int lane, const T* x) {
+    float best = 0.f;
+    int64_t at = -1;
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float v = as_float(x[c]);
+      if (!isnan(v) && (at < 0 || v > best)) best = v, at = c;
+    }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-    const int64_t oa = __shfl_xor_sync(0xffffffffu, at, o);
-    if (oa >= 0 && (at < 0 || ob > best || (ob == best && oa < at))) best = ob, at = oa;
-  }
-  if (lane == 0) work[r] = at >= 0 && at == labels[r] ? 1.f : 0.f;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int64_t oa = __shfl_xor_sync(0xffffffffu, at, o);
+      if (oa >= 0 && (at < 0 || ob > best || (ob == best && oa < at))) best = ob, at = oa;
+    }
+    if (lane == 0) work[r] = at >= 0 && at == labels[r] ? 1.f : 0.f;
+  });
 }
 
 template <typename T>
@@ -262,9 +248,7 @@ void accuracy_launch(const char* who, const T* logits, const int32_t* labels, in
   DPT_CHECK(rows > 0 && cols > 0, std::string(who) + ": bad shape (rows and cols must be > 0)");
   DPT_CHECK(logits != nullptr && labels != nullptr && out != nullptr && work != nullptr,
             std::string(who) + ": null pointer");
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
-  accuracy_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows, cols, work);
+  accuracy_rows_kernel<<<warp_row_blocks(who, rows), kThreads, 0, stream>>>(logits, labels, rows, cols, work);
   DPT_CUDA_CHECK_LAUNCH();
   finish_sum(work, rows, 1.0 / static_cast<double>(rows), out, stream);  // counts: exact in any order
   DPT_CUDA_CHECK_LAUNCH();
@@ -281,9 +265,7 @@ void cross_entropy_forward_launch(const char* who, const T* logits, const int32_
     DPT_CUDA_CHECK_LAUNCH();
     return;
   }
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
-  cross_entropy_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows, cols, work);
+  cross_entropy_rows_kernel<<<warp_row_blocks(who, rows), kThreads, 0, stream>>>(logits, labels, rows, cols, work);
   DPT_CUDA_CHECK_LAUNCH();
   finish_sum(work, rows, 1.0 / static_cast<double>(rows), loss, stream);
   DPT_CUDA_CHECK_LAUNCH();
@@ -296,63 +278,39 @@ void cross_entropy_backward_launch(const char* who, const T* logits, const int32
   if (rows == 0 || cols == 0) return;
   DPT_CHECK(logits != nullptr && labels != nullptr && dloss != nullptr && dlogits != nullptr,
             std::string(who) + ": null pointer");
-  const int64_t blocks = (rows + kWarps - 1) / kWarps;
-  DPT_CHECK(blocks <= 0x7fffffff, std::string(who) + ": too many rows");
-  cross_entropy_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(logits, labels, rows, cols,
-                                                                                        dloss, dlogits);
+  cross_entropy_backward_kernel<<<warp_row_blocks(who, rows), kThreads, 0, stream>>>(logits, labels, rows, cols, dloss,
+                                                                                     dlogits);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void mse_forward(const float* y, const float* t, int64_t n, float* loss, float* dy, float* work, unsigned* counter,
-                 cudaStream_t stream) {
-  mse_forward_launch("mse_forward", y, t, n, loss, dy, work, counter, stream);
-}
-
-void mse_backward(const float* y, const float* t, int64_t n, const float* dloss, float scale, float* dy,
-                  cudaStream_t stream) {
-  mse_backward_launch("mse_backward", y, t, n, dloss, scale, dy, stream);
-}
-
-void cross_entropy_forward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss,
-                           float* work, cudaStream_t stream) {
-  cross_entropy_forward_launch("cross_entropy_forward", logits, labels, rows, cols, loss, work, stream);
-}
-
-void accuracy(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out, float* work,
-              cudaStream_t stream) {
-  accuracy_launch("accuracy", logits, labels, rows, cols, out, work, stream);
-}
-
-void accuracy_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out, float* work,
-                   cudaStream_t stream) {
-  accuracy_launch("accuracy_bf16", logits, labels, rows, cols, out, work, stream);
-}
-
-void cross_entropy_backward(const float* logits, const int32_t* labels, int64_t rows, int64_t cols, const float* dloss,
-                            float* dlogits, cudaStream_t stream) {
-  cross_entropy_backward_launch("cross_entropy_backward", logits, labels, rows, cols, dloss, dlogits, stream);
-}
-
-void mse_forward_bf16(const uint16_t* y, const float* t, int64_t n, float* loss, uint16_t* dy, float* work,
-                      unsigned* counter, cudaStream_t stream) {
-  mse_forward_launch("mse_forward_bf16", y, t, n, loss, dy, work, counter, stream);
-}
-
-void mse_backward_bf16(const uint16_t* y, const float* t, int64_t n, const float* dloss, float scale, uint16_t* dy,
-                       cudaStream_t stream) {
-  mse_backward_launch("mse_backward_bf16", y, t, n, dloss, scale, dy, stream);
-}
-
-void cross_entropy_forward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss,
-                                float* work, cudaStream_t stream) {
-  cross_entropy_forward_launch("cross_entropy_forward_bf16", logits, labels, rows, cols, loss, work, stream);
-}
-
-void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, int64_t rows, int64_t cols,
-                                 const float* dloss, uint16_t* dlogits, cudaStream_t stream) {
-  cross_entropy_backward_launch("cross_entropy_backward_bf16", logits, labels, rows, cols, dloss, dlogits, stream);
-}
+// The public entries, each twice: fp32 (T float, the plain name) and bf16 (T uint16_t, the
+// name with _bf16), each running its one launcher under its own name (for the messages).
+#define DPT_LOSS_ENTRIES(T, SUFFIX)                                                                                   \
+  void mse_forward##SUFFIX(const T* y, const float* t, int64_t n, float* loss, T* dy, float* work, unsigned* counter, \
+                           cudaStream_t stream) {                                                                     \
+    mse_forward_launch("mse_forward" #SUFFIX, y, t, n, loss, dy, work, counter, stream);                              \
+  }                                                                                                                   \
+  void mse_backward##SUFFIX(const T* y, const float* t, int64_t n, const float* dloss, float scale, T* dy,            \
+                            cudaStream_t stream) {                                                                    \
+    mse_backward_launch("mse_backward" #SUFFIX, y, t, n, dloss, scale, dy, stream);                                   \
+  }                                                                                                                   \
+  void cross_entropy_forward##SUFFIX(const T* logits, const int32_t* labels, int64_t rows, int64_t cols, float* loss, \
+                                     float* work, cudaStream_t stream) {                                              \
+    cross_entropy_forward_launch("cross_entropy_forward" #SUFFIX, logits, labels, rows, cols, loss, work, stream);    \
+  }                                                                                                                   \
+  void cross_entropy_backward##SUFFIX(const T* logits, const int32_t* labels, int64_t rows, int64_t cols,             \
+                                      const float* dloss, T* dlogits, cudaStream_t stream) {                          \
+    cross_entropy_backward_launch("cross_entropy_backward" #SUFFIX, logits, labels, rows, cols, dloss, dlogits,       \
+                                  stream);                                                                            \
+  }                                                                                                                   \
+  void accuracy##SUFFIX(const T* logits, const int32_t* labels, int64_t rows, int64_t cols, float* out, float* work,  \
+                        cudaStream_t stream) {                                                                        \
+    accuracy_launch("accuracy" #SUFFIX, logits, labels, rows, cols, out, work, stream);                               \
+  }
+DPT_LOSS_ENTRIES(float, )
+DPT_LOSS_ENTRIES(uint16_t, _bf16)
+#undef DPT_LOSS_ENTRIES
 
 }  // namespace dpt::cuda

@@ -141,21 +141,35 @@ __device__ void load_weights(const MlpLayers& layers, float* weights) {
   }
 }
 
+// The start both kernels share: dynamic shared memory as `planes` planes of kMlpRows x
+// kActPitch floats, zeroed (the activations' padding reads as zeros: it meets zero
+// weights, but garbage could be a NaN), then the weights after them (load_weights); the
+// block's first row of the batch and how many it has (fewer in the last block). The block
+// is synchronized on return: the zeros and the weights are in place before the rows.
+struct MlpBlock {
+  float* planes;
+  float* weights;
+  int64_t row0;
+  int here;
+};
+__device__ __forceinline__ MlpBlock mlp_block_start(int64_t rows, const MlpLayers& layers, int planes) {
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kMlpRows;
+  const int here = static_cast<int>(rows - row0 < kMlpRows ? rows - row0 : kMlpRows);
+  for (int e = threadIdx.x; e < planes * kMlpRows * kActPitch; e += kMlpThreads) smem[e] = 0.f;
+  float* weights = smem + planes * kMlpRows * kActPitch;
+  load_weights(layers, weights);
+  __syncthreads();
+  return {smem, weights, row0, here};
+}
+
 __global__ void __launch_bounds__(kMlpThreads)
     mlp_forward_kernel(int64_t rows, const float* __restrict__ x, MlpLayers layers) {
   DPT_WAIT_PREVIOUS_GRID();  // the weights were written by the last step's update
-  extern __shared__ float4 smem4[];
-  float* smem = reinterpret_cast<float*>(smem4);
-  float* act[2] = {smem, smem + kMlpRows * kActPitch};
-  float* weights = smem + 2 * kMlpRows * kActPitch;
+  const auto [planes, weights, row0, here] = mlp_block_start(rows, layers, 2);
+  float* act[2] = {planes, planes + kMlpRows * kActPitch};
   const int t = threadIdx.x;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kMlpRows;
-  const int here = static_cast<int>(rows - row0 < kMlpRows ? rows - row0 : kMlpRows);
-  // The activations' padding reads as zeros (it meets zero weights, but garbage could be
-  // a NaN).
-  for (int e = t; e < 2 * kMlpRows * kActPitch; e += kMlpThreads) smem[e] = 0.f;
-  load_weights(layers, weights);
-  __syncthreads();  // the activations' zeros before the input's rows
   const int in0 = layers.layer[0].in;
   for (int e = t; e < here * in0; e += kMlpThreads) {
     const int r = e / in0;
@@ -248,17 +262,10 @@ __global__ void __launch_bounds__(kMlpThreads)
     mlp_backward_kernel(int64_t rows, const float* __restrict__ x, const float* __restrict__ dy, float* dx,
                         MlpLayers layers, float* __restrict__ work, int64_t per_block) {
   DPT_WAIT_PREVIOUS_GRID();
-  extern __shared__ float4 smem4[];
-  float* smem = reinterpret_cast<float*>(smem4);
-  float* d[2] = {smem, smem + kMlpRows * kActPitch};
-  float* xs = smem + 2 * kMlpRows * kActPitch;
-  float* weights = smem + 3 * kMlpRows * kActPitch;
+  const auto [planes, weights, row0, here] = mlp_block_start(rows, layers, 3);
+  float* d[2] = {planes, planes + kMlpRows * kActPitch};
+  float* xs = planes + 2 * kMlpRows * kActPitch;
   const int t = threadIdx.x;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kMlpRows;
-  const int here = static_cast<int>(rows - row0 < kMlpRows ? rows - row0 : kMlpRows);
-  for (int e = t; e < 3 * kMlpRows * kActPitch; e += kMlpThreads) smem[e] = 0.f;
-  load_weights(layers, weights);
-  __syncthreads();
   const MlpLayer& last = layers.layer[layers.count - 1];
   for (int e = t; e < here * last.out; e += kMlpThreads) {
     const int r = e / last.out, j = e - r * last.out;

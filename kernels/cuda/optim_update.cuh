@@ -10,6 +10,7 @@
 #include "../bf16.hpp"
 #include "../schedule.hpp"
 #include "common.cuh"
+#include "loops.cuh"
 
 namespace dpt::cuda {
 namespace {
@@ -65,9 +66,7 @@ __device__ __forceinline__ void count_step(const StepCounterArgs& step, int64_t 
 // checked update loads before its barrier and stores after it. shadow (may be null) gets
 // bf16(p) of every updated element.
 __device__ __forceinline__ void store_shadow4(uint16_t* shadow, int64_t i, float4 p) {
-  if (shadow)
-    reinterpret_cast<ushort4*>(shadow)[i] =
-        make_ushort4(bf16_round(p.x), bf16_round(p.y), bf16_round(p.z), bf16_round(p.w));
+  if (shadow) store_four(shadow + 4 * i, p);
 }
 
 // SGD's state: the parameters and, with momentum, its buffer (buf is read and written only
@@ -104,16 +103,9 @@ template <bool Vec>
 __device__ __forceinline__ void sgd_loop(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a, float scale,
                                          uint16_t* shadow) {
   const bool mom = a.momentum != 0.f;
-  const int64_t tid = global_tid(), stride = grid_stride();
-  int64_t done = 0;
-  if constexpr (Vec) {
-    const float4* g4 = reinterpret_cast<const float4*>(g);
-    const int64_t n4 = n / 4;
-    for (int64_t i = tid; i < n4; i += stride)
-      sgd_store4(sgd_load4(p, buf, mom, i), g4[i], i, p, buf, a, scale, shadow);
-    done = 4 * n4;
-  }
-  for (int64_t i = done + tid; i < n; i += stride) sgd_one(i, p, g, buf, a, scale, shadow);
+  vec4_loop<Vec>(
+      n, [&](int64_t q) { sgd_store4(sgd_load4(p, buf, mom, q), load_four(g + 4 * q), q, p, buf, a, scale, shadow); },
+      [&](int64_t i) { sgd_one(i, p, g, buf, a, scale, shadow); });
 }
 
 struct AdamState4 {
@@ -147,16 +139,9 @@ __device__ __forceinline__ void adamw_one(int64_t i, float* p, const float* g, f
 template <bool Vec>
 __device__ __forceinline__ void adamw_loop(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
                                            float scale, uint16_t* shadow) {
-  const int64_t tid = global_tid(), stride = grid_stride();
-  int64_t done = 0;
-  if constexpr (Vec) {
-    const float4* g4 = reinterpret_cast<const float4*>(g);
-    const int64_t n4 = n / 4;
-    for (int64_t i = tid; i < n4; i += stride)
-      adamw_store4(adamw_load4(p, m, v, i), g4[i], i, p, m, v, a, scale, shadow);
-    done = 4 * n4;
-  }
-  for (int64_t i = done + tid; i < n; i += stride) adamw_one(i, p, g, m, v, a, scale, shadow);
+  vec4_loop<Vec>(
+      n, [&](int64_t q) { adamw_store4(adamw_load4(p, m, v, q), load_four(g + 4 * q), q, p, m, v, a, scale, shadow); },
+      [&](int64_t i) { adamw_one(i, p, g, m, v, a, scale, shadow); });
 }
 
 }  // namespace
