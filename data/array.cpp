@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -31,6 +32,10 @@ const char* array_dtype_name(ArrayDType t) {
       return "int32";
     case ArrayDType::i64:
       return "int64";
+    case ArrayDType::u16:
+      return "uint16";
+    case ArrayDType::u32:
+      return "uint32";
   }
   return "?";
 }
@@ -41,9 +46,11 @@ size_t array_dtype_size(ArrayDType t) {
       return 1;
     case ArrayDType::f16:
     case ArrayDType::bf16:
+    case ArrayDType::u16:
       return 2;
     case ArrayDType::f32:
     case ArrayDType::i32:
+    case ArrayDType::u32:
       return 4;
     case ArrayDType::f64:
     case ArrayDType::i64:
@@ -52,7 +59,10 @@ size_t array_dtype_size(ArrayDType t) {
   return 1;
 }
 
-bool is_integer(ArrayDType t) { return t == ArrayDType::u8 || t == ArrayDType::i32 || t == ArrayDType::i64; }
+bool is_integer(ArrayDType t) {
+  return t == ArrayDType::u8 || t == ArrayDType::u16 || t == ArrayDType::u32 || t == ArrayDType::i32 ||
+         t == ArrayDType::i64;
+}
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -124,6 +134,17 @@ MappedFile::~MappedFile() {
 FileIdentity file_identity(const MappedFile& file, uint64_t header_bytes) {
   DPT_CHECK(header_bytes <= file.size(), "file_identity: header past the end of the file");
   return {file.path(), file.size(), fnv1a(file.data(), static_cast<size_t>(header_bytes))};
+}
+
+std::string identities_text(const std::vector<FileIdentity>& files) {
+  std::string text;
+  for (const FileIdentity& f : files) {
+    char hash[24];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(f.header_hash));
+    text += std::string(&f == files.data() ? "" : ", ") + "a file of " + std::to_string(f.size) +
+            " bytes with header hash " + hash;
+  }
+  return text;
 }
 
 }  // namespace dpt::data

@@ -324,6 +324,10 @@ const char* dtype_name(ArrayDType t) {
       return "I32";
     case ArrayDType::i64:
       return "I64";
+    case ArrayDType::u16:
+      return "U16";
+    case ArrayDType::u32:
+      return "U32";
   }
   return "?";
 }
