@@ -96,16 +96,17 @@ void AheadLoader::load(Slot& s, int64_t first, int64_t count) {
   const size_t timed = std::exchange(s.timed, 0);
   for (size_t i = 0; i < timed; ++i) copy_ms += s.chunk_end[i]->ms_since(*s.chunk_start[i]);
   order_.rows(first, count, rows_);
-  auto* hx = static_cast<float*>(s.host_x.data());      // float rows, or:
-  auto* hxi = static_cast<int32_t*>(s.host_x.data());   // tokens
-  auto* hy = static_cast<float*>(s.host_y.data());      // regression rows, or:
-  auto* hl = static_cast<int32_t*>(s.host_y.data());    // class labels, next tokens
+  auto* hx = static_cast<float*>(s.host_x.data());     // float rows, or:
+  auto* hxi = static_cast<int32_t*>(s.host_x.data());  // tokens
+  auto* hy = static_cast<float*>(s.host_y.data());     // regression rows, or:
+  auto* hl = static_cast<int32_t*>(s.host_y.data());   // class labels, next tokens
   // Rows [begin, end) of the shard into their places in the buffers.
   auto gather = [&](int64_t begin, int64_t end) {
     if (begin >= end) return;
     const std::span<const int64_t> part(rows_.data() + begin, static_cast<size_t>(end - begin));
-    data_.gather_host(part, {int_inputs_ ? nullptr : hx + begin * x_row_, int_targets_ ? nullptr : hy + begin * y_row_,
-                             int_targets_ ? hl + begin * y_row_ : nullptr, int_inputs_ ? hxi + begin * x_row_ : nullptr});
+    data_.gather_host(part,
+                      {int_inputs_ ? nullptr : hx + begin * x_row_, int_targets_ ? nullptr : hy + begin * y_row_,
+                       int_targets_ ? hl + begin * y_row_ : nullptr, int_inputs_ ? hxi + begin * x_row_ : nullptr});
     if (labels_) check_labels(data_, part, hl + begin, classes_);
   };
   const int64_t chunk = chunk_rows();

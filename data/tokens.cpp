@@ -136,8 +136,8 @@ bool is_npy(const MappedFile& m) {
 // "token file 'a.bin'", "token files 'a.bin' and 'b.bin'", "token files 'a.bin' ... 'j.bin' (10)".
 std::string files_name(const std::vector<std::string>& paths) {
   if (paths.size() == 1) return "token file '" + paths[0] + "'";
-  const std::string ends = "token files '" + paths.front() + "'" + (paths.size() == 2 ? " and '" : " ... '") +
-                           paths.back() + "'";
+  const std::string ends =
+      "token files '" + paths.front() + "'" + (paths.size() == 2 ? " and '" : " ... '") + paths.back() + "'";
   return paths.size() == 2 ? ends : ends + " (" + std::to_string(paths.size()) + ")";
 }
 
@@ -177,8 +177,8 @@ void write_token_shard(const ByteSink& sink, std::span<const uint32_t> tokens, b
   }
   std::vector<uint16_t> narrow(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
-    DPT_CHECK(tokens[i] <= 0xffffu, "write_token_shard: token " + std::to_string(tokens[i]) +
-                                        " does not fit a uint16 shard (version 1)");
+    DPT_CHECK(tokens[i] <= 0xffffu,
+              "write_token_shard: token " + std::to_string(tokens[i]) + " does not fit a uint16 shard (version 1)");
     narrow[i] = static_cast<uint16_t>(tokens[i]);
   }
   if (!narrow.empty()) sink(narrow.data(), narrow.size() * sizeof(uint16_t));
@@ -194,9 +194,8 @@ TokenDataset::TokenDataset(const std::vector<std::string>& paths, int64_t seq_le
     f.mapping = std::make_shared<const MappedFile>(path);
     const uint64_t data_offset = is_npy(*f.mapping) ? read_npy_tokens(f) : (read_shard(f), kShardHeaderBytes);
     if (f.count < seq_len + 1)
-      fail(path, "holds " + std::to_string(f.count) + " tokens, fewer than a window of " +
-                     std::to_string(seq_len + 1) + " (" + std::to_string(seq_len) +
-                     " inputs and the token after them)");
+      fail(path, "holds " + std::to_string(f.count) + " tokens, fewer than a window of " + std::to_string(seq_len + 1) +
+                     " (" + std::to_string(seq_len) + " inputs and the token after them)");
     f.windows = (f.count - 1) / seq_len;
     rows_ += f.windows;
     shared_->window_end.push_back(rows_);
