@@ -41,6 +41,8 @@ AheadLoader::AheadLoader(const Dataset& data, const Device& device, int64_t max_
       x_row_(numel(data.input_shape())),
       y_row_(data.task() == Task::classification ? 1 : numel(data.target_shape())),
       row_bytes_((x_row_ + y_row_) * 4),
+      int_inputs_(data.input_dtype() == DType::i32),
+      int_targets_(data.target_dtype() == DType::i32),
       labels_(data.task() == Task::classification),
       classes_(classes),
       next_(std::move(next)),
@@ -54,8 +56,8 @@ AheadLoader::AheadLoader(const Dataset& data, const Device& device, int64_t max_
   }
   slots_.resize(ring_size(shard_bytes));
   for (Slot& s : slots_) {
-    s.host_x = PinnedBuffer(static_cast<size_t>(max_rows * x_row_) * sizeof(float), device);
-    s.host_y = PinnedBuffer(static_cast<size_t>(max_rows * y_row_) * 4, device);  // float or int32
+    s.host_x = PinnedBuffer(static_cast<size_t>(max_rows * x_row_) * 4, device);  // float or int32
+    s.host_y = PinnedBuffer(static_cast<size_t>(max_rows * y_row_) * 4, device);
     const Batch buffers = data.empty_batch(max_rows, device);
     s.x = buffers.x;
     s.y = buffers.y;
@@ -94,15 +96,17 @@ void AheadLoader::load(Slot& s, int64_t first, int64_t count) {
   const size_t timed = std::exchange(s.timed, 0);
   for (size_t i = 0; i < timed; ++i) copy_ms += s.chunk_end[i]->ms_since(*s.chunk_start[i]);
   order_.rows(first, count, rows_);
-  auto* hx = static_cast<float*>(s.host_x.data());
-  auto* hy = static_cast<float*>(s.host_y.data());    // regression rows, or:
-  auto* hl = static_cast<int32_t*>(s.host_y.data());  // class labels
+  auto* hx = static_cast<float*>(s.host_x.data());     // float rows, or:
+  auto* hxi = static_cast<int32_t*>(s.host_x.data());  // tokens
+  auto* hy = static_cast<float*>(s.host_y.data());     // regression rows, or:
+  auto* hl = static_cast<int32_t*>(s.host_y.data());   // class labels, next tokens
   // Rows [begin, end) of the shard into their places in the buffers.
   auto gather = [&](int64_t begin, int64_t end) {
     if (begin >= end) return;
     const std::span<const int64_t> part(rows_.data() + begin, static_cast<size_t>(end - begin));
     data_.gather_host(part,
-                      {hx + begin * x_row_, labels_ ? nullptr : hy + begin * y_row_, labels_ ? hl + begin : nullptr});
+                      {int_inputs_ ? nullptr : hx + begin * x_row_, int_targets_ ? nullptr : hy + begin * y_row_,
+                       int_targets_ ? hl + begin * y_row_ : nullptr, int_inputs_ ? hxi + begin * x_row_ : nullptr});
     if (labels_) check_labels(data_, part, hl + begin, classes_);
   };
   const int64_t chunk = chunk_rows();

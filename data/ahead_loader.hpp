@@ -81,9 +81,11 @@ class AheadLoader : public Feeder {
   const Dataset& data_;
   Device device_;
   int64_t max_rows_, x_row_, y_row_;
-  int64_t row_bytes_;  // a row's inputs and targets (4-byte floats or labels)
-  bool labels_;
-  int64_t classes_;  // labels are checked against it when > 0
+  int64_t row_bytes_;  // a row's inputs and targets (4-byte floats, tokens or labels)
+  bool int_inputs_;    // tokens (i32), else floats
+  bool int_targets_;   // class labels or next tokens (i32), else floats
+  bool labels_;        // class labels, which check_labels checks
+  int64_t classes_;    // labels are checked against it when > 0
   NextShard next_;
   Context copy_ctx_;  // the copy stream
   // Large shards are gathered by several threads: one copies rows at a few GB/s, less than

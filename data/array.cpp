@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -21,7 +22,8 @@ constexpr ArrayDTypeInfo kArrayDTypes[] = {
     {ArrayDType::f32, "float32", "F32", 4}, {ArrayDType::f64, "float64", "F64", 8},
     {ArrayDType::f16, "float16", "F16", 2}, {ArrayDType::bf16, "bfloat16", "BF16", 2},
     {ArrayDType::u8, "uint8", "U8", 1},     {ArrayDType::i32, "int32", "I32", 4},
-    {ArrayDType::i64, "int64", "I64", 8}};
+    {ArrayDType::i64, "int64", "I64", 8},   {ArrayDType::u16, "uint16", "U16", 2},
+    {ArrayDType::u32, "uint32", "U32", 4}};
 constexpr ArrayDTypeInfo kUnknownDType = {ArrayDType::f32, "?", "?", 1};
 }  // namespace
 
@@ -35,7 +37,10 @@ const char* array_dtype_name(ArrayDType t) { return array_dtype_info(t).numpy; }
 
 size_t array_dtype_size(ArrayDType t) { return array_dtype_info(t).size; }
 
-bool is_integer(ArrayDType t) { return t == ArrayDType::u8 || t == ArrayDType::i32 || t == ArrayDType::i64; }
+bool is_integer(ArrayDType t) {
+  return t == ArrayDType::u8 || t == ArrayDType::u16 || t == ArrayDType::u32 || t == ArrayDType::i32 ||
+         t == ArrayDType::i64;
+}
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -107,6 +112,17 @@ MappedFile::~MappedFile() {
 FileIdentity file_identity(const MappedFile& file, uint64_t header_bytes) {
   DPT_CHECK(header_bytes <= file.size(), "file_identity: header past the end of the file");
   return {file.path(), file.size(), fnv1a(file.data(), static_cast<size_t>(header_bytes))};
+}
+
+std::string identities_text(const std::vector<FileIdentity>& files) {
+  std::string text;
+  for (const FileIdentity& f : files) {
+    char hash[24];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(f.header_hash));
+    text += std::string(&f == files.data() ? "" : ", ") + "a file of " + std::to_string(f.size) +
+            " bytes with header hash " + hash;
+  }
+  return text;
 }
 
 }  // namespace dpt::data

@@ -68,12 +68,18 @@ double element(const uint8_t* p, ArrayDType t) {
       return load<int32_t>(p);
     case ArrayDType::i64:
       return static_cast<double>(load<int64_t>(p));
+    case ArrayDType::u16:
+      return load<uint16_t>(p);
+    case ArrayDType::u32:
+      return load<uint32_t>(p);
   }
   return 0;
 }
 
 int64_t label(const uint8_t* p, ArrayDType t) {
   if (t == ArrayDType::u8) return *p;
+  if (t == ArrayDType::u16) return load<uint16_t>(p);
+  if (t == ArrayDType::u32) return load<uint32_t>(p);
   if (t == ArrayDType::i32) return load<int32_t>(p);
   return load<int64_t>(p);
 }
@@ -120,6 +126,12 @@ int64_t to_float(const uint8_t* p, ArrayDType t, int64_t n, float* out, bool sca
     case ArrayDType::i64:
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load<int64_t>(p + 8 * i));
       return -1;
+    case ArrayDType::u16:
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load<uint16_t>(p + 2 * i));
+      return -1;
+    case ArrayDType::u32:
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load<uint32_t>(p + 4 * i));
+      return -1;
   }
   return -1;
 }
@@ -157,11 +169,11 @@ Batch Dataset::empty_batch(int64_t n, const Device& device) const {
   Shape xs = input_shape();
   xs.insert(xs.begin(), n);
   Batch b;
-  b.x = Tensor::empty(xs, DType::f32, device);
+  b.x = Tensor::empty(xs, input_dtype(), device);
   if (has_targets()) {
     Shape ys = target_shape();
     ys.insert(ys.begin(), n);
-    b.y = Tensor::empty(ys, task() == Task::classification ? DType::i32 : DType::f32, device);
+    b.y = Tensor::empty(ys, target_dtype(), device);
   }
   return b;
 }
@@ -182,25 +194,31 @@ void Dataset::gather(std::span<const int64_t> rows, const Batch& into, int64_t c
     DPT_CHECK(t.defined() && t.dtype() == dtype && t.shape() == row,
               std::string("Dataset::gather: ") + what + " is not " + dtype_name(dtype) + shape_str(row));
   };
-  check(into.x, input_shape(), DType::f32, "x");
+  check(into.x, input_shape(), input_dtype(), "x");
   if (into.y.defined()) {
     DPT_CHECK(has_targets(), "Dataset::gather: the data set has no targets");
-    check(into.y, target_shape(), task() == Task::classification ? DType::i32 : DType::f32, "y");
+    check(into.y, target_shape(), target_dtype(), "y");
   }
-  const bool labels = into.y.defined() && into.y.dtype() == DType::i32;
+  const bool int_targets = into.y.defined() && into.y.dtype() == DType::i32;
+  // Class labels index the model's scores: checked here (a language model's data set checks
+  // its tokens itself, as it gathers them).
+  const bool labels = int_targets && task() == Task::classification;
+  auto host_rows = [&](const Batch& b) {
+    const bool int_x = b.x.dtype() == DType::i32;
+    return HostRows{int_x ? nullptr : b.x.f32(), b.y.defined() && !int_targets ? b.y.f32() : nullptr,
+                    int_targets ? b.y.i32() : nullptr, int_x ? b.x.i32() : nullptr};
+  };
   if (into.x.device().is_cpu() && (!into.y.defined() || into.y.device().is_cpu())) {
-    gather_host(rows,
-                {into.x.f32(), into.y.defined() && !labels ? into.y.f32() : nullptr, labels ? into.y.i32() : nullptr});
+    gather_host(rows, host_rows(into));
     if (labels) check_labels(*this, rows, into.y.i32(), classes);
     return;
   }
   // A GPU's tensors are filled from host memory (the caching allocator's, on the CPU).
   const Device host{};
   Batch staged;
-  staged.x = Tensor::empty(into.x.shape(), DType::f32, host);
+  staged.x = Tensor::empty(into.x.shape(), into.x.dtype(), host);
   if (into.y.defined()) staged.y = Tensor::empty(into.y.shape(), into.y.dtype(), host);
-  gather_host(rows, {staged.x.f32(), into.y.defined() && !labels ? staged.y.f32() : nullptr,
-                     labels ? staged.y.i32() : nullptr});
+  gather_host(rows, host_rows(staged));
   if (labels) check_labels(*this, rows, staged.y.i32(), classes);
   copy(into.x, staged.x);
   if (into.y.defined()) copy(into.y, staged.y);
@@ -222,6 +240,11 @@ void Dataset::check_model(const Shape& input, Task task, int64_t outputs) const 
     throw UsageError(inputs_name() + " has rows of " + shape_str(input_shape()) + ", the model takes " +
                      shape_str(input));
   if (!has_targets()) return;
+  if (this->task() != task && (task == Task::language_model || this->task() == Task::language_model))
+    throw UsageError(targets_name() + " holds " +
+                     (this->task() == Task::language_model ? std::string("tokens (a language model's data)")
+                                                           : std::string(task_name(this->task())) + " targets") +
+                     ", but the task is " + task_name(task));
   if (this->task() != task) {
     if (task == Task::regression)
       throw UsageError(targets_name() + " holds class labels (integers), but the task is regression");
@@ -369,6 +392,7 @@ void ArrayDataset::gather_host(std::span<const int64_t> rows, const HostRows& in
   if (!finite_) no_arrays();
   DPT_CHECK(!into.y || (has_targets() && !labels_), "ArrayDataset::gather_host: no regression targets to gather");
   DPT_CHECK(!into.labels || (has_targets() && labels_), "ArrayDataset::gather_host: no class labels to gather");
+  DPT_CHECK(!into.x_i32, "ArrayDataset::gather_host: its inputs are gathered as floats");
   const auto* xp = static_cast<const uint8_t*>(x_.data);
   const auto* yp = static_cast<const uint8_t*>(y_.data);
   const size_t x_row = static_cast<size_t>(x_width_) * array_dtype_size(x_.dtype);
@@ -426,13 +450,7 @@ void ArrayDataset::check_model(const Shape& input, Task task, int64_t outputs) c
 std::string ArrayDataset::origin() const {
   std::string id = first_ > 0 ? "from row " + std::to_string(first_) + ", " : "";
   if (files_.empty()) return id + Dataset::origin();
-  for (const FileIdentity& f : files_) {
-    char hash[24];
-    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(f.header_hash));
-    id += std::string(&f == files_.data() ? "" : ", ") + "a file of " + std::to_string(f.size) +
-          " bytes with header hash " + hash;
-  }
-  return id;
+  return id + identities_text(files_);
 }
 
 ArrayDataset ArrayDataset::slice(int64_t first, int64_t count) const {

@@ -22,8 +22,9 @@ struct Descr {
 // What numpy writes for each dtype dptrain reads (numpy names uint8 '|u1': one byte has
 // no byte order).
 constexpr Descr kDescrs[] = {{"<f4", ArrayDType::f32}, {"<f8", ArrayDType::f64}, {"<f2", ArrayDType::f16},
-                             {"|u1", ArrayDType::u8},  {"<i4", ArrayDType::i32}, {"<i8", ArrayDType::i64}};
-constexpr const char* kDescrList = "'<f4', '<f8', '<f2', '|u1', '<i4' and '<i8'";
+                             {"|u1", ArrayDType::u8},  {"<u2", ArrayDType::u16}, {"<u4", ArrayDType::u32},
+                             {"<i4", ArrayDType::i32}, {"<i8", ArrayDType::i64}};
+constexpr const char* kDescrList = "'<f4', '<f8', '<f2', '|u1', '<u2', '<u4', '<i4' and '<i8'";
 
 [[noreturn]] void fail(const std::string& name, const std::string& problem) {
   throw UsageError("data file '" + name + "': " + problem);

@@ -30,6 +30,10 @@ Tensor teacher_weight(int64_t rows, int64_t cols, float gain, uint64_t seed, uin
 }  // namespace
 
 Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_(config), device_(device) {
+  if (cfg_.task == Task::language_model)
+    throw UsageError(
+        "SyntheticConfig::task: synthetic data is regression or classification; a language model "
+        "trains on token files");
   DPT_CHECK(cfg_.out > 0 && cfg_.teacher_hidden > 0, "Synthetic: widths must be positive");
   DPT_CHECK(cfg_.samples >= 0, "Synthetic: negative sample count");
   if (!(cfg_.noise >= 0.0f && std::isfinite(cfg_.noise)))

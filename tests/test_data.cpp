@@ -196,10 +196,13 @@ TEST_CASE("npy files round-trip for every dtype and format version", "[data][npy
                                     std::numeric_limits<int32_t>::max()};
   const std::vector<int64_t> i64 = {std::numeric_limits<int64_t>::min(), -1, 0, 1, 1ll << 40,
                                     std::numeric_limits<int64_t>::max()};
+  const std::vector<uint16_t> u16 = {0, 1, 255, 256, 50256, 65535};
+  const std::vector<uint32_t> u32 = {0, 1, 65536, 50257, 1u << 31, 4294967295u};
   const std::vector<Array> arrays = {
       array_of(f32, ArrayDType::f32, {2, 3}), array_of(f64, ArrayDType::f64, {3, 2}),
       array_of(f16, ArrayDType::f16, {6}),    array_of(u8, ArrayDType::u8, {1, 2, 3}),
       array_of(i32, ArrayDType::i32, {6, 1}), array_of(i64, ArrayDType::i64, {1, 1, 2, 3}),
+      array_of(u16, ArrayDType::u16, {6}),    array_of(u32, ArrayDType::u32, {3, 2}),
   };
   for (const Array& a : arrays)
     for (int major : {0, 1, 2, 3}) {
@@ -320,7 +323,7 @@ TEST_CASE("hostile npy headers are refused with the file and the problem named",
          "a.astype('<f4'))"},
         {npy(dict_of(">i8", "(3,)"), 24), "descr '>i8' is big-endian"},
         {npy(dict_of("<c8", "(3,)"), 24),
-         "unsupported dtype '<c8' (dptrain reads '<f4', '<f8', '<f2', '|u1', '<i4' and '<i8')"},
+         "unsupported dtype '<c8' (dptrain reads '<f4', '<f8', '<f2', '|u1', '<u2', '<u4', '<i4' and '<i8')"},
         {npy(dict_of("|b1", "(3,)"), 3), "unsupported dtype '|b1'"},
         {npy(dict_of("<u1", "(3,)"), 3), "unsupported dtype '<u1'"},
         {npy(dict_of("|i1", "(3,)"), 3), "unsupported dtype '|i1'"},
@@ -534,6 +537,10 @@ TEST_CASE("rows are converted to float32 and labels to int32 as they are gathere
   CHECK(x_of(array_of(u8, ArrayDType::u8, {1, 4})) == std::vector<float>{0.0f, 1.0f / 255.0f, 128.0f / 255.0f, 1.0f});
   CHECK(x_of(array_of(i32, ArrayDType::i32, {4, 1})) == std::vector<float>{-7, 0, 3, 100000});
   CHECK(x_of(array_of(i64, ArrayDType::i64, {2, 2})) == std::vector<float>{-7, 0, 3, 1099511627776.0f});
+  const std::vector<uint16_t> u16 = {0, 1, 65535, 300};
+  const std::vector<uint32_t> u32 = {0, 1, 4294967295u, 16777217u};
+  CHECK(x_of(array_of(u16, ArrayDType::u16, {2, 2})) == std::vector<float>{0, 1, 65535, 300});
+  CHECK(x_of(array_of(u32, ArrayDType::u32, {1, 4})) == std::vector<float>{0, 1, 4294967296.0f, 16777216.0f});
 
   const std::vector<float> x(8, 1.0f);
   const Array xa = array_of(x, ArrayDType::f32, {4, 2});
@@ -544,6 +551,13 @@ TEST_CASE("rows are converted to float32 and labels to int32 as they are gathere
   CHECK(all_labels(ArrayDataset(xa, array_of(l32, ArrayDType::i32, {4}))) == std::vector<int32_t>{3, 0, 255, 1});
   CHECK(all_labels(ArrayDataset(xa, array_of(l64, ArrayDType::i64, {4}))) ==
         std::vector<int32_t>{3, 0, 255, std::numeric_limits<int32_t>::max()});
+  const std::vector<uint16_t> lu16 = {3, 0, 65535, 1};
+  const std::vector<uint32_t> lu32 = {3, 0, 255, 2147483647u}, too_large = {3, 0, 2147483648u, 1};
+  CHECK(all_labels(ArrayDataset(xa, array_of(lu16, ArrayDType::u16, {4}))) == std::vector<int32_t>{3, 0, 65535, 1});
+  CHECK(all_labels(ArrayDataset(xa, array_of(lu32, ArrayDType::u32, {4}))) ==
+        std::vector<int32_t>{3, 0, 255, std::numeric_limits<int32_t>::max()});
+  CHECK(usage_error([&] { ArrayDataset(xa, array_of(too_large, ArrayDType::u32, {4})); }) ==
+        "host arrays: y has the label 2147483648 in row 2: class labels are 0 to 2147483647");
 
   // Regression targets: [N, outputs], or [N] as one output; float16 and float64 converted.
   const std::vector<double> t64 = {1.5, -2, 0.25, 8, 1e-3, 7, 3, 4};

@@ -33,6 +33,7 @@
 #include <dptrain/data/npy.hpp>
 #include <dptrain/data/shuffle.hpp>
 #include <dptrain/data/synthetic.hpp>
+#include <dptrain/data/tokens.hpp>
 
 #include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/parallel/process_group.hpp>

@@ -15,7 +15,8 @@ namespace dpt::data {
 
 // Element types an array file may hold. Inputs are converted to float32 as rows are
 // gathered (uint8 scaled to [0, 1]); integer targets are class labels, gathered as int32.
-enum class ArrayDType { f32, f64, f16, bf16, u8, i32, i64 };
+// uint16 and uint32 are what token files hold (tokens.hpp); an ArrayDataset reads them too.
+enum class ArrayDType { f32, f64, f16, bf16, u8, i32, i64, u16, u32 };
 const char* array_dtype_name(ArrayDType t);  // NumPy's names: "float32", "uint8", "bfloat16", ...
 size_t array_dtype_size(ArrayDType t);
 bool is_integer(ArrayDType t);
@@ -68,5 +69,8 @@ struct FileIdentity {
 };
 // The identity of a mapped file whose first `header_bytes` bytes are its header.
 FileIdentity file_identity(const MappedFile& file, uint64_t header_bytes);
+// "a file of 4096 bytes with header hash 0123456789abcdef, a file of ...": what a data
+// set's origin() says of its files (not the paths: files move).
+std::string identities_text(const std::vector<FileIdentity>& files);
 
 }  // namespace dpt::data

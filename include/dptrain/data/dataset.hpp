@@ -33,11 +33,13 @@
 
 namespace dpt::data {
 
-// Host memory a gather writes into, for n rows; a null pointer skips that part.
+// Host memory a gather writes into, for n rows; a null pointer skips that part. The inputs
+// go to x or to x_i32 as the data set's input_dtype() says.
 struct HostRows {
-  float* x = nullptr;         // n * numel(input_shape()) floats
+  float* x = nullptr;         // f32 inputs: n * numel(input_shape()) floats
   float* y = nullptr;         // regression targets: n * numel(target_shape()) floats
-  int32_t* labels = nullptr;  // classification labels: n int32
+  int32_t* labels = nullptr;  // integer targets: n class labels, or n * numel(target_shape()) next tokens
+  int32_t* x_i32 = nullptr;   // i32 inputs (tokens): n * numel(input_shape()) int32
 };
 
 class Dataset {
@@ -46,14 +48,21 @@ class Dataset {
 
   // Rows in the data set; 0 for an endless stream (synthetic data without a size).
   virtual int64_t rows() const = 0;
-  // The shape of one input row: {features}, or {C, H, W} for images.
+  // The shape of one input row: {features}, or {C, H, W} for images; {T} tokens.
   virtual Shape input_shape() const = 0;
+  // The inputs' element type on a device: f32, or i32 for tokens (gathered into
+  // HostRows::x_i32).
+  virtual DType input_dtype() const { return DType::f32; }
   // Whether there are targets (inputs alone can still be predicted on).
   virtual bool has_targets() const = 0;
-  // Regression: rows of target_shape() floats; classification: one class label a row.
+  // Regression: rows of target_shape() floats; classification: one class label a row;
+  // language model: target_shape() next tokens a row.
   virtual Task task() const = 0;
-  // The shape of one target row: {outputs} for regression, {} for a class label.
+  // The shape of one target row: {outputs} for regression, {} for a class label, {T} for
+  // next tokens.
   virtual Shape target_shape() const = 0;
+  // The targets' element type: f32 for regression, else i32 (HostRows::labels).
+  DType target_dtype() const { return task() == Task::regression ? DType::f32 : DType::i32; }
   // How messages name the inputs and the targets: "data file 'x.npy': x",
   // "data file 'run.safetensors': y_val", "host arrays: y".
   virtual std::string inputs_name() const = 0;
@@ -71,8 +80,8 @@ class Dataset {
   // Rows first .. first + count - 1 (wrapping around the end of a finite data set), as a
   // new Batch on `device`.
   virtual Batch batch(int64_t first, int64_t count, const Device& device) const;
-  // Uninitialized tensors for n rows on `device`: x f32 [n, input...], y f32 [n, outputs]
-  // or i32 [n] (undefined without targets).
+  // Uninitialized tensors for n rows on `device`: x [n, input...] of input_dtype(), y
+  // [n, target...] of target_dtype() (undefined without targets).
   Batch empty_batch(int64_t n, const Device& device) const;
 
   // Throws UsageError with one line when this data cannot feed a model that takes rows of

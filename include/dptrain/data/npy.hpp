@@ -10,8 +10,8 @@
 // keys once each, string, bool and tuple-of-integer values, no escapes, no nesting, at
 // most 10000 bytes: numpy's own max_header_size), never evaluated, and checked against
 // the file's size. Only what dptrain trains on is accepted: C order, little-endian
-// float32, float64, float16, int32, int64 and uint8. Every problem is one
-// dpt::UsageError line "data file 'PATH': <problem>".
+// float32, float64, float16, int32, int64, uint8, and uint16 and uint32 (tokens). Every
+// problem is one dpt::UsageError line "data file 'PATH': <problem>".
 //
 // This header and data/npy.cpp use only the standard library, POSIX and
 // <dptrain/error.hpp>, so the fuzzer (tests/fuzz_test.sh) can build them on their own.
