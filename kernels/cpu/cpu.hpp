@@ -11,6 +11,7 @@
 
 #include <dptrain/types.hpp>
 
+#include "../attention.hpp"
 #include "../mlp.hpp"
 
 namespace dpt::cpu {
@@ -136,5 +137,27 @@ void batchnorm_forward_eval(int64_t n, int64_t c, int64_t hw, const float* x, co
 void batchnorm_backward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy, const float* gamma,
                         const float* save_mean, const float* save_invstd, float* dx, float param_beta, float* dgamma,
                         float* dbeta);
+
+// ---- Transformer ops: attention and classifier -----------------------------------------
+// attention.cpp — causal self-attention over qkv (../attention.hpp): y = softmax(q k^T /
+// sqrt(hs), causal) v per sequence and head, and lse [batch, heads, T], the log-sum-exp of
+// each softmax row (of the scaled scores). The backward takes y, its gradient dy and lse
+// and writes the whole of dqkv (the same layout as qkv).
+void attention_forward(const AttentionShape& s, const float* qkv, float* y, float* lse);
+void attention_backward(const AttentionShape& s, const float* qkv, const float* y, const float* dy, const float* lse,
+                        float* dqkv);
+void attention_forward_bf16(const AttentionShape& s, const uint16_t* qkv, uint16_t* y, float* lse);
+void attention_backward_bf16(const AttentionShape& s, const uint16_t* qkv, const uint16_t* y, const uint16_t* dy,
+                             const float* lse, uint16_t* dqkv);
+// classifier.cpp — softmax cross-entropy of each row of logits [rows, cols] over its first
+// `vocab` columns, mean over the rows, into *loss; with write_grad, the gradient for a seed
+// of 1, (softmax - onehot) / rows (0 in the padding columns), written over the logits.
+void classifier_forward(float* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab, float* loss,
+                        bool write_grad);
+void classifier_forward_bf16(uint16_t* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab,
+                             float* loss, bool write_grad);
+// g *= scale * *dloss (dloss may be null) in place: the gradient above for another seed.
+void classifier_grad_scale(float* g, int64_t n, const float* dloss, float scale);
+void classifier_grad_scale_bf16(uint16_t* g, int64_t n, const float* dloss, float scale);
 
 }  // namespace dpt::cpu

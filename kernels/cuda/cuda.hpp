@@ -13,6 +13,7 @@
 
 #include <dptrain/types.hpp>
 
+#include "../attention.hpp"
 #include "../mlp.hpp"
 
 namespace dpt::cuda {
@@ -264,5 +265,25 @@ inline bool conv_wgrad_by_gemm(const ConvShape& s) { return s.c * s.r * s.s <= 3
 size_t conv_wgrad_gemm_work_bytes(const ConvShape& s);
 void conv_wgrad_gemm(cublasHandle_t handle, Precision precision, const ConvShape& s, const float* x, const float* dy,
                      float beta, float* dw, float* work, cudaStream_t stream);
+
+// ---- Transformer ops: attention and classifier -----------------------------------------
+// attention.cu — causal self-attention (../attention.hpp), head sizes up to
+// kAttentionMaxHeadSize: y and lse as cpu::attention_forward; the backward writes the whole
+// of dqkv through `work` (s.softmax_rows() floats). Deterministic.
+void attention_forward(const AttentionShape& s, const float* qkv, float* y, float* lse, cudaStream_t stream);
+void attention_forward_bf16(const AttentionShape& s, const uint16_t* qkv, uint16_t* y, float* lse, cudaStream_t stream);
+void attention_backward(const AttentionShape& s, const float* qkv, const float* y, const float* dy, const float* lse,
+                        float* dqkv, float* work, cudaStream_t stream);
+void attention_backward_bf16(const AttentionShape& s, const uint16_t* qkv, const uint16_t* y, const uint16_t* dy,
+                             const float* lse, uint16_t* dqkv, float* work, cudaStream_t stream);
+// classifier.cu — the loss (and with write_grad the gradient over the logits) as
+// cpu::classifier_forward, through `work` (at least max(rows, kReduceWork) floats);
+// classifier_grad_scale as cpu::classifier_grad_scale (dloss on the device, may be null).
+void classifier_forward(float* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab, float* loss,
+                        bool write_grad, float* work, cudaStream_t stream);
+void classifier_forward_bf16(uint16_t* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab,
+                             float* loss, bool write_grad, float* work, cudaStream_t stream);
+void classifier_grad_scale(float* g, int64_t n, const float* dloss, float scale, cudaStream_t stream);
+void classifier_grad_scale_bf16(uint16_t* g, int64_t n, const float* dloss, float scale, cudaStream_t stream);
 
 }  // namespace dpt::cuda

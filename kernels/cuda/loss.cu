@@ -17,21 +17,10 @@
 #include "common.cuh"
 #include "cuda.hpp"
 #include "loops.cuh"
+#include "row_softmax.cuh"
 
 namespace dpt::cuda {
 namespace {
-
-// Stage two: *out = scale * sum(part[0 .. count)), one block, fixed order.
-static __global__ void finish_sum_kernel(const float* part, int64_t count, double scale, float* out) {
-  double s = 0;
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += part[i];
-  s = block_sum(s);
-  if (threadIdx.x == 0) *out = static_cast<float>(s * scale);
-}
-
-void finish_sum(const float* part, int64_t count, double scale, float* out, cudaStream_t stream) {
-  finish_sum_kernel<<<1, kFinishThreads, 0, stream>>>(part, count, scale, out);
-}
 
 // ---- mse --------------------------------------------------------------------------------
 
@@ -137,28 +126,7 @@ void mse_backward_launch(const char* who, const T* y, const float* t, int64_t n,
 
 // ---- cross-entropy ----------------------------------------------------------------------
 
-// One warp per row, one pass over it (online softmax, Milakov & Gimelshein 2018): each
-// lane keeps the running max of its columns and the sum of exp(x - max), rescaled when
-// the max grows; the lanes then merge pairwise. -inf terms contribute 0 explicitly, since
-// exp(-inf - -inf) would be NaN; a row of only -inf still ends as log(0) - -inf = NaN,
-// as on the CPU, and a NaN anywhere makes the sum NaN, as on the CPU.
-struct RowStats {
-  float max, sum;
-};
-
-// s (a sum taken against max m) rescaled to the max `to` >= m. While m is still -inf, s
-// is 0, or NaN if a NaN came first: it passes through as it is, the NaN included.
-__device__ __forceinline__ float scaled(float s, float m, float to) { return m == -INFINITY ? s : s * expf(m - to); }
-
-__device__ __forceinline__ void online_add(float v, float& m, float& s) {
-  if (v > m) {
-    s = scaled(s, m, v) + 1.f;
-    m = v;
-  } else if (v != -INFINITY) {
-    s += expf(v - m);
-  }
-}
-
+// One warp per row, one pass over it (row_softmax.cuh).
 template <typename T>
 __device__ __forceinline__ RowStats row_stats(const T* x, int64_t cols, int lane) {
   float m = -INFINITY, s = 0.f;
@@ -172,17 +140,7 @@ __device__ __forceinline__ RowStats row_stats(const T* x, int64_t cols, int lane
     online_add(v3, m, s);
   }
   for (; c < cols; c += 32) online_add(as_float(x[c]), m, s);
-    // Butterfly merge: the two terms of the sum swap between partners, and float addition
-    // is commutative, so all lanes end with the same bits.
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float om = __shfl_xor_sync(0xffffffffu, m, o);
-    const float os = __shfl_xor_sync(0xffffffffu, s, o);
-    const float nm = fmaxf(m, om);
-    s = scaled(s, m, nm) + scaled(os, om, nm);
-    m = nm;
-  }
-  return {m, s};
+  return warp_merge({m, s});
 }
 
 // work[r] = logsumexp(row r) - row r [label r]. A label outside [0, cols) gives NaN, so a

@@ -171,4 +171,21 @@ Tensor flatten(const Tensor& x);
 // axpy_ with alpha 1 on one device, for parallel/'s host reduction.
 void add_host_(const Tensor& x, const Tensor& y);
 
+// ---- Transformer ops: attention and classifier ---------------------------------------
+// Causal multi-head self-attention as nanoGPT's CausalSelfAttention after c_attn: qkv [B*T, 3C] holds q, k, v side by
+// side (columns [0, C), [C, 2C), [2C, 3C)), head h at columns h*hs .. h*hs+hs-1 of each (hs = C / heads); y [B*T, C]
+// = softmax(q k^T / sqrt(hs), causal) v for each (b, h), head h written at columns h*hs of y (torch's
+// y.transpose(1, 2).view(B, T, C)). f32 or bf16 in and out (fp32 math); saves the softmax statistics (log-sum-exp,
+// fp32 [B, heads, T]) and recomputes the probabilities in backward: never holds a [T, T] matrix per head.
+// Head sizes up to 128 (a larger one is an error).
+Tensor causal_attention(const Tensor& qkv, int64_t T, int64_t heads);
+// Softmax cross-entropy of each row of logits [N, Vp] (f32 or bf16) over its first `vocab` columns (columns from
+// vocab on are padding: masked, gradient 0), mean over the N rows: f32 [1]; targets i32 [N] in [0, vocab).
+// The language model's classifier in one pass: the forward writes the gradient (softmax - onehot) / N into the
+// logits' own memory (so no second [N, Vp] buffer exists; the caller must not read the logits afterwards), and the
+// backward hands it over, scaled in place for a seed other than 1 (as MseNode in runtime/ops/loss.cpp does).
+// Without autograd (no gradient wanted) the logits are left as they are. A bf16 gradient scaled for another seed
+// is rounded twice.
+Tensor classifier_loss(const Tensor& logits, const Tensor& targets, int64_t vocab);
+
 }  // namespace dpt
