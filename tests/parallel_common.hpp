@@ -36,6 +36,16 @@ inline TrainConfig small(data::Task task, const std::string& opt, int64_t batch)
   return c;
 }
 
+// small()'s regression with SGD at lr 1e30 on `devices`: gradients overflow, and those
+// steps are skipped.
+inline TrainConfig overflowing(std::vector<Device> devices) {
+  TrainConfig c = small(data::Task::regression, "sgd", 12);
+  c.lr = 1e30f;
+  c.on_nonfinite = "skip-step";
+  c.devices = std::move(devices);
+  return c;
+}
+
 // What a run of `c` under ZeRO stage `zero` says when it stops on a non-finite gradient.
 inline std::string stop_message(TrainConfig c, int zero) {
   c.on_nonfinite = "stop";

@@ -312,6 +312,20 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
   struct Size {
     int64_t m, n, k;
   };
+  // The operands of alpha op(A) B + beta C (A of m x k or k x m, B of k x n: B n-contiguous),
+  // random from seeds seed..seed + 2; the CPU's result; the GPU's operands and output.
+  struct GemmRun {
+    std::vector<float> A, B, C, want;
+    Tensor dA, dB, dC;
+  };
+  auto gemm_run = [&](bool ta, Size s, float alpha, float beta, uint64_t seed) {
+    GemmRun g{randn(s.m * s.k, seed), randn(s.k * s.n, seed + 1), randn(s.m * s.n, seed + 2), {}, {}, {}, {}};
+    g.want = cpu_gemm(ta, s.m, s.n, s.k, alpha, g.A, g.B, beta, g.C);
+    g.dA = operand(g.A);
+    g.dB = operand(g.B);
+    g.dC = output(g.C, beta);
+    return g;
+  };
   // Skinny: one row to the most rows, one split to sixteen, k not a whole float4 (scalar
   // loads), k == 0 (C = act(beta C + bias)), the seed workload's shape.
   // The epilogue's 16-byte path (n % 4 == 0) with sixteen slices, one slice and none.
@@ -349,10 +363,7 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
                  Size{3, 1030, 64}, Size{256, 33, 64}, Size{17, 130, 5}, Size{64, 66, 100}})
     for (float beta : {0.0f, 0.5f}) {
       INFO("skinny nn " << s.m << "x" << s.n << "x" << s.k << " beta " << beta);
-      const auto A = randn(s.m * s.k, 42), B = randn(s.k * s.n, 43), C = randn(s.m * s.n, 44);
-      const std::vector<float> want = cpu_gemm(false, s.m, s.n, s.k, 1.5f, A, B, beta, C);
-      Tensor dA = operand(A), dB = operand(B);
-      Tensor dC = output(C, beta);
+      const auto [A, B, C, want, dA, dB, dC] = gemm_run(false, s, 1.5f, beta, 42);
       cuda::gemm_skinny_nn(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), beta, dC.f32(), st);
       CHECK(rel_error(dC.to_host(), want) < 1e-5);
       if (beta == 0.0f) {  // the same bits on a second run
@@ -383,10 +394,7 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
                  Size{70, 8, 129}, Size{3, 5, 250}, Size{66, 66, 65}, Size{8, 8, 300}, Size{9, 7, 512}})
     for (float beta : {0.0f, 1.0f}) {
       INFO("short k " << s.m << "x" << s.n << "x" << s.k << " beta " << beta);
-      const auto A = randn(s.k * s.m, 35), B = randn(s.k * s.n, 36), C = randn(s.m * s.n, 37);
-      const std::vector<float> want = cpu_gemm(true, s.m, s.n, s.k, 0.5f, A, B, beta, C);
-      Tensor dA = operand(A), dB = operand(B);
-      Tensor dC = output(C, beta);
+      const auto [A, B, C, want, dA, dB, dC] = gemm_run(true, s, 0.5f, beta, 35);
       cuda::gemm_short_k(s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), beta, dC.f32(), st);
       CHECK(rel_error(dC.to_host(), want) < 1e-5);
       // With A's column sums beside (a bias gradient): the same C, and the sums.

@@ -69,6 +69,21 @@ void check_zero_resumes(const TrainConfig& c, std::initializer_list<std::pair<in
   CHECK(test::rel_error(t.model().flat_params().to_host(), want) <= 1e-5);
 }
 
+// `c` (overflowing) under ZeRO stage `zero` skips the steps stage 0 skips (some), its
+// replicas identical, and stops with stage 0's message: returned.
+std::string check_skips_as_stage_0(TrainConfig c, int zero) {
+  const TrainResult plain = Trainer(c).run();
+  c.parallel.zero = zero;
+  Trainer sharded(c);
+  const TrainResult r = sharded.run();
+  CHECK(plain.skipped > 0);
+  CHECK(r.skipped == plain.skipped);
+  CHECK(sharded.parallel().replicas_identical());
+  const std::string want = stop_message(c, 0);
+  CHECK(stop_message(c, zero) == want);
+  return want;
+}
+
 }  // namespace
 
 TEST_CASE("ZeRO shards tile the flat buffer, 16-byte aligned, the last ones short or empty", "[parallel][zero]") {
@@ -185,21 +200,8 @@ TEST_CASE("a ZeRO checkpoint is the flat state: it resumes on other replica coun
 }
 
 TEST_CASE("ZeRO skips a non-finite step on every replica alike", "[parallel][zero]") {
-  TrainConfig c = small(data::Task::regression, "sgd", 12);
-  c.lr = 1e30f;
-  c.on_nonfinite = "skip-step";
-  c.devices = cpus(3, 110);
-  const TrainResult plain = Trainer(c).run();
-  c.parallel.zero = 1;
-  Trainer sharded(c);
-  const TrainResult r = sharded.run();
-  CHECK(plain.skipped > 0);
-  CHECK(r.skipped == plain.skipped);
-  CHECK(sharded.parallel().replicas_identical());
   // stop names the same step and parameter: the first bad gradient over the shards.
-  const std::string want = stop_message(c, 0);
-  CHECK(want.find("the gradient of parameter") != std::string::npos);
-  CHECK(stop_message(c, 1) == want);
+  CHECK(check_skips_as_stage_0(overflowing(cpus(3, 110)), 1).find("the gradient of parameter") != std::string::npos);
 }
 
 TEST_CASE("ZeRO refuses what it does not do yet, naming the setting", "[parallel][zero]") {
@@ -330,16 +332,7 @@ TEST_CASE("ZeRO stage 2 keeps a shard of the gradients and the buckets in flight
 }
 
 TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage 0", "[parallel][zero]") {
-  TrainConfig c = small(data::Task::regression, "sgd", 12);
-  c.lr = 1e30f;
-  c.on_nonfinite = "skip-step";
-  c.devices = cpus(3, 160);
-  const TrainResult plain = Trainer(c).run();
-  c.parallel.zero = 2;
-  Trainer sharded(c);
-  CHECK(sharded.run().skipped == plain.skipped);
-  CHECK(sharded.parallel().replicas_identical());
-  CHECK(stop_message(c, 2) == stop_message(c, 0));
+  check_skips_as_stage_0(overflowing(cpus(3, 160)), 2);
   // 12 replicas on a model of 3 parameters: empty shards, and a batch smaller than the replicas.
   TrainConfig tiny = small(data::Task::regression, "adamw", 7);
   tiny.model = "2-1";

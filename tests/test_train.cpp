@@ -35,24 +35,15 @@ using namespace dpt::test;
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
 TEST_CASE("training on the CPU is deterministic, reduces the loss and allocates only in step 1", "[train]") {
-  TrainConfig cfg;
-  cfg.model = "16-64x2-4";
-  cfg.batch = 64;
-  cfg.steps = 150;
-  cfg.log_every = 1000;
-  const Device dev{DeviceType::cpu, 5};
-  cfg.devices = {dev};
   for (auto task : {data::Task::regression, data::Task::classification})
     for (std::string opt : {"sgd", "adamw"}) {
       INFO(data::task_name(task) << " " << opt);
+      TrainConfig cfg = quiet_config("16-64x2-4", opt, 64);
       cfg.task = task;
-      cfg.optimizer = opt;
-      cfg.lr = opt == "sgd" ? 0.05f : 0.003f;
+      cfg.steps = 150;
+      cfg.devices = {{DeviceType::cpu, 5}};
       Trainer a(cfg);
-      a.step(0, /*measure=*/true);  // as a run's first step, which is logged
-      const int64_t after_first = allocator(dev).stats().system_allocs;
-      const TrainResult r = a.run();
-      CHECK(allocator(dev).stats().system_allocs == after_first);
+      const TrainResult r = check_no_allocs_after_first(a, cfg.devices);
       CHECK(r.final_loss < 0.5f * r.first_loss);
       Trainer b(cfg);
       b.run();

@@ -59,14 +59,16 @@ inline int64_t system_allocs(const std::vector<Device>& devices) {
 }
 
 // Runs t's first step as a run's first step (which is logged) and `also_first` (the
-// first validation, say), then the rest of the run: the rest allocates nothing on `devices`.
-inline void check_no_allocs_after_first(Trainer& t, const std::vector<Device>& devices,
-                                        const std::function<void()>& also_first = {}) {
+// first validation, say), then the rest of the run, returned: the rest allocates nothing
+// on `devices`.
+inline TrainResult check_no_allocs_after_first(Trainer& t, const std::vector<Device>& devices,
+                                               const std::function<void()>& also_first = {}) {
   t.step(0, /*measure=*/true);
   if (also_first) also_first();
   const int64_t after_first = system_allocs(devices);
-  t.run();
+  const TrainResult r = t.run();
   CHECK(system_allocs(devices) == after_first);
+  return r;
 }
 
 }  // namespace dpt::test
