@@ -3,15 +3,11 @@
 # must give exactly one line on stderr and exit status 2 (never a crash).
 set -u
 exe=$1
-tmp=$(mktemp -d)
-# Only this shell removes it: a child forked for a background run holds the trap until it
-# execs, and one signalled before that would run it.
-trap '[ "$BASHPID" = "$$" ] && rm -rf "$tmp"' EXIT
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# shellcheck source=cli_lib.sh
+source "$(cd "$(dirname "$0")" && pwd)/cli_lib.sh"
+make_tmp
 
-# bad input: exit 2 and one line on stderr
+# bad input: exit 2 and one line on stderr, an error line (this refuse, not cli_lib's)
 refuse() {
   "$exe" "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$? lines
@@ -112,15 +108,9 @@ grep -q '^step time' "$tmp/out" && ok || bad "no step-time split"
 
 # checkpoints: a resumed run continues bit-identically (same parameter hash), on one
 # device and on three replicas
-hash_of() { grep '^parameters: hash' "$1" | awk '{print $3}'; }
 for devs in "--devices cpu" "--cpus 3"; do
-  for opt in "--optimizer sgd" "--optimizer adamw --lr 0.003"; do
-    "$exe" $devs $opt --batch 30 --steps 20 --log-every 20 >"$tmp/full.out" 2>&1
-    "$exe" $devs $opt --batch 30 --steps 10 --log-every 20 --save "$tmp/ck.safetensors" >/dev/null 2>&1
-    "$exe" $devs $opt --batch 30 --steps 20 --log-every 20 --resume "$tmp/ck.safetensors" >"$tmp/resumed.out" 2>&1
-    [ -n "$(hash_of "$tmp/full.out")" ] && [ "$(hash_of "$tmp/full.out")" = "$(hash_of "$tmp/resumed.out")" ] && ok ||
-      bad "resume ($devs $opt) is not bit-identical: $(hash_of "$tmp/full.out") vs $(hash_of "$tmp/resumed.out")"
-  done
+  # shellcheck disable=SC2086  # the words of each setting are separate arguments
+  for opt in "--optimizer sgd" "--optimizer adamw --lr 0.003"; do check_resume resume $devs $opt; done
 done
 refuse --resume "$tmp/missing.safetensors"
 printf 'garbage' >"$tmp/garbage.safetensors"
@@ -208,5 +198,4 @@ says "dptrain: error: --reduce nccl needs CUDA devices; use host on CPU devices"
 [ "$(cat "$tmp/err")" = "dptrain: note: batch 2 is smaller than the 3 replicas; only 2 of them get samples" ] && ok ||
   bad "the small-batch note: '$(cat "$tmp/err")'"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

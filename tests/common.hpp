@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -220,6 +221,40 @@ std::string usage_error(F&& f) {
     return msg;
   }
   return "";
+}
+
+// Checks that `msg` is one line that starts with `prefix` and says `problem`.
+inline void check_one_line(const std::string& msg, const std::string& prefix, const std::string& problem) {
+  INFO("message: " << msg);
+  CHECK(msg.rfind(prefix, 0) == 0);
+  CHECK(msg.find(problem) != std::string::npos);
+  CHECK(msg.find('\n') == std::string::npos);
+}
+
+// Feeds `trials` mutants of a good file to read(bytes), which checks whatever it reads:
+// mutate(bytes, rng) edits a copy of `good`, and one mutant in 16 is then cut short. A
+// mutant refused must throw an E whose message starts with `prefix`; some mutants must
+// be read and some refused.
+template <class E, class Mutate, class Read>
+void check_mutants(const std::vector<uint8_t>& good, uint64_t seed, int trials, const std::string& prefix,
+                   Mutate&& mutate, Read&& read) {
+  std::mt19937_64 rng(seed);
+  int read_ok = 0, refused = 0;
+  for (int trial = 0; trial < trials; ++trial) {
+    std::vector<uint8_t> bytes = good;
+    mutate(bytes, rng);
+    if (rng() % 16 == 0) bytes.resize(rng() % bytes.size());
+    try {
+      read(bytes);
+      ++read_ok;
+    } catch (const E& e) {
+      ++refused;
+      CHECK(std::string(e.what()).rfind(prefix, 0) == 0);
+    }
+  }
+  INFO(read_ok << " read, " << refused << " refused");
+  CHECK(read_ok > 0);
+  CHECK(refused > 0);
 }
 
 }  // namespace dpt::test

@@ -8,12 +8,10 @@
 set -u
 exe=$1
 python3 -c 'import numpy' 2>/dev/null || { echo "no numpy here: the file-data CLI test is skipped"; exit 77; }
-lib="$(cd "$(dirname "$0")" && pwd)/cli_lib.sh"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-cd "$tmp" || exit 1
 # shellcheck source=cli_lib.sh
-source "$lib"
+source "$(cd "$(dirname "$0")" && pwd)/cli_lib.sh"
+make_tmp
+cd "$tmp" || exit 1
 run() { timeout 120 "$exe" "$@"; }
 
 # ---- README's worked example ----------------------------------------------------------

@@ -7,9 +7,8 @@ exe=$1 mpirun=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; kill -9 $(jobs -p) 2>/dev/null' EXIT
 run=("$mpirun" --oversubscribe)
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# shellcheck source=cli_lib.sh
+source "$(cd "$(dirname "$0")" && pwd)/cli_lib.sh"
 one_error() { [ "$(grep -c '^dptrain: error' "$tmp/err")" -eq 1 ]; }  # no rank repeats it
 
 # A good run: one report, metrics from rank 0 only, the hash agreed by both ranks.
@@ -232,5 +231,4 @@ rc=$?
   "$exe" --devices cpu --batch 16 --steps 1 --resume "$tmp/stop.safetensors" 2>&1 | grep -q 'past --steps' && ok ||
   bad "20 SIGTERMs to each rank (rc $rc): $(tail -1 "$tmp/stop.out"); $(head -3 "$tmp/stop.err"); $(ls "$tmp/stop.safetensors" 2>&1)"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -5,11 +5,9 @@
 # shellcheck disable=SC2015  # `check && ok || bad`: ok never fails
 set -u
 exe=$1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# shellcheck source=cli_lib.sh
+source "$(cd "$(dirname "$0")" && pwd)/cli_lib.sh"
+make_tmp
 
 small=(--model 16-32-4 --batch 8 --steps 3 --warmup 1)
 if "$exe" --cpus 3 "${small[@]}" --out "$tmp/out" >"$tmp/stdout" 2>"$tmp/stderr"; then ok
@@ -184,5 +182,4 @@ refuse --cpus 1 --comm
 touch "$tmp/file"
 refuse --cpus 2 --model 16-32-4 --out "$tmp/file/sub"
 
-echo "dpbench: $passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish dpbench

@@ -7,21 +7,13 @@
 set -u
 exe=$1 ddp_check=${2:-}
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU: skipped"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
-hash_of() { grep '^parameters: hash' "$1" | awk '{print $3}'; }
+# shellcheck source=cli_lib.sh
+source "$(cd "$(dirname "$0")" && pwd)/cli_lib.sh"
+make_tmp
 
 for devs in "--devices cuda:0" "--devices cuda:0,cuda:0 --reduce p2p"; do
-  for opt in "--optimizer sgd" "--optimizer adamw --lr 0.003"; do
-    "$exe" $devs $opt --batch 30 --steps 20 --log-every 20 >"$tmp/full.out" 2>&1
-    "$exe" $devs $opt --batch 30 --steps 10 --log-every 20 --save "$tmp/ck.safetensors" >/dev/null 2>&1
-    "$exe" $devs $opt --batch 30 --steps 20 --log-every 20 --resume "$tmp/ck.safetensors" >"$tmp/resumed.out" 2>&1
-    [ -n "$(hash_of "$tmp/full.out")" ] && [ "$(hash_of "$tmp/full.out")" = "$(hash_of "$tmp/resumed.out")" ] && ok ||
-      bad "GPU resume ($devs $opt) is not bit-identical: $(hash_of "$tmp/full.out") vs $(hash_of "$tmp/resumed.out")"
-  done
+  # shellcheck disable=SC2086  # the words of each setting are separate arguments
+  for opt in "--optimizer sgd" "--optimizer adamw --lr 0.003"; do check_resume "GPU resume" $devs $opt; done
 done
 
 # Non-finite gradients on one GPU (the fused check and update): stop names the step and
@@ -72,5 +64,4 @@ if command -v mpirun >/dev/null; then
     done
   fi
 fi
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish

@@ -9,14 +9,10 @@
 # shellcheck disable=SC2015  # `check && ok || bad`: ok never fails
 set -u
 exe=$1 bench=$2 src=$3
-lib="$(cd "$(dirname "$0")" && pwd)/cli_lib.sh"
-tmp=$(mktemp -d)
-# Only this shell removes it: a child forked for a background run holds the trap until it
-# execs, and one signalled before that would run it.
-trap '[ "$BASHPID" = "$$" ] && rm -rf "$tmp"' EXIT
-cd "$tmp" || exit 1
 # shellcheck source=cli_lib.sh
-source "$lib"
+source "$(cd "$(dirname "$0")" && pwd)/cli_lib.sh"
+make_tmp
+cd "$tmp" || exit 1
 run() { timeout 60 "$exe" "$@"; }
 cpu=(--devices cpu --steps 2 --log-every 1)
 

@@ -20,14 +20,9 @@ except ImportError:
     print("no numpy here: the .npy interop test is skipped")
     sys.exit(77)
 
+from interop_checks import check, finish  # noqa: E402
+
 tool = sys.argv[1]
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"FAIL: {what}")
 
 
 def run(*args):
@@ -152,5 +147,4 @@ with tempfile.TemporaryDirectory() as tmp:
             check(np.array(d["val"]["x"], np.float32).tobytes() == as_inputs(t["x_val"]).ravel().tobytes() and
                   d["val"]["y"] == t["y_val"].tolist(), f"safetensors val rows {d['val']}")
 
-print(f"numpy {np.__version__}: {'FAIL' if failures else 'dptrain and numpy agree'}")
-sys.exit(1 if failures else 0)
+finish(f"numpy {np.__version__}", "dptrain and numpy agree")

@@ -15,26 +15,34 @@
 #include <dptrain/train/trainer.hpp>
 #include "catch.hpp"
 #include "common.hpp"
+#include "train_common.hpp"
 
 namespace dpt::test {
 
-inline std::vector<Device> cpus(int n, int first = 0) {
-  std::vector<Device> d;
-  for (int i = 0; i < n; ++i) d.push_back({DeviceType::cpu, first + i});
-  return d;
+// Runs t's steps [0, steps), asserting after each that its replicas stay bitwise identical.
+inline void step_replicas_identical(Trainer& t, int64_t steps) {
+  for (int64_t s = 0; s < steps; ++s) {
+    t.step(s);
+    REQUIRE(t.parallel().replicas_identical());
+  }
 }
 
 inline TrainConfig small(data::Task task, const std::string& opt, int64_t batch) {
-  TrainConfig c;
-  c.model = "12-24x2-5";
+  TrainConfig c = quiet_config("12-24x2-5", opt, batch);
   c.task = task;
-  c.optimizer = opt;
-  c.lr = opt == "sgd" ? 0.05f : 0.003f;
   c.momentum = 0.9f;
-  c.batch = batch;
   c.steps = 20;
-  c.log_every = 1000;
   c.parallel.bucket_mb = 0.001;  // about 1 KB: the parameters span several buckets
+  return c;
+}
+
+// small()'s regression with SGD at lr 1e30 on `devices`: gradients overflow, and those
+// steps are skipped.
+inline TrainConfig overflowing(std::vector<Device> devices) {
+  TrainConfig c = small(data::Task::regression, "sgd", 12);
+  c.lr = 1e30f;
+  c.on_nonfinite = "skip-step";
+  c.devices = std::move(devices);
   return c;
 }
 
@@ -51,14 +59,9 @@ inline std::string stop_message(TrainConfig c, int zero) {
 }
 
 inline TrainConfig dp_config(data::Task task, const std::string& opt) {
-  TrainConfig c;
-  c.model = "24-48x2-6";
+  TrainConfig c = quiet_config("24-48x2-6", opt, 10);  // batch 10: uneven on 3 and 4 replicas
   c.task = task;
-  c.optimizer = opt;
-  c.lr = opt == "sgd" ? 0.05f : 0.003f;
-  c.batch = 10;  // uneven on 3 and 4 replicas
   c.steps = 20;
-  c.log_every = 1000;
   c.parallel.bucket_mb = 0.002;  // several buckets
   return c;
 }
@@ -69,10 +72,7 @@ inline std::vector<float> train_dp(TrainConfig c, std::vector<Device> devices, R
   c.devices = std::move(devices);
   c.parallel.reduce = path;
   Trainer t(c);
-  for (int64_t s = 0; s < c.steps; ++s) {
-    t.step(s);
-    REQUIRE(t.parallel().replicas_identical());
-  }
+  step_replicas_identical(t, c.steps);
   return t.model().flat_params().to_host();
 }
 

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from interop_checks import check, finish  # noqa: E402
 from xxh64 import xxh64  # noqa: E402
 
 try:
@@ -22,13 +23,6 @@ except ImportError as e:
     sys.exit(77)
 
 tool = sys.argv[1]
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"FAIL: {what}")
 
 
 def dtype_name(d):  # older releases say "float32", newer "F32"
@@ -82,5 +76,4 @@ with tempfile.TemporaryDirectory() as tmp:
             for name, a in tensors.items()}
     check(read == want, f"dptrain read {read}, expected {want}")
 
-print(f"safetensors {safetensors.__version__}: {'FAIL' if failures else 'both directions agree'}")
-sys.exit(1 if failures else 0)
+finish(f"safetensors {safetensors.__version__}", "both directions agree")

@@ -130,11 +130,16 @@ void check_refused(const std::string& path, const std::string& problem) {
   } catch (const Error& e) {
     msg = e.what();
   }
-  INFO("message: " << msg);
-  CHECK(msg.rfind("checkpoint '" + path + "': ", 0) == 0);
-  CHECK(msg.find(problem) != std::string::npos);
-  CHECK(msg.find('\n') == std::string::npos);
+  test::check_one_line(msg, "checkpoint '" + path + "': ", problem);
 }
+
+// sample() saved as run.safetensors in a fresh folder.
+struct SavedSample {
+  test::TempDir dir;
+  const std::string path = dir.file("run.safetensors");
+  const ckpt::Checkpoint sample = ::sample();
+  SavedSample() { ckpt::save(path, sample); }
+};
 
 // "1,1,...,1", n times: a shape of n dimensions.
 std::string ones(int n) {
@@ -148,14 +153,11 @@ const std::string kTensorW = R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0
 }  // namespace
 
 TEST_CASE("a checkpoint round-trips bit for bit, in a deterministic file", "[checkpoint]") {
-  test::TempDir dir;
-  const std::string path = dir.file("run.safetensors");
-  const ckpt::Checkpoint c = sample();
-  ckpt::save(path, c);
-  check_equal(ckpt::load(path), c);
-  const std::vector<uint8_t> bytes = read_file(path);
-  check_equal(ckpt::parse(bytes.data(), bytes.size(), "memory"), c);
-  CHECK(dir.entries() == std::vector<std::string>{"run.safetensors"});
+  const SavedSample saved;
+  check_equal(ckpt::load(saved.path), saved.sample);
+  const std::vector<uint8_t> bytes = read_file(saved.path);
+  check_equal(ckpt::parse(bytes.data(), bytes.size(), "memory"), saved.sample);
+  CHECK(saved.dir.entries() == std::vector<std::string>{"run.safetensors"});
 
   // 8-byte little-endian header length; the header is padded with spaces so that the
   // data starts 8-byte aligned.
@@ -168,21 +170,21 @@ TEST_CASE("a checkpoint round-trips bit for bit, in a deterministic file", "[che
   CHECK(bytes[json_end - 1] == '}');
   CHECK(8 + n - json_end < 8);
 
-  ckpt::save(path, c);  // the same checkpoint gives the same bytes
-  CHECK(read_file(path) == bytes);
+  ckpt::save(saved.path, saved.sample);  // the same checkpoint gives the same bytes
+  CHECK(read_file(saved.path) == bytes);
 
   ckpt::Checkpoint other = sample();
   other.metadata["step"] = "20";
   other.tensors.pop_back();
-  ckpt::save(path, other);  // replaces the old file
-  check_equal(ckpt::load(path), other);
+  ckpt::save(saved.path, other);  // replaces the old file
+  check_equal(ckpt::load(saved.path), other);
 
-  REQUIRE(c.find("ints") != nullptr);
-  CHECK(c.find("ints")->shape == std::vector<int64_t>{3, 2});
-  CHECK(c.find("missing") == nullptr);
+  REQUIRE(saved.sample.find("ints") != nullptr);
+  CHECK(saved.sample.find("ints")->shape == std::vector<int64_t>{3, 2});
+  CHECK(saved.sample.find("missing") == nullptr);
 
-  ckpt::save(path, ckpt::Checkpoint{});  // nothing at all is a valid file too
-  CHECK(ckpt::load(path).tensors.empty());
+  ckpt::save(saved.path, ckpt::Checkpoint{});  // nothing at all is a valid file too
+  CHECK(ckpt::load(saved.path).tensors.empty());
 }
 
 TEST_CASE("files from other safetensors writers load", "[checkpoint]") {
@@ -247,24 +249,22 @@ std::vector<uint8_t> flipped(const std::vector<uint8_t>& bytes, const ckpt::Chec
 }  // namespace
 
 TEST_CASE("every tensor's checksum is saved and checked on every load", "[checkpoint]") {
-  test::TempDir dir;
-  const std::string path = dir.file("run.safetensors");
-  const ckpt::Checkpoint c = sample();
-  ckpt::save(path, c);
-  const ckpt::Checkpoint back = ckpt::load(path);
+  const SavedSample saved;
+  const ckpt::Checkpoint back = ckpt::load(saved.path);
   CHECK(back.checksummed);
-  check_equal(back, c);  // the checksums are the file's, not the caller's metadata
-  const std::vector<uint8_t> good = read_file(path);
+  check_equal(back, saved.sample);  // the checksums are the file's, not the caller's metadata
+  const std::vector<uint8_t> good = read_file(saved.path);
   const std::string text(good.begin(), good.end());
   CHECK(text.find("\"checksum:layers.0.weight\":\"xxh64:") != std::string::npos);
 
   // One bit of an exponent, anywhere in the data: refused, naming the file and the tensor
   // (load and parse alike).
-  const std::string bad = dir.file("bad.safetensors");
-  CHECK(error_of(bad, flipped(good, c, "layers.0.weight", 3, 0x40))
+  const std::string bad = saved.dir.file("bad.safetensors");
+  CHECK(error_of(bad, flipped(good, saved.sample, "layers.0.weight", 3, 0x40))
             .rfind("checkpoint '" + bad + "': tensor 'layers.0.weight' does not match its checksum (", 0) == 0);
-  CHECK(error_of(bad, flipped(good, c, "ints", 23, 0x01)).find("tensor 'ints' does not match its checksum") !=
-        std::string::npos);
+  CHECK(
+      error_of(bad, flipped(good, saved.sample, "ints", 23, 0x01)).find("tensor 'ints' does not match its checksum") !=
+      std::string::npos);
 
   // The checksums must be whole: one for each tensor, of the known form, of no other tensor.
   const uint64_t n = header_length_of(good);
@@ -290,7 +290,7 @@ TEST_CASE("every tensor's checksum is saved and checked on every load", "[checkp
 
   // A file without checksums (written before dptrain kept them, or by another writer)
   // loads, and says so.
-  const std::string plain = dir.file("plain.safetensors");
+  const std::string plain = saved.dir.file("plain.safetensors");
   write_file(plain,
              file_of(R"({"__metadata__":{"step":"1"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4));
   const ckpt::Checkpoint old = ckpt::load(plain);
@@ -304,7 +304,7 @@ TEST_CASE("every tensor's checksum is saved and checked on every load", "[checkp
   large.tensors.emplace_back("a", tensor(ckpt::DType::f32, {int64_t(values.size())}, values));
   large.tensors.emplace_back("empty", tensor(ckpt::DType::f32, {0}, std::vector<float>{}));
   large.tensors.emplace_back("b", tensor(ckpt::DType::f32, {int64_t(values.size())}, values));
-  const std::string big = dir.file("big.safetensors");
+  const std::string big = saved.dir.file("big.safetensors");
   ckpt::save(big, large);
   CHECK(ckpt::load(big).checksummed);
   const std::vector<uint8_t> big_bytes = read_file(big);
@@ -488,10 +488,7 @@ TEST_CASE("random mutations of a checkpoint either load or are refused", "[check
   ckpt::save(path, sample());
   const std::vector<uint8_t> good = read_file(path);
   const uint64_t header = header_length_of(good);
-  std::mt19937_64 rng(6);
-  int loaded = 0, refused = 0;
-  for (int trial = 0; trial < 4000; ++trial) {
-    std::vector<uint8_t> bytes = good;
+  auto mutate = [&](std::vector<uint8_t>& bytes, std::mt19937_64& rng) {
     const int edits = 1 + static_cast<int>(rng() % 4);
     for (int e = 0; e < edits; ++e) {
       // Mostly in the length and the header, where the parsing is.
@@ -500,30 +497,19 @@ TEST_CASE("random mutations of a checkpoint either load or are refused", "[check
       if (rng() % 2) bytes[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
       else bytes[at] = static_cast<uint8_t>(rng());
     }
-    if (rng() % 16 == 0) bytes.resize(rng() % bytes.size());
-    try {
-      const ckpt::Checkpoint c = ckpt::parse(bytes.data(), bytes.size(), "mutant");
-      ++loaded;
-      for (const auto& named : c.tensors) {  // what loads is consistent with its header
-        int64_t n = 1;
-        for (int64_t d : named.second.shape) n *= d;
-        CHECK(named.second.data.size() == static_cast<size_t>(n) * ckpt::dtype_size(named.second.dtype));
-      }
-    } catch (const Error& e) {
-      ++refused;
-      CHECK(std::string(e.what()).rfind("checkpoint 'mutant': ", 0) == 0);
+  };
+  test::check_mutants<Error>(good, 6, 4000, "checkpoint 'mutant': ", mutate, [](const std::vector<uint8_t>& bytes) {
+    const ckpt::Checkpoint c = ckpt::parse(bytes.data(), bytes.size(), "mutant");
+    for (const auto& named : c.tensors) {  // what loads is consistent with its header
+      int64_t n = 1;
+      for (int64_t d : named.second.shape) n *= d;
+      CHECK(named.second.data.size() == static_cast<size_t>(n) * ckpt::dtype_size(named.second.dtype));
     }
-  }
-  INFO(loaded << " loaded, " << refused << " refused");
-  CHECK(loaded > 0);
-  CHECK(refused > 0);
+  });
 }
 
 TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temporary file", "[checkpoint]") {
-  test::TempDir dir;
-  const std::string path = dir.file("run.safetensors");
-  const ckpt::Checkpoint before = sample();
-  ckpt::save(path, before);
+  const SavedSample saved;
   ckpt::Checkpoint after = sample();
   after.metadata["step"] = "20";
   after.tensors.emplace_back("big", tensor(ckpt::DType::f32, {1024}, std::vector<float>(1024, 2.0f)));
@@ -541,37 +527,38 @@ TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temp
       {
         ScopedEnv fault("DPT_CKPT_FAIL_AFTER_BYTES", std::to_string(room));
         try {
-          ckpt::save(path, after);
+          ckpt::save(saved.path, after);
         } catch (const Error& e) {
           msg = e.what();
         }
       }
       INFO("message: " << msg);
-      CHECK(msg.rfind("checkpoint '" + path + "': writing failed after " + std::to_string(room) + " of ", 0) == 0);
+      CHECK(msg.rfind("checkpoint '" + saved.path + "': writing failed after " + std::to_string(room) + " of ", 0) ==
+            0);
       CHECK(msg.find("No space left on device (injected by DPT_CKPT_FAIL_AFTER_BYTES)") != std::string::npos);
       CHECK(msg.find("any previous checkpoint there is unchanged") != std::string::npos);
-      check_equal(ckpt::load(path), before);
-      CHECK(dir.entries() == std::vector<std::string>{"run.safetensors"});
+      check_equal(ckpt::load(saved.path), saved.sample);
+      CHECK(saved.dir.entries() == std::vector<std::string>{"run.safetensors"});
     }
     // With no previous file, nothing is left at all.
     {
       ScopedEnv fault("DPT_CKPT_FAIL_AFTER_BYTES", "100");
-      CHECK_THROWS_AS(ckpt::save(dir.file("fresh.safetensors"), after), Error);
+      CHECK_THROWS_AS(ckpt::save(saved.dir.file("fresh.safetensors"), after), Error);
     }
-    CHECK(dir.entries() == std::vector<std::string>{"run.safetensors"});
+    CHECK(saved.dir.entries() == std::vector<std::string>{"run.safetensors"});
     // Room enough: the save goes through.
     {
       ScopedEnv fault("DPT_CKPT_FAIL_AFTER_BYTES", std::to_string(total));
-      ckpt::save(path, after);
+      ckpt::save(saved.path, after);
     }
-    check_equal(ckpt::load(path), after);
+    check_equal(ckpt::load(saved.path), after);
   }
 
   SECTION("a bad fault setting is refused before anything is written") {
     ScopedEnv fault("DPT_CKPT_FAIL_AFTER_BYTES", "lots");
-    CHECK_THROWS_AS(ckpt::save(path, after), Error);
-    check_equal(ckpt::load(path), before);
-    CHECK(dir.entries() == std::vector<std::string>{"run.safetensors"});
+    CHECK_THROWS_AS(ckpt::save(saved.path, after), Error);
+    check_equal(ckpt::load(saved.path), saved.sample);
+    CHECK(saved.dir.entries() == std::vector<std::string>{"run.safetensors"});
   }
 
   SECTION("a real short write: the file-size limit cuts the file") {
@@ -587,22 +574,22 @@ TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temp
       REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
       std::string msg;
       try {
-        ckpt::save(path, after);
+        ckpt::save(saved.path, after);
       } catch (const Error& e) {
         msg = e.what();
       }
       ::setrlimit(RLIMIT_FSIZE, &old);
       ::signal(SIGXFSZ, old_handler);
       INFO("message: " << msg);
-      CHECK(msg.rfind("checkpoint '" + path + "': writing failed after 2048 of ", 0) == 0);
+      CHECK(msg.rfind("checkpoint '" + saved.path + "': writing failed after 2048 of ", 0) == 0);
       CHECK(msg.find("File too large") != std::string::npos);
-      check_equal(ckpt::load(path), before);
-      CHECK(dir.entries() == std::vector<std::string>{"run.safetensors"});
+      check_equal(ckpt::load(saved.path), saved.sample);
+      CHECK(saved.dir.entries() == std::vector<std::string>{"run.safetensors"});
     }
   }
 
   SECTION("a folder that does not exist") {
-    const std::string nowhere = dir.file("no/such/folder/run.safetensors");
+    const std::string nowhere = saved.dir.file("no/such/folder/run.safetensors");
     std::string msg;
     try {
       ckpt::save(nowhere, after);
@@ -614,7 +601,7 @@ TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temp
   }
 
   SECTION("a folder, a FIFO or a device node in the way: never replaced") {
-    const std::string folder = dir.file("folder.safetensors");
+    const std::string folder = saved.dir.file("folder.safetensors");
     fs::create_directory(folder);
     std::string msg;
     try {
@@ -625,7 +612,7 @@ TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temp
     INFO("message: " << msg);
     CHECK(msg == "checkpoint '" + folder + "': is a folder; only a regular file is replaced");
     CHECK(fs::is_directory(folder));
-    const std::string fifo = dir.file("fifo.safetensors");
+    const std::string fifo = saved.dir.file("fifo.safetensors");
     REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
     auto refusal = [&](const std::string& target) {
       try {
@@ -638,11 +625,11 @@ TEST_CASE("a save that fails half-way leaves the previous checkpoint and no temp
     CHECK(refusal(fifo) == "checkpoint '" + fifo + "': is a FIFO; only a regular file is replaced");
     CHECK(fs::is_fifo(fifo));
     // A symlink to the FIFO is followed, and the FIFO still refused.
-    const std::string link = dir.file("link.safetensors");
+    const std::string link = saved.dir.file("link.safetensors");
     fs::create_symlink(fifo, link);
     CHECK(refusal(link) == "checkpoint '" + link + "': is a FIFO; only a regular file is replaced");
     CHECK(fs::is_symlink(link));
-    CHECK(dir.entries() ==
+    CHECK(saved.dir.entries() ==
           std::vector<std::string>{"fifo.safetensors", "folder.safetensors", "link.safetensors", "run.safetensors"});
   }
 }

@@ -122,16 +122,7 @@ TEST_CASE("bad CNN specs are refused with one line naming the layer and the shap
   };
   for (const auto& [spec, problem] : cases) {
     INFO(spec);
-    std::string msg;
-    try {
-      nn::parse_cnn_spec(spec);
-    } catch (const UsageError& e) {
-      msg = e.what();
-    }
-    INFO("message: " << msg);
-    CHECK(msg.rfind("invalid model spec '" + spec + "': ", 0) == 0);
-    CHECK(msg.find(problem) != std::string::npos);
-    CHECK(msg.find('\n') == std::string::npos);
+    check_one_line(usage_error([&] { nn::parse_cnn_spec(spec); }), "invalid model spec '" + spec + "': ", problem);
   }
 }
 
@@ -200,14 +191,10 @@ TEST_CASE("synthetic images and their labels are a pure function of (seed, sampl
 
 #if DPT_WITH_CUDNN
 namespace {
-TrainConfig cnn_config(const std::string& spec) {
-  TrainConfig c;
-  c.model = spec;
+TrainConfig cnn_config(const std::string& spec, const std::string& opt = "sgd") {
+  TrainConfig c = quiet_config(spec, opt, 10);  // batch 10: uneven on 3 and 4 replicas
   c.task = data::Task::classification;
-  c.lr = 0.05f;
-  c.batch = 10;  // uneven on 3 and 4 replicas
   c.steps = 30;
-  c.log_every = 1000;
   return c;
 }
 }  // namespace
@@ -220,24 +207,18 @@ TEST_CASE("30 CNN training steps on CUDA match the same run on the CPU", "[gpu][
       // its size and turns the noise into full steps, so only SGD is compared there.
       if (spec.find("bn") != std::string::npos && opt == "adamw") continue;
       INFO(spec << " " << opt);
-      TrainConfig c = cnn_config(spec);
-      c.optimizer = opt;
-      c.lr = opt == "sgd" ? 0.05f : 0.003f;
-      c.devices = {host};
-      Trainer a(c);
-      const TrainResult ra = a.run();
-      c.devices = {gpu};
-      Trainer b(c);
-      const TrainResult rb = b.run();
-      const double err = rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host());
-      const bool has_buffers = a.model().flat_buffers().defined();  // batch norm's running statistics
-      const double err_buf =
-          has_buffers ? rel_error(b.model().flat_buffers().to_host(), a.model().flat_buffers().to_host()) : 0.0;
-      INFO("weights relative error " << err << ", buffers " << err_buf << ", loss " << ra.final_loss << " vs "
-                                     << rb.final_loss);
-      CHECK(err < 1e-4);
-      CHECK(err_buf < 1e-4);
-      CHECK(std::fabs(ra.final_loss - rb.final_loss) <= 1e-3 * std::fabs(ra.final_loss));
+      run_on_cpu_and_gpu(
+          cnn_config(spec, opt), [](Trainer& a, const TrainResult& ra, Trainer& b, const TrainResult& rb) {
+            const double err = params_error(a, b);
+            const bool has_buffers = a.model().flat_buffers().defined();  // batch norm's running statistics
+            const double err_buf =
+                has_buffers ? rel_error(b.model().flat_buffers().to_host(), a.model().flat_buffers().to_host()) : 0.0;
+            INFO("weights relative error " << err << ", buffers " << err_buf << ", loss " << ra.final_loss << " vs "
+                                           << rb.final_loss);
+            CHECK(err < 1e-4);
+            CHECK(err_buf < 1e-4);
+            CHECK(std::fabs(ra.final_loss - rb.final_loss) <= 1e-3 * std::fabs(ra.final_loss));
+          });
     }
   }
 }
@@ -260,10 +241,7 @@ TEST_CASE("a CNN on logical replicas of one GPU equals one-GPU training, with no
   bn.devices = {gpu, gpu};
   bn.parallel.reduce = Reduce::p2p;
   Trainer t(bn);
-  t.step(0, /*measure=*/true);  // as a run's first step, which is logged
-  const int64_t after_first = allocator(gpu).stats().system_allocs;
-  t.run();
-  CHECK(allocator(gpu).stats().system_allocs == after_first);
+  check_no_allocs_after_first(t, {gpu});
 }
 
 TEST_CASE("a CNN step recorded as a CUDA graph trains exactly like the eager step", "[gpu][conv][graph]") {

@@ -119,15 +119,40 @@ TEST_CASE("GEMMs (cuBLAS, native, small-batch) match the CPU at every transpose 
 }
 
 #if DPT_WITH_CUDA
-TEST_CASE("cuBLASLt GEMMs with the bias and ReLU epilogue match the CPU", "[gpu][gemm]") {
-  // Linear takes this path only for large GEMMs; here it is called directly at odd
-  // sizes, every transpose, with and without bias, beta 0 (over NaN) and beta != 0.
+namespace {
+
+// One cuBLASLt GEMM the tests call directly: D = A B + beta C, then the bias and activation.
+struct LtCase {
+  int64_t m, n, k;
+  bool ta, tb;
+  Act act;
+  bool bias;
+  float beta;
+  Shape a_shape() const { return ta ? Shape{k, m} : Shape{m, k}; }
+  Shape b_shape() const { return tb ? Shape{n, k} : Shape{k, n}; }
+  // The CPU's result from these operands, bias and C.
+  std::vector<float> want(const std::vector<float>& A, const std::vector<float>& B, const std::vector<float>& b,
+                          std::vector<float> C) const {
+    cpu::gemm(ta, tb, m, n, k, 1.0f, A.data(), B.data(), beta, C.data());
+    cpu::bias_act_forward(C.data(), bias ? b.data() : nullptr, act, m, n, nullptr, C.data());
+    return C;
+  }
+};
+
+// The GPU's cuBLAS handle and stream, and a cuBLASLt workspace.
+struct LtWorkspace {
+  cublasHandle_t handle = static_cast<cublasHandle_t>(context(gpu).blas());
+  cudaStream_t stream = static_cast<cudaStream_t>(context(gpu).stream());
+  Tensor bytes = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, gpu);
+};
+
+// Calls f for every case at odd sizes, every transpose, with and without bias and ReLU,
+// beta 0 (the tests put NaN in C) and beta != 0.
+template <class F>
+void for_each_lt_case(F&& f) {
   struct Size {
     int64_t m, n, k;
   };
-  const cublasHandle_t h = static_cast<cublasHandle_t>(context(gpu).blas());
-  const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
-  Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, gpu);
   for (Size s : {Size{1, 1, 1}, Size{17, 33, 65}, Size{64, 1000, 1000}, Size{130, 67, 129}})
     for (bool ta : {false, true})
       for (bool tb : {false, true})
@@ -136,20 +161,29 @@ TEST_CASE("cuBLASLt GEMMs with the bias and ReLU epilogue match the CPU", "[gpu]
             for (float beta : {0.0f, 0.5f}) {
               INFO(s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb << " relu " << (act == Act::relu)
                        << " bias " << bias << " beta " << beta);
-              const Shape sa = ta ? Shape{s.k, s.m} : Shape{s.m, s.k}, sb = tb ? Shape{s.n, s.k} : Shape{s.k, s.n};
-              const auto A = randn(numel(sa), 1), B = randn(numel(sb), 2), b = randn(s.n, 4);
-              auto C = randn(s.m * s.n, 3);
-              std::vector<float> want = C;
-              cpu::gemm(ta, tb, s.m, s.n, s.k, 1.0f, A.data(), B.data(), beta, want.data());
-              cpu::bias_act_forward(want.data(), bias ? b.data() : nullptr, act, s.m, s.n, nullptr, want.data());
-              if (beta == 0.0f) C.assign(C.size(), NAN);  // beta == 0 must not read C
-              Tensor dA = on(gpu, A, sa), dB = on(gpu, B, sb), db = on(gpu, b, {s.n}), dC = on(gpu, C, {s.m, s.n});
-              REQUIRE(cuda::gemm_lt(h, st, Precision::fp32, ta, tb, s.m, s.n, s.k, 1.0f, dA.f32(), dB.f32(), beta,
-                                    dC.f32(), bias ? db.f32() : nullptr, act, ws.data(), cuda::kLtWorkspaceBytes));
-              const double err = rel_error(dC.to_host(), want);
-              INFO("relative error " << err);
-              CHECK(err < 1e-5);
+              f(LtCase{s.m, s.n, s.k, ta, tb, act, bias, beta});
             }
+}
+
+}  // namespace
+
+TEST_CASE("cuBLASLt GEMMs with the bias and ReLU epilogue match the CPU", "[gpu][gemm]") {
+  // Linear takes this path only for large GEMMs; here it is called directly.
+  const LtWorkspace ws;
+  for_each_lt_case([&](const LtCase& s) {
+    const Shape sa = s.a_shape(), sb = s.b_shape();
+    const auto A = randn(numel(sa), 1), B = randn(numel(sb), 2), b = randn(s.n, 4);
+    auto C = randn(s.m * s.n, 3);
+    const std::vector<float> want = s.want(A, B, b, C);
+    if (s.beta == 0.0f) C.assign(C.size(), NAN);  // beta == 0 must not read C
+    Tensor dA = on(gpu, A, sa), dB = on(gpu, B, sb), db = on(gpu, b, {s.n}), dC = on(gpu, C, {s.m, s.n});
+    REQUIRE(cuda::gemm_lt(ws.handle, ws.stream, Precision::fp32, s.ta, s.tb, s.m, s.n, s.k, 1.0f, dA.f32(), dB.f32(),
+                          s.beta, dC.f32(), s.bias ? db.f32() : nullptr, s.act, ws.bytes.data(),
+                          cuda::kLtWorkspaceBytes));
+    const double err = rel_error(dC.to_host(), want);
+    INFO("relative error " << err);
+    CHECK(err < 1e-5);
+  });
 }
 #endif
 
@@ -170,47 +204,35 @@ TEST_CASE("TF32 and bf16 GEMMs are within their precision of fp32", "[gpu][gemm]
 #if DPT_WITH_CUDA
 TEST_CASE("bf16 cuBLASLt GEMMs (bf16 or f32 out, bias, ReLU) match the CPU at odd sizes and every transpose",
           "[gpu][gemm][bf16]") {
-  struct Size {
-    int64_t m, n, k;
-  };
-  const cublasHandle_t h = static_cast<cublasHandle_t>(context(gpu).blas());
-  const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
-  Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, gpu);
-  for (Size s : {Size{1, 1, 1}, Size{17, 33, 65}, Size{64, 1000, 1000}, Size{130, 67, 129}})
-    for (bool ta : {false, true})
-      for (bool tb : {false, true})
-        for (Act act : {Act::none, Act::relu})
-          for (bool bias : {false, true})
-            for (float beta : {0.0f, 0.5f})
-              for (DType c_type : {DType::bf16, DType::f32}) {
-                INFO(s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb << " relu " << (act == Act::relu)
-                         << " bias " << bias << " beta " << beta << " C " << dtype_name(c_type));
-                const Shape sa = ta ? Shape{s.k, s.m} : Shape{s.m, s.k}, sb = tb ? Shape{s.n, s.k} : Shape{s.k, s.n};
-                // Operands, bias (D's type) and C as the GPU sees them.
-                const auto A = bf16_values(randn(numel(sa), 1)), B = bf16_values(randn(numel(sb), 2));
-                auto b = randn(s.n, 4), C = randn(s.m * s.n, 3);
-                if (c_type == DType::bf16) b = bf16_values(b), C = bf16_values(C);
-                std::vector<float> want = C;
-                cpu::gemm(ta, tb, s.m, s.n, s.k, 1.0f, A.data(), B.data(), beta, want.data());
-                cpu::bias_act_forward(want.data(), bias ? b.data() : nullptr, act, s.m, s.n, nullptr, want.data());
-                if (beta == 0.0f) C.assign(C.size(), NAN);  // beta == 0 must not read C
-                Tensor dA = on_bf16(gpu, A, sa), dB = on_bf16(gpu, B, sb);
-                Tensor db = cast(on(gpu, b, {s.n}), c_type), dC = cast(on(gpu, C, {s.m, s.n}), c_type);
-                REQUIRE(cuda::gemm_lt(h, st, Precision::fp32, cuda::LtTypes{DType::bf16, c_type, c_type}, ta, tb, s.m,
-                                      s.n, s.k, 1.0f, dA.data(), dB.data(), beta, dC.data(), bias ? db.data() : nullptr,
-                                      act, ws.data(), cuda::kLtWorkspaceBytes));
-                if (c_type == DType::bf16) {
-                  // One rounding of an fp32 result that differs from the CPU's in its last bits.
-                  const int64_t u = test::max_ulps(test::bf16_bits(dC), test::bf16_bits(on(host, want, {s.m, s.n})));
-                  const double err = rel_error(dC.to_host(), want);
-                  INFO(u << " ulps, relative error " << err);
-                  CHECK(err < 4e-3);
-                } else {
-                  const double err = rel_error(dC.to_host(), want);
-                  INFO("relative error " << err);
-                  CHECK(err < 1e-5);
-                }
-              }
+  const LtWorkspace ws;
+  for_each_lt_case([&](const LtCase& s) {
+    for (DType c_type : {DType::bf16, DType::f32}) {
+      INFO("C " << dtype_name(c_type));
+      const Shape sa = s.a_shape(), sb = s.b_shape();
+      // Operands, bias (D's type) and C as the GPU sees them.
+      const auto A = bf16_values(randn(numel(sa), 1)), B = bf16_values(randn(numel(sb), 2));
+      auto b = randn(s.n, 4), C = randn(s.m * s.n, 3);
+      if (c_type == DType::bf16) b = bf16_values(b), C = bf16_values(C);
+      const std::vector<float> want = s.want(A, B, b, C);
+      if (s.beta == 0.0f) C.assign(C.size(), NAN);  // beta == 0 must not read C
+      Tensor dA = on_bf16(gpu, A, sa), dB = on_bf16(gpu, B, sb);
+      Tensor db = cast(on(gpu, b, {s.n}), c_type), dC = cast(on(gpu, C, {s.m, s.n}), c_type);
+      REQUIRE(cuda::gemm_lt(ws.handle, ws.stream, Precision::fp32, cuda::LtTypes{DType::bf16, c_type, c_type}, s.ta,
+                            s.tb, s.m, s.n, s.k, 1.0f, dA.data(), dB.data(), s.beta, dC.data(),
+                            s.bias ? db.data() : nullptr, s.act, ws.bytes.data(), cuda::kLtWorkspaceBytes));
+      if (c_type == DType::bf16) {
+        // One rounding of an fp32 result that differs from the CPU's in its last bits.
+        const int64_t u = test::max_ulps(test::bf16_bits(dC), test::bf16_bits(on(host, want, {s.m, s.n})));
+        const double err = rel_error(dC.to_host(), want);
+        INFO(u << " ulps, relative error " << err);
+        CHECK(err < 4e-3);
+      } else {
+        const double err = rel_error(dC.to_host(), want);
+        INFO("relative error " << err);
+        CHECK(err < 1e-5);
+      }
+    }
+  });
 }
 
 TEST_CASE("cuBLASLt with a bf16 D and an fp32 bias: supported and right, or refused cleanly", "[gpu][gemm][bf16]") {
@@ -281,8 +303,28 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
   auto output = [&](const std::vector<float>& v, float beta) {
     return on(gpu, beta == 0.0f ? std::vector<float>(v.size(), NAN) : v, {static_cast<int64_t>(v.size())});
   };
+  // alpha op(A) B + beta C on the CPU.
+  auto cpu_gemm = [](bool ta, int64_t m, int64_t n, int64_t k, float alpha, const std::vector<float>& A,
+                     const std::vector<float>& B, float beta, std::vector<float> C) {
+    cpu::gemm(ta, false, m, n, k, alpha, A.data(), B.data(), beta, C.data());
+    return C;
+  };
   struct Size {
     int64_t m, n, k;
+  };
+  // The operands of alpha op(A) B + beta C (A of m x k or k x m, B of k x n: B n-contiguous),
+  // random from seeds seed..seed + 2; the CPU's result; the GPU's operands and output.
+  struct GemmRun {
+    std::vector<float> A, B, C, want;
+    Tensor dA, dB, dC;
+  };
+  auto gemm_run = [&](bool ta, Size s, float alpha, float beta, uint64_t seed) {
+    GemmRun g{randn(s.m * s.k, seed), randn(s.k * s.n, seed + 1), randn(s.m * s.n, seed + 2), {}, {}, {}, {}};
+    g.want = cpu_gemm(ta, s.m, s.n, s.k, alpha, g.A, g.B, beta, g.C);
+    g.dA = operand(g.A);
+    g.dB = operand(g.B);
+    g.dC = output(g.C, beta);
+    return g;
   };
   // Skinny: one row to the most rows, one split to sixteen, k not a whole float4 (scalar
   // loads), k == 0 (C = act(beta C + bias)), the seed workload's shape.
@@ -321,12 +363,7 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
                  Size{3, 1030, 64}, Size{256, 33, 64}, Size{17, 130, 5}, Size{64, 66, 100}})
     for (float beta : {0.0f, 0.5f}) {
       INFO("skinny nn " << s.m << "x" << s.n << "x" << s.k << " beta " << beta);
-      const auto A = randn(s.m * s.k, 42), B = randn(s.k * s.n, 43), C = randn(s.m * s.n, 44);
-      std::vector<float> want = C;
-      cpu::gemm(false, false, s.m, s.n, s.k, 1.5f, A.data(), B.data(), beta, want.data());
-      Tensor dA = operand(A);
-      Tensor dB = operand(B);
-      Tensor dC = output(C, beta);
+      const auto [A, B, C, want, dA, dB, dC] = gemm_run(false, s, 1.5f, beta, 42);
       cuda::gemm_skinny_nn(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), beta, dC.f32(), st);
       CHECK(rel_error(dC.to_host(), want) < 1e-5);
       if (beta == 0.0f) {  // the same bits on a second run
@@ -338,9 +375,9 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
       for (Act act : {Act::relu, Act::gelu, Act::tanh}) {
         INFO("times act' " << static_cast<int>(act));
         const auto saved = randn(s.m * s.k, 45);
-        std::vector<float> dz(A.size()), want_d = C;
+        std::vector<float> dz(A.size());
         cpu::act_backward(A.data(), saved.data(), act, s.m * s.k, dz.data());
-        cpu::gemm(false, false, s.m, s.n, s.k, 1.5f, dz.data(), B.data(), beta, want_d.data());
+        const std::vector<float> want_d = cpu_gemm(false, s.m, s.n, s.k, 1.5f, dz, B, beta, C);
         Tensor dS = operand(saved);
         Tensor dC3 = output(C, beta);
         cuda::gemm_skinny_nn(s.m, s.n, s.k, 1.5f, dA.f32(), dB.f32(), beta, dC3.f32(), st, dS.f32(), act);
@@ -357,12 +394,7 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
                  Size{70, 8, 129}, Size{3, 5, 250}, Size{66, 66, 65}, Size{8, 8, 300}, Size{9, 7, 512}})
     for (float beta : {0.0f, 1.0f}) {
       INFO("short k " << s.m << "x" << s.n << "x" << s.k << " beta " << beta);
-      const auto A = randn(s.k * s.m, 35), B = randn(s.k * s.n, 36), C = randn(s.m * s.n, 37);
-      std::vector<float> want = C;
-      cpu::gemm(true, false, s.m, s.n, s.k, 0.5f, A.data(), B.data(), beta, want.data());
-      Tensor dA = operand(A);
-      Tensor dB = operand(B);
-      Tensor dC = output(C, beta);
+      const auto [A, B, C, want, dA, dB, dC] = gemm_run(true, s, 0.5f, beta, 35);
       cuda::gemm_short_k(s.m, s.n, s.k, 0.5f, dA.f32(), dB.f32(), beta, dC.f32(), st);
       CHECK(rel_error(dC.to_host(), want) < 1e-5);
       // With A's column sums beside (a bias gradient): the same C, and the sums.
@@ -382,9 +414,9 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
       for (Act act : {Act::relu, Act::gelu, Act::tanh}) {
         INFO("times act' " << static_cast<int>(act));
         const auto saved = randn(s.k * s.m, 46);
-        std::vector<float> dz(A.size()), want_d = C, want_dsums(static_cast<size_t>(s.m));
+        std::vector<float> dz(A.size()), want_dsums(static_cast<size_t>(s.m));
         cpu::act_backward(A.data(), saved.data(), act, s.k * s.m, dz.data());
-        cpu::gemm(true, false, s.m, s.n, s.k, 0.5f, dz.data(), B.data(), beta, want_d.data());
+        const std::vector<float> want_d = cpu_gemm(true, s.m, s.n, s.k, 0.5f, dz, B, beta, C);
         for (int64_t i = 0; i < s.m; ++i) {
           double sum = 0.0;
           for (int64_t r = 0; r < s.k; ++r) sum += dz[static_cast<size_t>(r * s.m + i)];

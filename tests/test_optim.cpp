@@ -27,6 +27,7 @@
 
 #include "catch.hpp"
 #include "common.hpp"
+#include "train_common.hpp"
 
 using namespace dpt;
 using namespace dpt::test;
@@ -660,11 +661,8 @@ TEST_CASE("twin buffers by default on a GPU from 2M parameters, one copy below",
   // The flat buffer (each parameter's start aligned) holds 2,101,312 and 2,052,160 elements.
   for (const auto& [spec, above] : {std::pair<std::string, bool>{"1024-2048-1", true}, {"1024-2000-1", false}}) {
     INFO(spec);
-    TrainConfig c;
-    c.model = spec;
-    c.batch = 8;
+    TrainConfig c = quiet_config(spec, "sgd", 8);
     c.steps = 1;
-    c.log_every = 1000;
     c.devices = {gpu};
     Trainer t(c);
     REQUIRE((t.model().flat_params().numel() >= kTwinsFromParams) == above);

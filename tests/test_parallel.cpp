@@ -105,10 +105,7 @@ TEST_CASE("N CPU replicas train exactly like one device on the whole batch", "[p
             c.parallel.reduce = path;
             Trainer t(c);
             REQUIRE(t.parallel().buckets() > 1);
-            for (int64_t s = 0; s < c.steps; ++s) {
-              t.step(s);
-              REQUIRE(t.parallel().replicas_identical());
-            }
+            step_replicas_identical(t, c.steps);
             CHECK(test::rel_error(t.model().flat_params().to_host(), want) <= 1e-5);
           }
       }
@@ -129,10 +126,7 @@ TEST_CASE("twin buffers on N CPU replicas train bit for bit as one copy, overlap
       one.run();
       c.parallel.twin_buffers = TwinBuffers::on;
       Trainer two(c);
-      for (int64_t s = 0; s < c.steps; ++s) {
-        two.step(s);
-        REQUIRE(two.parallel().replicas_identical());
-      }
+      step_replicas_identical(two, c.steps);
       CHECK(two.optimizer().twin_buffers());
       CHECK(two.optimizer().twin_bytes() == static_cast<int64_t>(two.model().flat_params().nbytes()) *
                                                 (opt == "sgd" ? 2 : 3));  // the parameters and the state
@@ -147,10 +141,7 @@ TEST_CASE("twin buffers on N CPU replicas train bit for bit as one copy, overlap
       CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
     }
   // A non-finite step is skipped alike.
-  TrainConfig c = small(data::Task::regression, "sgd", 12);
-  c.lr = 1e30f;
-  c.on_nonfinite = "skip-step";
-  c.devices = cpus(2, 125);
+  TrainConfig c = overflowing(cpus(2, 125));
   c.parallel.twin_buffers = TwinBuffers::off;
   Trainer one(c);
   const TrainResult a = one.run();
@@ -286,15 +277,7 @@ TEST_CASE("data-parallel steps allocate nothing after the first, replicas sharin
       next += 3;
       c.parallel.reduce = path;
       Trainer t(c);
-      t.step(0, /*measure=*/true);  // as a run's first step, which is logged
-      auto allocs = [&] {
-        int64_t n = 0;
-        for (const Device& dev : c.devices) n += allocator(dev).stats().system_allocs;
-        return n;
-      };
-      const int64_t after_first = allocs();
-      t.run();
-      CHECK(allocs() == after_first);
+      check_no_allocs_after_first(t, c.devices);
     }
 }
 
@@ -449,10 +432,7 @@ TEST_CASE("data-parallel steps make no cudaMalloc after the first", "[gpu][paral
   c.parallel.reduce = Reduce::p2p;
   c.steps = 15;
   Trainer t(c);
-  t.step(0, /*measure=*/true);  // as a run's first step, which is logged
-  const int64_t after_first = allocator(gpu).stats().system_allocs;
-  t.run();
-  CHECK(allocator(gpu).stats().system_allocs == after_first);
+  check_no_allocs_after_first(t, {gpu});
 }
 
 TEST_CASE("N GPUs equal one GPU on both paths, with balanced memory", "[gpu][parallel][multigpu]") {

@@ -170,10 +170,7 @@ TEST_CASE("bf16 on the wire trains within 1e-2 of fp32 on N replicas, and one de
       fp32.run();
       c.parallel.grad_comm = DType::bf16;
       Trainer bf16(c);
-      for (int64_t s = 0; s < c.steps; ++s) {
-        bf16.step(s);
-        REQUIRE(bf16.parallel().replicas_identical());
-      }
+      step_replicas_identical(bf16, c.steps);
       const auto want = fp32.model().flat_params().to_host(), got = bf16.model().flat_params().to_host();
       if (n == 1) {
         CHECK(got == want);  // nothing travels

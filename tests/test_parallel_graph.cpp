@@ -229,14 +229,9 @@ TEST_CASE("a CUDA graph on file data trains exactly like the eager step", "[gpu]
                                                         data::Array{labels.data(), data::ArrayDType::i32, {53}});
   for (auto [replicas, accum] : {std::pair<size_t, int>{1, 1}, {2, 1}, {1, 3}, {2, 2}}) {
     INFO("replicas " << replicas << ", grad_accum " << accum);
-    TrainConfig c;
+    TrainConfig c = quiet_config("12-24x2-5", "adamw", 11);
     c.parallel.grad_accum = accum;
-    c.model = "12-24x2-5";
-    c.optimizer = "adamw";
-    c.lr = 0.003f;
-    c.batch = 11;
     c.epochs = 3;
-    c.log_every = 1000;
     c.devices = std::vector<Device>(replicas, gpu);
     Trainer eager(c, set);
     eager.run();

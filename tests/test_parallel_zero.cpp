@@ -27,6 +27,65 @@ using namespace dpt::test;
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
+namespace {
+
+// `c` (a ZeRO stage on some replicas) trained in one go, against its first 8 steps saved
+// and resumed on each (replicas, stage) of `resumes` (CPU devices numbered from
+// `first_device`): c's own replicas and stage give the parameters bit for bit, the others
+// within 1e-5. Then a stage-0 checkpoint saved on `plain_devices` resumes under c's stage.
+void check_zero_resumes(const TrainConfig& c, std::initializer_list<std::pair<int, int>> resumes, int first_device,
+                        const std::vector<Device>& plain_devices) {
+  test::TempDir dir;
+  Trainer whole(c);  // all the steps without a break
+  whole.run();
+  const auto want = whole.model().flat_params().to_host();
+  TrainConfig first = c;
+  first.steps = 8;
+  first.save = dir.file("zero.safetensors");
+  Trainer(first).run();
+  for (auto [n, zero] : resumes) {
+    INFO("resumed on " << n << " replicas, zero " << zero);
+    TrainConfig rest = c;
+    rest.devices = cpus(n, first_device);
+    rest.parallel.zero = zero;
+    rest.resume = first.save;
+    Trainer t(rest);
+    t.run();
+    const auto got = t.model().flat_params().to_host();
+    // The same devices and stage: bit for bit.
+    if (static_cast<size_t>(n) == c.devices.size() && zero == c.parallel.zero) CHECK(got == want);
+    else CHECK(test::rel_error(got, want) <= 1e-5);
+  }
+  // And a plain checkpoint resumes sharded.
+  TrainConfig plain = first;
+  plain.parallel.zero = 0;
+  plain.devices = plain_devices;
+  plain.save = dir.file("plain.safetensors");
+  Trainer(plain).run();
+  TrainConfig rest = c;
+  rest.resume = plain.save;
+  Trainer t(rest);
+  t.run();
+  CHECK(test::rel_error(t.model().flat_params().to_host(), want) <= 1e-5);
+}
+
+// `c` (overflowing) under ZeRO stage `zero` skips the steps stage 0 skips (some), its
+// replicas identical, and stops with stage 0's message: returned.
+std::string check_skips_as_stage_0(TrainConfig c, int zero) {
+  const TrainResult plain = Trainer(c).run();
+  c.parallel.zero = zero;
+  Trainer sharded(c);
+  const TrainResult r = sharded.run();
+  CHECK(plain.skipped > 0);
+  CHECK(r.skipped == plain.skipped);
+  CHECK(sharded.parallel().replicas_identical());
+  const std::string want = stop_message(c, 0);
+  CHECK(stop_message(c, zero) == want);
+  return want;
+}
+
+}  // namespace
+
 TEST_CASE("ZeRO shards tile the flat buffer, 16-byte aligned, the last ones short or empty", "[parallel][zero]") {
   for (int64_t total : {1, 3, 4, 5, 63, 64, 1001})
     for (size_t n : {1, 2, 3, 7, 40}) {
@@ -62,10 +121,7 @@ TEST_CASE("ZeRO stage 1 trains as stage 0, each replica holding only its shard o
         plain.run();
         c.parallel.zero = 1;
         Trainer sharded(c);
-        for (int64_t s = 0; s < c.steps; ++s) {
-          sharded.step(s);
-          REQUIRE(sharded.parallel().replicas_identical());
-        }
+        step_replicas_identical(sharded, c.steps);
         const auto want = plain.model().flat_params().to_host(), got = sharded.model().flat_params().to_host();
         if (clip == 0.0f) CHECK(got == want);            // the same sums, the same updates: bit for bit
         else CHECK(test::rel_error(got, want) <= 1e-6);  // the norm is summed by shards
@@ -136,59 +192,16 @@ TEST_CASE("ZeRO with more replicas than a small model's shards leaves some empty
 }
 
 TEST_CASE("a ZeRO checkpoint is the flat state: it resumes on other replica counts and stages", "[parallel][zero]") {
-  test::TempDir dir;
   TrainConfig c = small(data::Task::regression, "adamw", 12);
   c.steps = 20;
   c.devices = cpus(4, 80);
   c.parallel.zero = 1;
-  Trainer whole(c);  // 20 steps without a break
-  whole.run();
-  const auto want = whole.model().flat_params().to_host();
-  TrainConfig first = c;
-  first.steps = 8;
-  first.save = (dir.path / "zero.safetensors").string();
-  Trainer(first).run();
-  for (auto [n, zero] : {std::pair<int, int>{4, 1}, {3, 1}, {2, 0}, {1, 0}, {3, 0}}) {
-    INFO("resumed on " << n << " replicas, zero " << zero);
-    TrainConfig rest = c;
-    rest.devices = cpus(n, 90);
-    rest.parallel.zero = zero;
-    rest.resume = first.save;
-    Trainer t(rest);
-    t.run();
-    const auto got = t.model().flat_params().to_host();
-    if (n == 4 && zero == 1) CHECK(got == want);  // the same devices and stage: bit for bit
-    else CHECK(test::rel_error(got, want) <= 1e-5);
-  }
-  // And a plain checkpoint resumes sharded.
-  TrainConfig plain = first;
-  plain.parallel.zero = 0;
-  plain.devices = cpus(2, 100);
-  plain.save = (dir.path / "plain.safetensors").string();
-  Trainer(plain).run();
-  TrainConfig rest = c;
-  rest.resume = plain.save;
-  Trainer t(rest);
-  t.run();
-  CHECK(test::rel_error(t.model().flat_params().to_host(), want) <= 1e-5);
+  check_zero_resumes(c, {{4, 1}, {3, 1}, {2, 0}, {1, 0}, {3, 0}}, 90, cpus(2, 100));
 }
 
 TEST_CASE("ZeRO skips a non-finite step on every replica alike", "[parallel][zero]") {
-  TrainConfig c = small(data::Task::regression, "sgd", 12);
-  c.lr = 1e30f;
-  c.on_nonfinite = "skip-step";
-  c.devices = cpus(3, 110);
-  const TrainResult plain = Trainer(c).run();
-  c.parallel.zero = 1;
-  Trainer sharded(c);
-  const TrainResult r = sharded.run();
-  CHECK(plain.skipped > 0);
-  CHECK(r.skipped == plain.skipped);
-  CHECK(sharded.parallel().replicas_identical());
   // stop names the same step and parameter: the first bad gradient over the shards.
-  const std::string want = stop_message(c, 0);
-  CHECK(want.find("the gradient of parameter") != std::string::npos);
-  CHECK(stop_message(c, 1) == want);
+  CHECK(check_skips_as_stage_0(overflowing(cpus(3, 110)), 1).find("the gradient of parameter") != std::string::npos);
 }
 
 TEST_CASE("ZeRO refuses what it does not do yet, naming the setting", "[parallel][zero]") {
@@ -251,10 +264,7 @@ TEST_CASE("ZeRO stage 2 trains as stage 1, each replica holding a gradient shard
         c.parallel.zero = 2;
         c.devices = cpus(n, 240);
         Trainer two(c);
-        for (int64_t s = 0; s < c.steps; ++s) {
-          two.step(s);
-          REQUIRE(two.parallel().replicas_identical());
-        }
+        step_replicas_identical(two, c.steps);
         const auto want = one.model().flat_params().to_host(), got = two.model().flat_params().to_host();
         // The same sums in the same order without micro-batches (bit for bit); with them
         // stage 2 adds each micro-batch's sum to the shard, stage 1 each replica's first.
@@ -322,16 +332,7 @@ TEST_CASE("ZeRO stage 2 keeps a shard of the gradients and the buckets in flight
 }
 
 TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage 0", "[parallel][zero]") {
-  TrainConfig c = small(data::Task::regression, "sgd", 12);
-  c.lr = 1e30f;
-  c.on_nonfinite = "skip-step";
-  c.devices = cpus(3, 160);
-  const TrainResult plain = Trainer(c).run();
-  c.parallel.zero = 2;
-  Trainer sharded(c);
-  CHECK(sharded.run().skipped == plain.skipped);
-  CHECK(sharded.parallel().replicas_identical());
-  CHECK(stop_message(c, 2) == stop_message(c, 0));
+  check_skips_as_stage_0(overflowing(cpus(3, 160)), 2);
   // 12 replicas on a model of 3 parameters: empty shards, and a batch smaller than the replicas.
   TrainConfig tiny = small(data::Task::regression, "adamw", 7);
   tiny.model = "2-1";
@@ -343,38 +344,10 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
   b.run();
   CHECK(test::rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host()) <= 1e-6);
   // A stage-2 checkpoint resumes under stage 0 and 1 elsewhere, and a stage-0 one under stage 2.
-  test::TempDir dir;
   TrainConfig w = small(data::Task::regression, "adamw", 12);
   w.devices = cpus(4, 190);
   w.parallel.zero = 2;
-  Trainer whole(w);
-  whole.run();
-  const auto want = whole.model().flat_params().to_host();
-  TrainConfig first = w;
-  first.steps = 8;
-  first.save = (dir.path / "zero2.safetensors").string();
-  Trainer(first).run();
-  for (auto [n, zero] : {std::pair<int, int>{4, 2}, {3, 2}, {2, 1}, {1, 0}}) {
-    INFO("resumed on " << n << " replicas, zero " << zero);
-    TrainConfig rest = w;
-    rest.devices = cpus(n, 200);
-    rest.parallel.zero = zero;
-    rest.resume = first.save;
-    Trainer t(rest);
-    t.run();
-    const auto got = t.model().flat_params().to_host();
-    if (n == 4) CHECK(got == want);
-    else CHECK(test::rel_error(got, want) <= 1e-5);
-  }
-  TrainConfig plain0 = first;
-  plain0.parallel.zero = 0;
-  plain0.save = (dir.path / "plain.safetensors").string();
-  Trainer(plain0).run();
-  TrainConfig rest = w;
-  rest.resume = plain0.save;
-  Trainer t(rest);
-  t.run();
-  CHECK(test::rel_error(t.model().flat_params().to_host(), want) <= 1e-5);
+  check_zero_resumes(w, {{4, 2}, {3, 2}, {2, 1}, {1, 0}}, 200, w.devices);
 }
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----

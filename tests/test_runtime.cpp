@@ -29,6 +29,7 @@
 #include "common.hpp"
 #include "runtime/allocator.hpp"
 #include "train/nonfinite_watch.hpp"
+#include "train_common.hpp"
 
 using namespace dpt;
 using namespace dpt::test;
@@ -443,10 +444,7 @@ TEST_CASE("the GPU allocator makes no cudaMalloc after the first training step",
     cfg.parallel.gemm = impl;
     cfg.devices = {gpu};
     Trainer t(cfg);
-    t.step(0, /*measure=*/true);  // as a run's first step, which is logged
-    const int64_t after_first = allocator(gpu).stats().system_allocs;
-    t.run();
-    CHECK(allocator(gpu).stats().system_allocs == after_first);
+    check_no_allocs_after_first(t, {gpu});
   }
 }
 

@@ -27,6 +27,7 @@
 
 #include "catch.hpp"
 #include "common.hpp"
+#include "train_common.hpp"
 
 using namespace dpt;
 using namespace dpt::test;
@@ -34,24 +35,15 @@ using namespace dpt::test;
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
 TEST_CASE("training on the CPU is deterministic, reduces the loss and allocates only in step 1", "[train]") {
-  TrainConfig cfg;
-  cfg.model = "16-64x2-4";
-  cfg.batch = 64;
-  cfg.steps = 150;
-  cfg.log_every = 1000;
-  const Device dev{DeviceType::cpu, 5};
-  cfg.devices = {dev};
   for (auto task : {data::Task::regression, data::Task::classification})
     for (std::string opt : {"sgd", "adamw"}) {
       INFO(data::task_name(task) << " " << opt);
+      TrainConfig cfg = quiet_config("16-64x2-4", opt, 64);
       cfg.task = task;
-      cfg.optimizer = opt;
-      cfg.lr = opt == "sgd" ? 0.05f : 0.003f;
+      cfg.steps = 150;
+      cfg.devices = {{DeviceType::cpu, 5}};
       Trainer a(cfg);
-      a.step(0, /*measure=*/true);  // as a run's first step, which is logged
-      const int64_t after_first = allocator(dev).stats().system_allocs;
-      const TrainResult r = a.run();
-      CHECK(allocator(dev).stats().system_allocs == after_first);
+      const TrainResult r = check_no_allocs_after_first(a, cfg.devices);
       CHECK(r.final_loss < 0.5f * r.first_loss);
       Trainer b(cfg);
       b.run();
@@ -293,12 +285,8 @@ TEST_CASE("the library reports notes through the handler the program installs, a
 TEST_CASE("30 bf16 training steps follow the fp32 loss curve", "[train][bf16]") {
   for (std::string model : {"16-64x2-4", "cnn:2x6x6-c4k3-p2-f8-f3"}) {
     INFO(model);
-    TrainConfig c;
-    c.model = model;
-    c.batch = 32;
+    TrainConfig c = quiet_config(model, "sgd", 32);
     c.steps = 30;
-    c.lr = 0.05f;
-    c.log_every = 1000;
     c.devices = {host};
     Trainer f32(c);
     c.parallel.precision = Precision::bf16;
@@ -325,59 +313,43 @@ TEST_CASE("30 bf16 training steps follow the fp32 loss curve", "[train][bf16]") 
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
 
-TEST_CASE("50 training steps on CUDA match the same run on the CPU", "[gpu][train]") {
+namespace {
+
+// `steps` steps of 32-64x2-8 at `precision` for each task and optimizer, on the CPU and on
+// CUDA: the parameters within `params_tol` relative error, the final losses within
+// `loss_tol`; `also` checks the CUDA run further.
+void compare_cpu_gpu_runs(int64_t steps, Precision precision, double params_tol, double loss_tol,
+                          const std::function<void(Trainer& on_gpu)>& also) {
   for (auto task : {data::Task::regression, data::Task::classification})
     for (std::string opt : {"sgd", "adamw"}) {
       INFO(data::task_name(task) << " " << opt);
-      TrainConfig cfg;
-      cfg.model = "32-64x2-8";
+      TrainConfig cfg = quiet_config("32-64x2-8", opt, 128);
       cfg.task = task;
-      cfg.optimizer = opt;
-      cfg.lr = opt == "sgd" ? 0.05f : 0.003f;
-      cfg.batch = 128;
-      cfg.steps = 50;
-      cfg.log_every = 1000;
-      cfg.devices = {host};
-      Trainer a(cfg);
-      const TrainResult ra = a.run();
-      cfg.devices = {gpu};
-      Trainer b(cfg);
-      const TrainResult rb = b.run();
-      const double err = rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host());
-      INFO("weights relative error " << err << ", loss " << ra.final_loss << " vs " << rb.final_loss);
-      CHECK(err < 1e-4);
-      CHECK(std::fabs(ra.final_loss - rb.final_loss) <= 1e-3 * std::fabs(ra.final_loss));
+      cfg.steps = steps;
+      cfg.parallel.precision = precision;
+      run_on_cpu_and_gpu(cfg, [&](Trainer& a, const TrainResult& ra, Trainer& b, const TrainResult& rb) {
+        const double err = params_error(a, b);
+        INFO("weights relative error " << err << ", loss " << ra.final_loss << " vs " << rb.final_loss);
+        CHECK(err < params_tol);
+        CHECK(std::fabs(ra.final_loss - rb.final_loss) <= loss_tol * std::fabs(ra.final_loss));
+        also(b);
+      });
     }
 }
 
+}  // namespace
+
+TEST_CASE("50 training steps on CUDA match the same run on the CPU", "[gpu][train]") {
+  compare_cpu_gpu_runs(50, Precision::fp32, 1e-4, 1e-3, [](Trainer&) {});
+}
+
 TEST_CASE("30 bf16 training steps on CUDA follow the CPU bf16 run", "[gpu][train][bf16]") {
-  for (auto task : {data::Task::regression, data::Task::classification})
-    for (std::string opt : {"sgd", "adamw"}) {
-      INFO(data::task_name(task) << " " << opt);
-      TrainConfig cfg;
-      cfg.model = "32-64x2-8";
-      cfg.task = task;
-      cfg.optimizer = opt;
-      cfg.lr = opt == "sgd" ? 0.05f : 0.003f;
-      cfg.batch = 128;
-      cfg.steps = 30;
-      cfg.log_every = 1000;
-      cfg.parallel.precision = Precision::bf16;
-      cfg.devices = {host};
-      Trainer a(cfg);
-      const TrainResult ra = a.run();
-      cfg.devices = {gpu};
-      Trainer b(cfg);
-      REQUIRE(b.model().compute_dtype() == DType::bf16);
-      const TrainResult rb = b.run();
-      const double err = rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host());
-      INFO("weights relative error " << err << ", loss " << ra.final_loss << " vs " << rb.final_loss);
-      // The GPU's fp32 sums differ from the CPU's in their last bits, which now and then
-      // rounds a bf16 value the other way: bf16 precision, not fp32's.
-      CHECK(err < 1e-2);
-      CHECK(std::fabs(ra.final_loss - rb.final_loss) <= 1e-2 * std::fabs(ra.final_loss));
-      CHECK(test::bf16_bits(b.model().flat_shadow()) == test::bf16_bits(b.model().flat_params()));
-    }
+  // The GPU's fp32 sums differ from the CPU's in their last bits, which now and then
+  // rounds a bf16 value the other way: bf16 precision, not fp32's.
+  compare_cpu_gpu_runs(30, Precision::bf16, 1e-2, 1e-2, [](Trainer& b) {
+    REQUIRE(b.model().compute_dtype() == DType::bf16);
+    CHECK(test::bf16_bits(b.model().flat_shadow()) == test::bf16_bits(b.model().flat_params()));
+  });
 }
 
 TEST_CASE("the bf16 mlp step stores less than the fp32 one and allocates nothing after the first step",

@@ -28,19 +28,31 @@
 #include "data/ahead_loader.hpp"
 #include "runtime/allocator.hpp"
 #include "train/input_pipeline.hpp"
+#include "train_common.hpp"
 
 using namespace dpt;
 using namespace dpt::test;
 
+namespace {
+
+// The loader's batch of the 1100 samples from `first` on d is the set's rows that `order`
+// gives them, gathered.
+void check_loaded(data::AheadLoader& loader, const data::ArrayDataset& set, data::RowOrder& order, int64_t first,
+                  const Device& d) {
+  const data::Batch got = loader.get(first, 1100, context(d));
+  std::vector<int64_t> rows;
+  order.rows(first, 1100, rows);
+  const data::Batch want = set.empty_batch(1100, d);
+  set.gather(rows, want);
+  CHECK(got.x.to_host() == want.x.to_host());
+  CHECK(got.y.to_host() == want.y.to_host());
+}
+
+}  // namespace
+
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
 namespace {
-
-std::vector<Device> cpu_devices(int n, int first) {
-  std::vector<Device> d;
-  for (int i = 0; i < n; ++i) d.push_back({DeviceType::cpu, first + i});
-  return d;
-}
 
 // 53 rows of 12 inputs (so that batch 10 over 3 replicas is uneven and epochs end
 // inside a batch), with regression targets of 5 and labels of 5 classes.
@@ -61,13 +73,8 @@ struct Rows {
 };
 
 TrainConfig config(const std::string& opt) {
-  TrainConfig c;
-  c.model = "12-24x2-5";
-  c.optimizer = opt;
-  c.lr = opt == "sgd" ? 0.05f : 0.003f;
-  c.batch = 10;
+  TrainConfig c = quiet_config("12-24x2-5", opt, 10);
   c.epochs = 3;
-  c.log_every = 1000;
   c.parallel.bucket_mb = 0.001;  // several buckets
   return c;
 }
@@ -81,7 +88,7 @@ TEST_CASE("file data on N CPU replicas trains as one device: shuffled, uneven sh
     for (std::string opt : {"sgd", "adamw"}) {
       INFO(data::task_name(task) << " " << opt);
       TrainConfig one = config(opt);
-      one.devices = cpu_devices(1, next++);
+      one.devices = cpus(1, next++);
       Trainer a(one, rows.set(task));
       CHECK(a.config().steps == 16);  // ceil(3 * 53 / 10)
       CHECK(a.config().task == task);
@@ -89,7 +96,7 @@ TEST_CASE("file data on N CPU replicas trains as one device: shuffled, uneven sh
       CHECK(ra.final_loss < ra.first_loss);
       for (int n : {2, 3}) {
         TrainConfig many = one;
-        many.devices = cpu_devices(n, next);
+        many.devices = cpus(n, next);
         next += n;
         Trainer b(many, rows.set(task));
         b.run();
@@ -101,7 +108,7 @@ TEST_CASE("file data on N CPU replicas trains as one device: shuffled, uneven sh
       // Shuffling changes the order, and so the weights; the file's order is another run.
       TrainConfig ordered = one;
       ordered.shuffle = false;
-      ordered.devices = cpu_devices(1, next++);
+      ordered.devices = cpus(1, next++);
       Trainer c(ordered, rows.set(task));
       c.run();
       CHECK(c.model().flat_params().to_host() != a.model().flat_params().to_host());
@@ -120,7 +127,7 @@ TEST_CASE("a run on file data resumed mid-epoch continues bit-identically; other
     TrainConfig c = config("adamw");
     c.data = dir.file("x.npy");
     c.targets = dir.file("y.npy");
-    c.devices = d.index == 0 ? std::vector<Device>{d} : cpu_devices(3, 720);
+    c.devices = d.index == 0 ? std::vector<Device>{d} : cpus(3, 720);
     Trainer full(c);
     full.run();
     TrainConfig first = c;
@@ -156,7 +163,7 @@ TEST_CASE("validation loss and accuracy equal a computation by hand, on any numb
   for (auto task : {data::Task::regression, data::Task::classification}) {
     INFO(data::task_name(task));
     TrainConfig c = config("sgd");
-    c.devices = cpu_devices(3, 730);
+    c.devices = cpus(3, 730);
     Trainer t(c, rows.set(task, 0, 40), rows.set(task, 40, 13));
     t.run();
     const EvalResult got = evaluate(t.parallel(), *t.val_data(), 4);  // 4 rows at a time over 3 replicas
@@ -198,7 +205,7 @@ TEST_CASE("predictions are the model's forward pass, row for row, on any number 
   const test::TempDir dir;
   const Rows rows;
   TrainConfig c = config("sgd");
-  c.devices = cpu_devices(1, 740);
+  c.devices = cpus(1, 740);
   c.save = dir.file("model.safetensors");
   Trainer t(c, rows.set(data::Task::regression));
   t.run();
@@ -207,7 +214,7 @@ TEST_CASE("predictions are the model's forward pass, row for row, on any number 
       t.model().forward(Tensor::from_host(rows.x, {53, 12}, t.parallel().device(0))).to_host();
   for (int n : {1, 3}) {
     INFO(n << " devices");
-    Inference model({.checkpoint = c.save, .devices = cpu_devices(n, 741), .batch = 7});
+    Inference model({.checkpoint = c.save, .devices = cpus(n, 741), .batch = 7});
     CHECK(model.task() == data::Task::regression);
     const std::vector<float> got = model.predict(*rows.set(data::Task::regression));
     CHECK(test::rel_error(got, want) < 1e-6);
@@ -218,26 +225,17 @@ TEST_CASE("predictions are the model's forward pass, row for row, on any number 
   // A data set that does not fit the model is one line naming both shapes.
   const std::vector<float> narrow(53 * 11, 0.5f);
   const data::ArrayDataset wrong({narrow.data(), data::ArrayDType::f32, {53, 11}}, {});
-  Inference model({.checkpoint = c.save, .devices = cpu_devices(1, 745)});
+  Inference model({.checkpoint = c.save, .devices = cpus(1, 745)});
   CHECK_THROWS_AS(model.predict(wrong), UsageError);
 }
 
 TEST_CASE("steps on file data allocate nothing after the first", "[train][data][memory]") {
   const Rows rows;
   TrainConfig c = config("adamw");
-  c.devices = cpu_devices(3, 750);
+  c.devices = cpus(3, 750);
   c.epochs = 5;
   Trainer t(c, rows.set(data::Task::classification, 0, 40), rows.set(data::Task::classification, 40, 13));
-  t.step(0, /*measure=*/true);  // as a run's first step, which is logged
-  (void)t.validate_now();       // and the first validation
-  auto allocs = [&] {
-    int64_t n = 0;
-    for (const Device& d : c.devices) n += allocator(d).stats().system_allocs;
-    return n;
-  };
-  const int64_t after_first = allocs();
-  t.run();
-  CHECK(allocs() == after_first);
+  check_no_allocs_after_first(t, c.devices, [&] { (void)t.validate_now(); });  // and the first validation
 }
 
 TEST_CASE("the input pipeline expects each replica's next micro-batch, and the next step's first", "[train][data]") {
@@ -314,14 +312,8 @@ TEST_CASE("the input pipeline hands out the rows a direct gather gives, expected
   const auto eleven_hundred_on = [](int64_t first) { return data::Samples{first + 1100, 1100}; };
   data::AheadLoader wide(big, d, 1100, 9, true, eleven_hundred_on, 4);
   data::RowOrder big_order(1200, 9, true);
-  std::vector<int64_t> big_rows;
   for (int64_t first : {0, 1100, 2200, 3300}) {
-    const data::Batch got = wide.get(first, 1100, context(d));
-    big_order.rows(first, 1100, big_rows);
-    const data::Batch want = big.empty_batch(1100, d);
-    big.gather(big_rows, want);
-    CHECK(got.x.to_host() == want.x.to_host());
-    CHECK(got.y.to_host() == want.y.to_host());
+    check_loaded(wide, big, big_order, first, d);
   }
   // A bad row in a chunk gathered by several threads fails that call alone. File order:
   // samples 1100..2199 are rows 1100..1199, 0..999 (row 960 is in their second chunk),
@@ -359,7 +351,7 @@ TEST_CASE("a bad row in one replica's shard abandons the step on every replica a
   std::vector<float> x = rows.x;
   TrainConfig c = config("sgd");
   c.shuffle = false;  // file order: step s reads rows 10s .. 10s + 9; replica 2 the last three
-  c.devices = cpu_devices(3, 780);
+  c.devices = cpus(3, 780);
   x[static_cast<size_t>(38 * 12 + 5)] = NAN;  // row 38: step 3, replica 2
   const auto bad = std::make_shared<data::ArrayDataset>(data::Array{x.data(), data::ArrayDType::f32, {53, 12}},
                                                         data::Array{rows.y.data(), data::ArrayDType::f32, {53, 5}});
@@ -391,13 +383,8 @@ TEST_CASE("file data through the GPU input pipeline trains as on the CPU, with n
     const data::Array y = task == data::Task::regression ? data::Array{ys.data(), data::ArrayDType::f32, {203, 8}}
                                                          : data::Array{labels.data(), data::ArrayDType::i32, {203}};
     const auto rows = std::make_shared<data::ArrayDataset>(x, y);
-    TrainConfig cfg;
-    cfg.model = "32-64x2-8";
-    cfg.optimizer = "adamw";
-    cfg.lr = 0.003f;
-    cfg.batch = 64;
+    TrainConfig cfg = quiet_config("32-64x2-8", "adamw", 64);
     cfg.epochs = 3;
-    cfg.log_every = 1000;
     cfg.devices = {host};
     Trainer a(cfg, rows);
     a.run();
@@ -431,15 +418,9 @@ TEST_CASE("the GPU input pipeline copies chunked shards as a direct gather makes
       },
       4);
   data::RowOrder order(1200, 3, true);
-  std::vector<int64_t> rows;
   for (int64_t first : {0, 1100, 2200, 3300, 9000, 10100}) {  // 9000: not foreseen
     INFO("samples from " << first);
-    const data::Batch got = loader.get(first, 1100, context(gpu));
-    order.rows(first, 1100, rows);
-    const data::Batch want = set.empty_batch(1100, gpu);
-    set.gather(rows, want);
-    CHECK(got.x.to_host() == want.x.to_host());
-    CHECK(got.y.to_host() == want.y.to_host());
+    check_loaded(loader, set, order, first, gpu);
   }
   const InputStats st = loader.stats();
   CHECK(st.loads >= 6);

@@ -61,50 +61,40 @@ def torch_cnn(spec, act):
     return torch.nn.Sequential(*layers)
 
 
-def check_cnn(dptrain, tool, tmp):
-    ck, out = os.path.join(tmp, "cnn.safetensors"), os.path.join(tmp, "cnn_xy.safetensors")
-    for spec in ("cnn:3x8x8-c4k3-bn-p2-c6k3s2p0-a2s1p1-g-f5", "cnn:2x9x7-c4k3d2-bn-a3s2p1-f6-f3"):
-        subprocess.run([dptrain, "--devices", "cpu", "--model", spec, "--steps", "5", "--batch", "16",
-                        "--save", ck], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run([tool, "forward", ck, out], check=True)
-        state = {k: v for k, v in load_file(ck).items() if not k.startswith("optimizer.")}
-        model = torch_cnn(spec, "relu")
-        model.load_state_dict(state, strict=True)  # weights and running statistics
-        model.eval()
-        xy = load_file(out)
-        with torch.no_grad():
-            y = model(xy["x"])
-        err = (torch.linalg.norm(y - xy["y"]) / torch.linalg.norm(xy["y"])).item()
-        print(f"{spec}: PyTorch vs dptrain outputs (eval mode), relative error {err:.3g}")
-        if not err < 1e-5:
-            sys.exit(1)
+def check_outputs(dptrain, tool, tmp, what, args, model):
+    """dptrain ARGS trained for 5 steps and saved: `model` loads the checkpoint (strict names
+    and shapes; batch norm's running statistics too) and, in evaluation mode, gives the
+    outputs that tests/checkpoint_tool.cpp's forward writes."""
+    ck, out = os.path.join(tmp, "ck.safetensors"), os.path.join(tmp, "xy.safetensors")
+    subprocess.run([dptrain, "--devices", "cpu", *args, "--steps", "5", "--save", ck], check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run([tool, "forward", ck, out], check=True)
+    state = {k: v for k, v in load_file(ck).items() if not k.startswith("optimizer.")}
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    xy = load_file(out)
+    with torch.no_grad():
+        y = model(xy["x"])
+    err = (torch.linalg.norm(y - xy["y"]) / torch.linalg.norm(xy["y"])).item()
+    print(f"{what}: PyTorch vs dptrain outputs, relative error {err:.3g}")
+    if not err < 1e-5:
+        sys.exit(1)
 
 
 def main():
     dptrain, tool = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory() as tmp:
-        ck, out = os.path.join(tmp, "ck.safetensors"), os.path.join(tmp, "xy.safetensors")
         for act in ("relu", "gelu", "tanh"):
-            subprocess.run([dptrain, "--devices", "cpu", "--model", "12-32x2-5", "--act", act, "--steps", "5",
-                            "--save", ck], check=True, stdout=subprocess.DEVNULL)
-            subprocess.run([tool, "forward", ck, out], check=True)
-            state = {k: v for k, v in load_file(ck).items() if not k.startswith("optimizer.")}
-            layers = []
             widths = [12, 32, 32, 5]
+            layers = []
             for i in range(len(widths) - 1):
                 layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
                 if i + 2 < len(widths):
-                    layers.append({"relu": torch.nn.ReLU(), "gelu": torch.nn.GELU(), "tanh": torch.nn.Tanh()}[act])
-            model = torch.nn.Sequential(*layers)
-            model.load_state_dict(state, strict=True)  # names and shapes must match exactly
-            xy = load_file(out)
-            with torch.no_grad():
-                y = model(xy["x"])
-            err = (torch.linalg.norm(y - xy["y"]) / torch.linalg.norm(xy["y"])).item()
-            print(f"{act}: PyTorch vs dptrain outputs, relative error {err:.3g}")
-            if not err < 1e-5:
-                sys.exit(1)
-        check_cnn(dptrain, tool, tmp)
+                    layers.append(ACTS[act]())
+            check_outputs(dptrain, tool, tmp, act, ["--model", "12-32x2-5", "--act", act], torch.nn.Sequential(*layers))
+        for spec in ("cnn:3x8x8-c4k3-bn-p2-c6k3s2p0-a2s1p1-g-f5", "cnn:2x9x7-c4k3d2-bn-a3s2p1-f6-f3"):
+            check_outputs(dptrain, tool, tmp, f"{spec} (eval mode)", ["--model", spec, "--batch", "16"],
+                          torch_cnn(spec, "relu"))
 
 
 if __name__ == "__main__":
