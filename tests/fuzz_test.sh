@@ -12,14 +12,15 @@
 # Usage: fuzz_test.sh SOURCE_DIR [SECONDS] [checkpoint|npy]
 set -u
 src=$1 seconds=${2:-30} target=${3:-checkpoint}
-# Each parser depends on nothing but the standard library, POSIX, <dptrain/error.hpp> and common/.
+# Each parser depends on nothing but the standard library, POSIX, <dptrain/error.hpp> (with
+# kernels/error.cpp, where its Message is defined) and common/.
 case "$target" in
   checkpoint)
     sources=("$src/tests/fuzz_checkpoint.cpp" "$src/train/checkpoint.cpp" "$src/common/atomic_file.cpp"
-             "$src/common/text.cpp" "$src/data/safetensors.cpp" "$src/data/array.cpp")
+             "$src/common/text.cpp" "$src/data/safetensors.cpp" "$src/data/array.cpp" "$src/kernels/error.cpp")
     corpus="$src/tests/fuzz_corpus" dict="$src/tests/fuzz_checkpoint.dict" what="checkpoint fuzzer" ;;
   npy)
-    sources=("$src/tests/fuzz_npy.cpp" "$src/data/npy.cpp" "$src/data/array.cpp")
+    sources=("$src/tests/fuzz_npy.cpp" "$src/data/npy.cpp" "$src/data/array.cpp" "$src/kernels/error.cpp")
     corpus="$src/tests/fuzz_corpus_npy" dict="$src/tests/fuzz_npy.dict" what=".npy fuzzer" ;;
   *)
     echo "unknown fuzz target '$target' (checkpoint or npy)"
