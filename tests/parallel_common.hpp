@@ -46,6 +46,13 @@ inline TrainConfig overflowing(std::vector<Device> devices) {
   return c;
 }
 
+// Runs `c` under ZeRO stage `from`, then under stage `to`, and hands both to `check`.
+inline void run_stages(TrainConfig c, int from, int to, const CompareTrainers& check) {
+  c.parallel.zero = from;
+  run_and_rerun(
+      c, [to](TrainConfig& again) { again.parallel.zero = to; }, check);
+}
+
 // What a run of `c` under ZeRO stage `zero` says when it stops on a non-finite gradient.
 inline std::string stop_message(TrainConfig c, int zero) {
   c.on_nonfinite = "stop";

@@ -272,13 +272,12 @@ TEST_CASE("a CNN step recorded as a CUDA graph trains exactly like the eager ste
   c.devices = {gpu, gpu};
   c.parallel.grad_accum = 2;
   c.parallel.cuda_graph = false;
-  Trainer eager2(c);
-  eager2.run();
-  c.parallel.cuda_graph = true;
-  Trainer graphed2(c);
-  graphed2.run();
-  CHECK(graphed2.model().flat_params().to_host() == eager2.model().flat_params().to_host());
-  CHECK(graphed2.model().flat_buffers().to_host() == eager2.model().flat_buffers().to_host());
+  run_and_rerun(
+      c, [](TrainConfig& graph) { graph.parallel.cuda_graph = true; },
+      [](Trainer& eager2, Trainer& graphed2) {
+        CHECK(graphed2.model().flat_params().to_host() == eager2.model().flat_params().to_host());
+        CHECK(graphed2.model().flat_buffers().to_host() == eager2.model().flat_buffers().to_host());
+      });
 }
 #endif
 

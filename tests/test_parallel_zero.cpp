@@ -69,6 +69,25 @@ void check_zero_resumes(const TrainConfig& c, std::initializer_list<std::pair<in
   CHECK(test::rel_error(t.model().flat_params().to_host(), want) <= 1e-5);
 }
 
+// small()'s `task` with `opt` on batches of 10 (uneven over 3 or 5 devices), each in
+// `accum` micro-batches, clipped at `clip` (0: not).
+TrainConfig sharding_case(data::Task task, const std::string& opt, std::vector<Device> devices, int accum, float clip) {
+  TrainConfig c = small(task, opt, 10);
+  c.devices = std::move(devices);
+  c.parallel.grad_accum = accum;
+  c.parallel.clip = clip;
+  return c;
+}
+
+// A model of 3 parameters (2-1) with AdamW on 12 CPU replicas from `first_device`: more
+// replicas than shards of parameters.
+TrainConfig tiny_on_12(int64_t batch, int first_device) {
+  TrainConfig c = small(data::Task::regression, "adamw", batch);
+  c.model = "2-1";
+  c.devices = cpus(12, first_device);
+  return c;
+}
+
 // `c` (overflowing) under ZeRO stage `zero` skips the steps stage 0 skips (some), its
 // replicas identical, and stops with stage 0's message: returned.
 std::string check_skips_as_stage_0(TrainConfig c, int zero) {
@@ -113,10 +132,7 @@ TEST_CASE("ZeRO stage 1 trains as stage 0, each replica holding only its shard o
            {std::tuple<int, int, float>{2, 1, 0.0f}, {3, 1, 0.0f}, {5, 2, 0.0f}, {3, 1, 0.5f}}) {
         INFO(data::task_name(task) << " " << opt << " on " << n << " replicas, " << accum << " micro-batches, clip "
                                    << clip);
-        TrainConfig c = small(task, opt, 10);  // uneven: 10 over 3 or 5
-        c.devices = cpus(n, 40);
-        c.parallel.grad_accum = accum;
-        c.parallel.clip = clip;
+        TrainConfig c = sharding_case(task, opt, cpus(n, 40), accum, clip);
         Trainer plain(c);
         plain.run();
         c.parallel.zero = 1;
@@ -177,18 +193,12 @@ TEST_CASE("ZeRO under bf16 compute: every replica's shadow follows the gathered 
 
 TEST_CASE("ZeRO with more replicas than a small model's shards leaves some empty and still trains as stage 0",
           "[parallel][zero]") {
-  TrainConfig c = small(data::Task::regression, "adamw", 12);
-  c.model = "2-1";  // a handful of parameters
-  c.devices = cpus(12, 60);
-  Trainer plain(c);
-  plain.run();
-  c.parallel.zero = 1;
-  Trainer sharded(c);
-  sharded.run();
-  const auto shards = sharded.parallel().zero_shards();
-  CHECK(std::any_of(shards.begin(), shards.end(), [](const SampleRange& k) { return k.count == 0; }));
-  CHECK(sharded.model().flat_params().to_host() == plain.model().flat_params().to_host());
-  CHECK(sharded.parallel().replicas_identical());
+  run_stages(tiny_on_12(12, 60), 0, 1, [](Trainer& plain, Trainer& sharded) {
+    const auto shards = sharded.parallel().zero_shards();
+    CHECK(std::any_of(shards.begin(), shards.end(), [](const SampleRange& k) { return k.count == 0; }));
+    CHECK(sharded.model().flat_params().to_host() == plain.model().flat_params().to_host());
+    CHECK(sharded.parallel().replicas_identical());
+  });
 }
 
 TEST_CASE("a ZeRO checkpoint is the flat state: it resumes on other replica counts and stages", "[parallel][zero]") {
@@ -254,10 +264,7 @@ TEST_CASE("ZeRO stage 2 trains as stage 1, each replica holding a gradient shard
                                     {3, 3, 0.5f}}) {
         INFO(data::task_name(task) << " " << opt << " on " << n << " replicas, " << accum << " micro-batches, clip "
                                    << clip);
-        TrainConfig c = small(task, opt, 10);  // uneven: 10 over 3 or 5
-        c.devices = cpus(n, 140);
-        c.parallel.grad_accum = accum;
-        c.parallel.clip = clip;
+        TrainConfig c = sharding_case(task, opt, cpus(n, 140), accum, clip);
         c.parallel.zero = 1;
         Trainer one(c);
         one.run();
@@ -334,15 +341,10 @@ TEST_CASE("ZeRO stage 2 keeps a shard of the gradients and the buckets in flight
 TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage 0", "[parallel][zero]") {
   check_skips_as_stage_0(overflowing(cpus(3, 160)), 2);
   // 12 replicas on a model of 3 parameters: empty shards, and a batch smaller than the replicas.
-  TrainConfig tiny = small(data::Task::regression, "adamw", 7);
-  tiny.model = "2-1";
-  tiny.devices = cpus(12, 170);
-  Trainer a(tiny);
-  a.run();
+  TrainConfig tiny = tiny_on_12(7, 170);
+  const auto stage_0 = final_params(tiny);
   tiny.parallel.zero = 2;
-  Trainer b(tiny);
-  b.run();
-  CHECK(test::rel_error(b.model().flat_params().to_host(), a.model().flat_params().to_host()) <= 1e-6);
+  CHECK(test::rel_error(final_params(tiny), stage_0) <= 1e-6);
   // A stage-2 checkpoint resumes under stage 0 and 1 elsewhere, and a stage-0 one under stage 2.
   TrainConfig w = small(data::Task::regression, "adamw", 12);
   w.devices = cpus(4, 190);
@@ -352,6 +354,21 @@ TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage
 
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
 
+namespace {
+
+// 12 steps of `model` on batches of 32 on the GPU, with `opt`, clipped at `clip` (0: not),
+// computed at `precision`.
+TrainConfig on_one_gpu(const std::string& model, const std::string& opt, float clip, Precision precision) {
+  TrainConfig c = quiet_config(model, opt, 32);
+  c.steps = 12;
+  c.parallel.clip = clip;
+  c.parallel.precision = precision;
+  c.devices = {gpu};
+  return c;
+}
+
+}  // namespace
+
 TEST_CASE("ZeRO stage 1 on one GPU (NCCL, one shard) gives stage 0's parameters bit for bit", "[gpu][parallel][zero]") {
   if (!built_with_nccl()) return;
   for (std::string opt : {"sgd", "adamw"})
@@ -359,28 +376,16 @@ TEST_CASE("ZeRO stage 1 on one GPU (NCCL, one shard) gives stage 0's parameters 
       for (Precision p : {Precision::fp32, Precision::bf16})
         for (bool graph : {false, true}) {
           INFO(opt << ", clip " << clip << ", " << precision_name(p) << (graph ? ", CUDA graph" : ""));
-          TrainConfig c;
-          c.model = "24-48x2-6";
-          c.batch = 32;
-          c.steps = 12;
-          c.log_every = 1000;
-          c.optimizer = opt;
-          c.lr = opt == "sgd" ? 0.05f : 0.003f;
-          c.parallel.clip = clip;
-          c.parallel.precision = p;
+          TrainConfig c = on_one_gpu("24-48x2-6", opt, clip, p);
           c.parallel.cuda_graph = graph;
-          c.devices = {gpu};
-          Trainer plain(c);
-          plain.run();
-          c.parallel.zero = 1;
-          Trainer sharded(c);
-          sharded.run();
-          CHECK(sharded.parallel().reduce() == Reduce::nccl);
-          CHECK(sharded.parallel().zero_shards().size() == 1);
-          CHECK(sharded.model().flat_params().to_host() == plain.model().flat_params().to_host());
-          const auto a = sharded.parallel().optimizer_state(), b = plain.parallel().optimizer_state();
-          REQUIRE(a.size() == b.size());
-          for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].second.to_host() == b[i].second.to_host());
+          run_stages(c, 0, 1, [](Trainer& plain, Trainer& sharded) {
+            CHECK(sharded.parallel().reduce() == Reduce::nccl);
+            CHECK(sharded.parallel().zero_shards().size() == 1);
+            CHECK(sharded.model().flat_params().to_host() == plain.model().flat_params().to_host());
+            const auto a = sharded.parallel().optimizer_state(), b = plain.parallel().optimizer_state();
+            REQUIRE(a.size() == b.size());
+            for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].second.to_host() == b[i].second.to_host());
+          });
         }
 }
 
@@ -394,34 +399,21 @@ TEST_CASE("ZeRO stage 2 on one GPU (NCCL, one shard, gradients in two slots) giv
           for (int accum : {1, 2}) {
             INFO(model << " " << opt << ", clip " << clip << ", " << precision_name(p) << ", " << accum
                        << " micro-batches");
-            TrainConfig c;
-            c.model = model;
+            TrainConfig c = on_one_gpu(model, opt, clip, p);
             c.task = model.rfind("cnn", 0) == 0 ? data::Task::classification : data::Task::regression;
-            c.batch = 32;
-            c.steps = 12;
-            c.log_every = 1000;
-            c.optimizer = opt;
-            c.lr = opt == "sgd" ? 0.05f : 0.003f;
-            c.parallel.clip = clip;
-            c.parallel.precision = p;
             c.parallel.grad_accum = accum;
             // Several buckets, small parameters sharing them over padding.
             c.parallel.bucket_mb = c.task == data::Task::classification ? 0.001 : 0.004;
-            c.devices = {gpu};
-            c.parallel.zero = 1;
-            Trainer one(c);
-            one.run();
-            c.parallel.zero = 2;
-            Trainer two(c);
-            two.run();
-            CHECK(two.parallel().reduce() == Reduce::nccl);
-            REQUIRE(two.parallel().buckets() >= 3);
-            const auto want = one.model().flat_params().to_host(), got = two.model().flat_params().to_host();
-            INFO("relative error " << rel_error(got, want));
-            // One micro-batch: the shard is the gradient, copied; with two, stage 1 adds
-            // the second in backward's GEMM and stage 2 after it (another rounding).
-            if (accum == 1) CHECK(got == want);
-            else CHECK(rel_error(got, want) <= 1e-6);
+            run_stages(c, 1, 2, [&](Trainer& one, Trainer& two) {
+              CHECK(two.parallel().reduce() == Reduce::nccl);
+              REQUIRE(two.parallel().buckets() >= 3);
+              const auto want = one.model().flat_params().to_host(), got = two.model().flat_params().to_host();
+              INFO("relative error " << rel_error(got, want));
+              // One micro-batch: the shard is the gradient, copied; with two, stage 1 adds
+              // the second in backward's GEMM and stage 2 after it (another rounding).
+              if (accum == 1) CHECK(got == want);
+              else CHECK(rel_error(got, want) <= 1e-6);
+            });
           }
 }
 

@@ -33,6 +33,25 @@ inline TrainConfig quiet_config(const std::string& model, const std::string& opt
   return c;
 }
 
+// The parameters at the end of a run of `c`.
+inline std::vector<float> final_params(const TrainConfig& c) {
+  Trainer t(c);
+  t.run();
+  return t.model().flat_params().to_host();
+}
+
+// Runs `c`, then `c` changed by `change`, and hands both trainers to `check`.
+using CompareTrainers = std::function<void(Trainer& first, Trainer& second)>;
+inline void run_and_rerun(TrainConfig c, const std::function<void(TrainConfig&)>& change,
+                          const CompareTrainers& check) {
+  Trainer first(c);
+  first.run();
+  change(c);
+  Trainer second(c);
+  second.run();
+  check(first, second);
+}
+
 // The same run of `c` on the CPU, then on the GPU; `check` compares the two.
 using CompareRuns =
     std::function<void(Trainer& on_cpu, const TrainResult& cpu_result, Trainer& on_gpu, const TrainResult& gpu_result)>;
