@@ -219,7 +219,7 @@ TEST_CASE("hostile token files are refused with one line naming the file", "[dat
   write_raw_shard(p, kShardMagicU32, 7, 10, 44);
   says("its header counts 10 tokens (40 bytes of uint32), but 44 bytes follow its 1024-byte header");
   write_raw_shard(p, kShardMagicU16, 1, -1, 0);
-  says("its header counts -1 tokens");
+  CHECK(error() == "data file '" + p + "': its header counts -1 tokens");
   write_raw_shard(p, kShardMagicU16, 1, 4, 8);
   says("holds 4 tokens, fewer than a window of 5 (4 inputs and the token after them)");
   CHECK(error(3).empty());  // a window of 3 + 1 fits
