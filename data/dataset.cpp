@@ -95,6 +95,20 @@ int64_t first_nonfinite(const float* v, int64_t n) {
   return -1;
 }
 
+// n integers of type T at p as floats at out, by value.
+template <class T>
+void integers_as_float(const uint8_t* p, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load<T>(p + sizeof(T) * static_cast<size_t>(i)));
+}
+
+// The same for the wider integer types (int32, int64, uint16, uint32).
+void integers_to_float(const uint8_t* p, ArrayDType t, int64_t n, float* out) {
+  if (t == ArrayDType::i32) return integers_as_float<int32_t>(p, n, out);
+  if (t == ArrayDType::i64) return integers_as_float<int64_t>(p, n, out);
+  if (t == ArrayDType::u16) return integers_as_float<uint16_t>(p, n, out);
+  integers_as_float<uint32_t>(p, n, out);
+}
+
 // n elements of `t` at p as floats at out (uint8 scaled to [0, 1] when `scale_u8`).
 // Returns the index of the first that is not finite as a float when `check`, else -1
 // (integers always are finite).
@@ -121,16 +135,10 @@ int64_t to_float(const uint8_t* p, ArrayDType t, int64_t n, float* out, bool sca
       }
       return -1;
     case ArrayDType::i32:
-      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load<int32_t>(p + 4 * i));
-      return -1;
     case ArrayDType::i64:
-      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load<int64_t>(p + 8 * i));
-      return -1;
     case ArrayDType::u16:
-      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load<uint16_t>(p + 2 * i));
-      return -1;
     case ArrayDType::u32:
-      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(load<uint32_t>(p + 4 * i));
+      integers_to_float(p, t, n, out);
       return -1;
   }
   return -1;

@@ -6,7 +6,8 @@
 //   gather     - file or program rows gathered on the replica's thread (a CPU replica);
 //   ahead      - file rows on a GPU, gathered into page-locked memory and copied by a
 //                loader thread a few requests ahead (ahead_loader.hpp).
-// Token shards (windows of T+1 tokens) are to be one more. data/ sits below parallel/: a
+// Token data (tokens.hpp: windows of T+1 tokens, i32) is a Dataset like any other: the
+// gather and ahead kinds carry its i32 inputs and targets. data/ sits below parallel/: a
 // feeder knows the replicator's split of a batch only as a ReplicaShare, which the
 // Trainer makes from its ShardPlan. Internal to the library.
 #pragma once

@@ -106,7 +106,8 @@ void read_shard(File& f) {
   f.dtype = wide ? ArrayDType::u32 : ArrayDType::u16;
   const int64_t count = load<int32_t>(p + 8);
   const uint64_t bytes = size - kShardHeaderBytes, width = array_dtype_size(f.dtype);
-  if (count < 0 || bytes != static_cast<uint64_t>(count) * width)
+  if (count < 0) fail(path, "its header counts " + std::to_string(count) + " tokens");
+  if (bytes != static_cast<uint64_t>(count) * width)
     fail(path, "its header counts " + std::to_string(count) + " tokens (" +
                    std::to_string(count * static_cast<int64_t>(width)) + " bytes of " + array_dtype_name(f.dtype) +
                    "), but " + std::to_string(bytes) + " bytes follow its " + std::to_string(kShardHeaderBytes) +
@@ -240,6 +241,7 @@ void TokenDataset::check_window(const detail::TokenFile& file, int64_t window, i
 }
 
 void TokenDataset::gather_host(std::span<const int64_t> rows, const HostRows& into) const {
+  if (!shared_) throw UsageError("a TokenDataset without its files (it was moved from)");
   DPT_CHECK(!into.x && !into.y, "TokenDataset::gather_host: tokens are gathered as int32 (x_i32, labels)");
   const auto T = static_cast<size_t>(seq_len_);
   for (size_t i = 0; i < rows.size(); ++i) {

@@ -31,11 +31,6 @@ using test::usage_error;
 
 namespace {
 
-void write_bytes(const std::string& path, const void* bytes, size_t n) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
-}
-
 void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, bool uint32) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   write_token_shard(
@@ -43,25 +38,22 @@ void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, b
       uint32);
 }
 
-void write_npy_file(const std::string& path, const Array& a) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  write_npy([&](const void* p, size_t n) { out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n)); },
-            a);
-}
-
-// A shard made by hand: header ints 0..2 as given, then `token_bytes` bytes of tokens.
-void write_raw_shard(const std::string& path, int32_t magic, int32_t version, int32_t count, size_t token_bytes) {
-  std::vector<uint8_t> bytes(kShardHeaderInts * 4 + token_bytes, 0);
-  const int32_t head[3] = {magic, version, count};
-  std::memcpy(bytes.data(), head, sizeof head);
-  write_bytes(path, bytes.data(), bytes.size());
-}
-
 // n tokens, token k = (k * 7919 + offset) % modulus: no two neighbours alike.
 std::vector<uint32_t> tokens_of(size_t n, uint32_t modulus, uint32_t offset = 0) {
   std::vector<uint32_t> t(n);
   for (size_t k = 0; k < n; ++k) t[k] = static_cast<uint32_t>((k * 7919 + offset) % modulus);
   return t;
+}
+
+}  // namespace
+
+#ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
+
+namespace {
+
+void write_bytes(const std::string& path, const void* bytes, size_t n) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
 }
 
 // Window `i` of `tokens` as int32 inputs and next-token targets.
@@ -80,9 +72,21 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> gathered(const Dataset& d,
   return {b.x.to_host_i32(), b.y.to_host_i32()};
 }
 
-}  // namespace
+void write_npy_file(const std::string& path, const Array& a) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  write_npy([&](const void* p, size_t n) { out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n)); },
+            a);
+}
 
-#ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
+// A shard made by hand: header ints 0..2 as given, then `token_bytes` bytes of tokens.
+void write_raw_shard(const std::string& path, int32_t magic, int32_t version, int32_t count, size_t token_bytes) {
+  std::vector<uint8_t> bytes(kShardHeaderInts * 4 + token_bytes, 0);
+  const int32_t head[3] = {magic, version, count};
+  std::memcpy(bytes.data(), head, sizeof head);
+  write_bytes(path, bytes.data(), bytes.size());
+}
+
+}  // namespace
 
 TEST_CASE("llm.c shards of both versions are windows of T+1 tokens: inputs and next-token targets", "[data][tokens]") {
   test::TempDir dir;
@@ -215,7 +219,7 @@ TEST_CASE("hostile token files are refused with one line naming the file", "[dat
   write_raw_shard(p, kShardMagicU32, 7, 10, 44);
   says("its header counts 10 tokens (40 bytes of uint32), but 44 bytes follow its 1024-byte header");
   write_raw_shard(p, kShardMagicU16, 1, -1, 0);
-  says("its header counts -1 tokens");
+  CHECK(error() == "data file '" + p + "': its header counts -1 tokens");
   write_raw_shard(p, kShardMagicU16, 1, 4, 8);
   says("holds 4 tokens, fewer than a window of 5 (4 inputs and the token after them)");
   CHECK(error(3).empty());  // a window of 3 + 1 fits

@@ -6,6 +6,8 @@
 // once; a Synthetic makes its rows with its device's ops (one a device, as the Trainer
 // keeps them).
 //
+// TokenDataset (tokens.hpp) reads token files for language models: i32 windows of tokens.
+//
 // ArrayDataset holds arrays: memory-mapped .npy or safetensors files (never read whole:
 // pages come in as rows are gathered) or arrays the embedding program owns. Its rows are
 // converted as they are gathered: float64, float16 and bfloat16 inputs to float32, uint8
