@@ -40,7 +40,7 @@ void mlp_grad_sum(int64_t rows, const MlpLayers& layers, const float* work, cons
 // When z is not null it receives x + bias (the pre-activation that GELU's backward needs).
 void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols, float* z, float* y);
 // dx = dy * act'(.), where `saved` is the output y for relu/tanh/none and the
-// pre-activation z for gelu. dx may equal dy.
+// pre-activation z for the GELUs (act_saves_input). dx may equal dy.
 void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx);
 // The same over a rows x cols matrix, also writing dx transposed into dxt ([cols, rows]).
 void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dx,

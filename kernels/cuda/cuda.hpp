@@ -109,9 +109,11 @@ struct LtTypes {
   DType c = DType::f32;
   DType bias = DType::f32;
 };
+// Act::gelu_tanh fuses too (cuBLASLt's GELU epilogue is the tanh form), and with `aux`
+// (D's shape and type, n a multiple of 8, else false) writes the pre-activation there.
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta, bool tb,
              int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
-             const void* bias, Act act, void* workspace, size_t workspace_bytes);
+             const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux = nullptr);
 
 // activation.cu
 void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols, float* z, float* y,
