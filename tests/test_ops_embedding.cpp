@@ -155,7 +155,7 @@ std::vector<Tensor> transformer_ops(const Device& d, DType type) {
   Tensor wte = on(d, randn(vocab * C, 1), {vocab, C}).set_requires_grad(true);
   Tensor wpe = on(d, randn((seq + 3) * C, 2), {seq + 3, C}).set_requires_grad(true);
   Tensor g = on(d, randn(C, 3), {C}).set_requires_grad(true), b = on(d, randn(C, 4), {C}).set_requires_grad(true);
-  Tensor h = embedding(Tensor::from_host_i32(tokens, {batch, seq}, d), wte, wpe, type);
+  Tensor h = embedding(tokens_on(d, tokens, batch, seq), wte, wpe, type);
   Tensor y = add(h, layer_norm(h, g, b));
   run_backward(y, cast(on(d, randn(rows * C, 5), {rows, C}), type));
   return {y, wte.grad(), wpe.grad(), g.grad(), b.grad()};
