@@ -458,7 +458,7 @@ run --devices cpu --config "$src/examples/run.toml" --steps 20 >out 2>&1 && grep
 "$exe" --help >out
 grep -q -- '--no-overlap  ' out && ! grep -q '{false}' out && grep -q -- '--config FILE' out && ok ||
   bad "--help: $(grep -E 'overlap|config' out)"
-grep -q -- 'Hidden activation: relu, gelu, tanh, or none' out && ok || bad "--act none is not documented"
+grep -q -- 'Hidden activation: relu, gelu, tanh, gelu_tanh, or none' out && ok || bad "--act none is not documented"
 run "${cpu[@]}" --act none >out 2>&1 && grep -q 'Linear(16, 128),' out && ok || bad "--act none: $(head -1 out)"
 run "${cpu[@]}" >out 2>&1
 grep -q 'SGD(lr=0.05, momentum=0.9, weight_decay=0)' out && grep -q '^step 1/2 loss .* lr 0.05 ' out && ok ||

@@ -333,7 +333,7 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
   for (Size s : {Size{64, 1000, 1000}, Size{1, 1, 1}, Size{17, 33, 1000}, Size{64, 129, 4099}, Size{5, 70, 0},
                  Size{33, 2050, 36}, Size{5, 72, 0}, Size{3, 8, 64}, Size{256, 128, 16}, Size{200, 4, 128},
                  Size{129, 70, 130}, Size{256, 33, 1000}, Size{65, 1, 0}})
-    for (Act act : {Act::none, Act::relu, Act::gelu})
+    for (Act act : {Act::none, Act::relu, Act::gelu, Act::gelu_tanh})
       for (float beta : {0.0f, 0.5f}) {
         INFO("skinny " << s.m << "x" << s.n << "x" << s.k << " act " << static_cast<int>(act) << " beta " << beta);
         const auto A = randn(s.m * s.k, 31), B = randn(s.n * s.k, 32, 0.05f), b = randn(s.n, 33),
@@ -372,7 +372,7 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
         CHECK(again.to_host() == dC.to_host());
       }
       // A as dy times act'(saved), made as it is loaded: the CPU's act_backward, then its GEMM.
-      for (Act act : {Act::relu, Act::gelu, Act::tanh}) {
+      for (Act act : {Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh}) {
         INFO("times act' " << static_cast<int>(act));
         const auto saved = randn(s.m * s.k, 45);
         std::vector<float> dz(A.size());
@@ -411,7 +411,7 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
       CHECK(dC2.to_host() == dC.to_host());
       CHECK(rel_error(sums.to_host(), want_sums) < 1e-5);
       // A as dy times act'(saved), made as it is loaded, the column sums of that too.
-      for (Act act : {Act::relu, Act::gelu, Act::tanh}) {
+      for (Act act : {Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh}) {
         INFO("times act' " << static_cast<int>(act));
         const auto saved = randn(s.k * s.m, 46);
         std::vector<float> dz(A.size()), want_dsums(static_cast<size_t>(s.m));
@@ -464,7 +464,7 @@ TEST_CASE("the small-batch GEMMs (skinny forward, short-k weight gradient) match
   // The whole default job (16-128x2-4) at its batch, each activation: the hidden layers'
   // dz made as their gradients' kernels load dy (no pass of its own), the first layer
   // without an input gradient (its input is data).
-  for (Act act : {Act::relu, Act::gelu, Act::tanh}) {
+  for (Act act : {Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh}) {
     INFO("default job, activation " << static_cast<int>(act));
     const auto x1 = randn(256 * 16, 84), W1 = randn(128 * 16, 85, 0.3f), b1 = randn(128, 86),
                W2 = randn(128 * 128, 80, 0.1f), b2 = randn(128, 81), W3 = randn(4 * 128, 82, 0.1f), b3 = randn(4, 83);

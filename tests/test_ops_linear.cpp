@@ -37,7 +37,7 @@ using namespace dpt::test;
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
 TEST_CASE("linear gradients match finite differences for every activation", "[ops][grad]") {
-  for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh}) {
+  for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh}) {
     INFO("act " << static_cast<int>(act));
     Tensor x = randn_tensor({6, 5}, 3, host);
     Tensor W = randn_tensor({4, 5}, 4, host, 0.5f);
@@ -47,7 +47,7 @@ TEST_CASE("linear gradients match finite differences for every activation", "[op
 }
 
 TEST_CASE("activation gradients match finite differences", "[ops][grad]") {
-  for (Act act : {Act::relu, Act::gelu, Act::tanh}) {
+  for (Act act : {Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh}) {
     INFO("act " << static_cast<int>(act));
     auto v = test::randn(24, 6);
     for (float& e : v) e += e >= 0 ? 0.1f : -0.1f;  // keep relu's kink out of eps's reach
@@ -56,12 +56,34 @@ TEST_CASE("activation gradients match finite differences", "[ops][grad]") {
   }
 }
 
+TEST_CASE("gelu_tanh is PyTorch's F.gelu(x, approximate='tanh'), forward and backward", "[ops]") {
+  // Expected values: torch 2.15, float64, F.gelu(x, approximate='tanh') and its gradient
+  // (y.sum().backward(); x.grad).
+  const std::vector<float> xv{-6.0f, -3.0f, -1.5f, -0.5f, -0.01f, 0.0f, 0.3f, 1.0f, 2.5f, 5.0f};
+  const std::vector<double> want_y{-8.43964898e-11, -0.00363739208, -0.100428423, -0.15428599, -0.00496010644, 0,
+                                   0.185370924,     0.841191991,    2.48491573,   4.99999977};
+  const std::vector<double> want_dx{-7.70997601e-10, -0.0115841666, -0.127710793, 0.132630096, 0.492021422, 0.5,
+                                    0.732295452,     1.08296408,    1.03795158,   1.00000155};
+  Tensor x = Tensor::from_host(xv, {2, 5}, host).set_requires_grad(true);
+  Tensor y = activation(x, Act::gelu_tanh);
+  run_backward(y, Tensor::from_host(std::vector<float>(10, 1.0f), {2, 5}, host));
+  const auto y_host = y.to_host(), dx_host = x.grad().to_host();
+  for (size_t i = 0; i < xv.size(); ++i) {
+    INFO("x = " << xv[i]);
+    CHECK(std::abs(y_host[i] - want_y[i]) <= 1e-6 * std::max(1.0, std::abs(want_y[i])));
+    CHECK(std::abs(dx_host[i] - want_dx[i]) <= 1e-6 * std::max(1.0, std::abs(want_dx[i])));
+  }
+  CHECK(nn::parse_act("gelu_tanh") == Act::gelu_tanh);
+  CHECK(std::string(nn::act_name(Act::gelu_tanh)) == "gelu_tanh");
+}
+
 TEST_CASE("the run-of-layers kernels' CPU twins give linear() after linear()'s values and gradients", "[ops]") {
   // cpu::mlp_forward, mlp_backward and mlp_grad_sum (the twins of kernels/cuda/mlp.cu)
   // against autograd through linear(): batches that end inside a block of rows, GELU's
   // pre-activations, a last layer without bias; the parts added a layer at a time give
   // the bits of all at once, and beta 1 adds to what is there.
-  for (auto [rows, act] : {std::pair<int64_t, Act>{19, Act::gelu}, {8, Act::relu}, {3, Act::tanh}}) {
+  for (auto [rows, act] :
+       {std::pair<int64_t, Act>{19, Act::gelu}, {8, Act::relu}, {3, Act::tanh}, {5, Act::gelu_tanh}}) {
     INFO("rows " << rows << ", act " << static_cast<int>(act));
     const std::vector<int> widths{5, 9, 6, 3};
     const int n = 3;
@@ -140,7 +162,7 @@ TEST_CASE("linear writes into a given output the bits it would allocate", "[ops]
 }
 
 TEST_CASE("bf16 linear equals the fp32 linear on bf16-rounded operands, rounded once", "[ops][bf16]") {
-  for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh})
+  for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh})
     for (bool bias : {true, false}) {
       INFO(nn::act_name(act) << (bias ? " with bias" : " without bias"));
       Tensor x = randn_tensor({37, 29}, 1, host), W = randn_tensor({23, 29}, 2, host, 0.3f);
@@ -155,7 +177,7 @@ TEST_CASE("bf16 linear equals the fp32 linear on bf16-rounded operands, rounded 
 }
 
 TEST_CASE("bf16 linear matches the fp32 linear within bf16 precision, forward and backward", "[ops][bf16]") {
-  for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh}) {
+  for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh}) {
     INFO(nn::act_name(act));
     const auto xv = randn(37 * 29, 4), Wv = randn(23 * 29, 5, 0.3f), bv = randn(23, 6), tv = randn(37 * 23, 7);
     Tensor t = Tensor::from_host(tv, {37, 23}, host);
@@ -187,7 +209,7 @@ TEST_CASE("bf16 linear matches the fp32 linear within bf16 precision, forward an
 }
 
 TEST_CASE("bf16 activations match fp32 within bf16 precision and round once", "[ops][bf16]") {
-  for (Act act : {Act::relu, Act::gelu, Act::tanh, Act::none}) {
+  for (Act act : {Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh, Act::none}) {
     INFO(nn::act_name(act));
     const auto xv = randn(200, 8);
     Tensor x = Tensor::from_host(xv, {10, 20}, host).set_requires_grad(true);
@@ -215,7 +237,7 @@ TEST_CASE("the activation backward with a transposed copy matches the CPU", "[gp
     int64_t rows, cols;
   };
   for (Size sz : {Size{1, 1}, Size{33, 65}, Size{64, 31}, Size{100, 257}})
-    for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh}) {
+    for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh}) {
       INFO(sz.rows << "x" << sz.cols << " act " << static_cast<int>(act));
       const int64_t n = sz.rows * sz.cols;
       const auto dy = randn(n, 13), saved = randn(n, 14);
@@ -269,7 +291,7 @@ TEST_CASE("the activation backward with a transposed copy matches the CPU", "[gp
 #endif
 
 TEST_CASE("linear, activations and losses match the CPU, forward and backward", "[gpu][ops]") {
-  for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh}) {
+  for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh}) {
     INFO("act " << static_cast<int>(act));
     auto x = randn(37 * 53, 6), W = randn(29 * 53, 7, 0.3f), b = randn(29, 8);
     compare([&](const Device& d) {
@@ -345,7 +367,8 @@ TEST_CASE("a run of narrow Linear layers in one kernel matches the CPU layer by 
   for (const Case& c :
        {Case{256, {16, 128, 128, 4}, Act::relu, true}, Case{1, {3, 5, 2}, Act::gelu, true},
         Case{13, {13, 37, 29, 5}, Act::tanh, false}, Case{200, {64, 256, 96}, Act::gelu, true},
-        Case{9, {7, 8, 8, 8, 8, 8, 8, 8, 3}, Act::relu, true}, Case{77, {8, 64, 40, 5, 3}, Act::tanh, true}}) {
+        Case{9, {7, 8, 8, 8, 8, 8, 8, 8, 3}, Act::relu, true}, Case{77, {8, 64, 40, 5, 3}, Act::tanh, true},
+        Case{31, {12, 48, 24, 6}, Act::gelu_tanh, true}}) {
     INFO("rows " << c.rows << ", " << c.widths.size() - 1 << " layers, act " << static_cast<int>(c.act));
     const size_t n = c.widths.size() - 1;
     std::vector<std::vector<float>> values{randn(c.rows * c.widths[0], 30, 1.0f)};
@@ -436,12 +459,13 @@ TEST_CASE("a run of narrow Linear layers in one kernel matches the CPU layer by 
 
 TEST_CASE("bf16 linear, activations and losses match the CPU bf16 ops, forward and backward", "[gpu][ops][bf16]") {
   // linear_bf16 below 2^30 multiply-adds: cuBLAS to fp32, then the bias/activation kernel.
-  // At 2^30 and above (relu, none): cuBLASLt's epilogue writes y directly.
+  // At 2^30 and above (relu, none, and gelu_tanh with the pre-activation as its aux
+  // output): cuBLASLt's epilogue writes y directly.
   struct Size {
     int64_t rows, in, out;
   };
   for (Size s : {Size{37, 53, 29}, Size{1024, 1024, 1024}})
-    for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh}) {
+    for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh}) {
       if (s.rows == 1024 && (act == Act::gelu || act == Act::tanh)) continue;  // the same path as the small size
       INFO(s.rows << "x" << s.in << " -> " << s.out << " " << nn::act_name(act));
       const auto x = randn(s.rows * s.in, 6), W = randn(s.out * s.in, 7, 0.3f), b = randn(s.out, 8);
@@ -458,7 +482,7 @@ TEST_CASE("bf16 linear, activations and losses match the CPU bf16 ops, forward a
           },
           5e-3);
     }
-  for (Act act : {Act::relu, Act::gelu, Act::tanh, Act::none}) {
+  for (Act act : {Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh, Act::none}) {
     INFO(nn::act_name(act));
     const auto x = randn(1001 * 7, 10);  // not a multiple of 8: the vector loops' tails
     compare_bf16([&](const Device& d) { return std::vector<Tensor>{activation(on_bf16(d, x, {1001, 7}), act)}; }, 1);
@@ -515,7 +539,7 @@ TEST_CASE("the fused activation backward and bias gradient match the CPU, fp32 a
   };
   const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
   for (Size sz : {Size{64, 1000}, Size{1, 1}, Size{3, 5}, Size{1000, 264}, Size{700, 37}, Size{4097, 8}})
-    for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh})
+    for (Act act : {Act::none, Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh})
       for (float beta : {0.0f, 1.0f}) {
         INFO(sz.rows << "x" << sz.cols << " act " << static_cast<int>(act) << " beta " << beta);
         const int64_t n = sz.rows * sz.cols;

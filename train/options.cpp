@@ -72,7 +72,8 @@ OptionSchema<C> make_schema() {
                  "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:3x32x32-c32k3-p2-c64k3-p2-f10, README) "
                  "or preset: seed, mlp, cnn-small, cnn")
           .fixed_on_resume(),
-      choice_field(id("act"), &C::act, nn::kActNames, "Hidden activation: relu, gelu, tanh, or none (a linear model)")
+      choice_field(id("act"), &C::act, nn::kActNames,
+                   "Hidden activation: relu, gelu, tanh, gelu_tanh, or none (a linear model)")
           .fixed_on_resume(),
       choice_field(id("task"), &C::task, data::kTaskNames,
                    "Synthetic task: regression or classification (a CNN classifies images; file data's targets say "

@@ -39,7 +39,18 @@ constexpr size_t dtype_size(DType t) {  // bytes an element
   return 4;
 }
 
-enum class Act : int { none = 0, relu, gelu, tanh };
+// gelu is the exact GELU, x Phi(x) (torch.nn.GELU()); gelu_tanh its tanh approximation
+// (torch.nn.GELU(approximate='tanh'), GPT-2's).
+enum class Act : int { none = 0, relu, gelu, tanh, gelu_tanh };
+// Whether act's backward reads the pre-activation (which the forward then saves) rather
+// than the output: the GELUs, whose derivative is no function of their output. (The CUDA
+// kernels ask it too.)
+// clang-format off
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+constexpr bool act_saves_input(Act act) { return act == Act::gelu || act == Act::gelu_tanh; }
+// clang-format on
 
 // How a GEMM rounds its inputs: strict fp32, TF32 tensor cores, or bf16 tensor cores
 // (fp32 accumulation in every case).

@@ -1,6 +1,7 @@
 // Bias + activation forward, activation backward and the bias gradient on the CPU.
 #include <cmath>
 
+#include "../gelu.hpp"
 #include "bf16_io.hpp"
 #include "cpu.hpp"
 
@@ -15,13 +16,15 @@ float activate(Act act, float z) {
       return 0.5f * z * std::erfc(-z * 0.70710678118654752f);  // erfc: no cancellation for z << 0
     case Act::tanh:
       return std::tanh(z);
+    case Act::gelu_tanh:
+      return gelu_tanh_forward(z);
     case Act::none:
       break;
   }
   return z;
 }
 
-// Derivative from what the forward saved: the output y (relu, tanh, none) or z (gelu).
+// Derivative from what the forward saved: the output y (relu, tanh, none) or z (the GELUs).
 float derivative(Act act, float saved) {
   switch (act) {
     case Act::relu:
@@ -31,6 +34,8 @@ float derivative(Act act, float saved) {
              saved * std::exp(-0.5f * saved * saved) * 0.3989422804014327f;
     case Act::tanh:
       return 1.0f - saved * saved;
+    case Act::gelu_tanh:
+      return gelu_tanh_derivative(saved);
     case Act::none:
       break;
   }

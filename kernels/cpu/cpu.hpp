@@ -41,7 +41,7 @@ void mlp_grad_sum(int64_t rows, const MlpLayers& layers, const float* work, cons
 // When z is not null it receives x + bias (the pre-activation that GELU's backward needs).
 void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols, float* z, float* y);
 // dx = dy * act'(.), where `saved` is the output y for relu/tanh/none and the
-// pre-activation z for gelu. dx may equal dy.
+// pre-activation z for the GELUs (act_saves_input). dx may equal dy.
 void act_backward(const float* dy, const float* saved, Act act, int64_t n, float* dx);
 // The same over a rows x cols matrix, also writing dx transposed into dxt ([cols, rows]).
 void act_backward_transposed(const float* dy, const float* saved, Act act, int64_t rows, int64_t cols, float* dx,
@@ -137,6 +137,41 @@ void batchnorm_forward_eval(int64_t n, int64_t c, int64_t hw, const float* x, co
 void batchnorm_backward(int64_t n, int64_t c, int64_t hw, const float* x, const float* dy, const float* gamma,
                         const float* save_mean, const float* save_invstd, float* dx, float param_beta, float* dgamma,
                         float* dbeta);
+
+// ---- Transformer ops (embedding.cpp, layernorm.cpp) ----------------------------------
+// Rows n = b * seq + t of [rows = batch * seq, C] activations; *_bf16: bf16 activations,
+// the same fp32 math, each store rounded once; parameters and their gradients fp32.
+// embedding.cpp — y[n, :] = wte[tokens[n], :] + wpe[n % seq, :] (wte [vocab, C], wpe
+// [>= seq, C]); a token outside [0, vocab) throws dpt::Error naming it and its position.
+void embedding_forward(const int32_t* tokens, int64_t rows, int64_t seq, const float* wte, int64_t vocab,
+                       const float* wpe, int64_t C, float* y);
+void embedding_forward_bf16(const int32_t* tokens, int64_t rows, int64_t seq, const float* wte, int64_t vocab,
+                            const float* wpe, int64_t C, uint16_t* y);
+// dwte[v] = beta_wte dwte[v] + the sum of dy over the positions holding v, in position
+// order (a token held nowhere: 0, or unchanged when beta_wte is 1); dwpe [positions, C]
+// = beta_wpe dwpe + for t < seq the sum of dy[b * seq + t] over b in order (0 beyond seq).
+// beta 0 never reads the gradient; a null gradient is not wanted.
+void embedding_backward(const int32_t* tokens, int64_t rows, int64_t seq, const float* dy, int64_t vocab,
+                        int64_t positions, int64_t C, float beta_wte, float* dwte, float beta_wpe, float* dwpe);
+void embedding_backward_bf16(const int32_t* tokens, int64_t rows, int64_t seq, const uint16_t* dy, int64_t vocab,
+                             int64_t positions, int64_t C, float beta_wte, float* dwte, float beta_wpe, float* dwpe);
+// layernorm.cpp — y = (x - mean) rstd gamma + beta over each row of x [rows, cols], the
+// statistics in fp32 (biased variance, rstd = 1 / sqrt(var + eps)) and saved [rows].
+void layer_norm_forward(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
+                        float* y, float* mean, float* rstd);
+void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float* beta, int64_t rows, int64_t cols,
+                             float eps, uint16_t* y, float* mean, float* rstd);
+// dx (null: not wanted) from dy and the saved statistics; dgamma = beta_gamma dgamma +
+// sum over rows of dy xhat and dbeta = beta_beta dbeta + sum of dy (each null: not wanted).
+void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
+                         int64_t rows, int64_t cols, float* dx, float beta_gamma, float* dgamma, float beta_beta,
+                         float* dbeta);
+void layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
+                              const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, float beta_gamma,
+                              float* dgamma, float beta_beta, float* dbeta);
+// y = a + b (y may be a or b).
+void residual_add(const float* a, const float* b, int64_t n, float* y);
+void residual_add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* y);
 
 // ---- Transformer ops: attention and classifier -----------------------------------------
 // attention.cpp — causal self-attention over qkv (../attention.hpp): y = softmax(q k^T /

@@ -69,7 +69,7 @@ void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, cons
   const MlpLayer& last = layers.layer[layers.count - 1];
   // D: the current layer's output gradient times its activation's derivative.
   std::vector<float> D(static_cast<size_t>(rows * last.out));
-  act_backward(dy, last.act == Act::gelu ? last.z : last.y, last.act, rows * last.out, D.data());
+  act_backward(dy, act_saves_input(last.act) ? last.z : last.y, last.act, rows * last.out, D.data());
   const int64_t part = mlp_part_floats(layers);
   for (int l = layers.count - 1; l >= 0; --l) {
     const MlpLayer& L = layers.layer[l];
@@ -100,7 +100,7 @@ void mlp_backward(int64_t rows, const float* x, const float* dy, float* dx, cons
     }
     const MlpLayer& before = layers.layer[l - 1];
     D.resize(dH.size());
-    act_backward(dH.data(), before.act == Act::gelu ? before.z : before.y, before.act, rows * L.in, D.data());
+    act_backward(dH.data(), act_saves_input(before.act) ? before.z : before.y, before.act, rows * L.in, D.data());
   }
 }
 

@@ -21,48 +21,58 @@ namespace {
 
 // ---- bias_act_forward -------------------------------------------------------------------
 
-// n elements of rows x cols; x may be y (each element is read before it is written).
-template <Act A>
-static __global__ void bias_act_forward_kernel(const float* x, const float* bias, int64_t n, int64_t cols, float* z,
-                                               float* y) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = bias ? x[i] + bias[i % cols] : x[i];
-    if (z) z[i] = v;
-    y[i] = act_forward<A>(v);
+// Four stored values (float or bf16) as floats, and four floats stored, each rounded once.
+__device__ __forceinline__ float4 as_float4(float4 v) { return v; }
+__device__ __forceinline__ float4 as_float4(ushort4 v) {
+  return make_float4(bf16_float(v.x), bf16_float(v.y), bf16_float(v.z), bf16_float(v.w));
+}
+__device__ __forceinline__ void store4(float4* p, float4 v) { *p = v; }
+__device__ __forceinline__ void store4(ushort4* p, float4 v) {
+  *p = make_ushort4(bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w));
+}
+
+// y (and z, may be null) = act(x + bias) over the n elements of rows x cols: x the fp32
+// GEMM result, the bias (may be null), z and y stored as T (float, or bf16 for the bf16
+// twin). x may be y (each element is read before it is written).
+template <Act A, typename T>
+static __global__ void bias_act_forward_kernel(const float* x, const T* bias, int64_t n, int64_t cols, T* z, T* y) {
+  for (int64_t i = global_tid(); i < n; i += grid_stride()) {
+    const float v = bias ? x[i] + as_float(bias[i % cols]) : x[i];
+    if (z) store(&z[i], v);
+    store(&y[i], act_forward<A>(v));
   }
 }
 
-// The same over float4s: n4 = n / 4 vectors, cols4 = cols / 4 per row.
-template <Act A>
-static __global__ void bias_act_forward_vec_kernel(const float4* x, const float4* bias, int64_t n4, int64_t cols4,
-                                                   float4* z, float4* y) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+// The same four at a time (T4: float4 or ushort4): n4 = n / 4 vectors, cols4 = cols / 4 per row.
+template <Act A, typename T4>
+static __global__ void bias_act_forward_vec_kernel(const float4* x, const T4* bias, int64_t n4, int64_t cols4, T4* z,
+                                                   T4* y) {
+  for (int64_t i = global_tid(); i < n4; i += grid_stride()) {
     float4 v = x[i];
     if (bias) {
-      const float4 b = bias[i % cols4];
+      const float4 b = as_float4(bias[i % cols4]);
       v.x += b.x;
       v.y += b.y;
       v.z += b.z;
       v.w += b.w;
     }
-    if (z) z[i] = v;
-    y[i] = make_float4(act_forward<A>(v.x), act_forward<A>(v.y), act_forward<A>(v.z), act_forward<A>(v.w));
+    if (z) store4(&z[i], v);
+    store4(&y[i], make_float4(act_forward<A>(v.x), act_forward<A>(v.y), act_forward<A>(v.z), act_forward<A>(v.w)));
   }
 }
 
-template <Act A>
-void bias_act_forward_launch(const float* x, const float* bias, int64_t rows, int64_t cols, float* z, float* y,
+template <Act A, typename T, typename T4>
+void bias_act_forward_launch(const float* x, const T* bias, int64_t rows, int64_t cols, T* z, T* y,
                              cudaStream_t stream) {
   const int64_t n = rows * cols;
-  const bool vec = cols % 4 == 0 && aligned16(x) && aligned16(y) && (!z || aligned16(z)) && (!bias || aligned16(bias));
-  if (vec) {
-    bias_act_forward_vec_kernel<A><<<blocks_for(n / 4), kThreads, 0, stream>>>(
-        reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(bias), n / 4, cols / 4,
-        reinterpret_cast<float4*>(z), reinterpret_cast<float4*>(y));
+  constexpr size_t kVecBytes = sizeof(T4);
+  if (cols % 4 == 0 && aligned16(x) && aligned(y, kVecBytes) && (!z || aligned(z, kVecBytes)) &&
+      (!bias || aligned(bias, kVecBytes))) {
+    bias_act_forward_vec_kernel<A, T4><<<blocks_for(n / 4), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(x), reinterpret_cast<const T4*>(bias), n / 4, cols / 4,
+        reinterpret_cast<T4*>(z), reinterpret_cast<T4*>(y));
   } else {
-    bias_act_forward_kernel<A><<<blocks_for(n), kThreads, 0, stream>>>(x, bias, n, cols, z, y);
+    bias_act_forward_kernel<A, T><<<blocks_for(n), kThreads, 0, stream>>>(x, bias, n, cols, z, y);
   }
 }
 
@@ -314,51 +324,6 @@ struct alignas(16) Bf16x8 {
   uint16_t v[8];
 };
 
-// y (and z) = act(x + bias): x the fp32 GEMM result, bias bf16 (may be null).
-template <Act A>
-static __global__ void bias_act_forward_bf16_kernel(const float* x, const uint16_t* bias, int64_t n, int64_t cols,
-                                                    uint16_t* z, uint16_t* y) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = bias ? x[i] + bf16_float(bias[i % cols]) : x[i];
-    if (z) z[i] = bf16_round(v);
-    y[i] = bf16_round(act_forward<A>(v));
-  }
-}
-
-// The same four at a time: n4 = n / 4, cols4 = cols / 4.
-template <Act A>
-static __global__ void bias_act_forward_bf16_vec_kernel(const float4* x, const ushort4* bias, int64_t n4, int64_t cols4,
-                                                        ushort4* z, ushort4* y) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float4 v = x[i];
-    if (bias) {
-      const ushort4 b = bias[i % cols4];
-      v.x += bf16_float(b.x);
-      v.y += bf16_float(b.y);
-      v.z += bf16_float(b.z);
-      v.w += bf16_float(b.w);
-    }
-    if (z) z[i] = make_ushort4(bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w));
-    y[i] = make_ushort4(bf16_round(act_forward<A>(v.x)), bf16_round(act_forward<A>(v.y)),
-                        bf16_round(act_forward<A>(v.z)), bf16_round(act_forward<A>(v.w)));
-  }
-}
-
-template <Act A>
-void bias_act_forward_bf16_launch(const float* x, const uint16_t* bias, int64_t rows, int64_t cols, uint16_t* z,
-                                  uint16_t* y, cudaStream_t stream) {
-  const int64_t n = rows * cols;
-  if (cols % 4 == 0 && aligned16(x) && aligned(y, 8) && (!z || aligned(z, 8)) && (!bias || aligned(bias, 8))) {
-    bias_act_forward_bf16_vec_kernel<A><<<blocks_for(n / 4), kThreads, 0, stream>>>(
-        reinterpret_cast<const float4*>(x), reinterpret_cast<const ushort4*>(bias), n / 4, cols / 4,
-        reinterpret_cast<ushort4*>(z), reinterpret_cast<ushort4*>(y));
-  } else {
-    bias_act_forward_bf16_kernel<A><<<blocks_for(n), kThreads, 0, stream>>>(x, bias, n, cols, z, y);
-  }
-}
-
 // y = act(x), bf16 to bf16; the first 8 * n8 elements in vectors when Vec. x may be y.
 template <Act A, bool Vec>
 static __global__ void act_forward_bf16_kernel(const uint16_t* x, int64_t n, uint16_t* y) {
@@ -420,8 +385,9 @@ void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, 
   DPT_CHECK(rows >= 0 && cols >= 0, "bias_act_forward: negative shape");
   if (rows == 0 || cols == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "bias_act_forward: null x or y");
-  dispatch_act(act, "bias_act_forward",
-               [&](auto a) { bias_act_forward_launch<decltype(a)::value>(x, bias, rows, cols, z, y, stream); });
+  dispatch_act(act, "bias_act_forward", [&](auto a) {
+    bias_act_forward_launch<decltype(a)::value, float, float4>(x, bias, rows, cols, z, y, stream);
+  });
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -489,8 +455,9 @@ void bias_act_forward_bf16(const float* x, const uint16_t* bias, Act act, int64_
   DPT_CHECK(rows >= 0 && cols >= 0, "bias_act_forward_bf16: negative shape");
   if (rows == 0 || cols == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "bias_act_forward_bf16: null x or y");
-  dispatch_act(act, "bias_act_forward_bf16",
-               [&](auto a) { bias_act_forward_bf16_launch<decltype(a)::value>(x, bias, rows, cols, z, y, stream); });
+  dispatch_act(act, "bias_act_forward_bf16", [&](auto a) {
+    bias_act_forward_launch<decltype(a)::value, uint16_t, ushort4>(x, bias, rows, cols, z, y, stream);
+  });
   DPT_CUDA_CHECK_LAUNCH();
 }
 

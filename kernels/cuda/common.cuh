@@ -9,8 +9,8 @@
 // - aligned and aligned16: whether a pointer allows the vector (16-byte) accesses.
 // - as_float and store: elements stored as float or bf16, read as floats and each store
 //   rounded once (bf16.hpp), as the CPU twins do.
-// - act_forward and act_derivative, the activations, and dispatch_act, which turns the Act
-//   a launcher is given into the instantiation of its kernel for that activation.
+// - act_forward and act_derivative, the activations; visit_act, their one list; and
+//   dispatch_act, which turns the Act a launcher is given into the instantiation of its kernel for that activation.
 // - Programmatic dependent launch (launch.hpp): launch_after_previous, DPT_WAIT_PREVIOUS_GRID;
 //   launches in thread-block clusters: launch_after_previous_in_clusters.
 #pragma once
@@ -25,6 +25,7 @@
 #include <dptrain/types.hpp>
 
 #include "../bf16.hpp"
+#include "../gelu.hpp"
 #include "../hd.hpp"
 #include "cuda.hpp"
 #include "launch.hpp"
@@ -74,51 +75,29 @@ __device__ __forceinline__ float act_forward(float v) {
   if constexpr (A == Act::relu) return v > 0.f ? v : 0.f;
   if constexpr (A == Act::gelu) return 0.5f * v * erfcf(-v * kInvSqrt2);  // erfc: no cancellation for z << 0
   if constexpr (A == Act::tanh) return tanhf(v);
+  if constexpr (A == Act::gelu_tanh) return gelu_tanh_forward(v);
   return v;
 }
 
-// act'(.) from what the forward saved: y for relu/tanh/none, the pre-activation z for gelu.
+// act'(.) from what the forward saved: y for relu/tanh/none, the pre-activation z for the
+// GELUs (act_saves_input).
 template <Act A>
 __device__ __forceinline__ float act_derivative(float s) {
   if constexpr (A == Act::relu) return s > 0.f ? 1.f : 0.f;
   if constexpr (A == Act::gelu) return 0.5f * erfcf(-s * kInvSqrt2) + s * expf(-0.5f * s * s) * kInvSqrt2Pi;
   if constexpr (A == Act::tanh) return 1.f - s * s;
-  return 1.f;
-}
-
-// The same for an activation known only at run time (kernels that take it per layer).
-__device__ __forceinline__ float act_forward(Act act, float v) {
-  switch (act) {
-    case Act::relu:
-      return act_forward<Act::relu>(v);
-    case Act::gelu:
-      return act_forward<Act::gelu>(v);
-    case Act::tanh:
-      return act_forward<Act::tanh>(v);
-    case Act::none:
-      break;
-  }
-  return v;
-}
-__device__ __forceinline__ float act_derivative(Act act, float s) {
-  switch (act) {
-    case Act::relu:
-      return act_derivative<Act::relu>(s);
-    case Act::gelu:
-      return act_derivative<Act::gelu>(s);
-    case Act::tanh:
-      return act_derivative<Act::tanh>(s);
-    case Act::none:
-      break;
-  }
+  if constexpr (A == Act::gelu_tanh) return gelu_tanh_derivative(s);
   return 1.f;
 }
 
 // Returns f(std::integral_constant<Act, A>{}) for the A that act names, so that f can
-// instantiate a kernel for it (decltype(a)::value): one instantiation per activation, and
-// no switch in any kernel's loop. An act outside the enum throws, naming `who`.
-template <typename F>
-decltype(auto) dispatch_act(Act act, const char* who, F&& f) {
+// instantiate a kernel or a function for it (decltype(a)::value), and unknown() for an act
+// outside the enum: the one list of the activations, for the host's dispatch_act and the
+// device's run-time forms below. (Host and device: nvcc checks where f and unknown may run
+// only where visit_act is instantiated, with each side's own callables.)
+#pragma nv_exec_check_disable
+template <typename F, typename Unknown>
+DPT_HD decltype(auto) visit_act(Act act, F&& f, Unknown&& unknown) {
   switch (act) {
     case Act::none:
       return f(std::integral_constant<Act, Act::none>{});
@@ -128,8 +107,29 @@ decltype(auto) dispatch_act(Act act, const char* who, F&& f) {
       return f(std::integral_constant<Act, Act::gelu>{});
     case Act::tanh:
       return f(std::integral_constant<Act, Act::tanh>{});
+    case Act::gelu_tanh:
+      return f(std::integral_constant<Act, Act::gelu_tanh>{});
   }
-  throw ::dpt::Error(std::string(who) + ": unknown activation");
+  return unknown();
+}
+
+// The activations for an act known only at run time (kernels that take it per layer); an
+// act outside the enum is the identity.
+__device__ __forceinline__ float act_forward(Act act, float v) {
+  return visit_act(
+      act, [v](auto a) { return act_forward<decltype(a)::value>(v); }, [v] { return v; });
+}
+__device__ __forceinline__ float act_derivative(Act act, float s) {
+  return visit_act(
+      act, [s](auto a) { return act_derivative<decltype(a)::value>(s); }, [] { return 1.f; });
+}
+
+// One instantiation per activation, and no switch in any kernel's loop: f(a) for the
+// activation act names (visit_act); an act outside the enum throws, naming `who`.
+template <typename F>
+decltype(auto) dispatch_act(Act act, const char* who, F&& f) {
+  using Result = decltype(f(std::integral_constant<Act, Act::none>{}));
+  return visit_act(act, f, [who]() -> Result { throw ::dpt::Error(std::string(who) + ": unknown activation"); });
 }
 
 // ---- reductions in a fixed order --------------------------------------------------------

@@ -110,9 +110,11 @@ struct LtTypes {
   DType c = DType::f32;
   DType bias = DType::f32;
 };
+// Act::gelu_tanh fuses too (cuBLASLt's GELU epilogue is the tanh form), and with `aux`
+// (D's shape and type, n a multiple of 8, else false) writes the pre-activation there.
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta, bool tb,
              int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
-             const void* bias, Act act, void* workspace, size_t workspace_bytes);
+             const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux = nullptr);
 
 // activation.cu
 void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols, float* z, float* y,
@@ -265,6 +267,38 @@ inline bool conv_wgrad_by_gemm(const ConvShape& s) { return s.c * s.r * s.s <= 3
 size_t conv_wgrad_gemm_work_bytes(const ConvShape& s);
 void conv_wgrad_gemm(cublasHandle_t handle, Precision precision, const ConvShape& s, const float* x, const float* dy,
                      float beta, float* dw, float* work, cudaStream_t stream);
+
+// ---- Transformer ops (embedding.cu, layernorm.cu): the CPU twins' contracts (cpu.hpp) ----
+// A token outside [0, vocab) is not refused here (that would wait for the device): the
+// forward skips its wte row and the backward gives it no gradient, so nothing is read or
+// written outside wte. The backward sorts the positions by token (CUB, stable) through
+// `work`, embedding_backward_work_bytes(rows, vocab) bytes (0 for no rows), no float atomics.
+size_t embedding_backward_work_bytes(int64_t rows, int64_t vocab);
+void embedding_forward(const int32_t* tokens, int64_t rows, int64_t seq, const float* wte, int64_t vocab,
+                       const float* wpe, int64_t C, float* y, cudaStream_t stream);
+void embedding_forward_bf16(const int32_t* tokens, int64_t rows, int64_t seq, const float* wte, int64_t vocab,
+                            const float* wpe, int64_t C, uint16_t* y, cudaStream_t stream);
+void embedding_backward(const int32_t* tokens, int64_t rows, int64_t seq, const float* dy, int64_t vocab,
+                        int64_t positions, int64_t C, float beta_wte, float* dwte, float beta_wpe, float* dwpe,
+                        void* work, cudaStream_t stream);
+void embedding_backward_bf16(const int32_t* tokens, int64_t rows, int64_t seq, const uint16_t* dy, int64_t vocab,
+                             int64_t positions, int64_t C, float beta_wte, float* dwte, float beta_wpe, float* dwpe,
+                             void* work, cudaStream_t stream);
+// LayerNorm: the backward's parameter gradients go through `work`
+// (layer_norm_backward_work(rows, cols) floats) in two deterministic stages.
+int64_t layer_norm_backward_work(int64_t rows, int64_t cols);
+void layer_norm_forward(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
+                        float* y, float* mean, float* rstd, cudaStream_t stream);
+void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float* beta, int64_t rows, int64_t cols,
+                             float eps, uint16_t* y, float* mean, float* rstd, cudaStream_t stream);
+void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
+                         int64_t rows, int64_t cols, float* dx, float beta_gamma, float* dgamma, float beta_beta,
+                         float* dbeta, float* work, cudaStream_t stream);
+void layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
+                              const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, float beta_gamma,
+                              float* dgamma, float beta_beta, float* dbeta, float* work, cudaStream_t stream);
+void residual_add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream);
+void residual_add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* y, cudaStream_t stream);
 
 // ---- Transformer ops: attention and classifier -----------------------------------------
 // attention.cu — causal self-attention (../attention.hpp), head sizes up to

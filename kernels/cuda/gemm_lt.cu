@@ -1,5 +1,8 @@
-// gemm_lt.cu — the GEMM through cuBLASLt with the bias and ReLU fused into its epilogue,
-// so a Linear layer's forward is one kernel instead of a GEMM and an elementwise pass.
+// gemm_lt.cu — the GEMM through cuBLASLt with the bias and ReLU (or tanh-GELU) fused into
+// its epilogue, so a Linear layer's forward is one kernel instead of a GEMM and an
+// elementwise pass. cuBLASLt's GELU is the tanh form (Act::gelu_tanh; Act::gelu, the
+// exact one, never fuses); its GELU_AUX epilogues also write the pre-activation, which
+// the backward reads.
 //
 // Same row-major contract as gemm_cublas (and the same operand swap: the row-major
 // C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T). The column-major D is
@@ -45,7 +48,7 @@ uint32_t alignment(const void* p) {
 
 // The device too: a stream's address can come back for a new stream on another GPU.
 using PlanKey = std::tuple<int, cudaStream_t, bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, uint32_t,
-                           uint32_t, uint32_t, uint32_t, size_t>;
+                           uint32_t, uint32_t, uint32_t, uint32_t, size_t>;
 
 constexpr int kCandidates = 8;  // algorithms asked of the heuristic
 
@@ -74,13 +77,16 @@ cublasComputeType_t compute_type(Precision p, DType ab) {
   return ab == DType::bf16 ? CUBLAS_COMPUTE_32F : cuda::compute_type(p);
 }
 
-cublasLtEpilogue_t epilogue(bool bias, Act act) {
+cublasLtEpilogue_t epilogue(bool bias, Act act, bool aux) {
   if (act == Act::relu) return bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+  if (act == Act::gelu_tanh && aux) return bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (act == Act::gelu_tanh) return bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
   return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
 Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta, bool tb, uint64_t M, uint64_t N,
-               uint64_t K, cublasLtEpilogue_t epi, const void* bias, const uint32_t align[4], size_t workspace_bytes) {
+               uint64_t K, cublasLtEpilogue_t epi, const void* bias, const void* aux, const uint32_t align[4],
+               size_t workspace_bytes) {
   Plan p;
   DPT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_type(precision, types.ab), CUDA_R_32F));
   // cuBLASLt's "A" is our B and its "B" is our A (see the top of the file).
@@ -91,6 +97,12 @@ Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta,
   // The heuristic reads the bias pointer's alignment (the plan key has it too).
   if (bias)
     DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (aux) {  // D's shape (n x m column-major) and type (the default); the heuristic reads its alignment
+    const int64_t ld = static_cast<int64_t>(N);
+    DPT_CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    DPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+  }
   if (bias && types.bias != types.c) {  // the default bias type is D's
     const int32_t bias_type = static_cast<int32_t>(data_type(types.bias));
     DPT_CUBLASLT_CHECK(
@@ -157,17 +169,21 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bo
 
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta, bool tb,
              int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
-             const void* bias, Act act, void* workspace, size_t workspace_bytes) {
+             const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux) {
   DPT_CHECK(handle != nullptr, "gemm_lt: null cuBLAS handle");
   DPT_CHECK((types.ab == DType::f32 && types.c == DType::f32) ||
                 (types.ab == DType::bf16 && (types.c == DType::bf16 || types.c == DType::f32)),
             std::string("gemm_lt: A/B ") + dtype_name(types.ab) + " with C/D " + dtype_name(types.c) +
                 " is not supported (f32/f32, or bf16 with bf16 or f32)");
   DPT_CHECK(types.bias == DType::f32 || types.bias == DType::bf16, "gemm_lt: the bias must be f32 or bf16");
-  DPT_CHECK(act == Act::none || act == Act::relu, "gemm_lt: only ReLU fuses into the epilogue");
+  DPT_CHECK(act == Act::none || act == Act::relu || act == Act::gelu_tanh,
+            "gemm_lt: only ReLU and tanh-GELU fuse into the epilogue");
+  DPT_CHECK(!aux || act == Act::gelu_tanh, "gemm_lt: only tanh-GELU writes a pre-activation");
+  // The pre-activation's leading dimension (n) must be a multiple of 8: else unfused.
+  if (aux && n % 8 != 0) return false;
   DPT_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
             "gemm_lt: sizes must be in [1, INT_MAX]");
-  const cublasLtEpilogue_t epi = epilogue(bias != nullptr, act);
+  const cublasLtEpilogue_t epi = epilogue(bias != nullptr, act, aux != nullptr);
   const uint32_t align[4] = {alignment(B), alignment(A), alignment(C), alignment(C)};
   int device = -1;
   DPT_CUDA_CHECK(cudaGetDevice(&device));
@@ -187,6 +203,7 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
                     align[1],
                     align[2],
                     alignment(bias),
+                    alignment(aux),
                     workspace_bytes};
   static std::mutex mu;
   static std::map<PlanKey, Plan> plans;
@@ -200,7 +217,7 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
     if (it == plans.end())
       it = plans
                .emplace(key, make_plan(lt, precision, types, ta, tb, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
-                                       static_cast<uint64_t>(k), epi, bias, align, workspace_bytes))
+                                       static_cast<uint64_t>(k), epi, bias, aux, align, workspace_bytes))
                .first;
     plan = &it->second;  // map nodes stay put; only this stream's thread uses this plan
   }
@@ -208,6 +225,9 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
   if (bias)
     DPT_CUBLASLT_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (aux)
+    DPT_CUBLASLT_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   DPT_CUBLASLT_CHECK(cublasLtMatmul(lt, plan->desc, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c,
                                     &plan->algo, workspace, workspace_bytes, stream));
   return true;

@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kMlpThreads)
   for (int e = t; e < here * last.out; e += kMlpThreads) {
     const int r = e / last.out, j = e - r * last.out;
     const int64_t at = (row0 + r) * last.out + j;
-    d[0][r * kActPitch + j] = dy[at] * act_derivative(last.act, last.act == Act::gelu ? last.z[at] : last.y[at]);
+    d[0][r * kActPitch + j] = dy[at] * act_derivative(last.act, act_saves_input(last.act) ? last.z[at] : last.y[at]);
   }
   int weight_at[kMlpMaxLayers];
   int64_t part_at[kMlpMaxLayers];
@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(kMlpThreads)
       const float* w = weights + weight_at[l];
       const int pitch = weight_pitch(L.in);
       const Act act_prev = l > 0 ? layers.layer[l - 1].act : Act::none;
-      const float* z_prev = act_prev == Act::gelu ? layers.layer[l - 1].z : nullptr;
+      const float* z_prev = act_saves_input(act_prev) ? layers.layer[l - 1].z : nullptr;
       float* into_dx = l == 0 ? dx : nullptr;
       if (width >= 256)
         mlp_input_grad<8>(w, pitch, L.out, L.in, width, D, d[cur ^ 1], xs, z_prev, act_prev, into_dx, row0, here);

@@ -188,17 +188,17 @@ Tensor activation(const Tensor& x, Act act) {
     const bool grad = any_requires_grad({&x});
     DPT_CUDA_OR_CPU(d, cuda::act_forward_bf16(x.bf16(), act, x.numel(), y.bf16(), stream_of(d)),
                     cpu::act_forward_bf16(x.bf16(), act, x.numel(), y.bf16()));
-    if (grad) record(y, std::make_shared<ActivationNode>(act == Act::gelu ? x.untracked() : y, act), {x});
+    if (grad) record(y, std::make_shared<ActivationNode>(act_saves_input(act) ? x.untracked() : y, act), {x});
     return y;
   }
   need_f32(x, "activation");
   const Device d = x.device();
   Tensor y = Tensor::empty(x.shape(), DType::f32, d);
   const bool grad = any_requires_grad({&x});
-  Tensor z = (grad && act == Act::gelu) ? x.untracked() : Tensor();
+  Tensor z = (grad && act_saves_input(act)) ? x.untracked() : Tensor();
   DPT_CUDA_OR_CPU(d, cuda::bias_act_forward(x.f32(), nullptr, act, 1, x.numel(), nullptr, y.f32(), stream_of(d)),
                   cpu::bias_act_forward(x.f32(), nullptr, act, 1, x.numel(), nullptr, y.f32()));
-  if (grad) record(y, std::make_shared<ActivationNode>(act == Act::gelu ? z : y, act), {x});
+  if (grad) record(y, std::make_shared<ActivationNode>(act_saves_input(act) ? z : y, act), {x});
   return y;
 }
 

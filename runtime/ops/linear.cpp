@@ -30,11 +30,13 @@ bool lt_gemm(Context& ctx, const Device& d, bool ta, bool tb, int64_t m, int64_t
                        A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
 }
 // The same over other element types.
+// (aux: where a tanh-GELU epilogue writes the pre-activation, or null.)
 bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-             float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act) {
+             float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act,
+             void* aux = nullptr) {
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
   return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas_lt()), stream_of(d), ctx.precision, types, ta, tb, m, n, k,
-                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
+                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes, aux);
 }
 // gemm_skinny's partial products, for the call it is made for: none where k is not split
 // (data null), so that the one-kernel form allocates nothing.
@@ -443,7 +445,7 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const 
   DPT_REQUIRE(!out_into.defined() || !grad, "linear: an output tensor is for no-grad use (backward would save it)");
   Tensor y = out_into.defined() ? out_into : Tensor::empty({rows, out}, DType::f32, d);
   // GELU's backward needs the pre-activation; the others can work from the output.
-  Tensor z = (grad && act == Act::gelu) ? Tensor::empty({rows, out}, DType::f32, d) : Tensor();
+  Tensor z = (grad && act_saves_input(act)) ? Tensor::empty({rows, out}, DType::f32, d) : Tensor();
   bool fused = false;  // bias and activation done in the GEMM's epilogue
 #if DPT_WITH_CUDA
   // cuBLASLt's epilogue for large GEMMs only (kLtMinMultiplyAdds).
@@ -463,7 +465,7 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const 
   if (!fused) gemm(false, true, 1.0f, x, W, 0.0f, y);
   if (!fused && (b.defined() || act != Act::none)) bias_act(y, b, act, z, y);
   if (grad) {
-    record(y, std::make_shared<LinearNode>(x, W, act == Act::gelu ? z : y, act), layer_inputs(x, W, b));
+    record(y, std::make_shared<LinearNode>(x, W, act_saves_input(act) ? z : y, act), layer_inputs(x, W, b));
   }
   return y;
 }
@@ -512,7 +514,7 @@ Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, con
     const LinearLayer& L = layers[l];
     MlpLayer& m = run.layer[l];
     Tensor y = Tensor::empty({rows, L.W.size(0)}, DType::f32, d);
-    Tensor z = grad && L.act == Act::gelu ? Tensor::empty({rows, L.W.size(0)}, DType::f32, d) : Tensor();
+    Tensor z = grad && act_saves_input(L.act) ? Tensor::empty({rows, L.W.size(0)}, DType::f32, d) : Tensor();
     m.W = L.W.f32();
     m.b = L.b.defined() ? L.b.f32() : nullptr;
     m.y = y.f32();
@@ -554,13 +556,16 @@ Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tens
   Tensor y = Tensor::empty({rows, out}, DType::bf16, d);
   const bool grad = any_requires_grad({&x, &W, &b});
   // GELU's backward needs the pre-activation; the others can work from the output.
-  Tensor z = (grad && act == Act::gelu) ? Tensor::empty({rows, out}, DType::bf16, d) : Tensor();
+  Tensor z = (grad && act_saves_input(act)) ? Tensor::empty({rows, out}, DType::bf16, d) : Tensor();
   bool fused = false;  // bias and activation done in the GEMM's epilogue, y rounded once there
 #if DPT_WITH_CUDA
   const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x.size(1));
-  if (d.is_cuda() && rows > 0 && multiply_adds >= kLtMinMultiplyAdds && (act == Act::none || act == Act::relu)) {
+  // cuBLASLt's GELU epilogue is the tanh form: gelu_tanh fuses (writing z as its aux output), the exact gelu not.
+  if (d.is_cuda() && rows > 0 && multiply_adds >= kLtMinMultiplyAdds &&
+      (act == Act::none || act == Act::relu || act == Act::gelu_tanh)) {
     fused = lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::bf16, DType::bf16}, false, true, rows, out,
-                    x.size(1), 1.0f, x.bf16(), W16.bf16(), 0.0f, y.bf16(), b16.defined() ? b16.bf16() : nullptr, act);
+                    x.size(1), 1.0f, x.bf16(), W16.bf16(), 0.0f, y.bf16(), b16.defined() ? b16.bf16() : nullptr, act,
+                    z.defined() ? z.bf16() : nullptr);
   }
 #endif
   if (!fused && rows > 0) {  // the GEMM in fp32, then bias and activation rounded once into y
@@ -569,7 +574,7 @@ Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tens
     bias_act(acc, b16, act, z, y);
   }
   if (grad) {
-    record(y, std::make_shared<LinearBf16Node>(x, W16, act == Act::gelu ? z : y, act), layer_inputs(x, W, b));
+    record(y, std::make_shared<LinearBf16Node>(x, W16, act_saves_input(act) ? z : y, act), layer_inputs(x, W, b));
   }
   return y;
 }

@@ -12,10 +12,13 @@
 
 namespace dpt::nn {
 
-inline constexpr auto kActNames =
-    enum_names<Act>("activation", {{Act::relu, "relu"}, {Act::gelu, "gelu"}, {Act::tanh, "tanh"}, {Act::none, "none"}});
+inline constexpr auto kActNames = enum_names<Act>("activation", {{Act::relu, "relu"},
+                                                                 {Act::gelu, "gelu"},
+                                                                 {Act::tanh, "tanh"},
+                                                                 {Act::gelu_tanh, "gelu_tanh"},
+                                                                 {Act::none, "none"}});
 const char* act_name(Act act);
-Act parse_act(const std::string& name);  // relu|gelu|tanh|none; UsageError otherwise
+Act parse_act(const std::string& name);  // relu|gelu|tanh|gelu_tanh|none; UsageError otherwise
 
 // y = act(x W^T + b), W [out, in], b [out]; initialized like torch.nn.Linear:
 // uniform in +-1/sqrt(in). In bf16 compute (Module::set_compute_dtype) it multiplies the

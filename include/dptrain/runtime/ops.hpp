@@ -171,6 +171,19 @@ Tensor flatten(const Tensor& x);
 // axpy_ with alpha 1 on one device, for parallel/'s host reduction.
 void add_host_(const Tensor& x, const Tensor& y);
 
+// ---- Transformer ops (runtime/ops/embedding.cpp, layernorm.cpp): differentiable ----
+// y[n, :] = wte[tokens[n], :] + wpe[n % T, :], tokens i32 [B, T] (n = b*T + t): y [B*T, C] of type `out`
+// (f32 or bf16; the sum in fp32, rounded once). wte [V, C], wpe [>= T, C]: f32 masters, fp32 gradients, the
+// backward deterministic (dwpe sums over b, dwte over the positions holding each token, in a fixed order).
+// A token outside [0, V) is a dpt::Error on the CPU; on a GPU (where checking would wait for the device) its
+// wte row is skipped, never read: the data loader checks tokens before they reach the model.
+Tensor embedding(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, DType out = DType::f32);
+// LayerNorm over the last axis of x [N, C] (f32 or bf16) as torch.nn.functional.layer_norm: statistics in fp32
+// (biased variance), gamma/beta f32 [C] masters with fp32 gradients; y has x's type. Saves mean and rstd [N].
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+// a + b, the same shape and type (f32 or bf16): the residual connection, differentiable.
+Tensor add(const Tensor& a, const Tensor& b);
+
 // ---- Transformer ops: attention and classifier ---------------------------------------
 // Causal multi-head self-attention as nanoGPT's CausalSelfAttention after c_attn: qkv [B*T, 3C] holds q, k, v side by
 // side (columns [0, C), [C, 2C), [2C, 3C)), head h at columns h*hs .. h*hs+hs-1 of each (hs = C / heads); y [B*T, C]

@@ -1,0 +1,146 @@
+// The residual stream's ops: layer_norm and add (both differentiable).
+#include <string>
+
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/autograd.hpp>
+#include <dptrain/runtime/context.hpp>
+#include <dptrain/runtime/ops.hpp>
+#include "internal.hpp"
+#include "kernels/cpu/cpu.hpp"
+
+#if DPT_WITH_CUDA
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda.hpp"
+#endif
+
+namespace dpt {
+
+using namespace detail;
+
+namespace {
+
+// dy in t's type (a gradient may come back in another; it is cast once).
+Tensor in_type_of(const Tensor& t, const Tensor& dy) { return dy.dtype() == t.dtype() ? dy : cast(dy, t.dtype()); }
+
+// Inputs: x, gamma, beta. Saves x and the rows' statistics.
+class LayerNormNode : public Node {
+ public:
+  LayerNormNode(Tensor x, Tensor gamma, Tensor mean, Tensor rstd)
+      : x_(x.untracked()), gamma_(gamma.untracked()), mean_(std::move(mean)), rstd_(std::move(rstd)) {}
+  const char* name() const override { return "layer_norm"; }
+  void backward(Tensor& dy_in, Grads& grads) override {
+    const Device d = x_.device();
+    const int64_t rows = x_.size(0), cols = x_.size(1);
+    const Tensor dy = in_type_of(x_, dy_in);
+    Tensor dx = grads.needed(0) ? Tensor::empty(x_.shape(), x_.dtype(), d) : Tensor();
+    GradSlot dgamma, dbeta;
+    if (grads.needed(1)) dgamma = grad_slot(grads, 1, gamma_.shape(), d);
+    if (grads.needed(2)) dbeta = grad_slot(grads, 2, gamma_.shape(), d);
+    float* dg = dgamma.t.defined() ? dgamma.t.f32() : nullptr;
+    float* db = dbeta.t.defined() ? dbeta.t.f32() : nullptr;
+#if DPT_WITH_CUDA
+    const auto work = [&] { return Tensor::empty({cuda::layer_norm_backward_work(rows, cols) + 1}, DType::f32, d); };
+#endif
+    if (is_bf16(x_)) {
+      uint16_t* dxp = dx.defined() ? dx.bf16() : nullptr;
+      DPT_CUDA_OR_CPU(
+          d,
+          cuda::layer_norm_backward_bf16(x_.bf16(), dy.bf16(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols, dxp,
+                                         dgamma.beta, dg, dbeta.beta, db, work().f32(), stream_of(d)),
+          cpu::layer_norm_backward_bf16(x_.bf16(), dy.bf16(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols, dxp,
+                                        dgamma.beta, dg, dbeta.beta, db));
+    } else {
+      float* dxp = dx.defined() ? dx.f32() : nullptr;
+      DPT_CUDA_OR_CPU(d,
+                      cuda::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols,
+                                                dxp, dgamma.beta, dg, dbeta.beta, db, work().f32(), stream_of(d)),
+                      cpu::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols,
+                                               dxp, dgamma.beta, dg, dbeta.beta, db));
+    }
+    if (dx.defined()) give(grads, 0, dx);
+    if (dg) put_slot(grads, 1, dgamma);
+    if (db) put_slot(grads, 2, dbeta);
+  }
+
+ private:
+  Tensor x_, gamma_, mean_, rstd_;
+};
+
+// dy goes to both inputs: the second gets its own copy (a node may overwrite the
+// gradient it is handed).
+class AddNode : public Node {
+ public:
+  explicit AddNode(DType type) : type_(type) {}
+  const char* name() const override { return "add"; }
+  void backward(Tensor& dy_in, Grads& grads) override {
+    Tensor dy = dy_in.dtype() == type_ ? dy_in : cast(dy_in, type_);
+    if (grads.needed(1)) {
+      Tensor db = dy;
+      if (grads.needed(0)) {
+        db = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+        copy_cast(db, dy);
+      }
+      give(grads, 1, db);
+    }
+    if (grads.needed(0)) give(grads, 0, dy);
+  }
+
+ private:
+  DType type_;
+};
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+  need_float(x, "layer_norm");
+  need_f32(gamma, "layer_norm (gamma)");
+  need_f32(beta, "layer_norm (beta)");
+  same_device(x, gamma, "layer_norm");
+  same_device(x, beta, "layer_norm");
+  DPT_REQUIRE(x.dim() == 2 && x.size(1) > 0 && gamma.shape() == Shape{x.size(1)} && beta.shape() == gamma.shape(),
+              "layer_norm: input " + shape_str(x.shape()) + " does not fit gamma " + shape_str(gamma.shape()) +
+                  " and beta " + shape_str(beta.shape()));
+  DPT_REQUIRE(eps > 0.0f, "layer_norm: eps must be positive");
+  const Device d = x.device();
+  const int64_t rows = x.size(0), cols = x.size(1);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), d);
+  Tensor mean = Tensor::empty({rows}, DType::f32, d), rstd = Tensor::empty({rows}, DType::f32, d);
+  if (is_bf16(x)) {
+    DPT_CUDA_OR_CPU(d,
+                    cuda::layer_norm_forward_bf16(x.bf16(), gamma.f32(), beta.f32(), rows, cols, eps, y.bf16(),
+                                                  mean.f32(), rstd.f32(), stream_of(d)),
+                    cpu::layer_norm_forward_bf16(x.bf16(), gamma.f32(), beta.f32(), rows, cols, eps, y.bf16(),
+                                                 mean.f32(), rstd.f32()));
+  } else {
+    DPT_CUDA_OR_CPU(
+        d,
+        cuda::layer_norm_forward(x.f32(), gamma.f32(), beta.f32(), rows, cols, eps, y.f32(), mean.f32(), rstd.f32(),
+                                 stream_of(d)),
+        cpu::layer_norm_forward(x.f32(), gamma.f32(), beta.f32(), rows, cols, eps, y.f32(), mean.f32(), rstd.f32()));
+  }
+  if (any_requires_grad({&x, &gamma, &beta}))
+    record(y, std::make_shared<LayerNormNode>(x, gamma, mean, rstd), {x, gamma, beta});
+  return y;
+}
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  need_float(a, "add");
+  need_float(b, "add");
+  same_device(a, b, "add");
+  DPT_REQUIRE(a.dtype() == b.dtype() && a.shape() == b.shape(),
+              "add: " + shape_str(a.shape()) + " " + dtype_name(a.dtype()) + " and " + shape_str(b.shape()) + " " +
+                  dtype_name(b.dtype()) + " differ");
+  const Device d = a.device();
+  Tensor y = Tensor::empty(a.shape(), a.dtype(), d);
+  if (is_bf16(a)) {
+    DPT_CUDA_OR_CPU(d, cuda::residual_add_bf16(a.bf16(), b.bf16(), a.numel(), y.bf16(), stream_of(d)),
+                    cpu::residual_add_bf16(a.bf16(), b.bf16(), a.numel(), y.bf16()));
+  } else {
+    DPT_CUDA_OR_CPU(d, cuda::residual_add(a.f32(), b.f32(), a.numel(), y.f32(), stream_of(d)),
+                    cpu::residual_add(a.f32(), b.f32(), a.numel(), y.f32()));
+  }
+  if (any_requires_grad({&a, &b})) record(y, std::make_shared<AddNode>(a.dtype()), {a, b});
+  return y;
+}
+
+}  // namespace dpt

@@ -1,0 +1,182 @@
+// The transformer ops of runtime/ops/embedding.cpp and layernorm.cpp: embedding,
+// layer_norm and add. On the CPU: values against PyTorch and the definition, gradients
+// against finite differences, a tied wte's two gradients adding up, bf16 against f32; on
+// the GPU: each op forward and backward, f32 and bf16, against its CPU twin, and twice
+// for the same bits.
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/ops.hpp>
+
+#include "catch.hpp"
+#include "common.hpp"
+
+using namespace dpt;
+using namespace dpt::test;
+
+namespace {
+
+Tensor tokens_on(const Device& d, const std::vector<int32_t>& v, int64_t batch, int64_t seq) {
+  return Tensor::from_host_i32(v, {batch, seq}, d);
+}
+
+// Tokens of a batch of 3 sequences of 4, some repeated (so that wte's rows sum several
+// positions), over a vocabulary of 7 (tokens 2 and 6 appear nowhere).
+const std::vector<int32_t> kTokens{1, 3, 3, 0, 5, 1, 4, 3, 0, 0, 1, 5};
+constexpr int64_t kBatch = 3, kSeq = 4, kVocab = 7, kC = 6, kPositions = 5;
+
+}  // namespace
+
+#ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
+
+TEST_CASE("embedding adds each token's wte row and its position's wpe row", "[ops][transformer]") {
+  const Tensor wte = randn_tensor({kVocab, kC}, 1, host), wpe = randn_tensor({kPositions, kC}, 2, host);
+  const Tensor y = embedding(tokens_on(host, kTokens, kBatch, kSeq), wte, wpe);
+  REQUIRE(y.shape() == Shape{kBatch * kSeq, kC});
+  const auto e = wte.to_host(), p = wpe.to_host(), got = y.to_host();
+  for (int64_t n = 0; n < kBatch * kSeq; ++n)
+    for (int64_t c = 0; c < kC; ++c) CHECK(got[n * kC + c] == e[kTokens[n] * kC + c] + p[(n % kSeq) * kC + c]);
+  // bf16 output: the same fp32 sum, rounded once.
+  const Tensor y16 = embedding(tokens_on(host, kTokens, kBatch, kSeq), wte, wpe, DType::bf16);
+  CHECK(bf16_bits(y16) == bf16_bits(cast(y, DType::bf16)));
+}
+
+TEST_CASE("embedding refuses tokens outside the vocabulary on the CPU", "[ops][transformer]") {
+  const Tensor wte = randn_tensor({kVocab, kC}, 1, host), wpe = randn_tensor({kPositions, kC}, 2, host);
+  for (int32_t bad : {-1, static_cast<int32_t>(kVocab)}) {
+    auto v = kTokens;
+    v[5] = bad;
+    CHECK_THROWS_AS(embedding(tokens_on(host, v, kBatch, kSeq), wte, wpe), Error);
+  }
+  // wpe shorter than the sequence, an f32 token tensor, a 1-D one: usage errors.
+  CHECK_THROWS_AS(embedding(tokens_on(host, kTokens, kBatch, kSeq), wte, randn_tensor({3, kC}, 2, host)), Error);
+  CHECK_THROWS_AS(embedding(randn_tensor({kBatch, kSeq}, 3, host), wte, wpe), Error);
+  CHECK_THROWS_AS(embedding(Tensor::from_host_i32(kTokens, {12}, host), wte, wpe), Error);
+}
+
+TEST_CASE("embedding gradients match finite differences, wpe rows past the sequence get 0",
+          "[ops][grad][transformer]") {
+  // (requires_grad set here, so that check_gradients' copies share these tensors' gradients)
+  Tensor wte = randn_tensor({kVocab, kC}, 4, host).set_requires_grad(true);
+  Tensor wpe = randn_tensor({kPositions, kC}, 5, host).set_requires_grad(true);
+  const Tensor tokens = tokens_on(host, kTokens, kBatch, kSeq);
+  check_gradients([&] { return embedding(tokens, wte, wpe); }, {wte, wpe});
+  const auto dwpe = wpe.grad().to_host(), dwte = wte.grad().to_host();
+  for (int64_t c = 0; c < kC; ++c) {
+    CHECK(dwpe[(kPositions - 1) * kC + c] == 0.0f);  // position 4 is past the sequence
+    CHECK(dwte[2 * kC + c] == 0.0f);                 // token 2 appears nowhere
+  }
+}
+
+TEST_CASE("a tied wte receives the embedding's and the output projection's gradients, added",
+          "[ops][grad][transformer]") {
+  // GPT's logits = embedding(tokens) wte^T: wte's gradient is the sum of both uses.
+  Tensor wte = randn_tensor({kVocab, kC}, 6, host, 0.5f), wpe = randn_tensor({kPositions, kC}, 7, host, 0.5f);
+  const Tensor tokens = tokens_on(host, kTokens, kBatch, kSeq);
+  check_gradients([&] { return matmul(embedding(tokens, wte, wpe), wte, false, true); }, {wte, wpe});
+}
+
+TEST_CASE("layer_norm is PyTorch's F.layer_norm, forward and backward", "[ops][transformer]") {
+  // Expected values: torch 2.15, float64, F.layer_norm(x, (5,), gamma, beta, 1e-5), then
+  // y.backward(dy).
+  const std::vector<float> xv{0.5f, -1.0f, 2.0f, 0.25f, -0.75f, 3.0f, 1.0f, -2.0f, 0.0f, 1.5f};
+  const std::vector<float> gv{1.0f, 0.5f, -1.5f, 2.0f, 0.75f}, bv{0.1f, -0.2f, 0.3f, 0.0f, -0.5f};
+  const std::vector<float> dyv{1.0f, -2.0f, 0.5f, 0.25f, 1.5f, -1.0f, 0.5f, 2.0f, -0.75f, 0.3f};
+  const std::vector<double> want_y{0.381592712, -0.763185424, -2.23433441, 0.0938642374, -1.16878269,
+                                   1.4844348,   -0.109710774, 2.73780911,  -0.842699445, -0.138843095};
+  const std::vector<double> want_dx{0.818727319,  -1.28029423, -0.602160035, 0.312449998,   0.751276948,
+                                    -0.709771057, 0.662448464, -0.364104151, -0.0810211907, 0.492447934};
+  const std::vector<double> want_dgamma{-1.10284209, 2.34303092, -2.40563401, 0.327745322, -1.19310262};
+  const std::vector<double> want_dbeta{0, -1.5, 2.5, -0.5, 1.8};
+  Tensor x = Tensor::from_host(xv, {2, 5}, host).set_requires_grad(true);
+  Tensor g = Tensor::from_host(gv, {5}, host).set_requires_grad(true);
+  Tensor b = Tensor::from_host(bv, {5}, host).set_requires_grad(true);
+  Tensor y = layer_norm(x, g, b);
+  run_backward(y, Tensor::from_host(dyv, {2, 5}, host));
+  const auto near = [](const std::vector<float>& got, const std::vector<double>& want) {
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("element " << i << ": " << got[i] << " against " << want[i]);
+      CHECK(std::abs(got[i] - want[i]) <= 2e-6 * std::max(1.0, std::abs(want[i])));
+    }
+  };
+  near(y.to_host(), want_y);
+  near(x.grad().to_host(), want_dx);
+  near(g.grad().to_host(), want_dgamma);
+  near(b.grad().to_host(), want_dbeta);
+}
+
+TEST_CASE("layer_norm and add gradients match finite differences", "[ops][grad][transformer]") {
+  Tensor x = randn_tensor({7, 9}, 8, host), g = randn_tensor({9}, 9, host), b = randn_tensor({9}, 10, host);
+  check_gradients([&] { return layer_norm(x, g, b); }, {x, g, b});
+  Tensor a = randn_tensor({4, 6}, 11, host), c = randn_tensor({4, 6}, 12, host);
+  check_gradients([&] { return add(a, c); }, {a, c});
+  // The residual stream: h + f(h), the same tensor reaching add twice.
+  const Tensor g6 = randn_tensor({6}, 14, host), b6 = randn_tensor({6}, 15, host);
+  check_gradients([&] { return add(a, layer_norm(a, g6, b6)); }, {a});
+  CHECK_THROWS_AS(add(a, randn_tensor({6, 4}, 13, host)), Error);
+  CHECK_THROWS_AS(add(a, cast(c, DType::bf16)), Error);
+}
+
+TEST_CASE("bf16 embedding, layer_norm and add match f32 within bf16 precision", "[ops][bf16][transformer]") {
+  const auto xv = randn(37 * 24, 20);
+  const Tensor g = randn_tensor({24}, 21, host), b = randn_tensor({24}, 22, host);
+  Tensor x32 = Tensor::from_host(xv, {37, 24}, host).set_requires_grad(true);
+  Tensor x16 = cast(Tensor::from_host(xv, {37, 24}, host), DType::bf16).set_requires_grad(true);
+  const Tensor t = randn_tensor({37, 24}, 23, host);
+  Tensor y32 = add(layer_norm(x32, g, b), x32), y16 = add(layer_norm(x16, g, b), x16);
+  REQUIRE(y16.dtype() == DType::bf16);
+  mse_loss(y32, t).backward();
+  mse_loss(y16, t).backward();
+  REQUIRE(x16.grad().dtype() == DType::bf16);
+  CHECK(rel_error(cast(y16, DType::f32).to_host(), y32.to_host()) < 1e-2);
+  CHECK(rel_error(cast(x16.grad(), DType::f32).to_host(), x32.grad().to_host()) < 2e-2);
+  // The embedding's parameter gradients stay fp32 whatever its output type.
+  for (DType out : {DType::f32, DType::bf16}) {
+    Tensor wte = randn_tensor({kVocab, kC}, 24, host).set_requires_grad(true);
+    Tensor wpe = randn_tensor({kPositions, kC}, 25, host).set_requires_grad(true);
+    Tensor y = embedding(tokens_on(host, kTokens, kBatch, kSeq), wte, wpe, out);
+    mse_loss(y, randn_tensor(y.shape(), 26, host)).backward();
+    REQUIRE(wte.grad().dtype() == DType::f32);
+  }
+}
+
+#else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
+
+namespace {
+// The op's outputs and gradients on d, f32 or bf16 activations: the same inputs everywhere.
+std::vector<Tensor> transformer_ops(const Device& d, DType type) {
+  const int64_t batch = 4, seq = 33, vocab = 50, C = 96, rows = batch * seq;
+  std::vector<int32_t> tokens(static_cast<size_t>(rows));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7 + i / 5) % 23);  // repeats
+  Tensor wte = on(d, randn(vocab * C, 1), {vocab, C}).set_requires_grad(true);
+  Tensor wpe = on(d, randn((seq + 3) * C, 2), {seq + 3, C}).set_requires_grad(true);
+  Tensor g = on(d, randn(C, 3), {C}).set_requires_grad(true), b = on(d, randn(C, 4), {C}).set_requires_grad(true);
+  Tensor h = embedding(tokens_on(d, tokens, batch, seq), wte, wpe, type);
+  Tensor y = add(h, layer_norm(h, g, b));
+  run_backward(y, cast(on(d, randn(rows * C, 5), {rows, C}), type));
+  return {y, wte.grad(), wpe.grad(), g.grad(), b.grad()};
+}
+}  // namespace
+
+TEST_CASE("embedding, layer_norm and add match the CPU, f32 and bf16, forward and backward", "[gpu][ops]") {
+  compare([](const Device& d) { return transformer_ops(d, DType::f32); }, 1e-5);
+  // bf16: a last-bit difference in LayerNorm's output can grow in the residual sum's
+  // cancellations, so relative error over the whole tensors rather than ulps.
+  compare([](const Device& d) { return transformer_ops(d, DType::bf16); }, 1e-2);
+}
+
+TEST_CASE("embedding, layer_norm and add give the same bits twice on the GPU", "[gpu][ops]") {
+  for (DType type : {DType::f32, DType::bf16}) {
+    const auto a = transformer_ops(gpu, type), b = transformer_ops(gpu, type);
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO("result " << i);
+      CHECK(a[i].to_host() == b[i].to_host());
+    }
+  }
+}
+
+#endif  // DPT_GPU_TESTS
