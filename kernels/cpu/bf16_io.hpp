@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../bf16.hpp"
 #include "cpu.hpp"
 
 namespace dpt::cpu {
@@ -17,5 +18,12 @@ inline std::vector<float> widen(const uint16_t* x, int64_t n) {
 inline void narrow(const std::vector<float>& v, uint16_t* out) {
   cast_f32_bf16(v.data(), out, static_cast<int64_t>(v.size()));
 }
+
+// One element stored as float or bf16, read as a float; and a float stored, rounded once
+// to a bf16 one (as common.cuh's as_float and store): for kernels written once for both.
+inline float as_float(float v) { return v; }
+inline float as_float(uint16_t v) { return bf16_float(v); }
+inline void store(float* p, float v) { *p = v; }
+inline void store(uint16_t* p, float v) { *p = bf16_round(v); }
 
 }  // namespace dpt::cpu

@@ -5,17 +5,12 @@
 
 #include <dptrain/error.hpp>
 
-#include "../bf16.hpp"
+#include "bf16_io.hpp"
 #include "cpu.hpp"
 
 namespace dpt::cpu {
 
 namespace {
-
-float load(float v) { return v; }
-float load(uint16_t v) { return bf16_float(v); }
-void put(float* p, float v) { *p = v; }
-void put(uint16_t* p, float v) { *p = bf16_round(v); }
 
 void check_tokens(const int32_t* tokens, int64_t rows, int64_t vocab) {
   for (int64_t n = 0; n < rows; ++n)
@@ -31,7 +26,7 @@ void forward(const int32_t* tokens, int64_t rows, int64_t seq, const float* wte,
   for (int64_t n = 0; n < rows; ++n) {
     const float* e = wte + tokens[n] * C;
     const float* p = wpe + (n % seq) * C;
-    for (int64_t c = 0; c < C; ++c) put(&y[n * C + c], e[c] + p[c]);
+    for (int64_t c = 0; c < C; ++c) store(&y[n * C + c], e[c] + p[c]);
   }
 }
 
@@ -54,7 +49,7 @@ void backward(const int32_t* tokens, int64_t rows, int64_t seq, const T* dy, int
       if (start[v] == start[v + 1] && beta_wte != 0.0f) continue;  // nothing to add
       for (int64_t c = 0; c < C; ++c) {
         float s = 0.0f;
-        for (int64_t k = start[v]; k < start[v + 1]; ++k) s += load(dy[order[k] * C + c]);
+        for (int64_t k = start[v]; k < start[v + 1]; ++k) s += as_float(dy[order[k] * C + c]);
         finish(beta_wte, &dwte[v * C + c], s);
       }
     }
@@ -64,7 +59,7 @@ void backward(const int32_t* tokens, int64_t rows, int64_t seq, const T* dy, int
     for (int64_t t = 0; t < positions; ++t)
       for (int64_t c = 0; c < C; ++c) {
         float s = 0.0f;
-        for (int64_t b = 0; t < seq && b < batch; ++b) s += load(dy[(b * seq + t) * C + c]);
+        for (int64_t b = 0; t < seq && b < batch; ++b) s += as_float(dy[(b * seq + t) * C + c]);
         finish(beta_wpe, &dwpe[t * C + c], s);
       }
   }

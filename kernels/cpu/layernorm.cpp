@@ -2,17 +2,12 @@
 // torch.nn.functional.layer_norm) and the residual add.
 #include <cmath>
 
-#include "../bf16.hpp"
+#include "bf16_io.hpp"
 #include "cpu.hpp"
 
 namespace dpt::cpu {
 
 namespace {
-
-float load(float v) { return v; }
-float load(uint16_t v) { return bf16_float(v); }
-void put(float* p, float v) { *p = v; }
-void put(uint16_t* p, float v) { *p = bf16_round(v); }
 
 template <typename T>
 void ln_forward(const T* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps, T* y,
@@ -20,15 +15,15 @@ void ln_forward(const T* x, const float* gamma, const float* beta, int64_t rows,
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     float s = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) s += load(xr[c]);
+    for (int64_t c = 0; c < cols; ++c) s += as_float(xr[c]);
     const float m = s / static_cast<float>(cols);
     float v = 0.0f;  // two passes: the biased variance without cancellation
     for (int64_t c = 0; c < cols; ++c) {
-      const float d = load(xr[c]) - m;
+      const float d = as_float(xr[c]) - m;
       v += d * d;
     }
     const float rs = 1.0f / std::sqrt(v / static_cast<float>(cols) + eps);
-    for (int64_t c = 0; c < cols; ++c) put(&y[r * cols + c], (load(xr[c]) - m) * rs * gamma[c] + beta[c]);
+    for (int64_t c = 0; c < cols; ++c) store(&y[r * cols + c], (as_float(xr[c]) - m) * rs * gamma[c] + beta[c]);
     mean[r] = m;
     rstd[r] = rs;
   }
@@ -42,26 +37,31 @@ void ln_backward(const T* x, const T* dy, const float* gamma, const float* mean,
   for (int64_t r = 0; r < rows && dx; ++r) {
     float sg = 0.0f, sgx = 0.0f;
     for (int64_t c = 0; c < cols; ++c) {
-      const float g = load(dy[r * cols + c]) * gamma[c];
+      const float g = as_float(dy[r * cols + c]) * gamma[c];
       sg += g;
-      sgx += g * ((load(x[r * cols + c]) - mean[r]) * rstd[r]);
+      sgx += g * ((as_float(x[r * cols + c]) - mean[r]) * rstd[r]);
     }
     const float mg = sg / static_cast<float>(cols), mgx = sgx / static_cast<float>(cols);
     for (int64_t c = 0; c < cols; ++c) {
-      const float xhat = (load(x[r * cols + c]) - mean[r]) * rstd[r];
-      put(&dx[r * cols + c], rstd[r] * (load(dy[r * cols + c]) * gamma[c] - mg - xhat * mgx));
+      const float xhat = (as_float(x[r * cols + c]) - mean[r]) * rstd[r];
+      store(&dx[r * cols + c], rstd[r] * (as_float(dy[r * cols + c]) * gamma[c] - mg - xhat * mgx));
     }
   }
   for (int64_t c = 0; c < cols; ++c) {
     float sg = 0.0f, sb = 0.0f;
     for (int64_t r = 0; r < rows; ++r) {
-      const float d = load(dy[r * cols + c]);
-      sg += d * ((load(x[r * cols + c]) - mean[r]) * rstd[r]);
+      const float d = as_float(dy[r * cols + c]);
+      sg += d * ((as_float(x[r * cols + c]) - mean[r]) * rstd[r]);
       sb += d;
     }
     if (dgamma) dgamma[c] = beta_gamma != 0.0f ? beta_gamma * dgamma[c] + sg : sg;
     if (dbeta) dbeta[c] = beta_beta != 0.0f ? beta_beta * dbeta[c] + sb : sb;
   }
+}
+
+template <typename T>
+void add(const T* a, const T* b, int64_t n, T* y) {
+  for (int64_t i = 0; i < n; ++i) store(&y[i], as_float(a[i]) + as_float(b[i]));
 }
 
 }  // namespace
@@ -85,11 +85,7 @@ void layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float
   ln_backward(x, dy, gamma, mean, rstd, rows, cols, dx, beta_gamma, dgamma, beta_beta, dbeta);
 }
 
-void residual_add(const float* a, const float* b, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
-}
-void residual_add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = bf16_round(bf16_float(a[i]) + bf16_float(b[i]));
-}
+void residual_add(const float* a, const float* b, int64_t n, float* y) { add(a, b, n, y); }
+void residual_add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* y) { add(a, b, n, y); }
 
 }  // namespace dpt::cpu

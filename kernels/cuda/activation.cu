@@ -324,58 +324,39 @@ struct alignas(16) Bf16x8 {
   uint16_t v[8];
 };
 
-// y = act(x), bf16 to bf16; the first 8 * n8 elements in vectors when Vec. x may be y.
-template <Act A, bool Vec>
-static __global__ void act_forward_bf16_kernel(const uint16_t* x, int64_t n, uint16_t* y) {
-  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+// One bf16 element of the activation's forward, y = act(x), or of its backward,
+// dx = dy * act'(saved) (x is then dy).
+template <Act A, bool Backward>
+__device__ __forceinline__ uint16_t act_bf16_element(uint16_t x, uint16_t saved) {
+  if constexpr (Backward) return bf16_round(bf16_float(x) * act_derivative<A>(bf16_float(saved)));
+  return bf16_round(act_forward<A>(bf16_float(x)));
+}
+
+// act_bf16_element over n elements, bf16 to bf16 (saved: the backward's only; y may be x);
+// the first 8 * n8 elements in vectors when Vec.
+template <Act A, bool Backward, bool Vec>
+static __global__ void act_bf16_kernel(const uint16_t* x, const uint16_t* saved, int64_t n, uint16_t* y) {
   int64_t done = 0;
   if constexpr (Vec) {
     const int64_t n8 = n / 8;
-    for (int64_t i = tid; i < n8; i += stride) {
-      Bf16x8 a = reinterpret_cast<const Bf16x8*>(x)[i];
+    for (int64_t i = global_tid(); i < n8; i += grid_stride()) {
+      Bf16x8 v = reinterpret_cast<const Bf16x8*>(x)[i];
+      const Bf16x8 s = Backward ? reinterpret_cast<const Bf16x8*>(saved)[i] : Bf16x8{};
 #pragma unroll
-      for (int e = 0; e < 8; ++e) a.v[e] = bf16_round(act_forward<A>(bf16_float(a.v[e])));
-      reinterpret_cast<Bf16x8*>(y)[i] = a;
+      for (int e = 0; e < 8; ++e) v.v[e] = act_bf16_element<A, Backward>(v.v[e], s.v[e]);
+      reinterpret_cast<Bf16x8*>(y)[i] = v;
     }
     done = 8 * n8;
   }
-  for (int64_t i = done + tid; i < n; i += stride) y[i] = bf16_round(act_forward<A>(bf16_float(x[i])));
+  for (int64_t i = done + global_tid(); i < n; i += grid_stride())
+    y[i] = act_bf16_element<A, Backward>(x[i], Backward ? saved[i] : uint16_t(0));
 }
 
-// dx = dy * act'(saved), all bf16; dx may be dy.
-template <Act A, bool Vec>
-static __global__ void act_backward_bf16_kernel(const uint16_t* dy, const uint16_t* saved, int64_t n, uint16_t* dx) {
-  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t done = 0;
-  if constexpr (Vec) {
-    const int64_t n8 = n / 8;
-    for (int64_t i = tid; i < n8; i += stride) {
-      Bf16x8 g = reinterpret_cast<const Bf16x8*>(dy)[i];
-      const Bf16x8 s = reinterpret_cast<const Bf16x8*>(saved)[i];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) g.v[e] = bf16_round(bf16_float(g.v[e]) * act_derivative<A>(bf16_float(s.v[e])));
-      reinterpret_cast<Bf16x8*>(dx)[i] = g;
-    }
-    done = 8 * n8;
-  }
-  for (int64_t i = done + tid; i < n; i += stride)
-    dx[i] = bf16_round(bf16_float(dy[i]) * act_derivative<A>(bf16_float(saved[i])));
-}
-
-template <Act A>
-void act_forward_bf16_launch(const uint16_t* x, int64_t n, uint16_t* y, cudaStream_t stream) {
-  if (aligned16(x) && aligned16(y))
-    act_forward_bf16_kernel<A, true><<<blocks_for(n / 8 + 1), kThreads, 0, stream>>>(x, n, y);
-  else act_forward_bf16_kernel<A, false><<<blocks_for(n), kThreads, 0, stream>>>(x, n, y);
-}
-
-template <Act A>
-void act_backward_bf16_launch(const uint16_t* dy, const uint16_t* saved, int64_t n, uint16_t* dx, cudaStream_t stream) {
-  if (aligned16(dy) && aligned16(saved) && aligned16(dx))
-    act_backward_bf16_kernel<A, true><<<blocks_for(n / 8 + 1), kThreads, 0, stream>>>(dy, saved, n, dx);
-  else act_backward_bf16_kernel<A, false><<<blocks_for(n), kThreads, 0, stream>>>(dy, saved, n, dx);
+template <Act A, bool Backward>
+void act_bf16_launch(const uint16_t* x, const uint16_t* saved, int64_t n, uint16_t* y, cudaStream_t stream) {
+  if (aligned16(x) && aligned16(y) && (!Backward || aligned16(saved)))
+    act_bf16_kernel<A, Backward, true><<<blocks_for(n / 8 + 1), kThreads, 0, stream>>>(x, saved, n, y);
+  else act_bf16_kernel<A, Backward, false><<<blocks_for(n), kThreads, 0, stream>>>(x, saved, n, y);
 }
 
 }  // namespace
@@ -465,7 +446,8 @@ void act_forward_bf16(const uint16_t* x, Act act, int64_t n, uint16_t* y, cudaSt
   DPT_CHECK(n >= 0, "act_forward_bf16: negative size");
   if (n == 0) return;
   DPT_CHECK(x != nullptr && y != nullptr, "act_forward_bf16: null pointer");
-  dispatch_act(act, "act_forward_bf16", [&](auto a) { act_forward_bf16_launch<decltype(a)::value>(x, n, y, stream); });
+  dispatch_act(act, "act_forward_bf16",
+               [&](auto a) { act_bf16_launch<decltype(a)::value, false>(x, nullptr, n, y, stream); });
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -475,7 +457,7 @@ void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64
   if (n == 0) return;
   DPT_CHECK(dy != nullptr && saved != nullptr && dx != nullptr, "act_backward_bf16: null pointer");
   dispatch_act(act, "act_backward_bf16",
-               [&](auto a) { act_backward_bf16_launch<decltype(a)::value>(dy, saved, n, dx, stream); });
+               [&](auto a) { act_bf16_launch<decltype(a)::value, true>(dy, saved, n, dx, stream); });
   DPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -31,11 +31,8 @@ class EmbeddingNode : public Node {
     const int64_t rows = tokens_.numel(), seq = tokens_.size(1), vocab = wte_.size(0), positions = wpe_.size(0);
     const int64_t C = wte_.size(1);
     Tensor dy = dy_in.dtype() == out_ ? dy_in : cast(dy_in, out_);
-    GradSlot dwte, dwpe;
-    if (grads.needed(0)) dwte = grad_slot(grads, 0, wte_.shape(), d);
-    if (grads.needed(1)) dwpe = grad_slot(grads, 1, wpe_.shape(), d);
-    float* wte_grad = dwte.t.defined() ? dwte.t.f32() : nullptr;
-    float* wpe_grad = dwpe.t.defined() ? dwpe.t.f32() : nullptr;
+    GradSlot dwte = needed_slot(grads, 0, wte_.shape(), d), dwpe = needed_slot(grads, 1, wpe_.shape(), d);
+    float *wte_grad = dwte.f32_or_null(), *wpe_grad = dwpe.f32_or_null();
 #if DPT_WITH_CUDA
     const auto work_floats = [&] {
       return static_cast<int64_t>((cuda::embedding_backward_work_bytes(rows, vocab) + sizeof(float) - 1) /
@@ -57,8 +54,8 @@ class EmbeddingNode : public Node {
                       cpu::embedding_backward(tokens_.i32(), rows, seq, dy.f32(), vocab, positions, C, dwte.beta,
                                               wte_grad, dwpe.beta, wpe_grad));
     }
-    if (wte_grad) put_slot(grads, 0, dwte);
-    if (wpe_grad) put_slot(grads, 1, dwpe);
+    put_slot(grads, 0, dwte);
+    put_slot(grads, 1, dwpe);
   }
 
  private:

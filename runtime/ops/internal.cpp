@@ -65,6 +65,9 @@ GradSlot grad_slot(Grads& grads, size_t i, const Shape& shape, const Device& d) 
   if (Tensor acc = grads.accumulator(i); acc.defined()) return {acc, grads.take_beta(i), false};
   return {Tensor::empty(shape, DType::f32, d), 0.0f, true};
 }
+GradSlot needed_slot(Grads& grads, size_t i, const Shape& shape, const Device& d) {
+  return grads.needed(i) ? grad_slot(grads, i, shape, d) : GradSlot{};
+}
 void put_slot(Grads& grads, size_t i, GradSlot& slot) {
   if (slot.fresh) grads.put(i, std::move(slot.t));
 }

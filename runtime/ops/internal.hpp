@@ -71,8 +71,11 @@ struct GradSlot {
   Tensor t;
   float beta = 0.0f;
   bool fresh = false;
+  float* f32_or_null() const { return t.defined() ? t.f32() : nullptr; }  // null: no gradient wanted
 };
 GradSlot grad_slot(Grads& grads, size_t i, const Shape& shape, const Device& d);
+// grad_slot where input i needs a gradient, else an empty slot (put_slot then does nothing).
+GradSlot needed_slot(Grads& grads, size_t i, const Shape& shape, const Device& d);
 void put_slot(Grads& grads, size_t i, GradSlot& slot);
 
 }  // namespace dpt::detail

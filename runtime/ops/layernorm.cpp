@@ -33,11 +33,8 @@ class LayerNormNode : public Node {
     const int64_t rows = x_.size(0), cols = x_.size(1);
     const Tensor dy = in_type_of(x_, dy_in);
     Tensor dx = grads.needed(0) ? Tensor::empty(x_.shape(), x_.dtype(), d) : Tensor();
-    GradSlot dgamma, dbeta;
-    if (grads.needed(1)) dgamma = grad_slot(grads, 1, gamma_.shape(), d);
-    if (grads.needed(2)) dbeta = grad_slot(grads, 2, gamma_.shape(), d);
-    float* dg = dgamma.t.defined() ? dgamma.t.f32() : nullptr;
-    float* db = dbeta.t.defined() ? dbeta.t.f32() : nullptr;
+    GradSlot dgamma = needed_slot(grads, 1, gamma_.shape(), d), dbeta = needed_slot(grads, 2, gamma_.shape(), d);
+    float *dg = dgamma.f32_or_null(), *db = dbeta.f32_or_null();
 #if DPT_WITH_CUDA
     const auto work = [&] { return Tensor::empty({cuda::layer_norm_backward_work(rows, cols) + 1}, DType::f32, d); };
 #endif
@@ -58,8 +55,8 @@ class LayerNormNode : public Node {
                                                dxp, dgamma.beta, dg, dbeta.beta, db));
     }
     if (dx.defined()) give(grads, 0, dx);
-    if (dg) put_slot(grads, 1, dgamma);
-    if (db) put_slot(grads, 2, dbeta);
+    put_slot(grads, 1, dgamma);
+    put_slot(grads, 2, dbeta);
   }
 
  private:
