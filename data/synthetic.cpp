@@ -30,12 +30,13 @@ Tensor teacher_weight(int64_t rows, int64_t cols, float gain, uint64_t seed, uin
 }  // namespace
 
 Synthetic::Synthetic(const SyntheticConfig& config, const Device& device) : cfg_(config), device_(device) {
-  if (cfg_.task == Task::language_model)
-    throw UsageError(
-        "SyntheticConfig::task: synthetic data is regression or classification; a language model "
-        "trains on token files");
   DPT_CHECK(cfg_.out > 0 && cfg_.teacher_hidden > 0, "Synthetic: widths must be positive");
   DPT_CHECK(cfg_.samples >= 0, "Synthetic: negative sample count");
+  if (cfg_.task == Task::language_model) {  // random tokens: no teacher
+    DPT_CHECK(cfg_.in > 0 && cfg_.image.empty() && cfg_.out <= std::numeric_limits<int32_t>::max(),
+              "Synthetic: tokens need a sequence length (in) and a vocabulary (out) of at most 2^31 - 1");
+    return;
+  }
   if (!(cfg_.noise >= 0.0f && std::isfinite(cfg_.noise)))
     throw UsageError("SyntheticConfig::noise must be a finite number >= 0, got " + std::to_string(cfg_.noise));
   if (!cfg_.image.empty()) {
@@ -77,6 +78,7 @@ Batch Synthetic::rows(const RowMap& map, int64_t count, const Batch& into) const
         given.dtype() == dtype && given.device() == device_ && given.shape() == s,
         "Synthetic::rows: `into` does not hold " + std::to_string(count) + " rows of this set on " + device_.str());
   };
+  if (cfg_.task == Task::language_model) return token_rows(wrapped, count, into);
   if (into.x.defined()) {
     fits(into.x, DType::f32, input_shape());
     fits(into.y, cfg_.task == Task::classification ? DType::i32 : DType::f32, target_shape());
@@ -114,9 +116,37 @@ Batch Synthetic::rows(const RowMap& map, int64_t count, const Batch& into) const
   return b;
 }
 
+Batch Synthetic::token_rows(const RowMap& map, int64_t count, const Batch& into) const {
+  const int64_t T = cfg_.in;
+  std::vector<int32_t> x(static_cast<size_t>(count * T)), y(x.size());
+  std::vector<float> u(static_cast<size_t>(T + 1));
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t s = map.first + (i / map.per_group) * map.group_stride + i % map.per_group;
+    if (map.samples > 0) s %= map.samples;
+    cpu::uniform(u.data(), T + 1, cfg_.seed, kInputs, static_cast<uint64_t>(s * T), 0.0f, static_cast<float>(cfg_.out));
+    for (int64_t t = 0; t <= T; ++t) {
+      // min: a float drawn just below `out` may round up to it
+      const auto token =
+          static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(u[static_cast<size_t>(t)]), cfg_.out - 1));
+      if (t < T) x[static_cast<size_t>(i * T + t)] = token;
+      if (t > 0) y[static_cast<size_t>(i * T + t - 1)] = token;
+    }
+  }
+  Batch b{Tensor::from_host_i32(x, {count, T}, device_), Tensor::from_host_i32(y, {count, T}, device_)};
+  if (!into.x.defined()) return b;
+  DPT_CHECK(into.x.dtype() == DType::i32 && into.x.numel() == count * T && into.y.numel() == count * T,
+            "Synthetic::rows: `into` does not hold " + std::to_string(count) + " windows of tokens");
+  copy(into.x, b.x);
+  copy(into.y, b.y);
+  return into;
+}
+
 Shape Synthetic::input_shape() const { return cfg_.image.empty() ? Shape{cfg_.in} : cfg_.image; }
 
-Shape Synthetic::target_shape() const { return cfg_.task == Task::classification ? Shape{} : Shape{cfg_.out}; }
+Shape Synthetic::target_shape() const {
+  if (cfg_.task == Task::language_model) return {cfg_.in};
+  return cfg_.task == Task::classification ? Shape{} : Shape{cfg_.out};
+}
 
 template <class F>
 void Synthetic::for_runs(std::span<const int64_t> rows, F&& f) const {
@@ -135,10 +165,16 @@ void Synthetic::for_runs(std::span<const int64_t> rows, F&& f) const {
 
 void Synthetic::gather_host(std::span<const int64_t> rows, const HostRows& into) const {
   DPT_CHECK(!into.y || cfg_.task == Task::regression, "Synthetic::gather_host: no regression targets to gather");
-  DPT_CHECK(!into.labels || cfg_.task == Task::classification, "Synthetic::gather_host: no class labels to gather");
+  DPT_CHECK(!into.labels || cfg_.task != Task::regression, "Synthetic::gather_host: no class labels to gather");
   const auto in = static_cast<size_t>(cfg_.in), out = static_cast<size_t>(cfg_.out);
   for_runs(rows, [&](size_t at, int64_t first, int64_t count) {
     const Batch b = batch(first, count);
+    if (cfg_.task == Task::language_model) {  // tokens: x_i32 and their next tokens as labels
+      const std::vector<int32_t> x = b.x.to_host_i32(), y = b.y.to_host_i32();
+      if (into.x_i32) std::memcpy(into.x_i32 + at * in, x.data(), x.size() * sizeof(int32_t));
+      if (into.labels) std::memcpy(into.labels + at * in, y.data(), y.size() * sizeof(int32_t));
+      return;
+    }
     if (into.x) {
       const std::vector<float> x = b.x.to_host();
       std::memcpy(into.x + at * in, x.data(), x.size() * sizeof(float));

@@ -18,7 +18,9 @@ DPT_HD float schedule_lr(const ScheduleArgs& a, int64_t step) {
     const double span = static_cast<double>(a.total - a.warmup > 1 ? a.total - a.warmup : 1);
     const double r = static_cast<double>(step - a.warmup) / span;
     const double t = r < 1.0 ? r : 1.0;
-    return static_cast<float>(0.5 * a.base_lr * (1.0 + cos(3.14159265358979323846 * t)));
+    // final + (base - final) (1 + cos) / 2, in that order: with final 0 the formula PyTorch's
+    // CosineAnnealingLR computes, bit for bit as before.
+    return static_cast<float>(a.final_lr + 0.5 * (a.base_lr - a.final_lr) * (1.0 + cos(3.14159265358979323846 * t)));
   }
   return a.base_lr;
 }

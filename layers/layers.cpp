@@ -28,6 +28,12 @@ Tensor Linear::forward(const Tensor& x) {
   return linear_bf16(cast(x, DType::bf16), W_.value, bias(), W_.shadow, b_ ? b_->shadow : none_, act_);
 }
 
+Linear& Linear::init_normal(float std) {
+  W_.init_std = std;
+  if (b_) b_->init_bound = 0.0f;
+  return *this;
+}
+
 std::shared_ptr<Module> Linear::clone() const { return std::make_shared<Linear>(in_, out_, act_, b_ != nullptr); }
 
 std::string Linear::describe() const {

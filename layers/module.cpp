@@ -27,7 +27,7 @@ std::vector<int64_t> aligned_offsets(const std::vector<Shape>& shapes, int64_t* 
 }  // namespace
 
 namespace {
-// A module's own entries (item(entry)), then each child's (of_child(child)) in turn: the
+// A module's own entries (item(entry)), then each child's (of_child(index, child)) in turn: the
 // order that the flat buffers lay parameters and buffers out in.
 template <class Item, class Entry, class ItemOf, class ItemsOfChild>
 std::vector<Item> own_then_children(const std::vector<std::unique_ptr<Entry>>& own,
@@ -35,15 +35,19 @@ std::vector<Item> own_then_children(const std::vector<std::unique_ptr<Entry>>& o
                                     ItemsOfChild of_child) {
   std::vector<Item> out;
   for (const auto& e : own) out.push_back(item(*e));
-  for (const auto& c : children)
-    for (Item& i : of_child(*c)) out.push_back(std::move(i));
+  for (size_t k = 0; k < children.size(); ++k)
+    for (Item& i : of_child(k, *children[k])) out.push_back(std::move(i));
   return out;
 }
 }  // namespace
 
 std::vector<Parameter*> Module::parameters() {
   return own_then_children<Parameter*>(
-      params_, children_, [](Parameter& p) { return &p; }, [](Module& c) { return c.parameters(); });
+      params_, children_, [](Parameter& p) { return &p; }, [](size_t, Module& c) { return c.parameters(); });
+}
+
+std::string Module::child_prefix(const std::string& prefix, size_t i) const {
+  return child_names_[i].empty() ? prefix : prefix + child_names_[i] + ".";
 }
 
 std::vector<std::pair<std::string, Parameter*>> Module::named_parameters(const std::string& prefix) {
@@ -52,7 +56,7 @@ std::vector<std::pair<std::string, Parameter*>> Module::named_parameters(const s
       [&](Parameter& p) {
         return std::pair{prefix + p.name, &p};
       },
-      [&](Module& c) { return c.named_parameters(prefix); });
+      [&](size_t k, Module& c) { return c.named_parameters(child_prefix(prefix, k)); });
 }
 
 int64_t Module::num_parameters() {
@@ -63,7 +67,7 @@ int64_t Module::num_parameters() {
 
 std::vector<Buffer*> Module::buffers() {
   return own_then_children<Buffer*>(
-      buffers_, children_, [](Buffer& b) { return &b; }, [](Module& c) { return c.buffers(); });
+      buffers_, children_, [](Buffer& b) { return &b; }, [](size_t, Module& c) { return c.buffers(); });
 }
 
 std::vector<std::pair<std::string, Buffer*>> Module::named_buffers(const std::string& prefix) {
@@ -72,7 +76,7 @@ std::vector<std::pair<std::string, Buffer*>> Module::named_buffers(const std::st
       [&](Buffer& b) {
         return std::pair{prefix + b.name, &b};
       },
-      [&](Module& c) { return c.named_buffers(prefix); });
+      [&](size_t k, Module& c) { return c.named_buffers(child_prefix(prefix, k)); });
 }
 
 void Module::train(bool on) {
@@ -93,7 +97,7 @@ Buffer& Module::register_buffer(std::string name, Shape shape, float init) {
   return *buffers_.back();
 }
 
-void Module::register_module(std::shared_ptr<Module> child) {
+void Module::register_module(std::shared_ptr<Module> child, std::string name) {
   DPT_REQUIRE(!placed_, "register_module() after the module (or one it belongs to) was placed on a device");
   if (!child) throw UsageError("register_module(): no module (a null pointer)");
   if (child->placed_ || child->materialized())
@@ -110,6 +114,7 @@ void Module::register_module(std::shared_ptr<Module> child) {
     throw UsageError("register_module(): the module belongs to a model already (here or elsewhere), or holds this one");
   child->has_parent_ = true;
   children_.push_back(std::move(child));
+  child_names_.push_back(std::move(name));
 }
 
 std::vector<int64_t> Module::layout(int64_t* total) {
@@ -206,7 +211,9 @@ void Module::to(const Device& device, uint64_t seed) {
   }
   for (size_t k = 0; k < params.size(); ++k) {
     const Parameter& p = *params[k];
-    uniform_(flat.view(offsets[k], p.shape), seed, k, 0, p.init_value - p.init_bound, p.init_value + p.init_bound);
+    const Tensor v = flat.view(offsets[k], p.shape);
+    if (p.init_std > 0.0f) normal_(v, seed, k, 0, p.init_std);
+    else uniform_(v, seed, k, 0, p.init_value - p.init_bound, p.init_value + p.init_bound);
   }
   int64_t buffer_total = 0;
   const auto buffer_offsets = buffer_layout(&buffer_total);

@@ -90,8 +90,8 @@ void DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, do
   std::vector<bool> complete(buckets_.size(), false);
   if (communicate) {
     rep.pending.assign(buckets_.size(), 0);
-    for (const auto& bs : buckets_of_param_)
-      for (int b : bs) rep.pending[static_cast<size_t>(b)] += 1;
+    for (size_t k = 0; k < buckets_of_param_.size(); ++k)  // a tied weight is written once a use
+      for (int b : buckets_of_param_[k]) rep.pending[static_cast<size_t>(b)] += rep.params[k]->uses;
     rep.next_bucket = 0;
     rep.acquired = 0;
   }
@@ -161,8 +161,8 @@ void DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, do
           const size_t b = static_cast<size_t>(bi);
           if (--rep.pending[b] < 0)
             throw Error(
-                "a parameter received its gradient twice in one step (used twice in forward): "
-                "data parallelism needs each parameter used once");
+                "a parameter received its gradient more often in one step than it is used (Parameter::uses): "
+                "data parallelism needs each parameter used as often as it says");
           if (rep.pending[b] == 0) complete[b] = true;
         }
         hand_over();

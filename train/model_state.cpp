@@ -81,6 +81,9 @@ constexpr const char* kFirstKeys[] = {"format",    "step", "optimizer_steps", "d
 constexpr const char* kLaterKeys[] = {"rng",        "lr",   "momentum",   "nesterov",   "weight_decay", "beta1",
                                       "beta2",      "eps",  "schedule",   "warmup",     "clip",         "precision",
                                       "grad_accum", "data", "data_epoch", "data_index", "elapsed_s"};
+// Keys added since checksums came (GPTs): a checksummed file may lack them; then they hold
+// their defaults (no GPT was trained before them).
+constexpr const char* kNewerKeys[] = {"seq", "lr_final"};
 
 void check_metadata(const ckpt::Checkpoint& c, const std::string& path) {
   const auto format = c.metadata.find("format");
@@ -108,7 +111,8 @@ void check_metadata(const ckpt::Checkpoint& c, const std::string& path) {
 bool is_checkpoint_key(const std::string& key) {
   auto is = [&](const char* k) { return key == k; };
   return std::any_of(std::begin(kFirstKeys), std::end(kFirstKeys), is) ||
-         std::any_of(std::begin(kLaterKeys), std::end(kLaterKeys), is);
+         std::any_of(std::begin(kLaterKeys), std::end(kLaterKeys), is) ||
+         std::any_of(std::begin(kNewerKeys), std::end(kNewerKeys), is);
 }
 
 ckpt::Checkpoint load_checkpoint(const std::string& path, bool note) {

@@ -2,7 +2,9 @@
 #include <limits>
 
 #include <dptrain/layers/conv.hpp>
+#include <dptrain/layers/gpt.hpp>
 #include <dptrain/layers/layers.hpp>
+#include <dptrain/parallel/process_group.hpp>
 #include <dptrain/train/trainer.hpp>
 
 #include "common/atomic_file.hpp"
@@ -69,8 +71,8 @@ OptionSchema<C> make_schema() {
   const OptionRange positive{0, HUGE_VAL, true, true, "must be a positive number"};
   OptionSchema<C> s = {
       text_field(id("model"), &C::model, OptionKind::text,
-                 "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:3x32x32-c32k3-p2-c64k3-p2-f10, README) "
-                 "or preset: seed, mlp, cnn-small, cnn")
+                 "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:3x32x32-c32k3-p2-c64k3-p2-f10), GPT spec "
+                 "(gpt:L4-H4-C128-T256-V512) or preset: seed, mlp, cnn-small, cnn, gpt2, gpt2-medium")
           .fixed_on_resume(),
       choice_field(id("act"), &C::act, nn::kActNames,
                    "Hidden activation: relu, gelu, tanh, gelu_tanh, or none (a linear model)")
@@ -86,6 +88,8 @@ OptionSchema<C> make_schema() {
       number_field(id("samples"), &C::samples, at_least_0,
                    "Synthetic dataset size (default: an endless stream of new samples)")
           .fixed_on_resume(),
+      number_field(id("seq"), &C::seq, at_least_0, "GPT: tokens a sequence (default: its context)").fixed_on_resume(),
+      number_field(id("batch_tokens"), &C::batch_tokens, at_least_0, "GPT: tokens a step (--batch: a device's part)"),
       text_field(id("data"), &C::data, OptionKind::path,
                  "Train on this file: .safetensors (x, y, optional x_val, y_val) or .npy of inputs (with --targets)")
           .fixed_on_resume(),
@@ -116,6 +120,9 @@ OptionSchema<C> make_schema() {
                  "Learning-rate schedule: constant, warmup, cosine")
           .in_checkpoint(),
       number_field(id("warmup"), &C::warmup, at_least_0, "Linear warm-up steps (warmup, cosine)").in_checkpoint(),
+      number_field(id("lr_final"), &C::lr_final, {0, 1, false, false, "must be in [0, 1]"},
+                   "Cosine: the final learning rate as a fraction of --lr (default 0)")
+          .in_checkpoint(),
       devices_field(),
   };
   // The Trainer checks every step's gradients itself (check_finite), so it never updates a
@@ -151,8 +158,49 @@ const OptionSchema<TrainConfig>& train_schema() {
 
 float default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3f : 0.05f; }
 
+namespace {
+
+// A GPT's sequence length, and its batch in tokens as a global batch of sequences and an
+// accumulation (before the steps of epochs are counted from the batch).
+void validate_language_model(TrainConfig& cfg) {
+  const nn::GptConfig g = nn::parse_gpt_spec(cfg.model);
+  if (cfg.seq == 0) cfg.seq = g.context;
+  if (cfg.seq > g.context)
+    bad("seq", "of " + std::to_string(cfg.seq) + " tokens is longer than the model's context of " +
+                   std::to_string(g.context) + " (" + cfg.model + ")");
+  if (cfg.task == data::Task::regression || cfg.task == data::Task::classification)
+    cfg.task = data::Task::language_model;
+  if (cfg.batch_tokens == 0) return;
+  if (cfg.batch < 1) return;  // the field's own check says so
+  if (cfg.parallel.grad_accum != 1)
+    bad("batch_tokens", "sets the accumulation itself; leave out {}", {"parallel.grad_accum"});
+  // Each device's micro-batch is `batch` sequences; every replica (a device, or a rank) takes one.
+  const int64_t replicas =
+      cfg.ddp && built_with_mpi()
+          ? ProcessGroup::world().size()
+          : static_cast<int64_t>(cfg.devices.empty() ? default_devices().size() : cfg.devices.size());
+  const int64_t micro_tokens = cfg.batch * cfg.seq * replicas;
+  if (cfg.batch_tokens % micro_tokens != 0)
+    bad("batch_tokens",
+        "of " + std::to_string(cfg.batch_tokens) + " is not a multiple of a micro-step's " +
+            std::to_string(micro_tokens) + " tokens ({} " + std::to_string(cfg.batch) + " x {} " +
+            std::to_string(cfg.seq) + " x " + std::to_string(replicas) + " device(s))",
+        {"batch", "seq"});
+  cfg.parallel.grad_accum = static_cast<int>(cfg.batch_tokens / micro_tokens);
+  cfg.batch = cfg.batch_tokens / cfg.seq;
+}
+
+}  // namespace
+
 nn::ModelSpec validate(TrainConfig& cfg) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  if (nn::is_gpt_spec(cfg.model)) {
+    validate_language_model(cfg);
+  } else {
+    if (cfg.seq != 0) bad("seq", "is a GPT's sequence length; {} is not a GPT", {"model"});
+    if (cfg.batch_tokens != 0) bad("batch_tokens", "is a GPT's batch; {} is not a GPT", {"model"});
+    if (cfg.task == data::Task::language_model) bad("task", "language-model needs a GPT {}", {"model"});
+  }
   // The steps of epochs come first, so that the steps' own check sees them.
   if (cfg.epochs > 0 && cfg.samples >= 1 && cfg.batch >= 1) {
     if (cfg.epochs > kMax / cfg.samples)
@@ -182,6 +230,8 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (optim::parse_schedule(cfg.schedule) == optim::Schedule::Kind::constant && cfg.warmup > 0)
     bad("warmup", "has no effect with {} constant: use {} warmup (a linear warm-up, then constant) or cosine",
         {"schedule", "schedule"});
+  if (cfg.lr_final != 0.0f && optim::parse_schedule(cfg.schedule) != optim::Schedule::Kind::cosine)
+    bad("lr_final", "is where the cosine schedule ends; add {} cosine", {"schedule"});
   nn::ModelSpec spec = nn::parse_model_spec(cfg.model);
   if (spec.is_cnn) cfg.task = data::Task::classification;  // a CNN classifies images
   if (cfg.task == data::Task::classification && spec.outputs() < 2)

@@ -45,7 +45,9 @@ void check_fixed_settings(const ckpt::Checkpoint& c, const std::string& path, co
                          {f.id});
       continue;
     }
-    const std::string was = metadata(c, path, f.id.name);
+    // seq came with GPTs: a checkpoint from before holds no GPT, whose seq is 0.
+    const bool before_gpt = f.id.name == "seq" && !c.metadata.count("seq");
+    const std::string was = before_gpt ? "0" : metadata(c, path, f.id.name);
     if (was == now) continue;
     // samples 0 is the endless stream of synthetic samples, which no flag spells.
     const bool samples = f.id.name == "samples";

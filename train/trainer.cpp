@@ -11,8 +11,10 @@
 #include <set>
 #include <thread>
 
+#include <dptrain/data/tokens.hpp>
 #include <dptrain/error.hpp>
 #include <dptrain/layers/conv.hpp>
+#include <dptrain/layers/gpt.hpp>
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
@@ -77,9 +79,34 @@ data::DataSplit open_data_file(const std::string& path, const std::string& targe
 }
 
 namespace {
+using DataPair = std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>>;
+
+// A GPT's token files: TrainConfig::data and val_data are lists of patterns (comma-separated).
+DataPair load_token_files(const TrainConfig& cfg) {
+  auto patterns = [](const std::string& list) {
+    std::vector<std::string> out;
+    for (size_t at = 0; at <= list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      if (comma > at) out.push_back(list.substr(at, comma - at));
+      at = comma + 1;
+    }
+    return out;
+  };
+  if (!cfg.targets.empty() || !cfg.val_targets.empty())
+    bad(cfg.targets.empty() ? "val_targets" : "targets",
+        "is for array data; a token file's targets are its next tokens");
+  if (cfg.val_fraction > 0)
+    bad("val_fraction", "is for array data; give a GPT's validation tokens with {}", {"val_data"});
+  const int64_t T = cfg.seq > 0 ? cfg.seq : nn::parse_gpt_spec(cfg.model).context;
+  std::shared_ptr<const data::Dataset> val;
+  if (!cfg.val_data.empty())
+    val = std::make_shared<data::TokenDataset>(data::expand_data_patterns(patterns(cfg.val_data)), T);
+  return {std::make_shared<data::TokenDataset>(data::expand_data_patterns(patterns(cfg.data)), T), val};
+}
+
 // The rows of TrainConfig::data, and the validation rows that the config asks for.
-std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>> load_files(
-    const TrainConfig& cfg) {
+DataPair load_files(const TrainConfig& cfg) {
+  if (nn::is_gpt_spec(cfg.model)) return load_token_files(cfg);
   data::DataSplit main = open_data_file(cfg.data, cfg.targets, "data", "targets", true);
   std::optional<data::ArrayDataset> val = std::move(main.val);
   const int sources = (val ? 1 : 0) + (cfg.val_data.empty() ? 0 : 1) + (cfg.val_fraction > 0 ? 1 : 0);
@@ -124,10 +151,13 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     cfg_.task = train_data_->task();
   }
   const nn::ModelSpec spec = validate(cfg_);
-  classes_ = cfg_.task == data::Task::classification ? spec.outputs() : 0;
+  // The scores a step's loss reads: the classes, or a language model's vocabulary.
+  classes_ = cfg_.task == data::Task::regression ? 0 : spec.outputs();
+  // A language model's rows are sequences of cfg_.seq tokens, not its whole context.
+  const Shape input = spec.is_gpt ? Shape{cfg_.seq} : spec.input_shape();
   if (train_data_) {
     try {
-      train_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
+      train_data_->check_model(input, cfg_.task, spec.outputs());
     } catch (const UsageError& e) {
       // One float a row for a model of several outputs: most likely class labels written as floats.
       if (cfg_.task == data::Task::regression && numel(train_data_->target_shape()) == 1 && spec.outputs() >= 2)
@@ -135,7 +165,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
                          " (class labels are integers: an integer .npy, int32 or int64, trains a classifier)");
       throw;
     }
-    if (val_data_) val_data_->check_model(spec.input_shape(), cfg_.task, spec.outputs());
+    if (val_data_) val_data_->check_model(input, cfg_.task, spec.outputs());
     eval_every_ = val_data_ ? cfg_.eval_every : 0;  // 0: at the end of every epoch
   }
   if (cfg_.eval_every > 0 && !val_data_)
@@ -166,7 +196,9 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   if (group_) check_ranks_agree(*group_, shared_settings());
   data::SyntheticConfig dc;  // without file or program data
   if (!train_data_) {
-    if (spec.is_cnn) {
+    if (spec.is_gpt) {
+      dc.in = cfg_.seq;  // random tokens, for measuring
+    } else if (spec.is_cnn) {
       dc.image = spec.cnn.input;
       dc.teacher_hidden = 16;  // teacher channels: labelling stays cheap next to the student's step
     } else {
@@ -187,7 +219,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   DataParallelOptions o = cfg_.parallel;
   o.check_finite = true;
   o.group = group_;
-  sched_ = {optim::parse_schedule(cfg_.schedule), *cfg_.lr, cfg_.warmup, cfg_.steps};
+  sched_ = {optim::parse_schedule(cfg_.schedule), *cfg_.lr, cfg_.warmup, cfg_.steps, *cfg_.lr * cfg_.lr_final};
   // Every optimizer consults the run's schedule, on the device, each step.
   const OptimizerFactory scheduled = [this, make_opt](nn::Module& m) {
     std::unique_ptr<optim::Optimizer> opt = make_opt(m);
@@ -395,10 +427,26 @@ Trainer::~Trainer() {
   }
 }
 
+namespace {
+// The loss of a task: mean squared error, cross-entropy over `outputs` classes, or a
+// language model's next-token cross-entropy over its vocabulary of `outputs`.
+LossFn task_loss(data::Task task, int64_t outputs) {
+  switch (task) {
+    case data::Task::classification:
+      return nn::CrossEntropyLoss();
+    case data::Task::language_model:
+      return [outputs](const Tensor& logits, const Tensor& targets) { return nn::lm_loss(logits, targets, outputs); };
+    case data::Task::regression:
+      break;
+  }
+  return nn::MSELoss();
+}
+}  // namespace
+
 EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch, int64_t classes) {
   DPT_CHECK(batch >= 1 && d.rows() > 0 && d.has_targets(), "evaluate: a data set of rows with targets, a batch >= 1");
   const bool classify = d.task() == data::Task::classification;
-  const LossFn loss = classify ? LossFn(nn::CrossEntropyLoss()) : LossFn(nn::MSELoss());
+  const LossFn loss = task_loss(d.task(), classes);
   const LossFn metric = classify ? LossFn(dpt::accuracy) : LossFn();
   std::vector<std::vector<int64_t>> rows(dp.size());
   const ShardSource source = [&](size_t r, int64_t first, int64_t n) {
@@ -416,8 +464,9 @@ EvalResult evaluate(DataParallel& dp, const data::Dataset& d, int64_t batch, int
     loss_sum += static_cast<double>(l.value()) * static_cast<double>(n);
     if (classify) right_sum += static_cast<double>(l.metric()) * static_cast<double>(n);
   }
-  const double rows_total = static_cast<double>(d.rows());
-  return {loss_sum / rows_total, classify ? right_sum / rows_total : NAN, d.rows()};
+  const double rows_total = static_cast<double>(d.rows()), mean = loss_sum / rows_total;
+  return {mean, classify ? right_sum / rows_total : NAN, d.task() == data::Task::language_model ? std::exp(mean) : NAN,
+          d.rows()};
 }
 
 EvalResult Trainer::validate_now() {
@@ -432,7 +481,7 @@ StepLoss Trainer::step(int64_t s, bool measure) {
                      (steps_done_ < cfg_.steps ? "the next is " + std::to_string(steps_done_)
                                                : "and all " + std::to_string(cfg_.steps) + " are done"));
   const bool classify = cfg_.task == data::Task::classification;
-  const LossFn loss = classify ? LossFn(nn::CrossEntropyLoss()) : LossFn(nn::MSELoss());
+  const LossFn loss = task_loss(cfg_.task, classes_);
   // A recorded step cannot change what it computes: with a CUDA graph, every step measures.
   const LossFn metric = classify && (measure || cfg_.parallel.cuda_graph) ? LossFn(dpt::accuracy) : LossFn();
   // Its phases are timed only when it is measured (logged): four events less a step.

@@ -14,6 +14,7 @@
 #include <dptrain/runtime/tensor.hpp>
 
 #include <dptrain/layers/conv.hpp>
+#include <dptrain/layers/gpt.hpp>
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/layers/model_spec.hpp>
@@ -40,5 +41,6 @@
 #include <dptrain/parallel/shard_plan.hpp>
 
 #include <dptrain/train/checkpoint.hpp>
+#include <dptrain/train/hf.hpp>
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>

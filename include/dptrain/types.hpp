@@ -72,6 +72,7 @@ struct ScheduleArgs {
   float base_lr = 0.01f;
   int64_t warmup = 0;
   int64_t total = 1;
+  float final_lr = 0.0f;  // where the cosine ends (0, as PyTorch's CosineAnnealingLR by default)
 };
 
 // AdamW's hyperparameters, as a user sets them (optim::AdamW::Options).

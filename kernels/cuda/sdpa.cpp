@@ -158,8 +158,7 @@ void sdpa_forward(cudnnHandle_t h, const SdpaShape& s, const uint16_t* qkv, uint
   const int64_t C = s.heads * s.head_size;
   float scale = 1.0f / std::sqrt(static_cast<float>(s.head_size));
   auto* in = const_cast<uint16_t*>(qkv);  // cuDNN's pack is of void*; it only reads the inputs
-  std::unordered_map<int64_t, void*> pack = {
-      {kQ, in}, {kK, in + C}, {kV, in + 2 * C}, {kScale, &scale}, {kO, y}};
+  std::unordered_map<int64_t, void*> pack = {{kQ, in}, {kK, in + C}, {kV, in + 2 * C}, {kScale, &scale}, {kO, y}};
   if (s.training) pack[kStats] = stats;
   execute(h, built(h, s, false), pack, ws, "sdpa_forward");
 }

@@ -1,6 +1,9 @@
 // causal_attention: differentiable causal multi-head self-attention over qkv (the model's
 // c_attn output). The forward saves the softmax's log-sum-exp per row, and the backward
-// recomputes the probabilities from it: no [T, T] matrix is ever held.
+// recomputes the probabilities from it: no [T, T] matrix is ever held. In bf16 on a GPU it
+// runs cuDNN's fused attention (flash attention, kernels/cuda/sdpa.hpp) where the build has
+// the cuDNN frontend and cuDNN takes the shape; our own kernel otherwise.
+#include <algorithm>
 #include <string>
 
 #include <dptrain/error.hpp>
@@ -13,6 +16,11 @@
 #if DPT_WITH_CUDA
 #include "kernels/cuda/cuda.hpp"
 #endif
+#if DPT_WITH_CUDNN_FRONTEND
+#include <dptrain/runtime/context.hpp>
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/sdpa.hpp"
+#endif
 
 namespace dpt {
 
@@ -20,15 +28,46 @@ using namespace detail;
 
 namespace {
 
+#if DPT_WITH_CUDNN_FRONTEND
+// cuDNN's shape of an attention, and the handle of the device's current context (bound to
+// its stream) with the device made current.
+cuda::SdpaShape sdpa_shape(const AttentionShape& s, bool training) {
+  return {s.batch, s.heads, s.T, s.head_size, training};
+}
+cudnnHandle_t dnn_of(const Device& d) {
+  cuda::set_device(d.index);
+  return static_cast<cudnnHandle_t>(context(d).dnn());
+}
+// A workspace from the caching allocator (f32 elements, rounded up): no cudaMalloc a step.
+Tensor workspace(const Device& d, size_t bytes) {
+  return Tensor::empty({static_cast<int64_t>(std::max<size_t>(1, (bytes + 3) / 4))}, DType::f32, d);
+}
+// Whether cuDNN computes this attention: bf16 on a GPU, a shape cuDNN runs.
+bool use_cudnn(const Tensor& qkv, const AttentionShape& s, bool training) {
+  return is_bf16(qkv) && !qkv.device().is_cpu() && cuda::sdpa_supported(dnn_of(qkv.device()), sdpa_shape(s, training));
+}
+#else
+bool use_cudnn(const Tensor&, const AttentionShape&, bool) { return false; }
+#endif
+
 class AttentionNode : public Node {
  public:
-  AttentionNode(const AttentionShape& s, Tensor qkv, Tensor y, Tensor lse)
-      : s_(s), qkv_(qkv.untracked()), y_(y.untracked()), lse_(std::move(lse)) {}
+  AttentionNode(const AttentionShape& s, Tensor qkv, Tensor y, Tensor lse, bool cudnn)
+      : s_(s), qkv_(qkv.untracked()), y_(y.untracked()), lse_(std::move(lse)), cudnn_(cudnn) {}
   const char* name() const override { return "causal_attention"; }
   void backward(Tensor& dy_in, Grads& grads) override {
     const Device d = qkv_.device();
     const Tensor dy = dy_in.dtype() == y_.dtype() ? dy_in : cast(dy_in, y_.dtype());
     Tensor dqkv = Tensor::empty(qkv_.shape(), qkv_.dtype(), d);
+#if DPT_WITH_CUDNN_FRONTEND
+    if (cudnn_) {  // the statistics are cuDNN's own
+      const cuda::SdpaShape s = sdpa_shape(s_, true);
+      const Tensor ws = workspace(d, cuda::sdpa_backward_workspace(dnn_of(d), s));
+      cuda::sdpa_backward(dnn_of(d), s, qkv_.bf16(), y_.bf16(), dy.bf16(), lse_.f32(), dqkv.bf16(), ws.data());
+      give(grads, 0, std::move(dqkv));
+      return;
+    }
+#endif
     if (is_bf16(qkv_)) {
       DPT_CUDA_OR_CPU(d,
                       cuda::attention_backward_bf16(s_, qkv_.bf16(), y_.bf16(), dy.bf16(), lse_.f32(), dqkv.bf16(),
@@ -48,6 +87,7 @@ class AttentionNode : public Node {
   Tensor work(const Device& d) const { return Tensor::empty({s_.softmax_rows()}, DType::f32, d); }
   AttentionShape s_;
   Tensor qkv_, y_, lse_;
+  bool cudnn_;
 };
 
 }  // namespace
@@ -66,14 +106,22 @@ Tensor causal_attention(const Tensor& qkv, int64_t T, int64_t heads) {
   const Device d = qkv.device();
   Tensor y = Tensor::empty({s.rows(), s.channels()}, qkv.dtype(), d);
   Tensor lse = Tensor::empty({s.batch, heads, T}, DType::f32, d);
-  if (is_bf16(qkv)) {
+  const bool training = any_requires_grad({&qkv});
+  const bool cudnn = use_cudnn(qkv, s, training);
+  if (cudnn) {
+#if DPT_WITH_CUDNN_FRONTEND
+    const cuda::SdpaShape ss = sdpa_shape(s, training);
+    const Tensor ws = workspace(d, cuda::sdpa_forward_workspace(dnn_of(d), ss));
+    cuda::sdpa_forward(dnn_of(d), ss, qkv.bf16(), y.bf16(), training ? lse.f32() : nullptr, ws.data());
+#endif
+  } else if (is_bf16(qkv)) {
     DPT_CUDA_OR_CPU(d, cuda::attention_forward_bf16(s, qkv.bf16(), y.bf16(), lse.f32(), stream_of(d)),
                     cpu::attention_forward_bf16(s, qkv.bf16(), y.bf16(), lse.f32()));
   } else {
     DPT_CUDA_OR_CPU(d, cuda::attention_forward(s, qkv.f32(), y.f32(), lse.f32(), stream_of(d)),
                     cpu::attention_forward(s, qkv.f32(), y.f32(), lse.f32()));
   }
-  if (any_requires_grad({&qkv})) record(y, std::make_shared<AttentionNode>(s, qkv, y, lse), {qkv});
+  if (training) record(y, std::make_shared<AttentionNode>(s, qkv, y, lse, cudnn), {qkv});
   return y;
 }
 

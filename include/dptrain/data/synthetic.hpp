@@ -6,6 +6,11 @@
 // are labelled by a teacher CNN built from the same ops, so it runs on any device:
 // x -> W2 avgpool(tanh(conv3x3(x, W1))), the argmax of its output.
 //
+// For a language model (Task::language_model) the data are random tokens: sample s is
+// tokens s*T .. s*T+T of a stream of tokens uniform in [0, out), its inputs the first T and
+// its targets the last T (each input's next token), as a window of token files is; in = T.
+// Nothing in them can be learnt beyond the uniform distribution: they are for measuring.
+//
 // Synthetic is a Dataset (dataset.hpp): rows() is its size (0 for an endless stream), and
 // gathering any list of rows makes each contiguous run of them on its own device.
 #pragma once
@@ -21,8 +26,8 @@ namespace dpt::data {
 
 struct SyntheticConfig {
   Task task = Task::regression;
-  int64_t in = 0;   // input width (images: C * H * W, filled in from `image`)
-  int64_t out = 0;  // output width (number of classes for classification)
+  int64_t in = 0;   // input width (images: C * H * W, filled in from `image`; tokens: T)
+  int64_t out = 0;  // output width (number of classes for classification, the vocabulary for tokens)
   Shape image{};    // [C, H, W] for image classification; empty for vectors
   uint64_t seed = 1;
   int64_t samples = 0;          // dataset size; 0 = an endless stream of new samples
@@ -47,6 +52,7 @@ class Synthetic : public Dataset {
   // are asked for.
   int64_t rows() const override { return cfg_.samples; }
   Shape input_shape() const override;
+  DType input_dtype() const override { return cfg_.task == Task::language_model ? DType::i32 : DType::f32; }
   bool has_targets() const override { return true; }
   Task task() const override { return cfg_.task; }
   Shape target_shape() const override;
@@ -61,6 +67,9 @@ class Synthetic : public Dataset {
   // at + count) are samples first .. first + count - 1.
   template <class F>
   void for_runs(std::span<const int64_t> rows, F&& f) const;
+  // Language models: the tokens of `count` samples of `map` (x) and their next tokens (y),
+  // made on the host.
+  Batch token_rows(const RowMap& map, int64_t count, const Batch& into) const;
   SyntheticConfig cfg_;
   Device device_;
   Tensor w1_, w2_;

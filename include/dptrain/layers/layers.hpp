@@ -35,6 +35,9 @@ class Linear : public Module {
   const Tensor& bias() const { return b_ ? b_->value : none_; }
   Act act() const { return act_; }
   bool computes_bf16() const { return W_.shadow.defined(); }
+  // GPT-2's initialization instead of torch's: weight normal(0, std), bias 0 (before the
+  // module is placed).
+  Linear& init_normal(float std);
 
  private:
   int64_t in_, out_;

@@ -22,6 +22,11 @@ struct Parameter {
   // In bf16 compute (Module::set_compute_dtype): the bf16 copy of `value` that the layers
   // compute with, a view into the module's flat bf16 shadow buffer; else undefined.
   Tensor shadow;
+  // > 0: initialized normal(0, init_std) instead (GPT-2's weights).
+  float init_std = 0.0f;
+  // How many times one forward uses it: 2 for a weight tied to two places (GPT's token
+  // embedding and output projection), whose gradient is complete after its second part.
+  int uses = 1;
 };
 
 // State a module keeps and updates itself but does not train, as torch's buffers (batch
@@ -123,7 +128,8 @@ class Module {
  protected:
   Parameter& register_parameter(std::string name, Shape shape, float init_bound, float init_value = 0.0f);
   Buffer& register_buffer(std::string name, Shape shape, float init);
-  void register_module(std::shared_ptr<Module> child);
+  // `name`, when given, prefixes the child's parameter and buffer names ("h.0." + "ln_1.weight").
+  void register_module(std::shared_ptr<Module> child, std::string name = {});
   // Makes `flat` (laid out by layout()) the parameter buffer, with a zeroed gradient
   // buffer, and `buffers` (laid out by buffer_layout(); undefined when there are none)
   // the buffer of buffers.
@@ -137,6 +143,8 @@ class Module {
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::unique_ptr<Buffer>> buffers_;
   std::vector<std::shared_ptr<Module>> children_;
+  std::vector<std::string> child_names_;  // a child's name, or empty
+  std::string child_prefix(const std::string& prefix, size_t i) const;
   Tensor flat_params_, flat_grads_, flat_buffers_, flat_shadow_;
   std::vector<Parameter*> bound_params_;  // parameters(), as bind() laid them out: a step's own list
   // Set by bind() on the module and its children: their parameters are laid out, so none

@@ -10,13 +10,14 @@
 namespace dpt::optim {
 
 // Learning rate as a function of the step (0-based): constant; linear warm-up from 0
-// over `warmup` steps then constant; or warm-up then cosine decay to 0 at `total`.
+// over `warmup` steps then constant; or warm-up then cosine decay to final_lr at `total`.
 struct Schedule {
   enum class Kind { constant, warmup, cosine };
   Kind kind = Kind::constant;
   float base_lr = 0.01f;
   int64_t warmup = 0;
   int64_t total = 1;
+  float final_lr = 0.0f;
   float at(int64_t step) const;  // on the host, as the device computes it
   ScheduleArgs args() const;     // what the device computes it from
   // A constant rate.

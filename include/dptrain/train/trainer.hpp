@@ -29,14 +29,21 @@ namespace dpt {
 // whether ranks share it and checkpoints record it, in train_schema() (train/options.cpp),
 // which the checks, dptrain's flags and config keys, checkpoints and the ranks' agreement read.
 struct TrainConfig {
-  std::string model = "16-128x2-4";  // MLP or CNN spec (layers/conv.hpp) or preset (seed, mlp, cnn-small)
+  std::string model = "16-128x2-4";  // MLP, CNN or GPT spec (model_spec.hpp) or preset (seed, mlp, cnn-small, gpt2)
   Act act = Act::relu;
   data::Task task = data::Task::regression;  // a CNN always classifies (validate() sets it)
   int64_t batch = 256;                       // global batch
   int64_t steps = 500;                       // total optimizer steps (derived from epochs when epochs > 0)
   int64_t epochs = 0;
   int64_t samples = 0;  // synthetic dataset size; 0 = endless stream of samples
-  // Data from files instead of synthetic data: `data` is a .safetensors file (tensors x
+  // Language models: tokens a sequence (T; 0: the model's context), and the tokens a step
+  // (0: batch * seq); with batch_tokens, `batch` is each device's micro-batch of sequences
+  // (llm.c's -b) and the accumulation follows: batch_tokens / (batch * seq * devices).
+  int64_t seq = 0;
+  int64_t batch_tokens = 0;
+  // Data from files instead of synthetic data: for a GPT, `data` and `val_data` are token
+  // files (llm.c shards or 1-D .npy, data/tokens.hpp), patterns separated by commas
+  // ('train_*.bin'); else `data` is a .safetensors file (tensors x
   // and y, and optionally x_val and y_val) or a .npy file of inputs, with `targets` a .npy
   // file of targets (float rows: regression; integer labels: classification, which the
   // task follows). Validation rows come from x_val/y_val, from `val_data` (and
@@ -54,6 +61,7 @@ struct TrainConfig {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   std::string schedule = "constant";
   int64_t warmup = 0;
+  float lr_final = 0.0f;        // cosine: the rate it ends at, as a fraction of lr (llm.c's -q)
   std::vector<Device> devices;  // empty: every GPU there is, else the CPU
   // How the replicas step together: precision, GEMM, clipping, reduction and buckets,
   // micro-batches, ZeRO, CUDA graphs (check_finite and group are the Trainer's: it checks
@@ -96,6 +104,7 @@ float default_lr(const std::string& optimizer);
 struct EvalResult {
   double loss = NAN;
   double accuracy = NAN;
+  double perplexity = NAN;  // a language model's: exp(loss)
   int64_t rows = 0;
 };
 
@@ -208,7 +217,7 @@ class Trainer {
  private:
   uint64_t local_parameter_hash();  // this rank's, not compared
   TrainConfig cfg_;
-  std::shared_ptr<nn::Sequential> model_;
+  std::shared_ptr<nn::Module> model_;
   std::shared_ptr<const data::Dataset> train_data_, val_data_;
   // The input pipeline: each replica's inputs for the steps (synthetic, gathered or loaded ahead).
   std::vector<std::unique_ptr<data::Feeder>> feeders_;

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The language-model work on the GPU machine in one call: build what it runs, the GPU tests
+# (TESTS: a Catch2 filter, default every GPU case; none: skip), then GPT training through
+# the CLI on the GPU beside the CPU (fp32: the same losses; bf16; a CUDA graph; two logical
+# replicas), and with BENCH=1 the GPT-2 124M step (bf16, B 16, T 1024, random tokens) in
+# dptrain beside PyTorch eager and torch.compile in the same call. Logs go to $OUT.
+# The cuDNN frontend's headers come with the tree (build/_deps/cudnn_frontend/include),
+# as the GPU machine has no network.
+set -u
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/dpt_gpt_check}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+cmake -S . -B build -G Ninja -DDPT_WERROR=ON >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+grep -E "dptrain: (CUDA|cuDNN)" "$out/configure.log"
+cmake --build build --target dpt_gpu_tests dptrain_cli >"$out/build.log" 2>&1 ||
+  { grep -E 'error|warning' "$out/build.log" | head -40; exit 1; }
+echo "built in ${SECONDS}s"
+
+if [ "${TESTS:-}" != none ]; then
+  timeout 420 build/tests/dpt_gpu_tests ${TESTS:+"$TESTS"} >"$out/gpu_tests.log" 2>&1
+  echo "dpt_gpu_tests ${TESTS:-}: exit $? | $(grep -E 'All tests passed|test cases' "$out/gpu_tests.log" | tail -1)"
+  grep -B5 -A15 -E 'FAILED|REQUIRE|CHECK\(' "$out/gpu_tests.log" | head -60
+fi
+
+# The losses of a small GPT: the GPU's fp32 steps against the CPU's, then bf16 and a graph.
+gpt() { build/apps/dptrain --model gpt:L4-H4-C128-T64-V512 --batch 16 --steps 50 --optimizer adamw --lr 0.003 \
+  --log-every 10 "$@" 2>&1; }
+losses() { grep -E '^step' | awk '{print $3}' | tr '\n' ' '; }
+echo "cpu    fp32: $(gpt --devices cpu | losses)"
+echo "cuda:0 fp32: $(gpt --devices cuda:0 --precision fp32 | losses)"
+echo "cuda:0 x2  : $(gpt --devices cuda:0,cuda:0 --precision fp32 | losses)"
+echo "cuda:0 bf16: $(gpt --devices cuda:0 --precision bf16 | losses)"
+echo "graph  bf16: $(gpt --devices cuda:0 --precision bf16 --cuda-graph | losses)"
+[ "${BENCH:-0}" = 1 ] || exit 0
+
+# GPT-2 124M, bf16, B 16 x T 1024 of random tokens: dptrain's loop and PyTorch's step.
+for g in "" "--cuda-graph"; do
+  build/apps/dptrain --model gpt2 --devices cuda:0 --precision bf16 --batch 16 --steps 30 --log-every 10 \
+    --optimizer adamw --lr 6e-4 --beta2 0.95 --weight-decay 0.1 $g 2>&1 | tee -a "$out/gpt2.log" |
+    grep -E '^(step 30|done|memory)' | sed "s/^/dptrain gpt2 B 16 bf16 ${g:-eager}: /"
+done
+python3 benchmarks/torch_gpt_bench.py --model gpt2 --batch 16 --mode eager 2>&1 | tail -1
+timeout 300 python3 benchmarks/torch_gpt_bench.py --model gpt2 --batch 16 --mode compile 2>&1 | tail -1

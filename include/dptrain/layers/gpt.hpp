@@ -1,0 +1,144 @@
+// GPT-2 as nanoGPT's model.py and llm.c build it: token and position embeddings, pre-LayerNorm
+// blocks of causal self-attention and a tanh-GELU MLP, a final LayerNorm and an output
+// projection tied to the token embedding. Activations flow as 2-D [B*T, C] tensors (row
+// b*T + t), so the blocks take the sequence length T beside them.
+//
+// Specs (--model):
+//   gpt2                       12 layers, 12 heads, width 768, context 1024, vocabulary 50257 (124M)
+//   gpt2-medium                24 layers, 16 heads, width 1024, context 1024, vocabulary 50257 (350M)
+//   gpt:L4-H4-C128-T256-V512   any size: L layers, H heads, C width, T context, V vocabulary
+//
+// Parameters are named as nanoGPT names them ("transformer.h.0.attn.c_attn.weight", Linear
+// weights [out, in]); GPT-2's initialization: weights normal(0, 0.02), the residual
+// projections' normal(0, 0.02 / sqrt(2 L)), biases 0, LayerNorms 1 and 0. The vocabulary is
+// padded to a multiple of 64 inside the model (50257 -> 50304, as llm.c): the token
+// embedding has padded_vocab() rows, and the logits' padding columns are masked by the loss.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <dptrain/layers/layers.hpp>
+#include <dptrain/layers/module.hpp>
+
+namespace dpt::nn {
+
+struct GptConfig {
+  int64_t layers = 12, heads = 12, width = 768, context = 1024, vocab = 50257;
+  int64_t padded_vocab() const { return (vocab + 63) / 64 * 64; }
+  bool operator==(const GptConfig&) const = default;
+};
+
+// Whether `spec` names a GPT (gpt2, gpt2-medium, gpt:...), and its sizes; UsageError naming
+// the problem for a spec that does not parse or sizes that do not fit (heads must divide the
+// width).
+bool is_gpt_spec(const std::string& spec);
+GptConfig parse_gpt_spec(const std::string& spec);
+std::string gpt_spec_str(const GptConfig& c);  // "gpt:L12-H12-C768-T1024-V50257"
+
+// wte [padded vocab, C] and wpe [context, C], normal(0, 0.02): tokens i32 [B, T] -> [B*T, C]
+// (bf16 in bf16 compute), token and position embedding summed.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t vocab_rows, int64_t context, int64_t width);
+  Tensor forward(const Tensor& tokens) override;
+  std::shared_ptr<Module> clone() const override;
+  std::string describe() const override;
+  Parameter& wte() { return wte_; }
+
+ private:
+  int64_t rows_, context_, width_;
+  Parameter& wte_;
+  Parameter& wpe_;
+};
+
+// torch.nn.LayerNorm(C) over the rows of x [N, C] (statistics in fp32 in every precision).
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t width);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Module> clone() const override;
+  std::string describe() const override;
+
+ private:
+  int64_t width_;
+  Parameter& weight_;
+  Parameter& bias_;
+};
+
+// A block's sizes: its width, its heads, and the layers of the model (which scale the
+// residual projections' initialization).
+struct BlockSizes {
+  int64_t width = 0, heads = 0, layers = 0;
+};
+
+// The parts of a block: they take the sequence length beside their [B*T, C] input
+// (forward(x) alone is refused).
+class SequenceModule : public Module {
+ public:
+  SequenceModule(const char* name, const BlockSizes& sizes) : name_(name), sizes_(sizes) {}
+  Tensor forward(const Tensor& x) override;
+  virtual Tensor forward(const Tensor& x, int64_t T) = 0;
+  std::string describe() const override;  // "Block(768, heads 12)"
+  const BlockSizes& sizes() const { return sizes_; }
+
+ private:
+  const char* name_;
+  BlockSizes sizes_;
+};
+template <class Part>
+class SequencePart : public SequenceModule {
+ public:
+  using SequenceModule::SequenceModule;
+  std::shared_ptr<Module> clone() const override { return std::make_shared<Part>(sizes()); }
+};
+
+// c_attn (C -> 3C), causal multi-head attention, c_proj (C -> C).
+class CausalSelfAttention : public SequencePart<CausalSelfAttention> {
+ public:
+  explicit CausalSelfAttention(const BlockSizes& sizes);
+  using SequenceModule::forward;
+  Tensor forward(const Tensor& x, int64_t T) override;
+
+ private:
+  std::shared_ptr<Linear> c_attn_, c_proj_;
+};
+
+// x + attn(ln_1(x)), then x + mlp(ln_2(x)) with mlp = c_fc (C -> 4C, tanh-GELU), c_proj (4C -> C).
+class Block : public SequencePart<Block> {
+ public:
+  explicit Block(const BlockSizes& sizes);
+  using SequenceModule::forward;
+  Tensor forward(const Tensor& x, int64_t T) override;
+
+ private:
+  std::shared_ptr<LayerNorm> ln_1_, ln_2_;
+  std::shared_ptr<CausalSelfAttention> attn_;
+  std::shared_ptr<Linear> c_fc_, c_proj_;
+};
+
+// The whole model: tokens i32 [B, T] (T <= context) -> logits [B*T, padded vocab] (f32, or
+// bf16 in bf16 compute); lm_loss gives the next-token loss from them.
+class GPT : public Module {
+ public:
+  explicit GPT(const GptConfig& config);
+  Tensor forward(const Tensor& tokens) override;
+  std::shared_ptr<Module> clone() const override;
+  std::string describe() const override;
+  const GptConfig& config() const { return config_; }
+
+ private:
+  GptConfig config_;
+  std::shared_ptr<Embedding> embed_;
+  std::vector<std::shared_ptr<Block>> blocks_;
+  std::shared_ptr<LayerNorm> ln_f_;
+};
+
+// The mean next-token cross-entropy of logits [N, padded vocab] against targets i32 (N of
+// them, any shape), over the first `vocab` columns (classifier_loss: the gradient is made
+// in the same pass, in the logits' memory).
+Tensor lm_loss(const Tensor& logits, const Tensor& targets, int64_t vocab);
+
+std::shared_ptr<GPT> gpt(const GptConfig& config);
+
+}  // namespace dpt::nn

@@ -1,0 +1,28 @@
+// GPT-2 weights in the Hugging Face layout: what transformers.GPT2LMHeadModel.from_pretrained
+// loads (model.safetensors and config.json in a folder) and what such a folder holds.
+// Their names are nanoGPT's ("transformer.h.0.attn.c_attn.weight"), but the four
+// projections of a block (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are Conv1D
+// weights stored [in, out], the transpose of dptrain's Linear [out, in]; the token
+// embedding has the vocabulary's rows (dptrain's padding rows are dropped, and read back as
+// zeros); lm_head.weight is the token embedding (tied) and is not written.
+#pragma once
+#include <string>
+
+#include <dptrain/layers/gpt.hpp>
+
+namespace dpt::hf {
+
+// Writes DIR/model.safetensors (fp32) and DIR/config.json for `model` (placed on any
+// device), making DIR when it is missing; each file atomically. Throws dpt::Error naming
+// the file on failure.
+void export_gpt2(nn::GPT& model, const std::string& dir);
+
+// Loads `path` (a model.safetensors of GPT-2 in this layout, F32 or BF16, as transformers
+// writes it, with or without the "transformer." prefix; lm_head.weight, when present, must
+// be the token embedding's copy, and the attention's mask buffers older files hold are
+// skipped) into `model`'s parameters (placed on any device). Throws UsageError with one
+// line naming the file and the tensor that is missing, unknown, of another shape or not
+// finite: the model's spec must be the file's sizes.
+void load_gpt2(nn::GPT& model, const std::string& path);
+
+}  // namespace dpt::hf

@@ -1,0 +1,138 @@
+#include <dptrain/train/hf.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include <dptrain/error.hpp>
+#include <dptrain/train/checkpoint.hpp>
+#include "common/atomic_file.hpp"
+
+namespace dpt::hf {
+
+namespace {
+
+const char* const kPrefix = "transformer.";
+
+// The block weights Hugging Face stores as Conv1D [in, out].
+bool is_conv1d_weight(const std::string& name) {
+  for (const char* suffix : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
+    const size_t n = std::strlen(suffix);
+    if (name.size() >= n && name.compare(name.size() - n, n, suffix) == 0) return true;
+  }
+  return false;
+}
+
+std::vector<float> transposed(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  std::vector<float> t(v.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[static_cast<size_t>(c * rows + r)] = v[static_cast<size_t>(r * cols + c)];
+  return t;
+}
+
+std::vector<float> as_floats(const ckpt::HostTensor& t) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  std::vector<float> v(static_cast<size_t>(n));
+  if (t.dtype == DType::f32) {
+    std::memcpy(v.data(), t.data.data(), v.size() * sizeof(float));
+  } else {  // bf16: the upper half of a float
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint16_t h = 0;
+      std::memcpy(&h, t.data.data() + 2 * i, 2);
+      const uint32_t bits = uint32_t{h} << 16;
+      std::memcpy(&v[i], &bits, 4);
+    }
+  }
+  return v;
+}
+
+std::string config_json(const nn::GptConfig& c) {
+  auto n = [](int64_t v) { return std::to_string(v); };
+  // GPT-2's <|endoftext|>, or the last token of a smaller vocabulary.
+  const std::string eot = n(std::min<int64_t>(50256, c.vocab - 1));
+  return "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": " +
+         n(c.vocab) + ",\n  \"n_positions\": " + n(c.context) + ",\n  \"n_embd\": " + n(c.width) +
+         ",\n  \"n_layer\": " + n(c.layers) + ",\n  \"n_head\": " + n(c.heads) +
+         ",\n  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n"
+         "  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n  \"initializer_range\": 0.02,\n"
+         "  \"tie_word_embeddings\": true,\n  \"bos_token_id\": " +
+         eot + ",\n  \"eos_token_id\": " + eot + ",\n" + "  \"torch_dtype\": \"float32\"\n}\n";
+}
+
+}  // namespace
+
+void export_gpt2(nn::GPT& model, const std::string& dir) {
+  const nn::GptConfig& cfg = model.config();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error("cannot make the folder '" + dir + "': " + ec.message());
+  ckpt::Checkpoint c;
+  c.metadata["format"] = "pt";  // what transformers asks of a safetensors file
+  for (auto& [name, p] : model.named_parameters()) {
+    std::vector<float> v = p->value.to_host();
+    std::vector<int64_t> shape = p->shape.vec();
+    if (name == "transformer.wte.weight") {  // the vocabulary's rows, not the padding
+      shape[0] = cfg.vocab;
+      v.resize(static_cast<size_t>(cfg.vocab * cfg.width));
+    } else if (is_conv1d_weight(name)) {
+      v = transposed(v, shape[0], shape[1]);
+      std::swap(shape[0], shape[1]);
+    }
+    c.tensors.push_back({name, ckpt::make_tensor(DType::f32, shape, v.data())});
+  }
+  ckpt::save(dir + "/model.safetensors", c);
+  write_file_atomic(dir + "/config.json", config_json(cfg));
+}
+
+void load_gpt2(nn::GPT& model, const std::string& path) {
+  const ckpt::Checkpoint c = ckpt::load(path);
+  const nn::GptConfig& cfg = model.config();
+  auto bad = [&](const std::string& why) { throw UsageError("'" + path + "': " + why); };
+  // The file's name for one of ours: with the prefix, or without it (GPT2Model's files).
+  auto find = [&](const std::string& name) -> std::pair<const ckpt::HostTensor*, std::string> {
+    if (const auto* t = c.find(name)) return {t, name};
+    const std::string bare = name.substr(std::strlen(kPrefix));
+    return {c.find(bare), bare};
+  };
+  std::set<std::string> used;
+  std::vector<float> wte;
+  for (auto& [name, p] : model.named_parameters()) {
+    const auto [t, file_name] = find(name);
+    if (!t) bad("no tensor " + name + " (a GPT-2 " + nn::gpt_spec_str(cfg) + " has it)");
+    if (t->dtype == DType::i32) bad(file_name + " is I32; GPT-2's weights are F32 or BF16");
+    std::vector<int64_t> want = p->shape.vec();
+    const bool is_wte = name == "transformer.wte.weight";
+    if (is_wte) want[0] = cfg.vocab;
+    if (is_conv1d_weight(name)) std::swap(want[0], want[1]);
+    if (t->shape != want)
+      bad(file_name + " has shape " + shape_str(t->shape) + ", the model's " + nn::gpt_spec_str(cfg) + " wants " +
+          shape_str(want));
+    std::vector<float> v = as_floats(*t);
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i])) bad(file_name + "[" + std::to_string(i) + "] is not finite");
+    if (is_conv1d_weight(name)) v = transposed(v, want[0], want[1]);
+    if (is_wte) {
+      wte = v;
+      v.resize(static_cast<size_t>(numel(p->shape)), 0.0f);  // the padding rows: zeros
+    }
+    copy(p->value, Tensor::from_host(v, p->shape, p->value.device()));
+    used.insert(file_name);
+  }
+  for (const auto& [name, t] : c.tensors) {
+    if (used.count(name)) continue;
+    // Older files keep the attention's causal mask as a buffer; dptrain's attention is causal by itself.
+    if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")) continue;
+    if (name == "lm_head.weight") {
+      if (t.shape != std::vector<int64_t>{cfg.vocab, cfg.width} || as_floats(t) != wte)
+        bad("lm_head.weight is not the token embedding: dptrain's GPT ties its output projection to it");
+      continue;
+    }
+    bad("a tensor " + name + " that GPT-2 " + nn::gpt_spec_str(cfg) + " does not have");
+  }
+  model.refresh_shadow();
+}
+
+}  // namespace dpt::hf
