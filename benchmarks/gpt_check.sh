@@ -27,7 +27,7 @@ fi
 # The losses of a small GPT: the GPU's fp32 steps against the CPU's, then bf16 and a graph.
 gpt() { build/apps/dptrain --model gpt:L4-H4-C128-T64-V512 --batch 16 --steps 50 --optimizer adamw --lr 0.003 \
   --log-every 10 "$@" 2>&1; }
-losses() { grep -E '^step' | awk '{print $3}' | tr '\n' ' '; }
+losses() { grep -E '^step' | awk '{print $4}' | tr '\n' ' '; }
 echo "cpu    fp32: $(gpt --devices cpu | losses)"
 echo "cuda:0 fp32: $(gpt --devices cuda:0 --precision fp32 | losses)"
 echo "cuda:0 x2  : $(gpt --devices cuda:0,cuda:0 --precision fp32 | losses)"

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -289,9 +290,19 @@ TEST_CASE("token data is checked against the model: rows of T tokens, a language
   const ArrayDataset a({x.data(), ArrayDType::f32, {3, 4}}, {y.data(), ArrayDType::f32, {3}});
   CHECK(usage_error([&] { a.check_model({4}, Task::language_model, 10); }) ==
         "host arrays: y holds regression targets, but the task is language-model");
-  // Synthetic data has no tokens.
-  CHECK(usage_error([&] { Synthetic({.task = Task::language_model}, test::host); }).find("a language model") !=
-        std::string::npos);
+  // Synthetic tokens: sample s is tokens s*T .. s*T+T of one random stream (inputs, then next
+  // tokens), in [0, vocabulary), the same whichever rows are made together.
+  const Synthetic syn({.task = Task::language_model, .in = 5, .out = 7, .seed = 3}, test::host);
+  CHECK(syn.input_dtype() == DType::i32);
+  CHECK(syn.target_shape() == Shape{5});
+  const Batch b = syn.batch(10, 3), one = syn.batch(11, 1);
+  const std::vector<int32_t> bx = b.x.to_host_i32(), by = b.y.to_host_i32();
+  for (size_t i = 0; i < bx.size(); ++i) {
+    CHECK((bx[i] >= 0 && bx[i] < 7));
+    if (i + 1 < bx.size()) CHECK(by[i] == bx[i + 1]);  // a window's targets are its next tokens
+  }
+  CHECK(one.x.to_host_i32() == std::vector<int32_t>(bx.begin() + 5, bx.begin() + 10));
+  CHECK(std::set<int32_t>(bx.begin(), bx.end()).size() > 3);
   CHECK(parse_task("language-model") == Task::language_model);
   CHECK(std::string(task_name(Task::language_model)) == "language-model");
   // Several files name the first and the last.
