@@ -223,9 +223,9 @@ void DataParallel::Impl::set_up_reduction(nn::Module& model, const DataParallelO
     // Stage 2 writes a bucket's gradients once, in backward's order; a tied weight (GPT's
     // token embedding, also its output projection) is written first by the last layer and
     // last by the first.
-    for (const nn::Parameter* p : model.parameters())
+    for (const auto& [name, p] : model.named_parameters())
       if (p->uses > 1)
-        throw UsageError("{} 2 cannot train a model with a tied weight (" + p->name +
+        throw UsageError("{} 2 cannot train a model with a tied weight (" + name +
                              " is used twice: GPT's token embedding and output projection); use {} 1",
                          {{"DataParallelOptions", "zero"}, {"DataParallelOptions", "zero"}});
     make_stage2_reducer(offsets, sizes, options);

@@ -14,6 +14,7 @@
 #include <dptrain/data/array.hpp>
 #include <dptrain/data/dataset.hpp>
 #include <dptrain/data/npy.hpp>
+#include <dptrain/data/tokens.hpp>
 #include <dptrain/error.hpp>
 #include "catch.hpp"
 #include "common.hpp"
@@ -28,6 +29,14 @@ inline const Device kCpu{DeviceType::cpu, 0};
 inline void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// `tokens` written as an llm.c shard at `path` (uint32 or uint16 tokens).
+inline void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, bool uint32) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  write_token_shard(
+      [&](const void* p, size_t n) { out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n)); }, tokens,
+      uint32);
 }
 
 inline std::vector<uint8_t> read_file(const std::string& path) {

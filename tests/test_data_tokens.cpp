@@ -25,19 +25,14 @@
 #include "common.hpp"
 #include "data/ahead_loader.hpp"
 #include "data/feeder.hpp"
+#include "data_common.hpp"
 
 using namespace dpt;
 using namespace dpt::data;
 using test::usage_error;
+using test_data::write_shard;
 
 namespace {
-
-void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, bool uint32) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  write_token_shard(
-      [&](const void* p, size_t n) { out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n)); }, tokens,
-      uint32);
-}
 
 // n tokens, token k = (k * 7919 + offset) % modulus: no two neighbours alike.
 std::vector<uint32_t> tokens_of(size_t n, uint32_t modulus, uint32_t offset = 0) {

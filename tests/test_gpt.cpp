@@ -1,0 +1,172 @@
+// GPT-2 through the Trainer: specs, the model's names and sizes, the same steps on one
+// device and on three, resume bit for bit, token files with validation perplexity, the
+// batch in tokens, and the refusals. (Logits, loss and gradients against transformers'
+// GPT2LMHeadModel: tests/gpt_interop.py.)
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <dptrain/data/tokens.hpp>
+#include <dptrain/layers/gpt.hpp>
+#include <dptrain/layers/model_spec.hpp>
+#include <dptrain/train/trainer.hpp>
+#include "catch.hpp"
+#include "common.hpp"
+#include "data_common.hpp"
+#include "train_common.hpp"
+
+using namespace dpt;
+
+#ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
+
+namespace {
+
+const char* const kSpec = "gpt:L2-H2-C32-T16-V60";
+
+TrainConfig gpt_config(int64_t batch = 6) {
+  TrainConfig c = test::quiet_config(kSpec, "adamw", batch);
+  c.steps = 6;
+  c.seq = 8;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("GPT specs: presets, any size, and one line for a spec that does not fit", "[gpt]") {
+  CHECK(nn::parse_gpt_spec("gpt2") == nn::GptConfig{12, 12, 768, 1024, 50257});
+  CHECK(nn::parse_gpt_spec("gpt2-medium") == nn::GptConfig{24, 16, 1024, 1024, 50257});
+  CHECK(nn::parse_gpt_spec("gpt:L4-H4-C128-T256-V512") == nn::GptConfig{4, 4, 128, 256, 512});
+  CHECK(nn::GptConfig{}.padded_vocab() == 50304);
+  CHECK(nn::gpt_spec_str(nn::parse_gpt_spec("gpt2")) == "gpt:L12-H12-C768-T1024-V50257");
+  const nn::ModelSpec m = nn::parse_model_spec(kSpec);
+  CHECK((m.is_gpt && !m.is_cnn && m.outputs() == 60 && m.input_shape() == Shape{16}));
+  for (const auto& [spec, why] : std::vector<std::pair<std::string, std::string>>{
+           {"gpt:L4-H4-C130-T256-V512", "the width 130 is not a multiple of the heads 4"},
+           {"gpt:L4-H1-C256-T256-V512", "a head of 256 channels (width / heads); at most 128"},
+           {"gpt:L4-H4-C128-T256", "expected '-' before V"},
+           {"gpt:L4-H4-C128-T0-V512", "context 0 outside [1, 1048576]"},
+           {"gpt:L4-H4-C128-T256-V512x", "unexpected 'x' at the end"},
+           {"gpt:H4-L4-C128-T256-V512", "expected L"}}) {
+    const std::string e = test::usage_error([&] { nn::parse_gpt_spec(spec); });
+    INFO(e);
+    CHECK(e.find("model spec '" + spec + "': " + why) == 0);
+  }
+}
+
+TEST_CASE("a GPT's parameters: nanoGPT's names, GPT-2's initialization, the tied embedding", "[gpt]") {
+  auto model = nn::gpt(nn::parse_gpt_spec(kSpec));
+  model->to(test::host, 1);
+  const auto named = model->named_parameters();
+  std::vector<std::string> names;
+  for (const auto& [name, p] : named) names.push_back(name);
+  CHECK(names.front() == "transformer.wte.weight");
+  CHECK(names[1] == "transformer.wpe.weight");
+  CHECK(names[2] == "transformer.h.0.ln_1.weight");
+  CHECK(names[4] == "transformer.h.0.attn.c_attn.weight");
+  CHECK(names[10] == "transformer.h.0.mlp.c_fc.weight");
+  CHECK(names.back() == "transformer.ln_f.bias");
+  CHECK(named.front().second->shape == Shape{64, 32});  // the vocabulary padded to 64 rows
+  CHECK(named.front().second->uses == 2);
+  // 64*32 + 16*32 + 2 blocks * (12 C^2 + 13 C) + 2 C
+  CHECK(model->num_parameters() == 64 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32);
+  auto stddev = [&](const std::string& name) {
+    for (const auto& [n, p] : named)
+      if (n == name) {
+        const std::vector<float> v = p->value.to_host();
+        double s = 0;
+        for (float x : v) s += static_cast<double>(x) * x;
+        return std::sqrt(s / static_cast<double>(v.size()));
+      }
+    return -1.0;
+  };
+  CHECK(std::fabs(stddev("transformer.h.0.attn.c_attn.weight") - 0.02) < 0.002);
+  CHECK(std::fabs(stddev("transformer.h.0.mlp.c_proj.weight") - 0.02 / std::sqrt(4.0)) < 0.001);
+  CHECK(stddev("transformer.h.0.attn.c_attn.bias") == 0.0);
+  CHECK(stddev("transformer.h.1.ln_2.weight") == 1.0);
+  CHECK(test::usage_error([&] {
+          model->forward(Tensor::zeros({2, 17}, DType::i32, test::host));
+        }) == "GPT: a sequence of 17 tokens; the model's context is 16");
+}
+
+TEST_CASE("a GPT trains the same on one device and on three (each its part of the batch)", "[gpt][train]") {
+  TrainConfig one = gpt_config();
+  one.devices = test::cpus(1);
+  TrainConfig three = one;
+  three.devices = test::cpus(3);
+  const std::vector<float> a = test::final_params(one), b = test::final_params(three);
+  REQUIRE(a.size() == b.size());
+  CHECK(test::rel_error(b, a) < 1e-5);  // AdamW's steps carry the sums' last bits
+  // The same steps again: the same bits.
+  CHECK(test::final_params(one) == a);
+}
+
+TEST_CASE("a GPT's run resumed from its checkpoint ends as the run straight through", "[gpt][train]") {
+  test::TempDir dir;
+  TrainConfig c = gpt_config();
+  c.devices = test::cpus(2);
+  c.parallel.zero = 1;
+  const std::vector<float> straight = test::final_params(c);
+  TrainConfig first = c;
+  first.steps = 3;
+  first.save = dir.file("gpt.safetensors");
+  test::final_params(first);
+  TrainConfig rest = c;
+  rest.resume = first.save;
+  CHECK(test::final_params(rest) == straight);
+  // The checkpoint holds the sequence length: another is refused.
+  rest.seq = 4;
+  CHECK(test::usage_error([&] { Trainer t(rest); }).find("was made with TrainConfig::seq '8', this run has 4") !=
+        std::string::npos);
+}
+
+TEST_CASE("a GPT learns from token files and validates with perplexity", "[gpt][train][tokens]") {
+  test::TempDir dir;
+  // A sequence the model can learn: token i is (3 i) mod 60.
+  std::vector<uint32_t> tokens(2000), val(300);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((3 * i) % 60);
+  for (size_t i = 0; i < val.size(); ++i) val[i] = static_cast<uint32_t>((3 * i + 30) % 60);
+  test_data::write_shard(dir.file("train.bin"), tokens, false);
+  test_data::write_shard(dir.file("val.bin"), val, false);
+  TrainConfig c = gpt_config(8);
+  c.devices = test::cpus(1);
+  c.steps = 60;
+  c.lr = 0.01f;
+  c.data = dir.file("train*.bin");
+  c.val_data = dir.file("val.bin");
+  c.eval_every = 60;
+  Trainer t(c);
+  const TrainResult r = t.run();
+  CHECK(r.final_loss < 0.5f * r.first_loss);
+  CHECK(r.val.rows == (300 - 1) / 8);
+  CHECK(std::fabs(r.val.perplexity - std::exp(r.val.loss)) < 1e-9 * r.val.perplexity);
+  CHECK(r.val.perplexity < 20.0);
+}
+
+TEST_CASE("a GPT's batch in tokens, and what a GPT run refuses", "[gpt][train]") {
+  TrainConfig c = gpt_config(2);
+  c.devices = test::cpus(2);
+  c.batch_tokens = 64;  // 2 sequences of 8 on each of 2 devices: 32 tokens a micro-step
+  TrainConfig v = c;
+  validate(v);
+  CHECK((v.batch == 8 && v.parallel.grad_accum == 2 && v.task == data::Task::language_model));
+  c.batch_tokens = 48;
+  CHECK(test::usage_error([&] { validate(c); }) ==
+        "TrainConfig::batch_tokens of 48 is not a multiple of a micro-step's 32 tokens (TrainConfig::batch 2 x "
+        "TrainConfig::seq 8 x 2 device(s))");
+  c = gpt_config();
+  c.seq = 17;
+  CHECK(test::usage_error([&] { validate(c); }) ==
+        "TrainConfig::seq of 17 tokens is longer than the model's context of 16 (" + std::string(kSpec) + ")");
+  c = test::quiet_config("16-32-4", "sgd", 8);
+  c.seq = 8;
+  CHECK(test::usage_error([&] { validate(c); }) ==
+        "TrainConfig::seq is a GPT's sequence length; TrainConfig::model is not a GPT");
+  c = gpt_config();
+  c.devices = test::cpus(2);
+  c.parallel.zero = 2;
+  CHECK(test::usage_error([&] { Trainer t(c); })
+            .find("DataParallelOptions::zero 2 cannot train a model with a tied "
+                  "weight (transformer.wte.weight") == 0);
+}
+
+#endif  // DPT_GPU_TESTS
