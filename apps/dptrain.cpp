@@ -31,6 +31,7 @@
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/checkpoint.hpp>
+#include <dptrain/train/hf.hpp>
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>
 
@@ -159,7 +160,10 @@ std::string json_line(const dpt::StepLog& s) {
                           : ", \"val_loss\": " + json_number(static_cast<float>(s.val.loss)) +
                                 (std::isnan(s.val.accuracy)
                                      ? ""
-                                     : ", \"val_accuracy\": " + json_number(static_cast<float>(s.val.accuracy)))) +
+                                     : ", \"val_accuracy\": " + json_number(static_cast<float>(s.val.accuracy))) +
+                                (std::isnan(s.val.perplexity)
+                                     ? ""
+                                     : ", \"val_perplexity\": " + json_number(static_cast<float>(s.val.perplexity)))) +
          rates;
 }
 
@@ -414,6 +418,10 @@ void print_progress(const dpt::StepLog& s, bool tty) {
     std::snprintf(buf, sizeof buf, " val_loss %.6g", s.val.loss);
     val = buf;
     if (!std::isnan(s.val.accuracy)) val += " val_accuracy " + percent(static_cast<float>(s.val.accuracy));
+    if (!std::isnan(s.val.perplexity)) {
+      std::snprintf(buf, sizeof buf, " val_perplexity %.6g", s.val.perplexity);
+      val += buf;
+    }
   }
   if (tty) {
     std::printf("\r\x1b[Kstep %lld/%lld | loss %.6g%s%s%s%s | %s samples/s | ETA %s", static_cast<long long>(s.step),
@@ -447,8 +455,9 @@ void print_summary(const dpt::Trainer& trainer, const dpt::TrainResult& r, uint6
   if (!std::isnan(r.final_accuracy))
     std::printf("accuracy: %s of the last logged batch\n", percent(r.final_accuracy).c_str());
   if (r.val.rows > 0)
-    std::printf("validation: loss %.6g%s over %lld rows\n", r.val.loss,
+    std::printf("validation: loss %.6g%s%s over %lld rows\n", r.val.loss,
                 std::isnan(r.val.accuracy) ? "" : (", accuracy " + percent(static_cast<float>(r.val.accuracy))).c_str(),
+                std::isnan(r.val.perplexity) ? "" : (", perplexity " + std::to_string(r.val.perplexity)).c_str(),
                 static_cast<long long>(r.val.rows));
   if (r.input.loads > 0) {
     const double copy = r.input.timed_copies > 0 ? r.input.copy_ms / static_cast<double>(r.input.timed_copies) : 0.0;
@@ -675,8 +684,8 @@ int main(int argc, char** argv) {
     g_progress_open = false;
   });
   CLI::App app{
-      "dptrain: data-parallel training of MLPs and CNNs on synthetic data or your own arrays (.npy, .safetensors), "
-      "on GPUs or the CPU"};
+      "dptrain: data-parallel training of MLPs, CNNs and GPTs on synthetic data or your own arrays (.npy, "
+      ".safetensors) and token files, on GPUs or the CPU"};
   dpt::app::TrainFlags o;
   dpt::app::add_train_flags(app, o);
   app.set_version_flag("--version", std::string("dptrain ") + DPT_VERSION);
@@ -685,22 +694,33 @@ int main(int argc, char** argv) {
   CLI::App* eval = app.add_subcommand("eval", "Print a trained model's loss and accuracy on a data set");
   add_after_training_flags(*predict, predict_args, true);
   add_after_training_flags(*eval, eval_args, false);
+  std::string export_from, export_to;
+  CLI::App* hf_export = app.add_subcommand(
+      "export", "Write a trained GPT as a Hugging Face GPT-2 folder (model.safetensors, config.json)");
+  hf_export->add_option("--resume", export_from, "The GPT's checkpoint")->required();
+  hf_export->add_option("--hf", export_to, "The folder to write (made when missing)")->required();
   app.require_subcommand(0, 1);
   // A fault in the command line is rank 0's to report, unless this rank's alone.
   if (const int status =
           dpt::app::parse_command_line(app, argc, argv, "dptrain", [] { return wait_for_rank0(launcher_rank()); });
       status >= 0)
     return status;
-  if (*predict || *eval) {
-    AfterTraining& a = *predict ? predict_args : eval_args;
-    a.on_command_line = dpt::app::command_line_flags(argc, argv);
+  if (*predict || *eval || *hf_export) {
+    const char* sub = *predict ? "predict" : *eval ? "eval" : "export";
     // The training flags mean nothing here: given before the subcommand, they are an error.
     for (const CLI::Option* opt : app.get_options())
       if (opt->count() > 0 && opt->get_name() != "--help")
-        return fail(kExitUsage, (opt->get_name() + " is a training flag; " + (*predict ? "predict" : "eval") +
-                                 " takes --resume, --data and its own flags (see dptrain " +
-                                 (*predict ? "predict" : "eval") + " --help)")
+        return fail(kExitUsage, (opt->get_name() + " is a training flag; " + sub +
+                                 " takes --resume and its own flags (see dptrain " + sub + " --help)")
                                     .c_str());
+    if (*hf_export)
+      return with_exit_status([&] {
+        dpt::hf::export_gpt2_checkpoint(export_from, export_to);
+        std::printf("wrote %s/model.safetensors and %s/config.json\n", export_to.c_str(), export_to.c_str());
+        return 0;
+      });
+    AfterTraining& a = *predict ? predict_args : eval_args;
+    a.on_command_line = dpt::app::command_line_flags(argc, argv);
     return with_exit_status([&] { return after_training(a, static_cast<bool>(*predict)); });
   }
   for (const CLI::Option* opt : app.get_options())

@@ -198,4 +198,25 @@ says "dptrain: error: --reduce nccl needs CUDA devices; use host on CPU devices"
 [ "$(cat "$tmp/err")" = "dptrain: note: batch 2 is smaller than the 3 replicas; only 2 of them get samples" ] && ok ||
   bad "the small-batch note: '$(cat "$tmp/err")'"
 
+# A GPT: trained and saved, exported as a Hugging Face folder, fine-tuned from it; and what
+# a GPT run refuses.
+gpt=(--model gpt:L2-H2-C32-T16-V64 --batch 4 --optimizer adamw --devices cpu --samples 8)  # 8 windows, learnt by heart
+"$exe" "${gpt[@]}" --seq 8 --steps 20 --lr 0.01 --save "$tmp/gpt.safetensors" >"$tmp/out" 2>&1 &&
+  "$exe" export --resume "$tmp/gpt.safetensors" --hf "$tmp/hf" >>"$tmp/out" 2>&1 &&
+  [ -s "$tmp/hf/model.safetensors" ] && grep -q '"n_layer": 2' "$tmp/hf/config.json" &&
+  "$exe" "${gpt[@]}" --seq 8 --steps 1 --init-from "$tmp/hf/model.safetensors" >"$tmp/tuned" 2>&1 && ok ||
+  bad "a GPT saved, exported and fine-tuned: $(cat "$tmp/out" "$tmp/tuned" 2>/dev/null | tail -3)"
+first=$(grep -oE '^step 1/20 loss [0-9.]+' "$tmp/out" | awk '{print $4}')
+tuned=$(grep -oE '^step 1/1 loss [0-9.]+' "$tmp/tuned" | awk '{print $4}')
+awk -v a="$first" -v b="$tuned" 'BEGIN { exit !(b < a - 0.3) }' && ok ||
+  bad "fine-tuning starts from the exported weights: loss $tuned, a fresh model's $first"
+"$exe" --devices cpu --steps 2 --save "$tmp/mlp.safetensors" >/dev/null 2>&1
+says "dptrain: error: checkpoint '$tmp/mlp.safetensors' is not a GPT's (its model is '16-128x2-4'): only a GPT exports to Hugging Face's GPT-2" \
+  export --resume "$tmp/mlp.safetensors" --hf "$tmp/nothing"
+says "dptrain: error: --seq of 17 tokens is longer than the model's context of 16 (gpt:L2-H2-C32-T16-V64)" \
+  "${gpt[@]}" --seq 17
+says "dptrain: error: --init-from is a GPT's starting weights; --model is not a GPT" --init-from "$tmp/hf/model.safetensors"
+says "dptrain: error: model spec 'gpt:L2-H3-C32-T16-V64': the width 32 is not a multiple of the heads 3 (a GPT is gpt2, gpt2-medium, gpt2-large, gpt2-xl or gpt:L<layers>-H<heads>-C<width>-T<context>-V<vocabulary>, e.g. gpt:L4-H4-C128-T256-V512)" \
+  --model gpt:L2-H3-C32-T16-V64
+
 finish

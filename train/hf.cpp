@@ -9,6 +9,7 @@
 #include <dptrain/error.hpp>
 #include <dptrain/train/checkpoint.hpp>
 #include "common/atomic_file.hpp"
+#include "model_state.hpp"
 
 namespace dpt::hf {
 
@@ -133,6 +134,20 @@ void load_gpt2(nn::GPT& model, const std::string& path) {
     bad("a tensor " + name + " that GPT-2 " + nn::gpt_spec_str(cfg) + " does not have");
   }
   model.refresh_shadow();
+}
+
+void export_gpt2_checkpoint(const std::string& checkpoint, const std::string& dir) {
+  const ckpt::Checkpoint c = load_checkpoint(checkpoint);
+  const auto model = c.metadata.find("model");
+  if (model == c.metadata.end() || !nn::is_gpt_spec(model->second))
+    throw UsageError("checkpoint '" + checkpoint + "' is not a GPT's (its model is " +
+                     (model == c.metadata.end() ? std::string("not named") : ckpt::printable(model->second)) +
+                     "): only a GPT exports to Hugging Face's GPT-2");
+  auto gpt = nn::gpt(nn::parse_gpt_spec(model->second));
+  gpt->to(Device{}, 0);  // the checkpoint's values replace these
+  std::set<std::string> used;
+  for (auto& [name, p] : gpt->named_parameters()) fetch_tensor(c, checkpoint, name, p->value, used);
+  export_gpt2(*gpt, dir);
 }
 
 }  // namespace dpt::hf

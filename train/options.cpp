@@ -135,6 +135,8 @@ OptionSchema<C> make_schema() {
           .agreed(),
       number_field(id("save_every"), &C::save_every, at_least_0, "Also write the checkpoint every N steps").agreed(),
       text_field(id("resume"), &C::resume, OptionKind::path, "Continue from this checkpoint (--steps stays the total)"),
+      text_field(id("init_from"), &C::init_from, OptionKind::path,
+                 "GPT: start from these weights (a Hugging Face GPT-2 model.safetensors): fine-tuning"),
       word_field("on_nonfinite", &C::on_nonfinite, {"stop", "skip-step"},
                  "When a loss or gradient is not finite: stop (exit 4) or skip-step (the update is never applied)")
           .agreed(),
@@ -237,6 +239,10 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (cfg.task == data::Task::classification && spec.outputs() < 2)
     bad("task", "classification needs at least 2 output classes, the model has " + std::to_string(spec.outputs()));
   if (cfg.save_every > 0 && cfg.save.empty()) bad("save_every", "needs {} (a checkpoint path)", {"save"});
+  if (!cfg.init_from.empty() && !spec.is_gpt)
+    bad("init_from", "is a GPT's starting weights; {} is not a GPT", {"model"});
+  if (!cfg.init_from.empty() && !cfg.resume.empty())
+    bad("init_from", "and {} both give the weights to start from: give one", {"resume"});
   // A run that continues its own checkpoint checks the folder once it knows it has steps
   // to train (Trainer::Trainer): a finished one writes nothing, a read-only folder included.
   if (cfg.save != cfg.resume) check_save_path(cfg.save);

@@ -19,6 +19,7 @@
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/train/checkpoint.hpp>
+#include <dptrain/train/hf.hpp>
 
 #include "common/atomic_file.hpp"
 #include "common/fnv1a.hpp"
@@ -193,6 +194,7 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   const Device master = cfg_.devices.front();
   model_ = nn::make_model(spec, cfg_.act);
   model_->to(master, cfg_.seed);
+  if (!cfg_.init_from.empty()) hf::load_gpt2(static_cast<nn::GPT&>(*model_), cfg_.init_from);  // validate(): a GPT
   if (group_) check_ranks_agree(*group_, shared_settings());
   data::SyntheticConfig dc;  // without file or program data
   if (!train_data_) {

@@ -25,4 +25,8 @@ void export_gpt2(nn::GPT& model, const std::string& dir);
 // finite: the model's spec must be the file's sizes.
 void load_gpt2(nn::GPT& model, const std::string& path);
 
+// A dptrain checkpoint of a GPT (Trainer::save's) written as export_gpt2 writes a model:
+// `dptrain export --hf DIR --resume CKPT`. UsageError for a checkpoint that is not a GPT's.
+void export_gpt2_checkpoint(const std::string& checkpoint, const std::string& dir);
+
 }  // namespace dpt::hf

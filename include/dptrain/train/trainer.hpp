@@ -75,6 +75,7 @@ struct TrainConfig {
   std::string save;             // checkpoint path ("" = none), written at the end
   int64_t save_every = 0;       // and every N steps
   std::string resume;           // checkpoint to continue from
+  std::string init_from;        // a GPT's starting weights: a Hugging Face GPT-2 model.safetensors (hf.hpp)
   bool ddp = false;             // one process per device under mpirun (devices: the node's list)
   double comm_timeout = 300.0;  // seconds a rank may wait for the others
   uint64_t seed = 1;
