@@ -25,7 +25,7 @@ if [ "${TESTS:-}" != none ]; then
 fi
 
 # The losses of a small GPT: the GPU's fp32 steps against the CPU's, then bf16 and a graph.
-gpt() { build/apps/dptrain --model gpt:L4-H4-C128-T64-V512 --batch 16 --steps 50 --optimizer adamw --lr 0.003 \
+gpt() { build/apps/dptrain --model gpt:L4-H4-C128-T64-V512 --batch 16 --steps 50 --optimizer adamw --lr 0.003 --weight-decay 0.1 \
   --log-every 10 "$@" 2>&1; }
 losses() { grep -E '^step' | awk '{print $4}' | tr '\n' ' '; }
 echo "cpu    fp32: $(gpt --devices cpu | losses)"
@@ -33,6 +33,7 @@ echo "cuda:0 fp32: $(gpt --devices cuda:0 --precision fp32 | losses)"
 echo "cuda:0 x2  : $(gpt --devices cuda:0,cuda:0 --precision fp32 | losses)"
 echo "cuda:0 bf16: $(gpt --devices cuda:0 --precision bf16 | losses)"
 echo "graph  bf16: $(gpt --devices cuda:0 --precision bf16 --cuda-graph | losses)"
+echo "zero1 x2  : $(gpt --devices cuda:0,cuda:0 --precision fp32 --zero 1 | losses)"
 [ "${BENCH:-0}" = 1 ] || exit 0
 
 # GPT-2 124M, bf16, B 16 x T 1024 of random tokens: dptrain's loop and PyTorch's step.

@@ -189,6 +189,8 @@ GPT::GPT(const GptConfig& config)
     register_module(blocks_.back(), "transformer.h." + std::to_string(l));
   }
   register_module(ln_f_, "transformer.ln_f");
+  // Weight decay on matrices and embeddings only, as nanoGPT and llm.c group them.
+  for (Parameter* p : parameters()) p->decay = p->shape.size() >= 2;
 }
 
 Tensor GPT::forward(const Tensor& tokens) {

@@ -17,6 +17,21 @@ AdamW::AdamW(nn::Module& model, const Options& o) : Optimizer(model, o.lr, "adam
   need(o.eps > 0.0f && std::isfinite(o.eps), "AdamW::Options::eps", "a positive number", o.eps);
   need_decay(o.weight_decay, "AdamW::Options::weight_decay");
   reset_state(params_.numel());
+  // One flag a 64 floats of the flat buffer (parameters start at such multiples).
+  int64_t total = 0;
+  const std::vector<int64_t> offsets = model.layout(&total);
+  const std::vector<nn::Parameter*> params = model.parameters();
+  std::vector<int32_t> chunks(static_cast<size_t>((total + nn::Module::kAlign - 1) / nn::Module::kAlign), 1);
+  bool any_off = false;
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (params[k]->decay) continue;
+    any_off = true;
+    const int64_t end = offsets[k] + numel(params[k]->shape);
+    for (int64_t c = offsets[k] / nn::Module::kAlign; c * nn::Module::kAlign < end; ++c)
+      chunks[static_cast<size_t>(c)] = 0;
+  }
+  if (any_off && o.weight_decay != 0.0f)
+    decay_chunks_ = Tensor::from_host_i32(chunks, {static_cast<int64_t>(chunks.size())}, model.flat_params().device());
 }
 
 void AdamW::reset_state(int64_t n) {
@@ -25,7 +40,12 @@ void AdamW::reset_state(int64_t n) {
 }
 
 AdamArgs AdamW::update_args() const {
-  return {o_, 1.0f, 1.0f};  // lr, corrections: the counter's
+  AdamArgs a{o_, 1.0f, 1.0f};  // lr, corrections: the counter's
+  if (decay_chunks_.defined()) {
+    a.decay_chunks = decay_chunks_.i32();
+    a.first = shard_begin();
+  }
+  return a;
 }
 
 void AdamW::step(const Tensor& grad_scale) {
@@ -57,8 +77,10 @@ void AdamW::update_range(int64_t offset, int64_t count, const StepCounter& step)
   StepCounter with_betas = step;
   with_betas.beta1 = o_.beta1;
   with_betas.beta2 = o_.beta2;
+  AdamArgs a = update_args();
+  a.first += offset;
   adamw_step(part_of(params_, offset, count), part_of(grads_, offset, count), part_of(m_, offset, count),
-             part_of(v_, offset, count), update_args(), {}, part_of(shadow(), offset, count), &with_betas);
+             part_of(v_, offset, count), a, {}, part_of(shadow(), offset, count), &with_betas);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {

@@ -9,6 +9,7 @@
 #include <dptrain/data/tokens.hpp>
 #include <dptrain/layers/gpt.hpp>
 #include <dptrain/layers/model_spec.hpp>
+#include <dptrain/optim/adamw.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "catch.hpp"
 #include "common.hpp"
@@ -27,6 +28,7 @@ TrainConfig gpt_config(int64_t batch = 6) {
   TrainConfig c = test::quiet_config(kSpec, "adamw", batch);
   c.steps = 6;
   c.seq = 8;
+  c.weight_decay = 0.1f;  // on the matrices and embeddings alone
   return c;
 }
 
@@ -88,7 +90,32 @@ TEST_CASE("a GPT's parameters: nanoGPT's names, GPT-2's initialization, the tied
         }) == "GPT: a sequence of 17 tokens; the model's context is 16");
 }
 
-TEST_CASE("a GPT trains the same on one device and on three (each its part of the batch)", "[gpt][train]") {
+TEST_CASE("AdamW decays a GPT's matrices and embeddings, not its biases and LayerNorms", "[gpt][optim]") {
+  auto model = nn::gpt(nn::parse_gpt_spec(kSpec));
+  model->to(test::host, 1);
+  const std::vector<float> before = model->flat_params().to_host();
+  optim::AdamW opt(*model, {0.1f, 0.9f, 0.95f, 1e-8f, 0.5f});
+  model->zero_grad();
+  model->settle_grads();  // zero gradients: the step is the decay alone
+  opt.step();
+  const std::vector<float> after = model->flat_params().to_host();
+  int64_t total = 0;
+  const auto offsets = model->layout(&total);
+  const auto params = model->parameters();
+  for (size_t k = 0; k < params.size(); ++k) {
+    const float wd = params[k]->shape.size() >= 2 ? 0.5f : 0.0f;
+    INFO(model->named_parameters()[k].first);
+    CHECK(params[k]->decay == (params[k]->shape.size() >= 2));
+    bool all = true;
+    for (int64_t i = offsets[k]; i < offsets[k] + numel(params[k]->shape); ++i) {
+      const float p = before[static_cast<size_t>(i)];
+      all = all && after[static_cast<size_t>(i)] == p - 0.1f * wd * p;  // as the update computes it
+    }
+    CHECK(all);
+  }
+}
+
+TEST_CASE("a GPT trains the same on one device and on three (each its part of the batch), ZeRO 1 too", "[gpt][train]") {
   TrainConfig one = gpt_config();
   one.devices = test::cpus(1);
   TrainConfig three = one;
@@ -96,6 +123,9 @@ TEST_CASE("a GPT trains the same on one device and on three (each its part of th
   const std::vector<float> a = test::final_params(one), b = test::final_params(three);
   REQUIRE(a.size() == b.size());
   CHECK(test::rel_error(b, a) < 1e-5);  // AdamW's steps carry the sums' last bits
+  // ZeRO 1: each device updates its part of the buffer (the decay's flags at its offsets).
+  three.parallel.zero = 1;
+  CHECK(test::rel_error(test::final_params(three), a) < 1e-5);
   // The same steps again: the same bits.
   CHECK(test::final_params(one) == a);
 }

@@ -90,7 +90,17 @@ struct AdamHyperparams {
 struct AdamArgs : AdamHyperparams {
   float bias_correction1 = 1.0f;
   float bias_correction2 = 1.0f;
+  // Where weight decay applies (nanoGPT and llm.c decay matrices and embeddings, not
+  // biases or LayerNorms): null, everywhere; else one int32 per 64 elements of the flat
+  // parameter buffer (parameters start at multiples of 64), 0 where no decay applies, and
+  // `first` the flat index of the update's element 0 (a ZeRO shard's or a bucket's start).
+  const int32_t* decay_chunks = nullptr;
+  int64_t first = 0;
 };
+// The weight decay of element i of an update of `a`.
+inline float weight_decay_at(const AdamArgs& a, int64_t i) {
+  return !a.decay_chunks || a.decay_chunks[(a.first + i) >> 6] ? a.weight_decay : 0.0f;
+}
 
 // An optimizer's step counter on the device, which its update advances: the update reads
 // *t (the steps taken before it), takes the rate of `schedule` at that step and AdamW's

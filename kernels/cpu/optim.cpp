@@ -53,7 +53,7 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
   if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
   for (int64_t i = 0; i < n; ++i) {
     const float d = g[i] * scale;
-    p[i] -= a.lr * a.weight_decay * p[i];
+    p[i] -= a.lr * weight_decay_at(a, i) * p[i];
     m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * d;
     v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * d * d;
     p[i] -= a.lr * (m[i] / a.bias_correction1) / (std::sqrt(v[i] / a.bias_correction2) + a.eps);

@@ -149,7 +149,7 @@ struct AdamUpdate {
   }
   __device__ void one_from(const AdamUpdate& from, int64_t i, const float* g, float scale) const {
     float pv = from.p[i], mv = from.m[i], vv = from.v[i];
-    adamw_update(pv, g[i], mv, vv, a, scale);
+    adamw_update(pv, g[i], mv, vv, a, scale, i);
     p[i] = pv;
     m[i] = mv;
     v[i] = vv;

@@ -30,9 +30,12 @@ __device__ __forceinline__ void sgd_update(float& p, float g, float& buf, const 
   p = __fsub_rn(p, __fmul_rn(a.lr, d));
 }
 
-__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamArgs& a, float scale) {
+// i: the element's index in the update (its weight decay: weight_decay_at).
+__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamArgs& a, float scale,
+                                             int64_t i) {
   const float d = __fmul_rn(g, scale);
-  p = __fsub_rn(p, __fmul_rn(__fmul_rn(a.lr, a.weight_decay), p));
+  const float wd = !a.decay_chunks || a.decay_chunks[(a.first + i) >> 6] ? a.weight_decay : 0.f;
+  p = __fsub_rn(p, __fmul_rn(__fmul_rn(a.lr, wd), p));
   m = __fadd_rn(__fmul_rn(a.beta1, m), __fmul_rn(1.f - a.beta1, d));
   v = __fadd_rn(__fmul_rn(a.beta2, v), __fmul_rn(__fmul_rn(1.f - a.beta2, d), d));
   const float step = __fdiv_rn(__fmul_rn(a.lr, __fdiv_rn(m, a.bias_correction1)),
@@ -117,10 +120,10 @@ __device__ __forceinline__ AdamState4 adamw_load4(const float* p, const float* m
 }
 __device__ __forceinline__ void adamw_store4(AdamState4 s, float4 g, int64_t i, float* p, float* m, float* v,
                                              const AdamArgs& a, float scale, uint16_t* shadow) {
-  adamw_update(s.p.x, g.x, s.m.x, s.v.x, a, scale);
-  adamw_update(s.p.y, g.y, s.m.y, s.v.y, a, scale);
-  adamw_update(s.p.z, g.z, s.m.z, s.v.z, a, scale);
-  adamw_update(s.p.w, g.w, s.m.w, s.v.w, a, scale);
+  adamw_update(s.p.x, g.x, s.m.x, s.v.x, a, scale, 4 * i);
+  adamw_update(s.p.y, g.y, s.m.y, s.v.y, a, scale, 4 * i + 1);
+  adamw_update(s.p.z, g.z, s.m.z, s.v.z, a, scale, 4 * i + 2);
+  adamw_update(s.p.w, g.w, s.m.w, s.v.w, a, scale, 4 * i + 3);
   reinterpret_cast<float4*>(p)[i] = s.p;
   reinterpret_cast<float4*>(m)[i] = s.m;
   reinterpret_cast<float4*>(v)[i] = s.v;
@@ -129,7 +132,7 @@ __device__ __forceinline__ void adamw_store4(AdamState4 s, float4 g, int64_t i, 
 __device__ __forceinline__ void adamw_one(int64_t i, float* p, const float* g, float* m, float* v, const AdamArgs& a,
                                           float scale, uint16_t* shadow) {
   float pv = p[i], mv = m[i], vv = v[i];
-  adamw_update(pv, g[i], mv, vv, a, scale);
+  adamw_update(pv, g[i], mv, vv, a, scale, i);
   p[i] = pv;
   m[i] = mv;
   v[i] = vv;

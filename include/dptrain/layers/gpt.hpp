@@ -10,7 +10,8 @@
 //
 // Parameters are named as nanoGPT names them ("transformer.h.0.attn.c_attn.weight", Linear
 // weights [out, in]); GPT-2's initialization: weights normal(0, 0.02), the residual
-// projections' normal(0, 0.02 / sqrt(2 L)), biases 0, LayerNorms 1 and 0. The vocabulary is
+// projections' normal(0, 0.02 / sqrt(2 L)), biases 0, LayerNorms 1 and 0; AdamW's weight
+// decay on the matrices and embeddings alone (Parameter::decay). The vocabulary is
 // padded to a multiple of 64 inside the model (50257 -> 50304, as llm.c): the token
 // embedding has padded_vocab() rows, and the logits' padding columns are masked by the loss.
 #pragma once

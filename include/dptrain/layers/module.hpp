@@ -27,6 +27,9 @@ struct Parameter {
   // How many times one forward uses it: 2 for a weight tied to two places (GPT's token
   // embedding and output projection), whose gradient is complete after its second part.
   int uses = 1;
+  // Whether AdamW's weight decay applies to it (a GPT's biases and LayerNorms: no, as
+  // nanoGPT and llm.c group them).
+  bool decay = true;
 };
 
 // State a module keeps and updates itself but does not train, as torch's buffers (batch

@@ -1,4 +1,5 @@
-// AdamW (decoupled weight decay), as torch.optim.AdamW.
+// AdamW (decoupled weight decay), as torch.optim.AdamW; the decay skips the parameters
+// that say so (nn::Parameter::decay: a GPT's biases and LayerNorms, as nanoGPT's groups).
 #pragma once
 #include <string>
 #include <utility>
@@ -29,6 +30,7 @@ class AdamW : public Optimizer {
   void reset_state(int64_t n) override;
   Options o_;
   Tensor m_, v_;
+  Tensor decay_chunks_;  // AdamArgs::decay_chunks of the whole buffer (undefined: decay everywhere)
 };
 
 }  // namespace dpt::optim
