@@ -33,7 +33,7 @@ echo "cuda:0 fp32: $(gpt --devices cuda:0 --precision fp32 | losses)"
 echo "cuda:0 x2  : $(gpt --devices cuda:0,cuda:0 --precision fp32 | losses)"
 echo "cuda:0 bf16: $(gpt --devices cuda:0 --precision bf16 | losses)"
 echo "graph  bf16: $(gpt --devices cuda:0 --precision bf16 --cuda-graph | losses)"
-echo "zero1 x2  : $(gpt --devices cuda:0,cuda:0 --precision fp32 --zero 1 | losses)"
+echo "x2 bf16 gradients: $(gpt --devices cuda:0,cuda:0 --precision fp32 --grad-comm bf16 | losses)"
 [ "${BENCH:-0}" = 1 ] || exit 0
 
 # GPT-2 124M, bf16, B 16 x T 1024 of random tokens: dptrain's loop and PyTorch's step.
