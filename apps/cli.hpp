@@ -57,6 +57,10 @@ std::vector<std::string> command_line_flags(int argc, char** argv);
 // written as escapes, so that an error is always exactly one line.
 std::string one_line(const std::string& message);
 
+// Token ids separated by commas ("15496,11,616"); UsageError naming the first that is not a
+// whole number in [0, 2^31).
+std::vector<int32_t> parse_token_list(const std::string& text);
+
 // The flag a program gives an option field as: its name with dashes (TrainConfig::grad_accum
 // is --grad-accum), but for the few that dptrain spells otherwise (DataParallelOptions::
 // overlap is --no-overlap, which sets it false).

@@ -211,7 +211,7 @@ tuned=$(grep -oE '^step 1/1 loss [0-9.]+' "$tmp/tuned" | awk '{print $4}')
 awk -v a="$first" -v b="$tuned" 'BEGIN { exit !(b < a - 0.3) }' && ok ||
   bad "fine-tuning starts from the exported weights: loss $tuned, a fresh model's $first"
 "$exe" --devices cpu --steps 2 --save "$tmp/mlp.safetensors" >/dev/null 2>&1
-says "dptrain: error: checkpoint '$tmp/mlp.safetensors' is not a GPT's (its model is '16-128x2-4'): only a GPT exports to Hugging Face's GPT-2" \
+says "dptrain: error: checkpoint '$tmp/mlp.safetensors' holds no GPT (its model is '16-128x2-4')" \
   export --resume "$tmp/mlp.safetensors" --hf "$tmp/nothing"
 says "dptrain: error: --seq of 17 tokens is longer than the model's context of 16 (gpt:L2-H2-C32-T16-V64)" \
   "${gpt[@]}" --seq 17

@@ -136,18 +136,21 @@ void load_gpt2(nn::GPT& model, const std::string& path) {
   model.refresh_shadow();
 }
 
-void export_gpt2_checkpoint(const std::string& checkpoint, const std::string& dir) {
+std::shared_ptr<nn::GPT> load_gpt2_checkpoint(const std::string& checkpoint, const Device& device) {
   const ckpt::Checkpoint c = load_checkpoint(checkpoint);
   const auto model = c.metadata.find("model");
   if (model == c.metadata.end() || !nn::is_gpt_spec(model->second))
-    throw UsageError("checkpoint '" + checkpoint + "' is not a GPT's (its model is " +
-                     (model == c.metadata.end() ? std::string("not named") : ckpt::printable(model->second)) +
-                     "): only a GPT exports to Hugging Face's GPT-2");
+    throw UsageError("checkpoint '" + checkpoint + "' holds no GPT (its model is " +
+                     (model == c.metadata.end() ? std::string("not named") : ckpt::printable(model->second)) + ")");
   auto gpt = nn::gpt(nn::parse_gpt_spec(model->second));
-  gpt->to(Device{}, 0);  // the checkpoint's values replace these
+  gpt->to(device, 0);  // the checkpoint's values replace these
   std::set<std::string> used;
   for (auto& [name, p] : gpt->named_parameters()) fetch_tensor(c, checkpoint, name, p->value, used);
-  export_gpt2(*gpt, dir);
+  return gpt;
+}
+
+void export_gpt2_checkpoint(const std::string& checkpoint, const std::string& dir) {
+  export_gpt2(*load_gpt2_checkpoint(checkpoint, Device{}), dir);
 }
 
 }  // namespace dpt::hf

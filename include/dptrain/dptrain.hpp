@@ -41,6 +41,7 @@
 #include <dptrain/parallel/shard_plan.hpp>
 
 #include <dptrain/train/checkpoint.hpp>
+#include <dptrain/train/generate.hpp>
 #include <dptrain/train/hf.hpp>
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>

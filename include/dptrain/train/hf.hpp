@@ -6,6 +6,7 @@
 // embedding has the vocabulary's rows (dptrain's padding rows are dropped, and read back as
 // zeros); lm_head.weight is the token embedding (tied) and is not written.
 #pragma once
+#include <memory>
 #include <string>
 
 #include <dptrain/layers/gpt.hpp>
@@ -28,5 +29,9 @@ void load_gpt2(nn::GPT& model, const std::string& path);
 // A dptrain checkpoint of a GPT (Trainer::save's) written as export_gpt2 writes a model:
 // `dptrain export --hf DIR --resume CKPT`. UsageError for a checkpoint that is not a GPT's.
 void export_gpt2_checkpoint(const std::string& checkpoint, const std::string& dir);
+
+// The GPT of a dptrain checkpoint, placed on `device` with the checkpoint's weights.
+// UsageError for a checkpoint that is not a GPT's.
+std::shared_ptr<nn::GPT> load_gpt2_checkpoint(const std::string& checkpoint, const Device& device);
 
 }  // namespace dpt::hf

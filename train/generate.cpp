@@ -1,0 +1,73 @@
+#include <dptrain/train/generate.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include <dptrain/error.hpp>
+#include <dptrain/runtime/autograd.hpp>
+#include <dptrain/train/hf.hpp>
+
+namespace dpt {
+
+namespace {
+
+void check(const GenerateConfig& cfg, const nn::GptConfig& g) {
+  if (cfg.prompt.empty()) throw UsageError("generate: an empty prompt; give at least one token");
+  for (size_t i = 0; i < cfg.prompt.size(); ++i)
+    if (cfg.prompt[i] < 0 || cfg.prompt[i] >= g.vocab)
+      throw UsageError("generate: prompt token " + std::to_string(i) + " is " + std::to_string(cfg.prompt[i]) +
+                       ", outside the model's vocabulary [0, " + std::to_string(g.vocab) + ")");
+  if (!(cfg.temperature >= 0.0f && std::isfinite(cfg.temperature)))
+    throw UsageError("generate: the temperature must be a finite number >= 0, got " + std::to_string(cfg.temperature));
+  if (cfg.top_k < 0) throw UsageError("generate: top_k must be >= 0, got " + std::to_string(cfg.top_k));
+  if (cfg.max_new_tokens < 0)
+    throw UsageError("generate: max_new_tokens must be >= 0, got " + std::to_string(cfg.max_new_tokens));
+}
+
+// The next token from one row of logits (the vocabulary's columns).
+int32_t draw(const std::vector<float>& logits, const GenerateConfig& cfg, std::mt19937_64& rng) {
+  const auto V = static_cast<int64_t>(logits.size());
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  // Likeliest first; equal logits keep the lower id first, so a draw never depends on the sort.
+  const int64_t k = cfg.top_k > 0 ? std::min(cfg.top_k, V) : V;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+           (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+  });
+  if (cfg.temperature == 0.0f) return order[0];
+  std::vector<double> p(static_cast<size_t>(k));
+  const double top = logits[static_cast<size_t>(order[0])];
+  for (int64_t i = 0; i < k; ++i)
+    p[static_cast<size_t>(i)] = std::exp((logits[static_cast<size_t>(order[static_cast<size_t>(i)])] - top) /
+                                         static_cast<double>(cfg.temperature));
+  std::discrete_distribution<int64_t> pick(p.begin(), p.end());
+  return order[static_cast<size_t>(pick(rng))];
+}
+
+}  // namespace
+
+std::vector<int32_t> generate(const GenerateConfig& cfg, const std::function<void(int32_t)>& on_token) {
+  const std::shared_ptr<nn::GPT> model = hf::load_gpt2_checkpoint(cfg.checkpoint, cfg.device);
+  const nn::GptConfig& g = model->config();
+  check(cfg, g);
+  model->eval();
+  NoGradGuard no_grad;
+  std::mt19937_64 rng(cfg.seed);
+  std::vector<int32_t> tokens = cfg.prompt, out;
+  for (int64_t n = 0; n < cfg.max_new_tokens; ++n) {
+    const auto T = static_cast<int64_t>(std::min<size_t>(tokens.size(), static_cast<size_t>(g.context)));
+    const std::vector<int32_t> window(tokens.end() - T, tokens.end());
+    const Tensor logits = model->forward(Tensor::from_host_i32(window, {1, T}, cfg.device));
+    const std::vector<float> last = logits.view((T - 1) * g.padded_vocab(), {g.vocab}).to_host();
+    const int32_t next = draw(last, cfg, rng);
+    tokens.push_back(next);
+    out.push_back(next);
+    if (on_token) on_token(next);
+  }
+  return out;
+}
+
+}  // namespace dpt
