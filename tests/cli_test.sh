@@ -210,6 +210,13 @@ first=$(grep -oE '^step 1/20 loss [0-9.]+' "$tmp/out" | awk '{print $4}')
 tuned=$(grep -oE '^step 1/1 loss [0-9.]+' "$tmp/tuned" | awk '{print $4}')
 awk -v a="$first" -v b="$tuned" 'BEGIN { exit !(b < a - 0.3) }' && ok ||
   bad "fine-tuning starts from the exported weights: loss $tuned, a fresh model's $first"
+# --auto-resume: a GPT run cut at step 4 and run again ends where one run straight through does.
+"$exe" "${gpt[@]}" --seq 8 --steps 4 --save "$tmp/auto.safetensors" --auto-resume >/dev/null 2>&1
+"$exe" "${gpt[@]}" --seq 8 --steps 8 --save "$tmp/auto.safetensors" --auto-resume >"$tmp/auto" 2>&1
+"$exe" "${gpt[@]}" --seq 8 --steps 8 >"$tmp/straight" 2>&1
+grep -q "resumed from '$tmp/auto.safetensors' at step 4" "$tmp/auto" && [ -n "$(hash_of "$tmp/auto")" ] &&
+  [ "$(hash_of "$tmp/auto")" = "$(hash_of "$tmp/straight")" ] && ok ||
+  bad "a GPT's --auto-resume: $(hash_of "$tmp/auto") against $(hash_of "$tmp/straight"): $(tail -3 "$tmp/auto")"
 "$exe" --devices cpu --steps 2 --save "$tmp/mlp.safetensors" >/dev/null 2>&1
 says "dptrain: error: checkpoint '$tmp/mlp.safetensors' holds no GPT (its model is '16-128x2-4')" \
   export --resume "$tmp/mlp.safetensors" --hf "$tmp/nothing"

@@ -200,6 +200,28 @@ TEST_CASE("a GPT's batch in tokens, and what a GPT run refuses", "[gpt][train]")
                   "weight (transformer.wte.weight") == 0);
 }
 
+TEST_CASE("a GPT's non-finite step is never applied: stop names it, skip-step goes on", "[gpt][train]") {
+  TrainConfig c = gpt_config();
+  c.devices = test::cpus(1);
+  c.optimizer = "sgd";
+  c.lr = 1e30f;  // the weights overflow within a few steps
+  c.steps = 12;
+  c.log_every = 1;
+  std::string stopped;
+  try {
+    Trainer(c).run();
+  } catch (const NonFiniteError& e) {
+    stopped = e.what();
+  }
+  INFO(stopped);
+  CHECK(stopped.find("is not finite; the update was not applied") != std::string::npos);
+  c.on_nonfinite = "skip-step";
+  Trainer t(c);
+  const TrainResult r = t.run();
+  CHECK(r.steps == 12);
+  CHECK(r.skipped > 0);
+}
+
 TEST_CASE("generate: the greedy continuation of a learnt pattern, seeded draws, and the refusals", "[gpt][generate]") {
   test::TempDir dir;
   std::vector<uint32_t> tokens(4000);
