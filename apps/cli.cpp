@@ -486,17 +486,13 @@ int parse_command_line(CLI::App& app, int argc, char** argv, const char* program
 
 std::vector<int32_t> parse_token_list(const std::string& text) {
   std::vector<int32_t> out;
-  size_t at = 0;
-  while (at <= text.size()) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    const std::string item = text.substr(at, comma - at);
+  for (const std::string& item : split(text, ',')) {
     int32_t v = 0;
     const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
     if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 0)
       throw UsageError("--prompt-tokens: " + quote_value(item) + " is not a token id (a whole number from 0 to " +
                        std::to_string(INT32_MAX) + "); give ids separated by commas, e.g. 15496,11,616");
     out.push_back(v);
-    at = comma + 1;
   }
   return out;
 }

@@ -91,4 +91,14 @@ std::string json_quote(const std::string& s) {
   return out + "\"";
 }
 
+std::vector<std::string> split(const std::string& s, char separator) {
+  std::vector<std::string> out;
+  for (size_t at = 0;;) {
+    const size_t end = s.find(separator, at);
+    out.push_back(s.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) return out;
+    at = end + 1;
+  }
+}
+
 }  // namespace dpt

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dpt {
 
@@ -20,5 +21,8 @@ std::string printable(const std::string& s);
 
 // `s` as a JSON string literal, quotes and escapes included (for JSON this project writes).
 std::string json_quote(const std::string& s);
+
+// The pieces of `s` between the separators, empty ones included ("a,,b" -> a, "", b).
+std::vector<std::string> split(const std::string& s, char separator);
 
 }  // namespace dpt

@@ -108,6 +108,10 @@ void check_metadata(const ckpt::Checkpoint& c, const std::string& path) {
 }
 }  // namespace
 
+bool is_newer_checkpoint_key(const std::string& key) {
+  return std::any_of(std::begin(kNewerKeys), std::end(kNewerKeys), [&](const char* k) { return key == k; });
+}
+
 bool is_checkpoint_key(const std::string& key) {
   auto is = [&](const char* k) { return key == k; };
   return std::any_of(std::begin(kFirstKeys), std::end(kFirstKeys), is) ||

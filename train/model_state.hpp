@@ -43,5 +43,8 @@ ckpt::Checkpoint load_checkpoint(const std::string& path, bool note = true);
 
 // Whether Trainer::save writes `key` into a checkpoint's metadata (it checks each one).
 bool is_checkpoint_key(const std::string& key);
+// Whether `key` came after checkpoints kept checksums: a checksummed file may lack it, and
+// then holds the setting's default.
+bool is_newer_checkpoint_key(const std::string& key);
 
 }  // namespace dpt

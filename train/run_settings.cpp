@@ -7,6 +7,7 @@
 #include <limits>
 
 #include <dptrain/runtime/memory.hpp>
+#include "model_state.hpp"
 
 namespace dpt {
 
@@ -45,9 +46,9 @@ void check_fixed_settings(const ckpt::Checkpoint& c, const std::string& path, co
                          {f.id});
       continue;
     }
-    // seq came with GPTs: a checkpoint from before holds no GPT, whose seq is 0.
-    const bool before_gpt = f.id.name == "seq" && !c.metadata.count("seq");
-    const std::string was = before_gpt ? "0" : metadata(c, path, f.id.name);
+    // A key newer than the file (seq, say, which came with GPTs) holds its default there.
+    const bool newer = is_newer_checkpoint_key(f.id.name) && !c.metadata.count(f.id.name);
+    const std::string was = newer ? f.get(TrainConfig{}) : metadata(c, path, f.id.name);
     if (was == now) continue;
     // samples 0 is the endless stream of synthetic samples, which no flag spells.
     const bool samples = f.id.name == "samples";

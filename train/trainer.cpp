@@ -23,6 +23,7 @@
 
 #include "common/atomic_file.hpp"
 #include "common/fnv1a.hpp"
+#include "common/text.hpp"
 #include "data/feeder.hpp"
 #include "field_error.hpp"
 #include "input_pipeline.hpp"
@@ -85,12 +86,8 @@ using DataPair = std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr
 // A GPT's token files: TrainConfig::data and val_data are lists of patterns (comma-separated).
 DataPair load_token_files(const TrainConfig& cfg) {
   auto patterns = [](const std::string& list) {
-    std::vector<std::string> out;
-    for (size_t at = 0; at <= list.size();) {
-      const size_t comma = std::min(list.find(',', at), list.size());
-      if (comma > at) out.push_back(list.substr(at, comma - at));
-      at = comma + 1;
-    }
+    std::vector<std::string> out = split(list, ',');
+    std::erase(out, std::string());
     return out;
   };
   if (!cfg.targets.empty() || !cfg.val_targets.empty())
