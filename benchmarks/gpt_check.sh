@@ -2,7 +2,7 @@
 # The language-model work on the GPU machine in one call: build what it runs, the GPU tests
 # (TESTS: a Catch2 filter, default every GPU case; none: skip), then GPT training through
 # the CLI on the GPU beside the CPU (fp32: the same losses; bf16; a CUDA graph; two logical
-# replicas), and with BENCH=1 the GPT-2 124M step (bf16, B 16, T 1024, random tokens) in
+# replicas), with TRACE=1 a GPT-2 124M step's kernels summed by name (kernel_trace), and with BENCH=1 the GPT-2 124M step (bf16, B 16, T 1024, random tokens) in
 # dptrain beside PyTorch eager and torch.compile in the same call. Logs go to $OUT.
 # The cuDNN frontend's headers come with the tree (build/_deps/cudnn_frontend/include),
 # as the GPU machine has no network.
@@ -14,7 +14,8 @@ export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 cmake -S . -B build -G Ninja -DDPT_WERROR=ON >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
 grep -E "dptrain: (CUDA|cuDNN)" "$out/configure.log"
-cmake --build build --target dpt_gpu_tests dptrain_cli >"$out/build.log" 2>&1 ||
+targets="dptrain_cli $([ "${TESTS:-}" != none ] && echo dpt_gpu_tests) $([ "${TRACE:-0}" = 1 ] && echo dpt_kernel_trace)"
+cmake --build build --target $targets >"$out/build.log" 2>&1 ||
   { grep -E 'error|warning' "$out/build.log" | head -40; exit 1; }
 echo "built in ${SECONDS}s"
 
@@ -34,6 +35,14 @@ echo "cuda:0 x2  : $(gpt --devices cuda:0,cuda:0 --precision fp32 | losses)"
 echo "cuda:0 bf16: $(gpt --devices cuda:0 --precision bf16 | losses)"
 echo "graph  bf16: $(gpt --devices cuda:0 --precision bf16 --cuda-graph | losses)"
 echo "x2 bf16 gradients: $(gpt --devices cuda:0,cuda:0 --precision fp32 --grad-comm bf16 | losses)"
+
+# Where a GPT-2 124M bf16 step's GPU time goes (B 16 x T 1024, eager), summed by kernel.
+if [ "${TRACE:-0}" = 1 ]; then
+  CUDA_INJECTION64_PATH=build/benchmarks/libdpt_kernel_trace.so DPT_TRACE_OUT="$out/gpt2_trace.csv" \
+    build/apps/dptrain --model gpt2 --devices cuda:0 --precision bf16 --batch 16 --steps 24 --log-every 12 \
+    --optimizer adamw --lr 6e-4 --beta2 0.95 --weight-decay 0.1 >"$out/gpt2_trace.log" 2>&1
+  python3 benchmarks/kernel_trace.py "$out/gpt2_trace.csv" --by-kernel --label "gpt2 B16 bf16 eager" | tee "$out/gpt2_trace.txt" | head -60
+fi
 [ "${BENCH:-0}" = 1 ] || exit 0
 
 # GPT-2 124M, bf16, B 16 x T 1024 of random tokens: dptrain's loop and PyTorch's step.

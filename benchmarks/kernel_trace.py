@@ -29,6 +29,8 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--marker", default=r"sgd_step_kernel|adamw_step_kernel|checked_update_kernel")
     ap.add_argument("--label", default="")
+    ap.add_argument("--by-kernel", action="store_true",
+                    help="sum the step's records by kernel name (a transformer runs each kernel many times a step)")
     a = ap.parse_args()
     gpu, api = [], []
     with open(a.trace) as f:
@@ -84,8 +86,17 @@ def main():
             reach = max(reach, e)
     # time: start to end (a dependent launch starts early and waits inside); adds: how far
     # its end moves the step on past every earlier end (gap included)
+    if a.by_kernel:
+        by = collections.defaultdict(lambda: [0, 0.0, 0.0])
+        for p, name in enumerate(common):
+            by[name][0] += 1
+            by[name][1] += statistics.mean(durs[p])
+            by[name][2] += statistics.mean(adds[p])
+        print(f"  {'calls':>6} {'time us':>9} {'adds us':>9}  kernel")
+        for name, (c, t, add) in sorted(by.items(), key=lambda kv: -kv[1][2]):
+            print(f"  {c:6d} {t:9.1f} {add:9.1f}  {name}")
     print(f"  {'gap us':>8} {'time us':>8} {'adds us':>8}  kernel")
-    for p, name in enumerate(common):
+    for p, name in ([] if a.by_kernel else enumerate(common)):
         print(f"  {statistics.mean(gaps[p]):8.2f} {statistics.mean(durs[p]):8.2f} {statistics.mean(adds[p]):8.2f}  {name}")
     print(f"  {sum(statistics.mean(g) for g in gaps):8.2f} {sum(statistics.mean(d) for d in durs):8.2f} "
           f"{sum(statistics.mean(a) for a in adds):8.2f}  total")
