@@ -27,7 +27,7 @@ def short(name):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
-    ap.add_argument("--marker", default=r"sgd_step_kernel|adamw_step_kernel|checked_update_kernel")
+    ap.add_argument("--marker", default=r"sgd_step_kernel|adamw_step_kernel|checked_update_kernel|alternating_update_kernel")
     ap.add_argument("--label", default="")
     ap.add_argument("--by-kernel", action="store_true",
                     help="sum the step's records by kernel name (a transformer runs each kernel many times a step)")

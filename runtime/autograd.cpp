@@ -43,6 +43,12 @@ Tensor Grads::accumulator(size_t i) const {
   return in.is_leaf() ? in.grad() : Tensor();
 }
 
+Tensor Grads::gathered(size_t i) const {
+  const Tensor& in = inputs_[i];
+  if (in.is_leaf() || !in.requires_grad() || !in.grad_fn()) return Tensor();
+  return in.grad_fn()->pending;
+}
+
 void Grads::before_write(size_t i) const {
   const Tensor& in = inputs_[i];
   if (before_write_ && *before_write_ && in.is_leaf() && in.requires_grad()) (*before_write_)(in);

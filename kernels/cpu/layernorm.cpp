@@ -33,7 +33,7 @@ void ln_forward(const T* x, const float* gamma, const float* beta, int64_t rows,
 // dgamma = sum over rows of dy xhat, dbeta = sum of dy (each added to param_beta * old).
 template <typename T>
 void ln_backward(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd, int64_t rows,
-                 int64_t cols, T* dx, float beta_gamma, float* dgamma, float beta_beta, float* dbeta) {
+                 int64_t cols, T* dx, bool dx_add, float beta_gamma, float* dgamma, float beta_beta, float* dbeta) {
   for (int64_t r = 0; r < rows && dx; ++r) {
     float sg = 0.0f, sgx = 0.0f;
     for (int64_t c = 0; c < cols; ++c) {
@@ -44,7 +44,8 @@ void ln_backward(const T* x, const T* dy, const float* gamma, const float* mean,
     const float mg = sg / static_cast<float>(cols), mgx = sgx / static_cast<float>(cols);
     for (int64_t c = 0; c < cols; ++c) {
       const float xhat = (as_float(x[r * cols + c]) - mean[r]) * rstd[r];
-      store(&dx[r * cols + c], rstd[r] * (as_float(dy[r * cols + c]) * gamma[c] - mg - xhat * mgx));
+      const float v = rstd[r] * (as_float(dy[r * cols + c]) * gamma[c] - mg - xhat * mgx);
+      store(&dx[r * cols + c], dx_add ? as_float(dx[r * cols + c]) + v : v);
     }
   }
   for (int64_t c = 0; c < cols; ++c) {
@@ -75,14 +76,14 @@ void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float*
   ln_forward(x, gamma, beta, rows, cols, eps, y, mean, rstd);
 }
 void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
-                         int64_t rows, int64_t cols, float* dx, float beta_gamma, float* dgamma, float beta_beta,
-                         float* dbeta) {
-  ln_backward(x, dy, gamma, mean, rstd, rows, cols, dx, beta_gamma, dgamma, beta_beta, dbeta);
+                         int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,
+                         float beta_beta, float* dbeta) {
+  ln_backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta);
 }
 void layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
-                              const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, float beta_gamma,
-                              float* dgamma, float beta_beta, float* dbeta) {
-  ln_backward(x, dy, gamma, mean, rstd, rows, cols, dx, beta_gamma, dgamma, beta_beta, dbeta);
+                              const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, bool dx_add,
+                              float beta_gamma, float* dgamma, float beta_beta, float* dbeta) {
+  ln_backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta);
 }
 
 void residual_add(const float* a, const float* b, int64_t n, float* y) { add(a, b, n, y); }

@@ -291,12 +291,14 @@ void layer_norm_forward(const float* x, const float* gamma, const float* beta, i
                         float* y, float* mean, float* rstd, cudaStream_t stream);
 void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float* beta, int64_t rows, int64_t cols,
                              float eps, uint16_t* y, float* mean, float* rstd, cudaStream_t stream);
+// dx_add: dx holds a gradient to add to (rounded once), not to overwrite.
 void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
-                         int64_t rows, int64_t cols, float* dx, float beta_gamma, float* dgamma, float beta_beta,
-                         float* dbeta, float* work, cudaStream_t stream);
+                         int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,
+                         float beta_beta, float* dbeta, float* work, cudaStream_t stream);
 void layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
-                              const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, float beta_gamma,
-                              float* dgamma, float beta_beta, float* dbeta, float* work, cudaStream_t stream);
+                              const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, bool dx_add,
+                              float beta_gamma, float* dgamma, float beta_beta, float* dbeta, float* work,
+                              cudaStream_t stream);
 void residual_add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream);
 void residual_add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* y, cudaStream_t stream);
 

@@ -3,14 +3,23 @@
 //
 // The forward and the input gradient take a warp per row (the row's sums by warp_sum, in
 // its fixed order). The parameters' gradients are column sums over the rows, in two
-// deterministic stages: a thread per column adds a chunk of rows in order, then a thread
-// per column adds the chunks in order.
+// deterministic stages: each chunk of rows sums its rows in order, then a thread per column
+// adds the chunks in order.
+//
+// Rows of up to 32 x kMaxVectors 16-byte vectors (GPT-2's 768 or 1024 bf16 columns; 512
+// floats) take the fused kernels: a lane holds its vectors of the row in registers, so the
+// forward reads x once, and the backward reads x and dy once for dx and for its lane's
+// running sums of the parameters' gradients, which the block's warps then add in warp order.
+// dx may be added to a gradient already there (dx_add: the residual stream's, rounded once).
+// Other rows take the general kernels (a pass each).
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "check.hpp"
 #include "common.cuh"
 #include "cuda.hpp"
+#include "loops.cuh"
 
 namespace dpt::cuda {
 namespace {
@@ -41,7 +50,7 @@ __global__ void layer_norm_forward_kernel(const T* x, const float* gamma, const 
 // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma, xhat = (x - mean) rstd.
 template <typename T>
 __global__ void layer_norm_dx_kernel(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd,
-                                     int64_t rows, int64_t cols, T* dx) {
+                                     int64_t rows, int64_t cols, T* dx, bool dx_add) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -55,7 +64,8 @@ __global__ void layer_norm_dx_kernel(const T* x, const T* dy, const float* gamma
   const float mg = warp_sum(sg) / static_cast<float>(cols), mgx = warp_sum(sgx) / static_cast<float>(cols);
   for (int64_t c = lane; c < cols; c += 32) {
     const float xhat = (as_float(x[r * cols + c]) - m) * rs;
-    store(&dx[r * cols + c], rs * (as_float(dy[r * cols + c]) * gamma[c] - mg - xhat * mgx));
+    const float v = rs * (as_float(dy[r * cols + c]) * gamma[c] - mg - xhat * mgx);
+    store(&dx[r * cols + c], dx_add ? as_float(dx[r * cols + c]) + v : v);
   }
 }
 
@@ -93,15 +103,170 @@ __global__ void layer_norm_param_finish_kernel(const float* part_gamma, const fl
   }
 }
 
-template <typename T>
+template <typename T, bool Vec>
 __global__ void residual_add_kernel(const T* a, const T* b, int64_t n, T* y) {
-  for (int64_t i = global_tid(); i < n; i += grid_stride()) store(&y[i], as_float(a[i]) + as_float(b[i]));
+  vec4_loop<Vec>(
+      n,
+      [&](int64_t q) {
+        const float4 u = load_four(a + 4 * q), v = load_four(b + 4 * q);
+        store_four(y + 4 * q, make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w));
+      },
+      [&](int64_t i) { store(&y[i], as_float(a[i]) + as_float(b[i])); });
 }
 
-// Rows per stage-one chunk: 256, more where the chunks would pass the grid's y limit.
+// ---- the fused kernels: a row in a warp's registers ------------------------------------
+
+constexpr int kMaxVectors = 4;  // a lane's 16-byte vectors of a row
+
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kCount = 16 / sizeof(T);
+  T v[kCount];
+};
+
+// The vectors a lane takes for rows of `cols` (1 .. kMaxVectors), 0 for the general kernels.
+template <typename T>
+int lane_vectors(int64_t cols, std::initializer_list<const void*> rows_of) {
+  constexpr int E = Vec16<T>::kCount;
+  if (cols % E != 0) return 0;
+  for (const void* p : rows_of)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
+  const int64_t p = (cols / E + 31) / 32;
+  return p <= kMaxVectors ? static_cast<int>(p) : 0;
+}
+
+// Lane `lane`'s vectors of row r (those inside the row).
+template <typename T, int P>
+__device__ __forceinline__ void load_row(const T* base, int64_t r, int nvec, int lane, Vec16<T> (&v)[P]) {
+  const auto* row = reinterpret_cast<const Vec16<T>*>(base) + r * nvec;
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+    if (lane + 32 * p < nvec) v[p] = row[lane + 32 * p];
+}
+
+template <typename T, int P>
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_forward_fused_kernel(const T* x, const float* gamma, const float* beta, int64_t rows, int cols,
+                                    float eps, T* y, float* mean, float* rstd) {
+  constexpr int E = Vec16<T>::kCount;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, nvec = cols / E;
+  if (r >= rows) return;
+  Vec16<T> xv[P];
+  load_row(x, r, nvec, lane, xv);
+  float s = 0.f;
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+    if (lane + 32 * p < nvec)
+#pragma unroll
+      for (int e = 0; e < E; ++e) s += as_float(xv[p].v[e]);
+  const float m = warp_sum(s) / static_cast<float>(cols);
+  float v = 0.f;
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+    if (lane + 32 * p < nvec)
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float d = as_float(xv[p].v[e]) - m;
+        v += d * d;
+      }
+  const float rs = 1.f / sqrtf(warp_sum(v) / static_cast<float>(cols) + eps);
+  auto* yrow = reinterpret_cast<Vec16<T>*>(y) + r * nvec;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int i = lane + 32 * p;
+    if (i >= nvec) continue;
+    Vec16<T> out;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int c = i * E + e;
+      store(&out.v[e], (as_float(xv[p].v[e]) - m) * rs * gamma[c] + beta[c]);
+    }
+    yrow[i] = out;
+  }
+  if (lane == 0) {
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+}
+
+// The backward of a chunk of rows a block: warp w takes rows w, w + kWarps, ... of the
+// chunk; dx as layer_norm_dx_kernel (added to what dx holds when dx_add), and the lane's
+// sums of dy xhat and dy over its rows; the warps' sums are added in warp order (through
+// shared memory) into the chunk's part_gamma and part_beta rows.
+template <typename T, int P>
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_backward_fused_kernel(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd,
+                                     int64_t rows, int cols, int64_t chunk_rows, T* dx, bool dx_add, float* part_gamma,
+                                     float* part_beta) {
+  constexpr int E = Vec16<T>::kCount;
+  extern __shared__ float sums[];  // [2][cols]: the warps' sums of dy xhat, then of dy
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nvec = cols / E;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.x) * chunk_rows;
+  const int64_t r_end = rows - r_begin < chunk_rows ? rows : r_begin + chunk_rows;
+  float sg[P][E] = {}, sb[P][E] = {};
+  for (int64_t r = r_begin + warp; r < r_end; r += kWarps) {
+    Vec16<T> xv[P], dv[P];
+    load_row(x, r, nvec, lane, xv);
+    load_row(dy, r, nvec, lane, dv);
+    const float m = mean[r], rs = rstd[r];
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+      if (lane + 32 * p < nvec)
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          const int c = (lane + 32 * p) * E + e;
+          const float d = as_float(dv[p].v[e]), xhat = (as_float(xv[p].v[e]) - m) * rs, g = d * gamma[c];
+          s1 += g;
+          s2 += g * xhat;
+          sg[p][e] += d * xhat;
+          sb[p][e] += d;
+        }
+    if (!dx) continue;
+    const float mg = warp_sum(s1) / static_cast<float>(cols), mgx = warp_sum(s2) / static_cast<float>(cols);
+    auto* dxrow = reinterpret_cast<Vec16<T>*>(dx) + r * nvec;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int i = lane + 32 * p;
+      if (i >= nvec) continue;
+      Vec16<T> out;
+      if (dx_add) out = dxrow[i];
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const int c = i * E + e;
+        const float xhat = (as_float(xv[p].v[e]) - m) * rs;
+        const float v = rs * (as_float(dv[p].v[e]) * gamma[c] - mg - xhat * mgx);
+        store(&out.v[e], dx_add ? as_float(out.v[e]) + v : v);
+      }
+      dxrow[i] = out;
+    }
+  }
+  for (int w = 0; w < kWarps; ++w) {  // the warps' sums in warp order
+    if (warp == w)
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+        if (lane + 32 * p < nvec)
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            const int c = (lane + 32 * p) * E + e;
+            sums[c] = w == 0 ? sg[p][e] : sums[c] + sg[p][e];
+            sums[cols + c] = w == 0 ? sb[p][e] : sums[cols + c] + sb[p][e];
+          }
+    __syncthreads();
+  }
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    part_gamma[blockIdx.x * static_cast<int64_t>(cols) + c] = sums[c];
+    part_beta[blockIdx.x * static_cast<int64_t>(cols) + c] = sums[cols + c];
+  }
+}
+
+// Rows per stage-one chunk: 64 (a block of the fused kernel: 8 a warp), more for a
+// tall matrix, so that there are at most 1024 chunks (the partial sums' memory and the
+// finish's reads stay small).
 int64_t chunk_rows_for(int64_t rows) {
-  const int64_t need = (rows + 65534) / 65535;
-  return need > 256 ? need : 256;
+  const int64_t need = (rows + 1023) / 1024;
+  return need > 64 ? need : 64;
 }
 int64_t chunks_for(int64_t rows) { return (rows + chunk_rows_for(rows) - 1) / chunk_rows_for(rows); }
 
@@ -116,31 +281,71 @@ void forward(const T* x, const float* gamma, const float* beta, int64_t rows, in
              float* mean, float* rstd, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols > 0, "layer_norm_forward: bad shape");
   if (rows == 0) return;
-  layer_norm_forward_kernel<T>
-      <<<row_blocks(rows, "layer_norm_forward"), kThreads, 0, stream>>>(x, gamma, beta, rows, cols, eps, y, mean, rstd);
+  const unsigned blocks = row_blocks(rows, "layer_norm_forward");
+  const int c = static_cast<int>(cols);
+  switch (lane_vectors<T>(cols, {x, y})) {
+    case 1:
+      layer_norm_forward_fused_kernel<T, 1>
+          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
+      break;
+    case 2:
+      layer_norm_forward_fused_kernel<T, 2>
+          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
+      break;
+    case 3:
+      layer_norm_forward_fused_kernel<T, 3>
+          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
+      break;
+    case 4:
+      layer_norm_forward_fused_kernel<T, 4>
+          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
+      break;
+    default:
+      layer_norm_forward_kernel<T><<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, cols, eps, y, mean, rstd);
+  }
   DPT_CUDA_CHECK_LAUNCH();
+}
+
+// The fused kernel for P vectors a lane: dx (when wanted) and the chunks' partial sums.
+template <typename T, int P>
+void backward_fused(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd, int64_t rows,
+                    int64_t cols, T* dx, bool dx_add, float* part_gamma, float* part_beta, cudaStream_t stream) {
+  const int64_t chunk = chunk_rows_for(rows);
+  const size_t smem = 2 * static_cast<size_t>(cols) * sizeof(float);
+  layer_norm_backward_fused_kernel<T, P><<<static_cast<unsigned>(chunks_for(rows)), kThreads, smem, stream>>>(
+      x, dy, gamma, mean, rstd, rows, static_cast<int>(cols), chunk, dx, dx_add, part_gamma, part_beta);
 }
 
 template <typename T>
 void backward(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd, int64_t rows,
-              int64_t cols, T* dx, float beta_gamma, float* dgamma, float beta_beta, float* dbeta, float* work,
-              cudaStream_t stream) {
+              int64_t cols, T* dx, bool dx_add, float beta_gamma, float* dgamma, float beta_beta, float* dbeta,
+              float* work, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols > 0, "layer_norm_backward: bad shape");
-  if (dx && rows > 0) {
-    layer_norm_dx_kernel<T>
-        <<<row_blocks(rows, "layer_norm_backward"), kThreads, 0, stream>>>(x, dy, gamma, mean, rstd, rows, cols, dx);
-    DPT_CUDA_CHECK_LAUNCH();
-  }
-  if (!dgamma && !dbeta) return;
   const int64_t chunks = chunks_for(rows);
   DPT_CHECK(chunks == 0 || work != nullptr, "layer_norm_backward: null work space");
   float *part_gamma = work, *part_beta = work + chunks * cols;
-  if (chunks > 0) {
-    const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
-    layer_norm_param_part_kernel<T>
-        <<<grid, kThreads, 0, stream>>>(x, dy, mean, rstd, rows, cols, chunk_rows_for(rows), part_gamma, part_beta);
+  // The fused kernel always makes the partial sums (cheap beside its reads), wanted or not.
+  if (const int p = rows > 0 ? lane_vectors<T>(cols, {x, dy, dx}) : 0; p > 0) {
+    if (p == 1) backward_fused<T, 1>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
+    if (p == 2) backward_fused<T, 2>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
+    if (p == 3) backward_fused<T, 3>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
+    if (p == 4) backward_fused<T, 4>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
     DPT_CUDA_CHECK_LAUNCH();
+  } else {
+    if (dx && rows > 0) {
+      layer_norm_dx_kernel<T><<<row_blocks(rows, "layer_norm_backward"), kThreads, 0, stream>>>(
+          x, dy, gamma, mean, rstd, rows, cols, dx, dx_add);
+      DPT_CUDA_CHECK_LAUNCH();
+    }
+    if (!dgamma && !dbeta) return;
+    if (chunks > 0) {
+      const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+      layer_norm_param_part_kernel<T>
+          <<<grid, kThreads, 0, stream>>>(x, dy, mean, rstd, rows, cols, chunk_rows_for(rows), part_gamma, part_beta);
+      DPT_CUDA_CHECK_LAUNCH();
+    }
   }
+  if (!dgamma && !dbeta) return;
   layer_norm_param_finish_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(part_gamma, part_beta, chunks, cols,
                                                                             beta_gamma, dgamma, beta_beta, dbeta);
   DPT_CUDA_CHECK_LAUNCH();
@@ -150,7 +355,12 @@ template <typename T>
 void add(const T* a, const T* b, int64_t n, T* y, cudaStream_t stream) {
   DPT_CHECK(n >= 0, "residual_add: negative size");
   if (n == 0) return;
-  residual_add_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(a, b, n, y);
+  // Four elements an access where all three pointers allow it (y may be a or b: each
+  // element is read before it is written, by the same thread).
+  constexpr uintptr_t kFour = 4 * sizeof(T);
+  if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(y)) % kFour == 0)
+    residual_add_kernel<T, true><<<blocks_for(n / 4), kThreads, 0, stream>>>(a, b, n, y);
+  else residual_add_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(a, b, n, y);
   DPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -167,14 +377,15 @@ void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float*
   forward(x, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
 }
 void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
-                         int64_t rows, int64_t cols, float* dx, float beta_gamma, float* dgamma, float beta_beta,
-                         float* dbeta, float* work, cudaStream_t stream) {
-  backward(x, dy, gamma, mean, rstd, rows, cols, dx, beta_gamma, dgamma, beta_beta, dbeta, work, stream);
+                         int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,
+                         float beta_beta, float* dbeta, float* work, cudaStream_t stream) {
+  backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta, work, stream);
 }
 void layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
-                              const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, float beta_gamma,
-                              float* dgamma, float beta_beta, float* dbeta, float* work, cudaStream_t stream) {
-  backward(x, dy, gamma, mean, rstd, rows, cols, dx, beta_gamma, dgamma, beta_beta, dbeta, work, stream);
+                              const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, bool dx_add,
+                              float beta_gamma, float* dgamma, float beta_beta, float* dbeta, float* work,
+                              cudaStream_t stream) {
+  backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta, work, stream);
 }
 void residual_add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream) { add(a, b, n, y, stream); }
 void residual_add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* y, cudaStream_t stream) {

@@ -59,6 +59,13 @@ void axpy_(float alpha, const Tensor& x, const Tensor& y) {
     need_float(x, "axpy_");
     need_float(y, "axpy_");
     DPT_REQUIRE(x.numel() == y.numel(), "axpy_: " + shape_str(x.shape()) + " and " + shape_str(y.shape()));
+    if (alpha == 1.0f && is_bf16(x) && is_bf16(y)) {  // one pass: y = x + y in fp32, rounded once
+      same_device(x, y, "axpy_");
+      DPT_CUDA_OR_CPU(y.device(),
+                      cuda::residual_add_bf16(x.bf16(), y.bf16(), x.numel(), y.bf16(), stream_of(y.device())),
+                      cpu::residual_add_bf16(x.bf16(), y.bf16(), x.numel(), y.bf16()));
+      return;
+    }
     const Tensor xf = cast(x.untracked(), DType::f32);
     if (!is_bf16(y)) {
       axpy_(alpha, xf, y);

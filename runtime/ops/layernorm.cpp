@@ -32,7 +32,11 @@ class LayerNormNode : public Node {
     const Device d = x_.device();
     const int64_t rows = x_.size(0), cols = x_.size(1);
     const Tensor dy = in_type_of(x_, dy_in);
-    Tensor dx = grads.needed(0) ? Tensor::empty(x_.shape(), x_.dtype(), d) : Tensor();
+    // Where x's gradient has a part already (the residual stream's, from the add that x also
+    // feeds), dx is added into it in the kernel rather than written apart and added after.
+    const Tensor gathered = grads.needed(0) ? grads.gathered(0) : Tensor();
+    const bool dx_add = gathered.defined() && gathered.dtype() == x_.dtype() && gathered.shape() == x_.shape();
+    Tensor dx = dx_add ? gathered : grads.needed(0) ? Tensor::empty(x_.shape(), x_.dtype(), d) : Tensor();
     GradSlot dgamma = needed_slot(grads, 1, gamma_.shape(), d), dbeta = needed_slot(grads, 2, gamma_.shape(), d);
     float *dg = dgamma.f32_or_null(), *db = dbeta.f32_or_null();
 #if DPT_WITH_CUDA
@@ -43,18 +47,19 @@ class LayerNormNode : public Node {
       DPT_CUDA_OR_CPU(
           d,
           cuda::layer_norm_backward_bf16(x_.bf16(), dy.bf16(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols, dxp,
-                                         dgamma.beta, dg, dbeta.beta, db, work().f32(), stream_of(d)),
+                                         dx_add, dgamma.beta, dg, dbeta.beta, db, work().f32(), stream_of(d)),
           cpu::layer_norm_backward_bf16(x_.bf16(), dy.bf16(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols, dxp,
-                                        dgamma.beta, dg, dbeta.beta, db));
+                                        dx_add, dgamma.beta, dg, dbeta.beta, db));
     } else {
       float* dxp = dx.defined() ? dx.f32() : nullptr;
-      DPT_CUDA_OR_CPU(d,
-                      cuda::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols,
-                                                dxp, dgamma.beta, dg, dbeta.beta, db, work().f32(), stream_of(d)),
-                      cpu::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols,
-                                               dxp, dgamma.beta, dg, dbeta.beta, db));
+      DPT_CUDA_OR_CPU(
+          d,
+          cuda::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols, dxp, dx_add,
+                                    dgamma.beta, dg, dbeta.beta, db, work().f32(), stream_of(d)),
+          cpu::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols, dxp, dx_add,
+                                   dgamma.beta, dg, dbeta.beta, db));
     }
-    if (dx.defined()) give(grads, 0, dx);
+    if (dx.defined() && !dx_add) give(grads, 0, dx);
     put_slot(grads, 1, dgamma);
     put_slot(grads, 2, dbeta);
   }

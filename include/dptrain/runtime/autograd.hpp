@@ -48,6 +48,11 @@ class Grads {
   float take_beta(size_t i) const;
   // A new gradient for input i; the engine adds it to what is there.
   void put(size_t i, Tensor g) { out_[i] = std::move(g); }
+  // The gradient that non-leaf input i has gathered so far from the nodes that ran before
+  // (undefined when none, and for leaves): the engine's own tensor, which a node may add its
+  // gradient into in place instead of put()ting it (one pass fewer, e.g. LayerNorm's dx
+  // added to the residual stream's gradient in its kernel).
+  Tensor gathered(size_t i) const;
   const Tensor& taken(size_t i) const { return out_[i]; }
 
   // For a node that writes its inputs' gradients in turn (Node::hands_over_in_turn): call
