@@ -461,4 +461,9 @@ void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64
   DPT_CUDA_CHECK_LAUNCH();
 }
 
+void column_sum_finish(const float* part, int64_t chunks, int64_t cols, float beta, float* out, cudaStream_t stream) {
+  bias_grad_finish(part, chunks, cols, beta, out, stream);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace dpt::cuda

@@ -98,6 +98,11 @@ __device__ float block_total(float v) {
   return total;
 }
 
+// exp(v) for the softmax: in bf16 the fast form (a few ulps of fp32, far below bf16's
+// rounding of the gradient), in fp32 the exact one. It keeps the kernel at memory speed.
+__device__ __forceinline__ float softmax_exp(float v, uint16_t) { return __expf(v); }
+__device__ __forceinline__ float softmax_exp(float v, float) { return expf(v); }
+
 // classifier_kernel's work with the row held in registers: thread t holds the row's vectors
 // t, t + blockDim.x, ... (K of them at most). Needs cols a multiple of the vector's count
 // and the logits 16-byte aligned. The sum is of exp(x - max) over the row's max: a
@@ -133,7 +138,7 @@ static __global__ void __launch_bounds__(kClassifierThreads)
     const int c0 = (static_cast<int>(threadIdx.x) + k * kClassifierThreads) * E;
 #pragma unroll
     for (int e = 0; e < E; ++e)
-      if (c0 + e < nvocab) s += expf(as_float(x[k].v[e]) - max);
+      if (c0 + e < nvocab) s += softmax_exp(as_float(x[k].v[e]) - max, T{});
   }
   const float sum = block_total(s);
   if (threadIdx.x == 0) work[blockIdx.x] = max + logf(sum) - at_target;
@@ -147,7 +152,7 @@ static __global__ void __launch_bounds__(kClassifierThreads)
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const int c = i * E + e;
-      const float p = c < nvocab ? expf(as_float(x[k].v[e]) - max) * inv_sum : 0.f;
+      const float p = c < nvocab ? softmax_exp(as_float(x[k].v[e]) - max, T{}) * inv_sum : 0.f;
       store(&g.v[e], (c == target ? p - 1.f : p) * inv_rows);
     }
     row[i] = g;

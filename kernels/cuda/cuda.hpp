@@ -284,6 +284,9 @@ void embedding_backward(const int32_t* tokens, int64_t rows, int64_t seq, const 
 void embedding_backward_bf16(const int32_t* tokens, int64_t rows, int64_t seq, const uint16_t* dy, int64_t vocab,
                              int64_t positions, int64_t C, float beta_wte, float* dwte, float beta_wpe, float* dwpe,
                              void* work, cudaStream_t stream);
+// Stage two of a deterministic column sum: out[c] = beta out[c] + the sum over k < chunks of
+// part[k][c], in a fixed order (the bias gradients' and LayerNorm's; beta 0 never reads out).
+void column_sum_finish(const float* part, int64_t chunks, int64_t cols, float beta, float* out, cudaStream_t stream);
 // LayerNorm: the backward's parameter gradients go through `work`
 // (layer_norm_backward_work(rows, cols) floats) in two deterministic stages.
 int64_t layer_norm_backward_work(int64_t rows, int64_t cols);

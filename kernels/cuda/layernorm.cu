@@ -88,21 +88,6 @@ __global__ void layer_norm_param_part_kernel(const T* x, const T* dy, const floa
   part_beta[blockIdx.y * cols + c] = sb;
 }
 
-// Stage two: the chunks' sums in order; beta 0 never reads the gradient; null: not wanted.
-__global__ void layer_norm_param_finish_kernel(const float* part_gamma, const float* part_beta, int64_t chunks,
-                                               int64_t cols, float beta_gamma, float* dgamma, float beta_beta,
-                                               float* dbeta) {
-  for (int64_t c = global_tid(); c < cols; c += grid_stride()) {
-    float sg = 0.f, sb = 0.f;
-    for (int64_t k = 0; k < chunks; ++k) {
-      sg += part_gamma[k * cols + c];
-      sb += part_beta[k * cols + c];
-    }
-    if (dgamma) dgamma[c] = beta_gamma != 0.f ? beta_gamma * dgamma[c] + sg : sg;
-    if (dbeta) dbeta[c] = beta_beta != 0.f ? beta_beta * dbeta[c] + sb : sb;
-  }
-}
-
 template <typename T, bool Vec>
 __global__ void residual_add_kernel(const T* a, const T* b, int64_t n, T* y) {
   vec4_loop<Vec>(
@@ -144,6 +129,24 @@ __device__ __forceinline__ void load_row(const T* base, int64_t r, int nvec, int
     if (lane + 32 * p < nvec) v[p] = row[lane + 32 * p];
 }
 
+// A lane's columns of a parameter vector (gamma or beta), E floats for each of its vectors,
+// read in 16-byte pieces (cols is a multiple of E, so each piece is whole and aligned when
+// the vector is: the caller checks).
+template <int E, int P>
+__device__ __forceinline__ void load_columns(const float* v, int nvec, int lane, float (&out)[P][E]) {
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+    if (lane + 32 * p < nvec)
+#pragma unroll
+      for (int q = 0; q < E / 4; ++q) {
+        const float4 f = reinterpret_cast<const float4*>(v + (lane + 32 * p) * E)[q];
+        out[p][4 * q] = f.x;
+        out[p][4 * q + 1] = f.y;
+        out[p][4 * q + 2] = f.z;
+        out[p][4 * q + 3] = f.w;
+      }
+}
+
 template <typename T, int P>
 __global__ void __launch_bounds__(kThreads)
     layer_norm_forward_fused_kernel(const T* x, const float* gamma, const float* beta, int64_t rows, int cols,
@@ -154,6 +157,9 @@ __global__ void __launch_bounds__(kThreads)
   if (r >= rows) return;
   Vec16<T> xv[P];
   load_row(x, r, nvec, lane, xv);
+  float g[P][E], b[P][E];
+  load_columns(gamma, nvec, lane, g);
+  load_columns(beta, nvec, lane, b);
   float s = 0.f;
 #pragma unroll
   for (int p = 0; p < P; ++p)
@@ -178,10 +184,7 @@ __global__ void __launch_bounds__(kThreads)
     if (i >= nvec) continue;
     Vec16<T> out;
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const int c = i * E + e;
-      store(&out.v[e], (as_float(xv[p].v[e]) - m) * rs * gamma[c] + beta[c]);
-    }
+    for (int e = 0; e < E; ++e) store(&out.v[e], (as_float(xv[p].v[e]) - m) * rs * g[p][e] + b[p][e]);
     yrow[i] = out;
   }
   if (lane == 0) {
@@ -204,11 +207,13 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nvec = cols / E;
   const int64_t r_begin = static_cast<int64_t>(blockIdx.x) * chunk_rows;
   const int64_t r_end = rows - r_begin < chunk_rows ? rows : r_begin + chunk_rows;
-  float sg[P][E] = {}, sb[P][E] = {};
+  float sg[P][E] = {}, sb[P][E] = {}, gam[P][E];
+  load_columns(gamma, nvec, lane, gam);
   for (int64_t r = r_begin + warp; r < r_end; r += kWarps) {
-    Vec16<T> xv[P], dv[P];
+    Vec16<T> xv[P], dv[P], old[P];
     load_row(x, r, nvec, lane, xv);
     load_row(dy, r, nvec, lane, dv);
+    if (dx_add) load_row(dx, r, nvec, lane, old);  // with the others: one wait for all
     const float m = mean[r], rs = rstd[r];
     float s1 = 0.f, s2 = 0.f;
 #pragma unroll
@@ -216,8 +221,7 @@ __global__ void __launch_bounds__(kThreads)
       if (lane + 32 * p < nvec)
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          const int c = (lane + 32 * p) * E + e;
-          const float d = as_float(dv[p].v[e]), xhat = (as_float(xv[p].v[e]) - m) * rs, g = d * gamma[c];
+          const float d = as_float(dv[p].v[e]), xhat = (as_float(xv[p].v[e]) - m) * rs, g = d * gam[p][e];
           s1 += g;
           s2 += g * xhat;
           sg[p][e] += d * xhat;
@@ -231,13 +235,11 @@ __global__ void __launch_bounds__(kThreads)
       const int i = lane + 32 * p;
       if (i >= nvec) continue;
       Vec16<T> out;
-      if (dx_add) out = dxrow[i];
 #pragma unroll
       for (int e = 0; e < E; ++e) {
-        const int c = i * E + e;
         const float xhat = (as_float(xv[p].v[e]) - m) * rs;
-        const float v = rs * (as_float(dv[p].v[e]) * gamma[c] - mg - xhat * mgx);
-        store(&out.v[e], dx_add ? as_float(out.v[e]) + v : v);
+        const float v = rs * (as_float(dv[p].v[e]) * gam[p][e] - mg - xhat * mgx);
+        store(&out.v[e], dx_add ? as_float(old[p].v[e]) + v : v);
       }
       dxrow[i] = out;
     }
@@ -283,7 +285,7 @@ void forward(const T* x, const float* gamma, const float* beta, int64_t rows, in
   if (rows == 0) return;
   const unsigned blocks = row_blocks(rows, "layer_norm_forward");
   const int c = static_cast<int>(cols);
-  switch (lane_vectors<T>(cols, {x, y})) {
+  switch (lane_vectors<T>(cols, {x, y, gamma, beta})) {
     case 1:
       layer_norm_forward_fused_kernel<T, 1>
           <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
@@ -325,7 +327,7 @@ void backward(const T* x, const T* dy, const float* gamma, const float* mean, co
   DPT_CHECK(chunks == 0 || work != nullptr, "layer_norm_backward: null work space");
   float *part_gamma = work, *part_beta = work + chunks * cols;
   // The fused kernel always makes the partial sums (cheap beside its reads), wanted or not.
-  if (const int p = rows > 0 ? lane_vectors<T>(cols, {x, dy, dx}) : 0; p > 0) {
+  if (const int p = rows > 0 ? lane_vectors<T>(cols, {x, dy, dx, gamma}) : 0; p > 0) {
     if (p == 1) backward_fused<T, 1>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
     if (p == 2) backward_fused<T, 2>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
     if (p == 3) backward_fused<T, 3>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
@@ -345,10 +347,8 @@ void backward(const T* x, const T* dy, const float* gamma, const float* mean, co
       DPT_CUDA_CHECK_LAUNCH();
     }
   }
-  if (!dgamma && !dbeta) return;
-  layer_norm_param_finish_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(part_gamma, part_beta, chunks, cols,
-                                                                            beta_gamma, dgamma, beta_beta, dbeta);
-  DPT_CUDA_CHECK_LAUNCH();
+  if (dgamma) column_sum_finish(part_gamma, chunks, cols, beta_gamma, dgamma, stream);
+  if (dbeta) column_sum_finish(part_beta, chunks, cols, beta_beta, dbeta, stream);
 }
 
 template <typename T>
