@@ -51,58 +51,9 @@ adamw=(--optimizer adamw --lr 6e-4 --beta2 0.95 --weight-decay 0.1)
   done
 } 2>&1 | tee "$out/gpt.log"
 
-echo
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "== GPT-2 124M, bf16, T 1024, dptrain vs PyTorch, same run ($(date -u +%F), $gpu_name) =="
-python3 - "$out/gpt.log" "$peak" <<'PY'
-import re, sys
-
-log, peak = sys.argv[1], float(sys.argv[2])
-STEP = re.compile(r"dptrain gpt2 B (\d+) T (\d+) \S+ \S+?(-graph)?: ([\d.]+) ms/step, (\d+) tokens/s, MFU ([\d.]+)% "
-                  r"of \S+ TFLOPS, peak ([\d.]+) MiB, loss \S+ -> [^;]+; mean ([\d.]+) ms/step")
-TORCH = re.compile(r"torch gpt2 B (\d+) T (\d+) (eager|compile): ([\d.]+) ms/step, ([\d,]+) tokens/s, MFU ([\d.]+)% "
-                   r"of \S+ TFLOPS, peak ([\d.]+) MiB")
-LOOP = re.compile(r"dptrain-loop gpt2 B (\d+) (\S+): ([\d.]+) ms/step, peak ([\d.]+) ([KMGT]?i?B)")
-UNIT = {"B": 2**-20, "KiB": 2**-10, "MiB": 1, "GiB": 2**10, "TiB": 2**20}
-rows = {}  # (batch, run) -> dict(ms, tokens, mfu, mib, mean)
-flops = {}  # batch -> flops a token, from the step's line (MFU x peak / tokens/s)
-for line in open(log):
-    if m := STEP.match(line):
-        b, t, graph, ms, tok, mfu, mib, mean = m.groups()
-        run = "dptrain step " + ("graph" if graph else "eager")
-        rows[(int(b), run)] = dict(ms=float(ms), tokens=float(tok), mfu=float(mfu), mib=float(mib), mean=float(mean))
-        flops[int(b)] = float(mfu) / 100 * peak * 1e12 / float(tok)
-    elif m := TORCH.match(line):
-        b, t, mode, ms, tok, mfu, mib = m.groups()
-        rows[(int(b), "torch " + mode)] = dict(ms=float(ms), tokens=float(tok.replace(",", "")), mfu=float(mfu),
-                                              mib=float(mib))
-    elif m := LOOP.match(line):
-        b, mode, ms, amount, unit = m.groups()
-        ms, b = float(ms), int(b)
-        rows[(b, "dptrain loop " + ("graph" if mode == "--cuda-graph" else "eager"))] = dict(
-            ms=ms, tokens=b * 1024 * 1e3 / ms, mib=float(amount) * UNIT[unit])
-order = ["dptrain step eager", "dptrain step graph", "dptrain loop eager", "dptrain loop graph", "torch eager",
-         "torch compile"]
-print(f"MFU: 6N + 6LCT flops a token against {peak:g} TFLOPS; vs compile: torch.compile's ms / this row's "
-      "(above 1: faster); loop/step: the loop's ms over the bare step's mean (the same mode)")
-print(f"{'run':<20}{'B':>4}{'ms/step':>10}{'tokens/s':>11}{'MFU':>7}{'peak MiB':>10}{'vs compile':>12}{'loop/step':>11}")
-for b in sorted({b for b, _ in rows}):
-    compiled = rows.get((b, "torch compile"))
-    for run in order:
-        r = rows.get((b, run))
-        if not r:
-            print(f"{run:<20}{b:>4}{'-':>10}")
-            continue
-        mfu = r.get("mfu")
-        if mfu is None and b in flops:
-            mfu = 100 * flops[b] * r["tokens"] / (peak * 1e12)
-        step = rows.get((b, run.replace("loop", "step"))) if "loop" in run else None
-        mfu_text = f"{mfu:.1f}%" if mfu else "-"
-        vs_compile = f"{compiled['ms'] / r['ms']:.2f}x" if compiled else "-"
-        loop_step = f"{r['ms'] / step['mean']:.3f}" if step else "-"
-        print(f"{run:<20}{b:>4}{r['ms']:>10.2f}{r['tokens']:>11,.0f}{mfu_text:>7}{r['mib']:>10.0f}{vs_compile:>12}"
-              f"{loop_step:>11}")
-PY
+printf '\n== GPT-2 124M, bf16, T 1024, dptrain vs PyTorch, same run (%s, %s) ==\n' "$(date -u +%F)" \
+  "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+python3 benchmarks/gpt_table.py "$out/gpt.log" --peak-tflops "$peak"
 
 if [ "${TRACE:-0}" = 1 ]; then
   batch=${batches%% *}
