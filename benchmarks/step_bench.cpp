@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   std::string device = "cuda:0";
   int64_t seq = 0, warmup = 20, blocks = 7, per_block = 20, graph_steps = 1;
   app.add_option("--model", line.model, "seed, mlp, cnn, an MLP spec, cnn:SPEC, gpt2, gpt2-medium or gpt:SPEC");
-  app.add_option("--batch", line.batch, "Batch size (a GPT's: sequences)");
+  app.add_option("--batch", line.batch, "Batch size (default 64; a GPT's: sequences, default 16)");
   app.add_option("--seq", seq, "A GPT's sequence length (default: its context)");
   app.add_option("--precision", line.precision, "fp32, tf32, bf16 (default: fp32; bf16 for a GPT)");
   app.add_option("--gemm", line.gemm, "cublas or native");
@@ -147,7 +147,8 @@ int main(int argc, char** argv) {
   try {
     const bool is_gpt = nn::is_gpt_spec(line.model);
     if (!is_gpt && app.count("--seq") > 0) throw UsageError("--seq is a GPT's sequence length");
-    if (is_gpt && app.count("--precision") == 0) line.precision = "bf16";
+    if (is_gpt && app.count("--precision") == 0) line.precision = "bf16";  // as torch_gpt_bench.py
+    if (is_gpt && app.count("--batch") == 0) line.batch = 16;
     const Device d = parse_devices(device).front();
     Context& ctx = context(d);
     ctx.precision = parse_precision(line.precision);
