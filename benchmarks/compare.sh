@@ -14,12 +14,19 @@
 #           GPU) and strong scaling (4096 x N in all): dptrain nccl against DDP, dptrain
 #           p2p against nn.DataParallel; efficiency against each side's plain 1-GPU step
 #   loop:   single's training loop block alone
-# Usage: compare.sh [single|multi|loop|all] (all). Logs and dpbench's files go to $OUT (the
-# device tool's folder) or /tmp/dpt_compare.
+#   gpt:    GPT-2 124M bf16 (not part of all): step_bench --model gpt2 at B 16 and 32 (eager
+#           and --cuda-graph) beside torch_gpt_bench.py (eager and torch.compile) and dptrain's
+#           loop beside the bare step, in one table with tokens/s and MFU (gpt_compare.sh)
+# Usage: compare.sh [single|multi|loop|gpt|all] (all). Logs and dpbench's files go to $OUT
+# (the device tool's folder) or /tmp/dpt_compare.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 what=${1:-all}
-case $what in single | multi | loop | all) ;; *) echo "usage: $0 [single|multi|loop|all]" >&2; exit 2 ;; esac
+case $what in
+  single | multi | loop | all) ;;
+  gpt) exec bash benchmarks/gpt_compare.sh ;;
+  *) echo "usage: $0 [single|multi|loop|gpt|all]" >&2; exit 2 ;;
+esac
 out=${OUT:-/tmp/dpt_compare}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast can take a shared host's GPUs down (GPU.md)

@@ -1,10 +1,11 @@
 // dpbench: one workload on 1, 2, 4, ... devices (and on all of them), in weak scaling
 // (a fixed batch per device) and strong scaling (a fixed global batch), for each
 // reduction path and precision asked. Each run times dpt::DataParallel training steps
-// (MSE + SGD, lr 0.01, as in BENCHMARKS.md) on a fixed random batch made beforehand on
-// the replicas' devices, so only the step is timed. It prints a table and writes
-// dpbench.csv, dpbench.json and speedup.svg. Exit status: 0 done, 1 runtime error,
-// 2 bad input, 3 out of memory.
+// (MSE + SGD, lr 0.01, as in BENCHMARKS.md; a GPT: the next-token loss and AdamW on random
+// tokens, as step_bench and torch_gpt_bench.py, with tokens/s and MFU) on a fixed random
+// batch made beforehand on the replicas' devices, so only the step is timed. It prints a
+// table and writes dpbench.csv, dpbench.json and speedup.svg. Exit status: 0 done, 1
+// runtime error, 2 bad input, 3 out of memory.
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
@@ -31,6 +32,7 @@
 #include <dptrain/train/checkpoint.hpp>
 #include "apps/cli.hpp"
 #include "apps/plot.hpp"
+#include "benchmarks/gpt_bench.hpp"
 #include "common/atomic_file.hpp"
 #include "common/text.hpp"
 
@@ -73,6 +75,8 @@ struct Flags {
   dpt::app::DeviceFlags devices;
   std::vector<std::string> on_command_line;  // every flag: dpbench reads no config file
   int64_t batch = 0;                         // when not given: the workload's reference batch
+  int64_t seq = 0;                           // a GPT's sequence length (0: its context)
+  double peak_tflops = dpt::bench::kDefaultPeakTflops;
   int64_t steps = 100, warmup = 10;
   double bucket_mb = 25.0, first_bucket_mb = 1.0;
   int comm_ctas = 0;
@@ -91,6 +95,8 @@ struct Plan {
   std::vector<Device> devices;
   std::vector<size_t> counts;  // device counts to run: 1, 2, 4, ... and all of them
   int64_t batch = 0;           // per device in weak scaling; times devices.size() in strong
+  int64_t seq = 0;             // a GPT's tokens a sequence (a sample)
+  double peak_tflops = 0;      // a GPT's MFU: against this a device
   int64_t steps = 0, warmup = 0;
   double bucket_mb = 0, first_bucket_mb = 0;
   int comm_ctas = 0;                       // NCCL's thread blocks a collective (0: NCCL's choice)
@@ -109,7 +115,8 @@ struct Plan {
 
 void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--model", f.model,
-                 "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:...) or preset: seed, mlp, cnn")
+                 "MLP spec (widths, e.g. 1024-4096x3-1024), CNN spec (cnn:...), GPT spec (gpt:...) or preset: seed, "
+                 "mlp, cnn, gpt2, gpt2-medium")
       ->capture_default_str();
   f.devices.add_to(app,
                    "Devices, e.g. cuda:0,cuda:1 or cpu:0,cpu:1 (default: every GPU, else cpu); "
@@ -117,14 +124,19 @@ void add_flags(CLI::App& app, Flags& f) {
   using dpt::app::add_integer;
   add_integer(app, "--batch", f.batch,
               "Batch per device in weak scaling; strong scaling splits batch x (most devices) "
-              "(default: 64 for seed, 4096 for mlp, 256 otherwise)");
+              "(default: 64 for seed, 4096 for mlp, 16 sequences for a GPT, 256 otherwise)");
+  add_integer(app, "--seq", f.seq, "A GPT's sequence length (default: its context)");
+  app.add_option("--peak-tflops", f.peak_tflops,
+                 "A GPT's MFU against this many TFLOPS a device (an H100 or H200 SXM's dense bf16 peak)")
+      ->capture_default_str();
   add_integer(app, "--steps", f.steps, "Timed steps per run (default 100; 20 on CPU devices without --model)")
       ->capture_default_str();
   add_integer(app, "--warmup", f.warmup, "Untimed steps before them (at least 1: the first step allocates)")
       ->capture_default_str();
   app.add_option(
          "--precision", f.precision,
-         "Precisions, a comma list of fp32, tf32, bf16 (bf16: bf16 storage, fp32 master weights; tf32 is fp32 on CPUs)")
+         "Precisions, a comma list of fp32, tf32, bf16 (bf16: bf16 storage, fp32 master weights; tf32 is fp32 on CPUs; "
+         "a GPT's default: bf16)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--reduce", f.reduce, "Gradient reductions, a comma list of auto, nccl, p2p, host")
@@ -146,7 +158,10 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_flag("--comm", f.comm,
                "Time the gradient reduction alone (no steps) on 2, 4, ... devices, each path asked (and bare NCCL "
                "on GPUs): ms, algorithm and bus bandwidth as nccl-tests define them; --steps reductions a run");
-  app.add_option("--optimizer", f.optimizer, "sgd (lr 0.01, no momentum) or adamw (lr 0.001)")->capture_default_str();
+  app.add_option("--optimizer", f.optimizer,
+                 "sgd (lr 0.01, no momentum) or adamw (lr 0.001; a GPT's: lr 6e-4, betas 0.9 0.95, weight decay 0.1, "
+                 "its default)")
+      ->capture_default_str();
   add_integer(app, "--zero", f.zero,
               "ZeRO stage: 0, 1 (the optimizer state sharded over the devices) or 2 (the gradients too)")
       ->capture_default_str();
@@ -181,7 +196,12 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
     throw dpt::UsageError("a CNN classifies: it needs at least 2 output classes, '" + model + "' has " +
                           std::to_string(p.model.outputs()));
 
-  p.batch = app.count("--batch") > 0 ? f.batch : model == "seed" ? 64 : model == "mlp" ? 4096 : 256;
+  const int64_t reference_batch = model == "seed" ? 64 : model == "mlp" ? 4096 : p.model.is_gpt ? 16 : 256;
+  p.batch = app.count("--batch") > 0 ? f.batch : reference_batch;
+  if (!p.model.is_gpt && app.count("--seq") > 0) throw dpt::UsageError("--seq is a GPT's sequence length");
+  if (p.model.is_gpt) p.seq = dpt::bench::gpt_seq(p.model.gpt, f.seq);
+  if (!(f.peak_tflops > 0)) throw dpt::UsageError("--peak-tflops must be positive");
+  p.peak_tflops = f.peak_tflops;
   p.steps = p.cpu_default && app.count("--steps") == 0 ? kCpuSteps : f.steps;
   p.warmup = p.cpu_default && app.count("--warmup") == 0 ? kCpuWarmup : f.warmup;
   if (p.batch < 1) throw dpt::UsageError("--batch must be at least 1, got " + std::to_string(p.batch));
@@ -218,7 +238,7 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   p.comm = f.comm;
   if (f.optimizer != "sgd" && f.optimizer != "adamw")
     throw dpt::UsageError("--optimizer must be sgd or adamw, got '" + f.optimizer + "'");
-  p.adamw = f.optimizer == "adamw";
+  p.adamw = f.optimizer == "adamw" || (p.model.is_gpt && app.count("--optimizer") == 0);
   if (f.update_per_bucket && (f.zero > 0 || f.cuda_graph))
     throw dpt::UsageError("--update-per-bucket is for runs without --zero and --cuda-graph");
   if (f.comm && f.zero == 2)
@@ -229,6 +249,7 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   p.grad_comm = given.grad_comm;
 
   for (const auto& s : f.precision) p.precisions.push_back(dpt::parse_precision(s));
+  if (p.model.is_gpt && app.count("--precision") == 0) p.precisions = {Precision::bf16};  // as torch_gpt_bench.py
   for (const auto& s : f.scaling) p.scalings.push_back(parse_scaling(s));
   // A path is resolved once, for all the devices, and then asked for by name at every
   // count, so a series keeps one path; each count is checked here so that a path that
@@ -258,6 +279,7 @@ struct Measurement {
   std::vector<Device> devices;
   int64_t global = 0;
   double step_ms = 0, samples_per_s = 0, compute_ms = 0, reduce_ms = 0, update_ms = 0, idle_ms = 0;
+  double tokens_per_s = 0, mfu = 0;             // a GPT's
   std::vector<std::pair<Device, size_t>> peak;  // peak bytes allocated, per distinct device
   std::vector<dpt::ModelStateBytes> state;      // gradients and optimizer state, per replica
   float loss_first = 0, loss_last = 0;
@@ -272,8 +294,9 @@ double median(std::vector<double> v) {
 // Samples [first, first + count) of the fixed batch on `device`. Sample i's values depend
 // on i alone (Philox offset), so a strong-scaling batch is the same data whatever the
 // number of devices. An MLP gets random inputs and targets; a CNN random images and
-// labels (drawn on the host from the same generator).
+// labels (drawn on the host from the same generator); a GPT random tokens.
 dpt::data::Batch make_shard(const Plan& p, int64_t first, int64_t count, const Device& device) {
+  if (p.model.is_gpt) return dpt::bench::gpt_tokens(p.model.gpt, p.seq, first, count, device);
   dpt::data::Batch s;
   if (p.model.is_cnn) {
     const auto& in = p.model.cnn.input;
@@ -289,6 +312,20 @@ dpt::data::Batch make_shard(const Plan& p, int64_t first, int64_t count, const D
   dpt::normal_(s.x, kSeed, 1, static_cast<uint64_t>(first * in));
   dpt::normal_(s.y, kSeed, 2, static_cast<uint64_t>(first * out));
   return s;
+}
+
+// AdamW's options: --optimizer adamw's (lr 0.001), a GPT's those of torch_gpt_bench.py.
+dpt::optim::AdamW::Options adam_options(const Plan& p) {
+  return p.model.is_gpt ? dpt::bench::kGptAdamW : dpt::optim::AdamW::Options{.lr = kAdamLr};
+}
+
+dpt::LossFn loss_of(const dpt::nn::ModelSpec& model) {
+  if (model.is_gpt)
+    return [vocab = model.gpt.vocab](const dpt::Tensor& out, const dpt::Tensor& y) {
+      return dpt::nn::lm_loss(out, y, vocab);
+    };
+  if (model.is_cnn) return [](const dpt::Tensor& out, const dpt::Tensor& y) { return dpt::cross_entropy(out, y); };
+  return dpt::nn::MSELoss();
 }
 
 // reduce = automatic runs one device with no gradient reduction at all (the baseline).
@@ -321,7 +358,7 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   dpt::DataParallel dp(
       model, m.devices,
       [&p](dpt::nn::Module& replica) -> std::unique_ptr<dpt::optim::Optimizer> {
-        if (p.adamw) return std::make_unique<dpt::optim::AdamW>(replica, dpt::optim::AdamW::Options{.lr = kAdamLr});
+        if (p.adamw) return std::make_unique<dpt::optim::AdamW>(replica, adam_options(p));
         return std::make_unique<dpt::optim::SGD>(replica, dpt::optim::SGD::Options{.lr = kLr});
       },
       o);
@@ -339,10 +376,7 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
     DPT_CHECK(shards[r].x.size(0) == count, "dpbench: shard size differs from DataParallel::plan");
     return shards[r];
   };
-  const dpt::LossFn loss =
-      p.model.is_cnn
-          ? dpt::LossFn([](const dpt::Tensor& out, const dpt::Tensor& y) { return dpt::cross_entropy(out, y); })
-          : dpt::LossFn(dpt::nn::MSELoss());
+  const dpt::LossFn loss = loss_of(p.model);
 
   // Every step trains samples [0, global): a graph's replay copies the next one's shards
   // in as training does (next_first 0).
@@ -374,6 +408,11 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   m.update_ms = median(update);
   m.idle_ms = std::max(0.0, m.step_ms - m.compute_ms - m.reduce_ms - m.update_ms);
   m.samples_per_s = 1e3 * static_cast<double>(global) / m.step_ms;
+  if (p.model.is_gpt) {
+    m.tokens_per_s = m.samples_per_s * static_cast<double>(p.seq);
+    const double flops = dpt::bench::gpt_flops_per_token(p.model.gpt, model->num_parameters(), p.seq);
+    m.mfu = dpt::bench::mfu_percent(flops, m.tokens_per_s, p.peak_tflops, static_cast<int64_t>(n)) / 100.0;
+  }
   for (const Device& d : places) m.peak.push_back({d, dpt::memory_stats(d).peak_allocated});
   m.state = dp.model_state_bytes();
   return m;
@@ -398,10 +437,20 @@ std::string join(const std::vector<std::string>& parts, const char* sep) {
 }
 
 void print_header(const Plan& p, int64_t parameters) {
-  std::printf("dpbench %s: %s %s (%lld parameters, ReLU), %s + %s lr %g, fixed random batch\n", DPT_VERSION,
-              p.model.is_cnn ? "CNN" : "MLP", p.model.text.c_str(), static_cast<long long>(parameters),
-              p.model.is_cnn ? "cross-entropy" : "MSE", p.adamw ? "AdamW" : "SGD",
-              static_cast<double>(p.adamw ? kAdamLr : kLr));
+  if (p.model.is_gpt) {
+    std::printf("dpbench %s: GPT %s (%lld parameters), next-token cross-entropy + %s, fixed random tokens\n",
+                DPT_VERSION, p.model.text.c_str(), static_cast<long long>(parameters),
+                p.adamw ? "AdamW lr 0.0006, betas 0.9 0.95, weight decay 0.1" : "SGD lr 0.01");
+    std::printf(
+        "  sequences of %lld tokens; MFU: 6N + 6LCT flops a token (N without the position embedding) against %g "
+        "TFLOPS a device\n",
+        static_cast<long long>(p.seq), p.peak_tflops);
+  } else {
+    std::printf("dpbench %s: %s %s (%lld parameters, ReLU), %s + %s lr %g, fixed random batch\n", DPT_VERSION,
+                p.model.is_cnn ? "CNN" : "MLP", p.model.text.c_str(), static_cast<long long>(parameters),
+                p.model.is_cnn ? "cross-entropy" : "MSE", p.adamw ? "AdamW" : "SGD",
+                static_cast<double>(p.adamw ? kAdamLr : kLr));
+  }
   if (p.zero > 0)
     std::printf("  ZeRO stage %d: the optimizer state%s sharded over the devices\n", p.zero,
                 p.zero == 2 ? " and the gradients" : "");
@@ -427,28 +476,32 @@ void print_header(const Plan& p, int64_t parameters) {
   std::printf(
       "  speed-up = samples/s against 1 device (which runs without reduction, or with ZeRO one shard); "
       "efficiency = speed-up / devices; times in ms on the master\n\n");
-  std::printf("%-7s %-6s %-5s %3s %8s %10s %10s %8s %5s %9s %9s %9s %9s %11s %11s\n", "scaling", "reduce", "prec",
-              "dev", "batch", "ms/step", "samples/s", "speed-up", "eff", "compute", "reduce", "update", "idle",
-              "master MiB", "others MiB");
+  // A GPT's rate is in tokens (batch: sequences), with its MFU at the end.
+  std::printf("%-7s %-6s %-5s %3s %8s %10s %10s %8s %5s %9s %9s %9s %9s %11s %11s%s\n", "scaling", "reduce", "prec",
+              "dev", "batch", "ms/step", p.model.is_gpt ? "tokens/s" : "samples/s", "speed-up", "eff", "compute",
+              "reduce", "update", "idle", "master MiB", "others MiB", p.model.is_gpt ? "    MFU" : "");
   std::fflush(stdout);
 }
 
-void print_row(const Row& r) {
+void print_row(const Row& r, bool gpt) {
   const Measurement& m = *r.m;
   double others = 0;
   for (size_t i = 1; i < m.peak.size(); ++i) others = std::max(others, mib(m.peak[i].second));
-  std::printf("%-7s %-6s %-5s %3zu %8lld %10.4f %10s %7.2fx %4.0f%% %9.4f %9.4f %9.4f %9.4f %11.2f %11s\n",
+  std::printf("%-7s %-6s %-5s %3zu %8lld %10.4f %10s %7.2fx %4.0f%% %9.4f %9.4f %9.4f %9.4f %11.2f %11s%s\n",
               scaling_name(r.scaling), dpt::reduce_name(r.reduce), dpt::precision_name(r.precision), r.n,
-              static_cast<long long>(r.global), m.step_ms, dpt::format_si(m.samples_per_s).c_str(), r.speedup,
-              100.0 * r.efficiency, m.compute_ms, m.reduce_ms, m.update_ms, m.idle_ms, mib(m.peak.front().second),
-              m.peak.size() > 1 ? fmt("%.2f", others).c_str() : "-");
+              static_cast<long long>(r.global), m.step_ms,
+              dpt::format_si(gpt ? m.tokens_per_s : m.samples_per_s).c_str(), r.speedup, 100.0 * r.efficiency,
+              m.compute_ms, m.reduce_ms, m.update_ms, m.idle_ms, mib(m.peak.front().second),
+              m.peak.size() > 1 ? fmt("%.2f", others).c_str() : "-", gpt ? fmt("%6.1f%%", 100.0 * m.mfu).c_str() : "");
   std::fflush(stdout);
 }
 
-std::string csv(const std::vector<Row>& rows) {
+// A GPT's rows end with its tokens/s and MFU (a fraction of the peak a device).
+std::string csv(const std::vector<Row>& rows, bool gpt) {
   std::string o =
       "scaling,reduce,precision,devices,device_list,global_batch,step_ms,samples_per_s,speedup,efficiency,"
-      "compute_ms,reduce_ms,update_ms,idle_ms,peak_mib,grads_mib,state_mib,loss_first,loss_last\n";
+      "compute_ms,reduce_ms,update_ms,idle_ms,peak_mib,grads_mib,state_mib,loss_first,loss_last" +
+      std::string(gpt ? ",tokens_per_s,mfu" : "") + "\n";
   for (const Row& r : rows) {
     const Measurement& m = *r.m;
     std::vector<std::string> devs, peaks, grads, states;
@@ -465,7 +518,8 @@ std::string csv(const std::vector<Row>& rows) {
          {m.step_ms, m.samples_per_s, r.speedup, r.efficiency, m.compute_ms, m.reduce_ms, m.update_ms, m.idle_ms})
       o += "," + fmt("%.6g", v);
     o += "," + join(peaks, ";") + "," + join(grads, ";") + "," + join(states, ";") + "," + fmt("%.6g", m.loss_first) +
-         "," + fmt("%.6g", m.loss_last) + "\n";
+         "," + fmt("%.6g", m.loss_last);
+    o += (gpt ? "," + fmt("%.6g", m.tokens_per_s) + "," + fmt("%.6g", m.mfu) : std::string()) + "\n";
   }
   return o;
 }
@@ -477,14 +531,20 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
   std::string o =
       "{\n  \"dpbench\": " + dpt::json_quote(DPT_VERSION) + ",\n  \"model\": " + dpt::json_quote(p.model.text) +
       ",\n  \"parameters\": " + std::to_string(parameters) + ",\n  \"loss\": \"" +
-      (p.model.is_cnn ? "cross_entropy" : "mse") + "\",\n  \"optimizer\": {\"name\": \"" + (p.adamw ? "adamw" : "sgd") +
-      "\", \"lr\": " + fmt("%g", p.adamw ? kAdamLr : kLr) + ", \"zero\": " + std::to_string(p.zero) +
+      (p.model.is_gpt   ? "next_token_cross_entropy"
+       : p.model.is_cnn ? "cross_entropy"
+                        : "mse") +
+      "\",\n  \"optimizer\": {\"name\": \"" + (p.adamw ? "adamw" : "sgd") +
+      "\", \"lr\": " + fmt("%g", p.adamw ? adam_options(p).lr : kLr) + ", \"zero\": " + std::to_string(p.zero) +
       "},\n  \"grad_comm\": \"" + (p.grad_comm == dpt::DType::bf16 ? "bf16" : "fp32") + "\"" + ",\n  \"devices\": [" +
       join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
       "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
       ",\n  \"strong_global_batch\": " + std::to_string(p.batch * static_cast<int64_t>(p.devices.size())) +
       ",\n  \"steps\": " + std::to_string(p.steps) + ",\n  \"warmup\": " + std::to_string(p.warmup) +
-      ",\n  \"blocks\": " + std::to_string(std::min(static_cast<size_t>(p.steps), kBlocks)) + ",\n  \"runs\": [";
+      ",\n  \"blocks\": " + std::to_string(std::min(static_cast<size_t>(p.steps), kBlocks)) +
+      (p.model.is_gpt ? ",\n  \"seq\": " + std::to_string(p.seq) + ",\n  \"peak_tflops\": " + fmt("%g", p.peak_tflops)
+                      : std::string()) +
+      ",\n  \"runs\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const Measurement& m = *r.m;
@@ -505,7 +565,10 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
          ", \"reduce_ms\": " + fmt("%.6g", m.reduce_ms) + ", \"update_ms\": " + fmt("%.6g", m.update_ms) +
          ", \"idle_ms\": " + fmt("%.6g", m.idle_ms) + ", \"peak_bytes\": {" + join(peaks, ", ") +
          "}, \"gradient_bytes\": [" + join(grads, ", ") + "], \"optimizer_state_bytes\": [" + join(states, ", ") +
-         "], \"loss_first\": " + fmt("%.6g", m.loss_first) + ", \"loss_last\": " + fmt("%.6g", m.loss_last) + "}";
+         "], \"loss_first\": " + fmt("%.6g", m.loss_first) + ", \"loss_last\": " + fmt("%.6g", m.loss_last) +
+         (p.model.is_gpt ? ", \"tokens_per_s\": " + fmt("%.6g", m.tokens_per_s) + ", \"mfu\": " + fmt("%.6g", m.mfu)
+                         : std::string()) +
+         "}";
   }
   return o + "\n  ]\n}\n";
 }
@@ -619,12 +682,12 @@ int run(const Plan& p) {
           // the same ratio. Efficiency is then speed-up / n in both.
           const double speedup = m.samples_per_s / base->samples_per_s;
           const Row r{s, red, prec, n, global, &m, speedup, speedup / static_cast<double>(n)};
-          print_row(r);
+          print_row(r, p.model.is_gpt);
           rows.push_back(r);
         }
       }
   const std::string dir = p.out + "/";
-  dpt::write_file_atomic(dir + "dpbench.csv", csv(rows));
+  dpt::write_file_atomic(dir + "dpbench.csv", csv(rows, p.model.is_gpt));
   dpt::write_file_atomic(dir + "dpbench.json", json(p, parameters, rows));
   chart(p, rows, dir + "speedup.svg");
   std::printf("\nwrote %sdpbench.csv, %sdpbench.json, %sspeedup.svg\n", dir.c_str(), dir.c_str(), dir.c_str());

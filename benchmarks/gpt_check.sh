@@ -53,3 +53,9 @@ for g in "" "--cuda-graph"; do
 done
 python3 benchmarks/torch_gpt_bench.py --model gpt2 --batch 16 --mode eager 2>&1 | tail -1
 timeout 300 python3 benchmarks/torch_gpt_bench.py --model gpt2 --batch 16 --mode compile 2>&1 | tail -1
+# The bare step beside them (step_bench: the same batch of random tokens, fixed, and AdamW),
+# eager and as a graph; compare.sh gpt puts all of them in one table.
+cmake --build build --target step_bench >>"$out/build.log" 2>&1 || { grep -E 'error' "$out/build.log" | head -20; exit 1; }
+for g in "" --cuda-graph; do
+  build/benchmarks/step_bench --model gpt2 --batch 16 --warmup 10 --blocks 5 --steps 10 $g 2>&1 | tail -1
+done

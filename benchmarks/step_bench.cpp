@@ -1,11 +1,14 @@
 // step_bench: times dptrain's training step on one device for a reference workload of
 // BENCHMARKS.md (seed, mlp, cnn, or any MLP or CNN spec), with a fixed random batch so
 // only the step is timed (forward, loss, backward, SGD), as the PyTorch twin
-// (torch_bench.py) does.
+// (torch_bench.py) does; or a GPT's step (gpt2, gpt2-medium, gpt:SPEC) on a fixed batch of
+// random tokens with AdamW, as torch_gpt_bench.py times it (benchmarks/gpt_bench.hpp).
 // Prints one line: workload, precision, gemm, ms/step (median of timed blocks),
 // samples/s, peak memory, the loss before and after as a sanity check, and the mean of
-// the blocks (a run's summary is a mean: loop_vs_step.sh compares with it). bf16 trains
-// with bf16 storage (Module::set_compute_dtype), as dptrain --precision bf16 does.
+// the blocks (a run's summary is a mean: loop_vs_step.sh compares with it); a GPT's line
+// has its batch and sequence length, tokens/s and the model flops utilization (MFU) in
+// place of samples/s. bf16 trains with bf16 storage (Module::set_compute_dtype), as
+// dptrain --precision bf16 does (a GPT's default).
 // --check makes the update the one dptrain's loop makes: it also checks the gradients
 // (a non-finite step is skipped on the device) and records each check in a ring of host
 // memory, with twin buffers where DataParallel takes them (a GPU, kTwinsFromParams
@@ -14,6 +17,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,62 +28,135 @@
 #include <dptrain/layers/conv.hpp>
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/loss.hpp>
+#include <dptrain/layers/model_spec.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
+#include "benchmarks/gpt_bench.hpp"
 
 using namespace dpt;
 
+namespace {
+
+// A workload on its device: the model, its fixed batch, its loss and its optimizer.
+struct Workload {
+  std::shared_ptr<nn::Module> net;
+  Tensor x, y;
+  std::function<Tensor(const Tensor&, const Tensor&)> loss;
+  std::unique_ptr<optim::Optimizer> opt;
+  bool is_gpt = false;
+  nn::GptConfig gpt;
+  int64_t seq = 0;  // a GPT's tokens a sequence
+};
+
+// An MLP regresses random targets (MSE); a CNN classifies random images (cross-entropy
+// against labels drawn from the same generator); a GPT predicts random tokens' next
+// tokens. bf16 is bf16 storage, as in training: activations and weight copies in bf16,
+// fp32 master weights, gradients and optimizer state (the input is cast in the first layer).
+Workload make_workload(const std::string& model, int64_t batch, int64_t seq, const Device& d, Precision precision) {
+  Workload w;
+  const nn::ModelSpec spec = nn::parse_model_spec(model);
+  w.net = nn::make_model(spec, Act::relu);
+  if (spec.is_gpt) {
+    w.is_gpt = true;
+    w.gpt = spec.gpt;
+    w.seq = bench::gpt_seq(spec.gpt, seq);
+    const data::Batch tokens = bench::gpt_tokens(spec.gpt, w.seq, 0, batch, d);
+    w.x = tokens.x;
+    w.y = tokens.y;
+    w.loss = [vocab = spec.gpt.vocab](const Tensor& out, const Tensor& y) { return nn::lm_loss(out, y, vocab); };
+  } else if (spec.is_cnn) {
+    w.x = Tensor::empty({batch, spec.cnn.input[0], spec.cnn.input[1], spec.cnn.input[2]}, DType::f32, d);
+    w.y = data::random_labels(batch, spec.outputs(), 1, 2, 0, d);
+    w.loss = [](const Tensor& out, const Tensor& y) { return cross_entropy(out, y); };
+  } else {
+    w.x = Tensor::empty({batch, spec.widths.front()}, DType::f32, d);
+    w.y = Tensor::empty({batch, spec.widths.back()}, DType::f32, d);
+    normal_(w.y, 1, 2, 0);
+    w.loss = nn::MSELoss();
+  }
+  if (!spec.is_gpt) normal_(w.x, 1, 1, 0);
+  w.net->set_compute_dtype(precision == Precision::bf16 ? DType::bf16 : DType::f32);
+  w.net->to(d, 1);
+  if (spec.is_gpt) w.opt = std::make_unique<optim::AdamW>(*w.net, bench::kGptAdamW);
+  else w.opt = std::make_unique<optim::SGD>(*w.net, optim::SGD::Options{.lr = 0.01f});
+  return w;
+}
+
+// What was timed, as the workload's line of output says it.
+struct Timing {
+  double median_ms = 0, mean_ms = 0;
+  float first_loss = 0, last_loss = 0;
+};
+
+struct LineFlags {
+  std::string model, precision, gemm;
+  int64_t batch = 0;
+  bool graph = false, check = false;
+  double peak_tflops = bench::kDefaultPeakTflops;
+};
+
+void print_line(const LineFlags& f, Workload& w, const Timing& t, const Device& d) {
+  const double peak_mib = static_cast<double>(memory_stats(d).peak_allocated) / (1 << 20);
+  const char* graph = f.graph ? "-graph" : "";
+  const char* checked = f.check ? "-checked" : "";
+  if (!w.is_gpt) {
+    std::printf(
+        "dptrain %s batch %lld %s %s%s%s: %.4f ms/step, %.4g samples/s, peak %.1f MiB, loss %.5g -> %.5g; mean %.4f "
+        "ms/step\n",
+        f.model.c_str(), static_cast<long long>(f.batch), f.precision.c_str(), f.gemm.c_str(), graph, checked,
+        t.median_ms, 1e3 * static_cast<double>(f.batch) / t.median_ms, peak_mib, t.first_loss, t.last_loss, t.mean_ms);
+    return;
+  }
+  const double tokens_per_s = 1e3 * static_cast<double>(f.batch * w.seq) / t.median_ms;
+  const double flops = bench::gpt_flops_per_token(w.gpt, w.net->num_parameters(), w.seq);
+  std::printf(
+      "dptrain %s B %lld T %lld %s %s%s%s: %.4f ms/step, %.0f tokens/s, MFU %.1f%% of %g TFLOPS, peak %.1f MiB, "
+      "loss %.5g -> %.5g; mean %.4f ms/step\n",
+      f.model.c_str(), static_cast<long long>(f.batch), static_cast<long long>(w.seq), f.precision.c_str(),
+      f.gemm.c_str(), graph, checked, t.median_ms, tokens_per_s, bench::mfu_percent(flops, tokens_per_s, f.peak_tflops),
+      f.peak_tflops, peak_mib, t.first_loss, t.last_loss, t.mean_ms);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"step_bench: time one training step of dptrain"};
-  std::string model = "seed", precision = "fp32", gemm = "cublas", device = "cuda:0";
-  int64_t batch = 64, warmup = 20, blocks = 7, per_block = 20, graph_steps = 1;
-  bool graph = false, check = false;
-  app.add_option("--model", model, "seed, mlp, cnn, an MLP spec or cnn:SPEC");
-  app.add_option("--batch", batch, "Batch size");
-  app.add_option("--precision", precision, "fp32, tf32, bf16");
-  app.add_option("--gemm", gemm, "cublas or native");
+  LineFlags line{.model = "seed", .precision = "fp32", .gemm = "cublas", .batch = 64};
+  std::string device = "cuda:0";
+  int64_t seq = 0, warmup = 20, blocks = 7, per_block = 20, graph_steps = 1;
+  app.add_option("--model", line.model, "seed, mlp, cnn, an MLP spec, cnn:SPEC, gpt2, gpt2-medium or gpt:SPEC");
+  app.add_option("--batch", line.batch, "Batch size (default 64; a GPT's: sequences, default 16)");
+  app.add_option("--seq", seq, "A GPT's sequence length (default: its context)");
+  app.add_option("--precision", line.precision, "fp32, tf32, bf16 (default: fp32; bf16 for a GPT)");
+  app.add_option("--gemm", line.gemm, "cublas or native");
   app.add_option("--devices", device, "Device");
   app.add_option("--warmup", warmup, "Untimed steps");
   app.add_option("--blocks", blocks, "Timed blocks (the median is reported)");
   app.add_option("--steps", per_block, "Steps per timed block");
-  app.add_flag("--cuda-graph", graph, "Record the step as a CUDA graph after warm-up and time its replays");
-  app.add_flag("--check", check,
+  app.add_option("--peak-tflops", line.peak_tflops,
+                 "A GPT's MFU against this many TFLOPS (default 989: an H100 or H200 SXM's dense bf16 peak)");
+  app.add_flag("--cuda-graph", line.graph, "Record the step as a CUDA graph after warm-up and time its replays");
+  app.add_flag("--check", line.check,
                "Check the gradients in the update and record the check in host memory, as dptrain's loop does");
   app.add_option("--graph-steps", graph_steps, "With --cuda-graph: steps recorded in one graph (one replay runs them)")
       ->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
   try {
+    const bool is_gpt = nn::is_gpt_spec(line.model);
+    if (!is_gpt && app.count("--seq") > 0) throw UsageError("--seq is a GPT's sequence length");
+    if (is_gpt && app.count("--precision") == 0) line.precision = "bf16";  // as torch_gpt_bench.py
+    if (is_gpt && app.count("--batch") == 0) line.batch = 16;
     const Device d = parse_devices(device).front();
     Context& ctx = context(d);
-    ctx.precision = parse_precision(precision);
-    ctx.gemm = parse_gemm(gemm);
-    // An MLP regresses random targets (MSE); a CNN classifies random images (cross-entropy
-    // against labels drawn from the same generator).
-    const bool is_cnn = nn::is_cnn_spec(model);
-    std::shared_ptr<nn::Module> net;
-    Tensor x, y;
-    if (is_cnn) {
-      const nn::CnnSpec spec = nn::parse_cnn_spec(model);
-      net = nn::cnn(model, Act::relu);
-      x = Tensor::empty({batch, spec.input[0], spec.input[1], spec.input[2]}, DType::f32, d);
-      y = data::random_labels(batch, spec.classes, 1, 2, 0, d);
-    } else {
-      const auto widths = nn::parse_mlp_spec(model);
-      net = nn::mlp(model, Act::relu);
-      x = Tensor::empty({batch, widths.front()}, DType::f32, d);
-      y = Tensor::empty({batch, widths.back()}, DType::f32, d);
-      normal_(y, 1, 2, 0);
-    }
-    normal_(x, 1, 1, 0);
-    // bf16 is bf16 storage, as in training: activations and weight copies in bf16, fp32
-    // master weights, gradients and optimizer state (the input is cast in the first layer).
-    net->set_compute_dtype(ctx.precision == Precision::bf16 ? DType::bf16 : DType::f32);
-    net->to(d, 1);
-    optim::SGD opt(*net, {.lr = 0.01f});
-    const bool twins = check && d.is_cuda() && net->flat_params().numel() >= kTwinsFromParams;
+    ctx.precision = parse_precision(line.precision);
+    ctx.gemm = parse_gemm(line.gemm);
+    Workload w = make_workload(line.model, line.batch, seq, d, ctx.precision);
+    nn::Module& net = *w.net;
+    optim::Optimizer& opt = *w.opt;
+    const bool twins = line.check && d.is_cuda() && net.flat_params().numel() >= kTwinsFromParams;
     opt.set_twin_buffers(twins);
     // The loop's ring: kSlots records in mapped host memory (train/nonfinite_watch.hpp's
     // kLag), read by no one here.
@@ -86,15 +164,15 @@ int main(int argc, char** argv) {
     PinnedBuffer records(sizeof(CheckRecord) * kSlots, d, /*mapped=*/true);
     const CheckRing ring{static_cast<CheckRecord*>(records.device_data()), kSlots, Tensor::zeros({2}, DType::i32, d)};
     auto step = [&] {
-      net->zero_grad();
-      Tensor out = net->forward(x);
-      Tensor loss = is_cnn ? cross_entropy(out, y) : nn::MSELoss()(out, y);
+      net.zero_grad();
+      Tensor loss = w.loss(net.forward(w.x), w.y);
       loss.backward();
-      if (check) opt.checked_step(0.0f, ring);
+      if (line.check) opt.checked_step(0.0f, ring);
       else opt.step();
       return loss;
     };
-    const float first = step().item();
+    Timing t;
+    t.first_loss = step().item();
     for (int64_t i = 1; i < warmup; ++i) step();
     ctx.synchronize();
     // With a graph, the timed "step" is one replay of a recorded step; its loss tensor
@@ -102,7 +180,7 @@ int main(int argc, char** argv) {
     // names: a recording for each parity (of an odd number of steps), replayed in turn.
     std::vector<std::unique_ptr<Graph>> recorded;
     std::vector<Tensor> graph_loss;  // each recording's
-    if (graph)
+    if (line.graph)
       for (int parity = 0; parity < (twins && graph_steps % 2 == 1 ? 2 : 1); ++parity) {
         recorded.push_back(std::make_unique<Graph>(ctx, recorded.empty() ? nullptr : recorded.front().get()));
         recorded.back()->begin();
@@ -131,17 +209,11 @@ int main(int argc, char** argv) {
     }
     // The median block, robust to a slow one; and the mean, the statistic of a run's
     // summary (dptrain's ms/step is its time over its steps), for comparing with one.
-    double mean = 0;
-    for (double v : ms) mean += v / static_cast<double>(ms.size());
+    for (double v : ms) t.mean_ms += v / static_cast<double>(ms.size());
     std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
-    const auto st = memory_stats(d);
-    std::printf(
-        "dptrain %s batch %lld %s %s%s%s: %.4f ms/step, %.4g samples/s, peak %.1f MiB, loss %.5g -> %.5g; mean %.4f "
-        "ms/step\n",
-        model.c_str(), static_cast<long long>(batch), precision.c_str(), gemm.c_str(), graph ? "-graph" : "",
-        check ? "-checked" : "", med, 1e3 * static_cast<double>(batch) / med,
-        static_cast<double>(st.peak_allocated) / (1 << 20), first, loss.item(), mean);
+    t.median_ms = ms[ms.size() / 2];
+    t.last_loss = loss.item();
+    print_line(line, w, t, d);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "step_bench: error: %s\n", e.what());

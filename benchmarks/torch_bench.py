@@ -16,7 +16,10 @@ Modes:
 --batch is the global batch in every mode. Prints one line per run:
   torch <model> batch <B> <prec> <impl>: <ms> ms/step, <n> samples/s, peak <MiB> MiB, loss <a> -> <b>
 with impl eager, graph, dp:<gpus> or ddp:<gpus>; peak is cuda:0's, and the multi-GPU
-modes add every GPU's peak at the end ("per-GPU MiB a b ...")."""
+modes add every GPU's peak at the end ("per-GPU MiB a b ...").
+
+A GPT (--model gpt2, gpt2-medium or gpt:SPEC) is torch_gpt_bench.py's: the arguments go to
+it (its modes are eager and compile)."""
 import argparse
 import os
 import socket
@@ -285,6 +288,12 @@ def free_port():
 
 
 def main():
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--model", default="seed")
+    model = peek.parse_known_args()[0].model
+    if model in ("gpt2", "gpt2-medium") or model.startswith("gpt:"):
+        import torch_gpt_bench  # step_bench's GPT twin
+        return torch_gpt_bench.main()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="seed")
     ap.add_argument("--batch", type=int, default=64, help="global batch")

@@ -11,6 +11,10 @@
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include "kernels/cpu/cpu.hpp"
+#if DPT_WITH_CUDA
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda.hpp"
+#endif
 
 namespace dpt::data {
 
@@ -118,27 +122,26 @@ Batch Synthetic::rows(const RowMap& map, int64_t count, const Batch& into) const
 
 Batch Synthetic::token_rows(const RowMap& map, int64_t count, const Batch& into) const {
   const int64_t T = cfg_.in;
-  std::vector<int32_t> x(static_cast<size_t>(count * T)), y(x.size());
-  std::vector<float> u(static_cast<size_t>(T + 1));
-  for (int64_t i = 0; i < count; ++i) {
-    int64_t s = map.first + (i / map.per_group) * map.group_stride + i % map.per_group;
-    if (map.samples > 0) s %= map.samples;
-    cpu::uniform(u.data(), T + 1, cfg_.seed, kInputs, static_cast<uint64_t>(s * T), 0.0f, static_cast<float>(cfg_.out));
-    for (int64_t t = 0; t <= T; ++t) {
-      // min: a float drawn just below `out` may round up to it
-      const auto token =
-          static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(u[static_cast<size_t>(t)]), cfg_.out - 1));
-      if (t < T) x[static_cast<size_t>(i * T + t)] = token;
-      if (t > 0) y[static_cast<size_t>(i * T + t - 1)] = token;
-    }
+  if (into.x.defined())
+    DPT_CHECK(into.x.dtype() == DType::i32 && into.y.dtype() == DType::i32 && into.x.numel() == count * T &&
+                  into.y.numel() == count * T && into.x.device() == device_ && into.y.device() == device_,
+              "Synthetic::rows: `into` does not hold " + std::to_string(count) + " windows of tokens");
+  // Made where they are asked for, on the device's stream: no host loop, no copy.
+  const Batch b = into.x.defined() ? into
+                                   : Batch{Tensor::empty({count, T}, DType::i32, device_),
+                                           Tensor::empty({count, T}, DType::i32, device_)};
+  if (device_.is_cuda()) {
+#if DPT_WITH_CUDA
+    cuda::set_device(device_.index);
+    cuda::random_tokens(b.x.i32(), b.y.i32(), count, T, cfg_.out, cfg_.seed, kInputs, map,
+                        static_cast<cudaStream_t>(context(device_).stream()));
+#else
+    throw Error("synthetic tokens on CUDA need dptrain built with CUDA");
+#endif
+  } else {
+    cpu::random_tokens(b.x.i32(), b.y.i32(), count, T, cfg_.out, cfg_.seed, kInputs, map);
   }
-  Batch b{Tensor::from_host_i32(x, {count, T}, device_), Tensor::from_host_i32(y, {count, T}, device_)};
-  if (!into.x.defined()) return b;
-  DPT_CHECK(into.x.dtype() == DType::i32 && into.x.numel() == count * T && into.y.numel() == count * T,
-            "Synthetic::rows: `into` does not hold " + std::to_string(count) + " windows of tokens");
-  copy(into.x, b.x);
-  copy(into.y, b.y);
-  return into;
+  return b;
 }
 
 Shape Synthetic::input_shape() const { return cfg_.image.empty() ? Shape{cfg_.in} : cfg_.image; }

@@ -90,6 +90,14 @@ DPT_HD void normal4(uint64_t seed, uint64_t stream, uint64_t k, float* out) {
   box_muller(u.z, u.w, out + 2);
 }
 
+// Element i of the stream of tokens uniform in [0, vocab) (synthetic language-model data):
+// uniform()'s float in [0, vocab), truncated, and kept below vocab (a float drawn just
+// below vocab may round up to it). Identical on host and device, as uniform() is.
+DPT_HD int32_t uniform_token(uint64_t seed, uint64_t stream, uint64_t i, int64_t vocab) {
+  const auto token = static_cast<int64_t>(uniform(seed, stream, i, 0.0f, static_cast<float>(vocab)));
+  return static_cast<int32_t>(token < vocab - 1 ? token : vocab - 1);
+}
+
 }  // namespace dpt::philox
 
 namespace dpt {

@@ -140,6 +140,36 @@ if "$exe" --cpus 3 --comm --zero 1 --model 64-128-8 --steps 2 --out "$tmp/comm0"
   grep -q '^reduce (ZeRO)' "$tmp/stdout" && grep -q '^gather (ZeRO)' "$tmp/stdout"; then ok
 else bad "dpbench --comm --zero 1: $(cat "$tmp/stdout" "$tmp/stderr")"; fi
 
+# A GPT: random tokens, bf16 and AdamW (lr 6e-4) by default; the table's rate in tokens/s and
+# its MFU; the CSV and JSON with tokens/s (samples/s x T) and MFU (6N + 6LCT flops a token,
+# N = 110336 parameters less the 32 x 64 position embedding, against 0.001 TFLOPS a device);
+# strong scaling's two runs see the same tokens, so their first losses agree.
+if "$exe" --cpus 2 --model gpt:L2-H2-C64-T32-V128 --batch 2 --seq 16 --steps 2 --warmup 1 --peak-tflops 0.001 \
+  --out "$tmp/gpt" >"$tmp/stdout" 2>"$tmp/stderr"; then ok
+else bad "dpbench --model gpt:... failed: $(cat "$tmp/stderr")"; fi
+grep -qE '^scaling +reduce +prec +dev +batch +ms/step +tokens/s .* +MFU$' "$tmp/stdout" && ok ||
+  bad "no GPT table header: $(cat "$tmp/stdout")"
+[ "$(grep -cE '^(weak|strong) +host +bf16 +[12] .*%$' "$tmp/stdout")" -eq 4 ] && ok ||
+  bad "expected 4 GPT table rows: $(cat "$tmp/stdout")"
+python3 - "$tmp/gpt" <<'PY' && ok || bad "GPT CSV/JSON: $(cat "$tmp/gpt/dpbench.csv")"
+import csv, json, math, sys
+rows = list(csv.DictReader(open(f"{sys.argv[1]}/dpbench.csv")))
+assert [(r["scaling"], r["devices"], r["precision"]) for r in rows] == [
+    ("weak", "1", "bf16"), ("weak", "2", "bf16"), ("strong", "1", "bf16"), ("strong", "2", "bf16")], rows
+flops = 6 * (110336 - 32 * 64) + 6 * 2 * 64 * 16
+for r in rows:
+    tokens = float(r["tokens_per_s"])
+    assert math.isclose(tokens, 16 * float(r["samples_per_s"]), rel_tol=1e-4), r
+    assert math.isclose(float(r["mfu"]), flops * tokens / (1e9 * int(r["devices"])), rel_tol=1e-4), r
+    assert 4.0 < float(r["loss_first"]) < 5.5, r  # ln 128 = 4.85
+strong = [r for r in rows if r["scaling"] == "strong"]
+assert abs(float(strong[0]["loss_first"]) - float(strong[1]["loss_first"])) < 1e-3, strong
+j = json.load(open(f"{sys.argv[1]}/dpbench.json"))
+assert j["loss"] == "next_token_cross_entropy" and j["seq"] == 16 and j["peak_tflops"] == 0.001, j
+assert j["optimizer"] == {"name": "adamw", "lr": 0.0006, "zero": 0}, j["optimizer"]
+assert all(r["tokens_per_s"] > 0 and r["mfu"] > 0 for r in j["runs"]), j["runs"]
+PY
+
 # bad input: exit 2, one line on stderr, nothing written
 refuse() {
   "$exe" "$@" --out "$tmp/refused" >"$tmp/stdout" 2>"$tmp/stderr"
@@ -179,6 +209,9 @@ refuse --cpus 2 --zero 3
 refuse --cpus 2 --comm --zero 2
 refuse --cpus 2 --grad-comm fp16
 refuse --cpus 1 --comm
+refuse --cpus 2 --model 16-32-4 --seq 8
+refuse --cpus 2 --model gpt:L2-H2-C64-T32-V128 --seq 33
+refuse --cpus 2 --model gpt:L2-H2-C64-T32-V128 --peak-tflops 0
 touch "$tmp/file"
 refuse --cpus 2 --model 16-32-4 --out "$tmp/file/sub"
 

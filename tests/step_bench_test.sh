@@ -2,7 +2,8 @@
 # step_bench --check (the update the training loop makes: it also checks the gradients and
 # records the check) trains as the plain step does while the gradients are finite: the same
 # losses, on the CPU, and on a GPU where there is one (eager and as graphs; a model of
-# kTwinsFromParams parameters or more takes twin buffers, a recording for each parity).
+# kTwinsFromParams parameters or more takes twin buffers, a recording for each parity), a
+# small GPT's too (AdamW), and a GPT's line has the fields torch_gpt_bench.py's has.
 # Usage: step_bench_test.sh STEP_BENCH
 set -u
 bench=$1 fails=0
@@ -20,10 +21,28 @@ same() {
 }
 same --devices cpu
 same --devices cpu --model 16-64x2-4 --batch 32
+gpt=(--model gpt:L2-H2-C64-T32-V128 --batch 2)
+same --devices cpu "${gpt[@]}"
+# A GPT's line: batch and sequence length, bf16 by default, tokens/s and MFU (6N + 6LCT
+# flops a token, N = 110336 parameters less the 32 x 64 position embedding) against the
+# peak it names.
+line=$("$bench" --blocks 1 --steps 2 --warmup 1 --devices cpu "${gpt[@]}" --seq 16 --peak-tflops 0.001)
+if python3 - "$line" <<'PY'; then echo "ok: the GPT line ($line)"; else echo "FAIL: the GPT line: '$line'"; fails=$((fails + 1)); fi
+import re, sys
+m = re.fullmatch(r"dptrain gpt:L2-H2-C64-T32-V128 B 2 T 16 bf16 cublas: ([\d.]+) ms/step, (\d+) tokens/s, "
+                 r"MFU ([\d.]+)% of 0.001 TFLOPS, peak ([\d.]+) MiB, loss ([\d.]+) -> ([\d.]+); mean ([\d.]+) ms/step",
+                 sys.argv[1])
+ms, tokens, mfu, peak, first, last, mean = map(float, m.groups())
+assert abs(tokens - 2 * 16 * 1e3 / ms) <= 1 + 1e-3 * tokens, (tokens, ms)
+flops = 6 * (110336 - 32 * 64) + 6 * 2 * 64 * 16
+assert abs(mfu - 100 * flops * tokens / 1e9) <= 0.1 + 1e-3 * mfu, (mfu, flops, tokens)
+assert peak > 0 and 4.0 < first < 5.5 and mean > 0, m.groups()  # ln 128 = 4.85 at the start
+PY
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   for graph in "" --cuda-graph; do
     same --devices cuda:0 $graph
     same --devices cuda:0 --model 1024-1024x2-1024 --batch 256 $graph
+    same --devices cuda:0 "${gpt[@]}" $graph
   done
 fi
 [ "$fails" -eq 0 ]

@@ -3,9 +3,12 @@
 // order is B*T+1 consecutive tokens and windows never cross files; every hostile file is
 // refused with one line naming it (a bad token when its window is gathered, by position);
 // patterns expand sorted; the origin tells files apart; a CPU replica's feeder and the
-// ahead loader deliver the exact tokens, as int32 inputs and next-token targets.
-// On the GPU: the ahead loader's and a direct gather's tokens on the device.
+// ahead loader deliver the exact tokens, as int32 inputs and next-token targets; synthetic
+// tokens are the ones the host made before a kernel made them.
+// On the GPU: the ahead loader's and a direct gather's tokens on the device; synthetic
+// tokens made on the device equal the CPU's.
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -26,6 +29,7 @@
 #include "data/ahead_loader.hpp"
 #include "data/feeder.hpp"
 #include "data_common.hpp"
+#include "kernels/cpu/cpu.hpp"
 
 using namespace dpt;
 using namespace dpt::data;
@@ -408,6 +412,63 @@ TEST_CASE("a CPU replica's feeder and the ahead loader deliver the exact tokens,
   CHECK_NOTHROW(loader.get(4, 2, context(cpu)));
 }
 
+namespace {
+// The synthetic tokens as data/synthetic.cpp made them on the host before a kernel made
+// them, kept as the reference: sample s is the uniform floats s*T .. s*T+T in [0,
+// vocabulary) of the input stream (1 << 20), truncated and kept below the vocabulary.
+std::pair<std::vector<int32_t>, std::vector<int32_t>> host_tokens(const SyntheticConfig& c, const RowMap& map,
+                                                                  int64_t count) {
+  const int64_t T = c.in;
+  std::vector<int32_t> x(static_cast<size_t>(count * T)), y(x.size());
+  std::vector<float> u(static_cast<size_t>(T + 1));
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t s = map.first + (i / map.per_group) * map.group_stride + i % map.per_group;
+    if (c.samples > 0) s %= c.samples;
+    cpu::uniform(u.data(), T + 1, c.seed, uint64_t{1} << 20, static_cast<uint64_t>(s * T), 0.0f,
+                 static_cast<float>(c.out));
+    for (int64_t t = 0; t <= T; ++t) {
+      const auto token =
+          static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(u[static_cast<size_t>(t)]), c.out - 1));
+      if (t < T) x[static_cast<size_t>(i * T + t)] = token;
+      if (t > 0) y[static_cast<size_t>(i * T + t - 1)] = token;
+    }
+  }
+  return {x, y};
+}
+
+}  // namespace
+
+TEST_CASE("synthetic tokens are the ones the host made: the same data and data positions", "[data][tokens]") {
+  // Pinned tokens: seed 3 with a vocabulary of 7 (windows of 6), and samples 5 and 6 of seed
+  // 1 with GPT-2's vocabulary (T 1024), the first 12 of each.
+  const Synthetic small({.task = Task::language_model, .in = 6, .out = 7, .seed = 3}, test::host);
+  const Batch a = small.batch(0, 3);
+  const std::vector<int32_t> stream{4, 1, 5, 4, 5, 3, 0, 4, 2, 2, 1, 2, 5, 3, 3, 6, 2, 3, 5};
+  CHECK(a.x.to_host_i32() == std::vector<int32_t>(stream.begin(), stream.end() - 1));
+  CHECK(a.y.to_host_i32() == std::vector<int32_t>(stream.begin() + 1, stream.end()));
+  const SyntheticConfig gpt2{.task = Task::language_model, .in = 1024, .out = 50257, .seed = 1};
+  const Batch g = Synthetic(gpt2, test::host).batch(5, 2);
+  const std::vector<int32_t> gx = g.x.to_host_i32();
+  CHECK(std::vector<int32_t>(gx.begin(), gx.begin() + 12) ==
+        std::vector<int32_t>{24579, 2552, 17810, 12984, 45601, 17680, 26234, 20276, 8102, 27521, 40340, 4452});
+  CHECK(g.y.to_host_i32() == host_tokens(gpt2, {5, 2, 2, 0}, 2).second);
+  // A replica's rows of several steps (groups of 2 every 5 rows) of a finite set wrap around
+  // as they did, made straight into the buffers given.
+  const SyntheticConfig finite{.task = Task::language_model, .in = 9, .out = 300, .seed = 7, .samples = 11};
+  const Synthetic f(finite, test::host);
+  const RowMap map{3, 2, 5, 11};
+  const Batch into{Tensor::empty({8, 9}, DType::i32, test::host), Tensor::empty({8, 9}, DType::i32, test::host)};
+  const Batch got = f.rows(map, 8, into);
+  CHECK((got.x.data() == into.x.data() && got.y.data() == into.y.data()));
+  const auto want = host_tokens(finite, map, 8);
+  CHECK(got.x.to_host_i32() == want.first);
+  CHECK(got.y.to_host_i32() == want.second);
+  CHECK(f.rows(map, 8).x.to_host_i32() == want.first);
+  // Buffers that do not hold the rows are refused.
+  CHECK_THROWS_AS(f.rows(map, 7, into), Error);
+  CHECK_THROWS_AS(f.rows(map, 8, {Tensor::empty({8, 9}, DType::f32, test::host), into.y}), Error);
+}
+
 #else  // ---- CUDA against the CPU (dpt_gpu_tests: where there is a GPU) ----
 
 TEST_CASE("tokens reach the GPU as a direct gather and the ahead loader make them on the host", "[gpu][data][tokens]") {
@@ -439,6 +500,25 @@ TEST_CASE("tokens reach the GPU as a direct gather and the ahead loader make the
     d.gather(picked, want);
     CHECK(got.x.to_host_i32() == want.x.to_host_i32());
     CHECK(got.y.to_host_i32() == want.y.to_host_i32());
+  }
+}
+
+TEST_CASE("synthetic tokens made on the GPU are the CPU's", "[gpu][data][tokens]") {
+  for (const SyntheticConfig& c :
+       {SyntheticConfig{.task = Task::language_model, .in = 1024, .out = 50257, .seed = 1},
+        SyntheticConfig{.task = Task::language_model, .in = 5, .out = 7, .seed = 3, .samples = 11}}) {
+    INFO("T " << c.in << ", vocabulary " << c.out);
+    const Synthetic on_cpu(c, test::host), on_gpu(c, test::gpu);
+    const RowMap map{3, 2, 5, 0};
+    const Batch want = on_cpu.rows(map, 9), b = on_gpu.batch(2, 6);
+    const Batch into{Tensor::empty({9, c.in}, DType::i32, test::gpu), Tensor::empty({9, c.in}, DType::i32, test::gpu)};
+    const Batch got = on_gpu.rows(map, 9, into);
+    CHECK(got.x.data() == into.x.data());
+    CHECK(got.x.device() == test::gpu);
+    CHECK(got.x.to_host_i32() == want.x.to_host_i32());
+    CHECK(got.y.to_host_i32() == want.y.to_host_i32());
+    CHECK(b.x.to_host_i32() == on_cpu.batch(2, 6).x.to_host_i32());
+    CHECK(b.y.to_host_i32() == on_cpu.batch(2, 6).y.to_host_i32());
   }
 }
 

@@ -196,4 +196,11 @@ void classifier_forward_bf16(uint16_t* logits, const int32_t* targets, int64_t r
 void classifier_grad_scale(float* g, int64_t n, const float* dloss, float scale);
 void classifier_grad_scale_bf16(uint16_t* g, int64_t n, const float* dloss, float scale);
 
+// elementwise.cpp — synthetic language-model data (data/synthetic.hpp): row r of x [rows,
+// seq] is tokens row_sample(map, r) * seq .. + seq - 1 of the stream of tokens uniform in
+// [0, vocab) (philox::uniform_token of (seed, stream)), row r of y the tokens one further
+// (each input's next token).
+void random_tokens(int32_t* x, int32_t* y, int64_t rows, int64_t seq, int64_t vocab, uint64_t seed, uint64_t stream,
+                   const RowMap& map);
+
 }  // namespace dpt::cpu

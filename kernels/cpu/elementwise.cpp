@@ -1,4 +1,4 @@
-// Fill, axpy, norms, casts, argmax and the Philox random fills on the CPU.
+// Fill, axpy, norms, casts, argmax and the Philox random fills (floats and tokens) on the CPU.
 #include "../bf16.hpp"
 #include "../philox.hpp"
 #include "cpu.hpp"
@@ -68,6 +68,18 @@ void normal_rows(float* out, int64_t rows, int64_t width, uint64_t seed, uint64_
 
 void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float lo, float hi) {
   for (int64_t i = 0; i < n; ++i) out[i] = philox::uniform(seed, stream, offset + static_cast<uint64_t>(i), lo, hi);
+}
+
+void random_tokens(int32_t* x, int32_t* y, int64_t rows, int64_t seq, int64_t vocab, uint64_t seed, uint64_t stream,
+                   const RowMap& map) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto base = static_cast<uint64_t>(row_sample(map, r) * seq);
+    for (int64_t t = 0; t <= seq; ++t) {  // seq + 1 tokens: the inputs and, one further, the targets
+      const int32_t token = philox::uniform_token(seed, stream, base + static_cast<uint64_t>(t), vocab);
+      if (t < seq) x[r * seq + t] = token;
+      if (t > 0) y[r * seq + t - 1] = token;
+    }
+  }
 }
 
 }  // namespace dpt::cpu

@@ -325,4 +325,8 @@ void classifier_forward_bf16(uint16_t* logits, const int32_t* targets, int64_t r
 void classifier_grad_scale(float* g, int64_t n, const float* dloss, float scale, cudaStream_t stream);
 void classifier_grad_scale_bf16(uint16_t* g, int64_t n, const float* dloss, float scale, cudaStream_t stream);
 
+// elementwise.cu — synthetic language-model data as cpu::random_tokens (the same tokens).
+void random_tokens(int32_t* x, int32_t* y, int64_t rows, int64_t seq, int64_t vocab, uint64_t seed, uint64_t stream_id,
+                   const RowMap& map, cudaStream_t stream);
+
 }  // namespace dpt::cuda

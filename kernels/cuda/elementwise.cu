@@ -1,5 +1,5 @@
 // elementwise.cu — fill, copy, axpy, the sum of squares (gradient norms), fp32 <-> bf16 casts,
-// row argmax and the Philox random fills; twins of kernels/cpu elementwise.cpp.
+// row argmax, the Philox random fills and synthetic tokens; twins of kernels/cpu elementwise.cpp.
 //
 // Memory-bound loops use float4 where the pointers are aligned, with a scalar tail.
 // sum_squares is deterministic: a grid sized by n alone writes one partial per block to
@@ -357,6 +357,34 @@ void uniform(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t 
              cudaStream_t stream) {
   if (!has_work("uniform", n, out != nullptr)) return;
   uniform_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, n, seed, stream_id, offset, lo, hi);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+// ---- synthetic tokens ---------------------------------------------------------------------
+
+namespace {
+// A block a row at a time (no division per element); each thread makes a token of the
+// row's seq + 1 and stores it as an input, a target (the token before's next), or both.
+__global__ void random_tokens_kernel(int32_t* x, int32_t* y, int64_t rows, int64_t seq, int64_t vocab, uint64_t seed,
+                                     uint64_t stream_id, RowMap map) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const auto base = static_cast<uint64_t>(row_sample(map, r) * seq);
+    for (int64_t t = threadIdx.x; t <= seq; t += blockDim.x) {
+      const int32_t token = philox::uniform_token(seed, stream_id, base + static_cast<uint64_t>(t), vocab);
+      if (t < seq) x[r * seq + t] = token;
+      if (t > 0) y[r * seq + t - 1] = token;
+    }
+  }
+}
+}  // namespace
+
+void random_tokens(int32_t* x, int32_t* y, int64_t rows, int64_t seq, int64_t vocab, uint64_t seed, uint64_t stream_id,
+                   const RowMap& map, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && seq > 0 && vocab > 0 && map.per_group > 0, "random_tokens: bad shape");
+  if (rows == 0) return;
+  DPT_CHECK(x != nullptr && y != nullptr, "random_tokens: null pointer");
+  const auto blocks = static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
+  random_tokens_kernel<<<blocks, kThreads, 0, stream>>>(x, y, rows, seq, vocab, seed, stream_id, map);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

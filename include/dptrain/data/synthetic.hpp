@@ -68,7 +68,8 @@ class Synthetic : public Dataset {
   template <class F>
   void for_runs(std::span<const int64_t> rows, F&& f) const;
   // Language models: the tokens of `count` samples of `map` (x) and their next tokens (y),
-  // made on the host.
+  // made on this object's device (a kernel on a GPU, the same tokens as the CPU's), into
+  // `into` when given.
   Batch token_rows(const RowMap& map, int64_t count, const Batch& into) const;
   SyntheticConfig cfg_;
   Device device_;
