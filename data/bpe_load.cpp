@@ -79,7 +79,7 @@ std::string file_in(const std::string& dir, const char* name) {
 // encoder.json: one object, each token's string to its id.
 class EncoderReader final : public JsonReader {
  public:
-  EncoderReader(const MappedFile& file) : JsonReader(file.data(), file.size()), path_(file.path()) {}
+  explicit EncoderReader(const MappedFile& file) : JsonReader(file.data(), file.size()), path_(file.path()) {}
 
   std::map<int64_t, std::string> read() {
     std::map<int64_t, std::string> token_of;
@@ -152,8 +152,9 @@ void Bpe::Impl::read_merges(const std::string& path, const std::unordered_map<st
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);  // a file written on Windows
   while (!lines.empty() && lines.back().empty()) lines.pop_back();
   const size_t first = !lines.empty() && lines[0].substr(0, 8) == "#version" ? 1 : 0;
-  std::map<uint64_t, size_t> line_of;  // each merge's line, for the message about a repeat
-  std::string left, right;
+  if (lines.size() - first >= INT32_MAX) fail(path, "more merges than ranks of 32 bits");
+  merges.reserve(lines.size() - first);
+  std::string bytes;
   for (size_t i = first; i < lines.size(); ++i) {
     const std::string where = "line " + std::to_string(i + 1) + ": ";
     const std::string_view line = lines[i];
@@ -163,16 +164,16 @@ void Bpe::Impl::read_merges(const std::string& path, const std::unordered_map<st
       fail(path, where + printable(std::string(line)) + " is not a merge (two tokens separated by a space)");
     const std::string a(line.substr(0, space)), b(line.substr(space + 1));
     auto id = [&](const std::string& token) {
-      const auto it = to_bytes(token, left) ? id_of.find(left) : id_of.end();
+      const auto it = to_bytes(token, bytes) ? id_of.find(bytes) : id_of.end();
       if (it == id_of.end()) fail(path, where + printable(token) + " is not a token of encoder.json");
       return it->second;
     };
     const int32_t a_id = id(a), b_id = id(b), ab_id = id(a + b);
     const uint64_t key = static_cast<uint64_t>(a_id) << 32 | static_cast<uint32_t>(b_id);
-    if (const auto [it, fresh] = line_of.emplace(key, i + 1); !fresh)
+    const auto [it, fresh] = merges.emplace(key, Merge{static_cast<int32_t>(merges.size()), ab_id});
+    if (!fresh)  // the first one's rank is its place among the merges
       fail(path, where + "the merge of " + printable(a) + " and " + printable(b) + " is on line " +
-                     std::to_string(it->second) + " already");
-    merges.emplace(key, Merge{static_cast<int32_t>(merges.size()), ab_id});
+                     std::to_string(static_cast<size_t>(it->second.rank) + first + 1) + " already");
   }
 }
 

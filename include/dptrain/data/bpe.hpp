@@ -28,7 +28,8 @@ class Bpe {
   // given twice.
   static Bpe load(const std::string& dir);
 
-  // The ids of `text`. Words seen before are looked up, not merged again.
+  // The ids of `text`. Words seen before are looked up, not merged again (a cache that
+  // several threads may share).
   std::vector<int32_t> encode(std::string_view text) const;
   // The bytes the ids stand for (decode(encode(s)) == s for any s). UsageError naming the
   // id for one outside [0, vocab_size()).
