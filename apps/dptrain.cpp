@@ -31,13 +31,13 @@
 #include <dptrain/parallel/process_group.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/checkpoint.hpp>
-#include <dptrain/train/generate.hpp>
 #include <dptrain/train/hf.hpp>
 #include <dptrain/train/inference.hpp>
 #include <dptrain/train/trainer.hpp>
 
 #include "cli.hpp"
 #include "common/atomic_file.hpp"
+#include "generate_command.hpp"
 #include "plot.hpp"
 #include "train_flags.hpp"
 
@@ -700,16 +700,8 @@ int main(int argc, char** argv) {
       "export", "Write a trained GPT as a Hugging Face GPT-2 folder (model.safetensors, config.json)");
   hf_export->add_option("--resume", export_from, "The GPT's checkpoint")->required();
   hf_export->add_option("--hf", export_to, "The folder to write (made when missing)")->required();
-  dpt::GenerateConfig gen;
-  std::string prompt_tokens, gen_device;
-  CLI::App* generate = app.add_subcommand("generate", "Print a trained GPT's continuation of a prompt, as token ids");
-  generate->add_option("--resume", gen.checkpoint, "The GPT's checkpoint")->required();
-  generate->add_option("--prompt-tokens", prompt_tokens, "The prompt: token ids separated by commas")->required();
-  generate->add_option("--max-new-tokens", gen.max_new_tokens, "Tokens to add")->capture_default_str();
-  generate->add_option("--temperature", gen.temperature, "0: the likeliest token each time")->capture_default_str();
-  generate->add_option("--top-k", gen.top_k, "Draw among the k likeliest tokens (0: all)")->capture_default_str();
-  generate->add_option("--seed", gen.seed, "Seed of the draws")->capture_default_str();
-  generate->add_option("--device", gen_device, "Where the model runs (default: the first GPU, else the CPU)");
+  dpt::app::GenerateFlags gen;
+  CLI::App* generate = dpt::app::add_generate_command(app, gen);
   app.require_subcommand(0, 1);
   // A fault in the command line is rank 0's to report, unless this rank's alone.
   if (const int status =
@@ -724,19 +716,7 @@ int main(int argc, char** argv) {
         return fail(kExitUsage, (opt->get_name() + " is a training flag; " + sub +
                                  " takes --resume and its own flags (see dptrain " + sub + " --help)")
                                     .c_str());
-    if (*generate)
-      return with_exit_status([&] {
-        gen.prompt = dpt::app::parse_token_list(prompt_tokens);
-        gen.device = gen_device.empty() ? dpt::default_devices().front() : dpt::parse_device(gen_device);
-        const char* sep = "";
-        dpt::generate(gen, [&](int32_t t) {
-          std::printf("%s%d", sep, t);
-          std::fflush(stdout);
-          sep = ",";
-        });
-        std::printf("\n");
-        return 0;
-      });
+    if (*generate) return with_exit_status([&] { return dpt::app::generate_continuation(gen); });
     if (*hf_export)
       return with_exit_status([&] {
         dpt::hf::export_gpt2_checkpoint(export_from, export_to);

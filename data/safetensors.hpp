@@ -6,7 +6,8 @@
 // The header reader is written for the safetensors schema rather than as a general JSON
 // parser: it accepts only what a header can hold (objects, arrays, strings,
 // non-negative integers, whitespace) and its nesting is fixed at three levels (header,
-// tensor entry, shape), so no input can make it recurse deeply or build a large tree.
+// tensor entry, shape), so no input can make it recurse deeply or build a large tree
+// (its JSON pieces are data/json_reader.hpp's, which tokenizer files share).
 // Every size is checked against the file's size before anything is allocated for it.
 //
 // Uses only the standard library, <dptrain/error.hpp>, array.hpp's types and common/text,

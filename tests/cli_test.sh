@@ -226,4 +226,48 @@ says "dptrain: error: --init-from is a GPT's starting weights; --model is not a 
 says "dptrain: error: model spec 'gpt:L2-H3-C32-T16-V64': the width 32 is not a multiple of the heads 3 (a GPT is gpt2, gpt2-medium, gpt2-large, gpt2-xl or gpt:L<layers>-H<heads>-C<width>-T<context>-V<vocabulary>, e.g. gpt:L4-H4-C128-T256-V512)" \
   --model gpt:L2-H3-C32-T16-V64
 
+# GPT-2's tokenizer (a hand-made one, tests/fixtures/bpe: GPT-2's byte tokens and 31 merges):
+# a GPT that learnt a text in its tokens continues a text prompt as text, the same from the
+# prompt's ids; a character made of four byte tokens (🎉) prints whole; and the refusals.
+fixture="$(cd "$(dirname "$0")" && pwd)/fixtures/bpe"
+python3 - "$tmp/text.bin" <<'PY'
+import struct, sys
+# "Hello world, the café 🎉\n" in the fixture's tokens, 🎉 as its four byte tokens.
+tokens = [274, 271, 11, 258, 220, 66, 64, 69, 280, 220, 172, 253, 236, 231, 198] * 100
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, len(tokens), *[0] * 253))
+    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+"$exe" --model gpt:L2-H2-C32-T16-V288 --data "$tmp/text.bin" --batch 8 --optimizer adamw --lr 0.01 --devices cpu \
+  --steps 80 --save "$tmp/text.safetensors" >/dev/null 2>&1
+gen=(generate --resume "$tmp/text.safetensors" --max-new-tokens 15 --temperature 0)
+want=$(printf ', the café 🎉\nHello world')
+from_text=$("$exe" "${gen[@]}" --tokenizer "$fixture" --prompt "Hello world" 2>&1)
+from_ids=$("$exe" "${gen[@]}" --tokenizer "$fixture" --prompt-tokens 274,271 2>&1)
+[ "$from_text" = "$want" ] && [ "$from_ids" = "$want" ] && ok ||
+  bad "generate --tokenizer: '$from_text' and '$from_ids', not '$want'"
+ids=$("$exe" generate --resume "$tmp/text.safetensors" --temperature 0 --prompt-tokens 274,271 --max-new-tokens 4 2>&1)
+[ "$ids" = "11,258,220,66" ] && ok || bad "generate without --tokenizer prints ids: '$ids'"
+refuses() {  # refuses "EXPECTED LINE" ARGS...: exit 2 and exactly that error line
+  local want=$1
+  shift
+  refuse "$@"
+  [ "$(cat "$tmp/err")" = "$want" ] && ok || bad "dptrain $*: '$(cat "$tmp/err")', not '$want'"
+}
+refuses "dptrain: error: generate takes one prompt: --prompt (text) or --prompt-tokens (ids), not both" \
+  "${gen[@]}" --tokenizer "$fixture" --prompt "Hello" --prompt-tokens 274
+refuses "dptrain: error: generate needs a prompt: --prompt TEXT (with --tokenizer) or --prompt-tokens IDS" \
+  "${gen[@]}" --tokenizer "$fixture"
+refuses "dptrain: error: --prompt is text, which needs --tokenizer DIR (GPT-2's encoder.json and vocab.bpe) to encode it; or give token ids with --prompt-tokens" \
+  "${gen[@]}" --prompt "Hello"
+refuses "dptrain: error: tokenizer '$tmp/none': cannot open: No such file or directory" \
+  "${gen[@]}" --tokenizer "$tmp/none" --prompt "Hello"
+mkdir "$tmp/half" && cp "$fixture/encoder.json" "$tmp/half/"
+refuses "dptrain: error: tokenizer '$tmp/half': no vocab.bpe in it (No such file or directory); a GPT-2 tokenizer is a folder with encoder.json and vocab.bpe" \
+  "${gen[@]}" --tokenizer "$tmp/half" --prompt "Hello"
+refuses "dptrain: error: --tokenizer '$fixture' has 288 tokens, more than the model's vocabulary of 64 (gpt:L2-H2-C32-T16-V64 in '$tmp/gpt.safetensors'): it is not this model's tokenizer" \
+  generate --resume "$tmp/gpt.safetensors" --tokenizer "$fixture" --prompt "Hello"
+refuses "dptrain: error: tokenizer '$fixture': token id 300 is outside its vocabulary [0, 288)" \
+  "${gen[@]}" --tokenizer "$fixture" --prompt-tokens 274,300
+
 finish

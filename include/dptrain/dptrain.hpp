@@ -29,6 +29,7 @@
 
 #include <dptrain/data/array.hpp>
 #include <dptrain/data/batch.hpp>
+#include <dptrain/data/bpe.hpp>
 #include <dptrain/data/dataset.hpp>
 #include <dptrain/data/input_stats.hpp>
 #include <dptrain/data/npy.hpp>
