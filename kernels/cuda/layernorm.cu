@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kThreads)
 // sums of dy xhat and dy over its rows; the warps' sums are added in warp order (through
 // shared memory) into the chunk's part_gamma and part_beta rows.
 template <typename T, int P>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, P <= 3 ? 2 : 1)
     layer_norm_backward_fused_kernel(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd,
                                      int64_t rows, int cols, int64_t chunk_rows, T* dx, bool dx_add, float* part_gamma,
                                      float* part_beta) {
@@ -207,8 +207,9 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nvec = cols / E;
   const int64_t r_begin = static_cast<int64_t>(blockIdx.x) * chunk_rows;
   const int64_t r_end = rows - r_begin < chunk_rows ? rows : r_begin + chunk_rows;
-  float sg[P][E] = {}, sb[P][E] = {}, gam[P][E];
-  load_columns(gamma, nvec, lane, gam);
+  // gamma is read from the cache at each use: in registers too it would halve the blocks an
+  // SM holds (measured: 1.63 ms against 1.42 a GPT-2 step).
+  float sg[P][E] = {}, sb[P][E] = {};
   for (int64_t r = r_begin + warp; r < r_end; r += kWarps) {
     Vec16<T> xv[P], dv[P], old[P];
     load_row(x, r, nvec, lane, xv);
@@ -221,7 +222,8 @@ __global__ void __launch_bounds__(kThreads)
       if (lane + 32 * p < nvec)
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          const float d = as_float(dv[p].v[e]), xhat = (as_float(xv[p].v[e]) - m) * rs, g = d * gam[p][e];
+          const int c = (lane + 32 * p) * E + e;
+          const float d = as_float(dv[p].v[e]), xhat = (as_float(xv[p].v[e]) - m) * rs, g = d * gamma[c];
           s1 += g;
           s2 += g * xhat;
           sg[p][e] += d * xhat;
@@ -238,7 +240,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         const float xhat = (as_float(xv[p].v[e]) - m) * rs;
-        const float v = rs * (as_float(dv[p].v[e]) * gam[p][e] - mg - xhat * mgx);
+        const float v = rs * (as_float(dv[p].v[e]) * gamma[i * E + e] - mg - xhat * mgx);
         store(&out.v[e], dx_add ? as_float(old[p].v[e]) + v : v);
       }
       dxrow[i] = out;
