@@ -14,6 +14,7 @@
 #include <dptrain/types.hpp>
 
 #include "../attention.hpp"
+#include "../decode.hpp"
 #include "../mlp.hpp"
 
 namespace dpt::cuda {
@@ -319,5 +320,13 @@ void classifier_forward_bf16(uint16_t* logits, const int32_t* targets, int64_t r
                              float* loss, bool write_grad, float* work, cudaStream_t stream);
 void classifier_grad_scale(float* g, int64_t n, const float* dloss, float scale, cudaStream_t stream);
 void classifier_grad_scale_bf16(uint16_t* g, int64_t n, const float* dloss, float scale, cudaStream_t stream);
+
+// ---- Decoding with a key-value cache (decode.cu) -----------------------------------------
+// cpu::attention_decode's contract (fp32 math, the sums in another order: equal within
+// fp32 rounding, not in bits). Deterministic.
+void attention_decode(const DecodeShape& s, const float* qkv, float* k_cache, float* v_cache, float* y,
+                      cudaStream_t stream);
+void attention_decode_bf16(const DecodeShape& s, const uint16_t* qkv, uint16_t* k_cache, uint16_t* v_cache, uint16_t* y,
+                           cudaStream_t stream);
 
 }  // namespace dpt::cuda
