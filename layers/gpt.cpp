@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include <dptrain/error.hpp>
+#include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/ops.hpp>
 
 namespace dpt::nn {
@@ -105,6 +106,10 @@ Embedding::Embedding(int64_t vocab_rows, int64_t context, int64_t width)
 
 Tensor Embedding::forward(const Tensor& tokens) { return embedding(tokens, wte_.value, wpe_.value, compute_dtype()); }
 
+Tensor Embedding::forward_at(const Tensor& tokens, int64_t first_position) {
+  return embedding_at(tokens, wte_.value, wpe_.value, first_position, compute_dtype());
+}
+
 std::shared_ptr<Module> Embedding::clone() const { return std::make_shared<Embedding>(rows_, context_, width_); }
 
 std::string Embedding::describe() const {
@@ -154,6 +159,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x, int64_t T) {
   return c_proj_->forward(causal_attention(c_attn_->forward(x), T, sizes().heads));
 }
 
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start) {
+  return c_proj_->forward(attention_decode(c_attn_->forward(x), keys, values, start));
+}
+
 Block::Block(const BlockSizes& s)
     : SequencePart("Block", s),
       ln_1_(std::make_shared<LayerNorm>(s.width)),
@@ -172,6 +181,11 @@ Block::Block(const BlockSizes& s)
 
 Tensor Block::forward(const Tensor& x, int64_t T) {
   const Tensor h = add(x, attn_->forward(ln_1_->forward(x), T));
+  return add(h, c_proj_->forward(c_fc_->forward(ln_2_->forward(h))));
+}
+
+Tensor Block::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start) {
+  const Tensor h = add(x, attn_->forward_cached(ln_1_->forward(x), keys, values, start));
   return add(h, c_proj_->forward(c_fc_->forward(ln_2_->forward(h))));
 }
 
@@ -209,6 +223,53 @@ Tensor GPT::forward(const Tensor& tokens) {
   const Parameter& wte = embed_->wte();
   if (wte.shadow.defined()) return linear_bf16(cast(x, DType::bf16), wte.value, Tensor(), wte.shadow, Tensor());
   return linear(x, wte.value, Tensor());
+}
+
+// ---- Decoding with a key-value cache ---------------------------------------------------
+
+KvCache GPT::kv_cache(int64_t batch) const {
+  const Tensor& wte = embed_->wte().value;
+  DPT_REQUIRE(wte.defined(), "GPT: place the model on a device (to) before making its key-value cache");
+  DPT_REQUIRE(batch >= 1, "GPT: a key-value cache for " + std::to_string(batch) + " sequences; at least 1");
+  KvCache cache;
+  const Shape shape{batch, config_.heads, config_.context, config_.width / config_.heads};
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    cache.keys.push_back(Tensor::zeros(shape, compute_dtype(), wte.device()));
+    cache.values.push_back(Tensor::zeros(shape, compute_dtype(), wte.device()));
+  }
+  return cache;
+}
+
+Tensor GPT::forward_cached(const Tensor& tokens, KvCache& cache, bool last_only) {
+  DPT_REQUIRE(tokens.defined() && tokens.dim() == 2 && tokens.dtype() == DType::i32,
+              "GPT: expected tokens i32 [batch, new positions]");
+  const auto layers = static_cast<size_t>(config_.layers);
+  DPT_REQUIRE(cache.keys.size() == layers && cache.values.size() == layers && cache.keys[0].dim() == 4 &&
+                  cache.keys[0].size(0) == tokens.size(0) && cache.keys[0].size(2) == config_.context,
+              "GPT: the key-value cache was not made for this model and " + std::to_string(tokens.size(0)) +
+                  " sequences (GPT::kv_cache)");
+  const int64_t batch = tokens.size(0), n = tokens.size(1), start = cache.length;
+  if (n < 1 || start + n > config_.context)
+    throw UsageError("GPT: " + std::to_string(n) + " new tokens after the " + std::to_string(start) +
+                     " in the key-value cache; the model's context is " + std::to_string(config_.context));
+  NoGradGuard no_grad;
+  Tensor x = embed_->forward_at(tokens, start);
+  for (size_t l = 0; l < layers; ++l) x = blocks_[l]->forward_cached(x, cache.keys[l], cache.values[l], start);
+  cache.length = start + n;
+  if (last_only) {  // each sequence's row n - 1
+    Tensor last = Tensor::empty({batch, config_.width}, x.dtype(), x.device());
+    for (int64_t b = 0; b < batch; ++b) copy_cast(last.rows(b, 1), x.rows(b * n + n - 1, 1));
+    x = last;
+  }
+  return output_logits(x);
+}
+
+Tensor GPT::output_logits(const Tensor& x) {
+  const Tensor h = ln_f_->forward(x);
+  // The output projection is the token embedding (tied): logits = h wte^T.
+  const Parameter& wte = embed_->wte();
+  if (wte.shadow.defined()) return linear_bf16(cast(h, DType::bf16), wte.value, Tensor(), wte.shadow, Tensor());
+  return linear(h, wte.value, Tensor());
 }
 
 std::shared_ptr<Module> GPT::clone() const { return std::make_shared<GPT>(config_); }

@@ -1,7 +1,7 @@
 // GPT-2 through the Trainer: specs, the model's names and sizes, the same steps on one
 // device and on three, resume bit for bit, token files with validation perplexity, the
 // batch in tokens, and the refusals. (Logits, loss and gradients against transformers'
-// GPT2LMHeadModel: tests/gpt_interop.py.)
+// GPT2LMHeadModel: tests/gpt_interop.py; generating text: tests/test_generate.cpp.)
 #include <cmath>
 #include <string>
 #include <vector>
@@ -10,7 +10,6 @@
 #include <dptrain/layers/gpt.hpp>
 #include <dptrain/layers/model_spec.hpp>
 #include <dptrain/optim/adamw.hpp>
-#include <dptrain/train/generate.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "catch.hpp"
 #include "common.hpp"
@@ -220,50 +219,6 @@ TEST_CASE("a GPT's non-finite step is never applied: stop names it, skip-step go
   const TrainResult r = t.run();
   CHECK(r.steps == 12);
   CHECK(r.skipped > 0);
-}
-
-TEST_CASE("generate: the greedy continuation of a learnt pattern, seeded draws, and the refusals", "[gpt][generate]") {
-  test::TempDir dir;
-  std::vector<uint32_t> tokens(4000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((3 * i) % 60);
-  test_data::write_shard(dir.file("pattern.bin"), tokens, false);
-  TrainConfig c = gpt_config(8);
-  c.devices = test::cpus(1);
-  c.steps = 150;
-  c.lr = 0.01f;
-  c.weight_decay = 0.0f;
-  c.data = dir.file("pattern.bin");
-  c.save = dir.file("gpt.safetensors");
-  Trainer(c).run();
-  GenerateConfig g;
-  g.checkpoint = c.save;
-  g.prompt = {0, 3, 6};
-  g.max_new_tokens = 12;
-  g.temperature = 0.0f;
-  g.device = test::host;
-  std::vector<int32_t> streamed;
-  const std::vector<int32_t> greedy = generate(g, [&](int32_t t) { streamed.push_back(t); });
-  CHECK(greedy == std::vector<int32_t>{9, 12, 15, 18, 21, 24, 27, 30, 33, 36, 39, 42});  // past the context of 16
-  CHECK(streamed == greedy);
-  g.temperature = 1.0f;
-  g.top_k = 5;
-  g.seed = 7;
-  const std::vector<int32_t> drawn = generate(g);
-  CHECK(drawn.size() == 12);
-  CHECK(generate(g) == drawn);  // the same seed, the same draws
-  g.prompt = {0, 60};
-  CHECK(test::usage_error([&] { generate(g); }) ==
-        "generate: prompt token 1 is 60, outside the model's vocabulary [0, 60)");
-  g.prompt = {1};
-  g.temperature = -1.0f;
-  CHECK(test::usage_error([&] { generate(g); }).find("generate: the temperature must be a finite number >= 0") == 0);
-  TrainConfig mlp = test::quiet_config("4-8-2", "sgd", 4);
-  mlp.steps = 1;
-  mlp.devices = test::cpus(1);
-  mlp.save = dir.file("mlp.safetensors");
-  Trainer(mlp).run();
-  g.checkpoint = mlp.save;
-  CHECK(test::usage_error([&] { generate(g); }) == "checkpoint '" + mlp.save + "' holds no GPT (its model is '4-8-2')");
 }
 
 #endif  // DPT_GPU_TESTS

@@ -47,6 +47,50 @@ int32_t draw(const std::vector<float>& logits, const GenerateConfig& cfg, std::m
   return order[static_cast<size_t>(pick(rng))];
 }
 
+// The model's logits for the token after a growing list of tokens, from their last
+// `context` (the window), as the model saw sequences in training.
+//
+// With the key-value cache, only the tokens that are not in the cache yet run through the
+// model (GPT::forward_cached): the prompt once, then one position a token. Once the window
+// is full it slides, and since the positions are learnt embeddings (not relative ones),
+// every key and value in the window changes with it: the cache is emptied and rebuilt from
+// the whole window, so past the context each token costs a forward over the window, as
+// without the cache. That keeps the logits the uncached forward's (and so the tokens the
+// same); rebuilding from half a window would be cheaper but would condition on fewer tokens.
+class NextLogits {
+ public:
+  NextLogits(nn::GPT& model, const Device& device, bool cached)
+      : model_(model), device_(device), cached_(cached), cache_(cached ? model.kv_cache() : nn::KvCache{}) {}
+
+  std::vector<float> after(const std::vector<int32_t>& tokens) {
+    const nn::GptConfig& g = model_.config();
+    const auto total = static_cast<int64_t>(tokens.size());
+    const int64_t window = std::min(total, g.context);
+    if (!cached_) {
+      const Tensor logits = model_.forward(rows(tokens, total - window, total));
+      return logits.view((window - 1) * g.padded_vocab(), {g.vocab}).to_host();
+    }
+    if (total - first_ > g.context) {  // the window slid: rebuild the cache from it
+      first_ = total - window;
+      cache_.length = 0;
+    }
+    const Tensor logits = model_.forward_cached(rows(tokens, first_ + cache_.length, total), cache_, true);
+    return logits.view(0, {g.vocab}).to_host();
+  }
+
+ private:
+  // tokens[from, to) as a batch of one on the model's device.
+  Tensor rows(const std::vector<int32_t>& tokens, int64_t from, int64_t to) const {
+    return Tensor::from_host_i32(std::vector<int32_t>(tokens.begin() + from, tokens.begin() + to), {1, to - from},
+                                 device_);
+  }
+  nn::GPT& model_;
+  Device device_;
+  bool cached_;
+  nn::KvCache cache_;
+  int64_t first_ = 0;  // the index in tokens of the cache's position 0
+};
+
 }  // namespace
 
 std::vector<int32_t> generate(const GenerateConfig& cfg, const std::function<void(int32_t)>& on_token) {
@@ -56,13 +100,10 @@ std::vector<int32_t> generate(const GenerateConfig& cfg, const std::function<voi
   model->eval();
   NoGradGuard no_grad;
   std::mt19937_64 rng(cfg.seed);
+  NextLogits model_logits(*model, cfg.device, cfg.kv_cache);
   std::vector<int32_t> tokens = cfg.prompt, out;
   for (int64_t n = 0; n < cfg.max_new_tokens; ++n) {
-    const auto T = static_cast<int64_t>(std::min<size_t>(tokens.size(), static_cast<size_t>(g.context)));
-    const std::vector<int32_t> window(tokens.end() - T, tokens.end());
-    const Tensor logits = model->forward(Tensor::from_host_i32(window, {1, T}, cfg.device));
-    const std::vector<float> last = logits.view((T - 1) * g.padded_vocab(), {g.vocab}).to_host();
-    const int32_t next = draw(last, cfg, rng);
+    const int32_t next = draw(model_logits.after(tokens), cfg, rng);
     tokens.push_back(next);
     out.push_back(next);
     if (on_token) on_token(next);

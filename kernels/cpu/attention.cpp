@@ -1,10 +1,13 @@
 // Causal self-attention on the CPU, the plain definition in double: for each sequence b,
 // head h and query t, the scores s_tj = q_t . k_j / sqrt(hs) over keys j <= t, their
 // softmax p_tj and y_t = sum_j p_tj v_j. The backward recomputes p from the saved
-// log-sum-exp, as the CUDA kernels do.
+// log-sum-exp, as the CUDA kernels do. Decoding (attention_decode) computes each of its
+// query rows with the same function as the forward, its keys and values read from the
+// cache: the same bits as the forward over the whole sequence.
 #include <cmath>
 #include <vector>
 
+#include "../decode.hpp"
 #include "bf16_io.hpp"
 #include "cpu.hpp"
 
@@ -24,35 +27,45 @@ struct HeadRows {
   int64_t lse(int64_t t) const { return (b * s.heads + h) * s.T + t; }
 };
 
-double dot(const float* a, const float* b, int64_t n) {
+template <typename A, typename B>
+double dot(const A* a, const B* b, int64_t n) {
   double d = 0.0;
-  for (int64_t i = 0; i < n; ++i) d += static_cast<double>(a[i]) * b[i];
+  for (int64_t i = 0; i < n; ++i) d += static_cast<double>(as_float(a[i])) * as_float(b[i]);
   return d;
+}
+
+// One softmax row: query q against the keys k_j = k + j * stride (j < count) and the values
+// v_j = v + j * stride; writes y = sum_j p_j v_j and returns the log-sum-exp of the scaled
+// scores. p and acc: scratch of count and hs doubles.
+template <typename Q, typename KV, typename Y>
+double attend_row(const Q* q, const KV* k, const KV* v, int64_t stride, int64_t count, int64_t hs,
+                  std::vector<double>& p, std::vector<double>& acc, Y* y) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  double mx = -INFINITY;
+  for (int64_t j = 0; j < count; ++j) {
+    p[j] = scale * dot(q, k + j * stride, hs);
+    mx = std::fmax(mx, p[j]);
+  }
+  double sum = 0.0;
+  for (int64_t j = 0; j < count; ++j) sum += p[j] = std::exp(p[j] - mx);
+  for (double& a : acc) a = 0.0;
+  for (int64_t j = 0; j < count; ++j)
+    for (int64_t i = 0; i < hs; ++i) acc[i] += p[j] * as_float(v[j * stride + i]);
+  for (int64_t i = 0; i < hs; ++i) store(&y[i], static_cast<float>(acc[i] / sum));
+  return mx + std::log(sum);
 }
 
 }  // namespace
 
 void attention_forward(const AttentionShape& s, const float* qkv, float* y, float* lse) {
-  const int64_t hs = s.head_size;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  const int64_t hs = s.head_size, stride = 3 * s.channels();
   std::vector<double> p(static_cast<size_t>(s.T)), acc(static_cast<size_t>(hs));
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
       const HeadRows at{s, b, h};
-      for (int64_t t = 0; t < s.T; ++t) {
-        double mx = -INFINITY;
-        for (int64_t j = 0; j <= t; ++j) {
-          p[j] = scale * dot(qkv + at.qkv(0, t), qkv + at.qkv(1, j), hs);
-          mx = std::fmax(mx, p[j]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j <= t; ++j) sum += p[j] = std::exp(p[j] - mx);
-        for (double& a : acc) a = 0.0;
-        for (int64_t j = 0; j <= t; ++j)
-          for (int64_t i = 0; i < hs; ++i) acc[i] += p[j] * qkv[at.qkv(2, j) + i];
-        for (int64_t i = 0; i < hs; ++i) y[at.out(t) + i] = static_cast<float>(acc[i] / sum);
-        lse[at.lse(t)] = static_cast<float>(mx + std::log(sum));
-      }
+      for (int64_t t = 0; t < s.T; ++t)
+        lse[at.lse(t)] = static_cast<float>(attend_row(qkv + at.qkv(0, t), qkv + at.qkv(1, 0), qkv + at.qkv(2, 0),
+                                                       stride, t + 1, hs, p, acc, y + at.out(t)));
     }
 }
 
@@ -102,6 +115,45 @@ void attention_backward_bf16(const AttentionShape& s, const uint16_t* qkv, const
   std::vector<float> g(static_cast<size_t>(3 * n));
   attention_backward(s, x.data(), yv.data(), dyv.data(), lse, g.data());
   narrow(g, dqkv);
+}
+
+// ---- Decoding with a key-value cache ---------------------------------------------------
+
+namespace {
+
+// The new rows' keys and values into the cache, then each new query over positions 0 ..
+// start + i (attend_row, as the forward).
+template <typename T>
+void decode(const DecodeShape& s, const T* qkv, T* k_cache, T* v_cache, T* y) {
+  const int64_t hs = s.head_size, C = s.channels();
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t i = 0; i < s.n; ++i)
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const T* row = qkv + (b * s.n + i) * 3 * C + h * hs;
+        const int64_t at = s.cache_at(b, h, s.start + i);
+        for (int64_t c = 0; c < hs; ++c) {
+          k_cache[at + c] = row[C + c];
+          v_cache[at + c] = row[2 * C + c];
+        }
+      }
+  std::vector<double> p(static_cast<size_t>(s.start + s.n)), acc(static_cast<size_t>(hs));
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t i = 0; i < s.n; ++i) {
+        const int64_t r = b * s.n + i, first = s.cache_at(b, h, 0);
+        attend_row(qkv + r * 3 * C + h * hs, k_cache + first, v_cache + first, hs, s.start + i + 1, hs, p, acc,
+                   y + r * C + h * hs);
+      }
+}
+
+}  // namespace
+
+void attention_decode(const DecodeShape& s, const float* qkv, float* k_cache, float* v_cache, float* y) {
+  decode(s, qkv, k_cache, v_cache, y);
+}
+void attention_decode_bf16(const DecodeShape& s, const uint16_t* qkv, uint16_t* k_cache, uint16_t* v_cache,
+                           uint16_t* y) {
+  decode(s, qkv, k_cache, v_cache, y);
 }
 
 }  // namespace dpt::cpu

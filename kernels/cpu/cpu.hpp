@@ -12,6 +12,7 @@
 #include <dptrain/types.hpp>
 
 #include "../attention.hpp"
+#include "../decode.hpp"
 #include "../mlp.hpp"
 
 namespace dpt::cpu {
@@ -202,5 +203,15 @@ void classifier_grad_scale_bf16(uint16_t* g, int64_t n, const float* dloss, floa
 // (each input's next token).
 void random_tokens(int32_t* x, int32_t* y, int64_t rows, int64_t seq, int64_t vocab, uint64_t seed, uint64_t stream,
                    const RowMap& map);
+
+// ---- Decoding with a key-value cache (attention.cpp) -------------------------------------
+// attention_decode: the keys and values of qkv's new rows (../decode.hpp) written into the
+// caches at positions start .. start + n - 1, then y [batch * n, C] = each new query's
+// attention over positions 0 .. start + i of its sequence (the cache), as attention_forward
+// computes it (the same bits as the forward over the whole sequence). No log-sum-exp:
+// decoding keeps no backward.
+void attention_decode(const DecodeShape& s, const float* qkv, float* k_cache, float* v_cache, float* y);
+void attention_decode_bf16(const DecodeShape& s, const uint16_t* qkv, uint16_t* k_cache, uint16_t* v_cache,
+                           uint16_t* y);
 
 }  // namespace dpt::cpu

@@ -14,6 +14,7 @@
 #include <dptrain/types.hpp>
 
 #include "../attention.hpp"
+#include "../decode.hpp"
 #include "../mlp.hpp"
 
 namespace dpt::cuda {
@@ -328,5 +329,13 @@ void classifier_grad_scale_bf16(uint16_t* g, int64_t n, const float* dloss, floa
 // elementwise.cu — synthetic language-model data as cpu::random_tokens (the same tokens).
 void random_tokens(int32_t* x, int32_t* y, int64_t rows, int64_t seq, int64_t vocab, uint64_t seed, uint64_t stream_id,
                    const RowMap& map, cudaStream_t stream);
+
+// ---- Decoding with a key-value cache (decode.cu) -----------------------------------------
+// cpu::attention_decode's contract (fp32 math, the sums in another order: equal within
+// fp32 rounding, not in bits). Deterministic.
+void attention_decode(const DecodeShape& s, const float* qkv, float* k_cache, float* v_cache, float* y,
+                      cudaStream_t stream);
+void attention_decode_bf16(const DecodeShape& s, const uint16_t* qkv, uint16_t* k_cache, uint16_t* v_cache, uint16_t* y,
+                           cudaStream_t stream);
 
 }  // namespace dpt::cuda

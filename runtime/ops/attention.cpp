@@ -12,6 +12,7 @@
 #include "internal.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/cpu/cpu.hpp"
+#include "kernels/decode.hpp"
 
 #if DPT_WITH_CUDA
 #include "kernels/cuda/cuda.hpp"
@@ -122,6 +123,41 @@ Tensor causal_attention(const Tensor& qkv, int64_t T, int64_t heads) {
                     cpu::attention_forward(s, qkv.f32(), y.f32(), lse.f32()));
   }
   if (training) record(y, std::make_shared<AttentionNode>(s, qkv, y, lse, cudnn), {qkv});
+  return y;
+}
+
+Tensor attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache, int64_t start) {
+  need_float(qkv, "attention_decode");
+  DPT_REQUIRE(
+      !any_requires_grad({&qkv}),
+      "attention_decode: decoding keeps no gradient; run it under NoGradGuard (training uses causal_attention)");
+  DPT_REQUIRE(k_cache.defined() && v_cache.defined() && k_cache.dim() == 4 && k_cache.shape() == v_cache.shape() &&
+                  k_cache.dtype() == qkv.dtype() && v_cache.dtype() == qkv.dtype(),
+              "attention_decode: the key and value caches must be alike, [batch, heads, capacity, head size] of qkv's "
+              "type");
+  same_device(qkv, k_cache, "attention_decode");
+  same_device(qkv, v_cache, "attention_decode");
+  DecodeShape s{k_cache.size(0), 0, k_cache.size(1), k_cache.size(3), k_cache.size(2), start};
+  DPT_REQUIRE(
+      qkv.dim() == 2 && qkv.size(1) == 3 * s.channels() && s.batch > 0 && qkv.size(0) > 0 && qkv.size(0) % s.batch == 0,
+      "attention_decode: qkv " + shape_str(qkv.shape()) + " is not [batch * n, 3C] for the caches " +
+          shape_str(k_cache.shape()));
+  s.n = qkv.size(0) / s.batch;
+  DPT_REQUIRE(start >= 0 && start + s.n <= s.capacity, "attention_decode: positions " + std::to_string(start) + " .. " +
+                                                           std::to_string(start + s.n - 1) +
+                                                           " do not fit the caches' " + std::to_string(s.capacity));
+  DPT_REQUIRE(s.head_size <= kAttentionMaxHeadSize, "attention_decode: head size " + std::to_string(s.head_size) +
+                                                        " is above " + std::to_string(kAttentionMaxHeadSize));
+  const Device d = qkv.device();
+  Tensor y = Tensor::empty({s.rows(), s.channels()}, qkv.dtype(), d);
+  if (is_bf16(qkv)) {
+    DPT_CUDA_OR_CPU(d,
+                    cuda::attention_decode_bf16(s, qkv.bf16(), k_cache.bf16(), v_cache.bf16(), y.bf16(), stream_of(d)),
+                    cpu::attention_decode_bf16(s, qkv.bf16(), k_cache.bf16(), v_cache.bf16(), y.bf16()));
+  } else {
+    DPT_CUDA_OR_CPU(d, cuda::attention_decode(s, qkv.f32(), k_cache.f32(), v_cache.f32(), y.f32(), stream_of(d)),
+                    cpu::attention_decode(s, qkv.f32(), k_cache.f32(), v_cache.f32(), y.f32()));
+  }
   return y;
 }
 

@@ -1,4 +1,5 @@
-// The token and position embedding: embedding (differentiable in wte and wpe).
+// The token and position embedding: embedding (differentiable in wte and wpe), and
+// embedding_at, its positions from an offset on, for decoding (no gradient).
 #include <string>
 
 #include <dptrain/error.hpp>
@@ -95,6 +96,20 @@ Tensor embedding(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, DTy
     record(y, std::make_shared<EmbeddingNode>(tokens, wte, wpe, out), {wte, wpe});
   }
   return y;
+}
+
+// wpe's rows from first_position on are the positions of the new tokens: the same kernels
+// over a view.
+Tensor embedding_at(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t first_position, DType out) {
+  DPT_REQUIRE(!any_requires_grad({&wte, &wpe}),
+              "embedding_at: decoding keeps no gradient; run it under NoGradGuard (training uses embedding)");
+  need_f32(wpe, "embedding_at (wpe)");
+  DPT_REQUIRE(wpe.dim() == 2 && tokens.defined() && tokens.dim() == 2 && first_position >= 0 &&
+                  first_position + tokens.size(1) <= wpe.size(0),
+              "embedding_at: positions from " + std::to_string(first_position) + " for tokens " +
+                  (tokens.defined() ? shape_str(tokens.shape()) : std::string("none")) + " do not fit wpe " +
+                  shape_str(wpe.shape()));
+  return embedding(tokens, wte, wpe.rows(first_position, wpe.size(0) - first_position), out);
 }
 
 }  // namespace dpt

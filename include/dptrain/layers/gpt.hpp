@@ -14,10 +14,14 @@
 // decay on the matrices and embeddings alone (Parameter::decay). The vocabulary is
 // padded to a multiple of 64 inside the model (50257 -> 50304, as llm.c): the token
 // embedding has padded_vocab() rows, and the logits' padding columns are masked by the loss.
+//
+// Decoding (GPT::forward_cached, for generating text) keeps each layer's keys and values in
+// a KvCache, so that a new token costs one position, not the whole sequence again.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/module.hpp>
@@ -46,6 +50,8 @@ class Embedding : public Module {
   std::shared_ptr<Module> clone() const override;
   std::string describe() const override;
   Parameter& wte() { return wte_; }
+  // forward's rows for tokens at positions first_position .. (decoding; no gradient).
+  Tensor forward_at(const Tensor& tokens, int64_t first_position);
 
  private:
   int64_t rows_, context_, width_;
@@ -100,6 +106,10 @@ class CausalSelfAttention : public SequencePart<CausalSelfAttention> {
   explicit CausalSelfAttention(const BlockSizes& sizes);
   using SequenceModule::forward;
   Tensor forward(const Tensor& x, int64_t T) override;
+  // forward's rows for x's new positions start .. of each sequence, attending over the
+  // earlier ones through the cache (keys, values: this layer's, KvCache's layout), which
+  // takes the new positions' keys and values (decoding; no gradient).
+  Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start);
 
  private:
   std::shared_ptr<Linear> c_attn_, c_proj_;
@@ -111,11 +121,21 @@ class Block : public SequencePart<Block> {
   explicit Block(const BlockSizes& sizes);
   using SequenceModule::forward;
   Tensor forward(const Tensor& x, int64_t T) override;
+  // forward through CausalSelfAttention::forward_cached (decoding; no gradient).
+  Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start);
 
  private:
   std::shared_ptr<LayerNorm> ln_1_, ln_2_;
   std::shared_ptr<CausalSelfAttention> attn_;
   std::shared_ptr<Linear> c_fc_, c_proj_;
+};
+
+// What a GPT has computed of the sequences it decodes (GPT::kv_cache, forward_cached): for
+// each layer, the keys and the values [batch, heads, context, head size] of positions
+// [0, length) of each sequence, in the model's compute type on its device.
+struct KvCache {
+  std::vector<Tensor> keys, values;  // one of each a layer
+  int64_t length = 0;                // positions held: the next new token's position
 };
 
 // The whole model: tokens i32 [B, T] (T <= context) -> logits [B*T, padded vocab] (f32, or
@@ -124,6 +144,16 @@ class GPT : public Module {
  public:
   explicit GPT(const GptConfig& config);
   Tensor forward(const Tensor& tokens) override;
+  // An empty cache for `batch` sequences, on the model's device in its compute type (sized
+  // for the whole context: 2 x layers x batch x context x width elements).
+  KvCache kv_cache(int64_t batch = 1) const;
+  // Decoding: tokens i32 [B, n], the next n positions of the cache's B sequences, at
+  // positions cache.length .. cache.length + n - 1 (at most the context: a full cache is
+  // emptied, cache.length = 0, and given the last tokens again by the caller). Returns the
+  // logits forward gives those positions over the whole sequences (within fp32 rounding):
+  // [B*n, padded vocab], or with last_only [B, padded vocab], each sequence's last new
+  // position; cache.length grows by n. Inference only: no gradient is recorded.
+  Tensor forward_cached(const Tensor& tokens, KvCache& cache, bool last_only = false);
   std::shared_ptr<Module> clone() const override;
   std::string describe() const override;
   const GptConfig& config() const { return config_; }
@@ -133,6 +163,8 @@ class GPT : public Module {
   std::shared_ptr<Embedding> embed_;
   std::vector<std::shared_ptr<Block>> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;
+  // ln_f, then the output projection tied to wte: forward's last steps, for forward_cached.
+  Tensor output_logits(const Tensor& x);
 };
 
 // The mean next-token cross-entropy of logits [N, padded vocab] against targets i32 (N of

@@ -201,4 +201,18 @@ Tensor causal_attention(const Tensor& qkv, int64_t T, int64_t heads);
 // is rounded twice.
 Tensor classifier_loss(const Tensor& logits, const Tensor& targets, int64_t vocab);
 
+// ---- Decoding with a key-value cache (runtime/ops/attention.cpp, embedding.cpp): inference only ----
+// Both refuse to run where a gradient is wanted (decoding runs under NoGradGuard).
+// causal_attention for n new positions of each of B sequences whose first `start` positions' keys and values are in
+// the caches already: qkv [B*n, 3C] laid out as causal_attention's (row b*n + i is position start + i of sequence b);
+// k_cache and v_cache [B, heads, capacity, hs] (capacity >= start + n) of qkv's type, on its device. Writes the new
+// positions' keys and values into the caches and returns y [B*n, C]: each new query's attention over positions
+// 0 .. start + i of its sequence, the rows causal_attention gives them over the whole sequence (on the CPU the same
+// bits; on a GPU within fp32 rounding). The prompt and each new token go through it alike.
+Tensor attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache, int64_t start);
+// embedding for tokens i32 [B, T] at positions first_position .. first_position + T - 1 (within wpe's rows):
+// y[b*T + t] = wte[tokens[b, t]] + wpe[first_position + t], as embedding computes it.
+Tensor embedding_at(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t first_position,
+                    DType out = DType::f32);
+
 }  // namespace dpt
