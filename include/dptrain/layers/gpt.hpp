@@ -19,8 +19,10 @@
 #include <memory>
 #include <string>
 
+#include <dptrain/enum_names.hpp>
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/module.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt::nn {
 
@@ -29,6 +31,17 @@ struct GptConfig {
   int64_t padded_vocab() const { return (vocab + 63) / 64 * 64; }
   bool operator==(const GptConfig&) const = default;
 };
+
+// Activation recomputation (llm.c's -r): what a block's backward rebuilds instead of keeping
+// it from the forward, for memory. none keeps every activation; gelu keeps c_fc's
+// pre-activation for the MLP's c_proj instead of the GELU's output ([B*T, 4C] a layer less);
+// gelu+ln also keeps the LayerNorms' inputs for c_attn and c_fc instead of their outputs
+// (2 x [B*T, C] a layer less). Rebuilt by the forward's own kernels: the same bits
+// (SavedInput, <dptrain/runtime/ops.hpp>), at the cost of a GELU, and two LayerNorms, more a
+// layer in backward.
+enum class Recompute { none, gelu, gelu_ln };
+inline constexpr auto kRecomputeNames = enum_names<Recompute>(
+    "recomputation", {{Recompute::none, "none"}, {Recompute::gelu, "gelu"}, {Recompute::gelu_ln, "gelu+ln"}});
 
 // Whether `spec` names a GPT (gpt2, gpt2-medium, gpt:...), and its sizes; UsageError naming
 // the problem for a spec that does not parse or sizes that do not fit (heads must divide the
@@ -60,6 +73,8 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Module> clone() const override;
   std::string describe() const override;
+  // What rebuilds forward(x) in a backward: x with this LayerNorm's parameters.
+  SavedInput output_from(const Tensor& x) const;
 
  private:
   int64_t width_;
@@ -100,22 +115,29 @@ class CausalSelfAttention : public SequencePart<CausalSelfAttention> {
   explicit CausalSelfAttention(const BlockSizes& sizes);
   using SequenceModule::forward;
   Tensor forward(const Tensor& x, int64_t T) override;
+  // The same with c_attn's node keeping `x_saved` instead of x.
+  Tensor forward(const Tensor& x, int64_t T, const SavedInput& x_saved);
 
  private:
   std::shared_ptr<Linear> c_attn_, c_proj_;
 };
 
 // x + attn(ln_1(x)), then x + mlp(ln_2(x)) with mlp = c_fc (C -> 4C, tanh-GELU), c_proj (4C -> C).
+// In bf16 the GELU reads c_fc's pre-activation rounded to bf16 (linear_bf16_pre), as PyTorch's
+// bf16 F.gelu after nn.Linear does, whatever the recomputation: so that rebuilding it gives
+// the same bits.
 class Block : public SequencePart<Block> {
  public:
   explicit Block(const BlockSizes& sizes);
   using SequenceModule::forward;
   Tensor forward(const Tensor& x, int64_t T) override;
+  void set_recompute(Recompute r) { recompute_ = r; }
 
  private:
   std::shared_ptr<LayerNorm> ln_1_, ln_2_;
   std::shared_ptr<CausalSelfAttention> attn_;
   std::shared_ptr<Linear> c_fc_, c_proj_;
+  Recompute recompute_ = Recompute::none;
 };
 
 // The whole model: tokens i32 [B, T] (T <= context) -> logits [B*T, padded vocab] (f32, or
@@ -127,9 +149,14 @@ class GPT : public Module {
   std::shared_ptr<Module> clone() const override;
   std::string describe() const override;
   const GptConfig& config() const { return config_; }
+  // What the blocks rebuild in backward instead of keeping (Recompute); a clone (a
+  // DataParallel replica) recomputes alike. Not part of the spec: it changes memory, not results.
+  void set_recompute(Recompute r);
+  Recompute recompute() const { return recompute_; }
 
  private:
   GptConfig config_;
+  Recompute recompute_ = Recompute::none;
   std::shared_ptr<Embedding> embed_;
   std::vector<std::shared_ptr<Block>> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;
