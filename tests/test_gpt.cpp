@@ -345,6 +345,14 @@ TEST_CASE("recomputation is a GPT's setting: replicas carry it, another model re
   c.recompute = nn::Recompute::gelu;
   CHECK(test::usage_error([&] { validate(c); }) ==
         "TrainConfig::recompute applies to GPT models; TrainConfig::model is not a GPT");
+  // An op refuses a saved input that cannot rebuild its x (another shape, another type).
+  Tensor W = test::randn_tensor({3, 8}, 2, test::host);
+  W.set_requires_grad(true);
+  const Tensor x = test::randn_tensor({4, 8}, 1, test::host), g = test::randn_tensor({8}, 3, test::host);
+  CHECK_THROWS_AS(linear_pre(x, W, Tensor(), Act::none, act_of(test::randn_tensor({4, 9}, 4, test::host), Act::relu)),
+                  Error);
+  CHECK_THROWS_AS(linear_pre(x, W, Tensor(), Act::none, layer_norm_of(cast(x, DType::bf16), g, g)), Error);
+  CHECK_THROWS_AS(linear_pre(x, W, Tensor(), Act::none, layer_norm_of(x, g, Tensor())), Error);
   // Through the Trainer, on three devices: the same weights as without.
   TrainConfig one = gpt_config();
   one.devices = test::cpus(3);

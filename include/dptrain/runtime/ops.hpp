@@ -222,12 +222,12 @@ struct SavedInput {
 SavedInput act_of(const Tensor& z, Act act);
 SavedInput layer_norm_of(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
 // linear / linear_bf16 whose node keeps `saved` for x, and which give the pre-activation z
-// beside y for an activation whose backward keeps it (the GELUs; else z is undefined, and so
-// it is in fp32 when no gradient is recorded). y is exactly activation(z, act), so that
-// act_of(z, act) rebuilds it: in bf16 the GELU reads the rounded z, as PyTorch's F.gelu after
-// a bf16 nn.Linear does, where linear_bf16 applies it to the fp32 sum and rounds once (and
-// on a GPU cuBLASLt's GELU epilogue is not used: the GEMM writes z, a pass makes y).
-// Otherwise the same GEMMs and kernels as linear / linear_bf16: the same bits.
+// beside y for an activation whose backward keeps it (the GELUs; else z is undefined). y is
+// exactly activation(z, act), so that act_of(z, act) rebuilds it: in bf16 the GELU reads the
+// rounded z, as PyTorch's F.gelu after a bf16 nn.Linear does, where linear_bf16 applies it
+// to the fp32 sum and rounds once (and on a GPU cuBLASLt's GELU epilogue is not used: the
+// GEMM writes z with the bias, a pass makes y). Otherwise the same GEMMs and kernels as
+// linear / linear_bf16: the same bits.
 struct LinearOut {
   Tensor y, z;
 };
