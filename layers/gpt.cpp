@@ -129,6 +129,8 @@ std::shared_ptr<Module> LayerNorm::clone() const { return std::make_shared<Layer
 
 std::string LayerNorm::describe() const { return "LayerNorm(" + std::to_string(width_) + ")"; }
 
+SavedInput LayerNorm::output_from(const Tensor& x) const { return layer_norm_of(x, weight_.value, bias_.value); }
+
 // ---- Attention and blocks -----------------------------------------------------------
 
 Tensor SequenceModule::forward(const Tensor&) {
@@ -140,6 +142,15 @@ std::string SequenceModule::describe() const {
 }
 
 namespace {
+// Linear::forward through linear_pre / linear_bf16_pre: with what its node keeps for x, and
+// the pre-activation beside the output.
+LinearOut linear_forward(Linear& layer, const Tensor& x, const SavedInput& x_saved) {
+  if (!layer.computes_bf16()) return linear_pre(x, layer.weight(), layer.bias(), layer.act(), x_saved);
+  const std::vector<Parameter*> p = layer.parameters();  // the weight, then the bias (Linear's order)
+  return linear_bf16_pre(cast(x, DType::bf16), layer.weight(), layer.bias(), p[0]->shadow,
+                         p.size() > 1 ? p[1]->shadow : Tensor(), layer.act(), x_saved);
+}
+
 // The residual projections' std: GPT-2 scales them by 1/sqrt(2 L), one for each of the two
 // residual adds a block makes.
 float residual_std(int64_t layers) { return kInitStd / std::sqrt(2.0f * static_cast<float>(layers)); }
@@ -155,8 +166,11 @@ CausalSelfAttention::CausalSelfAttention(const BlockSizes& s)
   register_module(c_proj_, "c_proj");
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x, int64_t T) {
-  return c_proj_->forward(causal_attention(c_attn_->forward(x), T, sizes().heads));
+Tensor CausalSelfAttention::forward(const Tensor& x, int64_t T) { return forward(x, T, SavedInput{}); }
+
+Tensor CausalSelfAttention::forward(const Tensor& x, int64_t T, const SavedInput& x_saved) {
+  const Tensor qkv = linear_forward(*c_attn_, x, x_saved).y;
+  return c_proj_->forward(causal_attention(qkv, T, sizes().heads));
 }
 
 Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start) {
@@ -180,8 +194,17 @@ Block::Block(const BlockSizes& s)
 }
 
 Tensor Block::forward(const Tensor& x, int64_t T) {
-  const Tensor h = add(x, attn_->forward(ln_1_->forward(x), T));
-  return add(h, c_proj_->forward(c_fc_->forward(ln_2_->forward(h))));
+  if (recompute_ == Recompute::none) {  // the plain layers: in bf16 the GELU in cuBLASLt's epilogue
+    const Tensor h = add(x, attn_->forward(ln_1_->forward(x), T));
+    return add(h, c_proj_->forward(c_fc_->forward(ln_2_->forward(h))));
+  }
+  // Recomputation: c_attn and c_fc keep their LayerNorm's input (which its own node keeps)
+  // instead of its output, and c_proj keeps c_fc's pre-activation (which c_fc's node keeps)
+  // instead of the GELU's output; the outputs are then freed as soon as their reader is done.
+  const bool ln_inputs = recompute_ == Recompute::gelu_ln, pre_gelu = recompute_ != Recompute::none;
+  const Tensor h = add(x, attn_->forward(ln_1_->forward(x), T, ln_inputs ? ln_1_->output_from(x) : SavedInput{}));
+  const LinearOut fc = linear_forward(*c_fc_, ln_2_->forward(h), ln_inputs ? ln_2_->output_from(h) : SavedInput{});
+  return add(h, linear_forward(*c_proj_, fc.y, pre_gelu ? act_of(fc.z, c_fc_->act()) : SavedInput{}).y);
 }
 
 Tensor Block::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start) {
@@ -272,7 +295,16 @@ Tensor GPT::output_logits(const Tensor& x) {
   return linear(h, wte.value, Tensor());
 }
 
-std::shared_ptr<Module> GPT::clone() const { return std::make_shared<GPT>(config_); }
+void GPT::set_recompute(Recompute r) {
+  recompute_ = r;
+  for (const auto& b : blocks_) b->set_recompute(r);
+}
+
+std::shared_ptr<Module> GPT::clone() const {
+  auto copy = std::make_shared<GPT>(config_);
+  copy->set_recompute(recompute_);
+  return copy;
+}
 
 std::string GPT::describe() const { return "GPT(" + gpt_spec_str(config_) + ")"; }
 

@@ -217,6 +217,14 @@ awk -v a="$first" -v b="$tuned" 'BEGIN { exit !(b < a - 0.3) }' && ok ||
 grep -q "resumed from '$tmp/auto.safetensors' at step 4" "$tmp/auto" && [ -n "$(hash_of "$tmp/auto")" ] &&
   [ "$(hash_of "$tmp/auto")" = "$(hash_of "$tmp/straight")" ] && ok ||
   bad "a GPT's --auto-resume: $(hash_of "$tmp/auto") against $(hash_of "$tmp/straight"): $(tail -3 "$tmp/auto")"
+# --recompute rebuilds activations in backward: the same losses and weights, bit for bit.
+"$exe" "${gpt[@]}" --seq 8 --steps 8 --log-every 1 >"$tmp/kept" 2>&1
+"$exe" "${gpt[@]}" --seq 8 --steps 8 --log-every 1 --recompute gelu+ln >"$tmp/rebuilt" 2>&1
+losses() { grep -oE '^step [0-9]+/8 loss [0-9.]+' "$1"; }
+[ "$(losses "$tmp/kept" | wc -l)" -eq 8 ] && [ "$(losses "$tmp/rebuilt")" = "$(losses "$tmp/kept")" ] &&
+  [ -n "$(hash_of "$tmp/kept")" ] && [ "$(hash_of "$tmp/rebuilt")" = "$(hash_of "$tmp/kept")" ] && ok ||
+  bad "--recompute gelu+ln: $(hash_of "$tmp/rebuilt") against $(hash_of "$tmp/kept"): $(tail -3 "$tmp/rebuilt")"
+says "dptrain: error: --recompute applies to GPT models; --model is not a GPT" --recompute gelu
 "$exe" --devices cpu --steps 2 --save "$tmp/mlp.safetensors" >/dev/null 2>&1
 says "dptrain: error: checkpoint '$tmp/mlp.safetensors' holds no GPT (its model is '16-128x2-4')" \
   export --resume "$tmp/mlp.safetensors" --hf "$tmp/nothing"

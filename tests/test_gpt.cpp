@@ -1,8 +1,10 @@
 // GPT-2 through the Trainer: specs, the model's names and sizes, the same steps on one
 // device and on three, resume bit for bit, token files with validation perplexity, the
-// batch in tokens, and the refusals. (Logits, loss and gradients against transformers'
+// batch in tokens, the refusals, and activation recomputation (the same bits in less
+// memory; on the GPU too). (Logits, loss and gradients against transformers'
 // GPT2LMHeadModel: tests/gpt_interop.py; generating text: tests/test_generate.cpp.)
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,7 @@
 #include <dptrain/layers/gpt.hpp>
 #include <dptrain/layers/model_spec.hpp>
 #include <dptrain/optim/adamw.hpp>
+#include <dptrain/runtime/memory.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "catch.hpp"
 #include "common.hpp"
@@ -17,6 +20,56 @@
 #include "train_common.hpp"
 
 using namespace dpt;
+
+namespace {
+
+// One forward and backward of a GPT (`spec`, `batch` sequences of its whole context) on `d`
+// in `compute` with recomputation `r`: the loss's and every gradient's bits, and the most
+// the device's allocator held above what it held before (the model, its gradient buffer and
+// the tokens).
+struct RecomputeStep {
+  std::vector<uint32_t> loss, grads;
+  int64_t peak = 0;
+};
+
+std::vector<float> floats_of(const std::vector<uint32_t>& bits) {
+  std::vector<float> out(bits.size());
+  std::memcpy(out.data(), bits.data(), bits.size() * sizeof(float));
+  return out;
+}
+
+std::vector<uint32_t> bits_of(const Tensor& t) {
+  const std::vector<float> v = t.to_host();
+  std::vector<uint32_t> out(v.size());
+  std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+  return out;
+}
+
+RecomputeStep recompute_step(const std::string& spec, int64_t batch, const Device& d, DType compute, nn::Recompute r) {
+  const nn::GptConfig g = nn::parse_gpt_spec(spec);
+  auto model = nn::gpt(g);
+  model->set_compute_dtype(compute);
+  model->to(d, 1);
+  model->set_recompute(r);
+  std::vector<int32_t> tokens(static_cast<size_t>(batch * g.context)), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>((i * 7 + i / 5) % static_cast<size_t>(g.vocab));
+    targets[i] = static_cast<int32_t>((i * 3 + 1) % static_cast<size_t>(g.vocab));
+  }
+  const Tensor in = Tensor::from_host_i32(tokens, {batch, g.context}, d);
+  const Tensor out = Tensor::from_host_i32(targets, {batch, g.context}, d);
+  model->zero_grad();
+  context(d).synchronize();
+  reset_peak_memory(d);
+  const auto held = static_cast<int64_t>(memory_stats(d).allocated);
+  Tensor loss = nn::lm_loss(model->forward(in), out, g.vocab);
+  loss.backward();
+  model->settle_grads();
+  context(d).synchronize();
+  return {bits_of(loss), bits_of(model->flat_grads()), static_cast<int64_t>(memory_stats(d).peak_allocated) - held};
+}
+
+}  // namespace
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
@@ -219,6 +272,87 @@ TEST_CASE("a GPT's non-finite step is never applied: stop names it, skip-step go
   const TrainResult r = t.run();
   CHECK(r.steps == 12);
   CHECK(r.skipped > 0);
+}
+
+TEST_CASE("recomputation gives the same loss and gradients bit for bit, in less memory", "[gpt][recompute]") {
+  // gpt:L2-H2-C64-T32-V128, 8 sequences: 256 rows. gelu frees each layer's GELU output
+  // [256, 256]; gelu+ln each layer's two LayerNorm outputs [256, 64] too. Backward rebuilds
+  // them one at a time, so the peak drops by the layers' tensors less one rebuilt (at most).
+  const char* spec = "gpt:L2-H2-C64-T32-V128";
+  for (DType compute : {DType::f32, DType::bf16}) {
+    const int64_t elem = compute == DType::f32 ? 4 : 2, layers = 2, rows = 8 * 32, C = 64;
+    const int64_t gelu_out = rows * 4 * C * elem, ln_out = rows * C * elem;
+    const RecomputeStep none = recompute_step(spec, 8, test::host, compute, nn::Recompute::none);
+    const RecomputeStep gelu = recompute_step(spec, 8, test::host, compute, nn::Recompute::gelu);
+    const RecomputeStep both = recompute_step(spec, 8, test::host, compute, nn::Recompute::gelu_ln);
+    INFO(dtype_name(compute) << ": peak none " << none.peak << " B, gelu " << gelu.peak << " B, gelu+ln " << both.peak
+                             << " B");
+    // In bf16 `none` applies the GELU to the fp32 sum (rounding once, as cuBLASLt's epilogue
+    // does), the recomputing modes to the rounded pre-activation they rebuild from: within
+    // bf16's rounding of each other. gelu and gelu+ln agree to the bit in both types.
+    if (compute == DType::f32) {
+      CHECK(gelu.loss == none.loss);
+      CHECK(gelu.grads == none.grads);
+    } else {
+      CHECK(rel_error(floats_of(gelu.loss), floats_of(none.loss)) < 1e-2);
+      CHECK(rel_error(floats_of(gelu.grads), floats_of(none.grads)) < 5e-2);
+    }
+    CHECK(both.loss == gelu.loss);
+    CHECK(both.grads == gelu.grads);
+    CHECK(none.peak - gelu.peak >= (layers - 1) * gelu_out);
+    CHECK(none.peak - gelu.peak <= layers * gelu_out);
+    CHECK(gelu.peak - both.peak >= (layers - 1) * 2 * ln_out);
+    CHECK(gelu.peak - both.peak <= layers * 2 * ln_out);
+  }
+}
+
+TEST_CASE("recomputation is a GPT's setting: replicas carry it, another model refuses it", "[gpt][recompute]") {
+  auto model = nn::gpt(nn::parse_gpt_spec(kSpec));
+  model->set_recompute(nn::Recompute::gelu_ln);
+  CHECK(std::static_pointer_cast<nn::GPT>(model->clone())->recompute() == nn::Recompute::gelu_ln);
+  TrainConfig c = test::quiet_config("16-32-4", "sgd", 8);
+  c.recompute = nn::Recompute::gelu;
+  CHECK(test::usage_error([&] { validate(c); }) ==
+        "TrainConfig::recompute applies to GPT models; TrainConfig::model is not a GPT");
+  // An op refuses a saved input that cannot rebuild its x (another shape, another type).
+  Tensor W = test::randn_tensor({3, 8}, 2, test::host);
+  W.set_requires_grad(true);
+  const Tensor x = test::randn_tensor({4, 8}, 1, test::host), g = test::randn_tensor({8}, 3, test::host);
+  CHECK_THROWS_AS(linear_pre(x, W, Tensor(), Act::none, act_of(test::randn_tensor({4, 9}, 4, test::host), Act::relu)),
+                  Error);
+  CHECK_THROWS_AS(linear_pre(x, W, Tensor(), Act::none, layer_norm_of(cast(x, DType::bf16), g, g)), Error);
+  CHECK_THROWS_AS(linear_pre(x, W, Tensor(), Act::none, layer_norm_of(x, g, Tensor())), Error);
+  // Through the Trainer, on three devices: the same weights as without.
+  TrainConfig one = gpt_config();
+  one.devices = test::cpus(3);
+  TrainConfig re = one;
+  re.recompute = nn::Recompute::gelu_ln;
+  CHECK(test::final_params(re) == test::final_params(one));
+}
+
+#endif  // DPT_GPU_TESTS
+
+#ifdef DPT_GPU_TESTS  // ---- the GPU cases (dpt_gpu_tests) ----
+
+TEST_CASE("recomputation gives the same bits on the GPU in bf16 (gelu and gelu+ln), in less memory",
+          "[gpu][gpt][recompute]") {
+  // A small GPT (our kernels after the GEMMs) and one whose MLP GEMMs reach cuBLASLt's
+  // epilogues (4096 rows x 1024 x 256: 2^30 multiply-adds).
+  for (const auto& [spec, batch] : {std::pair<const char*, int64_t>{"gpt:L2-H2-C64-T32-V128", 8},
+                                    std::pair<const char*, int64_t>{"gpt:L2-H4-C256-T256-V512", 16}}) {
+    INFO(spec);
+    const RecomputeStep none = recompute_step(spec, batch, test::gpu, DType::bf16, nn::Recompute::none);
+    const RecomputeStep gelu = recompute_step(spec, batch, test::gpu, DType::bf16, nn::Recompute::gelu);
+    const RecomputeStep both = recompute_step(spec, batch, test::gpu, DType::bf16, nn::Recompute::gelu_ln);
+    INFO("peak none " << none.peak << " B, gelu " << gelu.peak << " B, gelu+ln " << both.peak << " B");
+    // none's GELU reads the fp32 sum (cuBLASLt's epilogue): within bf16 rounding (the CPU case says why).
+    CHECK(rel_error(floats_of(gelu.loss), floats_of(none.loss)) < 1e-2);
+    CHECK(rel_error(floats_of(gelu.grads), floats_of(none.grads)) < 5e-2);
+    CHECK(both.loss == gelu.loss);
+    CHECK(both.grads == gelu.grads);
+    CHECK(gelu.peak < none.peak);
+    CHECK(both.peak < gelu.peak);
+  }
 }
 
 #endif  // DPT_GPU_TESTS

@@ -90,6 +90,9 @@ OptionSchema<C> make_schema() {
           .fixed_on_resume(),
       number_field(id("seq"), &C::seq, at_least_0, "GPT: tokens a sequence (default: its context)").fixed_on_resume(),
       number_field(id("batch_tokens"), &C::batch_tokens, at_least_0, "GPT: tokens a step (--batch: a device's part)"),
+      choice_field(id("recompute"), &C::recompute, nn::kRecomputeNames,
+                   "GPT: activations rebuilt in backward instead of kept, for memory (the same results): none, gelu "
+                   "(the MLP's GELU output) or gelu+ln (and the LayerNorms' outputs)"),
       text_field(id("data"), &C::data, OptionKind::path,
                  "Train on this file: .safetensors (x, y, optional x_val, y_val) or .npy of inputs (with --targets)")
           .fixed_on_resume(),
@@ -239,6 +242,8 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (cfg.task == data::Task::classification && spec.outputs() < 2)
     bad("task", "classification needs at least 2 output classes, the model has " + std::to_string(spec.outputs()));
   if (cfg.save_every > 0 && cfg.save.empty()) bad("save_every", "needs {} (a checkpoint path)", {"save"});
+  if (cfg.recompute != nn::Recompute::none && !spec.is_gpt)
+    bad("recompute", "applies to GPT models; {} is not a GPT", {"model"});
   if (!cfg.init_from.empty() && !spec.is_gpt)
     bad("init_from", "is a GPT's starting weights; {} is not a GPT", {"model"});
   if (!cfg.init_from.empty() && !cfg.resume.empty())

@@ -179,10 +179,56 @@ class MatmulNode : public Node {
   bool ta_, tb_;
 };
 
+// A linear node's input x: kept, or rebuilt from a SavedInput (ops.hpp) by the forward's
+// own op when the weight gradient reads it, into a temporary that goes when its reader
+// drops it.
+class NodeInput {
+ public:
+  NodeInput(const Tensor& x, const SavedInput& s) : shape_(x.shape()), saved_(s) {
+    if (s.kind == SavedInput::Kind::input) {
+      x_ = x.untracked();
+      return;
+    }
+    for (Tensor* t : {&saved_.from, &saved_.gamma, &saved_.beta})
+      if (t->defined()) *t = t->untracked();
+  }
+  explicit NodeInput(const Tensor& x) : NodeInput(x, SavedInput{}) {}
+  const Shape& shape() const { return shape_; }
+  int64_t size(size_t i) const { return shape_[i]; }
+  Tensor values() const {
+    if (x_.defined()) return x_;
+    if (saved_.kind == SavedInput::Kind::act_of) return activation(saved_.from, saved_.act);
+    return layer_norm(saved_.from, saved_.gamma, saved_.beta, saved_.eps);
+  }
+
+ private:
+  Shape shape_;
+  Tensor x_;
+  SavedInput saved_;
+};
+
+// x's place in the graph without its memory, for a node that keeps a SavedInput instead
+// of x: a tensor with no storage whose grad_fn is x's, so that the engine hands x's
+// gradient to x's producer as it would through x. A leaf gathers its gradient in its own
+// state, so it stays itself (its memory is its owner's anyway); an x that wants no
+// gradient needs no edge.
+Tensor edge_to(const Tensor& x) {
+  if (!x.requires_grad()) return Tensor();
+  if (x.is_leaf()) return x;
+  Tensor edge;
+  edge.set_grad_fn(x.grad_fn());
+  return edge;
+}
+
+// The graph edges of a linear node: layer_inputs, with x's edge alone where it is rebuilt.
+std::vector<Tensor> linear_edges(const Tensor& x, const Tensor& W, const Tensor& b, const SavedInput& saved) {
+  return layer_inputs(saved.kind == SavedInput::Kind::input ? x : edge_to(x), W, b);
+}
+
 class LinearNode : public Node {
  public:
-  LinearNode(Tensor x, Tensor W, Tensor saved, Act act)
-      : x_(x.untracked()), W_(W.untracked()), saved_(saved.untracked()), act_(act) {}
+  LinearNode(NodeInput x, Tensor W, Tensor saved, Act act)
+      : x_(std::move(x)), W_(W.untracked()), saved_(saved.untracked()), act_(act) {}
   const char* name() const override { return "linear"; }
   void backward(Tensor& dy, Grads& grads) override {
     const int64_t rows = x_.size(0), out = W_.size(0);
@@ -240,7 +286,7 @@ class LinearNode : public Node {
     }
     if (dzt.defined()) {  // dW (+)= dz^T x from the transposed copy, which then goes
       GradSlot dW = grad_slot(grads, 1, W_.shape(), d);
-      gemm(false, false, 1.0f, dzt, x_, dW.beta, dW.t);
+      gemm(false, false, 1.0f, dzt, x_.values(), dW.beta, dW.t);
       put_slot(grads, 1, dW);
       dzt = Tensor();  // freed before dx is made: the step's peak memory does not grow
     }
@@ -256,20 +302,22 @@ class LinearNode : public Node {
     }
     if (grads.needed(1) && !dz_done) {  // dW (+)= dz^T x, straight into the flat gradient buffer
       GradSlot dW = grad_slot(grads, 1, W_.shape(), d);
+      const Tensor x = x_.values();
 #if DPT_WITH_CUDA
       if (db_with_dW || deriv_on_load)
-        cuda::gemm_short_k(out, in, rows, 1.0f, dy.f32(), x_.f32(), dW.beta, dW.t.f32(), stream_of(d),
+        cuda::gemm_short_k(out, in, rows, 1.0f, dy.f32(), x.f32(), dW.beta, dW.t.f32(), stream_of(d),
                            db_with_dW ? db.t.f32() : nullptr, db.beta, deriv_on_load ? saved_.f32() : nullptr, act_);
       else
 #endif
-        gemm(true, false, 1.0f, dy, x_, dW.beta, dW.t);
+        gemm(true, false, 1.0f, dy, x, dW.beta, dW.t);
       put_slot(grads, 1, dW);
     }
     if (want_db) put_slot(grads, 2, db);
   }
 
  private:
-  Tensor x_, W_, saved_;
+  NodeInput x_;
+  Tensor W_, saved_;
   Act act_;
 };
 
@@ -355,8 +403,8 @@ class LinearChainNode : public Node {
 // and the bf16 output, or the pre-activation for GELU.
 class LinearBf16Node : public Node {
  public:
-  LinearBf16Node(Tensor x, Tensor W16, Tensor saved, Act act)
-      : x_(x.untracked()), W16_(W16.untracked()), saved_(saved.untracked()), act_(act) {}
+  LinearBf16Node(NodeInput x, Tensor W16, Tensor saved, Act act)
+      : x_(std::move(x)), W16_(W16.untracked()), saved_(saved.untracked()), act_(act) {}
   const char* name() const override { return "linear_bf16"; }
   void backward(Tensor& dy_in, Grads& grads) override {
     const int64_t rows = x_.size(0), out = W16_.size(0);
@@ -383,13 +431,14 @@ class LinearBf16Node : public Node {
     }
     if (grads.needed(1)) {  // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer
       GradSlot dW = grad_slot(grads, 1, W16_.shape(), d);
-      gemm(true, false, 1.0f, dy, x_, dW.beta, dW.t);
+      gemm(true, false, 1.0f, dy, x_.values(), dW.beta, dW.t);
       put_slot(grads, 1, dW);
     }
   }
 
  private:
-  Tensor x_, W16_, saved_;
+  NodeInput x_;
+  Tensor W16_, saved_;
   Act act_;
 };
 
@@ -426,7 +475,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return c;
 }
 
-Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const Tensor& out_into) {
+namespace {
+
+void check_linear(const Tensor& x, const Tensor& W, const Tensor& b) {
   need_f32(x, "linear");
   need_f32(W, "linear");
   same_device(x, W, "linear");
@@ -435,17 +486,12 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const 
               "linear: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()));
   DPT_REQUIRE(!b.defined() || (b.dim() == 1 && b.size(0) == W.size(0)),
               "linear: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(W.shape()));
+}
+
+// linear's forward without autograd: y = act(x W^T + b), and z (when defined) GELU's pre-activation.
+void linear_values(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const Tensor& y, const Tensor& z) {
   const Device d = x.device();
   const int64_t rows = x.size(0), out = W.size(0);
-  DPT_REQUIRE(
-      !out_into.defined() ||
-          (out_into.dtype() == DType::f32 && out_into.device() == d && out_into.shape() == Shape{rows, out}),
-      "linear: the output tensor is not [" + std::to_string(rows) + ", " + std::to_string(out) + "] f32 on " + d.str());
-  const bool grad = any_requires_grad({&x, &W, &b});
-  DPT_REQUIRE(!out_into.defined() || !grad, "linear: an output tensor is for no-grad use (backward would save it)");
-  Tensor y = out_into.defined() ? out_into : Tensor::empty({rows, out}, DType::f32, d);
-  // GELU's backward needs the pre-activation; the others can work from the output.
-  Tensor z = (grad && act_saves_input(act)) ? Tensor::empty({rows, out}, DType::f32, d) : Tensor();
   bool fused = false;  // bias and activation done in the GEMM's epilogue
 #if DPT_WITH_CUDA
   // cuBLASLt's epilogue for large GEMMs only (kLtMinMultiplyAdds).
@@ -464,10 +510,73 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const 
 #endif
   if (!fused) gemm(false, true, 1.0f, x, W, 0.0f, y);
   if (!fused && (b.defined() || act != Act::none)) bias_act(y, b, act, z, y);
+}
+
+// A SavedInput's rebuild must have x's shape, type and device.
+void check_saved(const SavedInput& s, const Tensor& x, const char* op) {
+  if (s.kind == SavedInput::Kind::input) return;
+  const Tensor& f = s.from;
+  DPT_REQUIRE(f.defined() && f.shape() == x.shape() && f.dtype() == x.dtype() && f.device() == x.device(),
+              std::string(op) + ": the saved input (" +
+                  (f.defined() ? shape_str(f.shape()) + " " + dtype_name(f.dtype()) : std::string("none")) +
+                  ") does not rebuild x " + shape_str(x.shape()) + " " + dtype_name(x.dtype()));
+  if (s.kind == SavedInput::Kind::layer_norm_of)
+    DPT_REQUIRE(s.gamma.defined() && s.beta.defined() && s.gamma.shape() == Shape{x.size(1)} &&
+                    s.beta.shape() == s.gamma.shape(),
+                std::string(op) + ": the saved LayerNorm's gamma and beta are not [" + std::to_string(x.size(1)) + "]");
+}
+
+// linear_pre's and linear_bf16_pre's forward, `values(act, y)` computing the layer into y of
+// `type`: a GELU's pre-activation z first, then y = activation(z), the op its rebuild
+// (act_of) runs; their node (LinearNode or LinearBf16Node) keeps W_kept and `saved`.
+template <class NodeType, class Values>
+LinearOut pre_activated(const char* op, const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W_kept,
+                        DType type, Act act, const SavedInput& saved, const Values& values) {
+  const bool grad = any_requires_grad({&x, &W, &b});
+  if (grad) check_saved(saved, x, op);
+  const Shape shape{x.size(0), W.size(0)};
+  LinearOut r;
+  if (act_saves_input(act)) {
+    r.z = Tensor::empty(shape, type, x.device());
+    values(Act::none, r.z);
+    r.y = activation(r.z, act);
+  } else {
+    r.y = Tensor::empty(shape, type, x.device());
+    values(act, r.y);
+  }
   if (grad) {
-    record(y, std::make_shared<LinearNode>(x, W, act_saves_input(act) ? z : y, act), layer_inputs(x, W, b));
+    record(r.y, std::make_shared<NodeType>(NodeInput(x, saved), W_kept, r.z.defined() ? r.z : r.y, act),
+           linear_edges(x, W, b, saved));
+  }
+  return r;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const Tensor& out_into) {
+  check_linear(x, W, b);
+  const Device d = x.device();
+  const int64_t rows = x.size(0), out = W.size(0);
+  DPT_REQUIRE(
+      !out_into.defined() ||
+          (out_into.dtype() == DType::f32 && out_into.device() == d && out_into.shape() == Shape{rows, out}),
+      "linear: the output tensor is not [" + std::to_string(rows) + ", " + std::to_string(out) + "] f32 on " + d.str());
+  const bool grad = any_requires_grad({&x, &W, &b});
+  DPT_REQUIRE(!out_into.defined() || !grad, "linear: an output tensor is for no-grad use (backward would save it)");
+  Tensor y = out_into.defined() ? out_into : Tensor::empty({rows, out}, DType::f32, d);
+  // GELU's backward needs the pre-activation; the others can work from the output.
+  Tensor z = (grad && act_saves_input(act)) ? Tensor::empty({rows, out}, DType::f32, d) : Tensor();
+  linear_values(x, W, b, act, y, z);
+  if (grad) {
+    record(y, std::make_shared<LinearNode>(NodeInput(x), W, act_saves_input(act) ? z : y, act), layer_inputs(x, W, b));
   }
   return y;
+}
+
+LinearOut linear_pre(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const SavedInput& saved) {
+  check_linear(x, W, b);
+  return pre_activated<LinearNode>("linear_pre", x, W, b, W, DType::f32, act, saved,
+                                   [&](Act a, const Tensor& y) { linear_values(x, W, b, a, y, Tensor()); });
 }
 
 Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, const std::function<void()>& before) {
@@ -535,7 +644,9 @@ Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, con
 #endif
 }
 
-Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16, Act act) {
+namespace {
+
+void check_linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16) {
   need_bf16(x, "linear_bf16");
   need_f32(W, "linear_bf16");
   need_bf16(W16, "linear_bf16 (weight copy)");
@@ -551,12 +662,14 @@ Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tens
     DPT_REQUIRE(b.dim() == 1 && b.size(0) == W.size(0) && b16.shape() == b.shape(),
                 "linear_bf16: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(W.shape()));
   }
+}
+
+// linear_bf16's forward without autograd: y = act(x W16^T + b16) rounded once, and z (when
+// defined) GELU's pre-activation.
+void linear_bf16_values(const Tensor& x, const Tensor& W16, const Tensor& b16, Act act, const Tensor& y,
+                        const Tensor& z) {
   const Device d = x.device();
-  const int64_t rows = x.size(0), out = W.size(0);
-  Tensor y = Tensor::empty({rows, out}, DType::bf16, d);
-  const bool grad = any_requires_grad({&x, &W, &b});
-  // GELU's backward needs the pre-activation; the others can work from the output.
-  Tensor z = (grad && act_saves_input(act)) ? Tensor::empty({rows, out}, DType::bf16, d) : Tensor();
+  const int64_t rows = x.size(0), out = W16.size(0);
   bool fused = false;  // bias and activation done in the GEMM's epilogue, y rounded once there
 #if DPT_WITH_CUDA
   const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x.size(1));
@@ -573,10 +686,50 @@ Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tens
     gemm(false, true, 1.0f, x, W16, 0.0f, acc);
     bias_act(acc, b16, act, z, y);
   }
+}
+
+}  // namespace
+
+Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16, Act act) {
+  check_linear_bf16(x, W, b, W16, b16);
+  const Device d = x.device();
+  const int64_t rows = x.size(0), out = W.size(0);
+  Tensor y = Tensor::empty({rows, out}, DType::bf16, d);
+  const bool grad = any_requires_grad({&x, &W, &b});
+  // GELU's backward needs the pre-activation; the others can work from the output.
+  Tensor z = (grad && act_saves_input(act)) ? Tensor::empty({rows, out}, DType::bf16, d) : Tensor();
+  linear_bf16_values(x, W16, b16, act, y, z);
   if (grad) {
-    record(y, std::make_shared<LinearBf16Node>(x, W16, act_saves_input(act) ? z : y, act), layer_inputs(x, W, b));
+    record(y, std::make_shared<LinearBf16Node>(NodeInput(x), W16, act_saves_input(act) ? z : y, act),
+           layer_inputs(x, W, b));
   }
   return y;
+}
+
+LinearOut linear_bf16_pre(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
+                          Act act, const SavedInput& saved) {
+  check_linear_bf16(x, W, b, W16, b16);
+  return pre_activated<LinearBf16Node>(
+      "linear_bf16_pre", x, W, b, W16, DType::bf16, act, saved,
+      [&](Act a, const Tensor& y) { linear_bf16_values(x, W16, b16, a, y, Tensor()); });
+}
+
+SavedInput act_of(const Tensor& z, Act act) {
+  SavedInput s;
+  s.kind = SavedInput::Kind::act_of;
+  s.from = z;
+  s.act = act;
+  return s;
+}
+
+SavedInput layer_norm_of(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps) {
+  SavedInput s;
+  s.kind = SavedInput::Kind::layer_norm_of;
+  s.from = h;
+  s.gamma = gamma;
+  s.beta = beta;
+  s.eps = eps;
+  return s;
 }
 
 }  // namespace dpt

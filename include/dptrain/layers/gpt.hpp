@@ -23,8 +23,10 @@
 #include <string>
 #include <vector>
 
+#include <dptrain/enum_names.hpp>
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/module.hpp>
+#include <dptrain/runtime/ops.hpp>
 
 namespace dpt::nn {
 
@@ -33,6 +35,17 @@ struct GptConfig {
   int64_t padded_vocab() const { return (vocab + 63) / 64 * 64; }
   bool operator==(const GptConfig&) const = default;
 };
+
+// Activation recomputation (llm.c's -r): what a block's backward rebuilds instead of keeping
+// it from the forward, for memory. none keeps every activation; gelu keeps c_fc's
+// pre-activation for the MLP's c_proj instead of the GELU's output ([B*T, 4C] a layer less);
+// gelu+ln also keeps the LayerNorms' inputs for c_attn and c_fc instead of their outputs
+// (2 x [B*T, C] a layer less). Rebuilt by the forward's own kernels: the same bits
+// (SavedInput, <dptrain/runtime/ops.hpp>), at the cost of a GELU, and two LayerNorms, more a
+// layer in backward.
+enum class Recompute { none, gelu, gelu_ln };
+inline constexpr auto kRecomputeNames = enum_names<Recompute>(
+    "recomputation", {{Recompute::none, "none"}, {Recompute::gelu, "gelu"}, {Recompute::gelu_ln, "gelu+ln"}});
 
 // Whether `spec` names a GPT (gpt2, gpt2-medium, gpt:...), and its sizes; UsageError naming
 // the problem for a spec that does not parse or sizes that do not fit (heads must divide the
@@ -66,6 +79,8 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Module> clone() const override;
   std::string describe() const override;
+  // What rebuilds forward(x) in a backward: x with this LayerNorm's parameters.
+  SavedInput output_from(const Tensor& x) const;
 
  private:
   int64_t width_;
@@ -110,12 +125,18 @@ class CausalSelfAttention : public SequencePart<CausalSelfAttention> {
   // earlier ones through the cache (keys, values: this layer's, KvCache's layout), which
   // takes the new positions' keys and values (decoding; no gradient).
   Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start);
+  // The same with c_attn's node keeping `x_saved` instead of x.
+  Tensor forward(const Tensor& x, int64_t T, const SavedInput& x_saved);
 
  private:
   std::shared_ptr<Linear> c_attn_, c_proj_;
 };
 
 // x + attn(ln_1(x)), then x + mlp(ln_2(x)) with mlp = c_fc (C -> 4C, tanh-GELU), c_proj (4C -> C).
+// Without recomputation the layers are plain Linears (in bf16 on a GPU the GELU in cuBLASLt's
+// epilogue, on the fp32 sum). With it, the GELU reads c_fc's pre-activation rounded to bf16
+// (linear_bf16_pre), as PyTorch's bf16 F.gelu after nn.Linear does, so that rebuilding it
+// gives the same bits: gelu and gelu+ln agree to the bit, and with none within bf16 rounding.
 class Block : public SequencePart<Block> {
  public:
   explicit Block(const BlockSizes& sizes);
@@ -123,11 +144,13 @@ class Block : public SequencePart<Block> {
   Tensor forward(const Tensor& x, int64_t T) override;
   // forward through CausalSelfAttention::forward_cached (decoding; no gradient).
   Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start);
+  void set_recompute(Recompute r) { recompute_ = r; }
 
  private:
   std::shared_ptr<LayerNorm> ln_1_, ln_2_;
   std::shared_ptr<CausalSelfAttention> attn_;
   std::shared_ptr<Linear> c_fc_, c_proj_;
+  Recompute recompute_ = Recompute::none;
 };
 
 // What a GPT has computed of the sequences it decodes (GPT::kv_cache, forward_cached): for
@@ -157,9 +180,14 @@ class GPT : public Module {
   std::shared_ptr<Module> clone() const override;
   std::string describe() const override;
   const GptConfig& config() const { return config_; }
+  // What the blocks rebuild in backward instead of keeping (Recompute); a clone (a
+  // DataParallel replica) recomputes alike. Not part of the spec: it changes memory, not results.
+  void set_recompute(Recompute r);
+  Recompute recompute() const { return recompute_; }
 
  private:
   GptConfig config_;
+  Recompute recompute_ = Recompute::none;
   std::shared_ptr<Embedding> embed_;
   std::vector<std::shared_ptr<Block>> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;

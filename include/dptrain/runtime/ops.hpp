@@ -215,4 +215,38 @@ Tensor attention_decode(const Tensor& qkv, const Tensor& k_cache, const Tensor& 
 Tensor embedding_at(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t first_position,
                     DType out = DType::f32);
 
+// ---- Activation recomputation (runtime/ops/linear.cpp) ---------------------------------
+// A linear layer's node keeps its input x for the weight gradient. A SavedInput names instead
+// what another node of the graph keeps anyway, from which the backward rebuilds x into a
+// temporary with the forward's own kernels: the same bits, so the gradients do not change,
+// and x is freed once the forward is past it (nn::GPT::set_recompute, llm.c's -r):
+//   act_of(z, act)                      x = activation(z, act), z a pre-activation that linear_pre gave
+//   layer_norm_of(h, gamma, beta, eps)  x = layer_norm(h, gamma, beta, eps), h a LayerNorm's input
+// The default keeps x itself. The op checks that the rebuild has x's shape, type and device;
+// that it makes x's values is the caller's word (the statistics are computed again, by the
+// same kernel, rather than read from the LayerNorm's node).
+struct SavedInput {
+  enum class Kind { input, act_of, layer_norm_of };
+  Kind kind = Kind::input;
+  Tensor from;  // act_of: z; layer_norm_of: h
+  Act act = Act::none;
+  Tensor gamma, beta;
+  float eps = 1e-5f;
+};
+SavedInput act_of(const Tensor& z, Act act);
+SavedInput layer_norm_of(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+// linear / linear_bf16 whose node keeps `saved` for x, and which give the pre-activation z
+// beside y for an activation whose backward keeps it (the GELUs; else z is undefined). y is
+// exactly activation(z, act), so that act_of(z, act) rebuilds it: in bf16 the GELU reads the
+// rounded z, as PyTorch's F.gelu after a bf16 nn.Linear does, where linear_bf16 applies it
+// to the fp32 sum and rounds once (and on a GPU cuBLASLt's GELU epilogue is not used: the
+// GEMM writes z with the bias, a pass makes y; a GPT without recomputation keeps
+// linear_bf16). Otherwise the same GEMMs and kernels as linear / linear_bf16: the same bits.
+struct LinearOut {
+  Tensor y, z;
+};
+LinearOut linear_pre(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const SavedInput& saved = {});
+LinearOut linear_bf16_pre(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
+                          Act act, const SavedInput& saved = {});
+
 }  // namespace dpt

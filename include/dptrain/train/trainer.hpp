@@ -17,6 +17,7 @@
 #include <dptrain/data/shuffle.hpp>
 #include <dptrain/data/synthetic.hpp>
 #include <dptrain/error.hpp>
+#include <dptrain/layers/gpt.hpp>
 #include <dptrain/layers/model_spec.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/parallel/data_parallel.hpp>
@@ -41,6 +42,9 @@ struct TrainConfig {
   // (llm.c's -b) and the accumulation follows: batch_tokens / (batch * seq * devices).
   int64_t seq = 0;
   int64_t batch_tokens = 0;
+  // A GPT's activation recomputation (nn::Recompute, llm.c's -r): memory for a little time,
+  // the same results; not a checkpoint's setting (a resumed run may change it).
+  nn::Recompute recompute = nn::Recompute::none;
   // Data from files instead of synthetic data: for a GPT, `data` and `val_data` are token
   // files (llm.c shards or 1-D .npy, data/tokens.hpp), patterns separated by commas
   // ('train_*.bin'); else `data` is a .safetensors file (tensors x
