@@ -294,8 +294,8 @@ TEST_CASE("recomputation gives the same loss and gradients bit for bit, in less 
       CHECK(gelu.loss == none.loss);
       CHECK(gelu.grads == none.grads);
     } else {
-      CHECK(rel_error(floats_of(gelu.loss), floats_of(none.loss)) < 1e-2);
-      CHECK(rel_error(floats_of(gelu.grads), floats_of(none.grads)) < 5e-2);
+      CHECK(test::rel_error(floats_of(gelu.loss), floats_of(none.loss)) < 1e-2);
+      CHECK(test::rel_error(floats_of(gelu.grads), floats_of(none.grads)) < 5e-2);
     }
     CHECK(both.loss == gelu.loss);
     CHECK(both.grads == gelu.grads);
@@ -346,8 +346,8 @@ TEST_CASE("recomputation gives the same bits on the GPU in bf16 (gelu and gelu+l
     const RecomputeStep both = recompute_step(spec, batch, test::gpu, DType::bf16, nn::Recompute::gelu_ln);
     INFO("peak none " << none.peak << " B, gelu " << gelu.peak << " B, gelu+ln " << both.peak << " B");
     // none's GELU reads the fp32 sum (cuBLASLt's epilogue): within bf16 rounding (the CPU case says why).
-    CHECK(rel_error(floats_of(gelu.loss), floats_of(none.loss)) < 1e-2);
-    CHECK(rel_error(floats_of(gelu.grads), floats_of(none.grads)) < 5e-2);
+    CHECK(test::rel_error(floats_of(gelu.loss), floats_of(none.loss)) < 1e-2);
+    CHECK(test::rel_error(floats_of(gelu.grads), floats_of(none.grads)) < 5e-2);
     CHECK(both.loss == gelu.loss);
     CHECK(both.grads == gelu.grads);
     CHECK(gelu.peak < none.peak);
