@@ -50,6 +50,16 @@ std::vector<Tensor> layer_inputs(const Tensor& x, const Tensor& w, const Tensor&
 }
 
 void record(Tensor& out, std::shared_ptr<Node> node, std::vector<Tensor> inputs) {
+  // A non-leaf input is an edge to its producer, not its memory: the engine needs only its
+  // grad_fn, and a node keeps what its backward reads itself. So an activation no node
+  // saved (a projection's output that a residual add only sums) is freed after the forward.
+  // A leaf stays itself: its gradient lives in its own state.
+  for (Tensor& in : inputs)
+    if (in.defined() && in.requires_grad() && !in.is_leaf()) {
+      Tensor edge;
+      edge.set_grad_fn(in.grad_fn());
+      in = edge;
+    }
   node->inputs = std::move(inputs);
   out.set_grad_fn(std::move(node));
 }

@@ -207,24 +207,6 @@ class NodeInput {
   SavedInput saved_;
 };
 
-// x's place in the graph without its memory, for a node that keeps a SavedInput instead
-// of x: a tensor with no storage whose grad_fn is x's, so that the engine hands x's
-// gradient to x's producer as it would through x. A leaf gathers its gradient in its own
-// state, so it stays itself (its memory is its owner's anyway); an x that wants no
-// gradient needs no edge.
-Tensor edge_to(const Tensor& x) {
-  if (!x.requires_grad()) return Tensor();
-  if (x.is_leaf()) return x;
-  Tensor edge;
-  edge.set_grad_fn(x.grad_fn());
-  return edge;
-}
-
-// The graph edges of a linear node: layer_inputs, with x's edge alone where it is rebuilt.
-std::vector<Tensor> linear_edges(const Tensor& x, const Tensor& W, const Tensor& b, const SavedInput& saved) {
-  return layer_inputs(saved.kind == SavedInput::Kind::input ? x : edge_to(x), W, b);
-}
-
 class LinearNode : public Node {
  public:
   LinearNode(NodeInput x, Tensor W, Tensor saved, Act act)
@@ -400,11 +382,12 @@ class LinearChainNode : public Node {
 #endif
 
 // Saves the bf16 input and weight copy (the masters are its inputs, for their gradients)
-// and the bf16 output, or the pre-activation for GELU.
+// and the bf16 output, or the pre-activation for GELU; nothing without an activation (its
+// backward reads neither, and the output is freed once the forward is past it).
 class LinearBf16Node : public Node {
  public:
   LinearBf16Node(NodeInput x, Tensor W16, Tensor saved, Act act)
-      : x_(std::move(x)), W16_(W16.untracked()), saved_(saved.untracked()), act_(act) {}
+      : x_(std::move(x)), W16_(W16.untracked()), saved_(act == Act::none ? Tensor() : saved.untracked()), act_(act) {}
   const char* name() const override { return "linear_bf16"; }
   void backward(Tensor& dy_in, Grads& grads) override {
     const int64_t rows = x_.size(0), out = W16_.size(0);
@@ -412,13 +395,14 @@ class LinearBf16Node : public Node {
     Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
     // dz = dy * act'(.) in bf16, in place (dy is ours to overwrite), and db (fp32) from the
     // same pass when the bias needs it.
+    const uint16_t* saved = saved_.defined() ? saved_.bf16() : nullptr;  // none without an activation
     if (inputs.size() > 2 && grads.needed(2)) {
       GradSlot db = grad_slot(grads, 2, {out}, d);
       DPT_CUDA_OR_CPU(
           d,
-          cuda::act_bias_backward_bf16(dy.bf16(), saved_.bf16(), act_, rows, out, dy.bf16(), db.beta, db.t.f32(),
+          cuda::act_bias_backward_bf16(dy.bf16(), saved, act_, rows, out, dy.bf16(), db.beta, db.t.f32(),
                                        bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(), stream_of(d)),
-          cpu::act_bias_backward_bf16(dy.bf16(), saved_.bf16(), act_, rows, out, dy.bf16(), db.beta, db.t.f32()));
+          cpu::act_bias_backward_bf16(dy.bf16(), saved, act_, rows, out, dy.bf16(), db.beta, db.t.f32()));
       put_slot(grads, 2, db);
     } else if (act_ != Act::none) {
       DPT_CUDA_OR_CPU(d, cuda::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16(), stream_of(d)),
@@ -546,7 +530,7 @@ LinearOut pre_activated(const char* op, const Tensor& x, const Tensor& W, const 
   }
   if (grad) {
     record(r.y, std::make_shared<NodeType>(NodeInput(x, saved), W_kept, r.z.defined() ? r.z : r.y, act),
-           linear_edges(x, W, b, saved));
+           layer_inputs(x, W, b));
   }
   return r;
 }
