@@ -2,7 +2,7 @@
 # The language-model work on the GPU machine in one call: build what it runs, the GPU tests
 # (TESTS: a Catch2 filter, default every GPU case; none: skip), then GPT training through
 # the CLI on the GPU beside the CPU (fp32: the same losses; bf16; a CUDA graph; two logical
-# replicas), with TRACE=1 a GPT-2 124M step's kernels summed by name (kernel_trace), and with BENCH=1 the GPT-2 124M step (bf16, B 16, T 1024, random tokens) in
+# replicas), with MEMORY=1 GPT-2's peak memory with each --recompute, with TRACE=1 a GPT-2 124M step's kernels summed by name (kernel_trace), and with BENCH=1 the GPT-2 124M step (bf16, B 16, T 1024, random tokens) in
 # dptrain beside PyTorch eager and torch.compile in the same call. Logs go to $OUT.
 # The cuDNN frontend's headers come with the tree (build/_deps/cudnn_frontend/include),
 # as the GPU machine has no network.
@@ -42,6 +42,16 @@ if [ "${TRACE:-0}" = 1 ]; then
     build/apps/dptrain --model gpt2 --devices cuda:0 --precision bf16 --batch 16 --steps 24 --log-every 12 \
     --optimizer adamw --lr 6e-4 --beta2 0.95 --weight-decay 0.1 >"$out/gpt2_trace.log" 2>&1
   python3 benchmarks/kernel_trace.py "$out/gpt2_trace.csv" --by-kernel --label "gpt2 B16 bf16 eager" | tee "$out/gpt2_trace.txt" | head -60
+fi
+
+# GPT-2 124M's peak memory and step with each recomputation, at B 16 and 32 (MEMORY=1).
+if [ "${MEMORY:-0}" = 1 ]; then
+  for run in "16 none" "16 gelu" "16 gelu+ln" "32 none" "32 gelu+ln"; do
+    read -r b r <<<"$run"
+    build/apps/dptrain --model gpt2 --devices cuda:0 --precision bf16 --batch "$b" --steps 12 --log-every 12 \
+      --optimizer adamw --lr 6e-4 --beta2 0.95 --weight-decay 0.1 --recompute "$r" 2>&1 | tee -a "$out/memory.log" |
+      grep -E '^(done|memory)' | sed "s/^/dptrain gpt2 B $b --recompute $r: /"
+  done
 fi
 [ "${BENCH:-0}" = 1 ] || exit 0
 
