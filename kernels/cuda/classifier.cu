@@ -1,11 +1,13 @@
 // classifier.cu — the language model's classifier: softmax cross-entropy of each row over
 // its first `vocab` columns, and its gradient written over the logits in the same kernel;
-// the twin of cpu/classifier.cpp. One block a row: the threads' online softmax statistics
-// (row_softmax.cuh) merged across the block in a fixed order, then a second read of the row
-// for the gradient; rows of whole 16-byte vectors (GPT-2's 50304 columns) take a kernel that
-// reads a vector at a time with the second read from L2 (classifier_stream_kernel). The
-// row's loss goes to work[row], then the mean over the rows is added in row order by one
-// block. No float atomics: the same inputs give the same bits on every run.
+// the twin of cpu/classifier.cpp. One block a row. Where the row fits the block's registers
+// (GPT-2's 50304 bf16 columns: 7 16-byte vectors a thread) it is read once into them, its
+// max and then its sum of exp(x - max) are reduced over the block in a fixed order, and the
+// gradient is written from the registers: one read and one write of the logits, at memory
+// speed. Other rows take the general kernel: the threads' online softmax statistics
+// (row_softmax.cuh) merged across the block in a fixed order, and a second read for the
+// gradient. The row's loss goes to work[row], then the mean over the rows is added in row
+// order by one block. No float atomics: the same inputs give the same bits on every run.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -61,7 +63,7 @@ static __global__ void classifier_kernel(T* logits, const int32_t* targets, int6
   }
 }
 
-// ---- rows of whole 16-byte vectors ---------------------------------------------------
+// ---- the row in registers ---------------------------------------------------------------
 
 // 16 bytes of a row: 8 bf16 or 4 floats.
 template <typename T>
@@ -70,104 +72,105 @@ struct alignas(16) Vec16 {
   T v[kCount];
 };
 
+// The block's max (every thread gets it); NaN is passed over here and shows in the sum.
+__device__ float block_max(float v) {
+  __shared__ float warp_part[32];
+  __shared__ float total;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) warp_part[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = warp_part[0];
+    for (unsigned w = 1; w < blockDim.x / 32; ++w) m = fmaxf(m, warp_part[w]);
+    total = m;
+  }
+  __syncthreads();
+  return total;
+}
+
+// The block's sum in a fixed order (warps, then the warps' sums in order); every thread gets it.
+__device__ float block_total(float v) {
+  __shared__ float total;
+  v = block_sum(v);
+  if (threadIdx.x == 0) total = v;
+  __syncthreads();
+  return total;
+}
+
 // exp(v) for the softmax: in bf16 the fast form (a few ulps of fp32, far below bf16's
 // rounding of the gradient), in fp32 the exact one. It keeps the kernel at memory speed.
 __device__ __forceinline__ float softmax_exp(float v, uint16_t) { return __expf(v); }
 __device__ __forceinline__ float softmax_exp(float v, float) { return expf(v); }
 
-// classifier_kernel's work a vector at a time, by blocks that each take rows in turn: the
-// online statistics take a vector's max first (one rescale a vector, not one an element),
-// and the second pass, the gradient's, reads the row again from L2, where it still is: the
-// grid is kStreamBlocksPerSm blocks an SM, so the rows in flight (each 100 KB for GPT-2 in
-// bf16) fit the cache, and the logits cross memory once each way. Needs cols a multiple of
-// the vector's count and the logits 16-byte aligned. Each row is one block's, in a fixed
-// order: the same bits on every run, whatever the grid.
-constexpr int kStreamThreads = 512, kStreamBlocksPerSm = 2, kInFlight = 4;
-
-// The online statistics (m, s) after vector x, whose first element is column c0: one
-// rescale to the vector's max, then its terms.
-template <typename T>
-__device__ __forceinline__ void online_add_vector(const Vec16<T>& x, int64_t c0, int64_t vocab, float& m, float& s) {
+// classifier_kernel's work with the row held in registers (measured against a kernel that
+// streams the row twice, the second time from L2, at two blocks an SM: 1.81 ms against 2.26
+// a GPT-2 step at B 16, H100): thread t holds the row's vectors
+// t, t + blockDim.x, ... (K of them at most). Needs cols a multiple of the vector's count
+// and the logits 16-byte aligned. The sum is of exp(x - max) over the row's max: a
+// different (equally exact) order of operations from the online form, so the bits differ
+// from the general kernel's, not from run to run.
+template <typename T, int K>
+static __global__ void __launch_bounds__(kClassifierThreads)
+    classifier_resident_kernel(T* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab,
+                               float* work, bool write_grad) {
   constexpr int E = Vec16<T>::kCount;
-  float top = -INFINITY;
+  auto* row = reinterpret_cast<Vec16<T>*>(logits + blockIdx.x * cols);
+  // Within a row int is enough (resident_vectors bounds cols), which spares registers.
+  const int nvec = static_cast<int>(cols / E), nvocab = static_cast<int>(vocab);
+  const int32_t target = targets[blockIdx.x];
+  const bool valid = target >= 0 && target < vocab;
+  const float at_target = threadIdx.x == 0 && valid ? as_float(logits[blockIdx.x * cols + target]) : NAN;
+  Vec16<T> x[K];
 #pragma unroll
-  for (int e = 0; e < E; ++e)
-    if (c0 + e < vocab) top = fmaxf(top, as_float(x.v[e]));
-  if (const float to = fmaxf(m, top); to != -INFINITY) {
-    s = scaled(s, m, to);
-    m = to;
+  for (int k = 0; k < K; ++k)
+    if (const int i = static_cast<int>(threadIdx.x) + k * kClassifierThreads; i < nvec) x[k] = row[i];
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c0 = (static_cast<int>(threadIdx.x) + k * kClassifierThreads) * E;
 #pragma unroll
     for (int e = 0; e < E; ++e)
-      if (c0 + e < vocab) s += softmax_exp(as_float(x.v[e]) - m, T{});
-  } else {
-#pragma unroll
-    for (int e = 0; e < E; ++e)  // only -inf so far: a NaN still has to show in the sum
-      if (c0 + e < vocab && isnan(as_float(x.v[e]))) s = NAN;
+      if (c0 + e < nvocab) m = fmaxf(m, as_float(x[k].v[e]));
   }
-}
-
-// use(x, i) for the block's thread's vectors i of a row in order, kInFlight loads in flight
-// before their uses.
-template <typename T, typename Use>
-__device__ __forceinline__ void for_row_vectors(const Vec16<T>* row, int64_t nvec, Use use) {
-  for (int64_t i0 = threadIdx.x; i0 < nvec; i0 += kInFlight * blockDim.x) {
-    Vec16<T> xs[kInFlight];
+  const float max = block_max(m);
+  float s = 0.f;
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u)
-      if (const int64_t i = i0 + u * blockDim.x; i < nvec) xs[u] = row[i];
+  for (int k = 0; k < K; ++k) {
+    const int c0 = (static_cast<int>(threadIdx.x) + k * kClassifierThreads) * E;
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u)
-      if (const int64_t i = i0 + u * blockDim.x; i < nvec) use(xs[u], i);
+    for (int e = 0; e < E; ++e)
+      if (c0 + e < nvocab) s += softmax_exp(as_float(x[k].v[e]) - max, T{});
   }
-}
-
-template <typename T>
-static __global__ void __launch_bounds__(kStreamThreads)
-    classifier_stream_kernel(T* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab, float* work,
-                             bool write_grad) {
-  constexpr int E = Vec16<T>::kCount;
-  const int64_t nvec = cols / E;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    auto* row = reinterpret_cast<Vec16<T>*>(logits + r * cols);
-    const int32_t target = targets[r];
-    const bool valid = target >= 0 && target < vocab;
-    const float at_target = threadIdx.x == 0 && valid ? as_float(logits[r * cols + target]) : NAN;
-    float m = -INFINITY, s = 0.f;
-    for_row_vectors(row, nvec, [&](const Vec16<T>& x, int64_t i) { online_add_vector(x, i * E, vocab, m, s); });
-    const RowStats st = block_merge({m, s});
-    if (threadIdx.x == 0) work[r] = st.max + logf(st.sum) - at_target;
-    if (write_grad) {
-      const float inv_sum = 1.f / st.sum, inv_rows = 1.f / static_cast<float>(rows);
-      for_row_vectors(row, nvec, [&](const Vec16<T>& x, int64_t i) {
-        Vec16<T> g;
+  const float sum = block_total(s);
+  if (threadIdx.x == 0) work[blockIdx.x] = max + logf(sum) - at_target;
+  if (!write_grad) return;
+  const float inv_sum = 1.f / sum, inv_rows = 1.f / static_cast<float>(rows);
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-          const int64_t c = i * E + e;
-          const float p = c < vocab ? softmax_exp(as_float(x.v[e]) - st.max, T{}) * inv_sum : 0.f;
-          store(&g.v[e], (c == target ? p - 1.f : p) * inv_rows);
-        }
-        row[i] = g;
-      });
+  for (int k = 0; k < K; ++k) {
+    const int i = static_cast<int>(threadIdx.x) + k * kClassifierThreads;
+    if (i >= nvec) continue;
+    Vec16<T> g;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int c = i * E + e;
+      const float p = c < nvocab ? softmax_exp(as_float(x[k].v[e]) - max, T{}) * inv_sum : 0.f;
+      store(&g.v[e], (c == target ? p - 1.f : p) * inv_rows);
     }
-    __syncthreads();  // block_merge's shared memory is reused by the next row
+    row[i] = g;
   }
 }
 
-// Whether the rows can be read in whole vectors.
+// The registers a thread gives the row: the fewest vectors of 1, 2, 4, 7 or 8 that hold it
+// (7: GPT-2's 50304 bf16 columns), 0 where it does not fit or cannot be read in vectors.
 template <typename T>
-bool whole_vectors(const T* logits, int64_t cols) {
-  return cols % Vec16<T>::kCount == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
-}
-
-// The stream kernel's grid: kStreamBlocksPerSm blocks an SM of the current device, at most a row each.
-unsigned stream_blocks(int64_t rows) {
-  static int sms[64] = {};
-  int dev = 0;
-  DPT_CUDA_CHECK(cudaGetDevice(&dev));
-  int& n = sms[dev < 64 ? dev : 0];
-  if (n == 0) DPT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  const int64_t blocks = static_cast<int64_t>(n) * kStreamBlocksPerSm;
-  return static_cast<unsigned>(rows < blocks ? rows : blocks);
+int resident_vectors(const T* logits, int64_t cols) {
+  constexpr int E = Vec16<T>::kCount;
+  if (cols % E != 0 || reinterpret_cast<uintptr_t>(logits) % 16 != 0) return 0;
+  const int64_t per_thread = (cols / E + kClassifierThreads - 1) / kClassifierThreads;
+  for (int k : {1, 2, 4, 7, 8})
+    if (per_thread <= k) return k;
+  return 0;
 }
 
 // g *= scale * *dloss (dloss may be null).
@@ -183,12 +186,32 @@ void forward_launch(const char* who, T* logits, const int32_t* targets, int64_t 
   DPT_CHECK(rows > 0 && vocab > 0 && vocab <= cols, std::string(who) + ": bad shape");
   DPT_CHECK(rows <= 0x7fffffff, std::string(who) + ": too many rows");
   DPT_CHECK(logits && targets && loss && work, std::string(who) + ": null pointer");
-  if (whole_vectors(logits, cols))
-    classifier_stream_kernel<<<stream_blocks(rows), kStreamThreads, 0, stream>>>(logits, targets, rows, cols, vocab,
-                                                                                 work, write_grad);
-  else
-    classifier_kernel<<<static_cast<unsigned>(rows), kClassifierThreads, 0, stream>>>(logits, targets, rows, cols,
-                                                                                      vocab, work, write_grad);
+  const auto blocks = static_cast<unsigned>(rows);
+  switch (resident_vectors(logits, cols)) {
+    case 1:
+      classifier_resident_kernel<T, 1>
+          <<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work, write_grad);
+      break;
+    case 2:
+      classifier_resident_kernel<T, 2>
+          <<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work, write_grad);
+      break;
+    case 4:
+      classifier_resident_kernel<T, 4>
+          <<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work, write_grad);
+      break;
+    case 7:
+      classifier_resident_kernel<T, 7>
+          <<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work, write_grad);
+      break;
+    case 8:
+      classifier_resident_kernel<T, 8>
+          <<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work, write_grad);
+      break;
+    default:
+      classifier_kernel<<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work,
+                                                                   write_grad);
+  }
   DPT_CUDA_CHECK_LAUNCH();
   finish_sum(work, rows, 1.0 / static_cast<double>(rows), loss, stream);
   DPT_CUDA_CHECK_LAUNCH();
