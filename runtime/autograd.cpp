@@ -10,10 +10,30 @@ namespace dpt {
 namespace {
 thread_local bool t_grad_enabled = true;
 
-// Adds g to slot, or makes g the slot's value when it is empty.
+// A tensor of t's own: t, or a copy where another tensor holds t's memory too.
+Tensor own(const Tensor& t) {
+  if (!t.storage_shared()) return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device());
+  copy_cast(c, t);
+  return c;
+}
+
+// Adds g to slot, or makes g the slot's value when it is empty (a copy where g's memory is
+// shared: the slot is added into in place later).
 void accumulate(Tensor& slot, const Tensor& g) {
-  if (!slot.defined()) slot = g;
+  if (!slot.defined()) slot = own(g);
   else axpy_(1.0f, g, slot);
+}
+
+// The same for a node's pending gradient, which may share its memory with another node's
+// (one gradient handed to several inputs): then the sum goes to a new tensor.
+void accumulate_pending(Tensor& slot, const Tensor& g) {
+  if (!slot.defined()) {
+    slot = g;  // shared or not: whoever adds into it checks
+    return;
+  }
+  if (slot.storage_shared()) slot = own(slot);
+  axpy_(1.0f, g, slot);
 }
 
 // The same for a leaf's gradient `slot`, which overwrites what zero_grad() left stale.
@@ -46,7 +66,8 @@ Tensor Grads::accumulator(size_t i) const {
 Tensor Grads::gathered(size_t i) const {
   const Tensor& in = inputs_[i];
   if (in.is_leaf() || !in.requires_grad() || !in.grad_fn()) return Tensor();
-  return in.grad_fn()->pending;
+  const Tensor& p = in.grad_fn()->pending;
+  return p.storage_shared() ? Tensor() : p;
 }
 
 void Grads::before_write(size_t i) const {
@@ -144,6 +165,7 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
       for (const Tensor& in : node->inputs)
         if (in.is_leaf() && in.requires_grad()) before_leaf_write(in);
     Grads grads(node->inputs, node_grads, &before_leaf_write, &on_leaf_done);
+    if (g.defined() && node->overwrites_grad()) g = own(g);  // another node's too: a copy to write into
     if (g.defined()) {
       node->backward(g, grads);
     } else if (!node->backward_scalar(host_seed, grads)) {  // the root, seeded from the host
@@ -159,7 +181,7 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
         add_to_leaf(in, acc, gi);
         in.set_grad(acc);
       } else {
-        accumulate(in.grad_fn()->pending, gi);
+        accumulate_pending(in.grad_fn()->pending, gi);
       }
     }
     if (on_leaf_done)

@@ -28,6 +28,7 @@ class LayerNormNode : public Node {
   LayerNormNode(Tensor x, Tensor gamma, Tensor mean, Tensor rstd)
       : x_(x.untracked()), gamma_(gamma.untracked()), mean_(std::move(mean)), rstd_(std::move(rstd)) {}
   const char* name() const override { return "layer_norm"; }
+  bool overwrites_grad() const override { return false; }
   void backward(Tensor& dy_in, Grads& grads) override {
     const Device d = x_.device();
     const int64_t rows = x_.size(0), cols = x_.size(1);
@@ -68,22 +69,17 @@ class LayerNormNode : public Node {
   Tensor x_, gamma_, mean_, rstd_;
 };
 
-// dy goes to both inputs: the second gets its own copy (a node may overwrite the
-// gradient it is handed).
+// dy goes to both inputs as one tensor: the engine copies it for a node that would write
+// into it and adds into it out of place while both hold it (Node::overwrites_grad), so the
+// residual stream's gradient is not copied for a projection that only reads it.
 class AddNode : public Node {
  public:
   explicit AddNode(DType type) : type_(type) {}
   const char* name() const override { return "add"; }
+  bool overwrites_grad() const override { return false; }
   void backward(Tensor& dy_in, Grads& grads) override {
     Tensor dy = dy_in.dtype() == type_ ? dy_in : cast(dy_in, type_);
-    if (grads.needed(1)) {
-      Tensor db = dy;
-      if (grads.needed(0)) {
-        db = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-        copy_cast(db, dy);
-      }
-      give(grads, 1, db);
-    }
+    if (grads.needed(1)) give(grads, 1, dy);
     if (grads.needed(0)) give(grads, 0, dy);
   }
 

@@ -389,6 +389,7 @@ class LinearBf16Node : public Node {
   LinearBf16Node(NodeInput x, Tensor W16, Tensor saved, Act act)
       : x_(std::move(x)), W16_(W16.untracked()), saved_(act == Act::none ? Tensor() : saved.untracked()), act_(act) {}
   const char* name() const override { return "linear_bf16"; }
+  bool overwrites_grad() const override { return act_ != Act::none; }  // dz = dy act'(.) in place
   void backward(Tensor& dy_in, Grads& grads) override {
     const int64_t rows = x_.size(0), out = W16_.size(0);
     const Device d = dy_in.device();

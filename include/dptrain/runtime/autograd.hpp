@@ -49,9 +49,10 @@ class Grads {
   // A new gradient for input i; the engine adds it to what is there.
   void put(size_t i, Tensor g) { out_[i] = std::move(g); }
   // The gradient that non-leaf input i has gathered so far from the nodes that ran before
-  // (undefined when none, and for leaves): the engine's own tensor, which a node may add its
-  // gradient into in place instead of put()ting it (one pass fewer, e.g. LayerNorm's dx
-  // added to the residual stream's gradient in its kernel).
+  // (undefined when none, for leaves, and while another node's gradient shares its memory):
+  // the engine's own tensor, which a node may add its gradient into in place instead of
+  // put()ting it (one pass fewer, e.g. LayerNorm's dx added to the residual stream's
+  // gradient in its kernel).
   Tensor gathered(size_t i) const;
   const Tensor& taken(size_t i) const { return out_[i]; }
 
@@ -93,6 +94,10 @@ class Node {
   // Grads::before_write and Grads::handed for each leaf input as it writes it; the engine
   // then calls the leaf hooks from there instead of around the whole backward.
   virtual bool hands_over_in_turn() const { return false; }
+  // Whether backward may write into the gradient it is handed. One node may hand the same
+  // tensor to several inputs (the residual add); the engine copies such a shared gradient
+  // first for a node that may write into it, and adds into a shared one out of place.
+  virtual bool overwrites_grad() const { return true; }
   // The op's inputs: the edges of the graph. Tensors the backward needs are kept as
   // detached copies in the node, so a node never holds its own output's history.
   std::vector<Tensor> inputs;

@@ -92,6 +92,8 @@ class Tensor {
   static Tensor from_host_i32(const std::vector<int32_t>& values, const Shape& shape, const Device& device);
 
   bool defined() const { return storage_ != nullptr; }
+  // Whether another tensor (a copy or a view) holds this one's storage too.
+  bool storage_shared() const { return storage_ && storage_.use_count() > 1; }
   const Shape& shape() const { return shape_; }
   int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
   int64_t size(int64_t d) const {  // d < 0 counts from the last dimension
