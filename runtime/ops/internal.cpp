@@ -55,11 +55,7 @@ void record(Tensor& out, std::shared_ptr<Node> node, std::vector<Tensor> inputs)
   // saved (a projection's output that a residual add only sums) is freed after the forward.
   // A leaf stays itself: its gradient lives in its own state.
   for (Tensor& in : inputs)
-    if (in.defined() && in.requires_grad() && !in.is_leaf()) {
-      Tensor edge;
-      edge.set_grad_fn(in.grad_fn());
-      in = edge;
-    }
+    if (in.defined() && in.requires_grad() && !in.is_leaf()) in = in.edge();
   node->inputs = std::move(inputs);
   out.set_grad_fn(std::move(node));
 }

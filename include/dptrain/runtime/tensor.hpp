@@ -149,6 +149,15 @@ class Tensor {
   const std::shared_ptr<Node>& grad_fn() const;
   void set_grad_fn(std::shared_ptr<Node> fn);
   bool is_leaf() const { return !grad_fn(); }
+  // This tensor's place in the autograd graph without its memory: its autograd state (the
+  // same object: no allocation) and shape, no storage. What a node keeps of a non-leaf input.
+  Tensor edge() const {
+    Tensor e;
+    e.shape_ = shape_;
+    e.dtype_ = dtype_;
+    e.meta_ = meta_;
+    return e;
+  }
   // Backpropagates from this scalar with a seed gradient of 1.
   void backward() const;
 
