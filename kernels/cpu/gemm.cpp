@@ -1,6 +1,11 @@
-// CPU GEMM: the oracle for both CUDA GEMMs. The loop order (i, p, j) keeps the inner
-// loop contiguous over C and B so the compiler vectorizes it; transposed operands are
-// read through strides.
+// CPU GEMM: the oracle for both CUDA GEMMs. Each element of C is the sum over p = 0 ..
+// k - 1, in that order from 0, of A(i, p) B(p, j), then alpha times it (plus beta C): the
+// inner loop runs contiguous over a row of B and of the sums, so the compiler vectorizes
+// it, and transposed operands are read through strides. The sums are kept for a tile of
+// kTileRows x kTileCols of C at a time (in L1) while a panel of B (k x kTileCols, in L2)
+// serves every row tile: a wide product (a language model's vocabulary, 50304 columns)
+// then reads B from the cache, not from memory once a row. The order of each element's
+// additions is the same whatever the tiles: the same bits.
 #include <algorithm>
 #include <vector>
 
@@ -9,37 +14,50 @@
 
 namespace dpt::cpu {
 
+namespace {
+constexpr int64_t kTileRows = 8, kTileCols = 256;
+}
+
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A, const float* B, float beta,
           float* C) {
   // op(B) as a contiguous k x n matrix, so the hot loop always streams rows. The scratch
   // is the thread's, kept from call to call (up to 4 MiB): a small model's step allocates
   // nothing here.
-  thread_local std::vector<float> bt, row;
+  thread_local std::vector<float> bt, sums;
   if (tb) {
     bt.resize(static_cast<size_t>(k * n));
     for (int64_t j = 0; j < n; ++j)
       for (int64_t p = 0; p < k; ++p) bt[p * n + j] = B[j * k + p];
     B = bt.data();
   }
-  row.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < m; ++i) {
-    std::fill(row.begin(), row.end(), 0.0f);
-    for (int64_t p = 0; p < k; ++p) {
-      const float a = ta ? A[p * m + i] : A[i * k + p];
-      const float* b = B + p * n;
-      for (int64_t j = 0; j < n; ++j) row[j] += a * b[j];
-    }
-    float* c = C + i * n;
-    if (beta == 0.0f) {  // beta == 0 never reads C, which may hold garbage
-      for (int64_t j = 0; j < n; ++j) c[j] = alpha * row[j];
-    } else {
-      for (int64_t j = 0; j < n; ++j) c[j] = alpha * row[j] + beta * c[j];
+  sums.resize(static_cast<size_t>(kTileRows * kTileCols));
+  for (int64_t j0 = 0; j0 < n; j0 += kTileCols) {
+    const int64_t cols = std::min(kTileCols, n - j0);
+    for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
+      const int64_t rows = std::min(kTileRows, m - i0);
+      std::fill(sums.begin(), sums.end(), 0.0f);
+      for (int64_t p = 0; p < k; ++p) {
+        const float* b = B + p * n + j0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float a = ta ? A[p * m + i0 + r] : A[(i0 + r) * k + p];
+          float* s = sums.data() + r * kTileCols;
+          for (int64_t j = 0; j < cols; ++j) s[j] += a * b[j];
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* s = sums.data() + r * kTileCols;
+        float* c = C + (i0 + r) * n + j0;
+        if (beta == 0.0f) {  // beta == 0 never reads C, which may hold garbage
+          for (int64_t j = 0; j < cols; ++j) c[j] = alpha * s[j];
+        } else {
+          for (int64_t j = 0; j < cols; ++j) c[j] = alpha * s[j] + beta * c[j];
+        }
+      }
     }
   }
   // A large GEMM's scratch is not kept: the next small one would hold it for good.
   constexpr size_t kKeep = size_t{1} << 20;  // floats
   if (bt.capacity() > kKeep) std::vector<float>().swap(bt);
-  if (row.capacity() > kKeep) std::vector<float>().swap(row);
 }
 
 void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* A, const uint16_t* B,
