@@ -146,9 +146,8 @@ namespace {
 // the pre-activation beside the output.
 LinearOut linear_forward(Linear& layer, const Tensor& x, const SavedInput& x_saved) {
   if (!layer.computes_bf16()) return linear_pre(x, layer.weight(), layer.bias(), layer.act(), x_saved);
-  const std::vector<Parameter*> p = layer.parameters();  // the weight, then the bias (Linear's order)
-  return linear_bf16_pre(cast(x, DType::bf16), layer.weight(), layer.bias(), p[0]->shadow,
-                         p.size() > 1 ? p[1]->shadow : Tensor(), layer.act(), x_saved);
+  return linear_bf16_pre(cast(x, DType::bf16), layer.weight(), layer.bias(), layer.weight_bf16(), layer.bias_bf16(),
+                         layer.act(), x_saved);
 }
 
 // The residual projections' std: GPT-2 scales them by 1/sqrt(2 L), one for each of the two
@@ -194,23 +193,22 @@ Block::Block(const BlockSizes& s)
 }
 
 Tensor Block::forward(const Tensor& x, int64_t T) {
-  if (recompute_ == Recompute::none) {  // the plain layers: in bf16 the GELU in cuBLASLt's epilogue
-    const Tensor h = add(x, attn_->forward(ln_1_->forward(x), T));
-    return add(h, c_proj_->forward(c_fc_->forward(ln_2_->forward(h))));
-  }
+  if (recompute_ == Recompute::none)  // the plain layers: in bf16 the GELU in cuBLASLt's epilogue
+    return plain_mlp(add(x, attn_->forward(ln_1_->forward(x), T)));
   // Recomputation: c_attn and c_fc keep their LayerNorm's input (which its own node keeps)
   // instead of its output, and c_proj keeps c_fc's pre-activation (which c_fc's node keeps)
   // instead of the GELU's output; the outputs are then freed as soon as their reader is done.
-  const bool ln_inputs = recompute_ == Recompute::gelu_ln, pre_gelu = recompute_ != Recompute::none;
+  const bool ln_inputs = recompute_ == Recompute::gelu_ln;
   const Tensor h = add(x, attn_->forward(ln_1_->forward(x), T, ln_inputs ? ln_1_->output_from(x) : SavedInput{}));
   const LinearOut fc = linear_forward(*c_fc_, ln_2_->forward(h), ln_inputs ? ln_2_->output_from(h) : SavedInput{});
-  return add(h, linear_forward(*c_proj_, fc.y, pre_gelu ? act_of(fc.z, c_fc_->act()) : SavedInput{}).y);
+  return add(h, linear_forward(*c_proj_, fc.y, act_of(fc.z, c_fc_->act())).y);
 }
 
 Tensor Block::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start) {
-  const Tensor h = add(x, attn_->forward_cached(ln_1_->forward(x), keys, values, start));
-  return add(h, c_proj_->forward(c_fc_->forward(ln_2_->forward(h))));
+  return plain_mlp(add(x, attn_->forward_cached(ln_1_->forward(x), keys, values, start)));
 }
+
+Tensor Block::plain_mlp(const Tensor& h) { return add(h, c_proj_->forward(c_fc_->forward(ln_2_->forward(h)))); }
 
 // ---- GPT ------------------------------------------------------------------------------
 
@@ -241,11 +239,7 @@ Tensor GPT::forward(const Tensor& tokens) {
                      std::to_string(config_.context));
   Tensor x = embed_->forward(tokens);
   for (const auto& b : blocks_) x = b->forward(x, T);
-  x = ln_f_->forward(x);
-  // The output projection is the token embedding (tied): logits = x wte^T.
-  const Parameter& wte = embed_->wte();
-  if (wte.shadow.defined()) return linear_bf16(cast(x, DType::bf16), wte.value, Tensor(), wte.shadow, Tensor());
-  return linear(x, wte.value, Tensor());
+  return output_logits(x);
 }
 
 // ---- Decoding with a key-value cache ---------------------------------------------------

@@ -25,7 +25,7 @@ Tensor Linear::forward(const Tensor& x) {
   if (!W_.shadow.defined()) return linear(x, W_.value, bias(), act_);
   // bf16 compute: an f32 input (the data, or a CNN's Flatten) is rounded to bf16 first
   // (differentiably: its gradient returns as f32).
-  return linear_bf16(cast(x, DType::bf16), W_.value, bias(), W_.shadow, b_ ? b_->shadow : none_, act_);
+  return linear_bf16(cast(x, DType::bf16), W_.value, bias(), W_.shadow, bias_bf16(), act_);
 }
 
 Linear& Linear::init_normal(float std) {

@@ -151,6 +151,8 @@ class Block : public SequencePart<Block> {
   std::shared_ptr<CausalSelfAttention> attn_;
   std::shared_ptr<Linear> c_fc_, c_proj_;
   Recompute recompute_ = Recompute::none;
+  // h + c_proj(c_fc(ln_2(h))) through the plain layers (no recomputation, decoding).
+  Tensor plain_mlp(const Tensor& h);
 };
 
 // What a GPT has computed of the sequences it decodes (GPT::kv_cache, forward_cached): for

@@ -35,6 +35,10 @@ class Linear : public Module {
   const Tensor& bias() const { return b_ ? b_->value : none_; }
   Act act() const { return act_; }
   bool computes_bf16() const { return W_.shadow.defined(); }
+  // The bf16 copies of weight and bias (undefined unless computes_bf16(); the bias's also
+  // without a bias).
+  const Tensor& weight_bf16() const { return W_.shadow; }
+  const Tensor& bias_bf16() const { return b_ ? b_->shadow : none_; }
   // GPT-2's initialization instead of torch's: weight normal(0, std), bias 0 (before the
   // module is placed).
   Linear& init_normal(float std);
