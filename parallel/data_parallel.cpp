@@ -220,14 +220,6 @@ void DataParallel::Impl::set_up_reduction(nn::Module& model, const DataParallelO
   if (zero_ > 0)
     partitions_ = dpt::zero_partitions(total, group_ ? static_cast<size_t>(group_->size()) : devices_.size());
   if (zero_ == 2) {
-    // Stage 2 writes a bucket's gradients once, in backward's order; a tied weight (GPT's
-    // token embedding, also its output projection) is written first by the last layer and
-    // last by the first.
-    for (const auto& [name, p] : model.named_parameters())
-      if (p->uses > 1)
-        throw UsageError("{} 2 cannot train a model with a tied weight (" + name +
-                             " is used twice: GPT's token embedding and output projection); use {} 1",
-                         {{"DataParallelOptions", "zero"}, {"DataParallelOptions", "zero"}});
     make_stage2_reducer(offsets, sizes, options);
     return;
   }
@@ -241,17 +233,16 @@ void DataParallel::Impl::make_stage2_reducer(const std::vector<int64_t>& offsets
                                              const DataParallelOptions& options) {
   // Each replica's gradients live in the slots, which the buckets take turns in, and the
   // sum of its partition in a buffer of its own.
-  slots_ = layout_slots(buckets_, offsets, sizes, buckets_of_param_);
+  std::vector<int> uses;
+  for (const nn::Parameter* p : replicas_[0].model->parameters()) uses.push_back(p->uses);  // tied: a slot of its own
+  slots_ = layout_slots(buckets_, offsets, sizes, buckets_of_param_, uses);
   GradSlots slots;
-  slots.slot_size = slots_.slot_size;
-  slots.slots = slots_.slots;
+  slots.layout = slots_;
   std::vector<ReplicaBuffers> bufs;
   for (size_t i = 0; i < replicas_.size(); ++i) {
     Replica& rep = replicas_[i];
     ContextGuard g(*rep.ctx);
-    rep.model->bind_grads(
-        Tensor::zeros({slots_.slot_size * static_cast<int64_t>(slots_.slots)}, DType::f32, rep.device),
-        slots_.in_slots);
+    rep.model->bind_grads(Tensor::zeros({slots_.size}, DType::f32, rep.device), slots_.in_slots);
     rep.grad_partition = Tensor::zeros({partition_of(i).count}, DType::f32, rep.device);
     bufs.push_back({rep.ctx, rep.model->flat_params(), rep.model->flat_grads(), rep.model->flat_shadow()});
     slots.partition_sums.push_back(rep.grad_partition);

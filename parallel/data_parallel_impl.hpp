@@ -68,7 +68,8 @@ struct DataParallel::Impl {
     int param_of(const Tensor& leaf) const;  // -1: not one of the model's parameters
     std::vector<int> pending;                // per bucket: parameters still to come
     size_t next_bucket = 0;                  // buckets are handed over in order
-    size_t acquired = 0;                     // stage 2: buckets whose slot this replica holds
+    size_t acquired = 0;                     // stage 2: buckets whose slot this replica took in order
+    std::vector<char> holds_slot;            // stage 2, per bucket: this replica holds its slot
     std::unique_ptr<Event> t_start, t_backward, t_reduced, t_updated;
     std::unique_ptr<Event> buffers_copied;                 // the master's buffers reached this replica
     std::string nvtx_forward, nvtx_backward, nvtx_update;  // "forward cuda:1", made once

@@ -109,15 +109,14 @@ class HostStage2Reducer : public Reducer, public ZeroReducer {
         buckets_(std::move(buckets)),
         partitions_(std::move(partitions)),
         partition_sums_(std::move(slots.partition_sums)),
-        slot_size_(slots.slot_size),
-        slots_(slots.slots),
+        layout_(std::move(slots.layout)),
         arrivals_(buckets_.size(), 0),
-        handed_(r_.size(), std::vector<int64_t>(slots_, 0)),
-        reduced_(slots_, 0) {
-    DPT_CHECK(partitions_.size() == r_.size() && partition_sums_.size() == r_.size() && slots_ > 0,
+        handed_(r_.size(), std::vector<int64_t>(layout_.slots(), 0)),
+        reduced_(layout_.slots(), 0) {
+    DPT_CHECK(partitions_.size() == r_.size() && partition_sums_.size() == r_.size() && layout_.slots() > 0,
               "ZeRO stage 2: a partition and its gradients a replica, and slots");
     for (const ReplicaBuffers& b : r_)
-      DPT_CHECK(b.ctx->device().is_cpu() && b.grads.numel() == slot_size_ * static_cast<int64_t>(slots_),
+      DPT_CHECK(b.ctx->device().is_cpu() && b.grads.numel() == layout_.size,
                 "ZeRO stage 2's host reduction: CPU devices, and slots as their gradients");
   }
   const char* name() const override { return "host"; }
@@ -132,12 +131,12 @@ class HostStage2Reducer : public Reducer, public ZeroReducer {
     std::fill(arrivals_.begin(), arrivals_.end(), 0);
   }
   void before_write(size_t r, size_t b) override {
-    const size_t s = b % slots_;
+    const size_t s = layout_.slot_of[b];
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [&] { return reduced_[s] >= handed_[r][s]; });
   }
   void bucket_ready(size_t r, size_t b) override {
-    const size_t s = b % slots_;
+    const size_t s = layout_.slot_of[b];
     std::lock_guard<std::mutex> lock(mu_);  // one sum at a time: CPU devices share the host
     handed_[r][s] += 1;
     const int64_t n = static_cast<int64_t>(r_.size());
@@ -151,7 +150,7 @@ class HostStage2Reducer : public Reducer, public ZeroReducer {
       const Tensor into = partition_sums_[owner].view(p.begin - o.first, {p.end - p.begin});
       for (size_t i = 0; i < r_.size(); ++i) {  // replica order: the sum is the host reduction's
         const Tensor from =
-            r_[i].grads.view(static_cast<int64_t>(s) * slot_size_ + (p.begin - k.offset), {p.end - p.begin});
+            r_[i].grads.view(layout_.bucket_begin(b) + (p.begin - k.offset), {p.end - p.begin});
         if (i == 0 && first_micro) std::memcpy(into.f32(), from.f32(), from.nbytes());
         else add_host_(from, into);
       }
@@ -171,8 +170,7 @@ class HostStage2Reducer : public Reducer, public ZeroReducer {
   std::vector<Bucket> buckets_;
   std::vector<SampleRange> partitions_;
   std::vector<Tensor> partition_sums_;
-  int64_t slot_size_;
-  size_t slots_;
+  SlotLayout layout_;
   std::mutex mu_;
   std::condition_variable done_;
   std::vector<int64_t> arrivals_;             // per bucket: hand-overs this step, over the replicas

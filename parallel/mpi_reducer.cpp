@@ -21,13 +21,13 @@ class MpiReducer : public Reducer, public ZeroReducer, public RankReducer {
         partitions_(std::move(partitions)),
         slots_(std::move(slots)),
         arrivals_(buckets_.size(), 0),
-        slot_ticket_(slots_.slots, 0),
-        finishes_(slots_.slots) {
+        slot_ticket_(slots_.layout.slots(), 0),
+        finishes_(slots_.layout.slots()) {
     DPT_CHECK(r_.ctx->device().is_cpu(), "the MPI reduction is for CPU tensors");
     DPT_CHECK(partitions_.empty() || partitions_.size() == static_cast<size_t>(g_.size()),
               "ZeRO partitions: one a rank");
     DPT_CHECK(!slots_.defined() || (!partitions_.empty() && slots_.partition_sums.size() == 1 &&
-                                    r_.grads.numel() == slots_.slot_size * static_cast<int64_t>(slots_.slots)),
+                                    r_.grads.numel() == slots_.layout.size),
               "ZeRO stage 2 over MPI: partitions, one partition sum a rank, and slots as its gradients");
   }
   const char* name() const override { return "mpi"; }
@@ -50,8 +50,8 @@ class MpiReducer : public Reducer, public ZeroReducer, public RankReducer {
     // ZeRO: each rank's piece of the bucket is summed into that rank alone, in the same
     // order on every rank; stage 2 from the bucket's slot, and the owner then moves its
     // piece into its partition's sum (finish_slot).
-    const size_t s = slots_.defined() ? b % slots_.slots : 0;
-    const Tensor bucket = slots_.defined() ? r_.grads.view(static_cast<int64_t>(s) * slots_.slot_size, {k.count})
+    const size_t s = slots_.defined() ? slots_.layout.slot_of[b] : 0;
+    const Tensor bucket = slots_.defined() ? r_.grads.view(slots_.layout.bucket_begin(b), {k.count})
                                            : r_.grads.view(k.offset, {k.count});
     const bool first_micro = slots_.defined() && ++arrivals_[b] == 1;
     const auto me = static_cast<size_t>(g_.rank());
@@ -69,11 +69,11 @@ class MpiReducer : public Reducer, public ZeroReducer, public RankReducer {
   }
   // Stage 2, from the driving thread before backward writes bucket b's slot: the sums of
   // the slot's buckets are done (MPI has read the slot) and in the partition's sum.
-  void before_write(size_t, size_t b) override { finish_slot(b % slots_.slots); }
+  void before_write(size_t, size_t b) override { finish_slot(slots_.layout.slot_of[b]); }
   void reduce() override {}
   void wait(size_t) override {
     g_.wait_all();
-    for (size_t s = 0; s < slots_.slots; ++s) finish_slot(s);
+    for (size_t s = 0; s < slots_.layout.slots(); ++s) finish_slot(s);
   }
   void sum_partials(std::vector<Tensor>& partial, std::vector<Tensor>& first_bad) override {
     DPT_CHECK(zero() && partial.size() == 1 && first_bad.size() == 1, "sum_partials: one partial sum a rank, ZeRO");

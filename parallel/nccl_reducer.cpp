@@ -140,16 +140,16 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
               "ZeRO stage 2: partitions, and a partition sum a replica");
     for (auto& rep : r_) {
       const Device d = rep.ctx->device();
-      DPT_CHECK(!slots_.defined() || rep.grads.numel() == slots_.slot_size * static_cast<int64_t>(slots_.slots),
+      DPT_CHECK(!slots_.defined() || rep.grads.numel() == slots_.layout.size,
                 "ZeRO stage 2: slots as the gradients");
       // High priority: a bucket's collective gets SMs as soon as any frees up, not only
       // once backward's GEMMs (which fill every SM) have ended.
       comm_.push_back(std::make_unique<Context>(d, StreamPriority::high));
       done_.push_back(std::make_unique<Event>(d));
       slot_free_.emplace_back();
-      for (size_t k = 0; k < slots_.slots; ++k) slot_free_.back().push_back(std::make_unique<Event>(d));
+      for (size_t k = 0; k < slots_.layout.slots(); ++k) slot_free_.back().push_back(std::make_unique<Event>(d));
     }
-    slot_used_.assign(r_.size(), std::vector<char>(slots_.slots, 0));
+    slot_used_.assign(r_.size(), std::vector<char>(slots_.layout.slots(), 0));
     make_bucket_state();
   }
 
@@ -290,14 +290,14 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
     if (partitions_.empty()) reduced(r, b, *comm_[r]);
   }
 
-  // ZeRO stage 2: bucket b lies in slot b % slots of r's gradients; each owner's piece is
+  // ZeRO stage 2: bucket b lies in its slot of r's gradients; each owner's piece is
   // reduced into that owner's partition sum (straight there by NCCL on the step's first
   // micro-batch in fp32; else into the slot and added), and the slot is free once done.
   void reduce_slot(size_t r, size_t b) {
     const Bucket& k = buckets_[b];
-    const size_t s = b % slots_.slots;
+    const size_t s = slots_.layout.slot_of[b];
     const bool first_micro = ++arrivals_[r][b] == 1;
-    const Tensor bucket = r_[r].grads.view(static_cast<int64_t>(s) * slots_.slot_size, {k.count});
+    const Tensor bucket = r_[r].grads.view(slots_.layout.bucket_begin(b), {k.count});
     const SampleRange& mine = partitions_[own(r)];
     const Tensor& sum = slots_.partition_sums[r];
     if (alone()) {  // one GPU: the whole bucket is this replica's, on its compute stream
@@ -352,7 +352,7 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
 
   // Stage 2: r's compute stream writes a slot only after the reductions that read it.
   void before_write(size_t r, size_t b) override {
-    const size_t s = b % slots_.slots;
+    const size_t s = slots_.layout.slot_of[b];
     if (slot_used_[r][s]) slot_free_[r][s]->wait_in(*r_[r].ctx);
   }
 

@@ -36,16 +36,15 @@ struct ReplicaBuffers {
   Tensor shadow;  // its bf16 copy of the parameters (bf16 compute; else undefined)
 };
 
-// ZeRO stage 2: replica r's gradients (ReplicaBuffers::grads) are `slots` slots of
-// `slot_size` floats, bucket b in slot b % slots, and the sum of its partition is
+// ZeRO stage 2: replica r's gradients (ReplicaBuffers::grads) are the slots of `layout`,
+// bucket b at layout.bucket_begin(b), and the sum of its partition is
 // `partition_sums[r]` (its partition's elements; one a process across ranks). A bucket's
 // sum goes into its owners' partitions, or is added to what is there for the step's later
 // micro-batches, and its slot is free for the next bucket once the sum is done.
 struct GradSlots {
   std::vector<Tensor> partition_sums;
-  int64_t slot_size = 0;
-  size_t slots = 0;
-  bool defined() const { return slots > 0; }
+  SlotLayout layout;
+  bool defined() const { return layout.slots() > 0; }
 };
 
 // Owner's piece [begin, end) of bucket k: where the bucket overlaps the owner's partition

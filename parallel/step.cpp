@@ -94,6 +94,7 @@ void DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, do
       for (int b : buckets_of_param_[k]) rep.pending[static_cast<size_t>(b)] += rep.params[k]->uses;
     rep.next_bucket = 0;
     rep.acquired = 0;
+    rep.holds_slot.assign(buckets_.size(), 0);
   }
   // Buckets go to the reducer in bucket order only, so that every replica (and rank)
   // issues its collectives in the same order whatever order backward finishes them in.
@@ -103,6 +104,7 @@ void DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, do
   // Stage 2: a bucket's slot is written (by backward, or zeroed where backward did not
   // reach) only once the bucket before it in that slot is handed over and reduced; a
   // bucket still incomplete then is complete with zeros where backward has not reached.
+  // A bucket with a slot of its own (a tied weight's) waits for no other.
   auto settle_bucket = [&](size_t b) {
     for (int k : slots_.params_of_bucket[b]) {
       Tensor v = rep.params[static_cast<size_t>(k)]->value;
@@ -112,15 +114,16 @@ void DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, do
     }
     complete[b] = true;
   };
-  auto acquire_up_to = [&](size_t b) {
-    for (; rep.acquired <= b; ++rep.acquired) {
-      const size_t c = rep.acquired;
-      for (size_t j = rep.next_bucket; j + slots_.slots <= c; ++j) settle_bucket(j);
-      hand_over();
-      reducer_->before_write(r, c);
-      for (const Bucket& pad : slots_.dirty_padding[c])
-        dpt::zero_(rep.model->flat_grads().view(pad.offset, {pad.count}));
-    }
+  auto acquire = [&](size_t c) {
+    if (rep.holds_slot[c]) return;
+    for (size_t j = rep.next_bucket; static_cast<int>(j) <= slots_.previous_in_slot[c]; ++j) settle_bucket(j);
+    hand_over();
+    reducer_->before_write(r, c);
+    for (const Bucket& pad : slots_.dirty_padding[c]) dpt::zero_(rep.model->flat_grads().view(pad.offset, {pad.count}));
+    rep.holds_slot[c] = 1;
+  };
+  auto acquire_up_to = [&](size_t b) {  // in bucket order, so that the slots' turns are backward's
+    for (; rep.acquired <= b; ++rep.acquired) acquire(rep.acquired);
   };
   LeafHook before_write;
   if (communicate && zero_ == 2)
@@ -133,7 +136,8 @@ void DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, do
             "ZeRO stage 2 needs backward to make the gradients bucket after bucket: a parameter's gradient came "
             "after its bucket was reduced (a model that uses it out of order); use {} 1",
             {{"DataParallelOptions", "zero"}});
-      acquire_up_to(b);
+      if (slots_.own_slot(b)) acquire(b);
+      else acquire_up_to(b);
     };
   if (shard.x.defined()) {
     Tensor loss;

@@ -253,6 +253,33 @@ TEST_CASE("ZeRO stage 2 buckets are whole parameters, from the end, without the 
   CHECK((small_first[1].offset == 0 && small_first[1].count == 632));
 }
 
+TEST_CASE("ZeRO stage 2's slots: the buckets take turns in two, a tied weight's bucket has its own", "[parallel][zero]") {
+  // Parameters at 0 (100 floats), 100 (30), 132 (500), 632 (8); buckets [632, 8], [132, 500]
+  // and [0, 130] (the first two parameters).
+  const std::vector<int64_t> offsets{0, 100, 132, 632}, sizes{100, 30, 500, 8};
+  const auto buckets = make_param_buckets(offsets, sizes, 200 * 4.0, 200 * 4.0);
+  const auto of = buckets_of_params(buckets, offsets, sizes);
+  const SlotLayout turns = layout_slots(buckets, offsets, sizes, of, {1, 1, 1, 1});
+  CHECK(turns.size == 2 * 500);  // two slots of the largest bucket
+  CHECK(turns.slot_of == std::vector<size_t>{0, 1, 0});
+  CHECK(turns.previous_in_slot == std::vector<int>{-1, -1, 0});
+  CHECK(turns.in_slots == std::vector<int64_t>{0, 100, 500, 0});
+  CHECK(!turns.own_slot(2));
+  // The first parameter is used twice: its bucket gets a third slot, of its own size, and
+  // the others alternate as before.
+  const SlotLayout tied = layout_slots(buckets, offsets, sizes, of, {2, 1, 1, 1});
+  CHECK(tied.size == 2 * 500 + 130);
+  CHECK(tied.slot_of == std::vector<size_t>{0, 1, 2});
+  CHECK(tied.slot_begin == std::vector<int64_t>{0, 500, 1000});
+  CHECK(tied.previous_in_slot == std::vector<int>{-1, -1, -1});
+  CHECK(tied.in_slots == std::vector<int64_t>{1000, 1100, 500, 0});
+  CHECK((tied.own_slot(2) && !tied.own_slot(0) && !tied.own_slot(1)));
+  // One bucket, tied: no turns.
+  const auto one = make_param_buckets(offsets, sizes, 1e9, 1e9);
+  const SlotLayout alone = layout_slots(one, offsets, sizes, buckets_of_params(one, offsets, sizes), {2, 1, 1, 1});
+  CHECK((alone.size == 640 && alone.turn_slots == 0 && alone.own_slot(0)));
+}
+
 TEST_CASE("ZeRO stage 2 trains as stage 1, each replica holding a gradient shard and two buckets", "[parallel][zero]") {
   for (auto task : {data::Task::regression, data::Task::classification})
     for (std::string opt : {"sgd", "adamw"})
