@@ -35,6 +35,8 @@ echo "cuda:0 x2  : $(gpt --devices cuda:0,cuda:0 --precision fp32 | losses)"
 echo "cuda:0 bf16: $(gpt --devices cuda:0 --precision bf16 | losses)"
 echo "graph  bf16: $(gpt --devices cuda:0 --precision bf16 --cuda-graph | losses)"
 echo "x2 bf16 gradients: $(gpt --devices cuda:0,cuda:0 --precision fp32 --grad-comm bf16 | losses)"
+echo "zero 2 fp32: $(gpt --devices cuda:0 --precision fp32 --zero 2 --bucket-mb 0.05 | losses)"
+echo "zero 2 bf16: $(gpt --devices cuda:0 --precision bf16 --zero 2 --bucket-mb 0.05 | losses)"
 
 # Where a GPT-2 124M bf16 step's GPU time goes (B 16 x T 1024, eager), summed by kernel.
 if [ "${TRACE:-0}" = 1 ]; then

@@ -482,6 +482,23 @@ TEST_CASE("bf16 linear, activations and losses match the CPU bf16 ops, forward a
           },
           5e-3);
     }
+  {  // Two backwards into the same gradients: at 2^30 the bias gradient comes from the weight
+     // gradient's GEMM epilogue (BGRADB), which writes its sums; the second is added.
+    const auto x = randn(1024 * 1024, 16), W = randn(1024 * 1024, 17, 0.3f), b = randn(1024, 18);
+    const auto t = randn(1024 * 1024, 19);
+    compare(
+        [&](const Device& d) {
+          Tensor xx = on(d, x, {1024, 1024}).set_requires_grad(true);
+          Tensor WW = on(d, W, {1024, 1024}).set_requires_grad(true), bb = on(d, b, {1024}).set_requires_grad(true);
+          for (float scale : {1.0f, 0.5f}) {
+            Tensor y = linear_bf16(cast(xx, DType::bf16), WW, bb, cast(WW.detach(), DType::bf16),
+                                   cast(bb.detach(), DType::bf16), Act::gelu_tanh);
+            run_backward(mse_loss(y, on(d, t, {1024, 1024})), scale);
+          }
+          return std::vector<Tensor>{xx.grad(), WW.grad(), bb.grad()};
+        },
+        5e-3);
+  }
   for (Act act : {Act::relu, Act::gelu, Act::tanh, Act::gelu_tanh, Act::none}) {
     INFO(nn::act_name(act));
     const auto x = randn(1001 * 7, 10);  // not a multiple of 8: the vector loops' tails

@@ -169,8 +169,10 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bo
 
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta, bool tb,
              int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
-             const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux) {
+             const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux, void* bias_grad) {
   DPT_CHECK(handle != nullptr, "gemm_lt: null cuBLAS handle");
+  DPT_CHECK(!bias_grad || (!bias && act == Act::none && !aux && types.bias == types.c),
+            "gemm_lt: a bias gradient is the epilogue's only work, in D's type");
   DPT_CHECK((types.ab == DType::f32 && types.c == DType::f32) ||
                 (types.ab == DType::bf16 && (types.c == DType::bf16 || types.c == DType::f32)),
             std::string("gemm_lt: A/B ") + dtype_name(types.ab) + " with C/D " + dtype_name(types.c) +
@@ -183,7 +185,9 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
   if (aux && n % 8 != 0) return false;
   DPT_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
             "gemm_lt: sizes must be in [1, INT_MAX]");
-  const cublasLtEpilogue_t epi = epilogue(bias != nullptr, act, aux != nullptr);
+  // BGRADB: cuBLASLt's B (our A) summed over k, a value for each of D's columns (our rows).
+  const cublasLtEpilogue_t epi = bias_grad ? CUBLASLT_EPILOGUE_BGRADB : epilogue(bias != nullptr, act, aux != nullptr);
+  const void* vector = bias ? bias : bias_grad;  // the epilogue's bias pointer, read or written
   const uint32_t align[4] = {alignment(B), alignment(A), alignment(C), alignment(C)};
   int device = -1;
   DPT_CUDA_CHECK(cudaGetDevice(&device));
@@ -202,7 +206,7 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
                     align[0],
                     align[1],
                     align[2],
-                    alignment(bias),
+                    alignment(vector),
                     alignment(aux),
                     workspace_bytes};
   static std::mutex mu;
@@ -217,14 +221,14 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
     if (it == plans.end())
       it = plans
                .emplace(key, make_plan(lt, precision, types, ta, tb, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
-                                       static_cast<uint64_t>(k), epi, bias, aux, align, workspace_bytes))
+                                       static_cast<uint64_t>(k), epi, vector, aux, align, workspace_bytes))
                .first;
     plan = &it->second;  // map nodes stay put; only this stream's thread uses this plan
   }
   if (!plan->supported) return false;
-  if (bias)
+  if (vector)
     DPT_CUBLASLT_CHECK(
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
   if (aux)
     DPT_CUBLASLT_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));

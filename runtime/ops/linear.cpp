@@ -31,12 +31,13 @@ bool lt_gemm(Context& ctx, const Device& d, bool ta, bool tb, int64_t m, int64_t
 }
 // The same over other element types.
 // (aux: where a tanh-GELU epilogue writes the pre-activation, or null.)
+// (bias_grad: where the epilogue writes op(A)'s sums over k, or null.)
 bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
              float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act,
-             void* aux = nullptr) {
+             void* aux = nullptr, void* bias_grad = nullptr) {
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
   return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas_lt()), stream_of(d), ctx.precision, types, ta, tb, m, n, k,
-                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes, aux);
+                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes, aux, bias_grad);
 }
 // gemm_skinny's partial products, for the call it is made for: none where k is not split
 // (data null), so that the one-kernel form allocates nothing.
@@ -381,6 +382,27 @@ class LinearChainNode : public Node {
 };
 #endif
 
+#if DPT_WITH_CUDA
+// A bf16 layer's weight gradient dW (+)= dz^T x (fp32) with its bias gradient db (+)= the
+// column sums of dz from the same GEMM's epilogue (cuBLASLt's BGRADB): no pass of its own
+// over dz. Large GEMMs on a GPU only (as the forward's epilogue); false where it does not
+// apply or cuBLASLt has no kernel for it (then nothing ran).
+bool weight_and_bias_grad(const Tensor& dz, const Tensor& x, GradSlot& dW, GradSlot& db) {
+  const Device d = dz.device();
+  const int64_t rows = dz.size(0), out = dz.size(1), in = x.size(1);
+  if (!d.is_cuda() || rows == 0 || (db.beta != 0.0f && db.beta != 1.0f) ||
+      static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in) < kLtMinMultiplyAdds)
+    return false;
+  // The epilogue writes the sums: a later micro-batch's are added to the slot after.
+  Tensor sums = db.beta == 0.0f ? db.t : Tensor::empty({out}, DType::f32, d);
+  if (!lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::f32, DType::f32}, true, false, out, in, rows, 1.0f,
+               dz.bf16(), x.bf16(), dW.beta, dW.t.f32(), nullptr, Act::none, nullptr, sums.f32()))
+    return false;
+  if (db.beta != 0.0f) axpy_(1.0f, sums, db.t);
+  return true;
+}
+#endif
+
 // Saves the bf16 input and weight copy (the masters are its inputs, for their gradients)
 // and the bf16 output, or the pre-activation for GELU; nothing without an activation (its
 // backward reads neither, and the output is freed once the forward is past it).
@@ -397,14 +419,17 @@ class LinearBf16Node : public Node {
     // dz = dy * act'(.) in bf16, in place (dy is ours to overwrite), and db (fp32) from the
     // same pass when the bias needs it.
     const uint16_t* saved = saved_.defined() ? saved_.bf16() : nullptr;  // none without an activation
-    if (inputs.size() > 2 && grads.needed(2)) {
-      GradSlot db = grad_slot(grads, 2, {out}, d);
+    const bool want_db = inputs.size() > 2 && grads.needed(2);
+    GradSlot db = want_db ? grad_slot(grads, 2, {out}, d) : GradSlot{};
+    // On a GPU the weight gradient's GEMM makes db in its epilogue where it can (see
+    // weight_and_bias_grad); else the activation's pass makes it.
+    const bool db_in_dW = want_db && grads.needed(1) && d.is_cuda();
+    if (want_db && !db_in_dW) {
       DPT_CUDA_OR_CPU(
           d,
           cuda::act_bias_backward_bf16(dy.bf16(), saved, act_, rows, out, dy.bf16(), db.beta, db.t.f32(),
                                        bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(), stream_of(d)),
           cpu::act_bias_backward_bf16(dy.bf16(), saved, act_, rows, out, dy.bf16(), db.beta, db.t.f32()));
-      put_slot(grads, 2, db);
     } else if (act_ != Act::none) {
       DPT_CUDA_OR_CPU(d, cuda::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16(), stream_of(d)),
                       cpu::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16()));
@@ -416,9 +441,24 @@ class LinearBf16Node : public Node {
     }
     if (grads.needed(1)) {  // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer
       GradSlot dW = grad_slot(grads, 1, W16_.shape(), d);
-      gemm(true, false, 1.0f, dy, x_.values(), dW.beta, dW.t);
+      const Tensor x = x_.values();
+      bool db_done = false;
+#if DPT_WITH_CUDA
+      db_done = db_in_dW && weight_and_bias_grad(dy, x, dW, db);
+#endif
+      if (!db_done) gemm(true, false, 1.0f, dy, x, dW.beta, dW.t);
+      if (db_in_dW && !db_done) {  // the epilogue did not apply: the sums over dz, in a pass
+        DPT_CUDA_OR_CPU(d,
+                        cuda::act_bias_backward_bf16(dy.bf16(), nullptr, Act::none, rows, out, dy.bf16(), db.beta,
+                                                     db.t.f32(),
+                                                     bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(),
+                                                     stream_of(d)),
+                        cpu::act_bias_backward_bf16(dy.bf16(), nullptr, Act::none, rows, out, dy.bf16(), db.beta,
+                                                    db.t.f32()));
+      }
       put_slot(grads, 1, dW);
     }
+    if (want_db) put_slot(grads, 2, db);
   }
 
  private:
