@@ -193,22 +193,29 @@ Block::Block(const BlockSizes& s)
 }
 
 Tensor Block::forward(const Tensor& x, int64_t T) {
-  if (recompute_ == Recompute::none)  // the plain layers: in bf16 the GELU in cuBLASLt's epilogue
-    return plain_mlp(add(x, attn_->forward(ln_1_->forward(x), T)));
-  // Recomputation: c_attn and c_fc keep their LayerNorm's input (which its own node keeps)
-  // instead of its output, and c_proj keeps c_fc's pre-activation (which c_fc's node keeps)
-  // instead of the GELU's output; the outputs are then freed as soon as their reader is done.
+  // Recomputing with gelu+ln, c_attn and c_fc keep their LayerNorm's input (which its own
+  // node keeps) instead of its output; recomputing at all, c_proj keeps c_fc's pre-activation
+  // instead of the GELU's output. The outputs are then freed as soon as their reader is done.
   const bool ln_inputs = recompute_ == Recompute::gelu_ln;
   const Tensor h = add(x, attn_->forward(ln_1_->forward(x), T, ln_inputs ? ln_1_->output_from(x) : SavedInput{}));
-  const LinearOut fc = linear_forward(*c_fc_, ln_2_->forward(h), ln_inputs ? ln_2_->output_from(h) : SavedInput{});
-  return add(h, linear_forward(*c_proj_, fc.y, act_of(fc.z, c_fc_->act())).y);
+  return add(h, mlp(ln_2_->forward(h), ln_inputs ? ln_2_->output_from(h) : SavedInput{}));
 }
 
 Tensor Block::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start) {
-  return plain_mlp(add(x, attn_->forward_cached(ln_1_->forward(x), keys, values, start)));
+  const Tensor h = add(x, attn_->forward_cached(ln_1_->forward(x), keys, values, start));
+  return add(h, mlp(ln_2_->forward(h), SavedInput{}));
 }
 
-Tensor Block::plain_mlp(const Tensor& h) { return add(h, c_proj_->forward(c_fc_->forward(ln_2_->forward(h)))); }
+Tensor Block::mlp(const Tensor& x, const SavedInput& x_saved) {
+  if (c_fc_->computes_bf16())
+    return gelu_mlp_bf16(cast(x, DType::bf16),
+                         {c_fc_->weight(), c_fc_->bias(), c_fc_->weight_bf16(), c_fc_->bias_bf16()},
+                         {c_proj_->weight(), c_proj_->bias(), c_proj_->weight_bf16(), c_proj_->bias_bf16()},
+                         recompute_ == Recompute::none, x_saved);
+  if (recompute_ == Recompute::none) return c_proj_->forward(c_fc_->forward(x));
+  const LinearOut fc = linear_forward(*c_fc_, x, x_saved);
+  return linear_forward(*c_proj_, fc.y, act_of(fc.z, c_fc_->act())).y;
+}
 
 // ---- GPT ------------------------------------------------------------------------------
 

@@ -34,6 +34,35 @@
 using namespace dpt;
 using namespace dpt::test;
 
+namespace {
+// A transformer MLP (rows x c -> 4c -> c, tanh-GELU) in bf16 on `d`, forward and backward
+// of a squared error: as gelu_mlp_bf16 (fused) or as two linear_bf16 layers (recomputing:
+// linear_bf16_pre, c_proj keeping act_of(z)). Gives y and the gradients of x and each
+// parameter.
+std::vector<Tensor> bf16_mlp_step(const Device& d, int64_t rows, int64_t c, bool fused, bool keep_h) {
+  const int64_t hidden = 4 * c;
+  Tensor x = randn_tensor({rows, c}, 31, d).set_requires_grad(true);
+  Tensor W1 = randn_tensor({hidden, c}, 32, d, 0.1f).set_requires_grad(true);
+  Tensor b1 = randn_tensor({hidden}, 33, d, 0.5f).set_requires_grad(true);
+  Tensor W2 = randn_tensor({c, hidden}, 34, d, 0.1f).set_requires_grad(true);
+  Tensor b2 = randn_tensor({c}, 35, d).set_requires_grad(true);
+  const Bf16Layer fc{W1, b1, cast(W1.detach(), DType::bf16), cast(b1.detach(), DType::bf16)};
+  const Bf16Layer proj{W2, b2, cast(W2.detach(), DType::bf16), cast(b2.detach(), DType::bf16)};
+  const Tensor x16 = cast(x, DType::bf16);
+  Tensor y;
+  if (fused) {
+    y = gelu_mlp_bf16(x16, fc, proj, keep_h);
+  } else if (keep_h) {
+    y = linear_bf16(linear_bf16(x16, W1, b1, fc.W16, fc.b16, Act::gelu_tanh), W2, b2, proj.W16, proj.b16);
+  } else {
+    const LinearOut h = linear_bf16_pre(x16, W1, b1, fc.W16, fc.b16, Act::gelu_tanh);
+    y = linear_bf16_pre(h.y, W2, b2, proj.W16, proj.b16, Act::none, act_of(h.z, Act::gelu_tanh)).y;
+  }
+  mse_loss(y, randn_tensor({rows, c}, 36, d)).backward();
+  return {y.detach(), x.grad(), W1.grad(), b1.grad(), W2.grad(), b2.grad()};
+}
+}  // namespace
+
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
 TEST_CASE("linear gradients match finite differences for every activation", "[ops][grad]") {
@@ -159,6 +188,21 @@ TEST_CASE("linear writes into a given output the bits it would allocate", "[ops]
   Tensor w = test::randn_tensor({4, 7}, 2, cpu);
   w.set_requires_grad(true);
   CHECK_THROWS_AS(linear(x, w, b, Act::none, Tensor::empty({5, 4}, DType::f32, cpu)), Error);  // backward would save it
+}
+
+TEST_CASE("gelu_mlp_bf16 gives two bf16 Linear layers' values and gradients, bit for bit", "[ops][bf16]") {
+  for (bool keep_h : {true, false}) {
+    INFO((keep_h ? "keeping the GELU's output" : "rebuilding it from the pre-activation"));
+    const auto fused = bf16_mlp_step(host, 37, 24, true, keep_h), layers = bf16_mlp_step(host, 37, 24, false, keep_h);
+    for (size_t i = 0; i < fused.size(); ++i) {
+      INFO("output " << i);
+      CHECK(fused[i].to_host() == layers[i].to_host());
+    }
+  }
+  const Tensor x = Tensor::zeros({4, 8}, DType::bf16, host), W = Tensor::zeros({32, 8}, DType::f32, host);
+  const Bf16Layer no_bias{W, Tensor(), cast(W, DType::bf16), Tensor()};
+  CHECK(test::usage_error([&] { gelu_mlp_bf16(x, no_bias, no_bias, true); }) ==
+        "gelu_mlp_bf16: both layers need a bias");
 }
 
 TEST_CASE("bf16 linear equals the fp32 linear on bf16-rounded operands, rounded once", "[ops][bf16]") {
@@ -455,6 +499,24 @@ TEST_CASE("a run of narrow Linear layers in one kernel matches the CPU layer by 
   const Tensor shared = Tensor::zeros({16, 16}, DType::f32, gpu);
   CHECK(!linear_chain(Tensor::zeros({8, 16}, DType::f32, gpu), {{shared, Tensor(), Act::relu}, {shared, Tensor()}})
              .defined());
+}
+
+TEST_CASE("gelu_mlp_bf16 matches the CPU: the GELU's backward in the GEMM epilogue (DGELU), forward and backward",
+          "[gpu][ops][bf16]") {
+  // 2048 x 512 -> 2048 -> 512: every GEMM over 2^30 multiply-adds, so cuBLASLt's epilogues
+  // (GELU_AUX_BIAS forward, DGELU and BGRADB backward) apply; and a small one (the plain paths).
+  for (int64_t rows : {2048, 40})
+    for (bool keep_h : {true, false}) {
+      const int64_t c = rows == 2048 ? 512 : 24;
+      INFO(rows << " x " << c << (keep_h ? ", keeping h" : ", rebuilding h"));
+      compare([&](const Device& d) { return bf16_mlp_step(d, rows, c, true, keep_h); }, 5e-3);
+      // And the fused op against two layers on the GPU: within bf16 rounding of dz.
+      const auto fused = bf16_mlp_step(gpu, rows, c, true, keep_h), layers = bf16_mlp_step(gpu, rows, c, false, keep_h);
+      for (size_t i = 0; i < fused.size(); ++i) {
+        INFO("output " << i);
+        CHECK(rel_error(fused[i].to_host(), layers[i].to_host()) < 5e-3);
+      }
+    }
 }
 
 TEST_CASE("bf16 linear, activations and losses match the CPU bf16 ops, forward and backward", "[gpu][ops][bf16]") {

@@ -169,7 +169,8 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bo
 
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta, bool tb,
              int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
-             const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux, void* bias_grad) {
+             const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux, void* bias_grad,
+             bool act_grad) {
   DPT_CHECK(handle != nullptr, "gemm_lt: null cuBLAS handle");
   DPT_CHECK(!bias_grad || (!bias && act == Act::none && !aux && types.bias == types.c),
             "gemm_lt: a bias gradient is the epilogue's only work, in D's type");
@@ -181,12 +182,17 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
   DPT_CHECK(act == Act::none || act == Act::relu || act == Act::gelu_tanh,
             "gemm_lt: only ReLU and tanh-GELU fuse into the epilogue");
   DPT_CHECK(!aux || act == Act::gelu_tanh, "gemm_lt: only tanh-GELU writes a pre-activation");
+  DPT_CHECK(!act_grad || (aux && !bias && beta == 0.0f),
+            "gemm_lt: the GELU's gradient reads the pre-activation (aux), with no bias and beta 0");
   // The pre-activation's leading dimension (n) must be a multiple of 8: else unfused.
   if (aux && n % 8 != 0) return false;
   DPT_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
             "gemm_lt: sizes must be in [1, INT_MAX]");
   // BGRADB: cuBLASLt's B (our A) summed over k, a value for each of D's columns (our rows).
-  const cublasLtEpilogue_t epi = bias_grad ? CUBLASLT_EPILOGUE_BGRADB : epilogue(bias != nullptr, act, aux != nullptr);
+  // DGELU: D = (alpha op(A) op(B)) gelu'(aux), aux the pre-activation GELU_AUX wrote.
+  const cublasLtEpilogue_t epi = bias_grad  ? CUBLASLT_EPILOGUE_BGRADB
+                                 : act_grad ? CUBLASLT_EPILOGUE_DGELU
+                                            : epilogue(bias != nullptr, act, aux != nullptr);
   const void* vector = bias ? bias : bias_grad;  // the epilogue's bias pointer, read or written
   const uint32_t align[4] = {alignment(B), alignment(A), alignment(C), alignment(C)};
   int device = -1;

@@ -1,6 +1,7 @@
 // The GEMM and the layers built on it: gemm, matmul, linear (fp32, tf32 and bf16 compute),
 // and linear_chain, a stack of small layers in one launch each way.
 #include <algorithm>
+#include <optional>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
@@ -31,13 +32,14 @@ bool lt_gemm(Context& ctx, const Device& d, bool ta, bool tb, int64_t m, int64_t
 }
 // The same over other element types.
 // (aux: where a tanh-GELU epilogue writes the pre-activation, or null.)
-// (bias_grad: where the epilogue writes op(A)'s sums over k, or null.)
+// (bias_grad: where the epilogue writes op(A)'s sums over k, or null; act_grad: the GELU's
+// gradient from the pre-activation in aux.)
 bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
              float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act,
-             void* aux = nullptr, void* bias_grad = nullptr) {
+             void* aux = nullptr, void* bias_grad = nullptr, bool act_grad = false) {
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
   return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas_lt()), stream_of(d), ctx.precision, types, ta, tb, m, n, k,
-                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes, aux, bias_grad);
+                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes, aux, bias_grad, act_grad);
 }
 // gemm_skinny's partial products, for the call it is made for: none where k is not split
 // (data null), so that the one-kernel form allocates nothing.
@@ -403,6 +405,35 @@ bool weight_and_bias_grad(const Tensor& dz, const Tensor& x, GradSlot& dW, GradS
 }
 #endif
 
+// A bf16 layer's parameter gradients from dz (its output's gradient through the activation,
+// bf16 [rows, out]) and its input x: dW (+)= dz^T x into input w's gradient, and where input
+// b is given and wants it, db (+)= dz's column sums (on a GPU from the GEMM's epilogue where
+// it can, else a pass over dz).
+void bf16_param_grads(const Tensor& dz, const Tensor& x, Grads& grads, size_t w, std::optional<size_t> b) {
+  const Device d = dz.device();
+  const int64_t rows = dz.size(0), out = dz.size(1);
+  GradSlot dW = needed_slot(grads, w, {out, x.size(1)}, d);
+  GradSlot db = b ? needed_slot(grads, *b, {out}, d) : GradSlot{};
+  bool db_done = !db.t.defined();
+#if DPT_WITH_CUDA
+  if (dW.t.defined() && !db_done && weight_and_bias_grad(dz, x, dW, db)) {
+    put_slot(grads, w, dW);
+    put_slot(grads, *b, db);
+    return;
+  }
+#endif
+  if (dW.t.defined()) gemm(true, false, 1.0f, dz, x, dW.beta, dW.t);
+  if (!db_done)
+    DPT_CUDA_OR_CPU(d,
+                    cuda::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta,
+                                                 db.t.f32(), bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(),
+                                                 stream_of(d)),
+                    cpu::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta,
+                                                db.t.f32()));
+  put_slot(grads, w, dW);
+  if (b) put_slot(grads, *b, db);
+}
+
 // Saves the bf16 input and weight copy (the masters are its inputs, for their gradients)
 // and the bf16 output, or the pre-activation for GELU; nothing without an activation (its
 // backward reads neither, and the output is freed once the forward is past it).
@@ -416,20 +447,20 @@ class LinearBf16Node : public Node {
     const int64_t rows = x_.size(0), out = W16_.size(0);
     const Device d = dy_in.device();
     Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
-    // dz = dy * act'(.) in bf16, in place (dy is ours to overwrite), and db (fp32) from the
-    // same pass when the bias needs it.
-    const uint16_t* saved = saved_.defined() ? saved_.bf16() : nullptr;  // none without an activation
-    const bool want_db = inputs.size() > 2 && grads.needed(2);
-    GradSlot db = want_db ? grad_slot(grads, 2, {out}, d) : GradSlot{};
-    // On a GPU the weight gradient's GEMM makes db in its epilogue where it can (see
-    // weight_and_bias_grad); else the activation's pass makes it.
-    const bool db_in_dW = want_db && grads.needed(1) && d.is_cuda();
-    if (want_db && !db_in_dW) {
+    const bool has_bias = inputs.size() > 2;
+    // dz = dy * act'(.) in bf16, in place (dy is ours to overwrite). On a CPU, or without a
+    // weight gradient, the same pass makes db (fp32); on a GPU the weight gradient's GEMM
+    // does (bf16_param_grads).
+    const bool db_with_dW = has_bias && grads.needed(1) && d.is_cuda();
+    if (has_bias && grads.needed(2) && !db_with_dW) {
+      GradSlot db = grad_slot(grads, 2, {out}, d);
+      const uint16_t* saved = saved_.defined() ? saved_.bf16() : nullptr;  // none without an activation
       DPT_CUDA_OR_CPU(
           d,
           cuda::act_bias_backward_bf16(dy.bf16(), saved, act_, rows, out, dy.bf16(), db.beta, db.t.f32(),
                                        bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(), stream_of(d)),
           cpu::act_bias_backward_bf16(dy.bf16(), saved, act_, rows, out, dy.bf16(), db.beta, db.t.f32()));
+      put_slot(grads, 2, db);
     } else if (act_ != Act::none) {
       DPT_CUDA_OR_CPU(d, cuda::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16(), stream_of(d)),
                       cpu::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16()));
@@ -439,32 +470,68 @@ class LinearBf16Node : public Node {
       gemm(false, false, 1.0f, dy, W16_, 0.0f, dx);
       give(grads, 0, dx);
     }
-    if (grads.needed(1)) {  // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer
-      GradSlot dW = grad_slot(grads, 1, W16_.shape(), d);
-      const Tensor x = x_.values();
-      bool db_done = false;
-#if DPT_WITH_CUDA
-      db_done = db_in_dW && weight_and_bias_grad(dy, x, dW, db);
-#endif
-      if (!db_done) gemm(true, false, 1.0f, dy, x, dW.beta, dW.t);
-      if (db_in_dW && !db_done) {  // the epilogue did not apply: the sums over dz, in a pass
-        DPT_CUDA_OR_CPU(d,
-                        cuda::act_bias_backward_bf16(dy.bf16(), nullptr, Act::none, rows, out, dy.bf16(), db.beta,
-                                                     db.t.f32(),
-                                                     bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(),
-                                                     stream_of(d)),
-                        cpu::act_bias_backward_bf16(dy.bf16(), nullptr, Act::none, rows, out, dy.bf16(), db.beta,
-                                                    db.t.f32()));
-      }
-      put_slot(grads, 1, dW);
-    }
-    if (want_db) put_slot(grads, 2, db);
+    if (grads.needed(1))  // straight into the flat gradient buffer
+      bf16_param_grads(dy, x_.values(), grads, 1, db_with_dW ? std::optional<size_t>(2) : std::nullopt);
   }
 
  private:
   NodeInput x_;
   Tensor W16_, saved_;
   Act act_;
+};
+
+// dz = (dy W16) gelu_tanh'(z) in bf16: on a GPU the GELU's derivative in the GEMM's
+// epilogue (DGELU) for large GEMMs, else the GEMM rounded to bf16 and a pass.
+void gelu_backward_through(const Tensor& dy, const Tensor& W16, const Tensor& z, const Tensor& dz) {
+  const Device d = dy.device();
+  const int64_t rows = dy.size(0), out = dy.size(1), hidden = W16.size(1);
+#if DPT_WITH_CUDA
+  if (d.is_cuda() && rows > 0 &&
+      static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(hidden) >= kLtMinMultiplyAdds &&
+      lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::bf16, DType::bf16}, false, false, rows, hidden, out,
+              1.0f, dy.bf16(), W16.bf16(), 0.0f, dz.bf16(), nullptr, Act::gelu_tanh, z.bf16(), nullptr, true))
+    return;
+#endif
+  gemm(false, false, 1.0f, dy, W16, 0.0f, dz);
+  DPT_CUDA_OR_CPU(d, cuda::act_backward_bf16(dz.bf16(), z.bf16(), Act::gelu_tanh, dz.numel(), dz.bf16(), stream_of(d)),
+                  cpu::act_backward_bf16(dz.bf16(), z.bf16(), Act::gelu_tanh, dz.numel(), dz.bf16()));
+}
+
+// gelu_mlp_bf16's node. Inputs: x, fc's W and b, proj's W and b. It keeps x (or its
+// rebuild), both bf16 weight copies, the pre-activation z and, unless recomputing, the
+// GELU's output h; it writes its parameters' gradients in backward's order (proj's, then
+// fc's), so that a hook waiting before each write (ZeRO stage 2) sees them as two layers'.
+class GeluMlpBf16Node : public Node {
+ public:
+  GeluMlpBf16Node(NodeInput x, Tensor fc16, Tensor proj16, Tensor z, Tensor h)
+      : x_(std::move(x)), fc16_(fc16.untracked()), proj16_(proj16.untracked()), z_(z), h_(h) {}
+  const char* name() const override { return "gelu_mlp_bf16"; }
+  bool overwrites_grad() const override { return false; }  // dy is only read
+  bool hands_over_in_turn() const override { return true; }
+  void backward(Tensor& dy_in, Grads& grads) override {
+    const Device d = dy_in.device();
+    const Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
+    in_turn(grads, {3, 4}, [&] { bf16_param_grads(dy, h_.defined() ? h_ : activation(z_, Act::gelu_tanh), grads, 3, 4); });
+    Tensor dz = Tensor::empty(z_.shape(), DType::bf16, d);  // the GELU output's gradient is never written
+    gelu_backward_through(dy, proj16_, z_, dz);
+    in_turn(grads, {1, 2}, [&] { bf16_param_grads(dz, x_.values(), grads, 1, 2); });
+    if (grads.needed(0))
+      in_turn(grads, {0}, [&] {
+        Tensor dx = Tensor::empty(x_.shape(), DType::bf16, d);
+        gemm(false, false, 1.0f, dz, fc16_, 0.0f, dx);
+        give(grads, 0, dx);
+      });
+  }
+
+ private:
+  template <class Write>
+  static void in_turn(Grads& grads, std::initializer_list<size_t> ins, const Write& write) {
+    for (size_t i : ins) grads.before_write(i);
+    write();
+    for (size_t i : ins) grads.handed(i);
+  }
+  NodeInput x_;
+  Tensor fc16_, proj16_, z_, h_;
 };
 
 }  // namespace
@@ -737,6 +804,33 @@ LinearOut linear_bf16_pre(const Tensor& x, const Tensor& W, const Tensor& b, con
   return pre_activated<LinearBf16Node>(
       "linear_bf16_pre", x, W, b, W16, DType::bf16, act, saved,
       [&](Act a, const Tensor& y) { linear_bf16_values(x, W16, b16, a, y, Tensor()); });
+}
+
+Tensor gelu_mlp_bf16(const Tensor& x, const Bf16Layer& fc, const Bf16Layer& proj, bool keep_h,
+                     const SavedInput& x_saved) {
+  check_linear_bf16(x, fc.W, fc.b, fc.W16, fc.b16);
+  DPT_REQUIRE(fc.b.defined() && proj.b.defined(), "gelu_mlp_bf16: both layers need a bias");
+  const Device d = x.device();
+  const int64_t rows = x.size(0), hidden = fc.W.size(0);
+  const bool grad = any_requires_grad({&x, &fc.W, &fc.b, &proj.W, &proj.b});
+  if (grad) check_saved(x_saved, x, "gelu_mlp_bf16");
+  // fc, as linear_bf16 (the GELU in the GEMM's epilogue where it fuses) or, recomputing, as
+  // linear_bf16_pre (z, then the GELU of the rounded z, which backward rebuilds alike).
+  Tensor z = Tensor::empty({rows, hidden}, DType::bf16, d), h;
+  if (keep_h) {
+    h = Tensor::empty({rows, hidden}, DType::bf16, d);
+    linear_bf16_values(x, fc.W16, fc.b16, Act::gelu_tanh, h, z);
+  } else {
+    linear_bf16_values(x, fc.W16, fc.b16, Act::none, z, Tensor());
+    h = activation(z, Act::gelu_tanh);
+  }
+  check_linear_bf16(h, proj.W, proj.b, proj.W16, proj.b16);
+  Tensor y = Tensor::empty({rows, proj.W.size(0)}, DType::bf16, d);
+  linear_bf16_values(h, proj.W16, proj.b16, Act::none, y, Tensor());
+  if (grad)
+    record(y, std::make_shared<GeluMlpBf16Node>(NodeInput(x, x_saved), fc.W16, proj.W16, z, keep_h ? h : Tensor()),
+           {x, fc.W, fc.b, proj.W, proj.b});
+  return y;
 }
 
 SavedInput act_of(const Tensor& z, Act act) {

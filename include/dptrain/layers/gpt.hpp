@@ -133,10 +133,12 @@ class CausalSelfAttention : public SequencePart<CausalSelfAttention> {
 };
 
 // x + attn(ln_1(x)), then x + mlp(ln_2(x)) with mlp = c_fc (C -> 4C, tanh-GELU), c_proj (4C -> C).
-// Without recomputation the layers are plain Linears (in bf16 on a GPU the GELU in cuBLASLt's
-// epilogue, on the fp32 sum). With it, the GELU reads c_fc's pre-activation rounded to bf16
-// (linear_bf16_pre), as PyTorch's bf16 F.gelu after nn.Linear does, so that rebuilding it
-// gives the same bits: gelu and gelu+ln agree to the bit, and with none within bf16 rounding.
+// In bf16 the MLP is one op (gelu_mlp_bf16: on a GPU the GELU's backward in the epilogue of
+// c_proj's input gradient); in fp32 two Linears. Without recomputation the GELU is applied to
+// the fp32 sum (in bf16 on a GPU in cuBLASLt's epilogue). With it, the GELU reads c_fc's
+// pre-activation rounded to bf16 (linear_bf16_pre), as PyTorch's bf16 F.gelu after nn.Linear
+// does, so that rebuilding it gives the same bits: gelu and gelu+ln agree to the bit, and
+// with none within bf16 rounding.
 class Block : public SequencePart<Block> {
  public:
   explicit Block(const BlockSizes& sizes);
@@ -151,8 +153,8 @@ class Block : public SequencePart<Block> {
   std::shared_ptr<CausalSelfAttention> attn_;
   std::shared_ptr<Linear> c_fc_, c_proj_;
   Recompute recompute_ = Recompute::none;
-  // h + c_proj(c_fc(ln_2(h))) through the plain layers (no recomputation, decoding).
-  Tensor plain_mlp(const Tensor& h);
+  // c_proj(c_fc(x)) for x = ln_2(h), its node keeping x_saved for x (recomputing) or x.
+  Tensor mlp(const Tensor& x, const SavedInput& x_saved);
 };
 
 // What a GPT has computed of the sequences it decodes (GPT::kv_cache, forward_cached): for

@@ -249,4 +249,19 @@ LinearOut linear_pre(const Tensor& x, const Tensor& W, const Tensor& b, Act act,
 LinearOut linear_bf16_pre(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
                           Act act, const SavedInput& saved = {});
 
+
+// A transformer block's MLP in bf16, y = proj(gelu_tanh(fc(x))) (x bf16; each layer's fp32
+// weight and bias, the leaves, beside their bf16 copies; both with a bias), as one op, so
+// that its backward can make the GELU's derivative in the epilogue of the GEMM that makes
+// proj's input gradient (on a GPU, cuBLASLt's DGELU reading the pre-activation): the GELU
+// output's gradient is never written. Values and gradients are those of linear_bf16(fc,
+// gelu_tanh) then linear_bf16(proj) (keep_h: the node keeps the GELU's output), or, not
+// keep_h, of linear_bf16_pre with proj keeping act_of(z) (the node keeps the pre-activation
+// alone and rebuilds the GELU's output for proj's weight gradient); on a CPU the same bits,
+// on a GPU within bf16 rounding (the epilogue rounds dz once). x_saved: as linear_bf16_pre's.
+struct Bf16Layer {
+  Tensor W, b, W16, b16;
+};
+Tensor gelu_mlp_bf16(const Tensor& x, const Bf16Layer& fc, const Bf16Layer& proj, bool keep_h,
+                     const SavedInput& x_saved = {});
 }  // namespace dpt
