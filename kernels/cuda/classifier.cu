@@ -10,6 +10,7 @@
 // order by one block. No float atomics: the same inputs give the same bits on every run.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "check.hpp"
@@ -161,6 +162,74 @@ static __global__ void __launch_bounds__(kClassifierThreads)
   }
 }
 
+// classifier_resident_kernel's work with the row held in shared memory instead (dynamic,
+// cols elements): a thread needs few registers, so two blocks share an SM and one block's
+// loads overlap the other's reductions, where the register form holds one block an SM that
+// waits through its own. The same vectors in the same order: the same bits.
+template <typename T>
+static __global__ void __launch_bounds__(kClassifierThreads, 2)
+    classifier_shared_kernel(T* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab, float* work,
+                             bool write_grad) {
+  constexpr int E = Vec16<T>::kCount;
+  extern __shared__ __align__(16) unsigned char held_bytes[];  // one declaration for every T
+  auto* held = reinterpret_cast<Vec16<T>*>(held_bytes);
+  auto* row = reinterpret_cast<Vec16<T>*>(logits + blockIdx.x * cols);
+  const int nvec = static_cast<int>(cols / E), nvocab = static_cast<int>(vocab);
+  const int32_t target = targets[blockIdx.x];
+  const bool valid = target >= 0 && target < vocab;
+  const float at_target = threadIdx.x == 0 && valid ? as_float(logits[blockIdx.x * cols + target]) : NAN;
+  float m = -INFINITY;
+#pragma unroll 4
+  for (int i = static_cast<int>(threadIdx.x); i < nvec; i += kClassifierThreads) {
+    const Vec16<T> x = row[i];
+    held[i] = x;
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      if (i * E + e < nvocab) m = fmaxf(m, as_float(x.v[e]));
+  }
+  const float max = block_max(m);  // its barrier also makes `held` visible to the block
+  float s = 0.f;
+  for (int i = static_cast<int>(threadIdx.x); i < nvec; i += kClassifierThreads) {
+    const Vec16<T> x = held[i];
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      if (i * E + e < nvocab) s += softmax_exp(as_float(x.v[e]) - max, T{});
+  }
+  const float sum = block_total(s);
+  if (threadIdx.x == 0) work[blockIdx.x] = max + logf(sum) - at_target;
+  if (!write_grad) return;
+  const float inv_sum = 1.f / sum, inv_rows = 1.f / static_cast<float>(rows);
+  for (int i = static_cast<int>(threadIdx.x); i < nvec; i += kClassifierThreads) {
+    const Vec16<T> x = held[i];
+    Vec16<T> g;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int c = i * E + e;
+      const float p = c < nvocab ? softmax_exp(as_float(x.v[e]) - max, T{}) * inv_sum : 0.f;
+      store(&g.v[e], (c == target ? p - 1.f : p) * inv_rows);
+    }
+    row[i] = g;
+  }
+}
+
+// Whether the row goes to shared memory (classifier_shared_kernel): in whole vectors, and
+// two rows fit an SM's shared memory (GPT-2's 50304 bf16 columns: 2 x 98 KiB of 228), with
+// the kernel's limit raised to one row on this device.
+template <typename T>
+bool row_in_shared(const T* logits, int64_t cols) {
+  if (cols % Vec16<T>::kCount != 0 || reinterpret_cast<uintptr_t>(logits) % 16 != 0) return false;
+  if (const char* k = std::getenv("DPT_CLASSIFIER_KERNEL"); k && std::string(k) == "registers") return false;
+  int device = 0, per_sm = 0, per_block = 0;
+  DPT_CUDA_CHECK(cudaGetDevice(&device));
+  DPT_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  DPT_CUDA_CHECK(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int64_t bytes = cols * static_cast<int64_t>(sizeof(T)), reserved = 2048;  // the static shared arrays, with room
+  if (bytes > per_block - reserved || 2 * (bytes + reserved) > per_sm) return false;
+  DPT_CUDA_CHECK(cudaFuncSetAttribute(classifier_shared_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(bytes)));
+  return true;
+}
+
 // The registers a thread gives the row: the fewest vectors of 1, 2, 4, 7 or 8 that hold it
 // (7: GPT-2's 50304 bf16 columns), 0 where it does not fit or cannot be read in vectors.
 template <typename T>
@@ -180,12 +249,10 @@ static __global__ void grad_scale_kernel(T* g, int64_t n, const float* dloss, fl
   for (int64_t i = global_tid(); i < n; i += grid_stride()) store(g + i, as_float(g[i]) * f);
 }
 
+// The row held in registers where it fits (classifier_resident_kernel), else the general kernel.
 template <typename T>
-void forward_launch(const char* who, T* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab,
-                    float* loss, bool write_grad, float* work, cudaStream_t stream) {
-  DPT_CHECK(rows > 0 && vocab > 0 && vocab <= cols, std::string(who) + ": bad shape");
-  DPT_CHECK(rows <= 0x7fffffff, std::string(who) + ": too many rows");
-  DPT_CHECK(logits && targets && loss && work, std::string(who) + ": null pointer");
+void launch_in_registers(T* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab, float* work,
+                         bool write_grad, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(rows);
   switch (resident_vectors(logits, cols)) {
     case 1:
@@ -211,6 +278,21 @@ void forward_launch(const char* who, T* logits, const int32_t* targets, int64_t 
     default:
       classifier_kernel<<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work,
                                                                    write_grad);
+  }
+}
+
+template <typename T>
+void forward_launch(const char* who, T* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab,
+                    float* loss, bool write_grad, float* work, cudaStream_t stream) {
+  DPT_CHECK(rows > 0 && vocab > 0 && vocab <= cols, std::string(who) + ": bad shape");
+  DPT_CHECK(rows <= 0x7fffffff, std::string(who) + ": too many rows");
+  DPT_CHECK(logits && targets && loss && work, std::string(who) + ": null pointer");
+  const auto blocks = static_cast<unsigned>(rows);
+  if (row_in_shared(logits, cols)) {
+    classifier_shared_kernel<T><<<blocks, kClassifierThreads, static_cast<size_t>(cols) * sizeof(T), stream>>>(
+        logits, targets, rows, cols, vocab, work, write_grad);
+  } else {
+    launch_in_registers(logits, targets, rows, cols, vocab, work, write_grad, stream);
   }
   DPT_CUDA_CHECK_LAUNCH();
   finish_sum(work, rows, 1.0 / static_cast<double>(rows), loss, stream);
