@@ -1,7 +1,9 @@
 // The GEMM and the layers built on it: gemm, matmul, linear (fp32, tf32 and bf16 compute),
 // and linear_chain, a stack of small layers in one launch each way.
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
+#include <string>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
@@ -389,10 +391,17 @@ class LinearChainNode : public Node {
 // column sums of dz from the same GEMM's epilogue (cuBLASLt's BGRADB): no pass of its own
 // over dz. Large GEMMs on a GPU only (as the forward's epilogue); false where it does not
 // apply or cuBLASLt has no kernel for it (then nothing ran).
+// (DPT_NO_BGRADB / DPT_NO_DGELU set: the separate passes instead, for measuring against.)
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
+
 bool weight_and_bias_grad(const Tensor& dz, const Tensor& x, GradSlot& dW, GradSlot& db) {
+  static const bool off = env_set("DPT_NO_BGRADB");
   const Device d = dz.device();
   const int64_t rows = dz.size(0), out = dz.size(1), in = x.size(1);
-  if (!d.is_cuda() || rows == 0 || (db.beta != 0.0f && db.beta != 1.0f) ||
+  if (off || !d.is_cuda() || rows == 0 || (db.beta != 0.0f && db.beta != 1.0f) ||
       static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in) < kLtMinMultiplyAdds)
     return false;
   // The epilogue writes the sums: a later micro-batch's are added to the slot after.
@@ -486,7 +495,8 @@ void gelu_backward_through(const Tensor& dy, const Tensor& W16, const Tensor& z,
   const Device d = dy.device();
   const int64_t rows = dy.size(0), out = dy.size(1), hidden = W16.size(1);
 #if DPT_WITH_CUDA
-  if (d.is_cuda() && rows > 0 &&
+  static const bool off = env_set("DPT_NO_DGELU");
+  if (!off && d.is_cuda() && rows > 0 &&
       static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(hidden) >= kLtMinMultiplyAdds &&
       lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::bf16, DType::bf16}, false, false, rows, hidden, out,
               1.0f, dy.bf16(), W16.bf16(), 0.0f, dz.bf16(), nullptr, Act::gelu_tanh, z.bf16(), nullptr, true))
