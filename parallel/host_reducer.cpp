@@ -149,8 +149,7 @@ class HostStage2Reducer : public Reducer, public ZeroReducer {
       if (p.begin >= p.end) continue;
       const Tensor into = partition_sums_[owner].view(p.begin - o.first, {p.end - p.begin});
       for (size_t i = 0; i < r_.size(); ++i) {  // replica order: the sum is the host reduction's
-        const Tensor from =
-            r_[i].grads.view(layout_.bucket_begin(b) + (p.begin - k.offset), {p.end - p.begin});
+        const Tensor from = r_[i].grads.view(layout_.bucket_begin(b) + (p.begin - k.offset), {p.end - p.begin});
         if (i == 0 && first_micro) std::memcpy(into.f32(), from.f32(), from.nbytes());
         else add_host_(from, into);
       }

@@ -26,8 +26,8 @@ class MpiReducer : public Reducer, public ZeroReducer, public RankReducer {
     DPT_CHECK(r_.ctx->device().is_cpu(), "the MPI reduction is for CPU tensors");
     DPT_CHECK(partitions_.empty() || partitions_.size() == static_cast<size_t>(g_.size()),
               "ZeRO partitions: one a rank");
-    DPT_CHECK(!slots_.defined() || (!partitions_.empty() && slots_.partition_sums.size() == 1 &&
-                                    r_.grads.numel() == slots_.layout.size),
+    DPT_CHECK(!slots_.defined() ||
+                  (!partitions_.empty() && slots_.partition_sums.size() == 1 && r_.grads.numel() == slots_.layout.size),
               "ZeRO stage 2 over MPI: partitions, one partition sum a rank, and slots as its gradients");
   }
   const char* name() const override { return "mpi"; }
@@ -51,8 +51,8 @@ class MpiReducer : public Reducer, public ZeroReducer, public RankReducer {
     // order on every rank; stage 2 from the bucket's slot, and the owner then moves its
     // piece into its partition's sum (finish_slot).
     const size_t s = slots_.defined() ? slots_.layout.slot_of[b] : 0;
-    const Tensor bucket = slots_.defined() ? r_.grads.view(slots_.layout.bucket_begin(b), {k.count})
-                                           : r_.grads.view(k.offset, {k.count});
+    const Tensor bucket =
+        slots_.defined() ? r_.grads.view(slots_.layout.bucket_begin(b), {k.count}) : r_.grads.view(k.offset, {k.count});
     const bool first_micro = slots_.defined() && ++arrivals_[b] == 1;
     const auto me = static_cast<size_t>(g_.rank());
     for (size_t owner = 0; owner < partitions_.size(); ++owner) {

@@ -140,8 +140,7 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
               "ZeRO stage 2: partitions, and a partition sum a replica");
     for (auto& rep : r_) {
       const Device d = rep.ctx->device();
-      DPT_CHECK(!slots_.defined() || rep.grads.numel() == slots_.layout.size,
-                "ZeRO stage 2: slots as the gradients");
+      DPT_CHECK(!slots_.defined() || rep.grads.numel() == slots_.layout.size, "ZeRO stage 2: slots as the gradients");
       // High priority: a bucket's collective gets SMs as soon as any frees up, not only
       // once backward's GEMMs (which fill every SM) have ended.
       comm_.push_back(std::make_unique<Context>(d, StreamPriority::high));

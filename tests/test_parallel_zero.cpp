@@ -253,7 +253,8 @@ TEST_CASE("ZeRO stage 2 buckets are whole parameters, from the end, without the 
   CHECK((small_first[1].offset == 0 && small_first[1].count == 632));
 }
 
-TEST_CASE("ZeRO stage 2's slots: the buckets take turns in two, a tied weight's bucket has its own", "[parallel][zero]") {
+TEST_CASE("ZeRO stage 2's slots: the buckets take turns in two, a tied weight's bucket has its own",
+          "[parallel][zero]") {
   // Parameters at 0 (100 floats), 100 (30), 132 (500), 632 (8); buckets [632, 8], [132, 500]
   // and [0, 130] (the first two parameters).
   const std::vector<int64_t> offsets{0, 100, 132, 632}, sizes{100, 30, 500, 8};

@@ -433,12 +433,11 @@ void bf16_param_grads(const Tensor& dz, const Tensor& x, Grads& grads, size_t w,
 #endif
   if (dW.t.defined()) gemm(true, false, 1.0f, dz, x, dW.beta, dW.t);
   if (!db_done)
-    DPT_CUDA_OR_CPU(d,
-                    cuda::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta,
-                                                 db.t.f32(), bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(),
-                                                 stream_of(d)),
-                    cpu::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta,
-                                                db.t.f32()));
+    DPT_CUDA_OR_CPU(
+        d,
+        cuda::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta, db.t.f32(),
+                                     bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(), stream_of(d)),
+        cpu::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta, db.t.f32()));
   put_slot(grads, w, dW);
   if (b) put_slot(grads, *b, db);
 }
@@ -521,7 +520,8 @@ class GeluMlpBf16Node : public Node {
   void backward(Tensor& dy_in, Grads& grads) override {
     const Device d = dy_in.device();
     const Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
-    in_turn(grads, {3, 4}, [&] { bf16_param_grads(dy, h_.defined() ? h_ : activation(z_, Act::gelu_tanh), grads, 3, 4); });
+    in_turn(grads, {3, 4},
+            [&] { bf16_param_grads(dy, h_.defined() ? h_ : activation(z_, Act::gelu_tanh), grads, 3, 4); });
     Tensor dz = Tensor::empty(z_.shape(), DType::bf16, d);  // the GELU output's gradient is never written
     gelu_backward_through(dy, proj16_, z_, dz);
     in_turn(grads, {1, 2}, [&] { bf16_param_grads(dz, x_.values(), grads, 1, 2); });

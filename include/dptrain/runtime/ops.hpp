@@ -249,7 +249,6 @@ LinearOut linear_pre(const Tensor& x, const Tensor& W, const Tensor& b, Act act,
 LinearOut linear_bf16_pre(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
                           Act act, const SavedInput& saved = {});
 
-
 // A transformer block's MLP in bf16, y = proj(gelu_tanh(fc(x))) (x bf16; each layer's fp32
 // weight and bias, the leaves, beside their bf16 copies; both with a bias), as one op, so
 // that its backward can make the GELU's derivative in the epilogue of the GEMM that makes
