@@ -124,8 +124,8 @@ torch_command() {
 
 # fit_peaks MODE DEADLINE: runs the bench at each of TORCH_FIT_BATCHES side by side (compiling
 # is mostly host work, two small batches fit together, and a peak is the process's own) and
-# sets $points to "B:MiB" of each that fit. One that did not is tried again alone, so that
-# only a try of its own goes into the table.
+# sets $points to "B:MiB" of each that fit. One out of memory is tried again alone, so that
+# only a try of its own says so in the table.
 fit_peaks() {
   local mode=$1 deadline=$2 b i status file bench pids=() batches=() left=$(($2 - SECONDS))
   points=()
@@ -140,11 +140,11 @@ fit_peaks() {
     wait "${pids[$i]}"
     status=$?
     result=$(python3 "$judge" verdict torch "$status" "$file")
-    if [[ $result == fit* ]]; then
-      record torch "$mode" "$b" "$status" "$file" "$result"
-    else
+    if [ "$result" = oom ]; then  # perhaps for the other's memory: alone, it counts
       torch_command "$mode" "$b"
       attempt torch "$mode" "$b" "$deadline" "${bench[@]}"
+    else
+      record torch "$mode" "$b" "$status" "$file" "$result"
     fi
     case $result in
       fit*) read -r _ mib _ <<<"$result" && points+=("$b:$mib") ;;

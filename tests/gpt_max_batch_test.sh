@@ -4,7 +4,8 @@
 # the real programs' lines (fixtures/gpt_max_batch.log); and the search, run against
 # stand-ins for dptrain, torch_gpt_bench.py and nvidia-smi that fit up to a known batch,
 # finds the edge to the resolution, tells out of memory from other failures, predicts
-# torch's batch from two peaks, and stops at its time caps. Seconds.
+# torch's batch from two peaks (trying one out of memory beside the other again alone),
+# and stops at its time caps. Seconds.
 # Usage: gpt_max_batch_test.sh SOURCE_DIR
 # shellcheck disable=SC2015  # `check && ok || bad`: ok never fails
 set -u
@@ -53,32 +54,28 @@ case "$*" in
   *memory.total*) echo "81559" ;;
 esac
 EOF
-# dptrain: fits up to B 88 without recomputation; with gelu+ln up to 200, but fails (not
-# out of memory) at 256.
-cat >"$tmp/bin/dptrain" <<'EOF'
-#!/usr/bin/env bash
-while [ $# -gt 0 ]; do
-  case $1 in --batch) b=$2 ;; --recompute) r=$2 ;; esac
-  shift
-done
-limit=88
-[ "$r" = gelu+ln ] && limit=200
-if [ "$r" = gelu+ln ] && [ "$b" -eq 256 ]; then echo "dptrain: error: CUDA error: misaligned address" >&2; exit 1; fi
-if [ "$b" -gt "$limit" ]; then
-  echo "dptrain: error: out of memory on cuda:0: asked 3.00 GiB, allocated 76.10 GiB, reserved 77.00 GiB, total 79.19 GiB; use a smaller batch, more devices, or bf16 compute" >&2
-  exit 3
-fi
-echo "done: 3 steps in 2.1s; loss 11.0123 -> 10.2 (92.6% of the first); 297.3 samples/s; $((b * 3)).5 ms/step"
-echo "memory cuda:0: peak $((b / 2)).25 GiB allocated, $((b / 2 + 1)).00 GiB reserved, 40 system allocations"
-EOF
-# The bench: peak 1500 + 600 B MiB (compile) or 2500 + 900 B (eager), out of memory above
+# dptrain and the bench, one stand-in by its name's two links. dptrain fits up to B 88
+# without recomputation, with gelu+ln up to 200 but fails (not out of memory) at 256. The
+# bench's peak is 1500 + 600 B MiB (compile) or 2500 + 900 B (eager), out of memory above
 # 80559; eager's as a traceback (status 1), as if the bench did not catch it.
-cat >"$tmp/bin/bench" <<'EOF'
+cat >"$tmp/stand-in" <<'EOF'
 #!/usr/bin/env bash
 while [ $# -gt 0 ]; do
-  case $1 in --batch) b=$2 ;; --mode) mode=$2 ;; esac
+  case $1 in --batch) b=$2 ;; --recompute) r=$2 ;; --mode) mode=$2 ;; esac
   shift
 done
+if [ "$(basename "$0")" = dptrain ]; then
+  limit=88
+  [ "$r" = gelu+ln ] && limit=200
+  if [ "$r" = gelu+ln ] && [ "$b" -eq 256 ]; then echo "dptrain: error: CUDA error: misaligned address" >&2; exit 1; fi
+  if [ "$b" -gt "$limit" ]; then
+    echo "dptrain: error: out of memory on cuda:0: asked 3.00 GiB, allocated 76.10 GiB, reserved 77.00 GiB, total 79.19 GiB; use a smaller batch, more devices, or bf16 compute" >&2
+    exit 3
+  fi
+  echo "done: 3 steps in 2.1s; loss 11.0123 -> 10.2 (92.6% of the first); 297.3 samples/s; $((b * 3)).5 ms/step"
+  echo "memory cuda:0: peak $((b / 2)).25 GiB allocated, $((b / 2 + 1)).00 GiB reserved, 40 system allocations"
+  exit 0
+fi
 peak=$((1500 + 600 * b))
 [ "$mode" = eager ] && peak=$((2500 + 900 * b))
 if [ "$peak" -gt 80559 ] && [ "$mode" = eager ]; then
@@ -90,7 +87,11 @@ elif [ "$peak" -gt 80559 ]; then
 fi
 echo "torch gpt2 B $b T 1024 $mode: $((35 * b / 10)).$((35 * b % 10))0 ms/step, 292,571 tokens/s, MFU 40.0% of 989 TFLOPS, peak $peak MiB, loss 10.9876 -> 10.5000"
 EOF
-chmod +x "$tmp/bin/nvidia-smi" "$tmp/bin/dptrain" "$tmp/bin/bench"
+chmod +x "$tmp/bin/nvidia-smi" "$tmp/stand-in"
+ln -s "$tmp/stand-in" "$tmp/bin/dptrain"
+ln -s "$tmp/stand-in" "$tmp/bin/bench"
+# python3 itself, not a version manager's shim before it: the script runs it at every try.
+ln -s "$(python3 -c 'import sys; print(sys.executable)')" "$tmp/bin/python3"
 stand_ins=(env PATH="$tmp/bin:$PATH" DPTRAIN="$tmp/bin/dptrain" TORCH_BENCH="$tmp/bin/bench")
 
 "${stand_ins[@]}" OUT="$tmp/run" TORCH_MODES="compile eager" TORCH_PEAKS_EAGER="16:16900 32:31300" \
@@ -117,6 +118,14 @@ grep -q '^torch eager B 88: oom' "$tmp/run.out" && ok || bad "eager's traceback 
   bash "$script" >"$tmp/caps.out" 2>&1 || bad "gpt_max_batch.sh with caps failed: $(cat "$tmp/caps.out")"
 expect "$tmp/caps/table.txt" "dptrain none" - - - - - - 0 stopped: the 0 s cap '(DPTRAIN_SECONDS)'
 expect "$tmp/caps/table.txt" "torch compile" - - - - - - 0 stopped: the 0 s cap '(TORCH_SECONDS)'
+
+# A batch out of memory beside the other is tried again alone, and counts once; one peak
+# predicts nothing.
+"${stand_ins[@]}" OUT="$tmp/alone" DPTRAIN_SECONDS=0 RECOMPUTE=none TORCH_FIT_BATCHES="16 200" \
+  bash "$script" >"$tmp/alone.out" 2>&1 || bad "gpt_max_batch.sh, B 200 beside 16, failed: $(cat "$tmp/alone.out")"
+expect "$tmp/alone/table.txt" "torch compile" 16 10.84 - 56.0 292,571 200 2
+note "$tmp/alone/table.txt" "torch compile" "stopped: fewer than two peaks to predict from (16:11100)"
+[ -s "$tmp/alone/torch-compile-B200.log" ] && ok || bad "B 200 was not tried alone: $(ls "$tmp/alone")"
 
 # No GPU (nvidia-smi finds none): one line, status 1.
 mkdir -p "$tmp/no-gpu"
