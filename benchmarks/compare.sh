@@ -17,7 +17,9 @@
 #   gpt:    GPT-2 124M bf16 (not part of all): step_bench --model gpt2 at B 16 and 32 (eager
 #           and --cuda-graph) beside torch_gpt_bench.py (eager and torch.compile) and dptrain's
 #           loop beside the bare step, in one table with tokens/s and MFU (gpt_compare.sh)
-# Usage: compare.sh [single|multi|loop|gpt|all] (all). Logs and dpbench's files go to $OUT
+#   maxbatch: GPT-2 124M bf16 (not part of all): the largest batch that trains on one GPU,
+#           dptrain's (--recompute none and gelu+ln) and torch.compile's (gpt_max_batch.sh)
+# Usage: compare.sh [single|multi|loop|gpt|maxbatch|all] (all). Logs and dpbench's files go to $OUT
 # (the device tool's folder) or /tmp/dpt_compare.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -25,7 +27,8 @@ what=${1:-all}
 case $what in
   single | multi | loop | all) ;;
   gpt) exec bash benchmarks/gpt_compare.sh ;;
-  *) echo "usage: $0 [single|multi|loop|gpt|all]" >&2; exit 2 ;;
+  maxbatch) exec bash benchmarks/gpt_max_batch.sh ;;
+  *) echo "usage: $0 [single|multi|loop|gpt|maxbatch|all]" >&2; exit 2 ;;
 esac
 out=${OUT:-/tmp/dpt_compare}
 mkdir -p "$out"

@@ -9,9 +9,12 @@ a warm-up, then the median over blocks of steps bracketed by CUDA events.
 Prints one line a run:
   torch gpt2 B <B> T <T> <impl>: <ms> ms/step, <n> tokens/s, MFU <p>% of <peak> TFLOPS, peak <MiB> MiB, loss <a> -> <b>
 MFU counts 6N + 6LCT flops a token (N the parameters without the position embedding, as
-llm.c counts) against --peak-tflops, the GPU's dense bf16 peak (989 for an H100 or H200 SXM)."""
+llm.c counts) against --peak-tflops, the GPU's dense bf16 peak (989 for an H100 or H200 SXM).
+Out of memory ends it with status 3 and one line on stderr:
+  torch gpt2 B <B> T <T> <impl>: out of memory (peak <MiB> MiB before it): <PyTorch's message>"""
 import argparse
 import math
+import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -81,6 +84,35 @@ def main():
     ap.add_argument("--steps", type=int, default=10, help="steps a timed block")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     a = ap.parse_args()
+    try:
+        run(a)
+    except Exception as e:  # torch.compile's errors keep out of memory as their cause
+        oom = out_of_memory(e)
+        if oom is None:
+            raise
+        # One line and status 3, as dptrain ends out of memory, so that gpt_max_batch.sh
+        # tells it from a failure; the allocator's advice that follows is left out.
+        text = " ".join(str(oom).split()).split(" If reserved but unallocated")[0]
+        peak = torch.cuda.max_memory_allocated(torch.device("cuda:0")) / 2**20
+        print(f"torch {a.model} B {a.batch} T {a.seq} {a.mode}: out of memory (peak {peak:.0f} MiB before it): {text}",
+              file=sys.stderr)
+        return 3
+    return 0
+
+
+def out_of_memory(e):
+    """CUDA's out of memory: e, or the exception e was raised from or during that is; or None."""
+    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, oom) or any(s in str(e) for s in ("CUDA out of memory", "CUDA error: out of memory")):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def run(a):
     torch.manual_seed(1)
     torch.backends.cuda.matmul.allow_tf32 = True
     L, H, C, ctx, V = parse_spec(a.model)
@@ -114,4 +146,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
