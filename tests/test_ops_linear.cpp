@@ -504,7 +504,7 @@ TEST_CASE("a run of narrow Linear layers in one kernel matches the CPU layer by 
 TEST_CASE("gelu_mlp_bf16 matches the CPU: the GELU's backward in the GEMM epilogue (DGELU), forward and backward",
           "[gpu][ops][bf16]") {
   // 2048 x 512 -> 2048 -> 512: every GEMM over 2^30 multiply-adds, so cuBLASLt's epilogues
-  // (GELU_AUX_BIAS forward, DGELU and BGRADB backward) apply; and a small one (the plain paths).
+  // (GELU_AUX_BIAS forward, DGELU backward) apply; and a small one (the plain paths).
   for (int64_t rows : {2048, 40})
     for (bool keep_h : {true, false}) {
       const int64_t c = rows == 2048 ? 512 : 24;
@@ -544,8 +544,7 @@ TEST_CASE("bf16 linear, activations and losses match the CPU bf16 ops, forward a
           },
           5e-3);
     }
-  {  // Two backwards into the same gradients: at 2^30 the bias gradient comes from the weight
-     // gradient's GEMM epilogue (BGRADB), which writes its sums; the second is added.
+  {  // Two backwards into the same gradients at 2^30 (the epilogue's sizes): the second adds.
     const auto x = randn(1024 * 1024, 16), W = randn(1024 * 1024, 17, 0.3f), b = randn(1024, 18);
     const auto t = randn(1024 * 1024, 19);
     compare(

@@ -1,16 +1,15 @@
 // classifier.cu — the language model's classifier: softmax cross-entropy of each row over
 // its first `vocab` columns, and its gradient written over the logits in the same kernel;
-// the twin of cpu/classifier.cpp. One block a row. Where the row fits the block's registers
-// (GPT-2's 50304 bf16 columns: 7 16-byte vectors a thread) it is read once into them, its
-// max and then its sum of exp(x - max) are reduced over the block in a fixed order, and the
-// gradient is written from the registers: one read and one write of the logits, at memory
-// speed. Other rows take the general kernel: the threads' online softmax statistics
+// the twin of cpu/classifier.cpp. One block a row. Where the row fits the block's shared
+// memory (GPT-2's 50304 columns, bf16 or fp32) it is read once into it, its max and then its
+// sum of exp(x - max) are reduced over the block in a fixed order, and the gradient is
+// written from there: one read and one write of the logits, at memory speed. Other rows
+// take the general kernel: the threads' online softmax statistics
 // (row_softmax.cuh) merged across the block in a fixed order, and a second read for the
 // gradient. The row's loss goes to work[row], then the mean over the rows is added in row
 // order by one block. No float atomics: the same inputs give the same bits on every run.
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "check.hpp"
@@ -104,68 +103,16 @@ __device__ float block_total(float v) {
 __device__ __forceinline__ float softmax_exp(float v, uint16_t) { return __expf(v); }
 __device__ __forceinline__ float softmax_exp(float v, float) { return expf(v); }
 
-// classifier_kernel's work with the row held in registers (measured against a kernel that
-// streams the row twice, the second time from L2, at two blocks an SM: 1.81 ms against 2.26
-// a GPT-2 step at B 16, H100): thread t holds the row's vectors
-// t, t + blockDim.x, ... (K of them at most). Needs cols a multiple of the vector's count
-// and the logits 16-byte aligned. The sum is of exp(x - max) over the row's max: a
-// different (equally exact) order of operations from the online form, so the bits differ
-// from the general kernel's, not from run to run.
-template <typename T, int K>
-static __global__ void __launch_bounds__(kClassifierThreads)
-    classifier_resident_kernel(T* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab,
-                               float* work, bool write_grad) {
-  constexpr int E = Vec16<T>::kCount;
-  auto* row = reinterpret_cast<Vec16<T>*>(logits + blockIdx.x * cols);
-  // Within a row int is enough (resident_vectors bounds cols), which spares registers.
-  const int nvec = static_cast<int>(cols / E), nvocab = static_cast<int>(vocab);
-  const int32_t target = targets[blockIdx.x];
-  const bool valid = target >= 0 && target < vocab;
-  const float at_target = threadIdx.x == 0 && valid ? as_float(logits[blockIdx.x * cols + target]) : NAN;
-  Vec16<T> x[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (const int i = static_cast<int>(threadIdx.x) + k * kClassifierThreads; i < nvec) x[k] = row[i];
-  float m = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int c0 = (static_cast<int>(threadIdx.x) + k * kClassifierThreads) * E;
-#pragma unroll
-    for (int e = 0; e < E; ++e)
-      if (c0 + e < nvocab) m = fmaxf(m, as_float(x[k].v[e]));
-  }
-  const float max = block_max(m);
-  float s = 0.f;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int c0 = (static_cast<int>(threadIdx.x) + k * kClassifierThreads) * E;
-#pragma unroll
-    for (int e = 0; e < E; ++e)
-      if (c0 + e < nvocab) s += softmax_exp(as_float(x[k].v[e]) - max, T{});
-  }
-  const float sum = block_total(s);
-  if (threadIdx.x == 0) work[blockIdx.x] = max + logf(sum) - at_target;
-  if (!write_grad) return;
-  const float inv_sum = 1.f / sum, inv_rows = 1.f / static_cast<float>(rows);
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int i = static_cast<int>(threadIdx.x) + k * kClassifierThreads;
-    if (i >= nvec) continue;
-    Vec16<T> g;
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const int c = i * E + e;
-      const float p = c < nvocab ? softmax_exp(as_float(x[k].v[e]) - max, T{}) * inv_sum : 0.f;
-      store(&g.v[e], (c == target ? p - 1.f : p) * inv_rows);
-    }
-    row[i] = g;
-  }
-}
-
-// classifier_resident_kernel's work with the row held in shared memory instead (dynamic,
-// cols elements): a thread needs few registers, so two blocks share an SM and one block's
-// loads overlap the other's reductions, where the register form holds one block an SM that
-// waits through its own. The same vectors in the same order: the same bits.
+// classifier_kernel's work with the row held in shared memory (dynamic, cols elements): read
+// once, written once. Thread t takes the row's 16-byte vectors t, t + blockDim.x, ... A
+// thread needs few registers (29), so where two rows fit an SM's shared memory (GPT-2's
+// 50304 bf16 columns: 2 x 98 KiB of 228) two blocks share it and one block's loads overlap
+// the other's reductions. (The row held in registers instead, 7 vectors a thread, took 64
+// registers and so one block an SM: 0.17 ms slower a GPT-2 step at B 16 on an H100, and
+// streaming the row twice from L2 slower still: docs/performance-log.md.) Needs cols a
+// multiple of the vector's count and the logits 16-byte aligned. The sum is of exp(x - max)
+// over the row's max: a different (equally exact) order of operations from the online form,
+// so the bits differ from the general kernel's, not from run to run.
 template <typename T>
 static __global__ void __launch_bounds__(kClassifierThreads, 2)
     classifier_shared_kernel(T* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab, float* work,
@@ -213,33 +160,18 @@ static __global__ void __launch_bounds__(kClassifierThreads, 2)
 }
 
 // Whether the row goes to shared memory (classifier_shared_kernel): in whole vectors, and
-// two rows fit an SM's shared memory (GPT-2's 50304 bf16 columns: 2 x 98 KiB of 228), with
-// the kernel's limit raised to one row on this device.
+// within a block's shared memory on this device (then the kernel's limit is raised to it).
 template <typename T>
 bool row_in_shared(const T* logits, int64_t cols) {
   if (cols % Vec16<T>::kCount != 0 || reinterpret_cast<uintptr_t>(logits) % 16 != 0) return false;
-  if (const char* k = std::getenv("DPT_CLASSIFIER_KERNEL"); k && std::string(k) == "registers") return false;
-  int device = 0, per_sm = 0, per_block = 0;
+  int device = 0, per_block = 0;
   DPT_CUDA_CHECK(cudaGetDevice(&device));
-  DPT_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   DPT_CUDA_CHECK(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const int64_t bytes = cols * static_cast<int64_t>(sizeof(T)), reserved = 2048;  // the static shared arrays, with room
-  if (bytes > per_block - reserved || 2 * (bytes + reserved) > per_sm) return false;
+  const int64_t bytes = cols * static_cast<int64_t>(sizeof(T)), reserved = 1024;  // the static shared arrays
+  if (bytes > per_block - reserved) return false;
   DPT_CUDA_CHECK(cudaFuncSetAttribute(classifier_shared_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(bytes)));
   return true;
-}
-
-// The registers a thread gives the row: the fewest vectors of 1, 2, 4, 7 or 8 that hold it
-// (7: GPT-2's 50304 bf16 columns), 0 where it does not fit or cannot be read in vectors.
-template <typename T>
-int resident_vectors(const T* logits, int64_t cols) {
-  constexpr int E = Vec16<T>::kCount;
-  if (cols % E != 0 || reinterpret_cast<uintptr_t>(logits) % 16 != 0) return 0;
-  const int64_t per_thread = (cols / E + kClassifierThreads - 1) / kClassifierThreads;
-  for (int k : {1, 2, 4, 7, 8})
-    if (per_thread <= k) return k;
-  return 0;
 }
 
 // g *= scale * *dloss (dloss may be null).
@@ -247,38 +179,6 @@ template <typename T>
 static __global__ void grad_scale_kernel(T* g, int64_t n, const float* dloss, float scale) {
   const float f = scale * (dloss ? *dloss : 1.f);
   for (int64_t i = global_tid(); i < n; i += grid_stride()) store(g + i, as_float(g[i]) * f);
-}
-
-// The row held in registers where it fits (classifier_resident_kernel), else the general kernel.
-template <typename T>
-void launch_in_registers(T* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab, float* work,
-                         bool write_grad, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(rows);
-  switch (resident_vectors(logits, cols)) {
-    case 1:
-      classifier_resident_kernel<T, 1>
-          <<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work, write_grad);
-      break;
-    case 2:
-      classifier_resident_kernel<T, 2>
-          <<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work, write_grad);
-      break;
-    case 4:
-      classifier_resident_kernel<T, 4>
-          <<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work, write_grad);
-      break;
-    case 7:
-      classifier_resident_kernel<T, 7>
-          <<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work, write_grad);
-      break;
-    case 8:
-      classifier_resident_kernel<T, 8>
-          <<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work, write_grad);
-      break;
-    default:
-      classifier_kernel<<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work,
-                                                                   write_grad);
-  }
 }
 
 template <typename T>
@@ -292,7 +192,7 @@ void forward_launch(const char* who, T* logits, const int32_t* targets, int64_t 
     classifier_shared_kernel<T><<<blocks, kClassifierThreads, static_cast<size_t>(cols) * sizeof(T), stream>>>(
         logits, targets, rows, cols, vocab, work, write_grad);
   } else {
-    launch_in_registers(logits, targets, rows, cols, vocab, work, write_grad, stream);
+    classifier_kernel<<<blocks, kClassifierThreads, 0, stream>>>(logits, targets, rows, cols, vocab, work, write_grad);
   }
   DPT_CUDA_CHECK_LAUNCH();
   finish_sum(work, rows, 1.0 / static_cast<double>(rows), loss, stream);

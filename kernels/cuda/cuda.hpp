@@ -113,15 +113,13 @@ struct LtTypes {
 };
 // Act::gelu_tanh fuses too (cuBLASLt's GELU epilogue is the tanh form), and with `aux`
 // (D's shape and type, n a multiple of 8, else false) writes the pre-activation there.
-// With `bias_grad` (m values of D's type; no bias, activation or aux) the epilogue writes
-// there op(A) summed over k, each row's sum (a layer's bias gradient beside its weight
-// gradient dW = dz^T x: cuBLASLt's BGRADB), overwriting whatever beta is. With `act_grad`
+// With `act_grad`
 // (Act::gelu_tanh, `aux` the pre-activation a GELU_AUX epilogue wrote, no bias, beta 0)
 // D = (alpha op(A) op(B)) gelu'(aux): the GELU's backward in the epilogue (DGELU).
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta, bool tb,
              int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
              const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux = nullptr,
-             void* bias_grad = nullptr, bool act_grad = false);
+             bool act_grad = false);
 
 // activation.cu
 void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols, float* z, float* y,

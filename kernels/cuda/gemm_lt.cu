@@ -169,11 +169,8 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bo
 
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta, bool tb,
              int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
-             const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux, void* bias_grad,
-             bool act_grad) {
+             const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux, bool act_grad) {
   DPT_CHECK(handle != nullptr, "gemm_lt: null cuBLAS handle");
-  DPT_CHECK(!bias_grad || (!bias && act == Act::none && !aux && types.bias == types.c),
-            "gemm_lt: a bias gradient is the epilogue's only work, in D's type");
   DPT_CHECK((types.ab == DType::f32 && types.c == DType::f32) ||
                 (types.ab == DType::bf16 && (types.c == DType::bf16 || types.c == DType::f32)),
             std::string("gemm_lt: A/B ") + dtype_name(types.ab) + " with C/D " + dtype_name(types.c) +
@@ -188,12 +185,8 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
   if (aux && n % 8 != 0) return false;
   DPT_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
             "gemm_lt: sizes must be in [1, INT_MAX]");
-  // BGRADB: cuBLASLt's B (our A) summed over k, a value for each of D's columns (our rows).
   // DGELU: D = (alpha op(A) op(B)) gelu'(aux), aux the pre-activation GELU_AUX wrote.
-  const cublasLtEpilogue_t epi = bias_grad  ? CUBLASLT_EPILOGUE_BGRADB
-                                 : act_grad ? CUBLASLT_EPILOGUE_DGELU
-                                            : epilogue(bias != nullptr, act, aux != nullptr);
-  const void* vector = bias ? bias : bias_grad;  // the epilogue's bias pointer, read or written
+  const cublasLtEpilogue_t epi = act_grad ? CUBLASLT_EPILOGUE_DGELU : epilogue(bias != nullptr, act, aux != nullptr);
   const uint32_t align[4] = {alignment(B), alignment(A), alignment(C), alignment(C)};
   int device = -1;
   DPT_CUDA_CHECK(cudaGetDevice(&device));
@@ -212,7 +205,7 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
                     align[0],
                     align[1],
                     align[2],
-                    alignment(vector),
+                    alignment(bias),
                     alignment(aux),
                     workspace_bytes};
   static std::mutex mu;
@@ -227,14 +220,14 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
     if (it == plans.end())
       it = plans
                .emplace(key, make_plan(lt, precision, types, ta, tb, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
-                                       static_cast<uint64_t>(k), epi, vector, aux, align, workspace_bytes))
+                                       static_cast<uint64_t>(k), epi, bias, aux, align, workspace_bytes))
                .first;
     plan = &it->second;  // map nodes stay put; only this stream's thread uses this plan
   }
   if (!plan->supported) return false;
-  if (vector)
+  if (bias)
     DPT_CUBLASLT_CHECK(
-        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)));
+        cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   if (aux)
     DPT_CUBLASLT_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));

@@ -1,9 +1,6 @@
 // The GEMM and the layers built on it: gemm, matmul, linear (fp32, tf32 and bf16 compute),
 // and linear_chain, a stack of small layers in one launch each way.
 #include <algorithm>
-#include <cstdlib>
-#include <optional>
-#include <string>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
@@ -34,14 +31,13 @@ bool lt_gemm(Context& ctx, const Device& d, bool ta, bool tb, int64_t m, int64_t
 }
 // The same over other element types.
 // (aux: where a tanh-GELU epilogue writes the pre-activation, or null.)
-// (bias_grad: where the epilogue writes op(A)'s sums over k, or null; act_grad: the GELU's
-// gradient from the pre-activation in aux.)
+// (act_grad: the GELU's gradient from the pre-activation in aux.)
 bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
              float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act,
-             void* aux = nullptr, void* bias_grad = nullptr, bool act_grad = false) {
+             void* aux = nullptr, bool act_grad = false) {
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
   return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas_lt()), stream_of(d), ctx.precision, types, ta, tb, m, n, k,
-                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes, aux, bias_grad, act_grad);
+                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes, aux, act_grad);
 }
 // gemm_skinny's partial products, for the call it is made for: none where k is not split
 // (data null), so that the one-kernel form allocates nothing.
@@ -386,60 +382,28 @@ class LinearChainNode : public Node {
 };
 #endif
 
-#if DPT_WITH_CUDA
-// A bf16 layer's weight gradient dW (+)= dz^T x (fp32) with its bias gradient db (+)= the
-// column sums of dz from the same GEMM's epilogue (cuBLASLt's BGRADB): no pass of its own
-// over dz. Large GEMMs on a GPU only (as the forward's epilogue); false where it does not
-// apply or cuBLASLt has no kernel for it (then nothing ran).
-// (DPT_NO_BGRADB / DPT_NO_DGELU set: the separate passes instead, for measuring against.)
-bool env_set(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
-}
-
-bool weight_and_bias_grad(const Tensor& dz, const Tensor& x, GradSlot& dW, GradSlot& db) {
-  static const bool off = env_set("DPT_NO_BGRADB");
-  const Device d = dz.device();
-  const int64_t rows = dz.size(0), out = dz.size(1), in = x.size(1);
-  if (off || !d.is_cuda() || rows == 0 || (db.beta != 0.0f && db.beta != 1.0f) ||
-      static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in) < kLtMinMultiplyAdds)
-    return false;
-  // The epilogue writes the sums: a later micro-batch's are added to the slot after.
-  Tensor sums = db.beta == 0.0f ? db.t : Tensor::empty({out}, DType::f32, d);
-  if (!lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::f32, DType::f32}, true, false, out, in, rows, 1.0f,
-               dz.bf16(), x.bf16(), dW.beta, dW.t.f32(), nullptr, Act::none, nullptr, sums.f32()))
-    return false;
-  if (db.beta != 0.0f) axpy_(1.0f, sums, db.t);
-  return true;
-}
-#endif
-
 // A bf16 layer's parameter gradients from dz (its output's gradient through the activation,
-// bf16 [rows, out]) and its input x: dW (+)= dz^T x into input w's gradient, and where input
-// b is given and wants it, db (+)= dz's column sums (on a GPU from the GEMM's epilogue where
-// it can, else a pass over dz).
-void bf16_param_grads(const Tensor& dz, const Tensor& x, Grads& grads, size_t w, std::optional<size_t> b) {
+// bf16 [rows, out]) and its input x: dW (+)= dz^T x into input w's gradient and db (+)= dz's
+// column sums into input b's, each where wanted. (cuBLASLt's BGRADB epilogue would make db
+// in the GEMM, but as a kernel of its own that took 1.41 ms of a GPT-2 step against about
+// 1.0 for these passes: docs/performance-log.md.)
+void bf16_param_grads(const Tensor& dz, const Tensor& x, Grads& grads, size_t w, size_t b) {
   const Device d = dz.device();
   const int64_t rows = dz.size(0), out = dz.size(1);
-  GradSlot dW = needed_slot(grads, w, {out, x.size(1)}, d);
-  GradSlot db = b ? needed_slot(grads, *b, {out}, d) : GradSlot{};
-  bool db_done = !db.t.defined();
-#if DPT_WITH_CUDA
-  if (dW.t.defined() && !db_done && weight_and_bias_grad(dz, x, dW, db)) {
+  if (grads.needed(w)) {
+    GradSlot dW = grad_slot(grads, w, {out, x.size(1)}, d);
+    gemm(true, false, 1.0f, dz, x, dW.beta, dW.t);
     put_slot(grads, w, dW);
-    put_slot(grads, *b, db);
-    return;
   }
-#endif
-  if (dW.t.defined()) gemm(true, false, 1.0f, dz, x, dW.beta, dW.t);
-  if (!db_done)
+  if (grads.needed(b)) {
+    GradSlot db = grad_slot(grads, b, {out}, d);
     DPT_CUDA_OR_CPU(
         d,
         cuda::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta, db.t.f32(),
                                      bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(), stream_of(d)),
         cpu::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta, db.t.f32()));
-  put_slot(grads, w, dW);
-  if (b) put_slot(grads, *b, db);
+    put_slot(grads, b, db);
+  }
 }
 
 // Saves the bf16 input and weight copy (the masters are its inputs, for their gradients)
@@ -455,14 +419,11 @@ class LinearBf16Node : public Node {
     const int64_t rows = x_.size(0), out = W16_.size(0);
     const Device d = dy_in.device();
     Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
-    const bool has_bias = inputs.size() > 2;
-    // dz = dy * act'(.) in bf16, in place (dy is ours to overwrite). On a CPU, or without a
-    // weight gradient, the same pass makes db (fp32); on a GPU the weight gradient's GEMM
-    // does (bf16_param_grads).
-    const bool db_with_dW = has_bias && grads.needed(1) && d.is_cuda();
-    if (has_bias && grads.needed(2) && !db_with_dW) {
+    // dz = dy * act'(.) in bf16, in place (dy is ours to overwrite), and db (fp32) from the
+    // same pass when the bias needs it.
+    const uint16_t* saved = saved_.defined() ? saved_.bf16() : nullptr;  // none without an activation
+    if (inputs.size() > 2 && grads.needed(2)) {
       GradSlot db = grad_slot(grads, 2, {out}, d);
-      const uint16_t* saved = saved_.defined() ? saved_.bf16() : nullptr;  // none without an activation
       DPT_CUDA_OR_CPU(
           d,
           cuda::act_bias_backward_bf16(dy.bf16(), saved, act_, rows, out, dy.bf16(), db.beta, db.t.f32(),
@@ -478,8 +439,11 @@ class LinearBf16Node : public Node {
       gemm(false, false, 1.0f, dy, W16_, 0.0f, dx);
       give(grads, 0, dx);
     }
-    if (grads.needed(1))  // straight into the flat gradient buffer
-      bf16_param_grads(dy, x_.values(), grads, 1, db_with_dW ? std::optional<size_t>(2) : std::nullopt);
+    if (grads.needed(1)) {  // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer
+      GradSlot dW = grad_slot(grads, 1, W16_.shape(), d);
+      gemm(true, false, 1.0f, dy, x_.values(), dW.beta, dW.t);
+      put_slot(grads, 1, dW);
+    }
   }
 
  private:
@@ -494,11 +458,10 @@ void gelu_backward_through(const Tensor& dy, const Tensor& W16, const Tensor& z,
   const Device d = dy.device();
   const int64_t rows = dy.size(0), out = dy.size(1), hidden = W16.size(1);
 #if DPT_WITH_CUDA
-  static const bool off = env_set("DPT_NO_DGELU");
-  if (!off && d.is_cuda() && rows > 0 &&
+  if (d.is_cuda() && rows > 0 &&
       static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(hidden) >= kLtMinMultiplyAdds &&
       lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::bf16, DType::bf16}, false, false, rows, hidden, out,
-              1.0f, dy.bf16(), W16.bf16(), 0.0f, dz.bf16(), nullptr, Act::gelu_tanh, z.bf16(), nullptr, true))
+              1.0f, dy.bf16(), W16.bf16(), 0.0f, dz.bf16(), nullptr, Act::gelu_tanh, z.bf16(), true))
     return;
 #endif
   gemm(false, false, 1.0f, dy, W16, 0.0f, dz);
