@@ -24,13 +24,18 @@ ShadowStore take_step(const StepCounterArgs* step, float* values, uint16_t* shad
   return shadow_store(shadow, step->rounding, s);
 }
 
-// A skipped step (non-finite gradients) leaves the parameters; stochastic rounding writes
-// their shadow again with this step's random bits, as the GPU's updates that undo a step
-// do, so that after the update of step s the shadow is always step s's rounding of the
-// parameters (what a resume makes again: Optimizer::refresh_shadow).
-void skipped(const float* p, int64_t n, const ShadowStore& shadow) {
-  if (!shadow.stochastic || !shadow.bits) return;
-  for (int64_t i = 0; i < n; ++i) shadow.store(i, p[i]);
+// The gradients' scale (1 without one), and whether the update applies: where the scale
+// is not finite (non-finite gradients) the whole update is skipped. A skipped step leaves
+// the parameters; stochastic rounding writes their shadow again with this step's random
+// bits, as the GPU's updates that undo a step do, so that after the update of step s the
+// shadow is always step s's rounding of the parameters (what a resume makes again:
+// Optimizer::refresh_shadow).
+bool applies(const float* grad_scale, const float* p, int64_t n, const ShadowStore& shadow, float& scale) {
+  scale = grad_scale ? *grad_scale : 1.0f;
+  if (std::isfinite(scale)) return true;
+  if (shadow.stochastic && shadow.bits)
+    for (int64_t i = 0; i < n; ++i) shadow.store(i, p[i]);
+  return false;
 }
 }  // namespace
 
@@ -40,11 +45,8 @@ void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& ar
   float values[3] = {a.lr, 1.0f, 1.0f};
   const ShadowStore sh = take_step(step, values, shadow);
   a.lr = values[0];
-  const float scale = grad_scale ? *grad_scale : 1.0f;
-  if (!std::isfinite(scale)) {  // non-finite gradients: the whole update is skipped
-    skipped(p, n, sh);
-    return;
-  }
+  float scale = 1.0f;
+  if (!applies(grad_scale, p, n, sh, scale)) return;
   for (int64_t i = 0; i < n; ++i) {
     float d = g[i] * scale + a.weight_decay * p[i];
     if (a.momentum != 0.0f) {
@@ -65,11 +67,8 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
   a.lr = values[0];
   a.bias_correction1 = values[1];
   a.bias_correction2 = values[2];
-  const float scale = grad_scale ? *grad_scale : 1.0f;
-  if (!std::isfinite(scale)) {  // non-finite gradients: the whole update is skipped
-    skipped(p, n, sh);
-    return;
-  }
+  float scale = 1.0f;
+  if (!applies(grad_scale, p, n, sh, scale)) return;
   for (int64_t i = 0; i < n; ++i) {
     const float d = g[i] * scale;
     p[i] -= a.lr * weight_decay_at(a, i) * p[i];
