@@ -114,7 +114,29 @@ const Tensor& Optimizer::backup(int buffers, float max_norm) {
 }
 
 StepCounter Optimizer::step_counter(float beta1, float beta2) const {
-  return {counter_, schedule_.args(), beta1, beta2};
+  ShadowRounding rounding = rounding_;
+  rounding.first = begin_;  // the shard's element 0
+  return {counter_, schedule_.args(), beta1, beta2, true, rounding};
+}
+
+void Optimizer::set_bf16_rounding(Bf16Rounding mode, uint64_t seed) {
+  DPT_CHECK(mode == Bf16Rounding::nearest || mode == Bf16Rounding::stochastic, "set_bf16_rounding: no such rounding");
+  rounding_ = {mode, seed, 0};
+}
+
+void Optimizer::refresh_shadow() { refresh_shadow_range(0, model_->flat_params().numel()); }
+
+void Optimizer::refresh_shadow_outside_shard() {
+  refresh_shadow_range(0, begin_);
+  refresh_shadow_range(begin_ + params_.numel(), model_->flat_params().numel());
+}
+
+void Optimizer::refresh_shadow_range(int64_t begin, int64_t end) {
+  const Tensor& shadow = model_->flat_shadow();
+  if (!shadow.defined() || begin >= end) return;
+  StepCounter step = step_counter(0.0f, 0.0f);
+  step.rounding.first = begin;
+  dpt::refresh_shadow(model_->flat_params().view(begin, {end - begin}), shadow.view(begin, {end - begin}), step);
 }
 
 void Optimizer::step_part(int64_t offset, int64_t count, bool last) {
@@ -127,6 +149,7 @@ void Optimizer::step_part(int64_t offset, int64_t count, bool last) {
   refuse_with_twins("step_part");
   StepCounter step = step_counter(0.0f, 0.0f);  // the optimizer's own betas: update_range's
   step.advance = last;
+  step.rounding.first += offset;  // the part's element 0
   update_range(offset, count, step);
   if (last) ++t_;
 }

@@ -144,6 +144,7 @@ DataParallel::Impl::Impl(DataParallel& owner, std::shared_ptr<nn::Module> model,
   if (group_) start_from_rank0(*model);
   if (reduces(options, devices_)) set_up_reduction(*model, options);
   make_optimizers(make_optimizer);
+  check_rounding();
   use_twin_buffers(options);
   // Per-bucket updates where a reduction tells when each bucket's sum is queued (with no
   // reduction, one device, there is nothing to overlap: the update is the usual one).
@@ -267,6 +268,17 @@ void DataParallel::Impl::make_optimizers(const OptimizerFactory& make_optimizer)
       first_bad_.push_back(Tensor::zeros({2}, DType::i32, devices_[i]));
     }
   }
+}
+
+void DataParallel::Impl::check_rounding() const {
+  const Replica& master = replicas_[0];
+  if (!reducer_ || reducer_->every_replica_updates() || !master.model->flat_shadow().defined() ||
+      master.opt->bf16_rounding() != Bf16Rounding::stochastic)
+    return;
+  throw UsageError(
+      "stochastic rounding of the bf16 weights (Optimizer::set_bf16_rounding) needs every replica to round its own "
+      "copy; {} p2p copies the master's parameters to the others",
+      {{"DataParallelOptions", "reduce"}});
 }
 
 void DataParallel::Impl::use_twin_buffers(const DataParallelOptions& options) {
@@ -399,7 +411,7 @@ DataParallel::ReductionTimes DataParallel::Impl::time_reduction(int iters) {
     synchronize();
   };
   auto after_once = [&] {
-    if (ZeroReducer* zero = reducer_->zero()) zero->gather_params();
+    if (ZeroReducer* zero = reducer_->zero()) gather_params(*zero);
     else if (!reducer_->every_replica_updates()) reducer_->broadcast_params();
     else return;
     synchronize();

@@ -103,6 +103,9 @@ struct DataParallel::Impl {
   void make_stage2_reducer(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
                            const DataParallelOptions& options);
   void make_optimizers(const OptimizerFactory& make_optimizer);
+  // Stochastic rounding of the bf16 shadow (Optimizer::set_bf16_rounding) needs every
+  // replica to update its own: UsageError where only the master does (p2p).
+  void check_rounding() const;
   void use_twin_buffers(const DataParallelOptions& options);
   void set_up_per_bucket_updates();
   void set_up_tuning(const DataParallelOptions& options);
@@ -133,6 +136,9 @@ struct DataParallel::Impl {
                         const LossFn& metric, Tensor& metric_out, bool first_micro, bool last_micro);
   // ZeRO: the partitions' sums waited for, and (clip, check_finite) their norm's parts summed.
   void check_partitions();
+  // ZeRO: every partition's updated parameters to every replica and their bf16 shadow, as
+  // the owners' updates rounded it.
+  void gather_params(ZeroReducer& zero);
   void update(size_t r);
   // Copies the master's buffers (batch norm's running statistics, which each replica
   // updated from its own shard) to every replica, or rank 0's to every rank, as

@@ -220,6 +220,7 @@ StepLoss DataParallel::Impl::train_step(int64_t first, int64_t count, const Shar
   DPT_REQUIRE(first >= 0 && count <= std::numeric_limits<int64_t>::max() - first,
               "train_step: " + std::to_string(count) + " samples from sample " + std::to_string(first));
   timing_ = timed;
+  check_rounding();  // the rounding may have been set after the replicas were made
   // The replicas follow the master's train()/eval() mode, set before or after they were made.
   const bool training = replicas_[0].model->training();
   for (Replica& rep : replicas_)
@@ -323,13 +324,25 @@ StepLoss DataParallel::Impl::step_body(int64_t first, int64_t count, const Shard
   }
   if (!partitions_.empty()) check_partitions();
   run_on_all([&](size_t r) { update(r); });
-  if (ZeroReducer* zero = reducer_ ? reducer_->zero() : nullptr) zero->gather_params();
+  if (ZeroReducer* zero = reducer_ ? reducer_->zero() : nullptr) gather_params(*zero);
   else if (reducer_ && !reducer_->every_replica_updates() && !per_bucket_) {
     if (param_chunks_.empty()) reducer_->broadcast_params();
     else copy_params_in_chunks();
   }
   broadcast_buffers();
   return out;
+}
+
+void DataParallel::Impl::gather_params(ZeroReducer& zero) {
+  zero.gather_params();  // the other partitions' shadow cast to nearest
+  // Stochastic rounding: each replica's optimizer makes that shadow again with the bits of
+  // the step just taken (its counter's), which the owners' updates rounded with; one more
+  // pass over the shadow.
+  for (Replica& rep : replicas_)
+    if (rep.opt && rep.opt->bf16_rounding() == Bf16Rounding::stochastic) {
+      ContextGuard g(*rep.ctx);
+      rep.opt->refresh_shadow_outside_shard();
+    }
 }
 
 void DataParallel::Impl::check_partitions() {

@@ -133,6 +133,11 @@ OptionSchema<C> make_schema() {
   for (OptionField<C>& f : nested(&C::parallel, data_parallel_schema()))
     if (f.id.name != "check_finite" && f.id.name != "update_per_bucket") s.push_back(std::move(f));
   OptionSchema<C> rest = {
+      choice_field(id("bf16_rounding"), &C::bf16_rounding, kBf16RoundingNames,
+                   "How each update rounds the bf16 copy of the weights (--precision bf16): nearest (ties to even) "
+                   "or stochastic (up with probability the distance to the value below, by random bits of the "
+                   "seed, step and element: unbiased)")
+          .agreed(),
       text_field(id("save"), &C::save, OptionKind::path,
                  "Write a checkpoint (safetensors) here at the end, on SIGINT/SIGTERM and every --save-every steps")
           .agreed(),
@@ -242,6 +247,14 @@ nn::ModelSpec validate(TrainConfig& cfg) {
   if (cfg.task == data::Task::classification && spec.outputs() < 2)
     bad("task", "classification needs at least 2 output classes, the model has " + std::to_string(spec.outputs()));
   if (cfg.save_every > 0 && cfg.save.empty()) bad("save_every", "needs {} (a checkpoint path)", {"save"});
+  if (cfg.bf16_rounding == Bf16Rounding::stochastic && cfg.parallel.precision != Precision::bf16)
+    bad("bf16_rounding", "stochastic rounds the bf16 copy of the weights, which only {} bf16 keeps",
+        {"parallel.precision"});
+  if (cfg.bf16_rounding == Bf16Rounding::stochastic && cfg.parallel.reduce == Reduce::p2p)
+    bad("bf16_rounding",
+        "stochastic needs every replica to round its own copy of the weights; {} p2p copies the master's to the "
+        "others",
+        {"parallel.reduce"});
   if (cfg.recompute != nn::Recompute::none && !spec.is_gpt)
     bad("recompute", "applies to GPT models; {} is not a GPT", {"model"});
   if (!cfg.init_from.empty() && !spec.is_gpt)

@@ -220,10 +220,11 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   o.check_finite = true;
   o.group = group_;
   sched_ = {optim::parse_schedule(cfg_.schedule), *cfg_.lr, cfg_.warmup, cfg_.steps, *cfg_.lr * cfg_.lr_final};
-  // Every optimizer consults the run's schedule, on the device, each step.
+  // Every optimizer consults the run's schedule, on the device, each step, and rounds the bf16 copy as the run asks.
   const OptimizerFactory scheduled = [this, make_opt](nn::Module& m) {
     std::unique_ptr<optim::Optimizer> opt = make_opt(m);
     opt->set_schedule(sched_);
+    opt->set_bf16_rounding(cfg_.bf16_rounding, cfg_.seed);
     return opt;
   };
   dp_ = std::make_unique<DataParallel>(model_, cfg_.devices, scheduled, o);
@@ -399,6 +400,7 @@ void Trainer::resume(const std::string& path) {
       if (name != "optimizer.momentum_buffer" || !file_without_momentum)
         fetch_tensor_part(c, path, name, flat, o->shard_begin(), t, used);
     o->set_steps_taken(optimizer_steps);
+    o->refresh_shadow();  // as the last update rounded it (stochastically: with that step's bits)
   }
   for (size_t r = 0; r < dp_->size(); ++r) context(dp_->device(r)).synchronize();  // written on this thread's stream
   check_all_used(c, path, used);

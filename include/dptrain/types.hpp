@@ -102,6 +102,21 @@ inline float weight_decay_at(const AdamArgs& a, int64_t i) {
   return !a.decay_chunks || a.decay_chunks[(a.first + i) >> 6] ? a.weight_decay : 0.0f;
 }
 
+// How an update rounds the parameters into their bf16 copy (the shadow that bf16 compute
+// reads): to nearest, ties to even; or stochastically, up with probability the distance
+// to the lower bf16 neighbour over the gap between the two (kernels/bf16.hpp), so that
+// the copy is the fp32 master on average. `seed` and `first` key the stochastic rounding's
+// random bits: element i of an update draws them from (seed, the update's step, first + i),
+// `first` the flat index of the update's element 0 (a ZeRO shard's or a bucket's start),
+// so every replica, rank and partition, the CPU and the GPU round an element alike
+// (kernels/shadow.hpp). It comes with a step counter (StepCounterArgs), whose step it reads.
+enum class Bf16Rounding : int { nearest = 0, stochastic };
+struct ShadowRounding {
+  Bf16Rounding mode = Bf16Rounding::nearest;
+  uint64_t seed = 0;
+  int64_t first = 0;
+};
+
 // An optimizer's step counter on the device, which its update advances: the update reads
 // *t (the steps taken before it), takes the rate of `schedule` at that step and AdamW's
 // bias corrections 1 - beta^(t+1), and moves *t on by one, whether it applies the step or
@@ -113,7 +128,8 @@ struct StepCounterArgs {
   unsigned* blocks_done = nullptr;
   ScheduleArgs schedule;
   float beta1 = 0.0f, beta2 = 0.0f;
-  bool advance = true;  // false: a part of the step's update (per bucket) that leaves *t as it is
+  bool advance = true;           // false: a part of the step's update (per bucket) that leaves *t as it is
+  ShadowRounding rounding = {};  // how the update writes its bf16 shadow (stochastic: keyed by *t)
 };
 
 // One step's gradient check, written by the device into host memory for the host to read

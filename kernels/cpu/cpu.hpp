@@ -89,11 +89,17 @@ void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, 
 // is skipped altogether (the gradients were not finite). shadow (may be null) receives
 // the updated parameters rounded to bf16: the bf16 copy that bf16 compute reads.
 // step (may be null): the optimizer's counter, which gives the lr (and AdamW's bias
-// corrections) of this step instead of a's, and moves on by one (StepCounterArgs).
+// corrections) of this step instead of a's, and moves on by one (StepCounterArgs), and
+// how the shadow is rounded (to nearest without it); a skipped step rounded
+// stochastically writes the shadow of the unchanged parameters again (kernels/shadow.hpp).
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, const float* grad_scale,
               uint16_t* shadow, const StepCounterArgs* step = nullptr);
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
                 uint16_t* shadow, const StepCounterArgs* step = nullptr);
+// shadow = p rounded as the counter's last update rounded its shadow (step.rounding at
+// step *t - 1; to nearest before the first step): parameters written from elsewhere (a
+// resume, ZeRO's gather) in the bits that update would have given them. The counter stays.
+void refresh_shadow(const float* p, uint16_t* shadow, int64_t n, const StepCounterArgs& step);
 // The step's gradient scale from ||g||^2 (scale_from_norm_sq, kernels/grad_check.hpp).
 void clip_coef(const float* norm_sq, float max_norm, float* out);
 // The same from the gradients themselves, in one pass that also finds the first

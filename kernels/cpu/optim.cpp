@@ -8,16 +8,34 @@
 #include "../bf16.hpp"
 #include "../grad_check.hpp"
 #include "../schedule.hpp"
+#include "../shadow.hpp"
 #include "cpu.hpp"
 
 namespace dpt::cpu {
 
 namespace {
-// The step's values from the counter, which moves on by one (the step applied or not).
-void take_step(const StepCounterArgs* step, float* values) {
-  if (!step) return;
-  step_values_at(*step->t, step->schedule, step->beta1, step->beta2, values);
+// The step's values from the counter, which moves on by one (the step applied or not),
+// and the shadow the update writes, rounded at the step (nearest without a counter).
+ShadowStore take_step(const StepCounterArgs* step, float* values, uint16_t* shadow) {
+  if (!step) return shadow_store(shadow, ShadowRounding{}, 0);
+  const int64_t s = *step->t;
+  step_values_at(s, step->schedule, step->beta1, step->beta2, values);
   if (step->advance) *step->t += 1;
+  return shadow_store(shadow, step->rounding, s);
+}
+
+// The gradients' scale (1 without one), and whether the update applies: where the scale
+// is not finite (non-finite gradients) the whole update is skipped. A skipped step leaves
+// the parameters; stochastic rounding writes their shadow again with this step's random
+// bits, as the GPU's updates that undo a step do, so that after the update of step s the
+// shadow is always step s's rounding of the parameters (what a resume makes again:
+// Optimizer::refresh_shadow).
+bool applies(const float* grad_scale, const float* p, int64_t n, const ShadowStore& shadow, float& scale) {
+  scale = grad_scale ? *grad_scale : 1.0f;
+  if (std::isfinite(scale)) return true;
+  if (shadow.stochastic && shadow.bits)
+    for (int64_t i = 0; i < n; ++i) shadow.store(i, p[i]);
+  return false;
 }
 }  // namespace
 
@@ -25,10 +43,10 @@ void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& ar
               uint16_t* shadow, const StepCounterArgs* step) {
   SgdArgs a = args;
   float values[3] = {a.lr, 1.0f, 1.0f};
-  take_step(step, values);
+  const ShadowStore sh = take_step(step, values, shadow);
   a.lr = values[0];
-  const float scale = grad_scale ? *grad_scale : 1.0f;
-  if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
+  float scale = 1.0f;
+  if (!applies(grad_scale, p, n, sh, scale)) return;
   for (int64_t i = 0; i < n; ++i) {
     float d = g[i] * scale + a.weight_decay * p[i];
     if (a.momentum != 0.0f) {
@@ -37,7 +55,7 @@ void sgd_step(float* p, const float* g, float* buf, int64_t n, const SgdArgs& ar
       d = a.nesterov ? d + a.momentum * buf[i] : buf[i];
     }
     p[i] -= a.lr * d;
-    if (shadow) shadow[i] = bf16_round(p[i]);
+    sh.store(i, p[i]);
   }
 }
 
@@ -45,20 +63,28 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
                 uint16_t* shadow, const StepCounterArgs* step) {
   AdamArgs a = args;
   float values[3] = {a.lr, a.bias_correction1, a.bias_correction2};
-  take_step(step, values);
+  const ShadowStore sh = take_step(step, values, shadow);
   a.lr = values[0];
   a.bias_correction1 = values[1];
   a.bias_correction2 = values[2];
-  const float scale = grad_scale ? *grad_scale : 1.0f;
-  if (!std::isfinite(scale)) return;  // non-finite gradients: the whole update is skipped
+  float scale = 1.0f;
+  if (!applies(grad_scale, p, n, sh, scale)) return;
   for (int64_t i = 0; i < n; ++i) {
     const float d = g[i] * scale;
     p[i] -= a.lr * weight_decay_at(a, i) * p[i];
     m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * d;
     v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * d * d;
     p[i] -= a.lr * (m[i] / a.bias_correction1) / (std::sqrt(v[i] / a.bias_correction2) + a.eps);
-    if (shadow) shadow[i] = bf16_round(p[i]);
+    sh.store(i, p[i]);
   }
+}
+
+void refresh_shadow(const float* p, uint16_t* shadow, int64_t n, const StepCounterArgs& step) {
+  const int64_t taken = *step.t;
+  // No update has written the shadow yet: it is the masters' cast, as the module made it.
+  const ShadowStore sh =
+      shadow_store(shadow, taken > 0 ? step.rounding : ShadowRounding{Bf16Rounding::nearest, 0, 0}, taken - 1);
+  for (int64_t i = 0; i < n; ++i) sh.store(i, p[i]);
 }
 
 void clip_coef(const float* norm_sq, float max_norm, float* out) { *out = scale_from_norm_sq(*norm_sq, max_norm); }

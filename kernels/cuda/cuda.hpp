@@ -181,11 +181,14 @@ void cross_entropy_backward_bf16(const uint16_t* logits, const int32_t* labels, 
 
 // optim.cu — shadow (may be null) receives the updated parameters rounded to bf16; with
 // a step counter (step.t set) the update takes its lr (and AdamW's corrections) from it
-// and moves it on by one (StepCounterArgs).
+// and moves it on by one (StepCounterArgs), and rounds the shadow as step.rounding says
+// (to nearest without a counter; as the CPU twins, kernels/cpu/cpu.hpp, bit for bit).
 void sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, const SgdArgs& a, const float* grad_scale,
               uint16_t* shadow, const StepCounterArgs& step, cudaStream_t stream);
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a, const float* grad_scale,
                 uint16_t* shadow, const StepCounterArgs& step, cudaStream_t stream);
+// shadow = p rounded as the counter's last update rounded it (the CPU twin's; step.t needed).
+void refresh_shadow(const float* p, uint16_t* shadow, int64_t n, const StepCounterArgs& step, cudaStream_t stream);
 void clip_coef(const float* norm_sq, float max_norm, float* out, cudaStream_t stream);
 // The gradient scale from the gradients in one kernel, and the check's record (CheckRingArgs;
 // ring.records may be null); work holds 3 * kReduceWork floats, counter is the context's.

@@ -5,7 +5,8 @@
 // time when every buffer is 16-byte aligned (the last n % 4 elements go scalar). The
 // gradient scale stays on the device (clip_coef writes it), so clipping needs no host
 // round trip. With a bf16 shadow (bf16 training) the same pass also writes the updated
-// parameters rounded to bf16, so the copy that the GEMMs read costs no pass of its own.
+// parameters rounded to bf16 (to nearest, or stochastically: kernels/shadow.hpp), so the
+// copy that the GEMMs read costs no pass of its own.
 //
 // The checked and alternating updates are in optim_checked.cu, the gradient check in
 // grad_check.cu.
@@ -26,8 +27,10 @@ static __global__ void sgd_step_kernel(float* p, const float* g, float* buf, int
   float values[3] = {a.lr, 1.f, 1.f};
   const int64_t s = read_step(step, values);
   a.lr = values[0];
+  const ShadowStore sh = step_shadow(shadow, step, s);
   const float scale = grad_scale ? *grad_scale : 1.f;
-  if (isfinite(scale)) sgd_loop<Vec>(p, g, buf, n, a, scale, shadow);  // else the whole update is skipped
+  if (isfinite(scale)) sgd_loop<Vec>(p, g, buf, n, a, scale, sh);
+  else shadow_again<Vec>(p, n, sh);  // the whole update is skipped
   count_step(step, s);
 }
 
@@ -40,9 +43,22 @@ static __global__ void adamw_step_kernel(float* p, const float* g, float* m, flo
   a.lr = values[0];
   a.bias_correction1 = values[1];
   a.bias_correction2 = values[2];
+  const ShadowStore sh = step_shadow(shadow, step, s);
   const float scale = grad_scale ? *grad_scale : 1.f;
-  if (isfinite(scale)) adamw_loop<Vec>(p, g, m, v, n, a, scale, shadow);  // else the whole update is skipped
+  if (isfinite(scale)) adamw_loop<Vec>(p, g, m, v, n, a, scale, sh);
+  else shadow_again<Vec>(p, n, sh);  // the whole update is skipped
   count_step(step, s);
+}
+
+// The shadow as the counter's last update rounded it (step *t - 1; to nearest before the
+// first step). The counter is only read.
+template <bool Vec>
+static __global__ void refresh_shadow_kernel(const float* p, uint16_t* shadow, int64_t n, StepCounterArgs step) {
+  DPT_WAIT_PREVIOUS_GRID();
+  const int64_t taken = *step.t;
+  const ShadowStore sh = shadow_store(shadow, taken > 0 ? step.rounding : ShadowRounding{}, taken - 1);
+  vec4_loop<Vec>(
+      n, [&](int64_t q) { store_shadow4(sh, q, load_four(p + 4 * q)); }, [&](int64_t i) { sh.store(i, p[i]); });
 }
 
 }  // namespace
@@ -79,6 +95,15 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const A
   else
     launch_after_previous(adamw_step_kernel<false>, blocks_for(n), kThreads, stream, p, g, m, v, n, a, grad_scale,
                           shadow, step);
+}
+
+void refresh_shadow(const float* p, uint16_t* shadow, int64_t n, const StepCounterArgs& step, cudaStream_t stream) {
+  DPT_CHECK(n >= 0 && step.t != nullptr, "refresh_shadow: a negative size or no step counter");
+  if (n == 0) return;
+  DPT_CHECK(p != nullptr && shadow != nullptr, "refresh_shadow: null parameters or shadow");
+  if (aligned16(p) && aligned(shadow, 8))
+    launch_after_previous(refresh_shadow_kernel<true>, blocks_for(n / 4), kThreads, stream, p, shadow, n, step);
+  else launch_after_previous(refresh_shadow_kernel<false>, blocks_for(n), kThreads, stream, p, shadow, n, step);
 }
 
 }  // namespace dpt::cuda

@@ -58,15 +58,19 @@ struct Backup {
 struct SgdUpdate {
   float *p, *buf;
   SgdArgs a;
-  uint16_t* shadow;
+  ShadowStore shadow;
   using State = SgdState4;
-  __device__ void set_values(const float* values) { a.lr = values[0]; }
+  __device__ void set_values(const float* values, int64_t step) {
+    a.lr = values[0];
+    shadow.step = step;
+  }
   __device__ State load(int64_t i) const { return sgd_load4(p, buf, a.momentum != 0.f, i); }
   __device__ void store(State s, float4 g, int64_t i, float scale) const {
     sgd_store4(s, g, i, p, buf, a, scale, shadow);
   }
   __device__ void one(int64_t i, const float* g, float scale) const { sgd_one(i, p, g, buf, a, scale, shadow); }
   __device__ void loop(const float* g, int64_t n, float scale) const { sgd_loop<true>(p, g, buf, n, a, scale, shadow); }
+  __device__ void skipped(int64_t n) const { shadow_again<true>(p, n, shadow); }
   // The speculative update's backup (Backup: the parameters, then the momentum buffer).
   __device__ void save(const State& s, const Backup& b, int64_t i) const {
     b.put4(0, i, s.p);
@@ -87,7 +91,7 @@ struct SgdUpdate {
   __device__ void restore1(const Backup& b, int64_t i) const {
     p[i] = b.at(0)[i];
     if (a.momentum != 0.f) buf[i] = b.at(1)[i];
-    if (shadow) shadow[i] = bf16_round(p[i]);
+    shadow.store(i, p[i]);
   }
   // The alternating update's: a scalar element updated from copy `from` into this one,
   // and one copied from `from` unchanged (the shadow made again).
@@ -98,23 +102,24 @@ struct SgdUpdate {
     sgd_update(pv, g[i], bv, a, scale);
     p[i] = pv;
     if (mom) buf[i] = bv;
-    if (shadow) shadow[i] = bf16_round(pv);
+    shadow.store(i, pv);
   }
   __device__ void copy1(const SgdUpdate& from, int64_t i) const {
     p[i] = from.p[i];
     if (a.momentum != 0.f) buf[i] = from.buf[i];
-    if (shadow) shadow[i] = bf16_round(p[i]);
+    shadow.store(i, p[i]);
   }
 };
 struct AdamUpdate {
   float *p, *m, *v;
   AdamArgs a;
-  uint16_t* shadow;
+  ShadowStore shadow;
   using State = AdamState4;
-  __device__ void set_values(const float* values) {
+  __device__ void set_values(const float* values, int64_t step) {
     a.lr = values[0];
     a.bias_correction1 = values[1];
     a.bias_correction2 = values[2];
+    shadow.step = step;
   }
   __device__ State load(int64_t i) const { return adamw_load4(p, m, v, i); }
   __device__ void store(State s, float4 g, int64_t i, float scale) const {
@@ -124,6 +129,7 @@ struct AdamUpdate {
   __device__ void loop(const float* g, int64_t n, float scale) const {
     adamw_loop<true>(p, g, m, v, n, a, scale, shadow);
   }
+  __device__ void skipped(int64_t n) const { shadow_again<true>(p, n, shadow); }
   __device__ void save(const State& s, const Backup& b, int64_t i) const {
     b.put4(0, i, s.p);
     b.put4(1, i, s.m);
@@ -145,7 +151,7 @@ struct AdamUpdate {
     p[i] = b.at(0)[i];
     m[i] = b.at(1)[i];
     v[i] = b.at(2)[i];
-    if (shadow) shadow[i] = bf16_round(p[i]);
+    shadow.store(i, p[i]);
   }
   __device__ void one_from(const AdamUpdate& from, int64_t i, const float* g, float scale) const {
     float pv = from.p[i], mv = from.m[i], vv = from.v[i];
@@ -153,13 +159,13 @@ struct AdamUpdate {
     p[i] = pv;
     m[i] = mv;
     v[i] = vv;
-    if (shadow) shadow[i] = bf16_round(pv);
+    shadow.store(i, pv);
   }
   __device__ void copy1(const AdamUpdate& from, int64_t i) const {
     p[i] = from.p[i];
     m[i] = from.m[i];
     v[i] = from.v[i];
-    if (shadow) shadow[i] = bf16_round(p[i]);
+    shadow.store(i, p[i]);
   }
 };
 
@@ -184,7 +190,7 @@ static __global__ void checked_update_kernel(const float* g, int64_t n, float ma
   }
   float values[3] = {lr, bc1, bc2};
   const int64_t t = read_step(step, values);  // before the wait, as the held state (above)
-  update.set_values(values);
+  update.set_values(values, t);
   const int64_t count = blockIdx.x == 0 && threadIdx.x == 0 ? ring_count(ring) : 0;  // write_check's
   DPT_WAIT_PREVIOUS_GRID();
   unsigned* released = step.blocks_done + 1;
@@ -219,7 +225,7 @@ static __global__ void checked_update_kernel(const float* g, int64_t n, float ma
   }
   __syncthreads();
   const float sc = block_scale;
-  if (isfinite(sc)) {  // else the whole update is skipped
+  if (isfinite(sc)) {
     if constexpr (Hold) {
 #pragma unroll
       for (int k = 0; k < kHeld; ++k)
@@ -228,6 +234,8 @@ static __global__ void checked_update_kernel(const float* g, int64_t n, float ma
     } else {
       update.loop(g, n, sc);
     }
+  } else {
+    update.skipped(n);  // the whole update is skipped
   }
   count_step(step, t);
 }
@@ -304,7 +312,7 @@ static __global__ void speculative_update_kernel(const float* g, int64_t n, floa
   for (int64_t i = 4 * n4 + tid; i < n; i += stride) update.save1(backup, i);
   float values[3] = {lr, bc1, bc2};
   const int64_t t = read_step(step, values);  // before the wait, as the held state (checked_update_kernel)
-  update.set_values(values);
+  update.set_values(values, t);
   const int64_t count = threadIdx.x == 0 ? ring_count(ring) : 0;  // the last block's thread 0 writes the record
   DPT_WAIT_PREVIOUS_GRID();
   float s = 0.f;
@@ -355,7 +363,7 @@ static __global__ void alternating_update_kernel(const float* g, int64_t n, floa
   const bool from_first = (t & 1) == first_parity;
   Update from = from_first ? first : second;
   Update to = from_first ? second : first;
-  to.set_values(values);
+  to.set_values(values, t);
   const float4* g4 = reinterpret_cast<const float4*>(g);
   const int64_t n4 = n / 4, stride = grid_stride();
   float s = 0.f;
@@ -453,7 +461,7 @@ void checked_sgd_step(float* p, const float* g, float* momentum_buf, int64_t n, 
   const bool mom = a.momentum != 0.f;
   const bool vec = aligned16(p) && aligned16(g) && (!mom || aligned16(momentum_buf)) && aligned(shadow, 8);
   const float values[3] = {a.lr, 1.f, 1.f};
-  const SgdUpdate u{p, momentum_buf, a, shadow};
+  const SgdUpdate u{p, momentum_buf, a, step_shadow(shadow, step, 0)};
   if (launch_checked_update(vec, g, n, max_norm, scale, work, counter, ring, step, u, values, backup, stream)) return;
   check_gradients(g, n, max_norm, scale, work, counter, ring, stream);
   sgd_step(p, g, momentum_buf, n, a, scale, shadow, step, stream);
@@ -464,7 +472,7 @@ void checked_adamw_step(float* p, const float* g, float* m, float* v, int64_t n,
                         const CheckRingArgs& ring, float* backup, cudaStream_t stream) {
   const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned(shadow, 8);
   const float values[3] = {a.lr, a.bias_correction1, a.bias_correction2};
-  const AdamUpdate u{p, m, v, a, shadow};
+  const AdamUpdate u{p, m, v, a, step_shadow(shadow, step, 0)};
   if (launch_checked_update(vec, g, n, max_norm, scale, work, counter, ring, step, u, values, backup, stream)) return;
   check_gradients(g, n, max_norm, scale, work, counter, ring, stream);
   adamw_step(p, g, m, v, n, a, scale, shadow, step, stream);
@@ -492,8 +500,9 @@ void alternating_sgd_step(const float* g, int64_t n, float* const p[2], float* c
                 (!mom || (aligned16(momentum_buf[0]) && aligned16(momentum_buf[1]))) && aligned(shadow, 8),
             "alternating_sgd_step: buffers not 16-byte aligned");
   const float values[3] = {a.lr, 1.f, 1.f};
-  launch_alternating(g, n, scale, work, counter, ring, step, SgdUpdate{p[0], momentum_buf[0], a, shadow},
-                     SgdUpdate{p[1], momentum_buf[1], a, shadow}, first_parity, values, stream);
+  const ShadowStore sh = step_shadow(shadow, step, 0);
+  launch_alternating(g, n, scale, work, counter, ring, step, SgdUpdate{p[0], momentum_buf[0], a, sh},
+                     SgdUpdate{p[1], momentum_buf[1], a, sh}, first_parity, values, stream);
 }
 
 void alternating_adamw_step(const float* g, int64_t n, float* const p[2], float* const m[2], float* const v[2],
@@ -507,8 +516,9 @@ void alternating_adamw_step(const float* g, int64_t n, float* const p[2], float*
   DPT_CHECK(n > 0 && step.t != nullptr && g != nullptr && aligned16(g) && aligned(shadow, 8),
             "alternating_adamw_step: no gradients, step counter or aligned shadow");
   const float values[3] = {a.lr, a.bias_correction1, a.bias_correction2};
-  launch_alternating(g, n, scale, work, counter, ring, step, AdamUpdate{p[0], m[0], v[0], a, shadow},
-                     AdamUpdate{p[1], m[1], v[1], a, shadow}, first_parity, values, stream);
+  const ShadowStore sh = step_shadow(shadow, step, 0);
+  launch_alternating(g, n, scale, work, counter, ring, step, AdamUpdate{p[0], m[0], v[0], a, sh},
+                     AdamUpdate{p[1], m[1], v[1], a, sh}, first_parity, values, stream);
 }
 
 }  // namespace dpt::cuda

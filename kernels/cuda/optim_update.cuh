@@ -9,6 +9,7 @@
 
 #include "../bf16.hpp"
 #include "../schedule.hpp"
+#include "../shadow.hpp"
 #include "common.cuh"
 #include "loops.cuh"
 
@@ -64,12 +65,36 @@ __device__ __forceinline__ void count_step(const StepCounterArgs& step, int64_t 
   }
 }
 
+// The shadow an update of step `s` writes (read_step's count): rounded as the counter
+// says, to nearest without one (as the CPU twin's).
+__host__ __device__ __forceinline__ ShadowStore step_shadow(uint16_t* shadow, const StepCounterArgs& step, int64_t s) {
+  return shadow_store(shadow, step.t ? step.rounding : ShadowRounding{}, s);
+}
+
 // One float4 of a buffer's update, in three parts: its state loaded, its update from the
 // gradient float4, its state stored. sgd_loop and adamw_loop run them together; the fused
-// checked update loads before its barrier and stores after it. shadow (may be null) gets
-// bf16(p) of every updated element.
-__device__ __forceinline__ void store_shadow4(uint16_t* shadow, int64_t i, float4 p) {
-  if (shadow) store_four(shadow + 4 * i, p);
+// checked update loads before its barrier and stores after it. shadow (its bits may be
+// null) gets every updated element rounded to bf16.
+__device__ __forceinline__ void store_shadow4(const ShadowStore& shadow, int64_t i, float4 p) {
+  if (!shadow.bits) return;
+  if (!shadow.stochastic) {
+    store_four(shadow.bits + 4 * i, p);
+    return;
+  }
+  const float v[4] = {p.x, p.y, p.z, p.w};
+  uint16_t out[4];
+  shadow.round4(4 * i, v, out);
+  *reinterpret_cast<ushort4*>(shadow.bits + 4 * i) = make_ushort4(out[0], out[1], out[2], out[3]);
+}
+
+// A skipped step (non-finite gradients) under stochastic rounding: the shadow of the
+// unchanged parameters again, with this step's random bits (the CPU twin's `skipped`), so
+// that after step s's update the shadow is step s's rounding whether it applied or not.
+template <bool Vec>
+__device__ __forceinline__ void shadow_again(const float* p, int64_t n, const ShadowStore& shadow) {
+  if (!shadow.stochastic || !shadow.bits) return;
+  vec4_loop<Vec>(
+      n, [&](int64_t q) { store_shadow4(shadow, q, load_four(p + 4 * q)); }, [&](int64_t i) { shadow.store(i, p[i]); });
 }
 
 // SGD's state: the parameters and, with momentum, its buffer (buf is read and written only
@@ -82,7 +107,7 @@ __device__ __forceinline__ SgdState4 sgd_load4(const float* p, const float* buf,
           mom ? reinterpret_cast<const float4*>(buf)[i] : make_float4(0.f, 0.f, 0.f, 0.f)};
 }
 __device__ __forceinline__ void sgd_store4(SgdState4 s, float4 g, int64_t i, float* p, float* buf, const SgdArgs& a,
-                                           float scale, uint16_t* shadow) {
+                                           float scale, const ShadowStore& shadow) {
   sgd_update(s.p.x, g.x, s.buf.x, a, scale);
   sgd_update(s.p.y, g.y, s.buf.y, a, scale);
   sgd_update(s.p.z, g.z, s.buf.z, a, scale);
@@ -92,19 +117,19 @@ __device__ __forceinline__ void sgd_store4(SgdState4 s, float4 g, int64_t i, flo
   store_shadow4(shadow, i, s.p);
 }
 __device__ __forceinline__ void sgd_one(int64_t i, float* p, const float* g, float* buf, const SgdArgs& a, float scale,
-                                        uint16_t* shadow) {
+                                        const ShadowStore& shadow) {
   const bool mom = a.momentum != 0.f;
   float pv = p[i];
   float bv = mom ? buf[i] : 0.f;
   sgd_update(pv, g[i], bv, a, scale);
   p[i] = pv;
   if (mom) buf[i] = bv;
-  if (shadow) shadow[i] = bf16_round(pv);
+  shadow.store(i, pv);
 }
 
 template <bool Vec>
 __device__ __forceinline__ void sgd_loop(float* p, const float* g, float* buf, int64_t n, const SgdArgs& a, float scale,
-                                         uint16_t* shadow) {
+                                         const ShadowStore& shadow) {
   const bool mom = a.momentum != 0.f;
   vec4_loop<Vec>(
       n, [&](int64_t q) { sgd_store4(sgd_load4(p, buf, mom, q), load_four(g + 4 * q), q, p, buf, a, scale, shadow); },
@@ -119,7 +144,7 @@ __device__ __forceinline__ AdamState4 adamw_load4(const float* p, const float* m
           reinterpret_cast<const float4*>(v)[i]};
 }
 __device__ __forceinline__ void adamw_store4(AdamState4 s, float4 g, int64_t i, float* p, float* m, float* v,
-                                             const AdamArgs& a, float scale, uint16_t* shadow) {
+                                             const AdamArgs& a, float scale, const ShadowStore& shadow) {
   adamw_update(s.p.x, g.x, s.m.x, s.v.x, a, scale, 4 * i);
   adamw_update(s.p.y, g.y, s.m.y, s.v.y, a, scale, 4 * i + 1);
   adamw_update(s.p.z, g.z, s.m.z, s.v.z, a, scale, 4 * i + 2);
@@ -130,18 +155,18 @@ __device__ __forceinline__ void adamw_store4(AdamState4 s, float4 g, int64_t i, 
   store_shadow4(shadow, i, s.p);
 }
 __device__ __forceinline__ void adamw_one(int64_t i, float* p, const float* g, float* m, float* v, const AdamArgs& a,
-                                          float scale, uint16_t* shadow) {
+                                          float scale, const ShadowStore& shadow) {
   float pv = p[i], mv = m[i], vv = v[i];
   adamw_update(pv, g[i], mv, vv, a, scale, i);
   p[i] = pv;
   m[i] = mv;
   v[i] = vv;
-  if (shadow) shadow[i] = bf16_round(pv);
+  shadow.store(i, pv);
 }
 
 template <bool Vec>
 __device__ __forceinline__ void adamw_loop(float* p, const float* g, float* m, float* v, int64_t n, const AdamArgs& a,
-                                           float scale, uint16_t* shadow) {
+                                           float scale, const ShadowStore& shadow) {
   vec4_loop<Vec>(
       n, [&](int64_t q) { adamw_store4(adamw_load4(p, m, v, q), load_four(g + 4 * q), q, p, m, v, a, scale, shadow); },
       [&](int64_t i) { adamw_one(i, p, g, m, v, a, scale, shadow); });

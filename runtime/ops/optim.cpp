@@ -1,6 +1,6 @@
 // The optimizer updates and the gradient checks around them: clip_coef, the checks
 // (shard_check, finish_check, check_gradients), the plain, checked and alternating SGD
-// and AdamW updates.
+// and AdamW updates, and the shadow made again as the last update rounded it.
 #include <cstring>
 #include <span>
 
@@ -106,7 +106,8 @@ StepCounterArgs counter_args(const StepCounter* step, const Tensor& p, const cha
           step->schedule,
           step->beta1,
           step->beta2,
-          step->advance};
+          step->advance,
+          step->rounding};
 }
 }  // namespace
 
@@ -150,6 +151,15 @@ void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor&
   DPT_CUDA_OR_CPU(p.device(),
                   cuda::adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, sc, sh, st, stream_of(p.device())),
                   cpu::adamw_step(p.f32(), g.f32(), mp, vp, p.numel(), a, sc, sh, step ? &st : nullptr));
+}
+
+void refresh_shadow(const Tensor& p, const Tensor& shadow, const StepCounter& step) {
+  need_f32(p, "refresh_shadow");
+  DPT_CHECK(shadow.defined(), "refresh_shadow: no shadow");
+  uint16_t* sh = shadow_of(shadow, p, "refresh_shadow");
+  const StepCounterArgs st = counter_args(&step, p, "refresh_shadow");
+  DPT_CUDA_OR_CPU(p.device(), cuda::refresh_shadow(p.f32(), sh, p.numel(), st, stream_of(p.device())),
+                  cpu::refresh_shadow(p.f32(), sh, p.numel(), st));
 }
 
 int64_t checked_update_backup_size(const Tensor& p, int buffers, float max_norm) {

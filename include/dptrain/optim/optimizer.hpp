@@ -8,10 +8,16 @@
 #include <utility>
 #include <vector>
 
+#include <dptrain/enum_names.hpp>
 #include <dptrain/layers/module.hpp>
 #include <dptrain/optim/schedule.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/types.hpp>
+
+namespace dpt {
+inline constexpr auto kBf16RoundingNames = enum_names<Bf16Rounding>(
+    "bf16 rounding", {{Bf16Rounding::nearest, "nearest"}, {Bf16Rounding::stochastic, "stochastic"}});
+}  // namespace dpt
 
 namespace dpt::optim {
 
@@ -79,6 +85,20 @@ class Optimizer {
   void restrict_to(int64_t begin, int64_t end, const Tensor& grads = {});
   int64_t shard_begin() const { return begin_; }
   int64_t shard_size() const { return params_.numel(); }
+  // How each update rounds the module's bf16 shadow (bf16 compute; nothing to round in
+  // f32): to nearest, ties to even (the default), or stochastically, llm.c's way, with
+  // random bits of (seed, the step, the element's index in the flat buffer), so that the
+  // copy is the masters on average (ShadowRounding). Every replica's optimizer gets the
+  // same (an OptimizerFactory sets it); DataParallel refuses stochastic rounding where
+  // only the master updates (p2p), whose copies of the parameters are cast to nearest.
+  void set_bf16_rounding(Bf16Rounding mode, uint64_t seed);
+  Bf16Rounding bf16_rounding() const { return rounding_.mode; }
+  // The shadow made again from the parameters as the last update rounded it (ops'
+  // refresh_shadow): of the whole flat buffer, after the parameters were written from
+  // elsewhere (a resume: after set_steps_taken); or of the elements outside this ZeRO
+  // shard, after the gather of the other partitions (stochastic rounding: DataParallel).
+  void refresh_shadow();
+  void refresh_shadow_outside_shard();
 
  protected:
   // The bf16 copy of the parameters the update also writes, its shard's part (undefined in
@@ -113,7 +133,10 @@ class Optimizer {
   int64_t begin_ = 0;
 
  private:
+  // Elements [begin, end) of the flat buffers' shadow (refresh_shadow).
+  void refresh_shadow_range(int64_t begin, int64_t end);
   const char* kind_;
+  ShadowRounding rounding_;  // first: 0 (step_counter gives the shard's or part's)
   Tensor counter_;
   Tensor backup_;
   std::vector<std::pair<Tensor, Tensor>> twins_;  // (a buffer, its second copy), made once

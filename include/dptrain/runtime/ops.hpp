@@ -105,9 +105,16 @@ struct StepCounter {
   ScheduleArgs schedule;
   float beta1 = 0.0f, beta2 = 0.0f;
   bool advance = true;  // false: the counter is read, not moved on (a part of a step's update)
+  // How the update rounds its bf16 shadow: to nearest, or stochastically with random bits
+  // of (rounding.seed, the counter's step, rounding.first + the element's index) (types.hpp).
+  ShadowRounding rounding = {};
 };
 // Fused optimizer updates over flat buffers; grad_scale may be undefined. shadow (bf16,
-// may be undefined) receives the updated parameters rounded to bf16, in the same pass.
+// may be undefined) receives the updated parameters rounded to bf16, in the same pass:
+// to nearest, or as step->rounding says (to nearest without a counter). A step skipped
+// for non-finite gradients and rounded stochastically writes the shadow of the unchanged
+// parameters again with that step's random bits, so that after the update of step s the
+// shadow is always step s's rounding of the parameters (refresh_shadow makes it again).
 // step (may be null): the update takes the lr (and AdamW's bias corrections) from the
 // counter instead of a's, and moves it on by one, on the device, whether it applies the
 // step or skips it; then p may be empty (an empty ZeRO shard still counts its step). A
@@ -116,6 +123,11 @@ void sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, cons
               const Tensor& shadow = {}, const StepCounter* step = nullptr);
 void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamArgs& a,
                 const Tensor& grad_scale, const Tensor& shadow = {}, const StepCounter* step = nullptr);
+// shadow (bf16, p's size) = p rounded as the counter's last update rounded its shadow
+// (step.rounding at the step before the counter's count, read on the device; to nearest
+// before the first step), the counter left as it is: parameters written from elsewhere (a
+// resume, ZeRO's gather of the other partitions) get the bits the update would have given.
+void refresh_shadow(const Tensor& p, const Tensor& shadow, const StepCounter& step);
 // check_gradients(g, max_norm, ring) and the update by the scale it gives, returned: on a
 // GPU in one launch where it can be (a small model's step: one kernel less), else in two;
 // the same parameters, state and record bit for bit either way. With a backup of

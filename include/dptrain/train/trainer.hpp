@@ -71,6 +71,11 @@ struct TrainConfig {
   // micro-batches, ZeRO, CUDA graphs (check_finite and group are the Trainer's: it checks
   // every step's gradients, and sets the group of a ddp run).
   DataParallelOptions parallel;
+  // How each update rounds the bf16 copy of the weights that bf16 compute reads
+  // (parallel.precision bf16; refused otherwise): to nearest, or stochastically with random
+  // bits of (seed, step, element) (Optimizer::set_bf16_rounding); not a checkpoint's
+  // setting (a resumed run may change it).
+  Bf16Rounding bf16_rounding = Bf16Rounding::nearest;
   // A step whose gradients are not finite is never applied; then "stop" ends the run
   // (NonFiniteError) and "skip-step" goes on. The check is read behind the steps, without
   // waiting for them: a bad step stops the run at most 8 steps later (at once at a log
