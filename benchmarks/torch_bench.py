@@ -23,6 +23,7 @@ it (its modes are eager and compile)."""
 import argparse
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -322,4 +323,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())  # a GPT run's status (3: out of memory) is torch_gpt_bench's
