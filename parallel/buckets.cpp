@@ -92,6 +92,11 @@ SlotLayout layout_slots(const std::vector<Bucket>& buckets, const std::vector<in
     l.params_of_bucket[b].push_back(static_cast<int>(k));
     if (uses[k] > 1) tied[b] = true;
   }
+  // Buckets are handed over in bucket order, so a tied bucket (complete only at its last
+  // write, which may come at backward's end) holds back every bucket after it: one of those
+  // taking turns would need the one before it in its slot reduced, held back behind the
+  // tied bucket, which would then be handed over incomplete. They get slots of their own too.
+  for (size_t b = 1; b < buckets.size(); ++b) tied[b] = tied[b] || tied[b - 1];
   // The turns: the other buckets alternate between two slots of the largest one's size.
   int64_t turn_size = 0;
   size_t turns = 0;

@@ -38,7 +38,8 @@ std::vector<std::vector<int>> buckets_of_params(const std::vector<Bucket>& bucke
 // instead of the whole buffer: two slots of the largest such bucket's size (bucket after
 // bucket in backward's order, alternately), and a slot of its own for each bucket with a
 // parameter used more than once (a tied weight, as GPT's token embedding, is written
-// first by the last layer and last by the first: its gradient lives through backward).
+// first by the last layer and last by the first: its gradient lives through backward), and
+// for each bucket after it (handed over only after it).
 struct SlotLayout {
   int64_t size = 0;                                // the gradients' floats: every slot
   std::vector<int64_t> slot_begin;                 // slot -> its offset in the gradients
