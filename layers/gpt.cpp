@@ -198,21 +198,21 @@ Tensor Block::forward(const Tensor& x, int64_t T) {
   // instead of the GELU's output. The outputs are then freed as soon as their reader is done.
   const bool ln_inputs = recompute_ == Recompute::gelu_ln;
   const Tensor h = add(x, attn_->forward(ln_1_->forward(x), T, ln_inputs ? ln_1_->output_from(x) : SavedInput{}));
-  return add(h, mlp(ln_2_->forward(h), ln_inputs ? ln_2_->output_from(h) : SavedInput{}));
+  return add(h,
+             mlp(ln_2_->forward(h), ln_inputs ? ln_2_->output_from(h) : SavedInput{}, recompute_ == Recompute::none));
 }
 
 Tensor Block::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start) {
   const Tensor h = add(x, attn_->forward_cached(ln_1_->forward(x), keys, values, start));
-  return add(h, mlp(ln_2_->forward(h), SavedInput{}));
+  return add(h, mlp(ln_2_->forward(h), SavedInput{}, true));  // no backward: the GELU of the fp32 sum
 }
 
-Tensor Block::mlp(const Tensor& x, const SavedInput& x_saved) {
+Tensor Block::mlp(const Tensor& x, const SavedInput& x_saved, bool plain) {
   if (c_fc_->computes_bf16())
-    return gelu_mlp_bf16(cast(x, DType::bf16),
-                         {c_fc_->weight(), c_fc_->bias(), c_fc_->weight_bf16(), c_fc_->bias_bf16()},
-                         {c_proj_->weight(), c_proj_->bias(), c_proj_->weight_bf16(), c_proj_->bias_bf16()},
-                         recompute_ == Recompute::none, x_saved);
-  if (recompute_ == Recompute::none) return c_proj_->forward(c_fc_->forward(x));
+    return gelu_mlp_bf16(
+        cast(x, DType::bf16), {c_fc_->weight(), c_fc_->bias(), c_fc_->weight_bf16(), c_fc_->bias_bf16()},
+        {c_proj_->weight(), c_proj_->bias(), c_proj_->weight_bf16(), c_proj_->bias_bf16()}, plain, x_saved);
+  if (plain) return c_proj_->forward(c_fc_->forward(x));
   const LinearOut fc = linear_forward(*c_fc_, x, x_saved);
   return linear_forward(*c_proj_, fc.y, act_of(fc.z, c_fc_->act())).y;
 }

@@ -153,8 +153,10 @@ class Block : public SequencePart<Block> {
   std::shared_ptr<CausalSelfAttention> attn_;
   std::shared_ptr<Linear> c_fc_, c_proj_;
   Recompute recompute_ = Recompute::none;
-  // c_proj(c_fc(x)) for x = ln_2(h), its node keeping x_saved for x (recomputing) or x.
-  Tensor mlp(const Tensor& x, const SavedInput& x_saved);
+  // c_proj(c_fc(x)) for x = ln_2(h), its node keeping x_saved for x. plain: the layers as
+  // without recomputation (the GELU of the fp32 sum; decoding always); else c_proj keeps
+  // c_fc's pre-activation, whose rounded value the GELU reads.
+  Tensor mlp(const Tensor& x, const SavedInput& x_saved, bool plain);
 };
 
 // What a GPT has computed of the sequences it decodes (GPT::kv_cache, forward_cached): for
