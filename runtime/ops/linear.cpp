@@ -1,5 +1,6 @@
 // The GEMM and the layers built on it: gemm, matmul, linear (fp32, tf32 and bf16 compute),
-// and linear_chain, a stack of small layers in one launch each way.
+// and linear_chain, a stack of small layers in one launch each way. (The bf16 MLP as one
+// op: gelu_mlp.cpp.)
 #include <algorithm>
 
 #include <dptrain/error.hpp>
@@ -8,6 +9,7 @@
 #include <dptrain/runtime/ops.hpp>
 #include "internal.hpp"
 #include "kernels/cpu/cpu.hpp"
+#include "linear_internal.hpp"
 
 #if DPT_WITH_CUDA
 #include "kernels/cuda/check.hpp"
@@ -29,16 +31,6 @@ bool lt_gemm(Context& ctx, const Device& d, bool ta, bool tb, int64_t m, int64_t
   return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas_lt()), stream_of(d), ctx.precision, ta, tb, m, n, k, alpha,
                        A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes);
 }
-// The same over other element types.
-// (aux: where a tanh-GELU epilogue writes the pre-activation, or null.)
-// (act_grad: the GELU's gradient from the pre-activation in aux.)
-bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-             float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act,
-             void* aux = nullptr, bool act_grad = false) {
-  Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
-  return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas_lt()), stream_of(d), ctx.precision, types, ta, tb, m, n, k,
-                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes, aux, act_grad);
-}
 // gemm_skinny's partial products, for the call it is made for: none where k is not split
 // (data null), so that the one-kernel form allocates nothing.
 struct SkinnyWork {
@@ -52,13 +44,6 @@ struct SkinnyWork {
   }
 };
 #endif
-
-// Only large GEMMs take cuBLASLt's epilogue: for a short one cuBLAS's own kernel plus
-// the separate bias pass is faster (measured on the seed workload's forward: README,
-// "Measurements behind the code"), while for the mlp workload's layers the fused epilogue
-// saves a pass over each activation. The same bound picks the TF32 backward that writes
-// a transposed gradient (LinearNode).
-[[maybe_unused]] constexpr double kLtMinMultiplyAdds = 1 << 30;
 
 #if DPT_WITH_CUDA
 // Strict fp32 GEMMs of a Linear layer at a small batch take our own kernels (gemm_small.cu):
@@ -87,14 +72,56 @@ SmallGemm small_gemm(const Context& ctx, bool ta, bool tb, int64_t m, int64_t n,
 }
 #endif
 
+}  // namespace
+
+namespace detail {
+
 #if DPT_WITH_CUDA
-// Scratch for the two-stage bias gradients (at least one float: a tensor is never empty here).
+bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+             float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act, void* aux,
+             bool act_grad) {
+  Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
+  return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas_lt()), stream_of(d), ctx.precision, types, ta, tb, m, n, k,
+                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes, aux, act_grad);
+}
+
 Tensor bias_work(const Device& d, int64_t floats) {
   return Tensor::empty({std::max<int64_t>(1, floats)}, DType::f32, d);
 }
 #endif
 
-}  // namespace
+void check_saved(const SavedInput& s, const Tensor& x, const char* op) {
+  if (s.kind == SavedInput::Kind::input) return;
+  const Tensor& f = s.from;
+  DPT_REQUIRE(f.defined() && f.shape() == x.shape() && f.dtype() == x.dtype() && f.device() == x.device(),
+              std::string(op) + ": the saved input (" +
+                  (f.defined() ? shape_str(f.shape()) + " " + dtype_name(f.dtype()) : std::string("none")) +
+                  ") does not rebuild x " + shape_str(x.shape()) + " " + dtype_name(x.dtype()));
+  if (s.kind == SavedInput::Kind::layer_norm_of)
+    DPT_REQUIRE(s.gamma.defined() && s.beta.defined() && s.gamma.shape() == Shape{x.size(1)} &&
+                    s.beta.shape() == s.gamma.shape(),
+                std::string(op) + ": the saved LayerNorm's gamma and beta are not [" + std::to_string(x.size(1)) + "]");
+}
+
+void check_linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16) {
+  need_bf16(x, "linear_bf16");
+  need_f32(W, "linear_bf16");
+  need_bf16(W16, "linear_bf16 (weight copy)");
+  same_device(x, W, "linear_bf16");
+  same_device(W, W16, "linear_bf16");
+  DPT_REQUIRE(x.dim() == 2 && W.dim() == 2 && x.size(1) == W.size(1) && W16.shape() == W.shape(),
+              "linear_bf16: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()) +
+                  " (bf16 copy " + shape_str(W16.shape()) + ")");
+  DPT_REQUIRE(b.defined() == b16.defined(), "linear_bf16: a bias needs its bf16 copy, and only a bias has one");
+  if (b.defined()) {
+    need_f32(b, "linear_bf16");
+    need_bf16(b16, "linear_bf16 (bias copy)");
+    DPT_REQUIRE(b.dim() == 1 && b.size(0) == W.size(0) && b16.shape() == b.shape(),
+                "linear_bf16: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(W.shape()));
+  }
+}
+
+}  // namespace detail
 
 void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C) {
   const bool bf16 = is_bf16(A);
@@ -178,34 +205,6 @@ class MatmulNode : public Node {
  private:
   Tensor a_, b_;
   bool ta_, tb_;
-};
-
-// A linear node's input x: kept, or rebuilt from a SavedInput (ops.hpp) by the forward's
-// own op when the weight gradient reads it, into a temporary that goes when its reader
-// drops it.
-class NodeInput {
- public:
-  NodeInput(const Tensor& x, const SavedInput& s) : shape_(x.shape()), saved_(s) {
-    if (s.kind == SavedInput::Kind::input) {
-      x_ = x.untracked();
-      return;
-    }
-    for (Tensor* t : {&saved_.from, &saved_.gamma, &saved_.beta})
-      if (t->defined()) *t = t->untracked();
-  }
-  explicit NodeInput(const Tensor& x) : NodeInput(x, SavedInput{}) {}
-  const Shape& shape() const { return shape_; }
-  int64_t size(size_t i) const { return shape_[i]; }
-  Tensor values() const {
-    if (x_.defined()) return x_;
-    if (saved_.kind == SavedInput::Kind::act_of) return activation(saved_.from, saved_.act);
-    return layer_norm(saved_.from, saved_.gamma, saved_.beta, saved_.eps);
-  }
-
- private:
-  Shape shape_;
-  Tensor x_;
-  SavedInput saved_;
 };
 
 class LinearNode : public Node {
@@ -382,30 +381,6 @@ class LinearChainNode : public Node {
 };
 #endif
 
-// A bf16 layer's parameter gradients from dz (its output's gradient through the activation,
-// bf16 [rows, out]) and its input x: dW (+)= dz^T x into input w's gradient and db (+)= dz's
-// column sums into input b's, each where wanted. (cuBLASLt's BGRADB epilogue would make db
-// in the GEMM, but as a kernel of its own that took 1.41 ms of a GPT-2 step against about
-// 1.0 for these passes: docs/performance-log.md.)
-void bf16_param_grads(const Tensor& dz, const Tensor& x, Grads& grads, size_t w, size_t b) {
-  const Device d = dz.device();
-  const int64_t rows = dz.size(0), out = dz.size(1);
-  if (grads.needed(w)) {
-    GradSlot dW = grad_slot(grads, w, {out, x.size(1)}, d);
-    gemm(true, false, 1.0f, dz, x, dW.beta, dW.t);
-    put_slot(grads, w, dW);
-  }
-  if (grads.needed(b)) {
-    GradSlot db = grad_slot(grads, b, {out}, d);
-    DPT_CUDA_OR_CPU(
-        d,
-        cuda::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta, db.t.f32(),
-                                     bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(), stream_of(d)),
-        cpu::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta, db.t.f32()));
-    put_slot(grads, b, db);
-  }
-}
-
 // Saves the bf16 input and weight copy (the masters are its inputs, for their gradients)
 // and the bf16 output, or the pre-activation for GELU; nothing without an activation (its
 // backward reads neither, and the output is freed once the forward is past it).
@@ -450,61 +425,6 @@ class LinearBf16Node : public Node {
   NodeInput x_;
   Tensor W16_, saved_;
   Act act_;
-};
-
-// dz = (dy W16) gelu_tanh'(z) in bf16: on a GPU the GELU's derivative in the GEMM's
-// epilogue (DGELU) for large GEMMs, else the GEMM rounded to bf16 and a pass.
-void gelu_backward_through(const Tensor& dy, const Tensor& W16, const Tensor& z, const Tensor& dz) {
-  const Device d = dy.device();
-  const int64_t rows = dy.size(0), out = dy.size(1), hidden = W16.size(1);
-#if DPT_WITH_CUDA
-  if (d.is_cuda() && rows > 0 &&
-      static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(hidden) >= kLtMinMultiplyAdds &&
-      lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::bf16, DType::bf16}, false, false, rows, hidden, out,
-              1.0f, dy.bf16(), W16.bf16(), 0.0f, dz.bf16(), nullptr, Act::gelu_tanh, z.bf16(), true))
-    return;
-#endif
-  gemm(false, false, 1.0f, dy, W16, 0.0f, dz);
-  DPT_CUDA_OR_CPU(d, cuda::act_backward_bf16(dz.bf16(), z.bf16(), Act::gelu_tanh, dz.numel(), dz.bf16(), stream_of(d)),
-                  cpu::act_backward_bf16(dz.bf16(), z.bf16(), Act::gelu_tanh, dz.numel(), dz.bf16()));
-}
-
-// gelu_mlp_bf16's node. Inputs: x, fc's W and b, proj's W and b. It keeps x (or its
-// rebuild), both bf16 weight copies, the pre-activation z and, unless recomputing, the
-// GELU's output h; it writes its parameters' gradients in backward's order (proj's, then
-// fc's), so that a hook waiting before each write (ZeRO stage 2) sees them as two layers'.
-class GeluMlpBf16Node : public Node {
- public:
-  GeluMlpBf16Node(NodeInput x, Tensor fc16, Tensor proj16, Tensor z, Tensor h)
-      : x_(std::move(x)), fc16_(fc16.untracked()), proj16_(proj16.untracked()), z_(z), h_(h) {}
-  const char* name() const override { return "gelu_mlp_bf16"; }
-  bool overwrites_grad() const override { return false; }  // dy is only read
-  bool hands_over_in_turn() const override { return true; }
-  void backward(Tensor& dy_in, Grads& grads) override {
-    const Device d = dy_in.device();
-    const Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
-    in_turn(grads, {3, 4},
-            [&] { bf16_param_grads(dy, h_.defined() ? h_ : activation(z_, Act::gelu_tanh), grads, 3, 4); });
-    Tensor dz = Tensor::empty(z_.shape(), DType::bf16, d);  // the GELU output's gradient is never written
-    gelu_backward_through(dy, proj16_, z_, dz);
-    in_turn(grads, {1, 2}, [&] { bf16_param_grads(dz, x_.values(), grads, 1, 2); });
-    if (grads.needed(0))
-      in_turn(grads, {0}, [&] {
-        Tensor dx = Tensor::empty(x_.shape(), DType::bf16, d);
-        gemm(false, false, 1.0f, dz, fc16_, 0.0f, dx);
-        give(grads, 0, dx);
-      });
-  }
-
- private:
-  template <class Write>
-  static void in_turn(Grads& grads, std::initializer_list<size_t> ins, const Write& write) {
-    for (size_t i : ins) grads.before_write(i);
-    write();
-    for (size_t i : ins) grads.handed(i);
-  }
-  NodeInput x_;
-  Tensor fc16_, proj16_, z_, h_;
 };
 
 }  // namespace
@@ -575,20 +495,6 @@ void linear_values(const Tensor& x, const Tensor& W, const Tensor& b, Act act, c
 #endif
   if (!fused) gemm(false, true, 1.0f, x, W, 0.0f, y);
   if (!fused && (b.defined() || act != Act::none)) bias_act(y, b, act, z, y);
-}
-
-// A SavedInput's rebuild must have x's shape, type and device.
-void check_saved(const SavedInput& s, const Tensor& x, const char* op) {
-  if (s.kind == SavedInput::Kind::input) return;
-  const Tensor& f = s.from;
-  DPT_REQUIRE(f.defined() && f.shape() == x.shape() && f.dtype() == x.dtype() && f.device() == x.device(),
-              std::string(op) + ": the saved input (" +
-                  (f.defined() ? shape_str(f.shape()) + " " + dtype_name(f.dtype()) : std::string("none")) +
-                  ") does not rebuild x " + shape_str(x.shape()) + " " + dtype_name(x.dtype()));
-  if (s.kind == SavedInput::Kind::layer_norm_of)
-    DPT_REQUIRE(s.gamma.defined() && s.beta.defined() && s.gamma.shape() == Shape{x.size(1)} &&
-                    s.beta.shape() == s.gamma.shape(),
-                std::string(op) + ": the saved LayerNorm's gamma and beta are not [" + std::to_string(x.size(1)) + "]");
 }
 
 // linear_pre's and linear_bf16_pre's forward, `values(act, y)` computing the layer into y of
@@ -709,25 +615,9 @@ Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, con
 #endif
 }
 
-namespace {
+namespace {}  // namespace
 
-void check_linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16) {
-  need_bf16(x, "linear_bf16");
-  need_f32(W, "linear_bf16");
-  need_bf16(W16, "linear_bf16 (weight copy)");
-  same_device(x, W, "linear_bf16");
-  same_device(W, W16, "linear_bf16");
-  DPT_REQUIRE(x.dim() == 2 && W.dim() == 2 && x.size(1) == W.size(1) && W16.shape() == W.shape(),
-              "linear_bf16: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()) +
-                  " (bf16 copy " + shape_str(W16.shape()) + ")");
-  DPT_REQUIRE(b.defined() == b16.defined(), "linear_bf16: a bias needs its bf16 copy, and only a bias has one");
-  if (b.defined()) {
-    need_f32(b, "linear_bf16");
-    need_bf16(b16, "linear_bf16 (bias copy)");
-    DPT_REQUIRE(b.dim() == 1 && b.size(0) == W.size(0) && b16.shape() == b.shape(),
-                "linear_bf16: bias " + shape_str(b.shape()) + " does not fit weight " + shape_str(W.shape()));
-  }
-}
+namespace detail {
 
 // linear_bf16's forward without autograd: y = act(x W16^T + b16) rounded once, and z (when
 // defined) GELU's pre-activation.
@@ -753,7 +643,7 @@ void linear_bf16_values(const Tensor& x, const Tensor& W16, const Tensor& b16, A
   }
 }
 
-}  // namespace
+}  // namespace detail
 
 Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16, Act act) {
   check_linear_bf16(x, W, b, W16, b16);
@@ -777,33 +667,6 @@ LinearOut linear_bf16_pre(const Tensor& x, const Tensor& W, const Tensor& b, con
   return pre_activated<LinearBf16Node>(
       "linear_bf16_pre", x, W, b, W16, DType::bf16, act, saved,
       [&](Act a, const Tensor& y) { linear_bf16_values(x, W16, b16, a, y, Tensor()); });
-}
-
-Tensor gelu_mlp_bf16(const Tensor& x, const Bf16Layer& fc, const Bf16Layer& proj, bool keep_h,
-                     const SavedInput& x_saved) {
-  check_linear_bf16(x, fc.W, fc.b, fc.W16, fc.b16);
-  DPT_REQUIRE(fc.b.defined() && proj.b.defined(), "gelu_mlp_bf16: both layers need a bias");
-  const Device d = x.device();
-  const int64_t rows = x.size(0), hidden = fc.W.size(0);
-  const bool grad = any_requires_grad({&x, &fc.W, &fc.b, &proj.W, &proj.b});
-  if (grad) check_saved(x_saved, x, "gelu_mlp_bf16");
-  // fc, as linear_bf16 (the GELU in the GEMM's epilogue where it fuses) or, recomputing, as
-  // linear_bf16_pre (z, then the GELU of the rounded z, which backward rebuilds alike).
-  Tensor z = Tensor::empty({rows, hidden}, DType::bf16, d), h;
-  if (keep_h) {
-    h = Tensor::empty({rows, hidden}, DType::bf16, d);
-    linear_bf16_values(x, fc.W16, fc.b16, Act::gelu_tanh, h, z);
-  } else {
-    linear_bf16_values(x, fc.W16, fc.b16, Act::none, z, Tensor());
-    h = activation(z, Act::gelu_tanh);
-  }
-  check_linear_bf16(h, proj.W, proj.b, proj.W16, proj.b16);
-  Tensor y = Tensor::empty({rows, proj.W.size(0)}, DType::bf16, d);
-  linear_bf16_values(h, proj.W16, proj.b16, Act::none, y, Tensor());
-  if (grad)
-    record(y, std::make_shared<GeluMlpBf16Node>(NodeInput(x, x_saved), fc.W16, proj.W16, z, keep_h ? h : Tensor()),
-           {x, fc.W, fc.b, proj.W, proj.b});
-  return y;
 }
 
 SavedInput act_of(const Tensor& z, Act act) {
