@@ -288,6 +288,10 @@ TEST_CASE("stochastic rounding: every CUDA update writes the CPU twin's shadow b
               if (adam) adamw_step(P, g, M, V, AdamArgs{}, scale, S, &step);
               else sgd_step(P, g, M, sa, scale, S, &step);
             }
+            // The speculative update reads the parameters, state and counter before it
+            // waits for the kernel ahead (launch.hpp), which in a step is the backward's or
+            // the reduction's, never an update: wait here as a step's backward would.
+            context(d).synchronize();
             if (s == 2) {
               params = P.to_host();
               updated = bf16_bits(S);
