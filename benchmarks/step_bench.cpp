@@ -11,8 +11,8 @@
 // dptrain --precision bf16 does (a GPT's default).
 // --check makes the update the one dptrain's loop makes: it also checks the gradients
 // (a non-finite step is skipped on the device) and records each check in a ring of host
-// memory, with twin buffers where DataParallel takes them (a GPU, kTwinsFromParams
-// parameters or more; then a graph is recorded for each parity, as the loop records it),
+// memory, with twin buffers where DataParallel takes them (a GPU, twins_by_default's
+// sizes; then a graph is recorded for each parity, as the loop records it),
 // so that the loop can be compared with the step it runs as well as with the plain step.
 #include <algorithm>
 #include <chrono>
@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
     Workload w = make_workload(line.model, line.batch, seq, d, ctx.precision);
     nn::Module& net = *w.net;
     optim::Optimizer& opt = *w.opt;
-    const bool twins = line.check && d.is_cuda() && net.flat_params().numel() >= kTwinsFromParams;
+    const bool twins = line.check && d.is_cuda() && twins_by_default(net.flat_params().numel());
     opt.set_twin_buffers(twins);
     // The loop's ring: kSlots records in mapped host memory (train/nonfinite_watch.hpp's
     // kLag), read by no one here.

@@ -292,7 +292,7 @@ void DataParallel::Impl::use_twin_buffers(const DataParallelOptions& options) {
   // against 1.734).
   const bool twins_asked = options.twin_buffers == TwinBuffers::on ||
                            (options.twin_buffers == TwinBuffers::automatic && devices_[0].is_cuda() &&
-                            replicas_[0].model->flat_params().numel() >= kTwinsFromParams);
+                            twins_by_default(replicas_[0].model->flat_params().numel()));
   const char* no_twins = !check_finite_              ? "the gradients are not checked (check_finite)"
                          : clip_ > 0.0f              ? "clipping scales the update by the whole norm first"
                          : !partitions_.empty()      ? "ZeRO shards the state"

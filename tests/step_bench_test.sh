@@ -2,7 +2,7 @@
 # step_bench --check (the update the training loop makes: it also checks the gradients and
 # records the check) trains as the plain step does while the gradients are finite: the same
 # losses, on the CPU, and on a GPU where there is one (eager and as graphs; a model of
-# kTwinsFromParams parameters or more takes twin buffers, a recording for each parity), a
+# twins_by_default's size takes twin buffers, a recording for each parity), a
 # small GPT's too (AdamW), and a GPT's line has the fields torch_gpt_bench.py's has.
 # Usage: step_bench_test.sh STEP_BENCH
 set -u

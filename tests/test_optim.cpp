@@ -657,16 +657,21 @@ TEST_CASE("an alternating update recorded in a graph reads the copy that the cou
   }
 }
 
-TEST_CASE("twin buffers by default on a GPU from 2M parameters, one copy below", "[gpu][graph]") {
-  // The flat buffer (each parameter's start aligned) holds 2,101,312 and 2,052,160 elements.
-  for (const auto& [spec, above] : {std::pair<std::string, bool>{"1024-2048-1", true}, {"1024-2000-1", false}}) {
+TEST_CASE("twin buffers by default on a GPU from 2M parameters up to 67M, one copy outside", "[gpu][graph]") {
+  // The flat buffer (each parameter's start aligned to 64) holds 2,101,312, 2,052,160,
+  // 67,076,160 and 67,141,696 elements.
+  for (const auto& [spec, inside] : {std::pair<std::string, bool>{"1024-2048-1", true},
+                                     {"1024-2000-1", false},
+                                     {"4096-16368-1", true},
+                                     {"4096-16384-1", false}}) {
     INFO(spec);
     TrainConfig c = quiet_config(spec, "sgd", 8);
     c.steps = 1;
     c.devices = {gpu};
     Trainer t(c);
-    REQUIRE((t.model().flat_params().numel() >= kTwinsFromParams) == above);
-    CHECK(t.optimizer().twin_buffers() == above);
+    const int64_t n = t.model().flat_params().numel();
+    REQUIRE((n >= kTwinsFromParams && n < kTwinsBelowParams) == inside);
+    CHECK(t.optimizer().twin_buffers() == inside);
     c.parallel.twin_buffers = TwinBuffers::off;
     CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
   }

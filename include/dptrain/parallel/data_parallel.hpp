@@ -54,8 +54,8 @@ Reduce parse_reduce(const std::string& name);  // auto|nccl|p2p|host; UsageError
 Reduce resolve_reduce(Reduce asked, const std::vector<Device>& devices);
 
 // Whether the optimizers keep twin buffers (Optimizer::set_twin_buffers): automatic on
-// GPUs for models of kTwinsFromParams or more, where the update then reads the gradients
-// once instead of twice a step.
+// GPUs for models of kTwinsFromParams up to kTwinsBelowParams parameters
+// (twins_by_default), where the update then reads the gradients once instead of twice a step.
 enum class TwinBuffers { automatic, on, off };
 inline constexpr auto kTwinBufferNames = enum_names<TwinBuffers>(
     "twin-buffer setting", {{TwinBuffers::automatic, "auto"}, {TwinBuffers::on, "on"}, {TwinBuffers::off, "off"}});
@@ -63,8 +63,12 @@ inline constexpr auto kTwinBufferNames = enum_names<TwinBuffers>(
 inline constexpr auto kGradCommNames =
     enum_names<DType>("gradient type", {{DType::f32, "fp32"}, {DType::bf16, "bf16"}});
 // Where TwinBuffers::automatic turns twins on (GPUs; elements of the flat parameter buffer,
-// about 2.1M): below, one copy is faster.
+// from about 2.1M to below about 67M): below, one copy is faster; above, the pass the twins
+// save is a sliver of the step (GPT-2 124M: none measured) and their copy costs memory
+// that a larger batch wants (GPT-2: 1.4 GiB of 9.6 at batch 16).
 constexpr int64_t kTwinsFromParams = int64_t{1} << 21;
+constexpr int64_t kTwinsBelowParams = int64_t{1} << 26;
+constexpr bool twins_by_default(int64_t params) { return params >= kTwinsFromParams && params < kTwinsBelowParams; }
 
 struct DataParallelOptions {
   Reduce reduce = Reduce::automatic;
@@ -105,7 +109,7 @@ struct DataParallelOptions {
   // parameters and optimizer state that the update writes in turn, so that it checks the
   // gradients in its own pass over them (the mlp workload: 47 us a step of 1.7 ms on an
   // H200) for one more copy of the parameters and state in memory. automatic: on GPUs,
-  // for models of kTwinsFromParams parameters or more.
+  // for models of kTwinsFromParams up to kTwinsBelowParams parameters (twins_by_default).
   TwinBuffers twin_buffers = TwinBuffers::automatic;
   // ZeRO stage: 0 off; 1 partitions the optimizer state over the replicas or ranks (each
   // updates its contiguous partition of the flat buffer, zero_partitions', from the summed
