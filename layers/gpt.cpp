@@ -125,6 +125,11 @@ LayerNorm::LayerNorm(int64_t width)
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight_.value, bias_.value); }
 
+AddNorm LayerNorm::forward(const Residual& stream) {
+  if (!stream.delta.defined()) return {stream.x, forward(stream.x)};
+  return add_layer_norm(stream.x, stream.delta, weight_.value, bias_.value);
+}
+
 std::shared_ptr<Module> LayerNorm::clone() const { return std::make_shared<LayerNorm>(width_); }
 
 std::string LayerNorm::describe() const { return "LayerNorm(" + std::to_string(width_) + ")"; }
@@ -193,13 +198,19 @@ Block::Block(const BlockSizes& s)
 }
 
 Tensor Block::forward(const Tensor& x, int64_t T) {
+  const Residual out = forward(Residual{x, Tensor()}, T);
+  return add(out.x, out.delta);
+}
+
+Residual Block::forward(const Residual& stream, int64_t T) {
   // Recomputing with gelu+ln, c_attn and c_fc keep their LayerNorm's input (which its own
   // node keeps) instead of its output; recomputing at all, c_proj keeps c_fc's pre-activation
   // instead of the GELU's output. The outputs are then freed as soon as their reader is done.
   const bool ln_inputs = recompute_ == Recompute::gelu_ln;
-  const Tensor h = add(x, attn_->forward(ln_1_->forward(x), T, ln_inputs ? ln_1_->output_from(x) : SavedInput{}));
-  return add(h,
-             mlp(ln_2_->forward(h), ln_inputs ? ln_2_->output_from(h) : SavedInput{}, recompute_ == Recompute::none));
+  const AddNorm x = ln_1_->forward(stream);
+  const Tensor attn = attn_->forward(x.normed, T, ln_inputs ? ln_1_->output_from(x.sum) : SavedInput{});
+  const AddNorm h = ln_2_->forward(Residual{x.sum, attn});
+  return {h.sum, mlp(h.normed, ln_inputs ? ln_2_->output_from(h.sum) : SavedInput{}, recompute_ == Recompute::none)};
 }
 
 Tensor Block::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start) {
@@ -244,9 +255,9 @@ Tensor GPT::forward(const Tensor& tokens) {
   if (T < 1 || T > config_.context)
     throw UsageError("GPT: a sequence of " + std::to_string(T) + " tokens; the model's context is " +
                      std::to_string(config_.context));
-  Tensor x = embed_->forward(tokens);
-  for (const auto& b : blocks_) x = b->forward(x, T);
-  return output_logits(x);
+  Residual stream{embed_->forward(tokens), Tensor()};
+  for (const auto& b : blocks_) stream = b->forward(stream, T);
+  return output_logits(ln_f_->forward(stream).normed);
 }
 
 // ---- Decoding with a key-value cache ---------------------------------------------------
@@ -285,11 +296,10 @@ Tensor GPT::forward_cached(const Tensor& tokens, KvCache& cache, bool last_only)
     for (int64_t b = 0; b < batch; ++b) copy_cast(last.rows(b, 1), x.rows(b * n + n - 1, 1));
     x = last;
   }
-  return output_logits(x);
+  return output_logits(ln_f_->forward(x));
 }
 
-Tensor GPT::output_logits(const Tensor& x) {
-  const Tensor h = ln_f_->forward(x);
+Tensor GPT::output_logits(const Tensor& h) {
   // The output projection is the token embedding (tied): logits = h wte^T.
   const Parameter& wte = embed_->wte();
   if (wte.shadow.defined()) return linear_bf16(cast(h, DType::bf16), wte.value, Tensor(), wte.shadow, Tensor());

@@ -72,11 +72,19 @@ class Embedding : public Module {
   Parameter& wpe_;
 };
 
+// The residual stream as x + delta, the add not yet made (delta undefined: x alone), so
+// that the LayerNorm that reads the sum makes the add in its own pass (add_layer_norm).
+struct Residual {
+  Tensor x, delta;
+};
+
 // torch.nn.LayerNorm(C) over the rows of x [N, C] (statistics in fp32 in every precision).
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t width);
   Tensor forward(const Tensor& x) override;
+  // The stream's sum and this LayerNorm of it (the add fused in where there is one).
+  AddNorm forward(const Residual& stream);
   std::shared_ptr<Module> clone() const override;
   std::string describe() const override;
   // What rebuilds forward(x) in a backward: x with this LayerNorm's parameters.
@@ -144,6 +152,9 @@ class Block : public SequencePart<Block> {
   explicit Block(const BlockSizes& sizes);
   using SequenceModule::forward;
   Tensor forward(const Tensor& x, int64_t T) override;
+  // forward on the stream x + delta, giving the stream after the block with its last add
+  // not yet made (the next LayerNorm makes it): the same values and graph as forward.
+  Residual forward(const Residual& stream, int64_t T);
   // forward through CausalSelfAttention::forward_cached (decoding; no gradient).
   Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start);
   void set_recompute(Recompute r) { recompute_ = r; }
@@ -197,8 +208,8 @@ class GPT : public Module {
   std::shared_ptr<Embedding> embed_;
   std::vector<std::shared_ptr<Block>> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;
-  // ln_f, then the output projection tied to wte: forward's last steps, for forward_cached.
-  Tensor output_logits(const Tensor& x);
+  // The output projection tied to wte, of ln_f's output: forward's last step, and forward_cached's.
+  Tensor output_logits(const Tensor& normed);
 };
 
 // The mean next-token cross-entropy of logits [N, padded vocab] against targets i32 (N of

@@ -137,7 +137,9 @@ void refresh_shadow(const Tensor& p, const Tensor& shadow, const StepCounter& st
 // and puts the backup back where the norm is not finite (no wait for the whole grid).
 // The backup must be the caller's own, 16-byte aligned, and made or last written by a plain
 // operation (Tensor::zeros) before its first use: the update writes it before the kernel
-// ahead of it is done.
+// ahead of it is done. For the same reason the kernel just ahead of a GPU update on its
+// stream must not write p, the state or the counter (it reads them before it waits): in a
+// step the backward's or the reduction's is there, never another update.
 int64_t checked_update_backup_size(const Tensor& p, int buffers, float max_norm);
 Tensor checked_sgd_step(const Tensor& p, const Tensor& g, const Tensor& momentum_buf, const SgdArgs& a, float max_norm,
                         const CheckRing& ring, const Tensor& shadow, const StepCounter& step,
@@ -195,6 +197,14 @@ Tensor embedding(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, DTy
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
 // a + b, the same shape and type (f32 or bf16): the residual connection, differentiable.
 Tensor add(const Tensor& a, const Tensor& b);
+// The residual add and the LayerNorm that reads its sum: sum = add(a, b) and normed =
+// layer_norm(sum, gamma, beta, eps), the same bits and the same graph (an add, then a
+// layer_norm of the sum), but on a GPU in one pass over a and b where a row fits a warp
+// (GPT-2's blocks: the sum is not read back).
+struct AddNorm {
+  Tensor sum, normed;
+};
+AddNorm add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
 
 // ---- Transformer ops: attention and classifier ---------------------------------------
 // Causal multi-head self-attention as nanoGPT's CausalSelfAttention after c_attn: qkv [B*T, 3C] holds q, k, v side by
