@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <utility>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
@@ -207,10 +208,13 @@ Residual Block::forward(const Residual& stream, int64_t T) {
   // node keeps) instead of its output; recomputing at all, c_proj keeps c_fc's pre-activation
   // instead of the GELU's output. The outputs are then freed as soon as their reader is done.
   const bool ln_inputs = recompute_ == Recompute::gelu_ln;
-  const AddNorm x = ln_1_->forward(stream);
-  const Tensor attn = attn_->forward(x.normed, T, ln_inputs ? ln_1_->output_from(x.sum) : SavedInput{});
-  const AddNorm h = ln_2_->forward(Residual{x.sum, attn});
-  return {h.sum, mlp(h.normed, ln_inputs ? ln_2_->output_from(h.sum) : SavedInput{}, recompute_ == Recompute::none)};
+  // Each LayerNorm's output and the attention's are let go once read (the nodes that save
+  // them keep them), as the temporaries of nested calls would be.
+  AddNorm x = ln_1_->forward(stream);
+  Tensor attn = attn_->forward(std::exchange(x.normed, {}), T, ln_inputs ? ln_1_->output_from(x.sum) : SavedInput{});
+  AddNorm h = ln_2_->forward(Residual{std::move(x.sum), std::move(attn)});
+  const SavedInput saved = ln_inputs ? ln_2_->output_from(h.sum) : SavedInput{};
+  return {h.sum, mlp(std::exchange(h.normed, {}), saved, recompute_ == Recompute::none)};
 }
 
 Tensor Block::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start) {

@@ -404,14 +404,19 @@ void forward(const T* x, const T* res, const float* gamma, const float* beta, in
              T* h, T* y, float* mean, float* rstd, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols > 0, "layer_norm_forward: bad shape");
   if (rows == 0) return;
-  if (const int p = lane_vectors<T>(cols, {x, res, h, y, gamma, beta}); p > 0) {
+  // The LayerNorm's kernel follows from its own rows (h's, or x's) alone: a sum made apart
+  // (a term not 16-byte aligned) is normalized with the bits layer_norm(h) gives, which a
+  // recomputation rebuilds.
+  const int p = lane_vectors<T>(cols, {res ? h : x, y, gamma, beta});
+  if (res && (p == 0 || lane_vectors<T>(cols, {x, res}) == 0)) {
+    add(x, res, rows * cols, h, stream);
+    x = h;
+    res = nullptr;
+  }
+  if (p > 0) {
     if (res) forward_fused<T, true>(p, x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
     else forward_fused<T, false>(p, x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
   } else {
-    if (res) {
-      add(x, res, rows * cols, h, stream);
-      x = h;
-    }
     layer_norm_forward_kernel<T><<<row_blocks(rows, "layer_norm_forward"), kThreads, 0, stream>>>(
         x, gamma, beta, rows, cols, eps, y, mean, rstd);
   }
