@@ -227,8 +227,8 @@ TEST_CASE("embedding, layer_norm and add give the same bits twice on the GPU", "
 }
 
 TEST_CASE("add_layer_norm gives add and layer_norm's bits on the GPU and the CPU's values", "[gpu][ops]") {
-  // Rows: an odd count (a warp's second row missing at the end; a last chunk of the
-  // backward short of its 16 rows); widths as above.
+  // Rows: an odd count (a row group or chunk of the kernels short at the end); widths as
+  // above.
   for (int64_t C : {96, 768, 1024, 100})
     for (DType type : {DType::f32, DType::bf16}) {
       INFO("C " << C << ", " << dtype_name(type));

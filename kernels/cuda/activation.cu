@@ -237,12 +237,9 @@ static __global__ void act_bias_backward_kernel(const T* dy, const T* saved, int
 
 // db[c] = beta db[c] + the sum over k < chunks of part[k][c]: thread (tx, ty) of a block
 // adds its run of chunks in order (four loads in flight at a time), then the column's
-// kFinY runs are added in order. A fixed order, so the same bits every run. 32 runs: the
-// LayerNorm backward's 1024 chunks (GPT-2's 16K rows) are 32 loads a thread, and the grid
-// of a 768-column sum (24 blocks) still has 24K loads' worth of threads.
-constexpr int kFinX = 32, kFinY = 32;
-static __global__ void __launch_bounds__(kFinX* kFinY)
-    bias_grad_finish_kernel(const float* part, int64_t chunks, int64_t cols, float beta, float* db) {
+// kFinY runs are added in order. A fixed order, so the same bits every run.
+constexpr int kFinX = 32, kFinY = 8;
+static __global__ void bias_grad_finish_kernel(const float* part, int64_t chunks, int64_t cols, float beta, float* db) {
   DPT_WAIT_PREVIOUS_GRID();
   __shared__ float runs[kFinY][kFinX + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;

@@ -7,13 +7,11 @@
 // adds the chunks in order.
 //
 // Rows of up to 32 x kMaxVectors 16-byte vectors (GPT-2's 768 or 1024 bf16 columns; 512
-// floats) take the fused kernels: a lane holds its vectors of the row in registers (a warp
-// takes two rows at once), so the forward reads x once (or the residual add's two terms,
-// writing their sum beside the output: add_layer_norm_forward), and the backward reads x
-// and dy once for dx and for its lane's running sums of the parameters' gradients (in
-// shared memory), which the block's warps then add in warp order. dx may be added to a
-// gradient already there (dx_add: the residual stream's, rounded once). Other rows take the
-// general kernels (a pass each).
+// floats) take the fused kernels: a lane holds its vectors of the row in registers, so the
+// forward reads x once, and the backward reads x and dy once for dx and for its lane's
+// running sums of the parameters' gradients, which the block's warps then add in warp order.
+// dx may be added to a gradient already there (dx_add: the residual stream's, rounded once).
+// Other rows take the general kernels (a pass each).
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -149,216 +147,132 @@ __device__ __forceinline__ void load_columns(const float* v, int nvec, int lane,
       }
 }
 
-// Rows taken at once by a warp of the fused forward: two where a lane's vectors are few, so
-// that each warp has two rows' loads in flight before its sums wait for them (the forward
-// is bound by memory; one row a warp left an H100 at about 2.1 TB/s), one at four vectors
-// (the registers).
-template <int P>
-constexpr int kForwardRows = P <= 3 ? 2 : 1;
-
-// y = LayerNorm(x) by rows, or with Add, h = x + res (rounded to T, as add's kernel) and
-// y = LayerNorm(h) of the rounded h: the residual add and the LayerNorm that reads its sum
-// in one pass, with the bits of the two kernels. Warp w of block b takes rows
-// (b kWarps + w) R .. + R - 1 at once; a row's sums are added in the same order for any R.
-template <typename T, int P, bool Add>
+template <typename T, int P>
 __global__ void __launch_bounds__(kThreads)
-    layer_norm_forward_fused_kernel(const T* x, const T* res, const float* gamma, const float* beta, int64_t rows,
-                                    int cols, float eps, T* h, T* y, float* mean, float* rstd) {
-  constexpr int E = Vec16<T>::kCount, R = kForwardRows<P>;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
+    layer_norm_forward_fused_kernel(const T* x, const float* gamma, const float* beta, int64_t rows, int cols,
+                                    float eps, T* y, float* mean, float* rstd) {
+  constexpr int E = Vec16<T>::kCount;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32, nvec = cols / E;
-  if (r0 >= rows) return;
-  Vec16<T> xv[R][P];
-#pragma unroll
-  for (int k = 0; k < R; ++k)
-    if (r0 + k < rows) load_row(x, r0 + k, nvec, lane, xv[k]);
-  if constexpr (Add) {
-    Vec16<T> rv[R][P];
-#pragma unroll
-    for (int k = 0; k < R; ++k)
-      if (r0 + k < rows) load_row(res, r0 + k, nvec, lane, rv[k]);
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-      if (r0 + k >= rows) continue;
-      auto* hrow = reinterpret_cast<Vec16<T>*>(h) + (r0 + k) * nvec;
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        if (lane + 32 * p >= nvec) continue;
-#pragma unroll
-        for (int e = 0; e < E; ++e) store(&xv[k][p].v[e], as_float(xv[k][p].v[e]) + as_float(rv[k][p].v[e]));
-        hrow[lane + 32 * p] = xv[k][p];
-      }
-    }
-  }
+  if (r >= rows) return;
+  Vec16<T> xv[P];
+  load_row(x, r, nvec, lane, xv);
   float g[P][E], b[P][E];
   load_columns(gamma, nvec, lane, g);
   load_columns(beta, nvec, lane, b);
+  float s = 0.f;
 #pragma unroll
-  for (int k = 0; k < R; ++k) {
-    const int64_t r = r0 + k;
-    if (r >= rows) break;
-    float s = 0.f;
+  for (int p = 0; p < P; ++p)
+    if (lane + 32 * p < nvec)
 #pragma unroll
-    for (int p = 0; p < P; ++p)
-      if (lane + 32 * p < nvec)
+      for (int e = 0; e < E; ++e) s += as_float(xv[p].v[e]);
+  const float m = warp_sum(s) / static_cast<float>(cols);
+  float v = 0.f;
 #pragma unroll
-        for (int e = 0; e < E; ++e) s += as_float(xv[k][p].v[e]);
-    const float m = warp_sum(s) / static_cast<float>(cols);
-    float v = 0.f;
+  for (int p = 0; p < P; ++p)
+    if (lane + 32 * p < nvec)
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float d = as_float(xv[p].v[e]) - m;
+        v += d * d;
+      }
+  const float rs = 1.f / sqrtf(warp_sum(v) / static_cast<float>(cols) + eps);
+  auto* yrow = reinterpret_cast<Vec16<T>*>(y) + r * nvec;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int i = lane + 32 * p;
+    if (i >= nvec) continue;
+    Vec16<T> out;
+#pragma unroll
+    for (int e = 0; e < E; ++e) store(&out.v[e], (as_float(xv[p].v[e]) - m) * rs * g[p][e] + b[p][e]);
+    yrow[i] = out;
+  }
+  if (lane == 0) {
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+}
+
+// The backward of a chunk of rows a block: warp w takes rows w, w + kWarps, ... of the
+// chunk; dx as layer_norm_dx_kernel (added to what dx holds when dx_add), and the lane's
+// sums of dy xhat and dy over its rows; the warps' sums are added in warp order (through
+// shared memory) into the chunk's part_gamma and part_beta rows.
+template <typename T, int P>
+__global__ void __launch_bounds__(kThreads, P <= 3 ? 2 : 1)
+    layer_norm_backward_fused_kernel(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd,
+                                     int64_t rows, int cols, int64_t chunk_rows, T* dx, bool dx_add, float* part_gamma,
+                                     float* part_beta) {
+  constexpr int E = Vec16<T>::kCount;
+  extern __shared__ float sums[];  // [2][cols]: the warps' sums of dy xhat, then of dy
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nvec = cols / E;
+  const int64_t r_begin = static_cast<int64_t>(blockIdx.x) * chunk_rows;
+  const int64_t r_end = rows - r_begin < chunk_rows ? rows : r_begin + chunk_rows;
+  // gamma is read from the cache at each use: in registers too it would halve the blocks an
+  // SM holds (measured: 1.63 ms against 1.42 a GPT-2 step).
+  float sg[P][E] = {}, sb[P][E] = {};
+  for (int64_t r = r_begin + warp; r < r_end; r += kWarps) {
+    Vec16<T> xv[P], dv[P], old[P];
+    load_row(x, r, nvec, lane, xv);
+    load_row(dy, r, nvec, lane, dv);
+    if (dx_add) load_row(dx, r, nvec, lane, old);  // with the others: one wait for all
+    const float m = mean[r], rs = rstd[r];
+    float s1 = 0.f, s2 = 0.f;
 #pragma unroll
     for (int p = 0; p < P; ++p)
       if (lane + 32 * p < nvec)
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          const float d = as_float(xv[k][p].v[e]) - m;
-          v += d * d;
+          const int c = (lane + 32 * p) * E + e;
+          const float d = as_float(dv[p].v[e]), xhat = (as_float(xv[p].v[e]) - m) * rs, g = d * gamma[c];
+          s1 += g;
+          s2 += g * xhat;
+          sg[p][e] += d * xhat;
+          sb[p][e] += d;
         }
-    const float rs = 1.f / sqrtf(warp_sum(v) / static_cast<float>(cols) + eps);
-    auto* yrow = reinterpret_cast<Vec16<T>*>(y) + r * nvec;
+    if (!dx) continue;
+    const float mg = warp_sum(s1) / static_cast<float>(cols), mgx = warp_sum(s2) / static_cast<float>(cols);
+    auto* dxrow = reinterpret_cast<Vec16<T>*>(dx) + r * nvec;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int i = lane + 32 * p;
       if (i >= nvec) continue;
       Vec16<T> out;
 #pragma unroll
-      for (int e = 0; e < E; ++e) store(&out.v[e], (as_float(xv[k][p].v[e]) - m) * rs * g[p][e] + b[p][e]);
-      yrow[i] = out;
+      for (int e = 0; e < E; ++e) {
+        const float xhat = (as_float(xv[p].v[e]) - m) * rs;
+        const float v = rs * (as_float(dv[p].v[e]) * gamma[i * E + e] - mg - xhat * mgx);
+        store(&out.v[e], dx_add ? as_float(old[p].v[e]) + v : v);
+      }
+      dxrow[i] = out;
     }
-    if (lane == 0) {
-      mean[r] = m;
-      rstd[r] = rs;
-    }
+  }
+  for (int w = 0; w < kWarps; ++w) {  // the warps' sums in warp order
+    if (warp == w)
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+        if (lane + 32 * p < nvec)
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            const int c = (lane + 32 * p) * E + e;
+            sums[c] = w == 0 ? sg[p][e] : sums[c] + sg[p][e];
+            sums[cols + c] = w == 0 ? sb[p][e] : sums[cols + c] + sb[p][e];
+          }
+    __syncthreads();
+  }
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    part_gamma[blockIdx.x * static_cast<int64_t>(cols) + c] = sums[c];
+    part_beta[blockIdx.x * static_cast<int64_t>(cols) + c] = sums[cols + c];
   }
 }
 
-// The fused backward's block: kBackwardWarps warps, each taking kBackwardRows rows at once,
-// so that a warp has two rows' loads in flight (x, dy and the gradient dx adds to) before
-// its sums wait for them; its sums of the parameters' gradients live in shared memory,
-// which leaves the registers to the rows.
-constexpr int kBackwardWarps = 4, kBackwardRows = 2;
-constexpr int kBackwardThreads = 32 * kBackwardWarps;
-
-// Rows per stage-one chunk (a block of the fused kernel): 16, two rounds of its warps, so
-// that GPT-2's 16K rows make 1024 short blocks (the last wave of a few long ones would
-// leave SMs idle); more for a tall matrix, so that there are at most 1024 chunks (the
-// partial sums' memory and the finish's reads stay small).
+// Rows per stage-one chunk: 64 (a block of the fused kernel: 8 a warp), more for a
+// tall matrix, so that there are at most 1024 chunks (the partial sums' memory and the
+// finish's reads stay small).
 int64_t chunk_rows_for(int64_t rows) {
   const int64_t need = (rows + 1023) / 1024;
-  return need > 16 ? need : 16;
+  return need > 64 ? need : 64;
 }
 int64_t chunks_for(int64_t rows) { return (rows + chunk_rows_for(rows) - 1) / chunk_rows_for(rows); }
-
-// The float4s a lane keeps of each of a warp's two sums (dy xhat, dy) in shared memory: its
-// P vectors of E columns, laid out lane-minor so that a warp's accesses take no bank twice.
-template <typename T, int P>
-constexpr int kLaneSums4 = P* Vec16<T>::kCount / 4;
-template <typename T, int P>
-size_t backward_shared_bytes() {
-  return sizeof(float4) * 2 * kLaneSums4<T, P> * 32 * kBackwardWarps;
-}
-
-// The backward of a chunk of rows a block: warp w takes rows 2w, 2w + 1, then 2w + 8, 2w + 9,
-// ... of the chunk; dx as layer_norm_dx_kernel (added to what dx holds when dx_add), and its
-// sums of dy xhat and dy over its rows, in row order; the warps' sums are added in warp
-// order into the chunk's part_gamma and part_beta rows.
-// Blocks an SM holds: as many as the registers allow without spilling (bf16 at 768
-// columns, P = 3: 170 registers a thread).
-template <int P>
-constexpr int kBackwardBlocksPerSm = P <= 2   ? 4
-                                     : P == 3 ? 3
-                                              : 2;
-
-template <typename T, int P>
-__global__ void __launch_bounds__(kBackwardThreads, kBackwardBlocksPerSm<P>)
-    layer_norm_backward_fused_kernel(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd,
-                                     int64_t rows, int cols, int64_t chunk_rows, T* dx, bool dx_add, float* part_gamma,
-                                     float* part_beta) {
-  constexpr int E = Vec16<T>::kCount, R = kBackwardRows, Q = E / 4, S = kLaneSums4<T, P>;
-  extern __shared__ float4 sums4[];  // [warp][2][S][32 lanes]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nvec = cols / E;
-  float4* sg = sums4 + warp * 2 * S * 32 + lane;  // float4 j of the lane's dy xhat sums: sg[32 j]
-  float4* sb = sg + S * 32;
-#pragma unroll
-  for (int j = 0; j < S; ++j) sg[32 * j] = sb[32 * j] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int64_t r_begin = static_cast<int64_t>(blockIdx.x) * chunk_rows;
-  const int64_t r_end = rows - r_begin < chunk_rows ? rows : r_begin + chunk_rows;
-  const float4* gamma4 = reinterpret_cast<const float4*>(gamma);
-  for (int64_t r0 = r_begin + R * warp; r0 < r_end; r0 += R * kBackwardWarps) {
-    const int here = r_end - r0 < R ? static_cast<int>(r_end - r0) : R;
-    Vec16<T> xv[R][P], dv[R][P], old[R][P];
-#pragma unroll
-    for (int k = 0; k < R; ++k)
-      if (k < here) {
-        load_row(x, r0 + k, nvec, lane, xv[k]);
-        load_row(dy, r0 + k, nvec, lane, dv[k]);
-        if (dx_add) load_row(dx, r0 + k, nvec, lane, old[k]);  // with the others: one wait for all
-      }
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-      if (k >= here) break;
-      const int64_t r = r0 + k;
-      const float m = mean[r], rs = rstd[r];
-      float s1 = 0.f, s2 = 0.f;
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        if (lane + 32 * p >= nvec) continue;
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-          const float4 g4 = gamma4[(lane + 32 * p) * Q + q];
-          const float gv[4] = {g4.x, g4.y, g4.z, g4.w};
-          const float4 a = sg[32 * (p * Q + q)], b = sb[32 * (p * Q + q)];
-          float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-          for (int t = 0; t < 4; ++t) {
-            const int e = 4 * q + t;
-            const float d = as_float(dv[k][p].v[e]), xhat = (as_float(xv[k][p].v[e]) - m) * rs, g = d * gv[t];
-            s1 += g;
-            s2 += g * xhat;
-            av[t] += d * xhat;
-            bv[t] += d;
-          }
-          sg[32 * (p * Q + q)] = make_float4(av[0], av[1], av[2], av[3]);
-          sb[32 * (p * Q + q)] = make_float4(bv[0], bv[1], bv[2], bv[3]);
-        }
-      }
-      if (!dx) continue;
-      const float mg = warp_sum(s1) / static_cast<float>(cols), mgx = warp_sum(s2) / static_cast<float>(cols);
-      auto* dxrow = reinterpret_cast<Vec16<T>*>(dx) + r * nvec;
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const int i = lane + 32 * p;
-        if (i >= nvec) continue;
-        Vec16<T> out;
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-          const float4 g4 = gamma4[i * Q + q];
-          const float gv[4] = {g4.x, g4.y, g4.z, g4.w};
-#pragma unroll
-          for (int t = 0; t < 4; ++t) {
-            const int e = 4 * q + t;
-            const float xhat = (as_float(xv[k][p].v[e]) - m) * rs;
-            const float v = rs * (as_float(dv[k][p].v[e]) * gv[t] - mg - xhat * mgx);
-            store(&out.v[e], dx_add ? as_float(old[k][p].v[e]) + v : v);
-          }
-        }
-        dxrow[i] = out;
-      }
-    }
-  }
-  __syncthreads();
-  // Column c is element t of float4 (p, q) of lane l: c = (l + 32 p) E + 4 q + t.
-  const float* sums = reinterpret_cast<const float*>(sums4);
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    const int i = c / E, l = i % 32, j = (i / 32) * Q + (c % E) / 4, t = c % 4;
-    float tg = 0.f, tb = 0.f;
-    for (int w = 0; w < kBackwardWarps; ++w) {  // the warps' sums in warp order
-      tg += sums[4 * ((w * 2 * S + j) * 32 + l) + t];
-      tb += sums[4 * (((w * 2 + 1) * S + j) * 32 + l) + t];
-    }
-    part_gamma[blockIdx.x * static_cast<int64_t>(cols) + c] = tg;
-    part_beta[blockIdx.x * static_cast<int64_t>(cols) + c] = tb;
-  }
-}
 
 unsigned row_blocks(int64_t rows, const char* who) {
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
@@ -367,58 +281,31 @@ unsigned row_blocks(int64_t rows, const char* who) {
 }
 
 template <typename T>
-void add(const T* a, const T* b, int64_t n, T* y, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "residual_add: negative size");
-  if (n == 0) return;
-  // Four elements an access where all three pointers allow it (y may be a or b: each
-  // element is read before it is written, by the same thread).
-  constexpr uintptr_t kFour = 4 * sizeof(T);
-  if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(y)) % kFour == 0)
-    residual_add_kernel<T, true><<<blocks_for(n / 4), kThreads, 0, stream>>>(a, b, n, y);
-  else residual_add_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(a, b, n, y);
-  DPT_CUDA_CHECK_LAUNCH();
-}
-
-// The fused forward for P vectors a lane (Add: res and h given).
-template <typename T, int P, bool Add>
-void forward_fused(const T* x, const T* res, const float* gamma, const float* beta, int64_t rows, int64_t cols,
-                   float eps, T* h, T* y, float* mean, float* rstd, cudaStream_t stream) {
-  const unsigned blocks = row_blocks((rows + kForwardRows<P> - 1) / kForwardRows<P>, "layer_norm_forward");
-  layer_norm_forward_fused_kernel<T, P, Add>
-      <<<blocks, kThreads, 0, stream>>>(x, res, gamma, beta, rows, static_cast<int>(cols), eps, h, y, mean, rstd);
-}
-
-template <typename T, bool Add>
-void forward_fused(int p, const T* x, const T* res, const float* gamma, const float* beta, int64_t rows, int64_t cols,
-                   float eps, T* h, T* y, float* mean, float* rstd, cudaStream_t stream) {
-  if (p == 1) forward_fused<T, 1, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
-  if (p == 2) forward_fused<T, 2, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
-  if (p == 3) forward_fused<T, 3, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
-  if (p == 4) forward_fused<T, 4, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
-}
-
-// y = LayerNorm(x), or with res, h = x + res and y = LayerNorm(h): fused where a lane holds
-// its part of a row (then in one pass), else the general kernels (the add first).
-template <typename T>
-void forward(const T* x, const T* res, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
-             T* h, T* y, float* mean, float* rstd, cudaStream_t stream) {
+void forward(const T* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps, T* y,
+             float* mean, float* rstd, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols > 0, "layer_norm_forward: bad shape");
   if (rows == 0) return;
-  // The LayerNorm's kernel follows from its own rows (h's, or x's) alone: a sum made apart
-  // (a term not 16-byte aligned) is normalized with the bits layer_norm(h) gives, which a
-  // recomputation rebuilds.
-  const int p = lane_vectors<T>(cols, {res ? h : x, y, gamma, beta});
-  if (res && (p == 0 || lane_vectors<T>(cols, {x, res}) == 0)) {
-    add(x, res, rows * cols, h, stream);
-    x = h;
-    res = nullptr;
-  }
-  if (p > 0) {
-    if (res) forward_fused<T, true>(p, x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
-    else forward_fused<T, false>(p, x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
-  } else {
-    layer_norm_forward_kernel<T><<<row_blocks(rows, "layer_norm_forward"), kThreads, 0, stream>>>(
-        x, gamma, beta, rows, cols, eps, y, mean, rstd);
+  const unsigned blocks = row_blocks(rows, "layer_norm_forward");
+  const int c = static_cast<int>(cols);
+  switch (lane_vectors<T>(cols, {x, y, gamma, beta})) {
+    case 1:
+      layer_norm_forward_fused_kernel<T, 1>
+          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
+      break;
+    case 2:
+      layer_norm_forward_fused_kernel<T, 2>
+          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
+      break;
+    case 3:
+      layer_norm_forward_fused_kernel<T, 3>
+          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
+      break;
+    case 4:
+      layer_norm_forward_fused_kernel<T, 4>
+          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
+      break;
+    default:
+      layer_norm_forward_kernel<T><<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, cols, eps, y, mean, rstd);
   }
   DPT_CUDA_CHECK_LAUNCH();
 }
@@ -427,10 +314,10 @@ void forward(const T* x, const T* res, const float* gamma, const float* beta, in
 template <typename T, int P>
 void backward_fused(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd, int64_t rows,
                     int64_t cols, T* dx, bool dx_add, float* part_gamma, float* part_beta, cudaStream_t stream) {
-  layer_norm_backward_fused_kernel<T, P>
-      <<<static_cast<unsigned>(chunks_for(rows)), kBackwardThreads, backward_shared_bytes<T, P>(), stream>>>(
-          x, dy, gamma, mean, rstd, rows, static_cast<int>(cols), chunk_rows_for(rows), dx, dx_add, part_gamma,
-          part_beta);
+  const int64_t chunk = chunk_rows_for(rows);
+  const size_t smem = 2 * static_cast<size_t>(cols) * sizeof(float);
+  layer_norm_backward_fused_kernel<T, P><<<static_cast<unsigned>(chunks_for(rows)), kThreads, smem, stream>>>(
+      x, dy, gamma, mean, rstd, rows, static_cast<int>(cols), chunk, dx, dx_add, part_gamma, part_beta);
 }
 
 template <typename T>
@@ -466,27 +353,30 @@ void backward(const T* x, const T* dy, const float* gamma, const float* mean, co
   if (dbeta) column_sum_finish(part_beta, chunks, cols, beta_beta, dbeta, stream);
 }
 
+template <typename T>
+void add(const T* a, const T* b, int64_t n, T* y, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "residual_add: negative size");
+  if (n == 0) return;
+  // Four elements an access where all three pointers allow it (y may be a or b: each
+  // element is read before it is written, by the same thread).
+  constexpr uintptr_t kFour = 4 * sizeof(T);
+  if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(y)) % kFour == 0)
+    residual_add_kernel<T, true><<<blocks_for(n / 4), kThreads, 0, stream>>>(a, b, n, y);
+  else residual_add_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(a, b, n, y);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 int64_t layer_norm_backward_work(int64_t rows, int64_t cols) { return 2 * chunks_for(rows) * cols; }
 
 void layer_norm_forward(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
                         float* y, float* mean, float* rstd, cudaStream_t stream) {
-  forward<float>(x, nullptr, gamma, beta, rows, cols, eps, nullptr, y, mean, rstd, stream);
+  forward(x, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
 }
 void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float* beta, int64_t rows, int64_t cols,
                              float eps, uint16_t* y, float* mean, float* rstd, cudaStream_t stream) {
-  forward<uint16_t>(x, nullptr, gamma, beta, rows, cols, eps, nullptr, y, mean, rstd, stream);
-}
-void add_layer_norm_forward(const float* a, const float* b, const float* gamma, const float* beta, int64_t rows,
-                            int64_t cols, float eps, float* h, float* y, float* mean, float* rstd,
-                            cudaStream_t stream) {
-  forward(a, b, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
-}
-void add_layer_norm_forward_bf16(const uint16_t* a, const uint16_t* b, const float* gamma, const float* beta,
-                                 int64_t rows, int64_t cols, float eps, uint16_t* h, uint16_t* y, float* mean,
-                                 float* rstd, cudaStream_t stream) {
-  forward(a, b, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+  forward(x, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
 }
 void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
                          int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,
@@ -502,6 +392,19 @@ void layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float
 void residual_add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream) { add(a, b, n, y, stream); }
 void residual_add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* y, cudaStream_t stream) {
   add(a, b, n, y, stream);
+}
+// The two kernels one after the other, for now: the fused pass has not run on a GPU yet.
+void add_layer_norm_forward(const float* a, const float* b, const float* gamma, const float* beta, int64_t rows,
+                            int64_t cols, float eps, float* h, float* y, float* mean, float* rstd,
+                            cudaStream_t stream) {
+  add(a, b, rows * cols, h, stream);
+  forward(h, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
+}
+void add_layer_norm_forward_bf16(const uint16_t* a, const uint16_t* b, const float* gamma, const float* beta,
+                                 int64_t rows, int64_t cols, float eps, uint16_t* h, uint16_t* y, float* mean,
+                                 float* rstd, cudaStream_t stream) {
+  add(a, b, rows * cols, h, stream);
+  forward<uint16_t>(h, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
 }
 
 }  // namespace dpt::cuda

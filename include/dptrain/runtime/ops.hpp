@@ -199,8 +199,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
 Tensor add(const Tensor& a, const Tensor& b);
 // The residual add and the LayerNorm that reads its sum: sum = add(a, b) and normed =
 // layer_norm(sum, gamma, beta, eps), the same bits and the same graph (an add, then a
-// layer_norm of the sum), but on a GPU in one pass over a and b where a row fits a warp
-// (GPT-2's blocks: the sum is not read back).
+// layer_norm of the sum); the one place where a GPU may make both in one pass.
 struct AddNorm {
   Tensor sum, normed;
 };
