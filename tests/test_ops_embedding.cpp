@@ -235,6 +235,18 @@ TEST_CASE("add_layer_norm gives add and layer_norm's bits on the GPU and the CPU
       same_bits(residual_step(gpu, type, 133, C, true), residual_step(gpu, type, 133, C, false));
       compare([&](const Device& d) { return residual_step(d, type, 133, C, true); }, type == DType::bf16 ? 1e-2 : 1e-5);
     }
+  // A term that starts one element into its memory (not 16-byte aligned): the sum and its
+  // LayerNorm still have layer_norm's bits, the ones a recomputation from the sum rebuilds.
+  for (DType type : {DType::f32, DType::bf16}) {
+    INFO("misaligned, " << dtype_name(type));
+    const int64_t rows = 33, C = 768;
+    const Tensor whole = cast(on(gpu, randn(rows * C + 1, 36), {rows * C + 1}), type);
+    const Tensor a = whole.view(1, {rows, C}), b = cast(on(gpu, randn(rows * C, 37), {rows, C}), type);
+    const Tensor g = on(gpu, randn(C, 38), {C}), be = on(gpu, randn(C, 39), {C});
+    const AddNorm s = add_layer_norm(a, b, g, be);
+    const Tensor sum = add(a, b);
+    same_bits({s.sum, s.normed}, {sum, layer_norm(sum, g, be)});
+  }
 }
 
 #endif  // DPT_GPU_TESTS
