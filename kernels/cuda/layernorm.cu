@@ -393,18 +393,5 @@ void residual_add(const float* a, const float* b, int64_t n, float* y, cudaStrea
 void residual_add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* y, cudaStream_t stream) {
   add(a, b, n, y, stream);
 }
-// The two kernels one after the other, for now: the fused pass has not run on a GPU yet.
-void add_layer_norm_forward(const float* a, const float* b, const float* gamma, const float* beta, int64_t rows,
-                            int64_t cols, float eps, float* h, float* y, float* mean, float* rstd,
-                            cudaStream_t stream) {
-  add(a, b, rows * cols, h, stream);
-  forward(h, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
-}
-void add_layer_norm_forward_bf16(const uint16_t* a, const uint16_t* b, const float* gamma, const float* beta,
-                                 int64_t rows, int64_t cols, float eps, uint16_t* h, uint16_t* y, float* mean,
-                                 float* rstd, cudaStream_t stream) {
-  add(a, b, rows * cols, h, stream);
-  forward<uint16_t>(h, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
-}
 
 }  // namespace dpt::cuda
