@@ -94,7 +94,7 @@ ln -s "$tmp/stand-in" "$tmp/bin/bench"
 ln -s "$(python3 -c 'import sys; print(sys.executable)')" "$tmp/bin/python3"
 stand_ins=(env PATH="$tmp/bin:$PATH" DPTRAIN="$tmp/bin/dptrain" TORCH_BENCH="$tmp/bin/bench")
 
-"${stand_ins[@]}" OUT="$tmp/run" TORCH_MODES="compile eager" TORCH_PEAKS_EAGER="16:16900 32:31300" \
+"${stand_ins[@]}" OUT="$tmp/run" TORCH_MODES="compile eager" TORCH_PEAKS_EAGER="16:16900 32:31300" TORCH_HEADROOM_MIB=2048 \
   bash "$script" >"$tmp/run.out" 2>&1 || bad "gpt_max_batch.sh failed: $(cat "$tmp/run.out")"
 table=$tmp/run/table.txt
 [ -s "$table" ] && ok || bad "no table: $(cat "$tmp/run.out")"
@@ -126,6 +126,11 @@ expect "$tmp/caps/table.txt" "torch compile" - - - - - - 0 stopped: the 0 s cap 
 expect "$tmp/alone/table.txt" "torch compile" 16 10.84 - 56.0 292,571 200 2
 note "$tmp/alone/table.txt" "torch compile" "stopped: fewer than two peaks to predict from (16:11100)"
 [ -s "$tmp/alone/torch-compile-B200.log" ] && ok || bad "B 200 was not tried alone: $(ls "$tmp/alone")"
+
+# The default headroom, a fifth of the GPU: (81559 - 16311 - 1500) / 600 = 106.2 -> B 104.
+"${stand_ins[@]}" OUT="$tmp/fifth" DPTRAIN_SECONDS=0 RECOMPUTE=none TORCH_PEAKS_COMPILE="16:11100 32:20700" \
+  bash "$script" >"$tmp/fifth.out" 2>&1 || bad "gpt_max_batch.sh, default headroom, failed: $(cat "$tmp/fifth.out")"
+grep -q '^torch compile: predicted B 104 ' "$tmp/fifth.out" && ok || bad "not B 104 a fifth short: $(cat "$tmp/fifth.out")"
 
 # No GPU (nvidia-smi finds none): one line, status 1.
 mkdir -p "$tmp/no-gpu"

@@ -336,8 +336,8 @@ TEST_CASE("the CUDA classifier loss matches the CPU, f32 and bf16, and scales it
   struct Case {
     int64_t rows, cols, vocab;
   };
-  // GPT-2's vocabulary padded to 50304 (bf16: the row held in registers; f32: the general
-  // kernel), a small one of whole vectors (registers, both types) and one that is not (general).
+  // GPT-2's vocabulary padded to 50304 and a small one of whole vectors (the row held in
+  // shared memory, both types), and one that is not (the general kernel).
   for (Case c : {Case{8, 50304, 50257}, Case{5, 1024, 1000}, Case{67, 1030, 1000}})
     for (DType type : {DType::f32, DType::bf16})
       for (float seed : {1.0f, 0.5f}) {
