@@ -11,8 +11,8 @@
 #            bisection. The peaks at two batches (TORCH_FIT_BATCHES, default "16 32", run side
 #            by side; or TORCH_PEAKS_COMPILE / TORCH_PEAKS_EAGER, e.g. "16:15000 32:28000", peak
 #            MiB from an earlier run) give a line; where it crosses the GPU's memory less
-#            TORCH_HEADROOM_MIB (a fifth of it: the CUDA context, the allocator's slack), rounded down to
-#            the resolution, is the predicted B. A try there, then up by the resolution to the
+#            TORCH_HEADROOM_MIB (a fifth of it: the CUDA context, the allocator's slack),
+#            rounded down to the resolution, is the predicted B. A try there, then up by the resolution to the
 #            first out of memory (down to the first fit if it did not fit), at most 3 tries;
 #            a mode takes at most TORCH_SECONDS (240)
 # then one table (gpt_max_batch.py table): each run's largest B that fit, its peak memory and

@@ -53,9 +53,8 @@ const OptionSchema<DataParallelOptions>& data_parallel_schema() {
       choice_field(id("twin_buffers"), &O::twin_buffers, kTwinBufferNames,
                    "Keep one copy of the parameters and optimizer state (on GPUs there are two by default where they "
                    "serve: models of 2^21 (about 2.1M) up to 2^26 (about 67M) parameters, without --clip or --zero; "
-                   "the update then "
-                   "checks the gradients in its own pass. This saves that memory for a second pass over the "
-                   "gradients a step)"),
+                   "the update then checks the gradients in its own pass. This saves that memory for a second pass "
+                   "over the gradients a step)"),
       switch_field(id("overlap"), &O::overlap,
                    "Reduce gradients only after backward, and copy p2p parameters whole after the update (to measure "
                    "what overlap gains)")

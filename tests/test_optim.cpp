@@ -669,8 +669,7 @@ TEST_CASE("twin buffers by default on a GPU from 2M parameters up to 67M, one co
     c.steps = 1;
     c.devices = {gpu};
     Trainer t(c);
-    const int64_t n = t.model().flat_params().numel();
-    REQUIRE((n >= kTwinsFromParams && n < kTwinsBelowParams) == inside);
+    REQUIRE(twins_by_default(t.model().flat_params().numel()) == inside);
     CHECK(t.optimizer().twin_buffers() == inside);
     c.parallel.twin_buffers = TwinBuffers::off;
     CHECK_FALSE(Trainer(c).optimizer().twin_buffers());
