@@ -302,6 +302,13 @@ void layer_norm_forward(const float* x, const float* gamma, const float* beta, i
                         float* y, float* mean, float* rstd, cudaStream_t stream);
 void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float* beta, int64_t rows, int64_t cols,
                              float eps, uint16_t* y, float* mean, float* rstd, cudaStream_t stream);
+// h = a + b (residual_add's bits) and y = LayerNorm(h) (layer_norm_forward's bits), in one
+// pass where the row fits a warp's registers.
+void add_layer_norm_forward(const float* a, const float* b, const float* gamma, const float* beta, int64_t rows,
+                            int64_t cols, float eps, float* h, float* y, float* mean, float* rstd, cudaStream_t stream);
+void add_layer_norm_forward_bf16(const uint16_t* a, const uint16_t* b, const float* gamma, const float* beta,
+                                 int64_t rows, int64_t cols, float eps, uint16_t* h, uint16_t* y, float* mean,
+                                 float* rstd, cudaStream_t stream);
 // dx_add: dx holds a gradient to add to (rounded once), not to overwrite.
 void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
                          int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,

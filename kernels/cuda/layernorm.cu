@@ -7,11 +7,13 @@
 // adds the chunks in order.
 //
 // Rows of up to 32 x kMaxVectors 16-byte vectors (GPT-2's 768 or 1024 bf16 columns; 512
-// floats) take the fused kernels: a lane holds its vectors of the row in registers, so the
-// forward reads x once, and the backward reads x and dy once for dx and for its lane's
-// running sums of the parameters' gradients, which the block's warps then add in warp order.
-// dx may be added to a gradient already there (dx_add: the residual stream's, rounded once).
-// Other rows take the general kernels (a pass each).
+// floats) take the fused kernels: a lane holds its vectors of the row in registers (a warp
+// takes two rows at once), so the forward reads x once (or the residual add's two terms,
+// writing their sum beside the output: add_layer_norm_forward), and the backward reads x
+// and dy once for dx and for its lane's running sums of the parameters' gradients, which
+// the block's warps then add in warp order. dx may be added to a
+// gradient already there (dx_add: the residual stream's, rounded once). Other rows take the
+// general kernels (a pass each).
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -147,49 +149,85 @@ __device__ __forceinline__ void load_columns(const float* v, int nvec, int lane,
       }
 }
 
-template <typename T, int P>
+// Rows taken at once by a warp of the fused forward: two where a lane's vectors are few, so
+// that each warp has two rows' loads in flight before its sums wait for them (the forward
+// is bound by memory; one row a warp left an H100 at about 2.1 TB/s), one at four vectors
+// (the registers).
+template <int P>
+constexpr int kForwardRows = P <= 3 ? 2 : 1;
+
+// y = LayerNorm(x) by rows, or with Add, h = x + res (rounded to T, as add's kernel) and
+// y = LayerNorm(h) of the rounded h: the residual add and the LayerNorm that reads its sum
+// in one pass, with the bits of the two kernels. Warp w of block b takes rows
+// (b kWarps + w) R .. + R - 1 at once; a row's sums are added in the same order for any R.
+template <typename T, int P, bool Add>
 __global__ void __launch_bounds__(kThreads)
-    layer_norm_forward_fused_kernel(const T* x, const float* gamma, const float* beta, int64_t rows, int cols,
-                                    float eps, T* y, float* mean, float* rstd) {
-  constexpr int E = Vec16<T>::kCount;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+    layer_norm_forward_fused_kernel(const T* x, const T* res, const float* gamma, const float* beta, int64_t rows,
+                                    int cols, float eps, T* h, T* y, float* mean, float* rstd) {
+  constexpr int E = Vec16<T>::kCount, R = kForwardRows<P>;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
   const int lane = threadIdx.x % 32, nvec = cols / E;
-  if (r >= rows) return;
-  Vec16<T> xv[P];
-  load_row(x, r, nvec, lane, xv);
+  if (r0 >= rows) return;
+  Vec16<T> xv[R][P];
+#pragma unroll
+  for (int k = 0; k < R; ++k)
+    if (r0 + k < rows) load_row(x, r0 + k, nvec, lane, xv[k]);
+  if constexpr (Add) {
+    Vec16<T> rv[R][P];
+#pragma unroll
+    for (int k = 0; k < R; ++k)
+      if (r0 + k < rows) load_row(res, r0 + k, nvec, lane, rv[k]);
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      if (r0 + k >= rows) continue;
+      auto* hrow = reinterpret_cast<Vec16<T>*>(h) + (r0 + k) * nvec;
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        if (lane + 32 * p >= nvec) continue;
+#pragma unroll
+        for (int e = 0; e < E; ++e) store(&xv[k][p].v[e], as_float(xv[k][p].v[e]) + as_float(rv[k][p].v[e]));
+        hrow[lane + 32 * p] = xv[k][p];
+      }
+    }
+  }
   float g[P][E], b[P][E];
   load_columns(gamma, nvec, lane, g);
   load_columns(beta, nvec, lane, b);
-  float s = 0.f;
 #pragma unroll
-  for (int p = 0; p < P; ++p)
-    if (lane + 32 * p < nvec)
+  for (int k = 0; k < R; ++k) {
+    const int64_t r = r0 + k;
+    if (r >= rows) break;
+    float s = 0.f;
 #pragma unroll
-      for (int e = 0; e < E; ++e) s += as_float(xv[p].v[e]);
-  const float m = warp_sum(s) / static_cast<float>(cols);
-  float v = 0.f;
+    for (int p = 0; p < P; ++p)
+      if (lane + 32 * p < nvec)
 #pragma unroll
-  for (int p = 0; p < P; ++p)
-    if (lane + 32 * p < nvec)
+        for (int e = 0; e < E; ++e) s += as_float(xv[k][p].v[e]);
+    const float m = warp_sum(s) / static_cast<float>(cols);
+    float v = 0.f;
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const float d = as_float(xv[p].v[e]) - m;
-        v += d * d;
-      }
-  const float rs = 1.f / sqrtf(warp_sum(v) / static_cast<float>(cols) + eps);
-  auto* yrow = reinterpret_cast<Vec16<T>*>(y) + r * nvec;
+    for (int p = 0; p < P; ++p)
+      if (lane + 32 * p < nvec)
 #pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int i = lane + 32 * p;
-    if (i >= nvec) continue;
-    Vec16<T> out;
+        for (int e = 0; e < E; ++e) {
+          const float d = as_float(xv[k][p].v[e]) - m;
+          v += d * d;
+        }
+    const float rs = 1.f / sqrtf(warp_sum(v) / static_cast<float>(cols) + eps);
+    auto* yrow = reinterpret_cast<Vec16<T>*>(y) + r * nvec;
 #pragma unroll
-    for (int e = 0; e < E; ++e) store(&out.v[e], (as_float(xv[p].v[e]) - m) * rs * g[p][e] + b[p][e]);
-    yrow[i] = out;
-  }
-  if (lane == 0) {
-    mean[r] = m;
-    rstd[r] = rs;
+    for (int p = 0; p < P; ++p) {
+      const int i = lane + 32 * p;
+      if (i >= nvec) continue;
+      Vec16<T> out;
+#pragma unroll
+      for (int e = 0; e < E; ++e) store(&out.v[e], (as_float(xv[k][p].v[e]) - m) * rs * g[p][e] + b[p][e]);
+      yrow[i] = out;
+    }
+    if (lane == 0) {
+      mean[r] = m;
+      rstd[r] = rs;
+    }
   }
 }
 
@@ -281,31 +319,58 @@ unsigned row_blocks(int64_t rows, const char* who) {
 }
 
 template <typename T>
-void forward(const T* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps, T* y,
-             float* mean, float* rstd, cudaStream_t stream) {
+void add(const T* a, const T* b, int64_t n, T* y, cudaStream_t stream) {
+  DPT_CHECK(n >= 0, "residual_add: negative size");
+  if (n == 0) return;
+  // Four elements an access where all three pointers allow it (y may be a or b: each
+  // element is read before it is written, by the same thread).
+  constexpr uintptr_t kFour = 4 * sizeof(T);
+  if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(y)) % kFour == 0)
+    residual_add_kernel<T, true><<<blocks_for(n / 4), kThreads, 0, stream>>>(a, b, n, y);
+  else residual_add_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(a, b, n, y);
+  DPT_CUDA_CHECK_LAUNCH();
+}
+
+// The fused forward for P vectors a lane (Add: res and h given).
+template <typename T, int P, bool Add>
+void forward_fused(const T* x, const T* res, const float* gamma, const float* beta, int64_t rows, int64_t cols,
+                   float eps, T* h, T* y, float* mean, float* rstd, cudaStream_t stream) {
+  const unsigned blocks = row_blocks((rows + kForwardRows<P> - 1) / kForwardRows<P>, "layer_norm_forward");
+  layer_norm_forward_fused_kernel<T, P, Add>
+      <<<blocks, kThreads, 0, stream>>>(x, res, gamma, beta, rows, static_cast<int>(cols), eps, h, y, mean, rstd);
+}
+
+template <typename T, bool Add>
+void forward_fused(int p, const T* x, const T* res, const float* gamma, const float* beta, int64_t rows, int64_t cols,
+                   float eps, T* h, T* y, float* mean, float* rstd, cudaStream_t stream) {
+  if (p == 1) forward_fused<T, 1, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+  if (p == 2) forward_fused<T, 2, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+  if (p == 3) forward_fused<T, 3, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+  if (p == 4) forward_fused<T, 4, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+}
+
+// y = LayerNorm(x), or with res, h = x + res and y = LayerNorm(h): fused where a lane holds
+// its part of a row (then in one pass), else the general kernels (the add first).
+template <typename T>
+void forward(const T* x, const T* res, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
+             T* h, T* y, float* mean, float* rstd, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols > 0, "layer_norm_forward: bad shape");
   if (rows == 0) return;
-  const unsigned blocks = row_blocks(rows, "layer_norm_forward");
-  const int c = static_cast<int>(cols);
-  switch (lane_vectors<T>(cols, {x, y, gamma, beta})) {
-    case 1:
-      layer_norm_forward_fused_kernel<T, 1>
-          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
-      break;
-    case 2:
-      layer_norm_forward_fused_kernel<T, 2>
-          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
-      break;
-    case 3:
-      layer_norm_forward_fused_kernel<T, 3>
-          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
-      break;
-    case 4:
-      layer_norm_forward_fused_kernel<T, 4>
-          <<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, c, eps, y, mean, rstd);
-      break;
-    default:
-      layer_norm_forward_kernel<T><<<blocks, kThreads, 0, stream>>>(x, gamma, beta, rows, cols, eps, y, mean, rstd);
+  // The LayerNorm's kernel follows from its own rows (h's, or x's) alone: a sum made apart
+  // (a term not 16-byte aligned) is normalized with the bits layer_norm(h) gives, which a
+  // recomputation rebuilds.
+  const int p = lane_vectors<T>(cols, {res ? h : x, y, gamma, beta});
+  if (res && (p == 0 || lane_vectors<T>(cols, {x, res}) == 0)) {
+    add(x, res, rows * cols, h, stream);
+    x = h;
+    res = nullptr;
+  }
+  if (p > 0) {
+    if (res) forward_fused<T, true>(p, x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+    else forward_fused<T, false>(p, x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+  } else {
+    layer_norm_forward_kernel<T><<<row_blocks(rows, "layer_norm_forward"), kThreads, 0, stream>>>(
+        x, gamma, beta, rows, cols, eps, y, mean, rstd);
   }
   DPT_CUDA_CHECK_LAUNCH();
 }
@@ -353,30 +418,27 @@ void backward(const T* x, const T* dy, const float* gamma, const float* mean, co
   if (dbeta) column_sum_finish(part_beta, chunks, cols, beta_beta, dbeta, stream);
 }
 
-template <typename T>
-void add(const T* a, const T* b, int64_t n, T* y, cudaStream_t stream) {
-  DPT_CHECK(n >= 0, "residual_add: negative size");
-  if (n == 0) return;
-  // Four elements an access where all three pointers allow it (y may be a or b: each
-  // element is read before it is written, by the same thread).
-  constexpr uintptr_t kFour = 4 * sizeof(T);
-  if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) | reinterpret_cast<uintptr_t>(y)) % kFour == 0)
-    residual_add_kernel<T, true><<<blocks_for(n / 4), kThreads, 0, stream>>>(a, b, n, y);
-  else residual_add_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(a, b, n, y);
-  DPT_CUDA_CHECK_LAUNCH();
-}
-
 }  // namespace
 
 int64_t layer_norm_backward_work(int64_t rows, int64_t cols) { return 2 * chunks_for(rows) * cols; }
 
 void layer_norm_forward(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
                         float* y, float* mean, float* rstd, cudaStream_t stream) {
-  forward(x, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
+  forward<float>(x, nullptr, gamma, beta, rows, cols, eps, nullptr, y, mean, rstd, stream);
 }
 void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float* beta, int64_t rows, int64_t cols,
                              float eps, uint16_t* y, float* mean, float* rstd, cudaStream_t stream) {
-  forward(x, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
+  forward<uint16_t>(x, nullptr, gamma, beta, rows, cols, eps, nullptr, y, mean, rstd, stream);
+}
+void add_layer_norm_forward(const float* a, const float* b, const float* gamma, const float* beta, int64_t rows,
+                            int64_t cols, float eps, float* h, float* y, float* mean, float* rstd,
+                            cudaStream_t stream) {
+  forward(a, b, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+}
+void add_layer_norm_forward_bf16(const uint16_t* a, const uint16_t* b, const float* gamma, const float* beta,
+                                 int64_t rows, int64_t cols, float eps, uint16_t* h, uint16_t* y, float* mean,
+                                 float* rstd, cudaStream_t stream) {
+  forward(a, b, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
 }
 void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
                          int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,

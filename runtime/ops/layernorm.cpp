@@ -1,4 +1,4 @@
-// The residual stream's ops: layer_norm, add and add_layer_norm (all differentiable).
+// The residual stream's ops: layer_norm, add and the two fused (add_layer_norm), all differentiable.
 #include <string>
 
 #include <dptrain/error.hpp>
@@ -89,16 +89,42 @@ class AddNode : public Node {
 
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
-  need_float(x, "layer_norm");
-  need_f32(gamma, "layer_norm (gamma)");
-  need_f32(beta, "layer_norm (beta)");
-  same_device(x, gamma, "layer_norm");
-  same_device(x, beta, "layer_norm");
+namespace {
+
+void check_layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, const char* op) {
+  need_float(x, op);
+  need_f32(gamma, (std::string(op) + " (gamma)").c_str());
+  need_f32(beta, (std::string(op) + " (beta)").c_str());
+  same_device(x, gamma, op);
+  same_device(x, beta, op);
   DPT_REQUIRE(x.dim() == 2 && x.size(1) > 0 && gamma.shape() == Shape{x.size(1)} && beta.shape() == gamma.shape(),
-              "layer_norm: input " + shape_str(x.shape()) + " does not fit gamma " + shape_str(gamma.shape()) +
+              std::string(op) + ": input " + shape_str(x.shape()) + " does not fit gamma " + shape_str(gamma.shape()) +
                   " and beta " + shape_str(beta.shape()));
-  DPT_REQUIRE(eps > 0.0f, "layer_norm: eps must be positive");
+  DPT_REQUIRE(eps > 0.0f, std::string(op) + ": eps must be positive");
+}
+
+void check_add(const Tensor& a, const Tensor& b, const char* op) {
+  need_float(a, op);
+  need_float(b, op);
+  same_device(a, b, op);
+  DPT_REQUIRE(a.dtype() == b.dtype() && a.shape() == b.shape(),
+              std::string(op) + ": " + shape_str(a.shape()) + " " + dtype_name(a.dtype()) + " and " +
+                  shape_str(b.shape()) + " " + dtype_name(b.dtype()) + " differ");
+}
+
+// The nodes the two ops record: sum's add of a and b, normed's layer_norm of sum.
+void record_add(Tensor& sum, const Tensor& a, const Tensor& b) {
+  if (any_requires_grad({&a, &b})) record(sum, std::make_shared<AddNode>(a.dtype()), {a, b});
+}
+void record_layer_norm(Tensor& y, const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor mean, Tensor rstd) {
+  if (any_requires_grad({&x, &gamma, &beta}))
+    record(y, std::make_shared<LayerNormNode>(x, gamma, std::move(mean), std::move(rstd)), {x, gamma, beta});
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+  check_layer_norm(x, gamma, beta, eps, "layer_norm");
   const Device d = x.device();
   const int64_t rows = x.size(0), cols = x.size(1);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), d);
@@ -116,18 +142,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
                                  stream_of(d)),
         cpu::layer_norm_forward(x.f32(), gamma.f32(), beta.f32(), rows, cols, eps, y.f32(), mean.f32(), rstd.f32()));
   }
-  if (any_requires_grad({&x, &gamma, &beta}))
-    record(y, std::make_shared<LayerNormNode>(x, gamma, mean, rstd), {x, gamma, beta});
+  record_layer_norm(y, x, gamma, beta, std::move(mean), std::move(rstd));
   return y;
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  need_float(a, "add");
-  need_float(b, "add");
-  same_device(a, b, "add");
-  DPT_REQUIRE(a.dtype() == b.dtype() && a.shape() == b.shape(),
-              "add: " + shape_str(a.shape()) + " " + dtype_name(a.dtype()) + " and " + shape_str(b.shape()) + " " +
-                  dtype_name(b.dtype()) + " differ");
+  check_add(a, b, "add");
   const Device d = a.device();
   Tensor y = Tensor::empty(a.shape(), a.dtype(), d);
   if (is_bf16(a)) {
@@ -137,14 +157,36 @@ Tensor add(const Tensor& a, const Tensor& b) {
     DPT_CUDA_OR_CPU(d, cuda::residual_add(a.f32(), b.f32(), a.numel(), y.f32(), stream_of(d)),
                     cpu::residual_add(a.f32(), b.f32(), a.numel(), y.f32()));
   }
-  if (any_requires_grad({&a, &b})) record(y, std::make_shared<AddNode>(a.dtype()), {a, b});
+  record_add(y, a, b);
   return y;
 }
 
-// For now the two ops: a kernel making both in one pass waits for a GPU run.
 AddNorm add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma, const Tensor& beta, float eps) {
-  const Tensor sum = add(a, b);
-  return {sum, layer_norm(sum, gamma, beta, eps)};
+  check_add(a, b, "add_layer_norm");
+  check_layer_norm(a, gamma, beta, eps, "add_layer_norm");
+  const Device d = a.device();
+  const int64_t rows = a.size(0), cols = a.size(1);
+  Tensor h = Tensor::empty(a.shape(), a.dtype(), d), y = Tensor::empty(a.shape(), a.dtype(), d);
+  Tensor mean = Tensor::empty({rows}, DType::f32, d), rstd = Tensor::empty({rows}, DType::f32, d);
+  // The CPU twin is the two ops' twins one after the other.
+  if (is_bf16(a)) {
+    DPT_CUDA_OR_CPU(d,
+                    cuda::add_layer_norm_forward_bf16(a.bf16(), b.bf16(), gamma.f32(), beta.f32(), rows, cols, eps,
+                                                      h.bf16(), y.bf16(), mean.f32(), rstd.f32(), stream_of(d)),
+                    (cpu::residual_add_bf16(a.bf16(), b.bf16(), a.numel(), h.bf16()),
+                     cpu::layer_norm_forward_bf16(h.bf16(), gamma.f32(), beta.f32(), rows, cols, eps, y.bf16(),
+                                                  mean.f32(), rstd.f32())));
+  } else {
+    DPT_CUDA_OR_CPU(
+        d,
+        cuda::add_layer_norm_forward(a.f32(), b.f32(), gamma.f32(), beta.f32(), rows, cols, eps, h.f32(), y.f32(),
+                                     mean.f32(), rstd.f32(), stream_of(d)),
+        (cpu::residual_add(a.f32(), b.f32(), a.numel(), h.f32()),
+         cpu::layer_norm_forward(h.f32(), gamma.f32(), beta.f32(), rows, cols, eps, y.f32(), mean.f32(), rstd.f32())));
+  }
+  record_add(h, a, b);
+  record_layer_norm(y, h, gamma, beta, std::move(mean), std::move(rstd));
+  return {h, y};
 }
 
 }  // namespace dpt
