@@ -235,6 +235,49 @@ TEST_CASE("bf16 cuBLASLt GEMMs (bf16 or f32 out, bias, ReLU) match the CPU at od
   });
 }
 
+TEST_CASE("a tuned cuBLASLt plan writes the bits of the heuristic's choice", "[gpu][gemm][bf16]") {
+  // GPT-2's MLP GEMMs at 2056 rows (a shape no other test makes a plan for): GELU_AUX_BIAS
+  // forward, DGELU from its pre-activation, the weight gradient into fp32 with beta 0 (tuned)
+  // and 1 (a plan of its own, never tuned). Each on a stream of its own: plans are kept by
+  // stream, so the untuned ones are made while tuning is off.
+  const int64_t rows = 2056, C = 768, H = 3072;
+  const cublasHandle_t h = static_cast<cublasHandle_t>(context(gpu).blas());
+  Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, gpu);
+  const Tensor x = on_bf16(gpu, bf16_values(randn(rows * C, 60)), {rows, C});
+  const Tensor W = on_bf16(gpu, bf16_values(randn(H * C, 61, 0.05f)), {H, C});
+  const Tensor b = on_bf16(gpu, bf16_values(randn(H, 62)), {H});
+  const Tensor dy = on_bf16(gpu, bf16_values(randn(rows * C, 63)), {rows, C});
+  auto run = [&](cudaStream_t st) {
+    Tensor y = Tensor::empty({rows, H}, DType::bf16, gpu), z = Tensor::empty({rows, H}, DType::bf16, gpu);
+    Tensor dz = Tensor::empty({rows, H}, DType::bf16, gpu), dW = Tensor::zeros({H, C}, DType::f32, gpu);
+    const cuda::LtTypes b16{DType::bf16, DType::bf16, DType::bf16}, f32{DType::bf16, DType::f32, DType::bf16};
+    REQUIRE(cuda::gemm_lt(h, st, Precision::fp32, b16, false, true, rows, H, C, 1.0f, x.data(), W.data(), 0.0f,
+                          y.data(), b.data(), Act::gelu_tanh, ws.data(), cuda::kLtWorkspaceBytes, z.data()));
+    // (W's memory read as C x H: a stand-in for c_proj's weight.)
+    REQUIRE(cuda::gemm_lt(h, st, Precision::fp32, b16, false, false, rows, H, C, 1.0f, dy.data(), W.data(), 0.0f,
+                          dz.data(), nullptr, Act::gelu_tanh, ws.data(), cuda::kLtWorkspaceBytes, z.data(), true));
+    for (float beta : {0.0f, 1.0f})
+      REQUIRE(cuda::gemm_lt(h, st, Precision::fp32, f32, true, false, H, C, rows, 1.0f, dz.data(), x.data(), beta,
+                            dW.data(), nullptr, Act::none, ws.data(), cuda::kLtWorkspaceBytes));
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+    return std::vector<std::vector<float>>{y.to_host(), z.to_host(), dz.to_host(), dW.to_host()};
+  };
+  cudaStream_t tuned = nullptr, plain = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&tuned, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&plain, cudaStreamNonBlocking) == cudaSuccess);
+  cuda::set_lt_tuning(false);
+  const auto want = run(plain);
+  cuda::set_lt_tuning(true);
+  const auto got = run(tuned), again = run(tuned);
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("output " << i << " (y, z, dz, dW)");
+    CHECK(got[i] == want[i]);
+    CHECK(again[i] == want[i]);
+  }
+  cudaStreamDestroy(tuned);
+  cudaStreamDestroy(plain);
+}
+
 TEST_CASE("cuBLASLt with a bf16 D and an fp32 bias: supported and right, or refused cleanly", "[gpu][gemm][bf16]") {
   // The header documents the bias as D's type; linear_bf16 therefore hands a bf16 D the bf16
   // bias copy. This records what this cuBLASLt does with an fp32 bias, for the next design.

@@ -8,10 +8,11 @@
 // C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T). The column-major D is
 // n x m, so cuBLASLt's bias, whose length is D's row count, is our bias over columns.
 //
-// A plan (descriptors, layouts and the algorithm, see make_plan) costs longer to make
-// than a small GEMM takes to run, so plans are made once per
-// (stream, shape, precision, element types, epilogue, operand alignment) and cached for the
-// process.
+// A plan (descriptors, layouts and the algorithm, see make_plan and tune) costs longer to
+// make than a small GEMM takes to run, so plans are made once per
+// (stream, shape, precision, element types, epilogue, operand alignment, whether C is read)
+// and cached for the process. A plan's first call, outside a CUDA graph's recording and
+// with beta 0, tunes it: the fastest candidate with the heuristic choice's bits.
 //
 // Element types: A/B f32 with C/D f32 (compute per the precision), or A/B bf16 with C/D
 // bf16 or f32 (CUBLAS_COMPUTE_32F, fp32 scale): combinations cuBLASLt's table lists. The
@@ -23,11 +24,13 @@
 // handful that a run makes are freed with the process).
 #include <cublasLt.h>
 
+#include <atomic>
 #include <climits>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "check.hpp"
 #include "cuda.hpp"
@@ -47,15 +50,18 @@ uint32_t alignment(const void* p) {
 }
 
 // The device too: a stream's address can come back for a new stream on another GPU.
+// Whether C is read (beta not 0) too: such a call is never tuned (tune() writes C), so it
+// keeps the heuristic's choice in a plan of its own.
 using PlanKey = std::tuple<int, cudaStream_t, bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, uint32_t,
-                           uint32_t, uint32_t, uint32_t, uint32_t, size_t>;
+                           uint32_t, uint32_t, uint32_t, uint32_t, size_t, bool>;
 
-constexpr int kCandidates = 8;  // algorithms asked of the heuristic
+constexpr int kCandidates = 16;  // algorithms asked of the heuristic
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> others;  // candidates tune() may take instead (then cleared)
   bool supported = true;  // false: cuBLASLt has no kernel for it (remembered, never launched)
 };
 
@@ -140,25 +146,122 @@ Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta,
   DPT_CUBLASLT_CHECK(st);
   // The heuristic's first choice can split K and add a reduction kernel and a separate
   // epilogue kernel (three kernels, and slow, for a 64 x 1000 x 1000 GEMM with a bias).
-  // Timing the candidates would pick well but make the choice, and so the rounding,
-  // differ between runs (a resumed run must repeat an uninterrupted one bit for bit), so
-  // the rule is fixed: the first candidate that does not split K, whose epilogue stays
-  // fused.
+  // The rule: the first candidate that does not split K, whose epilogue stays fused; the
+  // others that do not split K are kept for tune() to try.
   p.algo = results[0].algo;
+  bool chosen = false;
   for (int i = 0; i < found; ++i) {
     int32_t split = 1;
     size_t written = 0;
     DPT_CUBLASLT_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
                                                             sizeof(split), &written));
-    if (split <= 1) {
-      p.algo = results[i].algo;
-      break;
-    }
+    if (split > 1) continue;
+    if (!chosen) p.algo = results[i].algo;
+    else p.others.push_back(results[i].algo);
+    chosen = true;
   }
   return p;
 }
 
+std::atomic<bool> tuning{true};  // set_lt_tuning
+
+// A 64-bit digest of `bytes` bytes (a multiple of 4) at p, added into *out: equal outputs,
+// equal digests (integer adds, so in any order the same).
+__global__ void digest_kernel(const uint32_t* p, size_t words, unsigned long long* out) {
+  unsigned long long h = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    h += (static_cast<unsigned long long>(p[i]) * 0x9E3779B97F4A7C15ull) ^ (i * 0xC2B2AE3D27D4EB4Full);
+  atomicAdd(out, h);
+}
+
+// One candidate's run of the call (alpha op(A) op(B) into C; the plan's descriptor holds the
+// bias and aux pointers).
+struct Call {
+  cublasLtHandle_t lt;
+  const Plan* plan;
+  float alpha;
+  const void *A, *B;
+  void* C;
+  void* workspace;
+  size_t workspace_bytes;
+  cudaStream_t stream;
+  cublasStatus_t run(const cublasLtMatmulAlgo_t& algo) const {
+    const float beta = 0.0f;
+    return cublasLtMatmul(lt, plan->desc, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &algo,
+                          workspace, workspace_bytes, stream);
+  }
+};
+
+// The digest of what a run wrote (C, and aux where the epilogue writes it), after the run.
+unsigned long long output_digest(const Call& call, size_t c_bytes, const void* aux_out, size_t aux_bytes,
+                                 unsigned long long* d_digest) {
+  DPT_CUDA_CHECK(cudaMemsetAsync(d_digest, 0, sizeof(*d_digest), call.stream));
+  digest_kernel<<<264, 256, 0, call.stream>>>(static_cast<const uint32_t*>(call.C), c_bytes / 4, d_digest);
+  if (aux_out) digest_kernel<<<264, 256, 0, call.stream>>>(static_cast<const uint32_t*>(aux_out), aux_bytes / 4, d_digest);
+  DPT_CUDA_CHECK(cudaGetLastError());
+  unsigned long long h = 0;
+  DPT_CUDA_CHECK(cudaMemcpyAsync(&h, d_digest, sizeof(h), cudaMemcpyDeviceToHost, call.stream));
+  DPT_CUDA_CHECK(cudaStreamSynchronize(call.stream));
+  return h;
+}
+
+// Tuning a plan on its first call: the heuristic's choice and every other candidate that
+// does not split K run once on the call's own operands; those that wrote the same bits as
+// the heuristic's choice (C, and the pre-activation a GELU_AUX epilogue writes) are timed
+// (kTimedRuns each) and the fastest is kept. A candidate with other bits sums in another
+// order and is never taken, so the plan's results are the heuristic choice's bits on every
+// run (a resumed run repeats an uninterrupted one); only its speed is tuned. (cuBLASLt's
+// first candidate left GPT-2's GELU GEMMs at about 450 TFLOPS against 700 for the same
+// shapes without the epilogue: docs/performance-log.md.) The call's output is written by
+// every run and then by the real one after; the caller makes sure nothing reads C (beta 0).
+constexpr int kTimedRuns = 3;
+// The digest's device word and the two timing events, freed however tune() ends.
+struct TuneScratch {
+  unsigned long long* digest = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TuneScratch() {
+    DPT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&digest), sizeof(*digest)));
+    DPT_CUDA_CHECK(cudaEventCreate(&start));
+    DPT_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~TuneScratch() {
+    if (start) DPT_CUDA_WARN(cudaEventDestroy(start));
+    if (stop) DPT_CUDA_WARN(cudaEventDestroy(stop));
+    if (digest) DPT_CUDA_WARN(cudaFree(digest));
+  }
+  TuneScratch(const TuneScratch&) = delete;
+  TuneScratch& operator=(const TuneScratch&) = delete;
+};
+
+void tune(const Call& call, Plan& plan, size_t c_bytes, const void* aux_out, size_t aux_bytes) {
+  if (plan.others.empty()) return;
+  TuneScratch t;
+  auto time_of = [&](const cublasLtMatmulAlgo_t& algo) {
+    DPT_CUDA_CHECK(cudaEventRecord(t.start, call.stream));
+    for (int r = 0; r < kTimedRuns; ++r) DPT_CUBLASLT_CHECK(call.run(algo));
+    DPT_CUDA_CHECK(cudaEventRecord(t.stop, call.stream));
+    DPT_CUDA_CHECK(cudaEventSynchronize(t.stop));
+    float ms = 0;
+    DPT_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
+    return ms;
+  };
+  DPT_CUBLASLT_CHECK(call.run(plan.algo));
+  const unsigned long long want = output_digest(call, c_bytes, aux_out, aux_bytes, t.digest);
+  float best = time_of(plan.algo);
+  for (const cublasLtMatmulAlgo_t& algo : plan.others) {
+    if (call.run(algo) != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run is passed over
+    if (output_digest(call, c_bytes, aux_out, aux_bytes, t.digest) != want) continue;
+    if (const float ms = time_of(algo); ms < best) {
+      best = ms;
+      plan.algo = algo;
+    }
+  }
+}
+
 }  // namespace
+
+void set_lt_tuning(bool on) { tuning.store(on); }
 
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bool ta, bool tb, int64_t m, int64_t n,
              int64_t k, float alpha, const float* A, const float* B, float beta, float* C, const float* bias, Act act,
@@ -207,7 +310,8 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
                     align[2],
                     alignment(bias),
                     alignment(aux),
-                    workspace_bytes};
+                    workspace_bytes,
+                    beta != 0.0f};
   static std::mutex mu;
   static std::map<PlanKey, Plan> plans;
   // A cuBLAS handle is a valid cuBLASLt handle (cuBLAS is built on cuBLASLt; PyTorch
@@ -216,13 +320,24 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
   Plan* plan = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = plans.find(key);
-    if (it == plans.end())
-      it = plans
-               .emplace(key, make_plan(lt, precision, types, ta, tb, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
-                                       static_cast<uint64_t>(k), epi, bias, aux, align, workspace_bytes))
-               .first;
-    plan = &it->second;  // map nodes stay put; only this stream's thread uses this plan
+    if (auto it = plans.find(key); it != plans.end()) plan = &it->second;  // map nodes stay put
+  }
+  if (!plan) {
+    // Made and tuned outside the lock: tuning waits for this stream, whose work may wait
+    // for another device's thread (a collective) that needs the lock for a plan of its own.
+    // Only this stream's thread makes or uses this key's plan.
+    Plan made = make_plan(lt, precision, types, ta, tb, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
+                          static_cast<uint64_t>(k), epi, bias, aux, align, workspace_bytes);
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    DPT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    if (made.supported && beta == 0.0f && capturing == cudaStreamCaptureStatusNone && tuning.load()) {
+      const size_t c_bytes = static_cast<size_t>(m) * static_cast<size_t>(n) * dtype_size(types.c);
+      tune(Call{lt, &made, alpha, A, B, C, workspace, workspace_bytes, stream}, made, c_bytes,
+           act_grad ? nullptr : aux, c_bytes);
+    }
+    made.others.clear();
+    std::lock_guard<std::mutex> lock(mu);
+    plan = &plans.emplace(key, std::move(made)).first->second;
   }
   if (!plan->supported) return false;
   if (bias)
