@@ -260,7 +260,7 @@ TEST_CASE("a tuned cuBLASLt plan writes the bits of the heuristic's choice", "[g
       REQUIRE(cuda::gemm_lt(h, st, Precision::fp32, f32, true, false, H, C, rows, 1.0f, dz.data(), x.data(), beta,
                             dW.data(), nullptr, Act::none, ws.data(), cuda::kLtWorkspaceBytes));
     REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
-    return std::vector<std::vector<float>>{y.to_host(), z.to_host(), dz.to_host(), dW.to_host()};
+    return std::vector<std::vector<float> >{y.to_host(), z.to_host(), dz.to_host(), dW.to_host()};
   };
   cudaStream_t tuned = nullptr, plain = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&tuned, cudaStreamNonBlocking) == cudaSuccess);

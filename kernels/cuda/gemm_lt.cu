@@ -62,7 +62,7 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulAlgo_t> others;  // candidates tune() may take instead (then cleared)
-  bool supported = true;  // false: cuBLASLt has no kernel for it (remembered, never launched)
+  bool supported = true;                     // false: cuBLASLt has no kernel for it (remembered, never launched)
 };
 
 // Kept beside compute_type(Precision) (gemm_cublas.cu), alike only in shape: another enum, another mapping.
@@ -198,7 +198,8 @@ unsigned long long output_digest(const Call& call, size_t c_bytes, const void* a
                                  unsigned long long* d_digest) {
   DPT_CUDA_CHECK(cudaMemsetAsync(d_digest, 0, sizeof(*d_digest), call.stream));
   digest_kernel<<<264, 256, 0, call.stream>>>(static_cast<const uint32_t*>(call.C), c_bytes / 4, d_digest);
-  if (aux_out) digest_kernel<<<264, 256, 0, call.stream>>>(static_cast<const uint32_t*>(aux_out), aux_bytes / 4, d_digest);
+  if (aux_out)
+    digest_kernel<<<264, 256, 0, call.stream>>>(static_cast<const uint32_t*>(aux_out), aux_bytes / 4, d_digest);
   DPT_CUDA_CHECK(cudaGetLastError());
   unsigned long long h = 0;
   DPT_CUDA_CHECK(cudaMemcpyAsync(&h, d_digest, sizeof(h), cudaMemcpyDeviceToHost, call.stream));
@@ -332,8 +333,8 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
     DPT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
     if (made.supported && beta == 0.0f && capturing == cudaStreamCaptureStatusNone && tuning.load()) {
       const size_t c_bytes = static_cast<size_t>(m) * static_cast<size_t>(n) * dtype_size(types.c);
-      tune(Call{lt, &made, alpha, A, B, C, workspace, workspace_bytes, stream}, made, c_bytes,
-           act_grad ? nullptr : aux, c_bytes);
+      tune(Call{lt, &made, alpha, A, B, C, workspace, workspace_bytes, stream}, made, c_bytes, act_grad ? nullptr : aux,
+           c_bytes);
     }
     made.others.clear();
     std::lock_guard<std::mutex> lock(mu);
