@@ -51,18 +51,18 @@ uint32_t alignment(const void* p) {
 
 // The device too: a stream's address can come back for a new stream on another GPU.
 // Whether C is read (beta not 0) too: such a call is never tuned (tune() writes C), so it
-// keeps the heuristic's choice in a plan of its own.
+// keeps the heuristic's choice, in a plan of its own.
 using PlanKey = std::tuple<int, cudaStream_t, bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, uint32_t,
                            uint32_t, uint32_t, uint32_t, uint32_t, size_t, bool>;
 
-constexpr int kCandidates = 16;  // algorithms asked of the heuristic
+// Algorithms asked of the heuristic: its first choice and the others tune() may try.
+constexpr int kCandidates = 16;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  std::vector<cublasLtMatmulAlgo_t> others;  // candidates tune() may take instead (then cleared)
-  bool supported = true;                     // false: cuBLASLt has no kernel for it (remembered, never launched)
+  bool supported = true;  // false: cuBLASLt has no kernel for it (remembered, never launched)
 };
 
 // Kept beside compute_type(Precision) (gemm_cublas.cu), alike only in shape: another enum, another mapping.
@@ -90,9 +90,10 @@ cublasLtEpilogue_t epilogue(bool bias, Act act, bool aux) {
   return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
+// (others: the other candidates that do not split K, for tune().)
 Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta, bool tb, uint64_t M, uint64_t N,
                uint64_t K, cublasLtEpilogue_t epi, const void* bias, const void* aux, const uint32_t align[4],
-               size_t workspace_bytes) {
+               size_t workspace_bytes, std::vector<cublasLtMatmulAlgo_t>& others) {
   Plan p;
   DPT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_type(precision, types.ab), CUDA_R_32F));
   // cuBLASLt's "A" is our B and its "B" is our A (see the top of the file).
@@ -157,112 +158,172 @@ Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta,
                                                             sizeof(split), &written));
     if (split > 1) continue;
     if (!chosen) p.algo = results[i].algo;
-    else p.others.push_back(results[i].algo);
+    else others.push_back(results[i].algo);
     chosen = true;
   }
   return p;
 }
 
-std::atomic<bool> tuning{true};  // set_lt_tuning
+std::atomic<bool> tuning{true};                                                   // set_lt_tuning
+std::atomic<int64_t> tuned_plans{0}, candidates_tried{0}, candidates_matched{0};  // lt_tuning_stats
 
-// A 64-bit digest of `bytes` bytes (a multiple of 4) at p, added into *out: equal outputs,
-// equal digests (integer adds, so in any order the same).
-__global__ void digest_kernel(const uint32_t* p, size_t words, unsigned long long* out) {
-  unsigned long long h = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < words;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    h += (static_cast<unsigned long long>(p[i]) * 0x9E3779B97F4A7C15ull) ^ (i * 0xC2B2AE3D27D4EB4Full);
-  atomicAdd(out, h);
+// A digest of n 16-bit words at p (any output is 2-byte aligned): words[0] += a hash (integer
+// adds, so the same in any order), words[1] += the count of words that are not 0.
+__global__ void digest_kernel(const uint16_t* p, size_t n, unsigned long long* words) {
+  unsigned long long h = 0, nonzero = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    h += (static_cast<unsigned long long>(p[i]) + 1) * 0x9E3779B97F4A7C15ull ^ (i * 0xC2B2AE3D27D4EB4Full);
+    nonzero += p[i] != 0;
+  }
+  atomicAdd(&words[0], h);
+  atomicAdd(&words[1], nonzero);
 }
 
-// One candidate's run of the call (alpha op(A) op(B) into C; the plan's descriptor holds the
-// bias and aux pointers).
-struct Call {
+// The digest's two device words, made once a device and kept (as the plans are): a
+// cudaFree would wait for the whole device, other threads' collectives included.
+unsigned long long* digest_words(int device) {
+  static std::mutex mu;
+  static std::map<int, unsigned long long*> words;
+  std::lock_guard<std::mutex> lock(mu);
+  unsigned long long*& w = words[device];
+  if (!w) DPT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w), 2 * sizeof(*w)));
+  return w;
+}
+
+// A GEMM call as gemm_lt was given it, with its plan's key parts: what make_plan, tune and
+// the launch read.
+struct LtCall {
   cublasLtHandle_t lt;
-  const Plan* plan;
-  float alpha;
+  cudaStream_t stream;
+  int device;
+  float alpha, beta;
   const void *A, *B;
   void* C;
+  void* aux;  // written by a GELU_AUX epilogue, read by DGELU (act_grad)
+  bool act_grad;
+  size_t out_words;  // C's size in 16-bit words
+  int64_t m, n, k;
   void* workspace;
   size_t workspace_bytes;
-  cudaStream_t stream;
-  cublasStatus_t run(const cublasLtMatmulAlgo_t& algo) const {
-    const float beta = 0.0f;
-    return cublasLtMatmul(lt, plan->desc, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c, &algo,
-                          workspace, workspace_bytes, stream);
+  cublasStatus_t run(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
+    return cublasLtMatmul(lt, plan.desc, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C, plan.c, &algo, workspace,
+                          workspace_bytes, stream);
   }
 };
 
-// The digest of what a run wrote (C, and aux where the epilogue writes it), after the run.
-unsigned long long output_digest(const Call& call, size_t c_bytes, const void* aux_out, size_t aux_bytes,
-                                 unsigned long long* d_digest) {
-  DPT_CUDA_CHECK(cudaMemsetAsync(d_digest, 0, sizeof(*d_digest), call.stream));
-  digest_kernel<<<264, 256, 0, call.stream>>>(static_cast<const uint32_t*>(call.C), c_bytes / 4, d_digest);
-  if (aux_out)
-    digest_kernel<<<264, 256, 0, call.stream>>>(static_cast<const uint32_t*>(aux_out), aux_bytes / 4, d_digest);
+struct Digest {
+  unsigned long long hash = 0, nonzero = 0;
+  bool operator==(const Digest& o) const { return hash == o.hash && nonzero == o.nonzero; }
+};
+
+// The digest of what a run wrote: C, and the pre-activation where a GELU_AUX epilogue wrote it.
+Digest output_digest(const LtCall& call) {
+  unsigned long long* words = digest_words(call.device);
+  DPT_CUDA_CHECK(cudaMemsetAsync(words, 0, 2 * sizeof(*words), call.stream));
+  constexpr unsigned kBlocks = 256, kThreads = 256;  // a few loads in flight a thread at GPT-2's sizes
+  digest_kernel<<<kBlocks, kThreads, 0, call.stream>>>(static_cast<const uint16_t*>(call.C), call.out_words, words);
+  if (call.aux && !call.act_grad)
+    digest_kernel<<<kBlocks, kThreads, 0, call.stream>>>(static_cast<const uint16_t*>(call.aux), call.out_words, words);
   DPT_CUDA_CHECK(cudaGetLastError());
-  unsigned long long h = 0;
-  DPT_CUDA_CHECK(cudaMemcpyAsync(&h, d_digest, sizeof(h), cudaMemcpyDeviceToHost, call.stream));
+  Digest d;
+  DPT_CUDA_CHECK(cudaMemcpyAsync(&d, words, sizeof(d), cudaMemcpyDeviceToHost, call.stream));
   DPT_CUDA_CHECK(cudaStreamSynchronize(call.stream));
-  return h;
+  return d;
 }
 
-// Tuning a plan on its first call: the heuristic's choice and every other candidate that
-// does not split K run once on the call's own operands; those that wrote the same bits as
-// the heuristic's choice (C, and the pre-activation a GELU_AUX epilogue writes) are timed
-// (kTimedRuns each) and the fastest is kept. A candidate with other bits sums in another
-// order and is never taken, so the plan's results are the heuristic choice's bits on every
-// run (a resumed run repeats an uninterrupted one); only its speed is tuned. (cuBLASLt's
-// first candidate left GPT-2's GELU GEMMs at about 450 TFLOPS against 700 for the same
-// shapes without the epilogue: docs/performance-log.md.) The call's output is written by
-// every run and then by the real one after; the caller makes sure nothing reads C (beta 0).
-constexpr int kTimedRuns = 3;
-// The digest's device word and the two timing events, freed however tune() ends.
-struct TuneScratch {
-  unsigned long long* digest = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  TuneScratch() {
-    DPT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&digest), sizeof(*digest)));
-    DPT_CUDA_CHECK(cudaEventCreate(&start));
-    DPT_CUDA_CHECK(cudaEventCreate(&stop));
-  }
-  ~TuneScratch() {
-    if (start) DPT_CUDA_WARN(cudaEventDestroy(start));
-    if (stop) DPT_CUDA_WARN(cudaEventDestroy(stop));
-    if (digest) DPT_CUDA_WARN(cudaFree(digest));
-  }
-  TuneScratch(const TuneScratch&) = delete;
-  TuneScratch& operator=(const TuneScratch&) = delete;
-};
-
-void tune(const Call& call, Plan& plan, size_t c_bytes, const void* aux_out, size_t aux_bytes) {
-  if (plan.others.empty()) return;
-  TuneScratch t;
-  auto time_of = [&](const cublasLtMatmulAlgo_t& algo) {
-    DPT_CUDA_CHECK(cudaEventRecord(t.start, call.stream));
-    for (int r = 0; r < kTimedRuns; ++r) DPT_CUBLASLT_CHECK(call.run(algo));
-    DPT_CUDA_CHECK(cudaEventRecord(t.stop, call.stream));
-    DPT_CUDA_CHECK(cudaEventSynchronize(t.stop));
+// The fastest of kTimings single runs (ms): a minimum, so a late run of another stream's
+// work does not make a fast kernel look slow.
+constexpr int kTimings = 3;
+float run_time(const LtCall& call, const Plan& plan, const cublasLtMatmulAlgo_t& algo) {
+  struct Events {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Events() {
+      if (start) DPT_CUDA_WARN(cudaEventDestroy(start));
+      if (stop) DPT_CUDA_WARN(cudaEventDestroy(stop));
+    }
+  } e;
+  DPT_CUDA_CHECK(cudaEventCreate(&e.start));
+  DPT_CUDA_CHECK(cudaEventCreate(&e.stop));
+  float best = 0;
+  for (int t = 0; t < kTimings; ++t) {
+    DPT_CUDA_CHECK(cudaEventRecord(e.start, call.stream));
+    DPT_CUBLASLT_CHECK(call.run(plan, algo));
+    DPT_CUDA_CHECK(cudaEventRecord(e.stop, call.stream));
+    DPT_CUDA_CHECK(cudaEventSynchronize(e.stop));
     float ms = 0;
-    DPT_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.stop));
-    return ms;
-  };
-  DPT_CUBLASLT_CHECK(call.run(plan.algo));
-  const unsigned long long want = output_digest(call, c_bytes, aux_out, aux_bytes, t.digest);
-  float best = time_of(plan.algo);
-  for (const cublasLtMatmulAlgo_t& algo : plan.others) {
-    if (call.run(algo) != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run is passed over
-    if (output_digest(call, c_bytes, aux_out, aux_bytes, t.digest) != want) continue;
-    if (const float ms = time_of(algo); ms < best) {
+    DPT_CUDA_CHECK(cudaEventElapsedTime(&ms, e.start, e.stop));
+    if (t == 0 || ms < best) best = ms;
+  }
+  return best;
+}
+
+// Tuning a plan on its first call: the heuristic's choice and the other candidates that do
+// not split K run on the call's own operands; those that wrote the same bits as the
+// heuristic's choice (C, and a GELU_AUX epilogue's pre-activation) are timed and the fastest
+// is kept. Outputs with other bits sum in another order; outputs with the same bits over
+// millions of values sum in the same one, so the plan gives the heuristic choice's bits
+// whatever the data (a resumed run repeats an uninterrupted one) and only its speed is
+// tuned. Where most of the output is 0 (a layer started at zero) the bits say nothing and
+// the heuristic's choice stays. The call's C is written by every run, and by its real run
+// after: only calls that do not read C (beta 0) are tuned.
+void tune(const LtCall& call, Plan& plan, const std::vector<cublasLtMatmulAlgo_t>& others) {
+  DPT_CUBLASLT_CHECK(call.run(plan, plan.algo));
+  const Digest want = output_digest(call);
+  if (2 * want.nonzero < call.out_words * (call.aux && !call.act_grad ? 2 : 1)) return;
+  float best = run_time(call, plan, plan.algo);
+  cublasLtMatmulAlgo_t fastest = plan.algo;
+  for (const cublasLtMatmulAlgo_t& algo : others) {
+    ++candidates_tried;
+    if (call.run(plan, algo) != CUBLAS_STATUS_SUCCESS) {  // passed over (a refused launch leaves no error)
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (!(output_digest(call) == want)) continue;
+    ++candidates_matched;
+    if (const float ms = run_time(call, plan, algo); ms < best) {
       best = ms;
-      plan.algo = algo;
+      fastest = algo;
     }
   }
+  plan.algo = fastest;
+  ++tuned_plans;
+}
+
+// GEMMs smaller than this keep the heuristic's choice: their kernels take microseconds and
+// their outputs are too small to tell a summation order by.
+constexpr double kTuneMinMultiplyAdds = 1 << 30;
+
+// The key's plan: found, or made (and tuned where the call allows) outside the lock and kept.
+// Tuning waits for the stream, whose work may wait for another device's thread (a
+// collective) that needs the lock for a plan of its own. A key's stream is driven by one
+// thread, so no other thread makes the same key meanwhile.
+Plan& plan_for(const PlanKey& key, const LtCall& call, Precision precision, LtTypes types, bool ta, bool tb,
+               cublasLtEpilogue_t epi, const void* bias, const uint32_t align[4]) {
+  static std::mutex mu;
+  static std::map<PlanKey, Plan> plans;  // never freed: the handful a run makes go with the process
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = plans.find(key); it != plans.end()) return it->second;  // map nodes stay put
+  }
+  std::vector<cublasLtMatmulAlgo_t> others;
+  Plan made = make_plan(call.lt, precision, types, ta, tb, static_cast<uint64_t>(call.m), static_cast<uint64_t>(call.n),
+                        static_cast<uint64_t>(call.k), epi, bias, call.aux, align, call.workspace_bytes, others);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  DPT_CUDA_CHECK(cudaStreamIsCapturing(call.stream, &capturing));
+  const double multiply_adds = static_cast<double>(call.m) * static_cast<double>(call.n) * static_cast<double>(call.k);
+  if (made.supported && !others.empty() && call.beta == 0.0f && capturing == cudaStreamCaptureStatusNone &&
+      multiply_adds >= kTuneMinMultiplyAdds && tuning.load())
+    tune(call, made, others);
+  std::lock_guard<std::mutex> lock(mu);
+  return plans.try_emplace(key, made).first->second;
 }
 
 }  // namespace
 
 void set_lt_tuning(bool on) { tuning.store(on); }
+
+LtTuningStats lt_tuning_stats() { return {tuned_plans.load(), candidates_tried.load(), candidates_matched.load()}; }
 
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bool ta, bool tb, int64_t m, int64_t n,
              int64_t k, float alpha, const float* A, const float* B, float beta, float* C, const float* bias, Act act,
@@ -313,33 +374,25 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
                     alignment(aux),
                     workspace_bytes,
                     beta != 0.0f};
-  static std::mutex mu;
-  static std::map<PlanKey, Plan> plans;
   // A cuBLAS handle is a valid cuBLASLt handle (cuBLAS is built on cuBLASLt; PyTorch
   // relies on the same cast).
-  const auto lt = reinterpret_cast<cublasLtHandle_t>(handle);
-  Plan* plan = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto it = plans.find(key); it != plans.end()) plan = &it->second;  // map nodes stay put
-  }
-  if (!plan) {
-    // Made and tuned outside the lock: tuning waits for this stream, whose work may wait
-    // for another device's thread (a collective) that needs the lock for a plan of its own.
-    // Only this stream's thread makes or uses this key's plan.
-    Plan made = make_plan(lt, precision, types, ta, tb, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
-                          static_cast<uint64_t>(k), epi, bias, aux, align, workspace_bytes);
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    DPT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    if (made.supported && beta == 0.0f && capturing == cudaStreamCaptureStatusNone && tuning.load()) {
-      const size_t c_bytes = static_cast<size_t>(m) * static_cast<size_t>(n) * dtype_size(types.c);
-      tune(Call{lt, &made, alpha, A, B, C, workspace, workspace_bytes, stream}, made, c_bytes, act_grad ? nullptr : aux,
-           c_bytes);
-    }
-    made.others.clear();
-    std::lock_guard<std::mutex> lock(mu);
-    plan = &plans.emplace(key, std::move(made)).first->second;
-  }
+  const LtCall call{reinterpret_cast<cublasLtHandle_t>(handle),
+                    stream,
+                    device,
+                    alpha,
+                    beta,
+                    A,
+                    B,
+                    C,
+                    aux,
+                    act_grad,
+                    static_cast<size_t>(m) * static_cast<size_t>(n) * dtype_size(types.c) / 2,
+                    m,
+                    n,
+                    k,
+                    workspace,
+                    workspace_bytes};
+  Plan* plan = &plan_for(key, call, precision, types, ta, tb, epi, bias, align);
   if (!plan->supported) return false;
   if (bias)
     DPT_CUBLASLT_CHECK(
@@ -347,8 +400,7 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
   if (aux)
     DPT_CUBLASLT_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-  DPT_CUBLASLT_CHECK(cublasLtMatmul(lt, plan->desc, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c,
-                                    &plan->algo, workspace, workspace_bytes, stream));
+  DPT_CUBLASLT_CHECK(call.run(*plan, plan->algo));
   return true;
 }
 
