@@ -30,6 +30,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "check.hpp"
@@ -180,13 +181,14 @@ __global__ void digest_kernel(const uint16_t* p, size_t n, unsigned long long* w
   atomicAdd(&words[1], nonzero);
 }
 
-// The digest's two device words, made once a device and kept (as the plans are): a
-// cudaFree would wait for the whole device, other threads' collectives included.
-unsigned long long* digest_words(int device) {
+// The digest's two device words, made once a stream (two threads tuning on one device at
+// once must not add into the same words) and kept, as the plans are: a cudaFree would wait
+// for the whole device, other threads' collectives included.
+unsigned long long* digest_words(int device, cudaStream_t stream) {
   static std::mutex mu;
-  static std::map<int, unsigned long long*> words;
+  static std::map<std::pair<int, cudaStream_t>, unsigned long long*> words;
   std::lock_guard<std::mutex> lock(mu);
-  unsigned long long*& w = words[device];
+  unsigned long long*& w = words[{device, stream}];
   if (!w) DPT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w), 2 * sizeof(*w)));
   return w;
 }
@@ -219,7 +221,7 @@ struct Digest {
 
 // The digest of what a run wrote: C, and the pre-activation where a GELU_AUX epilogue wrote it.
 Digest output_digest(const LtCall& call) {
-  unsigned long long* words = digest_words(call.device);
+  unsigned long long* words = digest_words(call.device, call.stream);
   DPT_CUDA_CHECK(cudaMemsetAsync(words, 0, 2 * sizeof(*words), call.stream));
   constexpr unsigned kBlocks = 256, kThreads = 256;  // a few loads in flight a thread at GPT-2's sizes
   digest_kernel<<<kBlocks, kThreads, 0, call.stream>>>(static_cast<const uint16_t*>(call.C), call.out_words, words);
