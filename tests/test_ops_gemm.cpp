@@ -235,6 +235,66 @@ TEST_CASE("bf16 cuBLASLt GEMMs (bf16 or f32 out, bias, ReLU) match the CPU at od
   });
 }
 
+TEST_CASE("a tuned cuBLASLt plan writes the bits of the heuristic's choice", "[gpu][gemm][bf16]") {
+  // GPT-2's MLP GEMMs at 2056 rows (a shape no other test makes a plan for): GELU_AUX_BIAS
+  // forward, DGELU from its pre-activation, the weight gradient into fp32 with beta 0 (tuned)
+  // and 1 (a plan of its own, never tuned). Plans are kept by stream: the untuned ones are
+  // made on a stream of their own while tuning is off. The tuned plans are then run on other
+  // data too, where a kernel that sums in another order would show.
+  const int64_t rows = 2056, C = 768, H = 3072;
+  const cublasHandle_t h = static_cast<cublasHandle_t>(context(gpu).blas());
+  Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, gpu);
+  const Tensor W = on_bf16(gpu, bf16_values(randn(H * C, 61, 0.05f)), {H, C});
+  const Tensor b = on_bf16(gpu, bf16_values(randn(H, 62)), {H});
+  // Every output's bits: y, z, dz (bf16) and dW (fp32) as 32-bit words.
+  auto run = [&](cudaStream_t st, uint64_t seed) {
+    const Tensor x = on_bf16(gpu, bf16_values(randn(rows * C, seed)), {rows, C});
+    const Tensor dy = on_bf16(gpu, bf16_values(randn(rows * C, seed + 1)), {rows, C});
+    Tensor y = Tensor::empty({rows, H}, DType::bf16, gpu), z = Tensor::empty({rows, H}, DType::bf16, gpu);
+    Tensor dz = Tensor::empty({rows, H}, DType::bf16, gpu), dW = Tensor::zeros({H, C}, DType::f32, gpu);
+    const cuda::LtTypes b16{DType::bf16, DType::bf16, DType::bf16}, f32{DType::bf16, DType::f32, DType::bf16};
+    REQUIRE(cuda::gemm_lt(h, st, Precision::fp32, b16, false, true, rows, H, C, 1.0f, x.data(), W.data(), 0.0f,
+                          y.data(), b.data(), Act::gelu_tanh, ws.data(), cuda::kLtWorkspaceBytes, z.data()));
+    // (W's memory read as C x H: a stand-in for c_proj's weight.)
+    REQUIRE(cuda::gemm_lt(h, st, Precision::fp32, b16, false, false, rows, H, C, 1.0f, dy.data(), W.data(), 0.0f,
+                          dz.data(), nullptr, Act::gelu_tanh, ws.data(), cuda::kLtWorkspaceBytes, z.data(), true));
+    for (float beta : {0.0f, 1.0f})
+      REQUIRE(cuda::gemm_lt(h, st, Precision::fp32, f32, true, false, H, C, rows, 1.0f, dz.data(), x.data(), beta,
+                            dW.data(), nullptr, Act::none, ws.data(), cuda::kLtWorkspaceBytes));
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+    std::vector<uint32_t> dw_bits(static_cast<size_t>(H * C));
+    const auto dw = dW.to_host();
+    std::memcpy(dw_bits.data(), dw.data(), dw.size() * sizeof(float));
+    auto bits = [](const Tensor& t) {
+      const auto words = test::bf16_bits(t);
+      return std::vector<uint32_t>(words.begin(), words.end());
+    };
+    return std::vector<std::vector<uint32_t> >{bits(y), bits(z), bits(dz), dw_bits};
+  };
+  struct Streams {  // and tuning back on, however the test ends
+    cudaStream_t tuned = nullptr, plain = nullptr;
+    ~Streams() {
+      cuda::set_lt_tuning(true);
+      if (tuned) cudaStreamDestroy(tuned);
+      if (plain) cudaStreamDestroy(plain);
+    }
+  } s;
+  REQUIRE(cudaStreamCreateWithFlags(&s.tuned, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&s.plain, cudaStreamNonBlocking) == cudaSuccess);
+  cuda::set_lt_tuning(false);
+  const auto want = run(s.plain, 60), want_other = run(s.plain, 70);
+  cuda::set_lt_tuning(true);
+  const int64_t tuned_before = cuda::lt_tuning_stats().plans;
+  const auto got = run(s.tuned, 60);
+  CHECK(cuda::lt_tuning_stats().plans > tuned_before);  // cuBLASLt offers more than one kernel somewhere here
+  const auto got_other = run(s.tuned, 70);
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("output " << i << " (y, z, dz, dW)");
+    CHECK(got[i] == want[i]);
+    CHECK(got_other[i] == want_other[i]);
+  }
+}
+
 TEST_CASE("cuBLASLt with a bf16 D and an fp32 bias: supported and right, or refused cleanly", "[gpu][gemm][bf16]") {
   // The header documents the bias as D's type; linear_bf16 therefore hands a bf16 D the bf16
   // bias copy. This records what this cuBLASLt does with an fp32 bias, for the next design.
@@ -265,7 +325,8 @@ TEST_CASE("bf16 GEMMs through cuBLAS (f32 and bf16 out) match the CPU at odd siz
   struct Size {
     int64_t m, n, k;
   };
-  for (Size s : {Size{1, 1, 1}, Size{17, 33, 65}, Size{64, 1000, 1000}, Size{130, 67, 129}})
+  // 1032 x 1024 x 1024: over 2^30 multiply-adds, where gemm takes cuBLASLt (a tuned plan).
+  for (Size s : {Size{1, 1, 1}, Size{17, 33, 65}, Size{64, 1000, 1000}, Size{130, 67, 129}, Size{1032, 1024, 1024}})
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         INFO(s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb);

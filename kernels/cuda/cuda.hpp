@@ -120,6 +120,15 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
              int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
              const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux = nullptr,
              bool act_grad = false);
+// Whether plans made from now on are tuned on their first call (on by default; tests turn it
+// off to get the heuristic's choice to compare with), and the process's tuning so far.
+void set_lt_tuning(bool on);
+struct LtTuningStats {
+  int64_t plans = 0;      // plans tuned
+  int64_t tried = 0;      // candidates run besides the heuristic's choice
+  int64_t same_bits = 0;  // of those, the ones with its bits (timed)
+};
+LtTuningStats lt_tuning_stats();
 
 // activation.cu
 void bias_act_forward(const float* x, const float* bias, Act act, int64_t rows, int64_t cols, float* z, float* y,

@@ -8,10 +8,11 @@
 // C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T). The column-major D is
 // n x m, so cuBLASLt's bias, whose length is D's row count, is our bias over columns.
 //
-// A plan (descriptors, layouts and the algorithm, see make_plan) costs longer to make
-// than a small GEMM takes to run, so plans are made once per
-// (stream, shape, precision, element types, epilogue, operand alignment) and cached for the
-// process.
+// A plan (descriptors, layouts and the algorithm, see make_plan and tune) costs longer to
+// make than a small GEMM takes to run, so plans are made once per
+// (stream, shape, precision, element types, epilogue, operand alignment, whether C is read)
+// and cached for the process. A plan's first call, outside a CUDA graph's recording and
+// with beta 0, tunes it: the fastest candidate with the heuristic choice's bits.
 //
 // Element types: A/B f32 with C/D f32 (compute per the precision), or A/B bf16 with C/D
 // bf16 or f32 (CUBLAS_COMPUTE_32F, fp32 scale): combinations cuBLASLt's table lists. The
@@ -23,11 +24,14 @@
 // handful that a run makes are freed with the process).
 #include <cublasLt.h>
 
+#include <atomic>
 #include <climits>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "check.hpp"
 #include "cuda.hpp"
@@ -47,10 +51,13 @@ uint32_t alignment(const void* p) {
 }
 
 // The device too: a stream's address can come back for a new stream on another GPU.
+// Whether C is read (beta not 0) too: such a call is never tuned (tune() writes C), so it
+// keeps the heuristic's choice, in a plan of its own.
 using PlanKey = std::tuple<int, cudaStream_t, bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, uint32_t,
-                           uint32_t, uint32_t, uint32_t, uint32_t, size_t>;
+                           uint32_t, uint32_t, uint32_t, uint32_t, size_t, bool>;
 
-constexpr int kCandidates = 8;  // algorithms asked of the heuristic
+// Algorithms asked of the heuristic: its first choice and the others tune() may try.
+constexpr int kCandidates = 16;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -84,9 +91,10 @@ cublasLtEpilogue_t epilogue(bool bias, Act act, bool aux) {
   return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
+// (others: the other candidates that do not split K, for tune().)
 Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta, bool tb, uint64_t M, uint64_t N,
                uint64_t K, cublasLtEpilogue_t epi, const void* bias, const void* aux, const uint32_t align[4],
-               size_t workspace_bytes) {
+               size_t workspace_bytes, std::vector<cublasLtMatmulAlgo_t>& others) {
   Plan p;
   DPT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_type(precision, types.ab), CUDA_R_32F));
   // cuBLASLt's "A" is our B and its "B" is our A (see the top of the file).
@@ -140,25 +148,184 @@ Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta,
   DPT_CUBLASLT_CHECK(st);
   // The heuristic's first choice can split K and add a reduction kernel and a separate
   // epilogue kernel (three kernels, and slow, for a 64 x 1000 x 1000 GEMM with a bias).
-  // Timing the candidates would pick well but make the choice, and so the rounding,
-  // differ between runs (a resumed run must repeat an uninterrupted one bit for bit), so
-  // the rule is fixed: the first candidate that does not split K, whose epilogue stays
-  // fused.
+  // The rule: the first candidate that does not split K, whose epilogue stays fused; the
+  // others that do not split K are kept for tune() to try.
   p.algo = results[0].algo;
+  bool chosen = false;
   for (int i = 0; i < found; ++i) {
     int32_t split = 1;
     size_t written = 0;
     DPT_CUBLASLT_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
                                                             sizeof(split), &written));
-    if (split <= 1) {
-      p.algo = results[i].algo;
-      break;
-    }
+    if (split > 1) continue;
+    if (!chosen) p.algo = results[i].algo;
+    else others.push_back(results[i].algo);
+    chosen = true;
   }
   return p;
 }
 
+std::atomic<bool> tuning{true};                                                   // set_lt_tuning
+std::atomic<int64_t> tuned_plans{0}, candidates_tried{0}, candidates_matched{0};  // lt_tuning_stats
+
+// A digest of n 16-bit words at p (any output is 2-byte aligned): words[0] += a hash (integer
+// adds, so the same in any order), words[1] += the count of words that are not 0.
+__global__ void digest_kernel(const uint16_t* p, size_t n, unsigned long long* words) {
+  unsigned long long h = 0, nonzero = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    h += (static_cast<unsigned long long>(p[i]) + 1) * 0x9E3779B97F4A7C15ull ^ (i * 0xC2B2AE3D27D4EB4Full);
+    nonzero += p[i] != 0;
+  }
+  atomicAdd(&words[0], h);
+  atomicAdd(&words[1], nonzero);
+}
+
+// The digest's two device words, made once a stream (two threads tuning on one device at
+// once must not add into the same words) and kept, as the plans are: a cudaFree would wait
+// for the whole device, other threads' collectives included.
+unsigned long long* digest_words(int device, cudaStream_t stream) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, unsigned long long*> words;
+  std::lock_guard<std::mutex> lock(mu);
+  unsigned long long*& w = words[{device, stream}];
+  if (!w) DPT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w), 2 * sizeof(*w)));
+  return w;
+}
+
+// A GEMM call as gemm_lt was given it, with its plan's key parts: what make_plan, tune and
+// the launch read.
+struct LtCall {
+  cublasLtHandle_t lt;
+  cudaStream_t stream;
+  int device;
+  float alpha, beta;
+  const void *A, *B;
+  void* C;
+  void* aux;  // written by a GELU_AUX epilogue, read by DGELU (act_grad)
+  bool act_grad;
+  size_t out_words;  // C's size in 16-bit words
+  int64_t m, n, k;
+  void* workspace;
+  size_t workspace_bytes;
+  cublasStatus_t run(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
+    return cublasLtMatmul(lt, plan.desc, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C, plan.c, &algo, workspace,
+                          workspace_bytes, stream);
+  }
+};
+
+struct Digest {
+  unsigned long long hash = 0, nonzero = 0;
+  bool operator==(const Digest& o) const { return hash == o.hash && nonzero == o.nonzero; }
+};
+
+// The digest of what a run wrote: C, and the pre-activation where a GELU_AUX epilogue wrote it.
+Digest output_digest(const LtCall& call) {
+  unsigned long long* words = digest_words(call.device, call.stream);
+  DPT_CUDA_CHECK(cudaMemsetAsync(words, 0, 2 * sizeof(*words), call.stream));
+  constexpr unsigned kBlocks = 256, kThreads = 256;  // a few loads in flight a thread at GPT-2's sizes
+  digest_kernel<<<kBlocks, kThreads, 0, call.stream>>>(static_cast<const uint16_t*>(call.C), call.out_words, words);
+  if (call.aux && !call.act_grad)
+    digest_kernel<<<kBlocks, kThreads, 0, call.stream>>>(static_cast<const uint16_t*>(call.aux), call.out_words, words);
+  DPT_CUDA_CHECK(cudaGetLastError());
+  Digest d;
+  DPT_CUDA_CHECK(cudaMemcpyAsync(&d, words, sizeof(d), cudaMemcpyDeviceToHost, call.stream));
+  DPT_CUDA_CHECK(cudaStreamSynchronize(call.stream));
+  return d;
+}
+
+// The fastest of kTimings single runs (ms): a minimum, so a late run of another stream's
+// work does not make a fast kernel look slow.
+constexpr int kTimings = 3;
+float run_time(const LtCall& call, const Plan& plan, const cublasLtMatmulAlgo_t& algo) {
+  struct Events {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Events() {
+      if (start) DPT_CUDA_WARN(cudaEventDestroy(start));
+      if (stop) DPT_CUDA_WARN(cudaEventDestroy(stop));
+    }
+  } e;
+  DPT_CUDA_CHECK(cudaEventCreate(&e.start));
+  DPT_CUDA_CHECK(cudaEventCreate(&e.stop));
+  float best = 0;
+  for (int t = 0; t < kTimings; ++t) {
+    DPT_CUDA_CHECK(cudaEventRecord(e.start, call.stream));
+    DPT_CUBLASLT_CHECK(call.run(plan, algo));
+    DPT_CUDA_CHECK(cudaEventRecord(e.stop, call.stream));
+    DPT_CUDA_CHECK(cudaEventSynchronize(e.stop));
+    float ms = 0;
+    DPT_CUDA_CHECK(cudaEventElapsedTime(&ms, e.start, e.stop));
+    if (t == 0 || ms < best) best = ms;
+  }
+  return best;
+}
+
+// Tuning a plan on its first call: the heuristic's choice and the other candidates that do
+// not split K run on the call's own operands; those that wrote the same bits as the
+// heuristic's choice (C, and a GELU_AUX epilogue's pre-activation) are timed and the fastest
+// is kept. Outputs with other bits sum in another order; outputs with the same bits over
+// millions of values sum in the same one, so the plan gives the heuristic choice's bits
+// whatever the data (a resumed run repeats an uninterrupted one) and only its speed is
+// tuned. Where most of the output is 0 (a layer started at zero) the bits say nothing and
+// the heuristic's choice stays. The call's C is written by every run, and by its real run
+// after: only calls that do not read C (beta 0) are tuned.
+void tune(const LtCall& call, Plan& plan, const std::vector<cublasLtMatmulAlgo_t>& others) {
+  DPT_CUBLASLT_CHECK(call.run(plan, plan.algo));
+  const Digest want = output_digest(call);
+  if (2 * want.nonzero < call.out_words * (call.aux && !call.act_grad ? 2 : 1)) return;
+  float best = run_time(call, plan, plan.algo);
+  cublasLtMatmulAlgo_t fastest = plan.algo;
+  for (const cublasLtMatmulAlgo_t& algo : others) {
+    ++candidates_tried;
+    if (call.run(plan, algo) != CUBLAS_STATUS_SUCCESS) {  // passed over (a refused launch leaves no error)
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (!(output_digest(call) == want)) continue;
+    ++candidates_matched;
+    if (const float ms = run_time(call, plan, algo); ms < best) {
+      best = ms;
+      fastest = algo;
+    }
+  }
+  plan.algo = fastest;
+  ++tuned_plans;
+}
+
+// GEMMs smaller than this keep the heuristic's choice: their kernels take microseconds and
+// their outputs are too small to tell a summation order by.
+constexpr double kTuneMinMultiplyAdds = 1 << 30;
+
+// The key's plan: found, or made (and tuned where the call allows) outside the lock and kept.
+// Tuning waits for the stream, whose work may wait for another device's thread (a
+// collective) that needs the lock for a plan of its own. A key's stream is driven by one
+// thread, so no other thread makes the same key meanwhile.
+Plan& plan_for(const PlanKey& key, const LtCall& call, Precision precision, LtTypes types, bool ta, bool tb,
+               cublasLtEpilogue_t epi, const void* bias, const uint32_t align[4]) {
+  static std::mutex mu;
+  static std::map<PlanKey, Plan> plans;  // never freed: the handful a run makes go with the process
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = plans.find(key); it != plans.end()) return it->second;  // map nodes stay put
+  }
+  std::vector<cublasLtMatmulAlgo_t> others;
+  Plan made = make_plan(call.lt, precision, types, ta, tb, static_cast<uint64_t>(call.m), static_cast<uint64_t>(call.n),
+                        static_cast<uint64_t>(call.k), epi, bias, call.aux, align, call.workspace_bytes, others);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  DPT_CUDA_CHECK(cudaStreamIsCapturing(call.stream, &capturing));
+  const double multiply_adds = static_cast<double>(call.m) * static_cast<double>(call.n) * static_cast<double>(call.k);
+  if (made.supported && !others.empty() && call.beta == 0.0f && capturing == cudaStreamCaptureStatusNone &&
+      multiply_adds >= kTuneMinMultiplyAdds && tuning.load())
+    tune(call, made, others);
+  std::lock_guard<std::mutex> lock(mu);
+  return plans.try_emplace(key, made).first->second;
+}
+
 }  // namespace
+
+void set_lt_tuning(bool on) { tuning.store(on); }
+
+LtTuningStats lt_tuning_stats() { return {tuned_plans.load(), candidates_tried.load(), candidates_matched.load()}; }
 
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bool ta, bool tb, int64_t m, int64_t n,
              int64_t k, float alpha, const float* A, const float* B, float beta, float* C, const float* bias, Act act,
@@ -207,23 +374,27 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
                     align[2],
                     alignment(bias),
                     alignment(aux),
-                    workspace_bytes};
-  static std::mutex mu;
-  static std::map<PlanKey, Plan> plans;
+                    workspace_bytes,
+                    beta != 0.0f};
   // A cuBLAS handle is a valid cuBLASLt handle (cuBLAS is built on cuBLASLt; PyTorch
   // relies on the same cast).
-  const auto lt = reinterpret_cast<cublasLtHandle_t>(handle);
-  Plan* plan = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = plans.find(key);
-    if (it == plans.end())
-      it = plans
-               .emplace(key, make_plan(lt, precision, types, ta, tb, static_cast<uint64_t>(m), static_cast<uint64_t>(n),
-                                       static_cast<uint64_t>(k), epi, bias, aux, align, workspace_bytes))
-               .first;
-    plan = &it->second;  // map nodes stay put; only this stream's thread uses this plan
-  }
+  const LtCall call{reinterpret_cast<cublasLtHandle_t>(handle),
+                    stream,
+                    device,
+                    alpha,
+                    beta,
+                    A,
+                    B,
+                    C,
+                    aux,
+                    act_grad,
+                    static_cast<size_t>(m) * static_cast<size_t>(n) * dtype_size(types.c) / 2,
+                    m,
+                    n,
+                    k,
+                    workspace,
+                    workspace_bytes};
+  Plan* plan = &plan_for(key, call, precision, types, ta, tb, epi, bias, align);
   if (!plan->supported) return false;
   if (bias)
     DPT_CUBLASLT_CHECK(
@@ -231,8 +402,7 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
   if (aux)
     DPT_CUBLASLT_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-  DPT_CUBLASLT_CHECK(cublasLtMatmul(lt, plan->desc, &alpha, B, plan->a, A, plan->b, &beta, C, plan->c, C, plan->c,
-                                    &plan->algo, workspace, workspace_bytes, stream));
+  DPT_CUBLASLT_CHECK(call.run(*plan, plan->algo));
   return true;
 }
 

@@ -145,6 +145,11 @@ void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float
   if (bf16) {
 #if DPT_WITH_CUDA
     if (const Device d = C.device(); d.is_cuda()) {
+      // Large ones through cuBLASLt, whose plans are tuned on their first call (gemm_lt.cu).
+      if (static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) >= kLtMinMultiplyAdds &&
+          lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, C.dtype(), DType::bf16}, ta, tb, m, n, k, alpha, A.data(),
+                  B.data(), beta, C.data(), nullptr, Act::none))
+        return;
       const auto h = static_cast<cublasHandle_t>(context(d).blas());
       (void)stream_of(d);  // the device made current; the handle is bound to the stream
       if (is_bf16(C)) cuda::gemm_bf16(h, ta, tb, m, n, k, alpha, A.bf16(), B.bf16(), beta, C.bf16());
