@@ -356,6 +356,35 @@ TEST_CASE("the CUDA classifier loss matches the CPU, f32 and bf16, and scales it
       }
 }
 
+TEST_CASE("the CUDA classifier rounds each bf16 gradient to nearest even; a row with a NaN gives NaN",
+          "[gpu][ops][classifier]") {
+  // Equal logits: exp(0) is 1 on the GPU too and the sum is the vocabulary's size exactly,
+  // so each gradient is a float the test computes as the kernel does, rounded once; for each
+  // case here a truncation would give other bits. Row 1 holds a NaN (the general path).
+  for (auto [cols, vocab] : {std::pair<int64_t, int64_t>{1024, 1000}, {50304, 50257}})
+    for (int64_t rows : {3, 7}) {
+      INFO(rows << " x " << cols << " vocab " << vocab);
+      std::vector<float> v(static_cast<size_t>(rows * cols), 0.75f);
+      v[static_cast<size_t>(cols + 17)] = NAN;
+      const auto targets = spread_targets(rows, vocab);
+      Tensor l = cast(on(gpu, v, {rows, cols}), DType::bf16).set_requires_grad(true);
+      run_backward(classifier_loss(l, Tensor::from_host_i32(targets, {rows}, gpu), vocab), 1.0f);
+      const std::vector<float> g = l.grad().to_host();
+      const float inv_sum = 1.f / static_cast<float>(vocab), inv_rows = 1.f / static_cast<float>(rows);
+      const float p = bf16_float(bf16_round(inv_sum * inv_rows));
+      const float at_target = bf16_float(bf16_round((inv_sum - 1.f) * inv_rows));
+      int64_t wrong = 0, not_nan = 0;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const float got = g[static_cast<size_t>(r * cols + c)];
+          if (r == 1 && c < vocab) not_nan += !std::isnan(got);
+          else wrong += got != (c >= vocab ? 0.f : c == targets[static_cast<size_t>(r)] ? at_target : p);
+        }
+      CHECK(wrong == 0);
+      CHECK(not_nan == 0);
+    }
+}
+
 #if DPT_WITH_CUDNN_FRONTEND
 TEST_CASE("cuDNN's fused attention matches dptrain's own bf16 kernel, forward and backward", "[gpu][ops][attention]") {
   struct Case {

@@ -131,32 +131,22 @@ __device__ __forceinline__ void load_row(const T* base, int64_t r, int nvec, int
     if (lane + 32 * p < nvec) v[p] = row[lane + 32 * p];
 }
 
-// A parameter vector (gamma, beta) for the fused kernels, staged once a block in shared
-// memory as float4s laid out lane by lane (the float4 q of lane l's vector p at
-// (p * E / 4 + q) * 32 + l), so that a warp reads its lanes' columns in 512 contiguous bytes.
-// (Read from global memory a column at a time, lanes 32 bytes apart, the backward's gamma
-// loads took 8 L1 wavefronts each, 384 a row; held in registers, gamma and beta took 48 of
-// the forward's 116 and so half its warps.) The caller syncs the block before reading.
+// A lane's columns of a parameter vector (gamma or beta), E floats for each of its vectors,
+// read in 16-byte pieces (cols is a multiple of E, so each piece is whole and aligned when
+// the vector is: the caller checks).
 template <int E, int P>
-__device__ __forceinline__ void stage_columns(const float* v, int nvec, float4* staged) {
-  constexpr int Q = E / 4;
-  for (int k = threadIdx.x; k < P * Q * 32; k += blockDim.x) {
-    const int i = k % 32 + 32 * (k / (32 * Q)), q = k / 32 % Q;
-    if (i < nvec) staged[k] = reinterpret_cast<const float4*>(v + i * E)[q];
-  }
-}
-
-// Lane `lane`'s E columns of its vector p, from stage_columns' layout.
-template <int E>
-__device__ __forceinline__ void staged_columns(const float4* staged, int p, int lane, float (&out)[E]) {
+__device__ __forceinline__ void load_columns(const float* v, int nvec, int lane, float (&out)[P][E]) {
 #pragma unroll
-  for (int q = 0; q < E / 4; ++q) {
-    const float4 f = staged[(p * (E / 4) + q) * 32 + lane];
-    out[4 * q] = f.x;
-    out[4 * q + 1] = f.y;
-    out[4 * q + 2] = f.z;
-    out[4 * q + 3] = f.w;
-  }
+  for (int p = 0; p < P; ++p)
+    if (lane + 32 * p < nvec)
+#pragma unroll
+      for (int q = 0; q < E / 4; ++q) {
+        const float4 f = reinterpret_cast<const float4*>(v + (lane + 32 * p) * E)[q];
+        out[p][4 * q] = f.x;
+        out[p][4 * q + 1] = f.y;
+        out[p][4 * q + 2] = f.z;
+        out[p][4 * q + 3] = f.w;
+      }
 }
 
 // Rows taken at once by a warp of the fused forward: two where a lane's vectors are few, so
@@ -171,16 +161,12 @@ constexpr int kForwardRows = P <= 3 ? 2 : 1;
 // in one pass, with the bits of the two kernels. Warp w of block b takes rows
 // (b kWarps + w) R .. + R - 1 at once; a row's sums are added in the same order for any R.
 template <typename T, int P, bool Add>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads)
     layer_norm_forward_fused_kernel(const T* x, const T* res, const float* gamma, const float* beta, int64_t rows,
                                     int cols, float eps, T* h, T* y, float* mean, float* rstd) {
   constexpr int E = Vec16<T>::kCount, R = kForwardRows<P>;
-  __shared__ float4 staged_gamma[P * E / 4 * 32], staged_beta[P * E / 4 * 32];
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
   const int lane = threadIdx.x % 32, nvec = cols / E;
-  stage_columns<E, P>(gamma, nvec, staged_gamma);
-  stage_columns<E, P>(beta, nvec, staged_beta);
-  __syncthreads();
   if (r0 >= rows) return;
   Vec16<T> xv[R][P];
 #pragma unroll
@@ -204,6 +190,9 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
     }
   }
+  float g[P][E], b[P][E];
+  load_columns(gamma, nvec, lane, g);
+  load_columns(beta, nvec, lane, b);
 #pragma unroll
   for (int k = 0; k < R; ++k) {
     const int64_t r = r0 + k;
@@ -230,18 +219,42 @@ __global__ void __launch_bounds__(kThreads, 3)
     for (int p = 0; p < P; ++p) {
       const int i = lane + 32 * p;
       if (i >= nvec) continue;
-      float g[E], b[E];
-      staged_columns(staged_gamma, p, lane, g);
-      staged_columns(staged_beta, p, lane, b);
       Vec16<T> out;
 #pragma unroll
-      for (int e = 0; e < E; ++e) store(&out.v[e], (as_float(xv[k][p].v[e]) - m) * rs * g[e] + b[e]);
+      for (int e = 0; e < E; ++e) store(&out.v[e], (as_float(xv[k][p].v[e]) - m) * rs * g[p][e] + b[p][e]);
       yrow[i] = out;
     }
     if (lane == 0) {
       mean[r] = m;
       rstd[r] = rs;
     }
+  }
+}
+
+// gamma for the fused backward, staged once a block in shared memory as float4s laid out
+// lane by lane (the float4 q of lane l's vector p at (p * E / 4 + q) * 32 + l), so a warp
+// reads its lanes' columns in 512 contiguous bytes. (Read from global memory a column at a
+// time, lanes 32 bytes apart, the gamma loads alone took 8 L1 wavefronts each, 384 a row.)
+template <int E, int P>
+__device__ __forceinline__ void stage_gamma(const float* gamma, int nvec, float4* staged) {
+  constexpr int Q = E / 4;
+  for (int k = threadIdx.x; k < P * Q * 32; k += blockDim.x) {
+    const int i = k % 32 + 32 * (k / (32 * Q)), q = k / 32 % Q;
+    if (i < nvec) staged[k] = reinterpret_cast<const float4*>(gamma + i * E)[q];
+  }
+  __syncthreads();
+}
+
+// Lane `lane`'s E columns of its vector p, from stage_gamma's layout.
+template <int E>
+__device__ __forceinline__ void staged_columns(const float4* staged, int p, int lane, float (&out)[E]) {
+#pragma unroll
+  for (int q = 0; q < E / 4; ++q) {
+    const float4 f = staged[(p * (E / 4) + q) * 32 + lane];
+    out[4 * q] = f.x;
+    out[4 * q + 1] = f.y;
+    out[4 * q + 2] = f.z;
+    out[4 * q + 3] = f.w;
   }
 }
 
@@ -255,15 +268,14 @@ __global__ void __launch_bounds__(kThreads, P <= 3 ? 2 : 1)
                                      int64_t rows, int cols, int64_t chunk_rows, T* dx, bool dx_add, float* part_gamma,
                                      float* part_beta) {
   constexpr int E = Vec16<T>::kCount;
-  // [2][cols] floats: the warps' sums of dy xhat, then of dy; then gamma (stage_columns)
+  // [2][cols] floats: the warps' sums of dy xhat, then of dy; then gamma, staged
   extern __shared__ float4 smem[];
   float* sums = reinterpret_cast<float*>(smem);
   float4* staged = smem + cols / 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nvec = cols / E;
   const int64_t r_begin = static_cast<int64_t>(blockIdx.x) * chunk_rows;
   const int64_t r_end = rows - r_begin < chunk_rows ? rows : r_begin + chunk_rows;
-  stage_columns<E, P>(gamma, nvec, staged);
-  __syncthreads();
+  stage_gamma<E, P>(gamma, nvec, staged);
   float sg[P][E] = {}, sb[P][E] = {};
   for (int64_t r = r_begin + warp; r < r_end; r += kWarps) {
     Vec16<T> xv[P], dv[P], old[P];
