@@ -526,6 +526,11 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
   // copies swapped after each step.
   const ScheduleArgs cosine{2, 0.05f, 2, 6};
   for (int64_t n : {int64_t{5}, int64_t{300001}, (int64_t{1} << 21) + 3, int64_t{1} << 24}) {
+    // The host's values once a size (16M normal draws take the host seconds; each run below
+    // used to draw its own, most of this test's time).
+    const auto p = randn(n, 50), g_values = randn(n, 52);
+    auto bad = randn(n, 51);
+    bad[static_cast<size_t>(n / 2)] = NAN;
     for (const float momentum : {0.9f, 0.0f, -1.0f})  // -1: AdamW
       for (float clip : {0.0f, 0.5f}) {
         const bool adam = momentum < 0.0f;
@@ -533,15 +538,12 @@ TEST_CASE("the checked update (one launch where it fits) gives the check and the
         INFO("n " << n << (adam ? " adamw" : " sgd momentum ") << (adam ? 0.0f : momentum) << " clip " << clip);
         enum Mode { two_launches, checked, with_backup, alternating };
         auto run = [&](Mode mode) {
-          const auto p = randn(n, 50);
-          auto bad = randn(n, 51);
-          bad[static_cast<size_t>(n / 2)] = NAN;
           const Tensor P = on(gpu, p, {n}), M = Tensor::zeros({n}, DType::f32, gpu),
                        V = Tensor::zeros({n}, DType::f32, gpu);
           const Tensor P2 = Tensor::empty({n}, DType::f32, gpu), M2 = Tensor::empty({n}, DType::f32, gpu),
                        V2 = Tensor::empty({n}, DType::f32, gpu);
           const Tensor S = cast(P, DType::bf16);
-          const Tensor G = on(gpu, randn(n, 52), {n}), B = on(gpu, bad, {n});
+          const Tensor G = on(gpu, g_values, {n}), B = on(gpu, bad, {n});
           const StepCounter step{Tensor::zeros({4}, DType::i32, gpu), cosine, 0.9f, 0.999f};
           const int64_t backup_size = checked_update_backup_size(P, buffers, clip);
           CHECK(backup_size == (clip == 0.0f && n <= (int64_t{1} << 22) ? buffers * ((n + 3) / 4 * 4) : 0));
