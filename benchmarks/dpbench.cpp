@@ -81,6 +81,7 @@ struct Flags {
   double bucket_mb = 25.0, first_bucket_mb = 1.0;
   int comm_ctas = 0;
   bool update_per_bucket = false;
+  bool no_overlap = false;
   bool cuda_graph = false;
   bool comm = false;
   std::string optimizer = "sgd";
@@ -101,6 +102,7 @@ struct Plan {
   double bucket_mb = 0, first_bucket_mb = 0;
   int comm_ctas = 0;                       // NCCL's thread blocks a collective (0: NCCL's choice)
   bool update_per_bucket = false;          // each bucket updated once reduced
+  bool overlap = true;                     // buckets reduced during backward (else all after it)
   bool cuda_graph = false;                 // the step recorded once as a CUDA graph and replayed (one GPU)
   bool comm = false;                       // the gradient reduction alone, not steps
   bool cpu_default = false;                // CPU devices and no --model: the small CPU workload
@@ -152,6 +154,8 @@ void add_flags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_flag("--update-per-bucket", f.update_per_bucket,
                "Update each bucket's parameters as soon as its reduction is done (runs on several devices)");
+  app.add_flag("--no-overlap", f.no_overlap,
+               "Reduce the gradients only after backward (runs on several devices), to measure what overlap gains");
   app.add_flag("--cuda-graph", f.cuda_graph,
                "Record the step as a CUDA graph after warm-up and time its replays "
                "(one GPU)");
@@ -232,9 +236,12 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   p.first_bucket_mb = f.first_bucket_mb;
   p.comm_ctas = f.comm_ctas;
   p.update_per_bucket = f.update_per_bucket;
+  p.overlap = !f.no_overlap;
   if (f.comm && p.devices.size() < 2)
     throw dpt::UsageError("--comm times the reduction between devices: give at least 2 (--gpus 2, --cpus 2)");
   if (f.comm && f.cuda_graph) throw dpt::UsageError("--comm times the reduction alone, not a recorded step");
+  if (f.comm && f.no_overlap)
+    throw dpt::UsageError("--comm times the reduction alone: there is no backward to overlap");
   p.comm = f.comm;
   if (f.optimizer != "sgd" && f.optimizer != "adamw")
     throw dpt::UsageError("--optimizer must be sgd or adamw, got '" + f.optimizer + "'");
@@ -348,6 +355,7 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
   o.first_bucket_mb = p.first_bucket_mb;
   o.comm_ctas = p.comm_ctas;
   o.update_per_bucket = p.update_per_bucket && m.devices.size() > 1;
+  o.overlap = p.overlap;
   o.precision = precision;
   o.zero = p.zero;  // on one device the same code with one shard
   o.grad_comm = p.grad_comm;
@@ -455,9 +463,10 @@ void print_header(const Plan& p, int64_t parameters) {
     std::printf("  ZeRO stage %d: the optimizer state%s sharded over the devices\n", p.zero,
                 p.zero == 2 ? " and the gradients" : "");
   if (p.grad_comm == dpt::DType::bf16) std::printf("  gradients travel in bf16 between devices\n");
-  std::printf("  buckets of %g MiB, the first %g MiB%s%s\n", p.bucket_mb, std::min(p.bucket_mb, p.first_bucket_mb),
+  std::printf("  buckets of %g MiB, the first %g MiB%s%s%s\n", p.bucket_mb, std::min(p.bucket_mb, p.first_bucket_mb),
               p.comm_ctas > 0 ? (", NCCL at most " + std::to_string(p.comm_ctas) + " thread blocks").c_str() : "",
-              p.update_per_bucket ? ", each bucket updated once reduced" : "");
+              p.update_per_bucket ? ", each bucket updated once reduced" : "",
+              p.overlap ? "" : ", reduced only after backward (no overlap)");
   for (const Device& d : unique_in_order(p.devices)) std::printf("  %s\n", dpt::describe_device(d).c_str());
   if (p.comm) {  // run_comm says the rest
     std::fflush(stdout);
@@ -536,9 +545,9 @@ std::string json(const Plan& p, int64_t parameters, const std::vector<Row>& rows
                         : "mse") +
       "\",\n  \"optimizer\": {\"name\": \"" + (p.adamw ? "adamw" : "sgd") +
       "\", \"lr\": " + fmt("%g", p.adamw ? adam_options(p).lr : kLr) + ", \"zero\": " + std::to_string(p.zero) +
-      "},\n  \"grad_comm\": \"" + (p.grad_comm == dpt::DType::bf16 ? "bf16" : "fp32") + "\"" + ",\n  \"devices\": [" +
-      join(devs, ", ") + "],\n  \"device_names\": [" + join(names, ", ") +
-      "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
+      "},\n  \"grad_comm\": \"" + (p.grad_comm == dpt::DType::bf16 ? "bf16" : "fp32") + "\"" +
+      ",\n  \"overlap\": " + (p.overlap ? "true" : "false") + ",\n  \"devices\": [" + join(devs, ", ") +
+      "],\n  \"device_names\": [" + join(names, ", ") + "],\n  \"batch_per_device\": " + std::to_string(p.batch) +
       ",\n  \"strong_global_batch\": " + std::to_string(p.batch * static_cast<int64_t>(p.devices.size())) +
       ",\n  \"steps\": " + std::to_string(p.steps) + ",\n  \"warmup\": " + std::to_string(p.warmup) +
       ",\n  \"blocks\": " + std::to_string(std::min(static_cast<size_t>(p.steps), kBlocks)) +

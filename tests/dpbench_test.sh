@@ -104,6 +104,16 @@ grep -q 'gradients travel in bf16' "$tmp/stdout" && ok || bad "no bf16 wire in t
 python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["grad_comm"] == "bf16"' "$tmp/gc/dpbench.json" && ok ||
   bad "grad_comm not in the JSON"
 
+# --no-overlap: the reduction after backward, said in the header and the JSON.
+if "$exe" --cpus 2 --model 16-32-4 --batch 8 --steps 2 --warmup 1 --scaling weak --no-overlap \
+  --out "$tmp/noov" >"$tmp/stdout" 2>"$tmp/stderr"; then ok
+else bad "dpbench --no-overlap failed: $(cat "$tmp/stderr")"; fi
+grep -q 'reduced only after backward (no overlap)' "$tmp/stdout" && ok || bad "no overlap in the header: $(head -3 "$tmp/stdout")"
+python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["overlap"] is False' "$tmp/noov/dpbench.json" && ok ||
+  bad "overlap not in the JSON"
+python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["overlap"] is True' "$tmp/gc/dpbench.json" && ok ||
+  bad "the default overlap not in the JSON"
+
 # --comm: the reduction alone, with nccl-tests' bandwidths (busbw = algbw x 2(n-1)/n for an
 # all-reduce: x 1 on 2 devices, x 1.5 on 4), each path's rows for 2 and 4 devices.
 if "$exe" --cpus 4 --comm --model 64-128-8 --steps 3 --reduce host,p2p --out "$tmp/comm" >"$tmp/stdout" 2>"$tmp/stderr"
@@ -207,6 +217,7 @@ refuse --cpus 1 --cuda-graph
 refuse --cpus 2 --optimizer lamb
 refuse --cpus 2 --zero 3
 refuse --cpus 2 --comm --zero 2
+refuse --cpus 2 --comm --no-overlap
 refuse --cpus 2 --grad-comm fp16
 refuse --cpus 1 --comm
 refuse --cpus 2 --model 16-32-4 --seq 8
