@@ -6,20 +6,38 @@ fused AdamW (lr 6e-4, betas 0.9/0.95, weight decay 0.1 on matrices and embedding
 bf16 autocast (fp32 master weights), eager or torch.compile; timed as torch_bench.py times:
 a warm-up, then the median over blocks of steps bracketed by CUDA events.
 
+--gpus N (N > 1) trains with DistributedDataParallel over the first N GPUs, one process
+each (torch.multiprocessing, NCCL; gradient_as_bucket_view, DDP's default 25 MiB buckets,
+reduced during backward): weak scaling, --batch sequences a GPU (as dpbench's --batch and
+llm.c's -b), rank r's the rows r*B .. r*B+B-1 of one draw of random tokens (rank 0's are
+the one-GPU run's). Gradients travel in fp32 (DDP's default: autocast leaves the master
+gradients in fp32) or, with --grad-comm bf16, through DDP's bf16_compress_hook; a comma
+list runs each in turn in the same processes. Times and the loss are rank 0's (the loss
+averaged over the ranks).
+
 Prints one line a run:
   torch gpt2 B <B> T <T> <impl>: <ms> ms/step, <n> tokens/s, MFU <p>% of <peak> TFLOPS, peak <MiB> MiB, loss <a> -> <b>
+and with --gpus N one line per --grad-comm, tokens/s those of every GPU together, MFU a GPU,
+peak rank 0's, then every rank's:
+  torch gpt2 B <B> T <T> ddp:<N> <impl> grad-comm <fp32|bf16>: <the same fields>, per-GPU MiB <a> <b> ...
 MFU counts 6N + 6LCT flops a token (N the parameters without the position embedding, as
 llm.c counts) against --peak-tflops, the GPU's dense bf16 peak (989 for an H100 or H200 SXM).
 Out of memory ends it with status 3 and one line on stderr:
-  torch gpt2 B <B> T <T> <impl>: out of memory (peak <MiB> MiB before it): <PyTorch's message>"""
+  torch gpt2 B <B> T <T> <impl>: out of memory (peak <MiB> MiB before it): <PyTorch's message>
+(with --gpus N: "... ddp:<N> <impl> grad-comm <g> on rank <r>: out of memory ...", the other ranks ended)."""
 import argparse
 import math
+import os
 import sys
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
-from torch_bench import timed
+from torch_bench import free_port, timed  # torch_bench also turns NVLink multicast off for NCCL
 
 PRESETS = {"gpt2": (12, 12, 768, 1024, 50257), "gpt2-medium": (24, 16, 1024, 1024, 50257)}
 
@@ -83,7 +101,21 @@ def main():
     ap.add_argument("--blocks", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10, help="steps a timed block")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="DistributedDataParallel over this many GPUs, --batch sequences each (default 1: no DDP)")
+    ap.add_argument("--grad-comm", default="fp32",
+                    help="with --gpus N: the gradients' type on the wire, a comma list of fp32 and bf16 "
+                         "(bf16: DDP's bf16_compress_hook)")
     a = ap.parse_args()
+    a.grad_comm = a.grad_comm.split(",")
+    if any(g not in ("fp32", "bf16") for g in a.grad_comm):
+        ap.error(f"--grad-comm takes fp32 and bf16, got {','.join(a.grad_comm)}")
+    if a.gpus < 1 or (a.gpus > 1 and a.gpus > torch.cuda.device_count()):
+        ap.error(f"--gpus must be between 1 and the {torch.cuda.device_count()} GPU(s) here")
+    if a.gpus == 1 and a.grad_comm != ["fp32"]:
+        ap.error("--grad-comm is for --gpus 2 or more (one GPU communicates nothing)")
+    if a.gpus > 1:
+        return run_ddp(a)
     try:
         run(a)
     except Exception as e:  # torch.compile's errors keep out of memory as their cause
@@ -112,19 +144,25 @@ def out_of_memory(e):
     return None
 
 
-def run(a):
+def make_step(a, dev, rank=0, world=1, grad_comm=None):
+    """The model, fused AdamW and a fixed batch on `dev`; returns (step, model). With
+    grad_comm (a DDP rank): the model wrapped in DistributedDataParallel, compiled first as
+    nanoGPT compiles it, and rows rank*B .. rank*B+B-1 of a draw of world*B sequences."""
     torch.manual_seed(1)
     torch.backends.cuda.matmul.allow_tf32 = True
     L, H, C, ctx, V = parse_spec(a.model)
-    dev = torch.device("cuda:0")
     model = GPT(L, H, C, ctx, V).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=6e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
     fwd = torch.compile(model) if a.mode == "compile" else model
+    if grad_comm is not None:
+        fwd = DistributedDataParallel(fwd, device_ids=[dev.index], gradient_as_bucket_view=True)
+        if grad_comm == "bf16":
+            fwd.register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)
     g = torch.Generator(device="cpu").manual_seed(2)
-    seq = torch.randint(0, V, (a.batch, a.seq + 1), generator=g).to(dev)
+    seq = torch.randint(0, V, (world * a.batch, a.seq + 1), generator=g)[rank * a.batch:(rank + 1) * a.batch].to(dev)
     x, y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
     def step():
@@ -135,14 +173,71 @@ def run(a):
         opt.zero_grad(set_to_none=True)
         return loss
 
-    first, ms, loss = timed(a, step, [dev])
-    tokens = a.batch * a.seq
+    return step, model
+
+
+def result_line(a, impl, model, ms, peak, first, last, world=1):
+    """The line a run prints: tokens/s of every GPU together, MFU a GPU."""
+    L, _, C, _, _ = parse_spec(a.model)
+    tokens = a.batch * a.seq * world
     n = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
-    flops = (6 * n + 6 * L * C * a.seq) * tokens
+    flops = (6 * n + 6 * L * C * a.seq) * tokens / world
     mfu = flops / (ms / 1e3) / (a.peak_tflops * 1e12) * 100
+    return (f"torch {a.model} B {a.batch} T {a.seq} {impl}: {ms:.2f} ms/step, {tokens / ms * 1e3:,.0f} tokens/s, "
+            f"MFU {mfu:.1f}% of {a.peak_tflops:g} TFLOPS, peak {peak:.0f} MiB, loss {first:.4f} -> {last:.4f}")
+
+
+def run(a):
+    dev = torch.device("cuda:0")
+    step, model = make_step(a, dev)
+    first, ms, loss = timed(a, step, [dev])
     peak = torch.cuda.max_memory_allocated(dev) / 2**20
-    print(f"torch {a.model} B {a.batch} T {a.seq} {a.mode}: {ms:.2f} ms/step, {tokens / ms * 1e3:,.0f} tokens/s, "
-          f"MFU {mfu:.1f}% of {a.peak_tflops:g} TFLOPS, peak {peak:.0f} MiB, loss {first:.4f} -> {loss.item():.4f}")
+    print(result_line(a, a.mode, model, ms, peak, first, loss.item()))
+
+
+def ddp_worker(rank, a, port):
+    """One DDP rank: every --grad-comm in turn, each with a fresh model, optimizer and peak."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dev = torch.device(f"cuda:{rank}")
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", rank=rank, world_size=a.gpus, device_id=dev)
+    impl = f"ddp:{a.gpus} {a.mode}"
+    for grad_comm in a.grad_comm:
+        try:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
+            step, model = make_step(a, dev, rank, a.gpus, grad_comm)
+            first, ms, loss = timed(a, step, [dev])
+        except Exception as e:
+            oom = out_of_memory(e)
+            if oom is None:
+                raise
+            text = " ".join(str(oom).split()).split(" If reserved but unallocated")[0]
+            peak = torch.cuda.max_memory_allocated(dev) / 2**20
+            print(f"torch {a.model} B {a.batch} T {a.seq} {impl} grad-comm {grad_comm} on rank {rank}: out of memory "
+                  f"(peak {peak:.0f} MiB before it): {text}", file=sys.stderr, flush=True)
+            os._exit(3)  # no collective waits for the others: spawn ends them
+        losses = torch.tensor([first, loss.item()], device=dev) / a.gpus
+        dist.all_reduce(losses)
+        peaks = [None] * a.gpus
+        dist.all_gather_object(peaks, torch.cuda.max_memory_allocated(dev) / 2**20)
+        if rank == 0:
+            line = result_line(a, f"{impl} grad-comm {grad_comm}", model, ms, peaks[0], losses[0].item(),
+                               losses[1].item(), a.gpus)
+            print(line + ", per-GPU MiB " + " ".join(f"{p:.0f}" for p in peaks), flush=True)
+        del step, model
+    dist.destroy_process_group()
+
+
+def run_ddp(a):
+    try:
+        mp.spawn(ddp_worker, args=(a, free_port()), nprocs=a.gpus, join=True)
+    except mp.ProcessExitedException as e:
+        if e.exit_code == 3:  # a rank ran out of memory and said so
+            return 3
+        raise
+    return 0
 
 
 if __name__ == "__main__":
