@@ -26,6 +26,7 @@ Out of memory ends it with status 3 and one line on stderr:
   torch gpt2 B <B> T <T> <impl>: out of memory (peak <MiB> MiB before it): <PyTorch's message>
 (with --gpus N: "... ddp:<N> <impl> grad-comm <g> on rank <r>: out of memory ...", the other ranks ended)."""
 import argparse
+import gc
 import math
 import os
 import sys
@@ -205,6 +206,7 @@ def ddp_worker(rank, a, port):
     impl = f"ddp:{a.gpus} {a.mode}"
     for grad_comm in a.grad_comm:
         try:
+            gc.collect()  # the previous wire's DDP and optimizer gone before the peak is reset
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(dev)
             step, model = make_step(a, dev, rank, a.gpus, grad_comm)
