@@ -86,7 +86,8 @@ dpbench dpbench_zero0_fp32 --zero 0 --grad-comm fp32
 zero1_ok=1
 if [ "$n" -gt 1 ]; then
   timed 60 build/benchmarks/dpbench --model "$model" --seq "$seq" --batch "$batch" --precision bf16 --scaling weak \
-    --warmup 1 --steps 3 "${devices[@]:0:1}" 2 --zero 1 --grad-comm bf16 >"$out/smoke_dpbench.log" 2>&1 ||
+    --warmup 1 --steps 3 "${devices[@]:0:1}" 2 --zero 1 --grad-comm bf16 --out "$out/smoke_dpbench" \
+    >"$out/smoke_dpbench.log" 2>&1 ||
     { rc=$? zero1_ok=0; echo "smoke: dpbench --zero 1 --grad-comm bf16, 2 devices: failed (exit $rc), see $out"; }
   timed 60 "${mpi[@]}" -np 2 build/apps/dptrain --ddp "${ddp_devices[@]}" --model "$model" --seq "$seq" \
     --batch $((batch * 2)) --precision bf16 --steps 3 --log-every 1 --zero 1 --grad-comm "$ddp_wire" \

@@ -34,18 +34,48 @@ def row(mode, n, ms, tokens, reduce_ms=None, peak=None, efficiency=None, zero1_b
                 zero1_bf16=zero1_bf16)
 
 
-def dpbench_rows(out):
-    rows = []
-    docs = [json.load(open(p)) for p in glob.glob(os.path.join(out, "dpbench_*", "dpbench.json"))]
+DPBENCH_ROW = re.compile(r"^weak\s+\S+\s+\S+\s+(\d+)\s+\d+\s+([\d.]+)\s+\S+\s+\S+\s+(\d+)%\s+\S+\s+([\d.]+)"
+                         r"\s+\S+\s+\S+\s+([\d.]+)\s+([\d.]+|-)")
+
+
+def dpbench_mode(zero, wire, overlap):
+    return f"dptrain 1 process, ZeRO-{zero}, {wire} grads" + ("" if overlap else ", no overlap")
+
+
+def dpbench_log_rows(path, batch, seq):
+    """A series whose JSON was never written (killed, or failed at a larger count): its log's
+    rows (dpbench prints and flushes each count's as it ends), named from the log's file name
+    (dpbench_zero<Z>_<wire>[_noovl].log); none, one failed row."""
+    m = re.fullmatch(r"dpbench_zero(\d)_(\w+?)(_noovl)?\.log", os.path.basename(path))
+    if not m:
+        return []
+    zero, wire, overlap = int(m.group(1)), m.group(2), not m.group(3)
+    mode, rows = dpbench_mode(zero, wire, overlap), []
+    for line in open(path, errors="replace"):
+        if r := DPBENCH_ROW.match(line):
+            n, ms, eff, reduce_ms, master, others = r.groups()
+            peak = max(float(master), float(others) if others != "-" else 0.0)
+            rows.append(row(mode, int(n), float(ms), batch * int(n) * seq * 1e3 / float(ms), float(reduce_ms), peak,
+                            int(eff) / 100, zero == 1 and wire == "bf16" and overlap))
+    return rows or [row(mode, 0, None, None)]
+
+
+def dpbench_rows(out, batch, seq):
+    rows, docs = [], []
+    for log in sorted(glob.glob(os.path.join(out, "dpbench_*.log"))):
+        doc = os.path.join(log[:-len(".log")], "dpbench.json")
+        if os.path.exists(doc):
+            docs.append(json.load(open(doc)))
+        else:
+            rows += dpbench_log_rows(log, batch, seq)
     # ZeRO-1 overlapped first (the issue's figure), then without overlap, then the others.
     docs.sort(key=lambda d: (d["optimizer"]["zero"] != 1, not d.get("overlap", True), d["optimizer"]["zero"],
                              d["grad_comm"]))
     for doc in docs:
         zero, wire, overlap = doc["optimizer"]["zero"], doc["grad_comm"], doc.get("overlap", True)
-        mode = f"dptrain 1 process, ZeRO-{zero}, {wire} grads" + ("" if overlap else ", no overlap")
         for r in doc["runs"]:
-            rows.append(row(mode, r["devices"], r["step_ms"], r["tokens_per_s"], r["reduce_ms"],
-                            max(r["peak_bytes"].values()) / 2**20, r["efficiency"],
+            rows.append(row(dpbench_mode(zero, wire, overlap), r["devices"], r["step_ms"], r["tokens_per_s"],
+                            r["reduce_ms"], max(r["peak_bytes"].values()) / 2**20, r["efficiency"],
                             zero == 1 and wire == "bf16" and overlap))
     return rows
 
@@ -162,7 +192,7 @@ def main():
     ap.add_argument("--batch", type=int, default=16, help="sequences a device")
     ap.add_argument("--seq", type=int, default=1024)
     a = ap.parse_args()
-    rows = dpbench_rows(a.out) + ddp_rows(a.out, a.batch, a.seq) + torch_rows(a.out)
+    rows = dpbench_rows(a.out, a.batch, a.seq) + ddp_rows(a.out, a.batch, a.seq) + torch_rows(a.out)
     print_table(rows)
     print_overlap(rows)
     print_targets(rows)
