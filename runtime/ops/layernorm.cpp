@@ -91,10 +91,20 @@ class AddNode : public Node {
 
 namespace {
 
-void check_layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, const char* op) {
+// An op's names for its messages, all literals: a valid call builds no string (a step's ops
+// must not allocate beyond their outputs and nodes).
+struct LayerNormNames {
+  const char *op, *gamma, *beta;
+};
+constexpr LayerNormNames kLayerNorm{"layer_norm", "layer_norm (gamma)", "layer_norm (beta)"};
+constexpr LayerNormNames kAddLayerNorm{"add_layer_norm", "add_layer_norm (gamma)", "add_layer_norm (beta)"};
+
+void check_layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                      const LayerNormNames& names) {
+  const char* op = names.op;
   need_float(x, op);
-  need_f32(gamma, (std::string(op) + " (gamma)").c_str());
-  need_f32(beta, (std::string(op) + " (beta)").c_str());
+  need_f32(gamma, names.gamma);
+  need_f32(beta, names.beta);
   same_device(x, gamma, op);
   same_device(x, beta, op);
   DPT_REQUIRE(x.dim() == 2 && x.size(1) > 0 && gamma.shape() == Shape{x.size(1)} && beta.shape() == gamma.shape(),
@@ -124,7 +134,7 @@ void record_layer_norm(Tensor& y, const Tensor& x, const Tensor& gamma, const Te
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
-  check_layer_norm(x, gamma, beta, eps, "layer_norm");
+  check_layer_norm(x, gamma, beta, eps, kLayerNorm);
   const Device d = x.device();
   const int64_t rows = x.size(0), cols = x.size(1);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), d);
@@ -163,7 +173,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 AddNorm add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma, const Tensor& beta, float eps) {
   check_add(a, b, "add_layer_norm");
-  check_layer_norm(a, gamma, beta, eps, "add_layer_norm");
+  check_layer_norm(a, gamma, beta, eps, kAddLayerNorm);
   const Device d = a.device();
   const int64_t rows = a.size(0), cols = a.size(1);
   Tensor h = Tensor::empty(a.shape(), a.dtype(), d), y = Tensor::empty(a.shape(), a.dtype(), d);
