@@ -10,6 +10,7 @@
 // their vector loops move 8 bf16 values (16 bytes) at a time.
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "../bf16.hpp"
 #include "check.hpp"
@@ -235,13 +236,15 @@ static __global__ void act_bias_backward_kernel(const T* dy, const T* saved, int
   else db[c] = beta != 0.f ? beta * db[c] + total : total;  // beta == 0 never reads db
 }
 
-// db[c] = beta db[c] + the sum over k < chunks of part[k][c]: thread (tx, ty) of a block
-// adds its run of chunks in order (four loads in flight at a time), then the column's
-// kFinY runs are added in order. A fixed order, so the same bits every run.
+// out[c] = beta out[c] + the sum over k < chunks of part[k][c], for sums[blockIdx.y]: thread
+// (tx, ty) of a block adds its run of chunks in order (four loads in flight at a time), then
+// the column's kFinY runs are added in order. A fixed order, so the same bits every run.
 constexpr int kFinX = 32, kFinY = 8;
-static __global__ void bias_grad_finish_kernel(const float* part, int64_t chunks, int64_t cols, float beta, float* db) {
+static __global__ void bias_grad_finish_kernel(ColumnSum first, ColumnSum second, int64_t chunks, int64_t cols) {
   DPT_WAIT_PREVIOUS_GRID();
   __shared__ float runs[kFinY][kFinX + 1];
+  const ColumnSum sum = blockIdx.y == 0 ? first : second;
+  const float* part = sum.part;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinX + tx;
   const int64_t per = (chunks + kFinY - 1) / kFinY, k_begin = ty * per;
@@ -265,14 +268,21 @@ static __global__ void bias_grad_finish_kernel(const float* part, int64_t chunks
   float total = 0.f;
 #pragma unroll
   for (int k = 0; k < kFinY; ++k) total += runs[k][tx];
-  db[c] = beta != 0.f ? beta * db[c] + total : total;
+  sum.out[c] = sum.beta != 0.f ? sum.beta * sum.out[c] + total : total;  // beta 0 never reads out
+}
+
+// The wanted ones of `first` and `second` (out not null) in one launch.
+void finish_column_sums(ColumnSum first, ColumnSum second, int64_t chunks, int64_t cols, cudaStream_t stream) {
+  if (!first.out) std::swap(first, second);
+  if (!first.out) return;
+  const int64_t blocks = (cols + kFinX - 1) / kFinX;
+  DPT_CHECK(blocks <= 0x7fffffff, "bias gradient: too many columns");
+  const dim3 grid(static_cast<unsigned>(blocks), second.out ? 2 : 1);
+  launch_after_previous(bias_grad_finish_kernel, grid, dim3(kFinX, kFinY), stream, first, second, chunks, cols);
 }
 
 void bias_grad_finish(const float* part, int64_t chunks, int64_t cols, float beta, float* db, cudaStream_t stream) {
-  const int64_t blocks = (cols + kFinX - 1) / kFinX;
-  DPT_CHECK(blocks <= 0x7fffffff, "bias gradient: too many columns");
-  launch_after_previous(bias_grad_finish_kernel, static_cast<unsigned>(blocks), dim3(kFinX, kFinY), stream, part,
-                        chunks, cols, beta, db);
+  finish_column_sums({part, beta, db}, {}, chunks, cols, stream);
 }
 
 // Rows per chunk: kBgChunkRows, more when the chunks would not fit the grid's y limit.
@@ -461,8 +471,8 @@ void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64
   DPT_CUDA_CHECK_LAUNCH();
 }
 
-void column_sum_finish(const float* part, int64_t chunks, int64_t cols, float beta, float* out, cudaStream_t stream) {
-  bias_grad_finish(part, chunks, cols, beta, out, stream);
+void column_sums_finish(ColumnSum first, ColumnSum second, int64_t chunks, int64_t cols, cudaStream_t stream) {
+  finish_column_sums(first, second, chunks, cols, stream);
   DPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -303,7 +303,14 @@ void embedding_backward_bf16(const int32_t* tokens, int64_t rows, int64_t seq, c
                              void* work, cudaStream_t stream);
 // Stage two of a deterministic column sum: out[c] = beta out[c] + the sum over k < chunks of
 // part[k][c], in a fixed order (the bias gradients' and LayerNorm's; beta 0 never reads out).
-void column_sum_finish(const float* part, int64_t chunks, int64_t cols, float beta, float* out, cudaStream_t stream);
+// column_sums_finish does two such sums of one shape in one launch (LayerNorm's gamma and
+// beta); one whose out is null is not wanted.
+struct ColumnSum {
+  const float* part = nullptr;
+  float beta = 0.f;
+  float* out = nullptr;
+};
+void column_sums_finish(ColumnSum first, ColumnSum second, int64_t chunks, int64_t cols, cudaStream_t stream);
 // LayerNorm: the backward's parameter gradients go through `work`
 // (layer_norm_backward_work(rows, cols) floats) in two deterministic stages.
 int64_t layer_norm_backward_work(int64_t rows, int64_t cols);

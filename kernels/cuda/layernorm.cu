@@ -448,8 +448,7 @@ void backward(const T* x, const T* dy, const float* gamma, const float* mean, co
       DPT_CUDA_CHECK_LAUNCH();
     }
   }
-  if (dgamma) column_sum_finish(part_gamma, chunks, cols, beta_gamma, dgamma, stream);
-  if (dbeta) column_sum_finish(part_beta, chunks, cols, beta_beta, dbeta, stream);
+  column_sums_finish({part_gamma, beta_gamma, dgamma}, {part_beta, beta_beta, dbeta}, chunks, cols, stream);
 }
 
 }  // namespace
