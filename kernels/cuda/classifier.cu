@@ -100,10 +100,29 @@ __device__ float block_total(float v) {
   return total;
 }
 
-// exp(v) for the softmax: in bf16 the fast form (a few ulps of fp32, far below bf16's
-// rounding of the gradient), in fp32 the exact one. It keeps the kernel at memory speed.
-__device__ __forceinline__ float softmax_exp(float v, uint16_t) { return __expf(v); }
-__device__ __forceinline__ float softmax_exp(float v, float) { return expf(v); }
+// exp(x - max) for the softmax. In bf16 the fast form, 2^(x log2(e) - max log2(e)): one FFMA
+// and the hardware's ex2, where x - max, its scaling and ex2 took three instructions (the
+// kernel is bound by its instructions; a few ulps of fp32 apart, far below bf16's rounding
+// of the gradient). In fp32 the exact one. Exactly 1 where x is max and both are 0.
+template <typename T>
+struct ShiftedExp;
+template <>
+struct ShiftedExp<uint16_t> {
+  static constexpr float kLog2e = 1.4426950408889634f;
+  float neg_max_log2e;
+  __device__ explicit ShiftedExp(float max) : neg_max_log2e(-max * kLog2e) {}
+  __device__ __forceinline__ float operator()(float x) const {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(fmaf(x, kLog2e, neg_max_log2e)));
+    return y;
+  }
+};
+template <>
+struct ShiftedExp<float> {
+  float max;
+  __device__ explicit ShiftedExp(float m) : max(m) {}
+  __device__ __forceinline__ float operator()(float x) const { return expf(x - max); }
+};
 
 // E finite values into a vector, rounded as store() rounds them: bf16 two at a time by the
 // hardware's round to nearest even (bf16_round's bits for any finite value).
@@ -170,22 +189,23 @@ static __global__ void __launch_bounds__(kClassifierThreads, 2)
     }
   }
   const float max = block_max(m);  // its barrier also makes `held` visible to the block
+  const ShiftedExp<T> shifted_exp(max);
   float s = 0.f;
   for (int i = static_cast<int>(threadIdx.x); i < nvec; i += kClassifierThreads) {
     const Vec16<T> x = held[i];
     if (i < whole) {
 #pragma unroll
-      for (int e = 0; e < E; ++e) s += softmax_exp(as_float(x.v[e]) - max, T{});
+      for (int e = 0; e < E; ++e) s += shifted_exp(as_float(x.v[e]));
     } else {
 #pragma unroll
       for (int e = 0; e < E; ++e)
-        if (i * E + e < nvocab) s += softmax_exp(as_float(x.v[e]) - max, T{});
+        if (i * E + e < nvocab) s += shifted_exp(as_float(x.v[e]));
     }
   }
   const float sum = block_total(s);
   if (threadIdx.x == 0) work[blockIdx.x] = max + logf(sum) - at_target;
   if (!write_grad) return;
-  const float inv_sum = 1.f / sum, inv_rows = 1.f / static_cast<float>(rows);
+  const float inv_sum = 1.f / sum, inv_rows = 1.f / static_cast<float>(rows), scale = inv_sum * inv_rows;
   // The target's vector and those past the vocabulary take the general form (as does every
   // vector of a row with a NaN or an infinity, whose gradients bf16_round must round).
   const int plain_end = isfinite(max) && isfinite(sum) ? whole : 0;
@@ -196,13 +216,13 @@ static __global__ void __launch_bounds__(kClassifierThreads, 2)
     if (i < plain_end && i != target_vec) {
       float p[E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) p[e] = softmax_exp(as_float(x.v[e]) - max, T{}) * inv_sum * inv_rows;
+      for (int e = 0; e < E; ++e) p[e] = shifted_exp(as_float(x.v[e])) * scale;
       store_finite(g, p);
     } else {
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         const int c = i * E + e;
-        const float p = c < nvocab ? softmax_exp(as_float(x.v[e]) - max, T{}) * inv_sum : 0.f;
+        const float p = c < nvocab ? shifted_exp(as_float(x.v[e])) * inv_sum : 0.f;
         store(&g.v[e], (c == target ? p - 1.f : p) * inv_rows);
       }
     }
