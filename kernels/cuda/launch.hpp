@@ -21,9 +21,13 @@
 // launch_after_previous_in_clusters also groups the blocks into thread-block clusters
 // (9.0 and newer: blocks of a cluster run at once and read each other's shared memory);
 // callers use clusters only when DPT_SM90 is 1.
+//
+// allow_optin_smem lets a kernel's blocks have more than 48 KiB of dynamic shared memory.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "check.hpp"
@@ -101,6 +105,37 @@ template <typename... Params, typename... Args>
 void launch_after_previous_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                 Args&&... args) {
   launch_kernel_ex(false, dim3(1, 1, 1), kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+// Whether a block of `kernel` may have `bytes` of dynamic shared memory on the current
+// device. Past 48 KiB a kernel must be allowed more (cudaFuncAttributeMaxDynamicSharedMemorySize,
+// a setting of the kernel on each device): here it is allowed all it can have there (the
+// device's opt-in limit less the kernel's static shared memory) on its first ask, once a
+// kernel and device, so that host threads launching it with different sizes never set it
+// against each other. Where this is false the caller takes another kernel.
+inline bool allow_optin_smem(const void* kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, size_t> allowed;  // (kernel, device) -> bytes
+  int device = 0;
+  DPT_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = allowed.find({kernel, device});
+  if (it == allowed.end()) {
+    int optin = 0;
+    cudaFuncAttributes attr{};
+    DPT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    DPT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    const size_t limit = static_cast<size_t>(optin),
+                 most = limit > attr.sharedSizeBytes ? limit - attr.sharedSizeBytes : 0;
+    DPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
+    it = allowed.emplace(std::make_pair(kernel, device), most).first;
+  }
+  return bytes <= it->second;
+}
+
+template <typename... Params>
+bool allow_optin_smem(void (*kernel)(Params...), size_t bytes) {
+  return allow_optin_smem(reinterpret_cast<const void*>(kernel), bytes);
 }
 
 }  // namespace dpt::cuda

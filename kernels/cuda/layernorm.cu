@@ -10,10 +10,11 @@
 // floats) take the fused kernels: a lane holds its vectors of the row in registers (a warp
 // takes two rows at once), so the forward reads x once (or the residual add's two terms,
 // writing their sum beside the output: add_layer_norm_forward), and the backward reads x
-// and dy once for dx and for its lane's running sums of the parameters' gradients, which
-// the block's warps then add in warp order. dx may be added to a
+// and dy once for dx and for its lane's running sums of the parameters' gradients (kept in
+// shared memory), which the block's warps then add in warp order. dx may be added to a
 // gradient already there (dx_add: the residual stream's, rounded once). Other rows take the
-// general kernels (a pass each).
+// general kernels (a pass each), as do the fused backward's where its shared memory does
+// not fit a block.
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -258,25 +259,63 @@ __device__ __forceinline__ void staged_columns(const float4* staged, int p, int 
   }
 }
 
+// Blocks of the fused backward an SM should hold (its registers: 64 a thread at 4 blocks):
+// 4 (one wave of 32-row chunks at GPT-2's 16384 rows on an H100), 3 at four vectors a lane,
+// whose shared memory (bf16: 68 KiB a block) allows no more.
+template <int P>
+constexpr int kBackwardBlocks = P <= 3 ? 4 : 3;
+
+// float4s of one of the fused backward's shared regions: P vectors of E floats a lane, 32
+// lanes, laid out as stage_gamma's.
+template <int E, int P>
+constexpr int kRegion = E / 4 * P * 32;
+
+// The fused backward's dynamic shared memory: two regions a warp (its lanes' running sums
+// of dy xhat and of dy), then gamma staged (one more).
+template <typename T, int P>
+constexpr size_t backward_fused_smem() {
+  return (2 * kWarps + 1) * static_cast<size_t>(kRegion<Vec16<T>::kCount, P>) * sizeof(float4);
+}
+
+// Element j of f (j a constant once unrolled: f stays in registers).
+__device__ __forceinline__ float& component(float4& f, int j) {
+  return j == 0 ? f.x : j == 1 ? f.y : j == 2 ? f.z : f.w;
+}
+__device__ __forceinline__ void add_to(float4& a, float4 b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+}
+// Four floats at p, which may be only 4-byte aligned (the caller's work space).
+__device__ __forceinline__ void store_floats(float* p, float4 v) {
+  p[0] = v.x;
+  p[1] = v.y;
+  p[2] = v.z;
+  p[3] = v.w;
+}
+
 // The backward of a chunk of rows a block: warp w takes rows w, w + kWarps, ... of the
 // chunk; dx as layer_norm_dx_kernel (added to what dx holds when dx_add), and the lane's
-// sums of dy xhat and dy over its rows; the warps' sums are added in warp order (through
-// shared memory) into the chunk's part_gamma and part_beta rows.
+// sums of dy xhat and dy over its rows, in order. The sums live in shared memory, each
+// lane's float4s its own (no barrier; a warp's accesses are conflict-free), not in 2 P E
+// registers a lane, which held the kernel to 2 blocks an SM (126 registers). The warps'
+// sums are then added in warp order into the chunk's part_gamma and part_beta rows.
 template <typename T, int P>
-__global__ void __launch_bounds__(kThreads, P <= 3 ? 2 : 1)
+__global__ void __launch_bounds__(kThreads, kBackwardBlocks<P>)
     layer_norm_backward_fused_kernel(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd,
                                      int64_t rows, int cols, int64_t chunk_rows, T* dx, bool dx_add, float* part_gamma,
                                      float* part_beta) {
-  constexpr int E = Vec16<T>::kCount;
-  // [2][cols] floats: the warps' sums of dy xhat, then of dy; then gamma, staged
-  extern __shared__ float4 smem[];
-  float* sums = reinterpret_cast<float*>(smem);
-  float4* staged = smem + cols / 2;
+  constexpr int E = Vec16<T>::kCount, Q = E / 4, N = kRegion<E, P>;
+  extern __shared__ float4 smem[];  // backward_fused_smem's regions
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nvec = cols / E;
+  float4* const sum_g = smem + 2 * warp * N;  // this warp's sums of dy xhat
+  float4* const sum_b = sum_g + N;            // and of dy
+  float4* const staged = smem + 2 * kWarps * N;
   const int64_t r_begin = static_cast<int64_t>(blockIdx.x) * chunk_rows;
   const int64_t r_end = rows - r_begin < chunk_rows ? rows : r_begin + chunk_rows;
+  for (int k = lane; k < N; k += 32) sum_g[k] = sum_b[k] = make_float4(0.f, 0.f, 0.f, 0.f);
   stage_gamma<E, P>(gamma, nvec, staged);
-  float sg[P][E] = {}, sb[P][E] = {};
   for (int64_t r = r_begin + warp; r < r_end; r += kWarps) {
     Vec16<T> xv[P], dv[P], old[P];
     load_row(x, r, nvec, lane, xv);
@@ -290,12 +329,20 @@ __global__ void __launch_bounds__(kThreads, P <= 3 ? 2 : 1)
         float g_col[E];
         staged_columns(staged, p, lane, g_col);
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-          const float d = as_float(dv[p].v[e]), xhat = (as_float(xv[p].v[e]) - m) * rs, g = d * g_col[e];
-          s1 += g;
-          s2 += g * xhat;
-          sg[p][e] += d * xhat;
-          sb[p][e] += d;
+        for (int q = 0; q < Q; ++q) {
+          const int k = (p * Q + q) * 32 + lane;
+          float4 sg = sum_g[k], sb = sum_b[k];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int e = 4 * q + j;
+            const float d = as_float(dv[p].v[e]), xhat = (as_float(xv[p].v[e]) - m) * rs, g = d * g_col[e];
+            s1 += g;
+            s2 += g * xhat;
+            component(sg, j) += d * xhat;
+            component(sb, j) += d;
+          }
+          sum_g[k] = sg;
+          sum_b[k] = sb;
         }
       }
     if (!dx) continue;
@@ -317,31 +364,30 @@ __global__ void __launch_bounds__(kThreads, P <= 3 ? 2 : 1)
       dxrow[i] = out;
     }
   }
-  for (int w = 0; w < kWarps; ++w) {  // the warps' sums in warp order
-    if (warp == w)
-#pragma unroll
-      for (int p = 0; p < P; ++p)
-        if (lane + 32 * p < nvec)
-#pragma unroll
-          for (int e = 0; e < E; ++e) {
-            const int c = (lane + 32 * p) * E + e;
-            sums[c] = w == 0 ? sg[p][e] : sums[c] + sg[p][e];
-            sums[cols + c] = w == 0 ? sb[p][e] : sums[cols + c] + sb[p][e];
-          }
-    __syncthreads();
-  }
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    part_gamma[blockIdx.x * static_cast<int64_t>(cols) + c] = sums[c];
-    part_beta[blockIdx.x * static_cast<int64_t>(cols) + c] = sums[cols + c];
+  __syncthreads();
+  // The warps' sums in warp order, four columns (a float4 of every warp's regions) a thread.
+  float* const gamma_row = part_gamma + blockIdx.x * static_cast<int64_t>(cols);
+  float* const beta_row = part_beta + blockIdx.x * static_cast<int64_t>(cols);
+  for (int k = threadIdx.x; k < N; k += blockDim.x) {
+    const int i = k % 32 + 32 * (k / (32 * Q)), c = i * E + 4 * (k / 32 % Q);  // as stage_gamma
+    if (i >= nvec) continue;
+    float4 sg = smem[k], sb = smem[N + k];
+    for (int w = 1; w < kWarps; ++w) {
+      add_to(sg, smem[2 * w * N + k]);
+      add_to(sb, smem[(2 * w + 1) * N + k]);
+    }
+    store_floats(gamma_row + c, sg);
+    store_floats(beta_row + c, sb);
   }
 }
 
-// Rows per stage-one chunk: 64 (a block of the fused kernel: 8 a warp), more for a
+// Rows per stage-one chunk: 32 (a block of the fused kernel: 4 a warp, so that GPT-2's
+// 16384 rows make 512 blocks, about one wave at 4 blocks an SM of an H100), more for a
 // tall matrix, so that there are at most 1024 chunks (the partial sums' memory and the
 // finish's reads stay small).
 int64_t chunk_rows_for(int64_t rows) {
   const int64_t need = (rows + 1023) / 1024;
-  return need > 64 ? need : 64;
+  return need > 32 ? need : 32;
 }
 int64_t chunks_for(int64_t rows) { return (rows + chunk_rows_for(rows) - 1) / chunk_rows_for(rows); }
 
@@ -408,15 +454,33 @@ void forward(const T* x, const T* res, const float* gamma, const float* beta, in
   DPT_CUDA_CHECK_LAUNCH();
 }
 
-// The fused kernel for P vectors a lane: dx (when wanted) and the chunks' partial sums.
+// The fused kernel for P vectors a lane: dx (when wanted) and the chunks' partial sums;
+// false (nothing launched) where its shared memory does not fit a block on this device.
 template <typename T, int P>
-void backward_fused(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd, int64_t rows,
+bool backward_fused(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd, int64_t rows,
                     int64_t cols, T* dx, bool dx_add, float* part_gamma, float* part_beta, cudaStream_t stream) {
-  const int64_t chunk = chunk_rows_for(rows);
-  // the warps' sums (2 x cols floats), then gamma staged (32 P vectors of E floats)
-  const size_t smem = (2 * static_cast<size_t>(cols) + 32 * P * Vec16<T>::kCount) * sizeof(float);
-  layer_norm_backward_fused_kernel<T, P><<<static_cast<unsigned>(chunks_for(rows)), kThreads, smem, stream>>>(
-      x, dy, gamma, mean, rstd, rows, static_cast<int>(cols), chunk, dx, dx_add, part_gamma, part_beta);
+  constexpr size_t smem = backward_fused_smem<T, P>();
+  const auto kernel = layer_norm_backward_fused_kernel<T, P>;
+  if (!allow_optin_smem(kernel, smem)) return false;
+  kernel<<<static_cast<unsigned>(chunks_for(rows)), kThreads, smem, stream>>>(
+      x, dy, gamma, mean, rstd, rows, static_cast<int>(cols), chunk_rows_for(rows), dx, dx_add, part_gamma, part_beta);
+  DPT_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+template <typename T>
+bool backward_fused(int p, const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd,
+                    int64_t rows, int64_t cols, T* dx, bool dx_add, float* part_gamma, float* part_beta,
+                    cudaStream_t stream) {
+  if (p == 1)
+    return backward_fused<T, 1>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
+  if (p == 2)
+    return backward_fused<T, 2>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
+  if (p == 3)
+    return backward_fused<T, 3>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
+  if (p == 4)
+    return backward_fused<T, 4>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
+  return false;
 }
 
 template <typename T>
@@ -428,13 +492,8 @@ void backward(const T* x, const T* dy, const float* gamma, const float* mean, co
   DPT_CHECK(chunks == 0 || work != nullptr, "layer_norm_backward: null work space");
   float *part_gamma = work, *part_beta = work + chunks * cols;
   // The fused kernel always makes the partial sums (cheap beside its reads), wanted or not.
-  if (const int p = rows > 0 ? lane_vectors<T>(cols, {x, dy, dx, gamma}) : 0; p > 0) {
-    if (p == 1) backward_fused<T, 1>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
-    if (p == 2) backward_fused<T, 2>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
-    if (p == 3) backward_fused<T, 3>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
-    if (p == 4) backward_fused<T, 4>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
-    DPT_CUDA_CHECK_LAUNCH();
-  } else {
+  const int p = rows > 0 ? lane_vectors<T>(cols, {x, dy, dx, gamma}) : 0;
+  if (!backward_fused(p, x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream)) {
     if (dx && rows > 0) {
       layer_norm_dx_kernel<T><<<row_blocks(rows, "layer_norm_backward"), kThreads, 0, stream>>>(
           x, dy, gamma, mean, rstd, rows, cols, dx, dx_add);
