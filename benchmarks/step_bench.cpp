@@ -29,6 +29,7 @@
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/layers/model_spec.hpp>
+#include <dptrain/optim/beside_forward.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/runtime/context.hpp>
@@ -94,7 +95,7 @@ struct Timing {
 struct LineFlags {
   std::string model, precision, gemm;
   int64_t batch = 0;
-  bool graph = false, check = false;
+  bool graph = false, check = false, overlap_update = false;
   double peak_tflops = bench::kDefaultPeakTflops;
 };
 
@@ -139,6 +140,8 @@ int main(int argc, char** argv) {
   app.add_option("--peak-tflops", line.peak_tflops,
                  "A GPT's MFU against this many TFLOPS (default 989: an H100 or H200 SXM's dense bf16 peak)");
   app.add_flag("--cuda-graph", line.graph, "Record the step as a CUDA graph after warm-up and time its replays");
+  app.add_flag("--overlap-update", line.overlap_update,
+               "Eager steps: the update beside the next step's forward, layer by layer (optim::UpdateBesideForward)");
   app.add_flag("--check", line.check,
                "Check the gradients in the update and record the check in host memory, as dptrain's loop does");
   app.add_option("--graph-steps", graph_steps, "With --cuda-graph: steps recorded in one graph (one replay runs them)")
@@ -156,19 +159,31 @@ int main(int argc, char** argv) {
     Workload w = make_workload(line.model, line.batch, seq, d, ctx.precision);
     nn::Module& net = *w.net;
     optim::Optimizer& opt = *w.opt;
-    const bool twins = line.check && d.is_cuda() && twins_by_default(net.flat_params().numel());
+    const bool twins = line.check && !line.overlap_update && d.is_cuda() && twins_by_default(net.flat_params().numel());
     opt.set_twin_buffers(twins);
     // The loop's ring: kSlots records in mapped host memory (train/nonfinite_watch.hpp's
     // kLag), read by no one here.
     constexpr int64_t kSlots = 8;
     PinnedBuffer records(sizeof(CheckRecord) * kSlots, d, /*mapped=*/true);
     const CheckRing ring{static_cast<CheckRecord*>(records.device_data()), kSlots, Tensor::zeros({2}, DType::i32, d)};
+    // --overlap-update: eager steps update beside the next forward (a recorded graph's
+    // steps take the plain update).
+    std::unique_ptr<optim::UpdateBesideForward> beside;
+    if (line.overlap_update) beside = std::make_unique<optim::UpdateBesideForward>(opt, net);
+    bool recording = false;
     auto step = [&] {
       net.zero_grad();
-      Tensor loss = w.loss(net.forward(w.x), w.y);
+      const bool overlap = beside && !recording;
+      Tensor loss = w.loss(overlap ? beside->forward(w.x) : net.forward(w.x), w.y);
       loss.backward();
-      if (line.check) opt.checked_step(0.0f, ring);
-      else opt.step();
+      if (overlap) {
+        net.settle_grads();  // before the check reads them
+        beside->queue(line.check ? check_gradients(net.flat_grads(), 0.0f, ring) : Tensor());
+      } else if (line.check) {
+        opt.checked_step(0.0f, ring);
+      } else {
+        opt.step();
+      }
       return loss;
     };
     Timing t;
@@ -183,10 +198,13 @@ int main(int argc, char** argv) {
     if (line.graph)
       for (int parity = 0; parity < (twins && graph_steps % 2 == 1 ? 2 : 1); ++parity) {
         recorded.push_back(std::make_unique<Graph>(ctx, recorded.empty() ? nullptr : recorded.front().get()));
+        if (beside) beside->settle();
+        recording = true;
         recorded.back()->begin();
         graph_loss.emplace_back();
         for (int64_t i = 0; i < graph_steps; ++i) graph_loss.back() = step();
         recorded.back()->end();
+        recording = false;
       }
     // A replay of a graph of several steps counts as that many steps.
     const int64_t per_call = recorded.empty() ? 1 : graph_steps;

@@ -49,23 +49,7 @@ Sequential& Sequential::add(std::shared_ptr<Module> m) {
   return *this;
 }
 
-namespace {
-struct BeforeChild {
-  const Sequential* owner = nullptr;
-  std::function<void(size_t)> fn;
-};
-thread_local BeforeChild before_child;
-}  // namespace
-
-BeforeChildGuard::BeforeChildGuard(const Sequential* owner, std::function<void(size_t)> fn)
-    : outer_owner_(before_child.owner), outer_(std::move(before_child.fn)) {
-  before_child = {owner, std::move(fn)};
-}
-
-BeforeChildGuard::~BeforeChildGuard() { before_child = {outer_owner_, std::move(outer_)}; }
-
 Tensor Sequential::forward(const Tensor& x) {
-  const bool hooked = before_child.owner == this;  // a nested Sequential is not the one hooked
   const auto& ch = children();
   Tensor h = x;
   for (size_t i = 0; i < ch.size();) {
@@ -79,8 +63,7 @@ Tensor Sequential::forward(const Tensor& x) {
       run.push_back({lin->weight(), lin->bias(), lin->act()});
     }
     const auto hooks = [&] {
-      if (hooked)
-        for (size_t k = i; k < end; ++k) before_child.fn(k);
+      for (size_t k = i; k < end; ++k) before_child(k);
     };
     if (run.size() >= 2)
       if (Tensor y = linear_chain(h, run, hooks); y.defined()) {
@@ -89,7 +72,7 @@ Tensor Sequential::forward(const Tensor& x) {
         continue;
       }
     for (end = std::max(end, i + 1); i < end; ++i) {
-      if (hooked) before_child.fn(i);
+      before_child(i);
       h = ch[i]->forward(h);
     }
   }

@@ -245,6 +245,60 @@ void Module::mark_placed() {
   for (auto& c : children_) c->mark_placed();
 }
 
+std::vector<CopyChunk> make_copy_chunks(const std::vector<int64_t>& child_end, int64_t total, int64_t min_floats,
+                                        std::vector<int>& chunk_of) {
+  chunk_of.assign(child_end.size(), -1);
+  size_t last = child_end.size();  // the last child with parameters
+  for (size_t c = 0; c < child_end.size(); ++c)
+    if (child_end[c] >= 0) last = c;
+  std::vector<CopyChunk> out;
+  int64_t begin = 0;
+  for (size_t c = 0; c < child_end.size(); ++c) {
+    if (child_end[c] < 0) continue;
+    chunk_of[c] = static_cast<int>(out.size());
+    const int64_t end = c == last ? total : child_end[c];
+    if (c == last || end - begin >= min_floats) {
+      out.push_back({begin, end - begin});
+      begin = end;
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> Module::child_ends() {
+  int64_t total = 0;
+  const auto offsets = layout(&total);
+  const std::vector<Parameter*> params = parameters();
+  std::vector<int64_t> ends;
+  size_t k = 0;  // the parameters are in the children's order
+  for (const auto& child : children_) {
+    const size_t own = child->parameters().size();
+    ends.push_back(own == 0 ? -1 : offsets[k + own - 1] + numel(params[k + own - 1]->shape));
+    k += own;
+  }
+  if (k != params.size()) return std::vector<int64_t>(children_.size(), -1);  // parameters of its own too
+  return ends;
+}
+
+namespace {
+struct BeforeChild {
+  const Module* owner = nullptr;
+  std::function<void(size_t)> fn;
+};
+thread_local BeforeChild hooked;  // the innermost BeforeChildGuard of this thread
+}  // namespace
+
+BeforeChildGuard::BeforeChildGuard(const Module* owner, std::function<void(size_t)> fn)
+    : outer_owner_(hooked.owner), outer_(std::move(hooked.fn)) {
+  hooked = {owner, std::move(fn)};
+}
+
+BeforeChildGuard::~BeforeChildGuard() { hooked = {outer_owner_, std::move(outer_)}; }
+
+void Module::before_child(size_t i) const {
+  if (hooked.owner == this) hooked.fn(i);
+}
+
 void Module::zero_grad() {
   DPT_REQUIRE(materialized(), "zero_grad() before the module was placed on a device with to()");
   for (Parameter* p : bound_params_) p->value.set_grad_stale(true);

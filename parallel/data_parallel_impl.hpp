@@ -22,7 +22,6 @@
 #include <dptrain/parallel/data_parallel.hpp>
 #include "buckets.hpp"
 #include "common/worker_pool.hpp"
-#include "p2p_chunks.hpp"
 #include "reducer.hpp"
 
 namespace dpt {
@@ -197,7 +196,7 @@ struct DataParallel::Impl {
   // waits for each layer's chunk just before the layer runs (make_copy_chunks), so the
   // copy hides behind the first layers' forward. Eager steps of a Sequential model only
   // (param_chunks_ empty otherwise: the reducer copies them whole).
-  std::vector<CopyChunk> param_chunks_;
+  std::vector<nn::CopyChunk> param_chunks_;
   std::vector<int> chunk_of_child_;        // the chunk a child's last parameter is in, -1 for none
   std::unique_ptr<Event> params_updated_;  // the master's update is queued
 

@@ -1,5 +1,5 @@
 // p2p's copies of the master's updated parameters to the other replicas: in chunks of a
-// layer or more beside the next forward (make_copy_chunks), or bucket by bucket beside the
+// layer or more beside the next forward (nn::make_copy_chunks), or bucket by bucket beside the
 // reduction (per-bucket updates).
 #include <dptrain/error.hpp>
 #include <dptrain/layers/layers.hpp>
@@ -7,26 +7,6 @@
 #include "data_parallel_impl.hpp"
 
 namespace dpt {
-
-std::vector<CopyChunk> make_copy_chunks(const std::vector<int64_t>& child_end, int64_t total, int64_t min_floats,
-                                        std::vector<int>& chunk_of) {
-  chunk_of.assign(child_end.size(), -1);
-  size_t last = child_end.size();  // the last child with parameters
-  for (size_t c = 0; c < child_end.size(); ++c)
-    if (child_end[c] >= 0) last = c;
-  std::vector<CopyChunk> out;
-  int64_t begin = 0;
-  for (size_t c = 0; c < child_end.size(); ++c) {
-    if (child_end[c] < 0) continue;
-    chunk_of[c] = static_cast<int>(out.size());
-    const int64_t end = c == last ? total : child_end[c];
-    if (c == last || end - begin >= min_floats) {
-      out.push_back({begin, end - begin});
-      begin = end;
-    }
-  }
-  return out;
-}
 
 void DataParallel::Impl::Replica::wait_for_updates() {
   parts_updated->record(*update_ctx);
@@ -50,19 +30,9 @@ constexpr int64_t kMinCopyChunkFloats = int64_t{1} << 18;  // 1 MiB: small layer
 }
 
 void DataParallel::Impl::plan_param_chunks(nn::Module& model) {
-  auto* seq = dynamic_cast<nn::Sequential*>(&model);
-  if (!seq) return;  // no layers to wait for one by one
-  int64_t total = 0;
-  const auto offsets = model.layout(&total);
-  const std::vector<nn::Parameter*>& params = replicas_[0].params;
-  std::vector<int64_t> child_end;
-  size_t k = 0;  // the parameters are in the children's order
-  for (size_t c = 0; c < seq->size(); ++c) {
-    const size_t own = seq->child(c).parameters().size();
-    child_end.push_back(own == 0 ? -1 : offsets[k + own - 1] + numel(params[k + own - 1]->shape));
-    k += own;
-  }
-  param_chunks_ = make_copy_chunks(child_end, total, kMinCopyChunkFloats, chunk_of_child_);
+  if (!dynamic_cast<nn::Sequential*>(&model)) return;  // no layers to wait for one by one
+  param_chunks_ =
+      nn::make_copy_chunks(model.child_ends(), model.flat_params().numel(), kMinCopyChunkFloats, chunk_of_child_);
   params_updated_ = std::make_unique<Event>(devices_[0]);
   for (size_t i = 1; i < replicas_.size(); ++i) {
     Replica& rep = replicas_[i];

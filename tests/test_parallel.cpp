@@ -24,7 +24,6 @@
 
 #include "catch.hpp"
 #include "common.hpp"
-#include "parallel/p2p_chunks.hpp"
 #include "parallel/reducer.hpp"
 #include "parallel_common.hpp"
 #include "runtime/allocator.hpp"

@@ -19,7 +19,6 @@
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/train/trainer.hpp>
 #include "kernels/cpu/cpu.hpp"
-#include "parallel/p2p_chunks.hpp"
 #include "parallel/reducer.hpp"
 #include "runtime/allocator.hpp"
 
@@ -61,16 +60,16 @@ TEST_CASE("p2p copies the parameters back in chunks of whole layers, in forward 
   // Children: an activation, a small layer, an activation, a large one, a small one, the
   // last (small) layer, an activation. The small first layer shares the large one's chunk;
   // the last chunk runs to the end (padding after the last parameter included).
-  auto c = make_copy_chunks({-1, 100, -1, 300000, 300100, 300200, -1}, 300256, 1000, chunk_of);
+  auto c = nn::make_copy_chunks({-1, 100, -1, 300000, 300100, 300200, -1}, 300256, 1000, chunk_of);
   REQUIRE(c.size() == 2);
-  CHECK(c[0] == CopyChunk{0, 300000});
-  CHECK(c[1] == CopyChunk{300000, 256});
+  CHECK(c[0] == nn::CopyChunk{0, 300000});
+  CHECK(c[1] == nn::CopyChunk{300000, 256});
   CHECK(chunk_of == std::vector<int>{-1, 0, -1, 0, 1, 1, -1});
   // Every layer large enough: a chunk each.
-  c = make_copy_chunks({1000, 2000, 3000}, 3000, 1000, chunk_of);
-  CHECK(c == std::vector<CopyChunk>{{0, 1000}, {1000, 1000}, {2000, 1000}});
+  c = nn::make_copy_chunks({1000, 2000, 3000}, 3000, 1000, chunk_of);
+  CHECK(c == std::vector<nn::CopyChunk>{{0, 1000}, {1000, 1000}, {2000, 1000}});
   CHECK(chunk_of == std::vector<int>{0, 1, 2});
-  CHECK(make_copy_chunks({-1, -1}, 0, 1000, chunk_of).empty());  // no parameters: nothing to copy
+  CHECK(nn::make_copy_chunks({-1, -1}, 0, 1000, chunk_of).empty());  // no parameters: nothing to copy
   CHECK(chunk_of == std::vector<int>{-1, -1});
 }
 

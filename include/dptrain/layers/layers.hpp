@@ -76,22 +76,6 @@ class Sequential : public Module {
   Module& child(size_t i) const { return *children().at(i); }
 };
 
-// While it lives, `owner`'s forward on this thread calls before_child(i) just before its
-// child i runs (for a run of Linear children computed as one, for each of them before
-// the run): data parallelism waits there for that child's parameters, which reach a
-// replica layer by layer (p2p), instead of for all of them before the first layer.
-class BeforeChildGuard {
- public:
-  BeforeChildGuard(const Sequential* owner, std::function<void(size_t)> before_child);
-  ~BeforeChildGuard();
-  BeforeChildGuard(const BeforeChildGuard&) = delete;
-  BeforeChildGuard& operator=(const BeforeChildGuard&) = delete;
-
- private:
-  const Sequential* outer_owner_;
-  std::function<void(size_t)> outer_;
-};
-
 // Layer widths of an MLP spec: "1024-4096x3-1024" is 1024, 4096, 4096, 4096, 1024
 // (x3 repeats a width). Presets: "seed" = 1000-1000, "mlp" = 1024-4096x3-1024.
 // Throws UsageError naming the problem.

@@ -4,6 +4,7 @@
 // norm's running statistics) live in a flat buffer of their own, outside all that.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -95,6 +96,10 @@ class Module {
   Device device() const { return flat_params_.device(); }
   // Offsets of every parameter in the flat buffer, and its total size.
   std::vector<int64_t> layout(int64_t* total);
+  // Where each child's parameters end in the flat buffer (children in registration order,
+  // -1 for a child without any), for make_copy_chunks; all -1 for a module with parameters
+  // of its own besides its children's.
+  std::vector<int64_t> child_ends();
   // The same for the buffers in theirs.
   std::vector<int64_t> buffer_layout(int64_t* total);
   // Starts a step's gradients: marks every parameter's gradient stale, so the first
@@ -139,6 +144,9 @@ class Module {
   void bind(Tensor flat, Tensor buffers);
 
   const std::vector<std::shared_ptr<Module>>& children() const { return children_; }
+  // A forward calls it just before its child i runs: the hook of a BeforeChildGuard made
+  // for this module on this thread, if any (a nested module is not the one hooked).
+  void before_child(size_t i) const;
 
  private:
   bool in_data_parallel_ = false;
@@ -158,6 +166,39 @@ class Module {
   DType compute_dtype_ = DType::f32;
   // Makes (bf16) or drops (f32) the shadow buffer and the parameters' views into it.
   void bind_shadow();
+};
+
+// A contiguous range of the flat parameter buffer, copied or updated in one piece.
+struct CopyChunk {
+  int64_t offset;
+  int64_t count;
+  bool operator==(const CopyChunk&) const = default;
+};
+
+// The flat buffer [0, total) cut at the ends of children's parameters (child_end[c], -1 for
+// a child without any: Module::child_ends), each chunk at least min_floats but the last,
+// which runs to `total`. chunk_of[c] is the chunk that child c's last parameter is in (-1
+// for none): once it is written, so are the child's parameters, the chunks being written
+// in order. p2p's copies of the master's parameters and UpdateBesideForward's parts.
+std::vector<CopyChunk> make_copy_chunks(const std::vector<int64_t>& child_end, int64_t total, int64_t min_floats,
+                                        std::vector<int>& chunk_of);
+
+// While it lives, `owner`'s forward on this thread calls before_child(i) just before its
+// child i runs (Sequential: for a run of Linear children computed as one, for each of them
+// before the run; GPT: its embedding, blocks and final LayerNorm in order). Whoever writes
+// the parameters on another stream waits there for that child's, which then arrive layer
+// by layer (p2p replicas' copies, optim::UpdateBesideForward's update), instead of for all
+// of them before the first layer.
+class BeforeChildGuard {
+ public:
+  BeforeChildGuard(const Module* owner, std::function<void(size_t)> before_child);
+  ~BeforeChildGuard();
+  BeforeChildGuard(const BeforeChildGuard&) = delete;
+  BeforeChildGuard& operator=(const BeforeChildGuard&) = delete;
+
+ private:
+  const Module* outer_owner_;
+  std::function<void(size_t)> outer_;
 };
 
 }  // namespace dpt::nn
