@@ -101,7 +101,7 @@ struct LineFlags {
 
 void print_line(const LineFlags& f, Workload& w, const Timing& t, const Device& d) {
   const double peak_mib = static_cast<double>(memory_stats(d).peak_allocated) / (1 << 20);
-  const char* graph = f.graph ? "-graph" : "";
+  const char* graph = f.graph ? "-graph" : f.overlap_update ? "-overlap" : "";
   const char* checked = f.check ? "-checked" : "";
   if (!w.is_gpt) {
     std::printf(
@@ -150,6 +150,8 @@ int main(int argc, char** argv) {
   try {
     const bool is_gpt = nn::is_gpt_spec(line.model);
     if (!is_gpt && app.count("--seq") > 0) throw UsageError("--seq is a GPT's sequence length");
+    if (line.overlap_update && line.graph)
+      throw UsageError("--overlap-update is for eager steps: a recorded graph's steps take the plain update");
     if (is_gpt && app.count("--precision") == 0) line.precision = "bf16";  // as torch_gpt_bench.py
     if (is_gpt && app.count("--batch") == 0) line.batch = 16;
     const Device d = parse_devices(device).front();
@@ -166,17 +168,15 @@ int main(int argc, char** argv) {
     constexpr int64_t kSlots = 8;
     PinnedBuffer records(sizeof(CheckRecord) * kSlots, d, /*mapped=*/true);
     const CheckRing ring{static_cast<CheckRecord*>(records.device_data()), kSlots, Tensor::zeros({2}, DType::i32, d)};
-    // --overlap-update: eager steps update beside the next forward (a recorded graph's
-    // steps take the plain update).
+    // --overlap-update: the update beside the next forward (eager steps only). With --check
+    // the check is a pass of its own, then the update (no twin buffers, no fused check).
     std::unique_ptr<optim::UpdateBesideForward> beside;
     if (line.overlap_update) beside = std::make_unique<optim::UpdateBesideForward>(opt, net);
-    bool recording = false;
     auto step = [&] {
       net.zero_grad();
-      const bool overlap = beside && !recording;
-      Tensor loss = w.loss(overlap ? beside->forward(w.x) : net.forward(w.x), w.y);
+      Tensor loss = w.loss(beside ? beside->forward(w.x) : net.forward(w.x), w.y);
       loss.backward();
-      if (overlap) {
+      if (beside) {
         net.settle_grads();  // before the check reads them
         beside->queue(line.check ? check_gradients(net.flat_grads(), 0.0f, ring) : Tensor());
       } else if (line.check) {
@@ -198,13 +198,10 @@ int main(int argc, char** argv) {
     if (line.graph)
       for (int parity = 0; parity < (twins && graph_steps % 2 == 1 ? 2 : 1); ++parity) {
         recorded.push_back(std::make_unique<Graph>(ctx, recorded.empty() ? nullptr : recorded.front().get()));
-        if (beside) beside->settle();
-        recording = true;
         recorded.back()->begin();
         graph_loss.emplace_back();
         for (int64_t i = 0; i < graph_steps; ++i) graph_loss.back() = step();
         recorded.back()->end();
-        recording = false;
       }
     // A replay of a graph of several steps counts as that many steps.
     const int64_t per_call = recorded.empty() ? 1 : graph_steps;

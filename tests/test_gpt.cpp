@@ -105,7 +105,10 @@ std::vector<uint32_t> trained_bits(const std::string& model_spec, const std::str
     opt = std::make_unique<optim::SGD>(*model, optim::SGD::Options{0.05f, 0.9f, 0.0f, 0.01f, true});
   else opt = std::make_unique<optim::AdamW>(*model, optim::AdamW::Options{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f});
   std::unique_ptr<optim::UpdateBesideForward> overlap;
-  if (beside) overlap = std::make_unique<optim::UpdateBesideForward>(*opt, *model);
+  if (beside) {  // a part a child: the GPT's embedding, blocks and final LayerNorm, the MLP's three Linears
+    overlap = std::make_unique<optim::UpdateBesideForward>(*opt, *model, 1);
+    REQUIRE(static_cast<int64_t>(overlap->parts()) == (is_gpt ? nn::parse_gpt_spec(model_spec).layers + 2 : 3));
+  }
   for (int step = 0; step < 4; ++step) {
     model->zero_grad();
     const Tensor out = overlap ? overlap->forward(in) : model->forward(in);
@@ -131,7 +134,7 @@ std::vector<uint32_t> trained_bits(const std::string& model_spec, const std::str
 
 // Each model, optimizer and scale: beside the forward, the plain update's bits.
 void check_update_beside_forward(const Device& d, DType compute) {
-  for (const std::string spec : {"gpt:L3-H2-C32-T16-V60", "24-48x2-6"})
+  for (const std::string spec : {"gpt:L3-H2-C32-T16-V60", "24-50x2-6"})
     for (const std::string opt : {"sgd", "adamw"})
       for (bool check : {false, true}) {
         INFO(spec << ", " << opt << (check ? ", with a check's scale" : ""));
