@@ -295,7 +295,7 @@ static __global__ void __launch_bounds__(kTileThreads)
   __shared__ __align__(16) float Bs[kChunk][kPitch];
   const int t = threadIdx.x, tx = tile_col(t), ty = tile_row(t);
   const int m0 = blockIdx.y * kTile, n0 = blockIdx.x * kTile;
-  const int splits = gridDim.z, split = blockIdx.z;
+  const int split = blockIdx.z;
   const int k_begin = split * k_per_split, k_end = min(k, k_begin + k_per_split);
   static_assert(kTileThreads == 4 * kTile && kChunk % 4 == 0, "column sums: four threads a column");
   const bool sums = colsum && blockIdx.x == 0;  // the same for the whole block (and cluster)
@@ -359,7 +359,7 @@ static __global__ void __launch_bounds__(kTileThreads)
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // every block's partials written
-    const int rows = kTile / splits;
+    const int splits = static_cast<int>(gridDim.z), rows = kTile / splits;
     for (int idx = t; idx < rows * (kTile / 4); idx += kTileThreads) {
       const int r = split * rows + idx / (kTile / 4), c = (idx % (kTile / 4)) * 4;
       float4 s = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -69,13 +69,16 @@ void launch_kernel_ex(bool cooperative, dim3 cluster, void (*kernel)(Params...),
     attrs[count++].val.cooperative = 1;
   }
   if (cluster.x * cluster.y * cluster.z > 1) {
-    DPT_CHECK(DPT_SM90, "thread-block clusters need every CUDA architecture built to be 9.0 or newer");
+#if DPT_SM90  // else only the throw: code after it would be unreachable (a warning, an error with -Werror)
     DPT_CHECK(grid.x % cluster.x == 0 && grid.y % cluster.y == 0 && grid.z % cluster.z == 0,
               "a grid of whole thread-block clusters");
     attrs[count].id = cudaLaunchAttributeClusterDimension;
     attrs[count].val.clusterDim.x = cluster.x;
     attrs[count].val.clusterDim.y = cluster.y;
     attrs[count++].val.clusterDim.z = cluster.z;
+#else
+    throw ::dpt::Error("thread-block clusters need every CUDA architecture built to be 9.0 or newer");
+#endif
   }
   cfg.attrs = attrs;
   cfg.numAttrs = count;
