@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <dptrain/data/tokens.hpp>
@@ -50,19 +52,23 @@ std::vector<uint32_t> bits_of(const Tensor& t) {
   return out;
 }
 
+// A fixed batch of `batch` sequences for g: tokens and next-token targets, on d.
+std::pair<Tensor, Tensor> gpt_batch(const nn::GptConfig& g, int64_t batch, const Device& d) {
+  std::vector<int32_t> tokens(static_cast<size_t>(batch * g.context)), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>((i * 7 + i / 5) % static_cast<size_t>(g.vocab));
+    targets[i] = static_cast<int32_t>((i * 3 + 1) % static_cast<size_t>(g.vocab));
+  }
+  return {Tensor::from_host_i32(tokens, {batch, g.context}, d), Tensor::from_host_i32(targets, {batch, g.context}, d)};
+}
+
 RecomputeStep recompute_step(const std::string& spec, int64_t batch, const Device& d, DType compute, nn::Recompute r) {
   const nn::GptConfig g = nn::parse_gpt_spec(spec);
   auto model = nn::gpt(g);
   model->set_compute_dtype(compute);
   model->to(d, 1);
   model->set_recompute(r);
-  std::vector<int32_t> tokens(static_cast<size_t>(batch * g.context)), targets(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<int32_t>((i * 7 + i / 5) % static_cast<size_t>(g.vocab));
-    targets[i] = static_cast<int32_t>((i * 3 + 1) % static_cast<size_t>(g.vocab));
-  }
-  const Tensor in = Tensor::from_host_i32(tokens, {batch, g.context}, d);
-  const Tensor out = Tensor::from_host_i32(targets, {batch, g.context}, d);
+  const auto [in, out] = gpt_batch(g, batch, d);
   model->zero_grad();
   context(d).synchronize();
   reset_peak_memory(d);
@@ -80,19 +86,13 @@ RecomputeStep recompute_step(const std::string& spec, int64_t batch, const Devic
 std::vector<uint32_t> trained_bits(const std::string& model_spec, const std::string& opt_name, bool beside, bool check,
                                    const Device& d, DType compute) {
   const bool is_gpt = nn::is_gpt_spec(model_spec);
+  const nn::GptConfig g = is_gpt ? nn::parse_gpt_spec(model_spec) : nn::GptConfig{};
   std::shared_ptr<nn::Module> model;
   Tensor in, target;
   constexpr int64_t kBatch = 3;
   if (is_gpt) {
-    const nn::GptConfig g = nn::parse_gpt_spec(model_spec);
     model = nn::gpt(g);
-    std::vector<int32_t> tokens(static_cast<size_t>(kBatch * g.context)), targets(tokens.size());
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = static_cast<int32_t>((i * 7 + i / 5) % static_cast<size_t>(g.vocab));
-      targets[i] = static_cast<int32_t>((i * 3 + 1) % static_cast<size_t>(g.vocab));
-    }
-    in = Tensor::from_host_i32(tokens, {kBatch, g.context}, d);
-    target = Tensor::from_host_i32(targets, {kBatch, g.context}, d);
+    std::tie(in, target) = gpt_batch(g, kBatch, d);
   } else {
     model = nn::mlp(model_spec);
     in = test::randn_tensor({kBatch, 24}, 5, d);
@@ -107,12 +107,12 @@ std::vector<uint32_t> trained_bits(const std::string& model_spec, const std::str
   std::unique_ptr<optim::UpdateBesideForward> overlap;
   if (beside) {  // a part a child: the GPT's embedding, blocks and final LayerNorm, the MLP's three Linears
     overlap = std::make_unique<optim::UpdateBesideForward>(*opt, *model, 1);
-    REQUIRE(static_cast<int64_t>(overlap->parts()) == (is_gpt ? nn::parse_gpt_spec(model_spec).layers + 2 : 3));
+    REQUIRE(static_cast<int64_t>(overlap->parts()) == (is_gpt ? g.layers + 2 : 3));
   }
   for (int step = 0; step < 4; ++step) {
     model->zero_grad();
     const Tensor out = overlap ? overlap->forward(in) : model->forward(in);
-    Tensor loss = is_gpt ? nn::lm_loss(out, target, nn::parse_gpt_spec(model_spec).vocab) : mse_loss(out, target);
+    Tensor loss = is_gpt ? nn::lm_loss(out, target, g.vocab) : mse_loss(out, target);
     loss.backward();
     model->settle_grads();
     const Tensor scale = check ? check_gradients(model->flat_grads(), 0.5f) : Tensor();
