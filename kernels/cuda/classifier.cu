@@ -10,13 +10,12 @@
 // order by one block. No float atomics: the same inputs give the same bits on every run.
 #include <cmath>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "check.hpp"
 #include "common.cuh"
 #include "cuda.hpp"
+#include "launch.hpp"
 #include "row_softmax.cuh"
 
 namespace dpt::cuda {
@@ -230,33 +229,13 @@ static __global__ void __launch_bounds__(kClassifierThreads, 2)
   }
 }
 
-// The dynamic shared memory a block of classifier_shared_kernel<T> may take on the current
-// device: the device's opt-in limit less the static arrays, raised once a device (a
-// function attribute is the device's, so one value for every caller: a limit set to each
-// call's size would race between threads sharing the device).
-template <typename T>
-int64_t shared_row_limit() {
-  constexpr int64_t kStatic = 1024;  // block_max's and block_total's arrays, with room
-  static std::mutex mu;
-  static std::map<int, int64_t> limit;  // device -> bytes
-  int device = 0;
-  DPT_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = limit.find(device); it != limit.end()) return it->second;
-  int per_block = 0;
-  DPT_CUDA_CHECK(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const int64_t bytes = per_block - kStatic;
-  DPT_CUDA_CHECK(cudaFuncSetAttribute(classifier_shared_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(bytes)));
-  return limit[device] = bytes;
-}
-
 // Whether the row goes to shared memory (classifier_shared_kernel): in whole vectors, and
-// within a block's shared memory on this device.
+// within a block's shared memory on this device (allow_optin_smem raises the kernel's limit
+// once a device).
 template <typename T>
 bool row_in_shared(const T* logits, int64_t cols) {
   if (cols % Vec16<T>::kCount != 0 || reinterpret_cast<uintptr_t>(logits) % 16 != 0) return false;
-  return cols * static_cast<int64_t>(sizeof(T)) <= shared_row_limit<T>();
+  return allow_optin_smem(classifier_shared_kernel<T>, static_cast<size_t>(cols) * sizeof(T));
 }
 
 // g *= scale * *dloss (dloss may be null).
