@@ -29,7 +29,6 @@
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/loss.hpp>
 #include <dptrain/layers/model_spec.hpp>
-#include <dptrain/optim/beside_forward.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/parallel/data_parallel.hpp>
 #include <dptrain/runtime/context.hpp>
@@ -95,13 +94,13 @@ struct Timing {
 struct LineFlags {
   std::string model, precision, gemm;
   int64_t batch = 0;
-  bool graph = false, check = false, overlap_update = false;
+  bool graph = false, check = false;
   double peak_tflops = bench::kDefaultPeakTflops;
 };
 
 void print_line(const LineFlags& f, Workload& w, const Timing& t, const Device& d) {
   const double peak_mib = static_cast<double>(memory_stats(d).peak_allocated) / (1 << 20);
-  const char* graph = f.graph ? "-graph" : f.overlap_update ? "-overlap" : "";
+  const char* graph = f.graph ? "-graph" : "";
   const char* checked = f.check ? "-checked" : "";
   if (!w.is_gpt) {
     std::printf(
@@ -140,8 +139,6 @@ int main(int argc, char** argv) {
   app.add_option("--peak-tflops", line.peak_tflops,
                  "A GPT's MFU against this many TFLOPS (default 989: an H100 or H200 SXM's dense bf16 peak)");
   app.add_flag("--cuda-graph", line.graph, "Record the step as a CUDA graph after warm-up and time its replays");
-  app.add_flag("--overlap-update", line.overlap_update,
-               "Eager steps: the update beside the next step's forward, layer by layer (optim::UpdateBesideForward)");
   app.add_flag("--check", line.check,
                "Check the gradients in the update and record the check in host memory, as dptrain's loop does");
   app.add_option("--graph-steps", graph_steps, "With --cuda-graph: steps recorded in one graph (one replay runs them)")
@@ -150,8 +147,6 @@ int main(int argc, char** argv) {
   try {
     const bool is_gpt = nn::is_gpt_spec(line.model);
     if (!is_gpt && app.count("--seq") > 0) throw UsageError("--seq is a GPT's sequence length");
-    if (line.overlap_update && line.graph)
-      throw UsageError("--overlap-update is for eager steps: a recorded graph's steps take the plain update");
     if (is_gpt && app.count("--precision") == 0) line.precision = "bf16";  // as torch_gpt_bench.py
     if (is_gpt && app.count("--batch") == 0) line.batch = 16;
     const Device d = parse_devices(device).front();
@@ -161,29 +156,19 @@ int main(int argc, char** argv) {
     Workload w = make_workload(line.model, line.batch, seq, d, ctx.precision);
     nn::Module& net = *w.net;
     optim::Optimizer& opt = *w.opt;
-    const bool twins = line.check && !line.overlap_update && d.is_cuda() && twins_by_default(net.flat_params().numel());
+    const bool twins = line.check && d.is_cuda() && twins_by_default(net.flat_params().numel());
     opt.set_twin_buffers(twins);
     // The loop's ring: kSlots records in mapped host memory (train/nonfinite_watch.hpp's
     // kLag), read by no one here.
     constexpr int64_t kSlots = 8;
     PinnedBuffer records(sizeof(CheckRecord) * kSlots, d, /*mapped=*/true);
     const CheckRing ring{static_cast<CheckRecord*>(records.device_data()), kSlots, Tensor::zeros({2}, DType::i32, d)};
-    // --overlap-update: the update beside the next forward (eager steps only). With --check
-    // the check is a pass of its own, then the update (no twin buffers, no fused check).
-    std::unique_ptr<optim::UpdateBesideForward> beside;
-    if (line.overlap_update) beside = std::make_unique<optim::UpdateBesideForward>(opt, net);
     auto step = [&] {
       net.zero_grad();
-      Tensor loss = w.loss(beside ? beside->forward(w.x) : net.forward(w.x), w.y);
+      Tensor loss = w.loss(net.forward(w.x), w.y);
       loss.backward();
-      if (beside) {
-        net.settle_grads();  // before the check reads them
-        beside->queue(line.check ? check_gradients(net.flat_grads(), 0.0f, ring) : Tensor());
-      } else if (line.check) {
-        opt.checked_step(0.0f, ring);
-      } else {
-        opt.step();
-      }
+      if (line.check) opt.checked_step(0.0f, ring);
+      else opt.step();
       return loss;
     };
     Timing t;

@@ -16,7 +16,6 @@
 #include <dptrain/layers/layers.hpp>
 #include <dptrain/layers/model_spec.hpp>
 #include <dptrain/optim/adamw.hpp>
-#include <dptrain/optim/beside_forward.hpp>
 #include <dptrain/optim/sgd.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
@@ -78,69 +77,6 @@ RecomputeStep recompute_step(const std::string& spec, int64_t batch, const Devic
   model->settle_grads();
   context(d).synchronize();
   return {bits_of(loss), bits_of(model->flat_grads()), static_cast<int64_t>(memory_stats(d).peak_allocated) - held};
-}
-
-// K steps of `model_spec` (a GPT or an MLP) with `opt_name`, the update after each step
-// (plain) or beside the next forward (UpdateBesideForward), with a check's scale or none:
-// the parameters, the shadow (bf16) and the optimizer's state after them, as bits.
-std::vector<uint32_t> trained_bits(const std::string& model_spec, const std::string& opt_name, bool beside, bool check,
-                                   const Device& d, DType compute) {
-  const bool is_gpt = nn::is_gpt_spec(model_spec);
-  const nn::GptConfig g = is_gpt ? nn::parse_gpt_spec(model_spec) : nn::GptConfig{};
-  std::shared_ptr<nn::Module> model;
-  Tensor in, target;
-  constexpr int64_t kBatch = 3;
-  if (is_gpt) {
-    model = nn::gpt(g);
-    std::tie(in, target) = gpt_batch(g, kBatch, d);
-  } else {
-    model = nn::mlp(model_spec);
-    in = test::randn_tensor({kBatch, 24}, 5, d);
-    target = test::randn_tensor({kBatch, 6}, 6, d);
-  }
-  model->set_compute_dtype(compute);
-  model->to(d, 1);
-  std::unique_ptr<optim::Optimizer> opt;
-  if (opt_name == "sgd")
-    opt = std::make_unique<optim::SGD>(*model, optim::SGD::Options{0.05f, 0.9f, 0.0f, 0.01f, true});
-  else opt = std::make_unique<optim::AdamW>(*model, optim::AdamW::Options{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f});
-  std::unique_ptr<optim::UpdateBesideForward> overlap;
-  if (beside) {  // a part a child: the GPT's embedding, blocks and final LayerNorm, the MLP's three Linears
-    overlap = std::make_unique<optim::UpdateBesideForward>(*opt, *model, 1);
-    REQUIRE(static_cast<int64_t>(overlap->parts()) == (is_gpt ? g.layers + 2 : 3));
-  }
-  for (int step = 0; step < 4; ++step) {
-    model->zero_grad();
-    const Tensor out = overlap ? overlap->forward(in) : model->forward(in);
-    Tensor loss = is_gpt ? nn::lm_loss(out, target, g.vocab) : mse_loss(out, target);
-    loss.backward();
-    model->settle_grads();
-    const Tensor scale = check ? check_gradients(model->flat_grads(), 0.5f) : Tensor();
-    if (overlap) overlap->queue(scale);
-    else opt->step(scale);
-  }
-  if (overlap) overlap->settle();
-  std::vector<uint32_t> out = bits_of(model->flat_params());
-  if (model->flat_shadow().defined()) {
-    const std::vector<uint32_t> shadow = bits_of(cast(model->flat_shadow(), DType::f32));
-    out.insert(out.end(), shadow.begin(), shadow.end());
-  }
-  for (const auto& [name, t] : opt->state()) {
-    const std::vector<uint32_t> b = bits_of(t);
-    out.insert(out.end(), b.begin(), b.end());
-  }
-  return out;
-}
-
-// Each model, optimizer and scale: beside the forward, the plain update's bits.
-void check_update_beside_forward(const Device& d, DType compute) {
-  for (const std::string spec : {"gpt:L3-H2-C32-T16-V60", "24-50x2-6"})
-    for (const std::string opt : {"sgd", "adamw"})
-      for (bool check : {false, true}) {
-        INFO(spec << ", " << opt << (check ? ", with a check's scale" : ""));
-        const auto plain = trained_bits(spec, opt, false, check, d, compute);
-        CHECK(trained_bits(spec, opt, true, check, d, compute) == plain);
-      }
 }
 
 }  // namespace
@@ -443,10 +379,6 @@ TEST_CASE("recomputation is a GPT's setting: replicas carry it, another model re
   CHECK(test::final_params(re) == test::final_params(one));
 }
 
-TEST_CASE("the update beside the next forward gives the plain update's bits", "[optim][gpt]") {
-  check_update_beside_forward(test::host, DType::f32);
-}
-
 #endif  // DPT_GPU_TESTS
 
 #ifdef DPT_GPU_TESTS  // ---- the GPU cases (dpt_gpu_tests) ----
@@ -469,14 +401,6 @@ TEST_CASE("recomputation gives the same bits on the GPU in bf16 (gelu and gelu+l
     CHECK(both.grads == gelu.grads);
     CHECK(gelu.peak < none.peak);
     CHECK(both.peak < gelu.peak);
-  }
-}
-
-TEST_CASE("the update beside the next forward gives the plain update's bits on the GPU, bf16 and fp32",
-          "[gpu][gpt][optim]") {
-  for (DType compute : {DType::bf16, DType::f32}) {
-    INFO(dtype_name(compute));
-    check_update_beside_forward(test::gpu, compute);
   }
 }
 

@@ -21,7 +21,6 @@
 #include <dptrain/layers/module.hpp>
 
 #include <dptrain/optim/adamw.hpp>
-#include <dptrain/optim/beside_forward.hpp>
 #include <dptrain/optim/clip.hpp>
 #include <dptrain/optim/optim.hpp>
 #include <dptrain/optim/optimizer.hpp>

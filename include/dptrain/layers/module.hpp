@@ -179,7 +179,7 @@ struct CopyChunk {
 // a child without any: Module::child_ends), each chunk at least min_floats but the last,
 // which runs to `total`. chunk_of[c] is the chunk that child c's last parameter is in (-1
 // for none): once it is written, so are the child's parameters, the chunks being written
-// in order. p2p's copies of the master's parameters and UpdateBesideForward's parts.
+// in order. p2p's copies of the master's parameters.
 std::vector<CopyChunk> make_copy_chunks(const std::vector<int64_t>& child_end, int64_t total, int64_t min_floats,
                                         std::vector<int>& chunk_of);
 
@@ -187,7 +187,7 @@ std::vector<CopyChunk> make_copy_chunks(const std::vector<int64_t>& child_end, i
 // child i runs (Sequential: for a run of Linear children computed as one, for each of them
 // before the run; GPT: its embedding, blocks and final LayerNorm in order). Whoever writes
 // the parameters on another stream waits there for that child's, which then arrive layer
-// by layer (p2p replicas' copies, optim::UpdateBesideForward's update), instead of for all
+// by layer (p2p replicas' copies), instead of for all
 // of them before the first layer.
 class BeforeChildGuard {
  public:
