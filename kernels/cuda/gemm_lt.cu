@@ -26,6 +26,8 @@
 
 #include <atomic>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -260,6 +262,35 @@ float run_time(const LtCall& call, const Plan& plan, const cublasLtMatmulAlgo_t&
   return best;
 }
 
+// DPT_LT_REPORT in the environment (a diagnosis, read once): tune() times every candidate,
+// those with other bits too, and prints a line for each to stderr. Taking a kernel with other
+// bits changes a run's numbers, so that is a decision for a person, made from these lines.
+bool report_candidates() {
+  static const bool on = std::getenv("DPT_LT_REPORT") != nullptr;
+  return on;
+}
+
+void report_candidate(const LtCall& call, int index, const cublasLtMatmulAlgo_t& algo, float ms, bool same_bits) {
+  const cublasLtMatmulAlgoConfigAttributes_t attrs[3] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID,
+                                                         CUBLASLT_ALGO_CONFIG_STAGES_ID};
+  int32_t value[3] = {-1, -1, -1};
+  for (int i = 0; i < 3; ++i) {
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attrs[i], &value[i], sizeof(value[i]), &written) !=
+        CUBLAS_STATUS_SUCCESS)
+      value[i] = -1;
+  }
+  std::fprintf(stderr, "dpt lt candidate %lld x %lld x %lld%s #%d (algo %d tile %d stages %d): %.1f us, %s\n",
+               static_cast<long long>(call.m), static_cast<long long>(call.n), static_cast<long long>(call.k),
+               call.act_grad ? " dgelu"
+               : call.aux    ? " gelu-aux"
+                             : "",
+               index, value[0], value[1], value[2], static_cast<double>(ms) * 1000.0,
+               index == 0  ? "the heuristic's choice"
+               : same_bits ? "same bits"
+                           : "other bits");
+}
+
 // Tuning a plan on its first call: the heuristic's choice and the other candidates that do
 // not split K run on the call's own operands; those that wrote the same bits as the
 // heuristic's choice (C, and a GELU_AUX epilogue's pre-activation) are timed and the fastest
@@ -274,14 +305,20 @@ void tune(const LtCall& call, Plan& plan, const std::vector<cublasLtMatmulAlgo_t
   const Digest want = output_digest(call);
   if (2 * want.nonzero < call.out_words * (call.aux && !call.act_grad ? 2 : 1)) return;
   float best = run_time(call, plan, plan.algo);
+  const bool report = report_candidates();
+  if (report) report_candidate(call, 0, plan.algo, best, true);
   cublasLtMatmulAlgo_t fastest = plan.algo;
+  int index = 0;
   for (const cublasLtMatmulAlgo_t& algo : others) {
     ++candidates_tried;
+    ++index;
     if (call.run(plan, algo) != CUBLAS_STATUS_SUCCESS) {  // passed over (a refused launch leaves no error)
       (void)cudaGetLastError();
       continue;
     }
-    if (!(output_digest(call) == want)) continue;
+    const bool same_bits = output_digest(call) == want;
+    if (report) report_candidate(call, index, algo, run_time(call, plan, algo), same_bits);
+    if (!same_bits) continue;
     ++candidates_matched;
     if (const float ms = run_time(call, plan, algo); ms < best) {
       best = ms;
