@@ -259,15 +259,8 @@ Tensor GPT::forward(const Tensor& tokens) {
   if (T < 1 || T > config_.context)
     throw UsageError("GPT: a sequence of " + std::to_string(T) + " tokens; the model's context is " +
                      std::to_string(config_.context));
-  // The children in registration order: the embedding, the blocks, the final LayerNorm
-  // (the output projection is the embedding's wte, ready since the first).
-  before_child(0);
   Residual stream{embed_->forward(tokens), Tensor()};
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    before_child(l + 1);
-    stream = blocks_[l]->forward(stream, T);
-  }
-  before_child(blocks_.size() + 1);
+  for (const auto& b : blocks_) stream = b->forward(stream, T);
   return output_logits(ln_f_->forward(stream).normed);
 }
 

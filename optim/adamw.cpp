@@ -73,14 +73,14 @@ Tensor AdamW::checked_step(float max_norm, const CheckRing& ring) {
   return scale;
 }
 
-void AdamW::update_range(int64_t offset, int64_t count, const StepCounter& step, const Tensor& grad_scale) {
+void AdamW::update_range(int64_t offset, int64_t count, const StepCounter& step) {
   StepCounter with_betas = step;
   with_betas.beta1 = o_.beta1;
   with_betas.beta2 = o_.beta2;
   AdamArgs a = update_args();
   a.first += offset;
   adamw_step(part_of(params_, offset, count), part_of(grads_, offset, count), part_of(m_, offset, count),
-             part_of(v_, offset, count), a, grad_scale, part_of(shadow(), offset, count), &with_betas);
+             part_of(v_, offset, count), a, {}, part_of(shadow(), offset, count), &with_betas);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {

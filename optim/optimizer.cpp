@@ -139,7 +139,7 @@ void Optimizer::refresh_shadow_range(int64_t begin, int64_t end) {
   dpt::refresh_shadow(model_->flat_params().view(begin, {end - begin}), shadow.view(begin, {end - begin}), step);
 }
 
-void Optimizer::step_part(int64_t offset, int64_t count, bool last, const Tensor& grad_scale) {
+void Optimizer::step_part(int64_t offset, int64_t count, bool last) {
   DPT_CHECK(begin_ == 0 && params_.numel() == model_->flat_params().numel(),
             "Optimizer::step_part: not for a ZeRO shard");
   const int64_t n = params_.numel();
@@ -150,7 +150,7 @@ void Optimizer::step_part(int64_t offset, int64_t count, bool last, const Tensor
   StepCounter step = step_counter(0.0f, 0.0f);  // the optimizer's own betas: update_range's
   step.advance = last;
   step.rounding.first += offset;  // the part's element 0
-  update_range(offset, count, step, grad_scale);
+  update_range(offset, count, step);
   if (last) ++t_;
 }
 

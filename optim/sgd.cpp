@@ -52,9 +52,9 @@ Tensor SGD::checked_step(float max_norm, const CheckRing& ring) {
   return scale;
 }
 
-void SGD::update_range(int64_t offset, int64_t count, const StepCounter& step, const Tensor& grad_scale) {
-  sgd_step(part_of(params_, offset, count), part_of(grads_, offset, count), part_of(buf_, offset, count), o_,
-           grad_scale, part_of(shadow(), offset, count), &step);
+void SGD::update_range(int64_t offset, int64_t count, const StepCounter& step) {
+  sgd_step(part_of(params_, offset, count), part_of(grads_, offset, count), part_of(buf_, offset, count), o_, {},
+           part_of(shadow(), offset, count), &step);
 }
 
 std::vector<std::pair<std::string, Tensor>> SGD::state() const {

@@ -145,7 +145,7 @@ void DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, do
       NvtxRange range(rep.nvtx_forward.c_str());
       std::optional<nn::BeforeChildGuard> wait_per_layer;  // p2p: the parameters arrive layer by layer
       if (rep.chunks_waited < rep.chunk_copied.size())
-        wait_per_layer.emplace(static_cast<const nn::Sequential*>(rep.model.get()), [&](size_t c) {
+        wait_per_layer.emplace(rep.model.get(), [&](size_t c) {
           if (chunk_of_child_[c] >= 0) rep.wait_for_chunk(static_cast<size_t>(chunk_of_child_[c]));
         });
       const Tensor out = rep.model->forward(shard.x);

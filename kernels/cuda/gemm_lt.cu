@@ -317,10 +317,12 @@ void tune(const LtCall& call, Plan& plan, const std::vector<cublasLtMatmulAlgo_t
       continue;
     }
     const bool same_bits = output_digest(call) == want;
-    if (report) report_candidate(call, index, algo, run_time(call, plan, algo), same_bits);
+    if (!same_bits && !report) continue;
+    const float ms = run_time(call, plan, algo);
+    if (report) report_candidate(call, index, algo, ms, same_bits);
     if (!same_bits) continue;
     ++candidates_matched;
-    if (const float ms = run_time(call, plan, algo); ms < best) {
+    if (ms < best) {
       best = ms;
       fastest = algo;
     }

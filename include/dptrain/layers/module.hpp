@@ -185,10 +185,9 @@ std::vector<CopyChunk> make_copy_chunks(const std::vector<int64_t>& child_end, i
 
 // While it lives, `owner`'s forward on this thread calls before_child(i) just before its
 // child i runs (Sequential: for a run of Linear children computed as one, for each of them
-// before the run; GPT: its embedding, blocks and final LayerNorm in order). Whoever writes
-// the parameters on another stream waits there for that child's, which then arrive layer
-// by layer (p2p replicas' copies), instead of for all
-// of them before the first layer.
+// before the run). Whoever writes the parameters on another stream waits there for that
+// child's, which then arrive layer by layer (p2p replicas' copies), instead of for all of
+// them before the first layer.
 class BeforeChildGuard {
  public:
   BeforeChildGuard(const Module* owner, std::function<void(size_t)> before_child);

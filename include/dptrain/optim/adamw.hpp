@@ -25,7 +25,7 @@ class AdamW : public Optimizer {
   const Tensor& exp_avg_sq() const { return v_; }
 
  private:
-  void update_range(int64_t offset, int64_t count, const StepCounter& step, const Tensor& grad_scale) override;
+  void update_range(int64_t offset, int64_t count, const StepCounter& step) override;
   AdamArgs update_args() const;  // the update kernel's arguments (lr and corrections come from the counter)
   void reset_state(int64_t n) override;
   Options o_;

@@ -42,8 +42,8 @@ class Optimizer {
   // with the step's values from the counter; `last` moves the counter (and the host's
   // count) on, so it comes after the step's other parts in stream order. The parts of a
   // step update every element once: the parameters and state are step()'s bit for bit.
-  // `grad_scale` as step()'s, the same for every part. Not for a ZeRO shard.
-  void step_part(int64_t offset, int64_t count, bool last, const Tensor& grad_scale = {});
+  // Not for a ZeRO shard.
+  void step_part(int64_t offset, int64_t count, bool last);
   virtual std::string describe() const = 0;
   const nn::Module& model() const { return *model_; }  // the module it updates
   // The schedule the steps consult, by the optimizer's step count (0-based).
@@ -117,7 +117,7 @@ class Optimizer {
   // Elements [offset, offset + count) of a flat buffer (an undefined one stays undefined).
   static Tensor part_of(const Tensor& t, int64_t offset, int64_t count);
   // The update of one range of the buffers (step_part's, in the flat buffers' coordinates).
-  virtual void update_range(int64_t offset, int64_t count, const StepCounter& step, const Tensor& grad_scale) = 0;
+  virtual void update_range(int64_t offset, int64_t count, const StepCounter& step) = 0;
   // Twin buffers: the second copy of buffer k (0 the parameters, then state()'s in order),
   // a refusal of the updates that cannot run with them, and the swap after a step.
   const Tensor& twin(size_t k) const { return twins_.at(k).second; }

@@ -23,7 +23,7 @@ class SGD : public Optimizer {
   const Tensor& momentum_buffer() const { return buf_; }
 
  private:
-  void update_range(int64_t offset, int64_t count, const StepCounter& step, const Tensor& grad_scale) override;
+  void update_range(int64_t offset, int64_t count, const StepCounter& step) override;
   void reset_state(int64_t n) override;
   Options o_;
   Tensor buf_;
