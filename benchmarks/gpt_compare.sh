@@ -12,7 +12,8 @@
 # 989: the dense bf16 peak of an H100 or H200 SXM), peak MiB (allocated; the loop's as its
 # summary prints it), and speed against torch.compile (its ms over this row's).
 # TRACE=1 adds where the bare eager step's GPU time goes at the first batch (kernel_trace,
-# summed by kernel). STEPS: the loop's steps (default 60). Logs go to $OUT or /tmp/dpt_compare.
+# summed by kernel). STEPS: the loop's steps (default 60). PREBUILT=1 skips the build and uses
+# the binaries already in build/ (built elsewhere and copied there). Logs go to $OUT or /tmp/dpt_compare.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-/tmp/dpt_compare}
@@ -20,14 +21,16 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 # NVLink multicast can take a shared host's GPUs down (GPU.md)
 peak=${PEAK_TFLOPS:-989} batches=${BATCHES:-16 32} loop_steps=${STEPS:-60}
 
-if [ ! -f build/build.ninja ]; then
-  bash .ci/deps
-  cmake -S . -B build -G Ninja -DDPT_WERROR=ON >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+if [ "${PREBUILT:-0}" != 1 ]; then
+  if [ ! -f build/build.ninja ]; then
+    bash .ci/deps
+    cmake -S . -B build -G Ninja -DDPT_WERROR=ON >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+  fi
+  targets="step_bench dptrain_cli $([ "${TRACE:-0}" = 1 ] && echo dpt_kernel_trace)"
+  # shellcheck disable=SC2086  # the target list splits
+  cmake --build build --target $targets >"$out/gpt-build.log" 2>&1 ||
+    { grep -E 'error' "$out/gpt-build.log" | head -40; exit 1; }
 fi
-targets="step_bench dptrain_cli $([ "${TRACE:-0}" = 1 ] && echo dpt_kernel_trace)"
-# shellcheck disable=SC2086  # the target list splits
-cmake --build build --target $targets >"$out/gpt-build.log" 2>&1 ||
-  { grep -E 'error' "$out/gpt-build.log" | head -40; exit 1; }
 
 adamw=(--optimizer adamw --lr 6e-4 --beta2 0.95 --weight-decay 0.1)
 {
