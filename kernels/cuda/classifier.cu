@@ -103,11 +103,12 @@ __device__ float block_total(float v) {
 
 // exp(x - max) for the softmax. In bf16 the fast form, 2^(x log2(e) - max log2(e)): one FFMA
 // and the hardware's ex2, where x - max, its scaling and ex2 took three instructions (the
-// kernel is bound by its instructions; a few ulps of fp32 apart, far below bf16's rounding
-// of the gradient). Its ftz form flushes results below 2^-126 to 0, where the plain form
-// took three more instructions a value to keep them: such a term changes no sum of at
-// least 1, and only a gradient already below the smallest normal bf16. In fp32 the exact
-// one. Exactly 1 where x is max and both are 0.
+// kernel's instructions count; a few ulps of fp32 apart, far below bf16's rounding of the
+// gradient, while |max| stays below about 1e4: the rounding of max log2(e) grows with it,
+// and logits of a million are a model that has diverged already). Its ftz form flushes
+// results below 2^-126 to 0, where the plain form took three more instructions a value to
+// keep them: such a term changes no sum of at least 1, and only a gradient already below
+// the smallest normal bf16. In fp32 the exact one. Exactly 1 where x is max and both are 0.
 template <typename T>
 struct ShiftedExp;
 template <>
@@ -162,9 +163,9 @@ __device__ __forceinline__ void store_finite(Vec16<uint16_t>& g, const float (&p
 // over the row's max: a different (equally exact) order of operations from the online form,
 // so the bits differ from the general kernel's, not from run to run. Its instructions count
 // too (ncu once found 81% of the SM's issue slots busy), so the vectors wholly inside the
-// vocabulary skip the column checks, and a row whose max
-// and sum are finite (every gradient then finite) rounds its gradients two at a time in
-// hardware: bf16_round's bits, in one instruction instead of six a value.
+// vocabulary skip the column checks, and a row whose max and sum are finite (every gradient
+// then finite) rounds its gradients two at a time in hardware: bf16_round's bits, in one
+// instruction instead of six a value.
 template <typename T>
 static __global__ void __launch_bounds__(kClassifierThreads, 2)
     classifier_shared_kernel(T* logits, const int32_t* targets, int64_t rows, int64_t cols, int64_t vocab, float* work,
@@ -198,7 +199,7 @@ static __global__ void __launch_bounds__(kClassifierThreads, 2)
         if (i * E + e < nvocab) m = fmaxf(m, as_float(x.v[e]));
     }
   }
-  const float max = block_max(m);  // its barrier also makes `held` visible to the block
+  const float max = block_max(m);
   const ShiftedExp<T> shifted_exp(max);
   float s = 0.f;
   for (int i = static_cast<int>(threadIdx.x); i < nvec; i += kClassifierThreads) {
