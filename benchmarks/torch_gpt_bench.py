@@ -20,8 +20,9 @@ Prints one line a run:
 and with --gpus N one line per --grad-comm, tokens/s those of every GPU together, MFU a GPU,
 peak rank 0's, then every rank's:
   torch gpt2 B <B> T <T> ddp:<N> <impl> grad-comm <fp32|bf16>: <the same fields>, per-GPU MiB <a> <b> ...
-MFU counts 6N + 6LCT flops a token (N the parameters without the position embedding, as
-llm.c counts) against --peak-tflops, the GPU's dense bf16 peak (989 for an H100 or H200 SXM).
+MFU counts 6N + 6LCT flops a token (N the parameters, the padded vocabulary's rows included,
+without the position embedding: llm.c's count less that lookup, 0.6% fewer flops at GPT-2
+124M) against --peak-tflops, the GPU's dense bf16 peak (989 for an H100 or H200 SXM).
 Out of memory ends it with status 3 and one line on stderr:
   torch gpt2 B <B> T <T> <impl>: out of memory (peak <MiB> MiB before it): <PyTorch's message>
 (with --gpus N: "... ddp:<N> <impl> grad-comm <g> on rank <r>: out of memory ...", the other ranks ended)."""
