@@ -30,6 +30,11 @@ if [ "${PREBUILT:-0}" != 1 ]; then
   # shellcheck disable=SC2086  # the target list splits
   cmake --build build --target $targets >"$out/gpt-build.log" 2>&1 ||
     { grep -E 'error' "$out/gpt-build.log" | head -40; exit 1; }
+else
+  for bin in build/benchmarks/step_bench build/apps/dptrain \
+    $([ "${TRACE:-0}" = 1 ] && echo build/benchmarks/libdpt_kernel_trace.so); do
+    [ -x "$bin" ] || { echo "PREBUILT=1 but $bin is missing or not executable" >&2; exit 1; }
+  done
 fi
 
 adamw=(--optimizer adamw --lr 6e-4 --beta2 0.95 --weight-decay 0.1)
