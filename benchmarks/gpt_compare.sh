@@ -13,7 +13,8 @@
 # summary prints it), and speed against torch.compile (its ms over this row's).
 # TRACE=1 adds where the bare eager step's GPU time goes at the first batch (kernel_trace,
 # summed by kernel). STEPS: the loop's steps (default 60). PREBUILT=1 skips the build and uses
-# the binaries already in build/ (built elsewhere and copied there). Logs go to $OUT or /tmp/dpt_compare.
+# the binaries already in build/ (built elsewhere and copied there). Logs go to $OUT or
+# /tmp/dpt_compare.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-/tmp/dpt_compare}
@@ -21,7 +22,12 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 # NVLink multicast can take a shared host's GPUs down (GPU.md)
 peak=${PEAK_TFLOPS:-989} batches=${BATCHES:-16 32} loop_steps=${STEPS:-60}
 
-if [ "${PREBUILT:-0}" != 1 ]; then
+if [ "${PREBUILT:-0}" = 1 ]; then
+  for bin in build/benchmarks/step_bench build/apps/dptrain \
+    $([ "${TRACE:-0}" = 1 ] && echo build/benchmarks/libdpt_kernel_trace.so); do
+    [ -x "$bin" ] || { echo "PREBUILT=1 but $bin is missing or not executable" >&2; exit 1; }
+  done
+else
   if [ ! -f build/build.ninja ]; then
     bash .ci/deps
     cmake -S . -B build -G Ninja -DDPT_WERROR=ON >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
@@ -30,11 +36,6 @@ if [ "${PREBUILT:-0}" != 1 ]; then
   # shellcheck disable=SC2086  # the target list splits
   cmake --build build --target $targets >"$out/gpt-build.log" 2>&1 ||
     { grep -E 'error' "$out/gpt-build.log" | head -40; exit 1; }
-else
-  for bin in build/benchmarks/step_bench build/apps/dptrain \
-    $([ "${TRACE:-0}" = 1 ] && echo build/benchmarks/libdpt_kernel_trace.so); do
-    [ -x "$bin" ] || { echo "PREBUILT=1 but $bin is missing or not executable" >&2; exit 1; }
-  done
 fi
 
 adamw=(--optimizer adamw --lr 6e-4 --beta2 0.95 --weight-decay 0.1)
