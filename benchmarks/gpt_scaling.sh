@@ -23,7 +23,8 @@
 # fails. Variables: GPUS
 # (default: every GPU), MODEL (gpt2), BATCH (16, a GPU), SEQ (1024), PEAK_TFLOPS (989),
 # TORCH_MODES ("eager"; "eager compile" adds torch.compile, most of a minute a count), OUT
-# (/tmp/dpt_gpt_scaling: every run's log). CPUS=N runs the same on N virtual CPU devices
+# (/tmp/dpt_gpt_scaling: every run's log), PREBUILT=1 (no build: the binaries already in
+# build/, built on another machine and copied there, as compare.sh gpt takes them). CPUS=N runs the same on N virtual CPU devices
 # without PyTorch (to check the script on a machine without GPUs: give a small MODEL and
 # SEQ; the ranks' gradients travel in fp32 there, as --ddp on CPUs has no bf16 wire).
 set -u
@@ -46,10 +47,16 @@ fi
 counts=()
 for ((c = 1; c < n; c *= 2)); do counts+=("$c"); done
 counts+=("$n")
-[ -f build/CMakeCache.txt ] || cmake -S . -B build -G Ninja -DDPT_WERROR=ON >"$out/configure.log" 2>&1 ||
-  { echo "gpt_scaling: configure failed:"; tail -20 "$out/configure.log"; exit 1; }
-cmake --build build --target dpbench dptrain_cli >"$out/build.log" 2>&1 ||
-  { echo "gpt_scaling: build failed:"; grep -iE 'error' "$out/build.log" | head -20; exit 1; }
+if [ "${PREBUILT:-0}" = 1 ]; then
+  for bin in build/benchmarks/dpbench build/apps/dptrain; do
+    [ -x "$bin" ] || { echo "gpt_scaling: PREBUILT=1 but $bin is missing or not executable"; exit 1; }
+  done
+else
+  [ -f build/CMakeCache.txt ] || cmake -S . -B build -G Ninja -DDPT_WERROR=ON >"$out/configure.log" 2>&1 ||
+    { echo "gpt_scaling: configure failed:"; tail -20 "$out/configure.log"; exit 1; }
+  cmake --build build --target dpbench dptrain_cli >"$out/build.log" 2>&1 ||
+    { echo "gpt_scaling: build failed:"; grep -iE 'error' "$out/build.log" | head -20; exit 1; }
+fi
 echo "GPT scaling: $model, bf16, B $batch a device, T $seq, on ${counts[*]} device(s); logs in $out"
 
 budget=${BUDGET_S:-540}

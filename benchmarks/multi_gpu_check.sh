@@ -7,14 +7,21 @@
 # blocks), the reduction's bus bandwidth beside bare NCCL's (dpbench --comm), and PyTorch
 # DDP and nn.DataParallel. Lean: builds only what it runs. GPT-2 124M's weak scaling
 # (issue 52's figure) is benchmarks/gpt_scaling.sh, a call of its own before this one:
-# each has most of the GPU machine's 10 minutes a command.
+# each has most of the GPU machine's 10 minutes a command. PREBUILT=1 skips the build and
+# runs the binaries already in build/ (built on another machine and copied there).
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 n=$(nvidia-smi -L | wc -l)
 nvidia-smi -L
-cmake -S . -B build -G Ninja -DDPT_WERROR=ON >/dev/null 2>&1 || exit 1
-cmake --build build --target dpt_gpu_tests dptrain_cli ddp_check dpbench >/dev/null 2>&1 || { echo build failed; exit 1; }
+if [ "${PREBUILT:-0}" = 1 ]; then
+  for bin in build/tests/dpt_gpu_tests build/apps/dptrain build/tests/ddp_check build/benchmarks/dpbench; do
+    [ -x "$bin" ] || { echo "multi_gpu_check: PREBUILT=1 but $bin is missing or not executable"; exit 1; }
+  done
+else
+  cmake -S . -B build -G Ninja -DDPT_WERROR=ON >/dev/null 2>&1 || exit 1
+  cmake --build build --target dpt_gpu_tests dptrain_cli ddp_check dpbench >/dev/null 2>&1 || { echo build failed; exit 1; }
+fi
 build/tests/dpt_gpu_tests '[multigpu],[parallel]' 2>&1 | tail -3  # [parallel]: p2p's chunked copy on two GPUs too
 for ((np = 2; np <= n; ++np)); do
   echo "-- ddp_check -np $np"
