@@ -20,13 +20,13 @@
 # left is skipped, and the table is printed (and kept in $OUT/table.txt) however the script
 # ends. ZeRO 0 in fp32 runs first; ZeRO-1 with bf16 gradients, never run on several GPUs
 # before, runs after a 2-GPU smoke run of each of its two modes, and not at all if that
-# fails. Variables: GPUS
-# (default: every GPU), MODEL (gpt2), BATCH (16, a GPU), SEQ (1024), PEAK_TFLOPS (989),
-# TORCH_MODES ("eager"; "eager compile" adds torch.compile, most of a minute a count), OUT
-# (/tmp/dpt_gpt_scaling: every run's log), PREBUILT=1 (no build: the binaries already in
-# build/, built on another machine and copied there, as compare.sh gpt takes them). CPUS=N runs the same on N virtual CPU devices
-# without PyTorch (to check the script on a machine without GPUs: give a small MODEL and
-# SEQ; the ranks' gradients travel in fp32 there, as --ddp on CPUs has no bf16 wire).
+# fails. Variables: GPUS (default: every GPU), MODEL (gpt2), BATCH (16, a GPU), SEQ (1024),
+# PEAK_TFLOPS (989), TORCH_MODES ("eager"; "eager compile" adds torch.compile, most of a
+# minute a count), OUT (/tmp/dpt_gpt_scaling: every run's log), PREBUILT=1 (no build: the
+# binaries already in build/, built on another machine and copied there, as compare.sh gpt
+# takes them). CPUS=N runs the same on N virtual CPU devices without PyTorch (to check the
+# script on a machine without GPUs: give a small MODEL and SEQ; the ranks' gradients travel
+# in fp32 there, as --ddp on CPUs has no bf16 wire).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-/tmp/dpt_gpt_scaling}
