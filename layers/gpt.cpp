@@ -126,16 +126,18 @@ LayerNorm::LayerNorm(int64_t width)
 
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight_.value, bias_.value); }
 
-AddNorm LayerNorm::forward(const Residual& stream) {
-  if (!stream.delta.defined()) return {stream.x, forward(stream.x)};
-  return add_layer_norm(stream.x, stream.delta, weight_.value, bias_.value);
+AddNorm LayerNorm::forward(const Residual& stream, bool ones_column) {
+  if (!stream.delta.defined()) return {stream.x, layer_norm(stream.x, weight_.value, bias_.value, 1e-5f, ones_column)};
+  return add_layer_norm(stream.x, stream.delta, weight_.value, bias_.value, 1e-5f, ones_column);
 }
 
 std::shared_ptr<Module> LayerNorm::clone() const { return std::make_shared<LayerNorm>(width_); }
 
 std::string LayerNorm::describe() const { return "LayerNorm(" + std::to_string(width_) + ")"; }
 
-SavedInput LayerNorm::output_from(const Tensor& x) const { return layer_norm_of(x, weight_.value, bias_.value); }
+SavedInput LayerNorm::output_from(const Tensor& x, bool ones_column) const {
+  return layer_norm_of(x, weight_.value, bias_.value, 1e-5f, ones_column);
+}
 
 // ---- Attention and blocks -----------------------------------------------------------
 
@@ -208,12 +210,16 @@ Residual Block::forward(const Residual& stream, int64_t T) {
   // node keeps) instead of its output; recomputing at all, c_proj keeps c_fc's pre-activation
   // instead of the GELU's output. The outputs are then freed as soon as their reader is done.
   const bool ln_inputs = recompute_ == Recompute::gelu_ln;
+  // A bf16 stream's LayerNorms give c_attn and c_fc a ones column, from which their weight
+  // gradients' GEMMs make the bias gradients too (ops.hpp's ones_column_width).
+  const bool ones = stream.x.dtype() == DType::bf16 && c_fc_->computes_bf16();
   // Each LayerNorm's output and the attention's are let go once read (the nodes that save
   // them keep them), as the temporaries of nested calls would be.
-  AddNorm x = ln_1_->forward(stream);
-  Tensor attn = attn_->forward(std::exchange(x.normed, {}), T, ln_inputs ? ln_1_->output_from(x.sum) : SavedInput{});
-  AddNorm h = ln_2_->forward(Residual{std::move(x.sum), std::move(attn)});
-  const SavedInput saved = ln_inputs ? ln_2_->output_from(h.sum) : SavedInput{};
+  AddNorm x = ln_1_->forward(stream, ones);
+  Tensor attn =
+      attn_->forward(std::exchange(x.normed, {}), T, ln_inputs ? ln_1_->output_from(x.sum, ones) : SavedInput{});
+  AddNorm h = ln_2_->forward(Residual{std::move(x.sum), std::move(attn)}, ones);
+  const SavedInput saved = ln_inputs ? ln_2_->output_from(h.sum, ones) : SavedInput{};
   return {h.sum, mlp(std::exchange(h.normed, {}), saved, recompute_ == Recompute::none)};
 }
 

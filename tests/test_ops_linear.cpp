@@ -61,6 +61,33 @@ std::vector<Tensor> bf16_mlp_step(const Device& d, int64_t rows, int64_t c, bool
   mse_loss(y, randn_tensor({rows, c}, 36, d)).backward();
   return {y.detach(), x.grad(), W1.grad(), b1.grad(), W2.grad(), b2.grad()};
 }
+
+// A LayerNorm (bf16 out) feeding a bf16 layer with a bias, as a GPT block's c_attn
+// (linear_bf16_pre, c -> 3c) or its MLP (gelu_mlp_bf16), with or without the ones column
+// (ops.hpp), the layer keeping the LayerNorm's output or rebuilding it (layer_norm_of);
+// forward and backward of a squared error. Gives y and the gradients of the LayerNorm's
+// input and of every parameter.
+std::vector<Tensor> norm_then_bf16(const Device& d, int64_t rows, int64_t c, bool mlp, bool ones, bool rebuild) {
+  Tensor h = randn_tensor({rows, c}, 41, d).set_requires_grad(true);
+  Tensor gamma = randn_tensor({c}, 42, d, 0.5f).set_requires_grad(true);
+  Tensor beta = randn_tensor({c}, 43, d).set_requires_grad(true);
+  const Tensor h16 = cast(h, DType::bf16);
+  const Tensor x = layer_norm(h16, gamma, beta, 1e-5f, ones);
+  const SavedInput saved = rebuild ? layer_norm_of(h16, gamma, beta, 1e-5f, ones) : SavedInput{};
+  const int64_t out = mlp ? 4 * c : 3 * c;
+  Tensor W1 = randn_tensor({out, c}, 44, d, 0.1f).set_requires_grad(true);
+  Tensor b1 = randn_tensor({out}, 45, d, 0.5f).set_requires_grad(true);
+  Tensor W2 = randn_tensor({c, out}, 46, d, 0.1f).set_requires_grad(true);
+  Tensor b2 = randn_tensor({c}, 47, d).set_requires_grad(true);
+  const Bf16Layer fc{W1, b1, cast(W1.detach(), DType::bf16), cast(b1.detach(), DType::bf16)};
+  const Bf16Layer proj{W2, b2, cast(W2.detach(), DType::bf16), cast(b2.detach(), DType::bf16)};
+  const Tensor y =
+      mlp ? gelu_mlp_bf16(x, fc, proj, true, saved) : linear_bf16_pre(x, W1, b1, fc.W16, fc.b16, Act::none, saved).y;
+  mse_loss(y, randn_tensor(y.shape(), 48, d)).backward();
+  std::vector<Tensor> r{y.detach(), h.grad(), gamma.grad(), beta.grad(), W1.grad(), b1.grad()};
+  if (mlp) r.insert(r.end(), {W2.grad(), b2.grad()});
+  return r;
+}
 }  // namespace
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
@@ -203,6 +230,49 @@ TEST_CASE("gelu_mlp_bf16 gives two bf16 Linear layers' values and gradients, bit
   const Bf16Layer no_bias{W, Tensor(), cast(W, DType::bf16), Tensor()};
   CHECK(test::usage_error([&] { gelu_mlp_bf16(x, no_bias, no_bias, true); }) ==
         "gelu_mlp_bf16: both layers need a bias");
+}
+
+TEST_CASE("a ones column: LayerNorm writes it, bf16 layers read past it and make the bias gradient in dW's GEMM",
+          "[ops][bf16]") {
+  CHECK(ones_column_width(768) == 776);
+  CHECK(ones_column_width(29) == 32);
+  CHECK(ones_column_width(8) == 16);
+  CHECK(ones_column_width(7) == 8);
+  // The LayerNorm's values, then 1, then 0s: alone and after the residual add.
+  const Tensor a = cast(randn_tensor({37, 29}, 1, host), DType::bf16),
+               b = cast(randn_tensor({37, 29}, 2, host), DType::bf16);
+  const Tensor g = randn_tensor({29}, 3, host), be = randn_tensor({29}, 4, host);
+  const Tensor plain = layer_norm(a, g, be), padded = layer_norm(a, g, be, 1e-5f, true);
+  const AddNorm sum_plain = add_layer_norm(a, b, g, be), sum_padded = add_layer_norm(a, b, g, be, 1e-5f, true);
+  REQUIRE(padded.shape() == Shape{37, 32});
+  REQUIRE(sum_padded.normed.shape() == Shape{37, 32});
+  CHECK(bf16_bits(sum_padded.sum) == bf16_bits(sum_plain.sum));
+  for (const auto& [got, want] : {std::pair{padded, plain}, std::pair{sum_padded.normed, sum_plain.normed}}) {
+    const auto gv = got.to_host(), wv = want.to_host();
+    for (int64_t r = 0; r < 37; ++r) {
+      INFO("row " << r);
+      CHECK(std::equal(wv.begin() + r * 29, wv.begin() + r * 29 + 29, gv.begin() + r * 32));
+      CHECK(std::vector<float>(gv.begin() + r * 32 + 29, gv.begin() + r * 32 + 32) == std::vector<float>{1, 0, 0});
+    }
+  }
+  CHECK(test::usage_error([&] {
+          layer_norm(randn_tensor({4, 29}, 5, host), g, be, 1e-5f, true);
+        }) == "layer_norm: a ones column is for bf16 outputs");
+  // c_attn and the MLP after it: the same values, the same gradients but for the bias's
+  // order of summation, whether the layer keeps its input or rebuilds it.
+  for (bool mlp : {false, true})
+    for (bool rebuild : {false, true}) {
+      INFO((mlp ? "gelu_mlp_bf16" : "linear_bf16_pre") << (rebuild ? ", rebuilding its input" : ""));
+      const auto with = norm_then_bf16(host, 37, 24, mlp, true, rebuild);
+      const auto without = norm_then_bf16(host, 37, 24, mlp, false, rebuild);
+      CHECK(bf16_bits(with[0]) == bf16_bits(without[0]));
+      for (size_t i = 1; i < with.size(); ++i) {
+        INFO("gradient " << i);
+        CHECK(rel_error(with[i].to_host(), without[i].to_host()) < 1e-5);
+      }
+      const auto kept = norm_then_bf16(host, 37, 24, mlp, true, false);
+      for (size_t i = 0; i < with.size(); ++i) CHECK(with[i].to_host() == kept[i].to_host());
+    }
 }
 
 TEST_CASE("bf16 linear equals the fp32 linear on bf16-rounded operands, rounded once", "[ops][bf16]") {
@@ -517,6 +587,24 @@ TEST_CASE("gelu_mlp_bf16 matches the CPU: the GELU's backward in the GEMM epilog
         CHECK(rel_error(fused[i].to_host(), layers[i].to_host()) < 5e-3);
       }
     }
+}
+
+TEST_CASE("a ones column's bias gradients match the CPU: LayerNorm, then c_attn or the MLP", "[gpu][ops][bf16]") {
+  // 2048 x 512 -> 1536 or 2048: the forward GEMMs reach cuBLASLt reading past the ones
+  // column (lda); and a small one (cuBLAS's GEMM after a packed copy).
+  for (int64_t rows : {2048, 40})
+    for (bool mlp : {false, true})
+      for (bool rebuild : {false, true}) {
+        const int64_t c = rows == 2048 ? 512 : 24;
+        INFO(rows << " x " << c << (mlp ? ", gelu_mlp_bf16" : ", linear_bf16_pre") << (rebuild ? ", rebuilt" : ""));
+        compare([&](const Device& d) { return norm_then_bf16(d, rows, c, mlp, true, rebuild); }, 5e-3);
+        const auto with = norm_then_bf16(gpu, rows, c, mlp, true, rebuild);
+        const auto without = norm_then_bf16(gpu, rows, c, mlp, false, rebuild);
+        for (size_t i = 0; i < with.size(); ++i) {  // (cuBLASLt may take another kernel for another lda)
+          INFO("output " << i);
+          CHECK(rel_error(with[i].to_host(), without[i].to_host()) < 5e-3);
+        }
+      }
 }
 
 TEST_CASE("bf16 linear, activations and losses match the CPU bf16 ops, forward and backward", "[gpu][ops][bf16]") {

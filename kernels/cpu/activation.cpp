@@ -108,4 +108,16 @@ void act_bias_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, 
   bias_grad(g.data(), rows, cols, beta, db);
 }
 
+void ones_column_split(const float* t, int64_t out, int64_t in, int64_t ld, float beta_w, float* dW, float beta_b,
+                       float* db) {
+  for (int64_t o = 0; o < out; ++o) {
+    const float* row = t + o * ld;
+    for (int64_t c = 0; dW && c < in; ++c) {
+      float& w = dW[o * in + c];
+      w = beta_w != 0.0f ? beta_w * w + row[c] : row[c];
+    }
+    if (db) db[o] = beta_b != 0.0f ? beta_b * db[o] + row[in] : row[in];
+  }
+}
+
 }  // namespace dpt::cpu

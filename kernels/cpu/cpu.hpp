@@ -63,6 +63,9 @@ void act_forward_bf16(const uint16_t* x, Act act, int64_t n, uint16_t* y);
 void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t n, uint16_t* dx);
 void act_bias_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t rows, int64_t cols,
                             uint16_t* dz, float beta, float* db);
+// dW = beta_w dW + t[:, :in], db = beta_b db + t[:, in] from t [out, ld] (cuda.hpp's twin).
+void ones_column_split(const float* t, int64_t out, int64_t in, int64_t ld, float beta_w, float* dW, float beta_b,
+                       float* db);
 
 // loss.cpp — mean squared error over n elements, and with dy not null its gradient for a
 // seed of 1, 2 (y - t) / n; mse_backward scales that gradient by scale and by *dloss
@@ -163,11 +166,13 @@ void embedding_backward(const int32_t* tokens, int64_t rows, int64_t seq, const 
 void embedding_backward_bf16(const int32_t* tokens, int64_t rows, int64_t seq, const uint16_t* dy, int64_t vocab,
                              int64_t positions, int64_t C, float beta_wte, float* dwte, float beta_wpe, float* dwpe);
 // layernorm.cpp — y = (x - mean) rstd gamma + beta over each row of x [rows, cols], the
-// statistics in fp32 (biased variance, rstd = 1 / sqrt(var + eps)) and saved [rows].
+// statistics in fp32 (biased variance, rstd = 1 / sqrt(var + eps)) and saved [rows]. The
+// bf16 form writes y's rows ldy >= cols apart, with a ones column after the values where
+// ldy > cols (1 at column cols, 0 to ldy: ops.hpp's ones_column_width).
 void layer_norm_forward(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
                         float* y, float* mean, float* rstd);
 void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float* beta, int64_t rows, int64_t cols,
-                             float eps, uint16_t* y, float* mean, float* rstd);
+                             float eps, uint16_t* y, int64_t ldy, float* mean, float* rstd);
 // dx (null: not wanted) from dy and the saved statistics, added to what dx holds when
 // dx_add (rounded once); dgamma = beta_gamma dgamma + sum over rows of dy xhat and dbeta =
 // beta_beta dbeta + sum of dy (each null: not wanted).

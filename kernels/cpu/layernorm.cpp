@@ -9,9 +9,10 @@ namespace dpt::cpu {
 
 namespace {
 
+// y's rows are ldy apart; columns cols .. ldy - 1 get the ones column (1, then 0s).
 template <typename T>
 void ln_forward(const T* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps, T* y,
-                float* mean, float* rstd) {
+                int64_t ldy, float* mean, float* rstd) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     float s = 0.0f;
@@ -23,7 +24,8 @@ void ln_forward(const T* x, const float* gamma, const float* beta, int64_t rows,
       v += d * d;
     }
     const float rs = 1.0f / std::sqrt(v / static_cast<float>(cols) + eps);
-    for (int64_t c = 0; c < cols; ++c) store(&y[r * cols + c], (as_float(xr[c]) - m) * rs * gamma[c] + beta[c]);
+    for (int64_t c = 0; c < cols; ++c) store(&y[r * ldy + c], (as_float(xr[c]) - m) * rs * gamma[c] + beta[c]);
+    for (int64_t c = cols; c < ldy; ++c) store(&y[r * ldy + c], c == cols ? 1.0f : 0.0f);
     mean[r] = m;
     rstd[r] = rs;
   }
@@ -69,11 +71,11 @@ void add(const T* a, const T* b, int64_t n, T* y) {
 
 void layer_norm_forward(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
                         float* y, float* mean, float* rstd) {
-  ln_forward(x, gamma, beta, rows, cols, eps, y, mean, rstd);
+  ln_forward(x, gamma, beta, rows, cols, eps, y, cols, mean, rstd);
 }
 void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float* beta, int64_t rows, int64_t cols,
-                             float eps, uint16_t* y, float* mean, float* rstd) {
-  ln_forward(x, gamma, beta, rows, cols, eps, y, mean, rstd);
+                             float eps, uint16_t* y, int64_t ldy, float* mean, float* rstd) {
+  ln_forward(x, gamma, beta, rows, cols, eps, y, ldy, mean, rstd);
 }
 void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
                          int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,

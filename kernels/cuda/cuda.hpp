@@ -115,11 +115,13 @@ struct LtTypes {
 // (D's shape and type, n a multiple of 8, else false) writes the pre-activation there.
 // With `act_grad`
 // (Act::gelu_tanh, `aux` the pre-activation a GELU_AUX epilogue wrote, no bias, beta 0)
-// D = (alpha op(A) op(B)) gelu'(aux): the GELU's backward in the epilogue (DGELU).
+// D = (alpha op(A) op(B)) gelu'(aux): the GELU's backward in the epilogue (DGELU). lda: A's
+// leading dimension where its rows are not packed (0: packed), as for the first columns of
+// an input with a ones column (ops.hpp's ones_column_width).
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta, bool tb,
              int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
              const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux = nullptr,
-             bool act_grad = false);
+             bool act_grad = false, int64_t lda = 0);
 // Whether plans made from now on are tuned on their first call (on by default; tests turn it
 // off to get the heuristic's choice to compare with), and the process's tuning so far.
 void set_lt_tuning(bool on);
@@ -159,6 +161,11 @@ void act_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64
 // The bf16 twin: dy, saved and dz bf16 (each dz rounded once), db fp32, summing the rounded dz.
 void act_bias_backward_bf16(const uint16_t* dy, const uint16_t* saved, Act act, int64_t rows, int64_t cols,
                             uint16_t* dz, float beta, float* db, float* work, cudaStream_t stream);
+// A layer's parameter gradients from t = dz^T [x | ones column] ([out, ld], ld > in): dW =
+// beta_w dW + t's first `in` columns ([out, in]), db = beta_b db + t's column `in`. A null
+// dW or db is not wanted; beta 0 never reads it.
+void ones_column_split(const float* t, int64_t out, int64_t in, int64_t ld, float beta_w, float* dW, float beta_b,
+                       float* db, cudaStream_t stream);
 
 // loss.cu — mse_forward also writes dy = 2 (y - t) / n when dy is not null, and finishes
 // its reduction in one kernel through `counter`: device memory holding 0 that the kernel
@@ -316,15 +323,17 @@ void column_sums_finish(ColumnSum first, ColumnSum second, int64_t chunks, int64
 int64_t layer_norm_backward_work(int64_t rows, int64_t cols);
 void layer_norm_forward(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
                         float* y, float* mean, float* rstd, cudaStream_t stream);
+// The bf16 forms write y's rows ldy >= cols apart, with the ones column after the values
+// where ldy > cols (as cpu::layer_norm_forward_bf16).
 void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float* beta, int64_t rows, int64_t cols,
-                             float eps, uint16_t* y, float* mean, float* rstd, cudaStream_t stream);
+                             float eps, uint16_t* y, int64_t ldy, float* mean, float* rstd, cudaStream_t stream);
 // h = a + b (residual_add's bits) and y = LayerNorm(h) (layer_norm_forward's bits), in one
 // pass where the row fits a warp's registers.
 void add_layer_norm_forward(const float* a, const float* b, const float* gamma, const float* beta, int64_t rows,
                             int64_t cols, float eps, float* h, float* y, float* mean, float* rstd, cudaStream_t stream);
 void add_layer_norm_forward_bf16(const uint16_t* a, const uint16_t* b, const float* gamma, const float* beta,
-                                 int64_t rows, int64_t cols, float eps, uint16_t* h, uint16_t* y, float* mean,
-                                 float* rstd, cudaStream_t stream);
+                                 int64_t rows, int64_t cols, float eps, uint16_t* h, uint16_t* y, int64_t ldy,
+                                 float* mean, float* rstd, cudaStream_t stream);
 // dx_add: dx holds a gradient to add to (rounded once), not to overwrite.
 void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
                          int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,

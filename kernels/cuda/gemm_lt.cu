@@ -54,9 +54,9 @@ uint32_t alignment(const void* p) {
 
 // The device too: a stream's address can come back for a new stream on another GPU.
 // Whether C is read (beta not 0) too: such a call is never tuned (tune() writes C), so it
-// keeps the heuristic's choice, in a plan of its own.
+// keeps the heuristic's choice, in a plan of its own. Last, A's leading dimension.
 using PlanKey = std::tuple<int, cudaStream_t, bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, uint32_t,
-                           uint32_t, uint32_t, uint32_t, uint32_t, size_t, bool>;
+                           uint32_t, uint32_t, uint32_t, uint32_t, size_t, bool, int64_t>;
 
 // Algorithms asked of the heuristic: its first choice and the others tune() may try.
 constexpr int kCandidates = 16;
@@ -95,8 +95,8 @@ cublasLtEpilogue_t epilogue(bool bias, Act act, bool aux) {
 
 // (others: the other candidates that do not split K, for tune().)
 Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta, bool tb, uint64_t M, uint64_t N,
-               uint64_t K, cublasLtEpilogue_t epi, const void* bias, const void* aux, const uint32_t align[4],
-               size_t workspace_bytes, std::vector<cublasLtMatmulAlgo_t>& others) {
+               uint64_t K, uint64_t lda, cublasLtEpilogue_t epi, const void* bias, const void* aux,
+               const uint32_t align[4], size_t workspace_bytes, std::vector<cublasLtMatmulAlgo_t>& others) {
   Plan p;
   DPT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_type(precision, types.ab), CUDA_R_32F));
   // cuBLASLt's "A" is our B and its "B" is our A (see the top of the file).
@@ -118,10 +118,11 @@ Plan make_plan(cublasLtHandle_t lt, Precision precision, LtTypes types, bool ta,
     DPT_CUBLASLT_CHECK(
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
   }
-  // Stored shapes, column-major: our B is k x n row-major (n x k when tb), our A m x k.
+  // Stored shapes, column-major: our B is k x n row-major (n x k when tb), our A m x k (its
+  // rows lda apart).
   const cudaDataType_t ab = data_type(types.ab), c = data_type(types.c);
   DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.a, ab, tb ? K : N, tb ? N : K, tb ? K : N));
-  DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, ta ? M : K, ta ? K : M, ta ? M : K));
+  DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.b, ab, ta ? M : K, ta ? K : M, lda));
   DPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p.c, c, N, M, N));
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -207,7 +208,7 @@ struct LtCall {
   void* aux;  // written by a GELU_AUX epilogue, read by DGELU (act_grad)
   bool act_grad;
   size_t out_words;  // C's size in 16-bit words
-  int64_t m, n, k;
+  int64_t m, n, k, lda;
   void* workspace;
   size_t workspace_bytes;
   cublasStatus_t run(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
@@ -349,7 +350,8 @@ Plan& plan_for(const PlanKey& key, const LtCall& call, Precision precision, LtTy
   }
   std::vector<cublasLtMatmulAlgo_t> others;
   Plan made = make_plan(call.lt, precision, types, ta, tb, static_cast<uint64_t>(call.m), static_cast<uint64_t>(call.n),
-                        static_cast<uint64_t>(call.k), epi, bias, call.aux, align, call.workspace_bytes, others);
+                        static_cast<uint64_t>(call.k), static_cast<uint64_t>(call.lda), epi, bias, call.aux, align,
+                        call.workspace_bytes, others);
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   DPT_CUDA_CHECK(cudaStreamIsCapturing(call.stream, &capturing));
   const double multiply_adds = static_cast<double>(call.m) * static_cast<double>(call.n) * static_cast<double>(call.k);
@@ -375,7 +377,8 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, bo
 
 bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, LtTypes types, bool ta, bool tb,
              int64_t m, int64_t n, int64_t k, float alpha, const void* A, const void* B, float beta, void* C,
-             const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux, bool act_grad) {
+             const void* bias, Act act, void* workspace, size_t workspace_bytes, void* aux, bool act_grad,
+             int64_t lda) {
   DPT_CHECK(handle != nullptr, "gemm_lt: null cuBLAS handle");
   DPT_CHECK((types.ab == DType::f32 && types.c == DType::f32) ||
                 (types.ab == DType::bf16 && (types.c == DType::bf16 || types.c == DType::f32)),
@@ -391,6 +394,8 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
   if (aux && n % 8 != 0) return false;
   DPT_CHECK(m > 0 && n > 0 && k > 0 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
             "gemm_lt: sizes must be in [1, INT_MAX]");
+  if (lda == 0) lda = ta ? m : k;
+  DPT_CHECK(lda >= (ta ? m : k) && lda <= INT_MAX, "gemm_lt: A's leading dimension is shorter than its rows");
   // DGELU: D = (alpha op(A) op(B)) gelu'(aux), aux the pre-activation GELU_AUX wrote.
   const cublasLtEpilogue_t epi = act_grad ? CUBLASLT_EPILOGUE_DGELU : epilogue(bias != nullptr, act, aux != nullptr);
   const uint32_t align[4] = {alignment(B), alignment(A), alignment(C), alignment(C)};
@@ -414,7 +419,8 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
                     alignment(bias),
                     alignment(aux),
                     workspace_bytes,
-                    beta != 0.0f};
+                    beta != 0.0f,
+                    lda};
   // A cuBLAS handle is a valid cuBLASLt handle (cuBLAS is built on cuBLASLt; PyTorch
   // relies on the same cast).
   const LtCall call{reinterpret_cast<cublasLtHandle_t>(handle),
@@ -431,6 +437,7 @@ bool gemm_lt(cublasHandle_t handle, cudaStream_t stream, Precision precision, Lt
                     m,
                     n,
                     k,
+                    lda,
                     workspace,
                     workspace_bytes};
   Plan* plan = &plan_for(key, call, precision, types, ta, tb, epi, bias, align);

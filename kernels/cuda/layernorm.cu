@@ -15,6 +15,7 @@
 // gradient already there (dx_add: the residual stream's, rounded once). Other rows take the
 // general kernels (a pass each), as do the fused backward's where its shared memory does
 // not fit a block.
+#include <climits>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -27,9 +28,15 @@
 namespace dpt::cuda {
 namespace {
 
+// Columns cols .. ldy - 1 of a row of y: the ones column (1, then 0s), none where ldy = cols.
+template <typename T>
+__device__ __forceinline__ void ones_column(T* yrow, int64_t cols, int64_t ldy, int lane) {
+  for (int64_t c = cols + lane; c < ldy; c += 32) store(&yrow[c], c == cols ? 1.f : 0.f);
+}
+
 template <typename T>
 __global__ void layer_norm_forward_kernel(const T* x, const float* gamma, const float* beta, int64_t rows, int64_t cols,
-                                          float eps, T* y, float* mean, float* rstd) {
+                                          float eps, T* y, int64_t ldy, float* mean, float* rstd) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -43,7 +50,8 @@ __global__ void layer_norm_forward_kernel(const T* x, const float* gamma, const 
     v += d * d;
   }
   const float rs = 1.f / sqrtf(warp_sum(v) / static_cast<float>(cols) + eps);
-  for (int64_t c = lane; c < cols; c += 32) store(&y[r * cols + c], (as_float(xr[c]) - m) * rs * gamma[c] + beta[c]);
+  for (int64_t c = lane; c < cols; c += 32) store(&y[r * ldy + c], (as_float(xr[c]) - m) * rs * gamma[c] + beta[c]);
+  ones_column(y + r * ldy, cols, ldy, lane);
   if (lane == 0) {
     mean[r] = m;
     rstd[r] = rs;
@@ -164,7 +172,7 @@ constexpr int kForwardRows = P <= 3 ? 2 : 1;
 template <typename T, int P, bool Add>
 __global__ void __launch_bounds__(kThreads)
     layer_norm_forward_fused_kernel(const T* x, const T* res, const float* gamma, const float* beta, int64_t rows,
-                                    int cols, float eps, T* h, T* y, float* mean, float* rstd) {
+                                    int cols, float eps, T* h, T* y, int ldy, float* mean, float* rstd) {
   constexpr int E = Vec16<T>::kCount, R = kForwardRows<P>;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
   const int lane = threadIdx.x % 32, nvec = cols / E;
@@ -215,7 +223,7 @@ __global__ void __launch_bounds__(kThreads)
           v += d * d;
         }
     const float rs = 1.f / sqrtf(warp_sum(v) / static_cast<float>(cols) + eps);
-    auto* yrow = reinterpret_cast<Vec16<T>*>(y) + r * nvec;
+    auto* yrow = reinterpret_cast<Vec16<T>*>(y + r * ldy);
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int i = lane + 32 * p;
@@ -224,6 +232,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < E; ++e) store(&out.v[e], (as_float(xv[k][p].v[e]) - m) * rs * g[p][e] + b[p][e]);
       yrow[i] = out;
+    }
+    // The ones column, a vector a lane (ldy - cols is a multiple of E: both are).
+    if (lane < (ldy - cols) / E) {
+      Vec16<T> pad;
+#pragma unroll
+      for (int e = 0; e < E; ++e) store(&pad.v[e], lane == 0 && e == 0 ? 1.f : 0.f);
+      reinterpret_cast<Vec16<T>*>(y + r * ldy + cols)[lane] = pad;
     }
     if (lane == 0) {
       mean[r] = m;
@@ -413,43 +428,44 @@ void add(const T* a, const T* b, int64_t n, T* y, cudaStream_t stream) {
 // The fused forward for P vectors a lane (Add: res and h given).
 template <typename T, int P, bool Add>
 void forward_fused(const T* x, const T* res, const float* gamma, const float* beta, int64_t rows, int64_t cols,
-                   float eps, T* h, T* y, float* mean, float* rstd, cudaStream_t stream) {
+                   float eps, T* h, T* y, int64_t ldy, float* mean, float* rstd, cudaStream_t stream) {
   const unsigned blocks = row_blocks((rows + kForwardRows<P> - 1) / kForwardRows<P>, "layer_norm_forward");
-  layer_norm_forward_fused_kernel<T, P, Add>
-      <<<blocks, kThreads, 0, stream>>>(x, res, gamma, beta, rows, static_cast<int>(cols), eps, h, y, mean, rstd);
+  layer_norm_forward_fused_kernel<T, P, Add><<<blocks, kThreads, 0, stream>>>(
+      x, res, gamma, beta, rows, static_cast<int>(cols), eps, h, y, static_cast<int>(ldy), mean, rstd);
 }
 
 template <typename T, bool Add>
 void forward_fused(int p, const T* x, const T* res, const float* gamma, const float* beta, int64_t rows, int64_t cols,
-                   float eps, T* h, T* y, float* mean, float* rstd, cudaStream_t stream) {
-  if (p == 1) forward_fused<T, 1, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
-  if (p == 2) forward_fused<T, 2, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
-  if (p == 3) forward_fused<T, 3, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
-  if (p == 4) forward_fused<T, 4, Add>(x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+                   float eps, T* h, T* y, int64_t ldy, float* mean, float* rstd, cudaStream_t stream) {
+  if (p == 1) forward_fused<T, 1, Add>(x, res, gamma, beta, rows, cols, eps, h, y, ldy, mean, rstd, stream);
+  if (p == 2) forward_fused<T, 2, Add>(x, res, gamma, beta, rows, cols, eps, h, y, ldy, mean, rstd, stream);
+  if (p == 3) forward_fused<T, 3, Add>(x, res, gamma, beta, rows, cols, eps, h, y, ldy, mean, rstd, stream);
+  if (p == 4) forward_fused<T, 4, Add>(x, res, gamma, beta, rows, cols, eps, h, y, ldy, mean, rstd, stream);
 }
 
 // y = LayerNorm(x), or with res, h = x + res and y = LayerNorm(h): fused where a lane holds
-// its part of a row (then in one pass), else the general kernels (the add first).
+// its part of a row (then in one pass), else the general kernels (the add first). y's rows
+// are ldy apart, with the ones column after the values where ldy > cols.
 template <typename T>
 void forward(const T* x, const T* res, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
-             T* h, T* y, float* mean, float* rstd, cudaStream_t stream) {
-  DPT_CHECK(rows >= 0 && cols > 0, "layer_norm_forward: bad shape");
+             T* h, T* y, int64_t ldy, float* mean, float* rstd, cudaStream_t stream) {
+  DPT_CHECK(rows >= 0 && cols > 0 && ldy >= cols && ldy <= INT_MAX, "layer_norm_forward: bad shape");
   if (rows == 0) return;
   // The LayerNorm's kernel follows from its own rows (h's, or x's) alone: a sum made apart
   // (a term not 16-byte aligned) is normalized with the bits layer_norm(h) gives, which a
   // recomputation rebuilds.
-  const int p = lane_vectors<T>(cols, {res ? h : x, y, gamma, beta});
+  const int p = ldy % Vec16<T>::kCount == 0 ? lane_vectors<T>(cols, {res ? h : x, y, gamma, beta}) : 0;
   if (res && (p == 0 || lane_vectors<T>(cols, {x, res}) == 0)) {
     add(x, res, rows * cols, h, stream);
     x = h;
     res = nullptr;
   }
   if (p > 0) {
-    if (res) forward_fused<T, true>(p, x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
-    else forward_fused<T, false>(p, x, res, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+    if (res) forward_fused<T, true>(p, x, res, gamma, beta, rows, cols, eps, h, y, ldy, mean, rstd, stream);
+    else forward_fused<T, false>(p, x, res, gamma, beta, rows, cols, eps, h, y, ldy, mean, rstd, stream);
   } else {
     layer_norm_forward_kernel<T><<<row_blocks(rows, "layer_norm_forward"), kThreads, 0, stream>>>(
-        x, gamma, beta, rows, cols, eps, y, mean, rstd);
+        x, gamma, beta, rows, cols, eps, y, ldy, mean, rstd);
   }
   DPT_CUDA_CHECK_LAUNCH();
 }
@@ -516,21 +532,21 @@ int64_t layer_norm_backward_work(int64_t rows, int64_t cols) { return 2 * chunks
 
 void layer_norm_forward(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
                         float* y, float* mean, float* rstd, cudaStream_t stream) {
-  forward<float>(x, nullptr, gamma, beta, rows, cols, eps, nullptr, y, mean, rstd, stream);
+  forward<float>(x, nullptr, gamma, beta, rows, cols, eps, nullptr, y, cols, mean, rstd, stream);
 }
 void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float* beta, int64_t rows, int64_t cols,
-                             float eps, uint16_t* y, float* mean, float* rstd, cudaStream_t stream) {
-  forward<uint16_t>(x, nullptr, gamma, beta, rows, cols, eps, nullptr, y, mean, rstd, stream);
+                             float eps, uint16_t* y, int64_t ldy, float* mean, float* rstd, cudaStream_t stream) {
+  forward<uint16_t>(x, nullptr, gamma, beta, rows, cols, eps, nullptr, y, ldy, mean, rstd, stream);
 }
 void add_layer_norm_forward(const float* a, const float* b, const float* gamma, const float* beta, int64_t rows,
                             int64_t cols, float eps, float* h, float* y, float* mean, float* rstd,
                             cudaStream_t stream) {
-  forward(a, b, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+  forward(a, b, gamma, beta, rows, cols, eps, h, y, cols, mean, rstd, stream);
 }
 void add_layer_norm_forward_bf16(const uint16_t* a, const uint16_t* b, const float* gamma, const float* beta,
-                                 int64_t rows, int64_t cols, float eps, uint16_t* h, uint16_t* y, float* mean,
-                                 float* rstd, cudaStream_t stream) {
-  forward(a, b, gamma, beta, rows, cols, eps, h, y, mean, rstd, stream);
+                                 int64_t rows, int64_t cols, float eps, uint16_t* h, uint16_t* y, int64_t ldy,
+                                 float* mean, float* rstd, cudaStream_t stream) {
+  forward(a, b, gamma, beta, rows, cols, eps, h, y, ldy, mean, rstd, stream);
 }
 void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
                          int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,

@@ -20,30 +20,6 @@ using namespace detail;
 
 namespace {
 
-// A bf16 layer's parameter gradients from dz (its output's gradient through the activation,
-// bf16 [rows, out]) and its input x: dW (+)= dz^T x into input w's gradient and db (+)= dz's
-// column sums into input b's, each where wanted. (cuBLASLt's BGRADB epilogue would make db
-// in the GEMM, but as a kernel of its own that took 1.41 ms of a GPT-2 step against about
-// 1.0 for these passes: docs/performance-log.md.)
-void bf16_param_grads(const Tensor& dz, const Tensor& x, Grads& grads, size_t w, size_t b) {
-  const Device d = dz.device();
-  const int64_t rows = dz.size(0), out = dz.size(1);
-  if (grads.needed(w)) {
-    GradSlot dW = grad_slot(grads, w, {out, x.size(1)}, d);
-    gemm(true, false, 1.0f, dz, x, dW.beta, dW.t);
-    put_slot(grads, w, dW);
-  }
-  if (grads.needed(b)) {
-    GradSlot db = grad_slot(grads, b, {out}, d);
-    DPT_CUDA_OR_CPU(
-        d,
-        cuda::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta, db.t.f32(),
-                                     bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(), stream_of(d)),
-        cpu::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta, db.t.f32()));
-    put_slot(grads, b, db);
-  }
-}
-
 // dz = (dy W16) gelu_tanh'(z) in bf16: on a GPU the GELU's derivative in the GEMM's
 // epilogue (DGELU) for large GEMMs, else the GEMM rounded to bf16 and a pass.
 void gelu_backward_through(const Tensor& dy, const Tensor& W16, const Tensor& z, const Tensor& dz) {
@@ -74,15 +50,16 @@ class GeluMlpBf16Node : public Node {
   bool hands_over_in_turn() const override { return true; }
   void backward(Tensor& dy_in, Grads& grads) override {
     const Device d = dy_in.device();
+    const int64_t hidden = z_.size(1);
     const Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
     in_turn(grads, {3, 4},
-            [&] { bf16_param_grads(dy, h_.defined() ? h_ : activation(z_, Act::gelu_tanh), grads, 3, 4); });
+            [&] { bf16_param_grads(dy, h_.defined() ? h_ : activation(z_, Act::gelu_tanh), hidden, grads, 3, 4); });
     Tensor dz = Tensor::empty(z_.shape(), DType::bf16, d);  // the GELU output's gradient is never written
     gelu_backward_through(dy, proj16_, z_, dz);
-    in_turn(grads, {1, 2}, [&] { bf16_param_grads(dz, x_.values(), grads, 1, 2); });
+    in_turn(grads, {1, 2}, [&] { bf16_param_grads(dz, x_.values(), fc16_.size(1), grads, 1, 2); });
     if (grads.needed(0))
       in_turn(grads, {0}, [&] {
-        Tensor dx = Tensor::empty(x_.shape(), DType::bf16, d);
+        Tensor dx = Tensor::empty({x_.size(0), fc16_.size(1)}, DType::bf16, d);  // without x's ones column
         gemm(false, false, 1.0f, dz, fc16_, 0.0f, dx);
         give(grads, 0, dx);
       });

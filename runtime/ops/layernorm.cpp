@@ -32,6 +32,10 @@ class LayerNormNode : public Node {
   void backward(Tensor& dy_in, Grads& grads) override {
     const Device d = x_.device();
     const int64_t rows = x_.size(0), cols = x_.size(1);
+    // An output with a ones column gets its values' gradient alone back (ops.hpp).
+    DPT_CHECK(
+        dy_in.dim() == 2 && dy_in.size(0) == rows && dy_in.size(1) == cols,
+        "layer_norm: backward got a gradient " + shape_str(dy_in.shape()) + " for rows of " + std::to_string(cols));
     const Tensor dy = in_type_of(x_, dy_in);
     // Where x's gradient has a part already (the residual stream's, from the add that x also
     // feeds), dx is added into it in the kernel rather than written apart and added after.
@@ -113,6 +117,13 @@ void check_layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
   DPT_REQUIRE(eps > 0.0f, std::string(op) + ": eps must be positive");
 }
 
+// The normed output's shape: x's, or with the ones column's width (bf16 only).
+Shape normed_shape(const Tensor& x, bool ones_column, const char* op) {
+  if (!ones_column) return x.shape();
+  DPT_REQUIRE(is_bf16(x), std::string(op) + ": a ones column is for bf16 outputs");
+  return {x.size(0), ones_column_width(x.size(1))};
+}
+
 void check_add(const Tensor& a, const Tensor& b, const char* op) {
   need_float(a, op);
   need_float(b, op);
@@ -133,18 +144,20 @@ void record_layer_norm(Tensor& y, const Tensor& x, const Tensor& gamma, const Te
 
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+int64_t ones_column_width(int64_t cols) { return (cols + 1 + 7) / 8 * 8; }
+
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, bool ones_column) {
   check_layer_norm(x, gamma, beta, eps, kLayerNorm);
   const Device d = x.device();
   const int64_t rows = x.size(0), cols = x.size(1);
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), d);
+  Tensor y = Tensor::empty(normed_shape(x, ones_column, kLayerNorm.op), x.dtype(), d);
   Tensor mean = Tensor::empty({rows}, DType::f32, d), rstd = Tensor::empty({rows}, DType::f32, d);
   if (is_bf16(x)) {
     DPT_CUDA_OR_CPU(d,
                     cuda::layer_norm_forward_bf16(x.bf16(), gamma.f32(), beta.f32(), rows, cols, eps, y.bf16(),
-                                                  mean.f32(), rstd.f32(), stream_of(d)),
+                                                  y.size(1), mean.f32(), rstd.f32(), stream_of(d)),
                     cpu::layer_norm_forward_bf16(x.bf16(), gamma.f32(), beta.f32(), rows, cols, eps, y.bf16(),
-                                                 mean.f32(), rstd.f32()));
+                                                 y.size(1), mean.f32(), rstd.f32()));
   } else {
     DPT_CUDA_OR_CPU(
         d,
@@ -171,21 +184,24 @@ Tensor add(const Tensor& a, const Tensor& b) {
   return y;
 }
 
-AddNorm add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma, const Tensor& beta, float eps) {
+AddNorm add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma, const Tensor& beta, float eps,
+                       bool ones_column) {
   check_add(a, b, "add_layer_norm");
   check_layer_norm(a, gamma, beta, eps, kAddLayerNorm);
   const Device d = a.device();
   const int64_t rows = a.size(0), cols = a.size(1);
-  Tensor h = Tensor::empty(a.shape(), a.dtype(), d), y = Tensor::empty(a.shape(), a.dtype(), d);
+  Tensor h = Tensor::empty(a.shape(), a.dtype(), d);
+  Tensor y = Tensor::empty(normed_shape(a, ones_column, kAddLayerNorm.op), a.dtype(), d);
   Tensor mean = Tensor::empty({rows}, DType::f32, d), rstd = Tensor::empty({rows}, DType::f32, d);
   // The CPU twin is the two ops' twins one after the other.
   if (is_bf16(a)) {
-    DPT_CUDA_OR_CPU(d,
-                    cuda::add_layer_norm_forward_bf16(a.bf16(), b.bf16(), gamma.f32(), beta.f32(), rows, cols, eps,
-                                                      h.bf16(), y.bf16(), mean.f32(), rstd.f32(), stream_of(d)),
-                    (cpu::residual_add_bf16(a.bf16(), b.bf16(), a.numel(), h.bf16()),
-                     cpu::layer_norm_forward_bf16(h.bf16(), gamma.f32(), beta.f32(), rows, cols, eps, y.bf16(),
-                                                  mean.f32(), rstd.f32())));
+    DPT_CUDA_OR_CPU(
+        d,
+        cuda::add_layer_norm_forward_bf16(a.bf16(), b.bf16(), gamma.f32(), beta.f32(), rows, cols, eps, h.bf16(),
+                                          y.bf16(), y.size(1), mean.f32(), rstd.f32(), stream_of(d)),
+        (cpu::residual_add_bf16(a.bf16(), b.bf16(), a.numel(), h.bf16()),
+         cpu::layer_norm_forward_bf16(h.bf16(), gamma.f32(), beta.f32(), rows, cols, eps, y.bf16(), y.size(1),
+                                      mean.f32(), rstd.f32())));
   } else {
     DPT_CUDA_OR_CPU(
         d,

@@ -2,6 +2,7 @@
 // and linear_chain, a stack of small layers in one launch each way. (The bf16 MLP as one
 // op: gelu_mlp.cpp.)
 #include <algorithm>
+#include <cstring>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/autograd.hpp>
@@ -79,10 +80,10 @@ namespace detail {
 #if DPT_WITH_CUDA
 bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
              float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act, void* aux,
-             bool act_grad) {
+             bool act_grad, int64_t lda) {
   Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::kLtWorkspaceBytes / sizeof(float))}, DType::f32, d);
   return cuda::gemm_lt(static_cast<cublasHandle_t>(ctx.blas_lt()), stream_of(d), ctx.precision, types, ta, tb, m, n, k,
-                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes, aux, act_grad);
+                       alpha, A, B, beta, C, bias, act, ws.data(), cuda::kLtWorkspaceBytes, aux, act_grad, lda);
 }
 
 Tensor bias_work(const Device& d, int64_t floats) {
@@ -93,14 +94,17 @@ Tensor bias_work(const Device& d, int64_t floats) {
 void check_saved(const SavedInput& s, const Tensor& x, const char* op) {
   if (s.kind == SavedInput::Kind::input) return;
   const Tensor& f = s.from;
-  DPT_REQUIRE(f.defined() && f.shape() == x.shape() && f.dtype() == x.dtype() && f.device() == x.device(),
+  const bool ln = s.kind == SavedInput::Kind::layer_norm_of;
+  Shape rebuilt = f.defined() ? f.shape() : Shape{};
+  if (ln && s.ones_column && f.defined() && f.dim() == 2) rebuilt = {f.size(0), ones_column_width(f.size(1))};
+  DPT_REQUIRE(f.defined() && rebuilt == x.shape() && f.dtype() == x.dtype() && f.device() == x.device(),
               std::string(op) + ": the saved input (" +
                   (f.defined() ? shape_str(f.shape()) + " " + dtype_name(f.dtype()) : std::string("none")) +
                   ") does not rebuild x " + shape_str(x.shape()) + " " + dtype_name(x.dtype()));
-  if (s.kind == SavedInput::Kind::layer_norm_of)
-    DPT_REQUIRE(s.gamma.defined() && s.beta.defined() && s.gamma.shape() == Shape{x.size(1)} &&
+  if (ln)
+    DPT_REQUIRE(s.gamma.defined() && s.beta.defined() && s.gamma.shape() == Shape{f.size(1)} &&
                     s.beta.shape() == s.gamma.shape(),
-                std::string(op) + ": the saved LayerNorm's gamma and beta are not [" + std::to_string(x.size(1)) + "]");
+                std::string(op) + ": the saved LayerNorm's gamma and beta are not [" + std::to_string(f.size(1)) + "]");
 }
 
 void check_linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16) {
@@ -109,7 +113,8 @@ void check_linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const 
   need_bf16(W16, "linear_bf16 (weight copy)");
   same_device(x, W, "linear_bf16");
   same_device(W, W16, "linear_bf16");
-  DPT_REQUIRE(x.dim() == 2 && W.dim() == 2 && x.size(1) == W.size(1) && W16.shape() == W.shape(),
+  DPT_REQUIRE(x.dim() == 2 && W.dim() == 2 && (x.size(1) == W.size(1) || x.size(1) == ones_column_width(W.size(1))) &&
+                  W16.shape() == W.shape(),
               "linear_bf16: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()) +
                   " (bf16 copy " + shape_str(W16.shape()) + ")");
   DPT_REQUIRE(b.defined() == b16.defined(), "linear_bf16: a bias needs its bf16 copy, and only a bias has one");
@@ -396,13 +401,14 @@ class LinearBf16Node : public Node {
   const char* name() const override { return "linear_bf16"; }
   bool overwrites_grad() const override { return act_ != Act::none; }  // dz = dy act'(.) in place
   void backward(Tensor& dy_in, Grads& grads) override {
-    const int64_t rows = x_.size(0), out = W16_.size(0);
+    const int64_t rows = x_.size(0), out = W16_.size(0), in = W16_.size(1);
     const Device d = dy_in.device();
     Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
     // dz = dy * act'(.) in bf16, in place (dy is ours to overwrite), and db (fp32) from the
-    // same pass when the bias needs it.
+    // same pass when the bias needs it, unless x's ones column makes it in dW's GEMM.
     const uint16_t* saved = saved_.defined() ? saved_.bf16() : nullptr;  // none without an activation
-    if (inputs.size() > 2 && grads.needed(2)) {
+    const bool ones_column = x_.size(1) != in;
+    if (inputs.size() > 2 && grads.needed(2) && !ones_column) {
       GradSlot db = grad_slot(grads, 2, {out}, d);
       DPT_CUDA_OR_CPU(
           d,
@@ -414,16 +420,14 @@ class LinearBf16Node : public Node {
       DPT_CUDA_OR_CPU(d, cuda::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16(), stream_of(d)),
                       cpu::act_backward_bf16(dy.bf16(), saved_.bf16(), act_, dy.numel(), dy.bf16()));
     }
-    if (grads.needed(0)) {  // dx (bf16) = dz W16
-      Tensor dx = Tensor::empty(x_.shape(), DType::bf16, d);
+    if (grads.needed(0)) {  // dx (bf16) = dz W16, without x's ones column
+      Tensor dx = Tensor::empty({rows, in}, DType::bf16, d);
       gemm(false, false, 1.0f, dy, W16_, 0.0f, dx);
       give(grads, 0, dx);
     }
-    if (grads.needed(1)) {  // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer
-      GradSlot dW = grad_slot(grads, 1, W16_.shape(), d);
-      gemm(true, false, 1.0f, dy, x_.values(), dW.beta, dW.t);
-      put_slot(grads, 1, dW);
-    }
+    // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer (and db with a ones column)
+    if (grads.needed(1) || (ones_column && inputs.size() > 2 && grads.needed(2)))
+      bf16_param_grads(dy, x_.values(), in, grads, 1, ones_column && inputs.size() > 2 ? 2 : kNoInput);
   }
 
  private:
@@ -620,31 +624,85 @@ Tensor linear_chain(const Tensor& x, const std::vector<LinearLayer>& layers, con
 #endif
 }
 
-namespace {}  // namespace
+namespace {
+// x's first k columns, packed (x [rows, >= k], bf16): for a kernel that takes no leading dimension.
+Tensor leading_columns(const Tensor& x, int64_t k) {
+  const Device d = x.device();
+  const int64_t rows = x.size(0), width = x.size(1);
+  Tensor packed = Tensor::empty({rows, k}, x.dtype(), d);
+  const size_t bytes = dtype_size(x.dtype());
+#if DPT_WITH_CUDA
+  if (d.is_cuda()) {
+    if (rows > 0)
+      DPT_CUDA_CHECK(cudaMemcpy2DAsync(packed.data(), k * bytes, x.data(), width * bytes, k * bytes, rows,
+                                       cudaMemcpyDeviceToDevice, stream_of(d)));
+    return packed;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(packed.data()) + r * k * bytes,
+                static_cast<const char*>(x.data()) + r * width * bytes, k * bytes);
+  return packed;
+}
+}  // namespace
 
 namespace detail {
 
 // linear_bf16's forward without autograd: y = act(x W16^T + b16) rounded once, and z (when
-// defined) GELU's pre-activation.
+// defined) GELU's pre-activation. x may have a ones column (its first `in` columns are read).
 void linear_bf16_values(const Tensor& x, const Tensor& W16, const Tensor& b16, Act act, const Tensor& y,
                         const Tensor& z) {
   const Device d = x.device();
-  const int64_t rows = x.size(0), out = W16.size(0);
+  const int64_t rows = x.size(0), out = W16.size(0), in = W16.size(1);
   bool fused = false;  // bias and activation done in the GEMM's epilogue, y rounded once there
 #if DPT_WITH_CUDA
-  const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x.size(1));
+  const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in);
   // cuBLASLt's GELU epilogue is the tanh form: gelu_tanh fuses (writing z as its aux output), the exact gelu not.
   if (d.is_cuda() && rows > 0 && multiply_adds >= kLtMinMultiplyAdds &&
       (act == Act::none || act == Act::relu || act == Act::gelu_tanh)) {
-    fused = lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::bf16, DType::bf16}, false, true, rows, out,
-                    x.size(1), 1.0f, x.bf16(), W16.bf16(), 0.0f, y.bf16(), b16.defined() ? b16.bf16() : nullptr, act,
-                    z.defined() ? z.bf16() : nullptr);
+    fused = lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::bf16, DType::bf16}, false, true, rows, out, in,
+                    1.0f, x.bf16(), W16.bf16(), 0.0f, y.bf16(), b16.defined() ? b16.bf16() : nullptr, act,
+                    z.defined() ? z.bf16() : nullptr, false, x.size(1));
   }
 #endif
   if (!fused && rows > 0) {  // the GEMM in fp32, then bias and activation rounded once into y
     Tensor acc = Tensor::empty({rows, out}, DType::f32, d);
-    gemm(false, true, 1.0f, x, W16, 0.0f, acc);
+    gemm(false, true, 1.0f, x.size(1) == in ? x : leading_columns(x, in), W16, 0.0f, acc);
     bias_act(acc, b16, act, z, y);
+  }
+}
+
+void bf16_param_grads(const Tensor& dz, const Tensor& x, int64_t in, Grads& grads, size_t w, size_t b) {
+  const Device d = dz.device();
+  const int64_t rows = dz.size(0), out = dz.size(1);
+  const bool want_b = b != kNoInput && grads.needed(b);
+  if (x.size(1) != in && (grads.needed(w) || want_b)) {  // [dW | db | 0s] = dz^T x, then split
+    Tensor t = Tensor::empty({out, x.size(1)}, DType::f32, d);
+    gemm(true, false, 1.0f, dz, x, 0.0f, t);
+    GradSlot dW = needed_slot(grads, w, {out, in}, d), db = want_b ? grad_slot(grads, b, {out}, d) : GradSlot{};
+    DPT_CUDA_OR_CPU(
+        d,
+        cuda::ones_column_split(t.f32(), out, in, x.size(1), dW.beta, dW.f32_or_null(), db.beta, db.f32_or_null(),
+                                stream_of(d)),
+        cpu::ones_column_split(t.f32(), out, in, x.size(1), dW.beta, dW.f32_or_null(), db.beta, db.f32_or_null()));
+    put_slot(grads, w, dW);
+    if (want_b) put_slot(grads, b, db);
+    return;
+  }
+  if (grads.needed(w)) {
+    GradSlot dW = grad_slot(grads, w, {out, in}, d);
+    gemm(true, false, 1.0f, dz, x, dW.beta, dW.t);
+    put_slot(grads, w, dW);
+  }
+  if (want_b) {  // (cuBLASLt's BGRADB epilogue took 1.41 ms of a GPT-2 step against about 1.0 for
+                 // these passes: docs/performance-log.md)
+    GradSlot db = grad_slot(grads, b, {out}, d);
+    DPT_CUDA_OR_CPU(
+        d,
+        cuda::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta, db.t.f32(),
+                                     bias_work(d, cuda::act_bias_backward_work(rows, out)).f32(), stream_of(d)),
+        cpu::act_bias_backward_bf16(dz.bf16(), nullptr, Act::none, rows, out, dz.bf16(), db.beta, db.t.f32()));
+    put_slot(grads, b, db);
   }
 }
 
@@ -682,13 +740,14 @@ SavedInput act_of(const Tensor& z, Act act) {
   return s;
 }
 
-SavedInput layer_norm_of(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps) {
+SavedInput layer_norm_of(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps, bool ones_column) {
   SavedInput s;
   s.kind = SavedInput::Kind::layer_norm_of;
   s.from = h;
   s.gamma = gamma;
   s.beta = beta;
   s.eps = eps;
+  s.ones_column = ones_column;
   return s;
 }
 

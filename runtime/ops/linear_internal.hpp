@@ -2,6 +2,7 @@
 // the fused bf16 MLP): the input a node keeps, the bf16 layer's checks and forward, and on
 // a GPU the cuBLASLt call and the bias gradients' scratch.
 #pragma once
+#include <dptrain/runtime/autograd.hpp>
 #include <dptrain/runtime/ops.hpp>
 #include <dptrain/runtime/tensor.hpp>
 
@@ -38,7 +39,7 @@ class NodeInput {
   Tensor values() const {
     if (x_.defined()) return x_;
     if (saved_.kind == SavedInput::Kind::act_of) return activation(saved_.from, saved_.act);
-    return layer_norm(saved_.from, saved_.gamma, saved_.beta, saved_.eps);
+    return layer_norm(saved_.from, saved_.gamma, saved_.beta, saved_.eps, saved_.ones_column);
   }
 
  private:
@@ -49,7 +50,17 @@ class NodeInput {
 
 // A SavedInput's rebuild must have x's shape, type and device.
 void check_saved(const SavedInput& s, const Tensor& x, const char* op);
+// x [rows, in] or, with a ones column, [rows, ones_column_width(in)] (ops.hpp), for W [out, in].
 void check_linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16);
+// Whether x, checked against W by check_linear_bf16, carries a ones column.
+inline bool has_ones_column(const Tensor& x, const Tensor& W) { return x.size(1) != W.size(1); }
+// A bf16 layer's parameter gradients from dz (its output's gradient through the activation,
+// bf16 [rows, out]) and its input x: dW (+)= dz^T x[:, :in] into input w's gradient and db (+)=
+// dz's column sums into input b's, each where wanted. With x's ones column, both come out of
+// one GEMM, dz^T x = [dW | db | 0s], split after; else db takes a pass of column sums.
+// b = kNoInput: the layer has no bias.
+constexpr size_t kNoInput = static_cast<size_t>(-1);
+void bf16_param_grads(const Tensor& dz, const Tensor& x, int64_t in, Grads& grads, size_t w, size_t b);
 // linear_bf16's forward without autograd: y = act(x W16^T + b16) rounded once, and z (when
 // defined) GELU's pre-activation.
 void linear_bf16_values(const Tensor& x, const Tensor& W16, const Tensor& b16, Act act, const Tensor& y,
@@ -62,7 +73,7 @@ void linear_bf16_values(const Tensor& x, const Tensor& W16, const Tensor& b16, A
 // the pre-activation in aux instead.
 bool lt_gemm(Context& ctx, const Device& d, cuda::LtTypes types, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
              float alpha, const void* A, const void* B, float beta, void* C, const void* bias, Act act,
-             void* aux = nullptr, bool act_grad = false);
+             void* aux = nullptr, bool act_grad = false, int64_t lda = 0);
 // Scratch for the two-stage bias gradients (at least one float: a tensor is never empty here).
 Tensor bias_work(const Device& d, int64_t floats);
 #endif

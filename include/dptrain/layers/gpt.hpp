@@ -83,12 +83,13 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t width);
   Tensor forward(const Tensor& x) override;
-  // The stream's sum and this LayerNorm of it (the add fused in where there is one).
-  AddNorm forward(const Residual& stream);
+  // The stream's sum and this LayerNorm of it (the add fused in where there is one), with a
+  // ones column for a bf16 layer to read (ops.hpp's ones_column_width) where asked.
+  AddNorm forward(const Residual& stream, bool ones_column = false);
   std::shared_ptr<Module> clone() const override;
   std::string describe() const override;
-  // What rebuilds forward(x) in a backward: x with this LayerNorm's parameters.
-  SavedInput output_from(const Tensor& x) const;
+  // What rebuilds forward(stream, ones_column).normed in a backward from the sum x.
+  SavedInput output_from(const Tensor& x, bool ones_column = false) const;
 
  private:
   int64_t width_;

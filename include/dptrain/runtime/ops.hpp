@@ -194,7 +194,15 @@ void add_host_(const Tensor& x, const Tensor& y);
 Tensor embedding(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, DType out = DType::f32);
 // LayerNorm over the last axis of x [N, C] (f32 or bf16) as torch.nn.functional.layer_norm: statistics in fp32
 // (biased variance), gamma/beta f32 [C] masters with fp32 gradients; y has x's type. Saves mean and rstd [N].
-Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+// With ones_column (bf16 only), y is [N, ones_column_width(C)]: each row's C values, then a ones column (below).
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f,
+                  bool ones_column = false);
+// An input with a ones column: each row's C values, then 1, then 0s to ones_column_width(C) = C + 1 rounded up to
+// a multiple of 8 (rows stay 16-byte aligned). A bf16 layer fed one (linear_bf16, linear_bf16_pre, gelu_mlp_bf16,
+// W [out, C]) makes its bias gradient in the weight gradient's GEMM, dz^T [x | 1] = [dW | db], instead of a pass
+// of column sums over dz; it reads x's first C columns only, and hands back x's gradient [N, C], without the ones
+// column (which the LayerNorm that made x takes).
+int64_t ones_column_width(int64_t cols);
 // a + b, the same shape and type (f32 or bf16): the residual connection, differentiable.
 Tensor add(const Tensor& a, const Tensor& b);
 // The residual add and the LayerNorm that reads its sum: sum = add(a, b) and normed =
@@ -203,7 +211,8 @@ Tensor add(const Tensor& a, const Tensor& b);
 struct AddNorm {
   Tensor sum, normed;
 };
-AddNorm add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+AddNorm add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f,
+                       bool ones_column = false);
 
 // ---- Transformer ops: attention and classifier ---------------------------------------
 // Causal multi-head self-attention as nanoGPT's CausalSelfAttention after c_attn: qkv [B*T, 3C] holds q, k, v side by
@@ -242,7 +251,8 @@ Tensor embedding_at(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, 
 // temporary with the forward's own kernels: the same bits, so the gradients do not change,
 // and x is freed once the forward is past it (nn::GPT::set_recompute, llm.c's -r):
 //   act_of(z, act)                      x = activation(z, act), z a pre-activation that linear_pre gave
-//   layer_norm_of(h, gamma, beta, eps)  x = layer_norm(h, gamma, beta, eps), h a LayerNorm's input
+//   layer_norm_of(h, gamma, beta, eps, ones_column)
+//                                       x = layer_norm(h, gamma, beta, eps, ones_column), h a LayerNorm's input
 // The default keeps x itself. The op checks that the rebuild has x's shape, type and device;
 // that it makes x's values is the caller's word (the statistics are computed again, by the
 // same kernel, rather than read from the LayerNorm's node).
@@ -253,9 +263,11 @@ struct SavedInput {
   Act act = Act::none;
   Tensor gamma, beta;
   float eps = 1e-5f;
+  bool ones_column = false;
 };
 SavedInput act_of(const Tensor& z, Act act);
-SavedInput layer_norm_of(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+SavedInput layer_norm_of(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f,
+                         bool ones_column = false);
 // linear / linear_bf16 whose node keeps `saved` for x, and which give the pre-activation z
 // beside y for an activation whose backward keeps it (the GELUs; else z is undefined). y is
 // exactly activation(z, act), so that act_of(z, act) rebuilds it: in bf16 the GELU reads the
