@@ -35,31 +35,40 @@ using namespace dpt;
 using namespace dpt::test;
 
 namespace {
+// Two bf16 layers, c -> hidden -> c, each with its fp32 master weight and bias (the leaves,
+// from seeds seed .. seed + 3) beside their bf16 copies.
+struct TwoLayers {
+  Tensor W1, b1, W2, b2;
+  Bf16Layer fc, proj;
+  TwoLayers(const Device& d, int64_t c, int64_t hidden, uint64_t seed)
+      : W1(randn_tensor({hidden, c}, seed, d, 0.1f).set_requires_grad(true)),
+        b1(randn_tensor({hidden}, seed + 1, d, 0.5f).set_requires_grad(true)),
+        W2(randn_tensor({c, hidden}, seed + 2, d, 0.1f).set_requires_grad(true)),
+        b2(randn_tensor({c}, seed + 3, d).set_requires_grad(true)),
+        fc{W1, b1, cast(W1.detach(), DType::bf16), cast(b1.detach(), DType::bf16)},
+        proj{W2, b2, cast(W2.detach(), DType::bf16), cast(b2.detach(), DType::bf16)} {}
+};
+
 // A transformer MLP (rows x c -> 4c -> c, tanh-GELU) in bf16 on `d`, forward and backward
 // of a squared error: as gelu_mlp_bf16 (fused) or as two linear_bf16 layers (recomputing:
 // linear_bf16_pre, c_proj keeping act_of(z)). Gives y and the gradients of x and each
 // parameter.
 std::vector<Tensor> bf16_mlp_step(const Device& d, int64_t rows, int64_t c, bool fused, bool keep_h) {
-  const int64_t hidden = 4 * c;
   Tensor x = randn_tensor({rows, c}, 31, d).set_requires_grad(true);
-  Tensor W1 = randn_tensor({hidden, c}, 32, d, 0.1f).set_requires_grad(true);
-  Tensor b1 = randn_tensor({hidden}, 33, d, 0.5f).set_requires_grad(true);
-  Tensor W2 = randn_tensor({c, hidden}, 34, d, 0.1f).set_requires_grad(true);
-  Tensor b2 = randn_tensor({c}, 35, d).set_requires_grad(true);
-  const Bf16Layer fc{W1, b1, cast(W1.detach(), DType::bf16), cast(b1.detach(), DType::bf16)};
-  const Bf16Layer proj{W2, b2, cast(W2.detach(), DType::bf16), cast(b2.detach(), DType::bf16)};
+  const TwoLayers m(d, c, 4 * c, 32);
   const Tensor x16 = cast(x, DType::bf16);
   Tensor y;
   if (fused) {
-    y = gelu_mlp_bf16(x16, fc, proj, keep_h);
+    y = gelu_mlp_bf16(x16, m.fc, m.proj, keep_h);
   } else if (keep_h) {
-    y = linear_bf16(linear_bf16(x16, W1, b1, fc.W16, fc.b16, Act::gelu_tanh), W2, b2, proj.W16, proj.b16);
+    y = linear_bf16(linear_bf16(x16, m.W1, m.b1, m.fc.W16, m.fc.b16, Act::gelu_tanh), m.W2, m.b2, m.proj.W16,
+                    m.proj.b16);
   } else {
-    const LinearOut h = linear_bf16_pre(x16, W1, b1, fc.W16, fc.b16, Act::gelu_tanh);
-    y = linear_bf16_pre(h.y, W2, b2, proj.W16, proj.b16, Act::none, act_of(h.z, Act::gelu_tanh)).y;
+    const LinearOut h = linear_bf16_pre(x16, m.W1, m.b1, m.fc.W16, m.fc.b16, Act::gelu_tanh);
+    y = linear_bf16_pre(h.y, m.W2, m.b2, m.proj.W16, m.proj.b16, Act::none, act_of(h.z, Act::gelu_tanh)).y;
   }
   mse_loss(y, randn_tensor({rows, c}, 36, d)).backward();
-  return {y.detach(), x.grad(), W1.grad(), b1.grad(), W2.grad(), b2.grad()};
+  return {y.detach(), x.grad(), m.W1.grad(), m.b1.grad(), m.W2.grad(), m.b2.grad()};
 }
 
 // A LayerNorm (bf16 out) feeding a bf16 layer with a bias, as a GPT block's c_attn
@@ -74,18 +83,12 @@ std::vector<Tensor> norm_then_bf16(const Device& d, int64_t rows, int64_t c, boo
   const Tensor h16 = cast(h, DType::bf16);
   const Tensor x = layer_norm(h16, gamma, beta, 1e-5f, ones);
   const SavedInput saved = rebuild ? layer_norm_of(h16, gamma, beta, 1e-5f, ones) : SavedInput{};
-  const int64_t out = mlp ? 4 * c : 3 * c;
-  Tensor W1 = randn_tensor({out, c}, 44, d, 0.1f).set_requires_grad(true);
-  Tensor b1 = randn_tensor({out}, 45, d, 0.5f).set_requires_grad(true);
-  Tensor W2 = randn_tensor({c, out}, 46, d, 0.1f).set_requires_grad(true);
-  Tensor b2 = randn_tensor({c}, 47, d).set_requires_grad(true);
-  const Bf16Layer fc{W1, b1, cast(W1.detach(), DType::bf16), cast(b1.detach(), DType::bf16)};
-  const Bf16Layer proj{W2, b2, cast(W2.detach(), DType::bf16), cast(b2.detach(), DType::bf16)};
-  const Tensor y =
-      mlp ? gelu_mlp_bf16(x, fc, proj, true, saved) : linear_bf16_pre(x, W1, b1, fc.W16, fc.b16, Act::none, saved).y;
+  const TwoLayers m(d, c, mlp ? 4 * c : 3 * c, 44);
+  const Tensor y = mlp ? gelu_mlp_bf16(x, m.fc, m.proj, true, saved)
+                       : linear_bf16_pre(x, m.W1, m.b1, m.fc.W16, m.fc.b16, Act::none, saved).y;
   mse_loss(y, randn_tensor(y.shape(), 48, d)).backward();
-  std::vector<Tensor> r{y.detach(), h.grad(), gamma.grad(), beta.grad(), W1.grad(), b1.grad()};
-  if (mlp) r.insert(r.end(), {W2.grad(), b2.grad()});
+  std::vector<Tensor> r{y.detach(), h.grad(), gamma.grad(), beta.grad(), m.W1.grad(), m.b1.grad()};
+  if (mlp) r.insert(r.end(), {m.W2.grad(), m.b2.grad()});
   return r;
 }
 }  // namespace
