@@ -151,11 +151,11 @@ std::string SequenceModule::describe() const {
 
 namespace {
 // Linear::forward through linear_pre / linear_bf16_pre: with what its node keeps for x, and
-// the pre-activation beside the output.
-LinearOut linear_forward(Linear& layer, const Tensor& x, const SavedInput& x_saved) {
+// the pre-activation beside the output (ones_column: x is bf16 with one).
+LinearOut linear_forward(Linear& layer, const Tensor& x, const SavedInput& x_saved, bool ones_column = false) {
   if (!layer.computes_bf16()) return linear_pre(x, layer.weight(), layer.bias(), layer.act(), x_saved);
   return linear_bf16_pre(cast(x, DType::bf16), layer.weight(), layer.bias(), layer.weight_bf16(), layer.bias_bf16(),
-                         layer.act(), x_saved);
+                         layer.act(), x_saved, ones_column);
 }
 
 // The residual projections' std: GPT-2 scales them by 1/sqrt(2 L), one for each of the two
@@ -175,8 +175,8 @@ CausalSelfAttention::CausalSelfAttention(const BlockSizes& s)
 
 Tensor CausalSelfAttention::forward(const Tensor& x, int64_t T) { return forward(x, T, SavedInput{}); }
 
-Tensor CausalSelfAttention::forward(const Tensor& x, int64_t T, const SavedInput& x_saved) {
-  const Tensor qkv = linear_forward(*c_attn_, x, x_saved).y;
+Tensor CausalSelfAttention::forward(const Tensor& x, int64_t T, const SavedInput& x_saved, bool ones_column) {
+  const Tensor qkv = linear_forward(*c_attn_, x, x_saved, ones_column).y;
   return c_proj_->forward(causal_attention(qkv, T, sizes().heads));
 }
 
@@ -217,10 +217,10 @@ Residual Block::forward(const Residual& stream, int64_t T) {
   // them keep them), as the temporaries of nested calls would be.
   AddNorm x = ln_1_->forward(stream, ones);
   Tensor attn =
-      attn_->forward(std::exchange(x.normed, {}), T, ln_inputs ? ln_1_->output_from(x.sum, ones) : SavedInput{});
+      attn_->forward(std::exchange(x.normed, {}), T, ln_inputs ? ln_1_->output_from(x.sum, ones) : SavedInput{}, ones);
   AddNorm h = ln_2_->forward(Residual{std::move(x.sum), std::move(attn)}, ones);
   const SavedInput saved = ln_inputs ? ln_2_->output_from(h.sum, ones) : SavedInput{};
-  return {h.sum, mlp(std::exchange(h.normed, {}), saved, recompute_ == Recompute::none)};
+  return {h.sum, mlp(std::exchange(h.normed, {}), saved, recompute_ == Recompute::none, ones)};
 }
 
 Tensor Block::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start) {
@@ -228,11 +228,12 @@ Tensor Block::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& 
   return add(h, mlp(ln_2_->forward(h), SavedInput{}, true));  // no backward: the GELU of the fp32 sum
 }
 
-Tensor Block::mlp(const Tensor& x, const SavedInput& x_saved, bool plain) {
+Tensor Block::mlp(const Tensor& x, const SavedInput& x_saved, bool plain, bool ones_column) {
   if (c_fc_->computes_bf16())
-    return gelu_mlp_bf16(
-        cast(x, DType::bf16), {c_fc_->weight(), c_fc_->bias(), c_fc_->weight_bf16(), c_fc_->bias_bf16()},
-        {c_proj_->weight(), c_proj_->bias(), c_proj_->weight_bf16(), c_proj_->bias_bf16()}, plain, x_saved);
+    return gelu_mlp_bf16(cast(x, DType::bf16),
+                         {c_fc_->weight(), c_fc_->bias(), c_fc_->weight_bf16(), c_fc_->bias_bf16()},
+                         {c_proj_->weight(), c_proj_->bias(), c_proj_->weight_bf16(), c_proj_->bias_bf16()}, plain,
+                         x_saved, ones_column);
   if (plain) return c_proj_->forward(c_fc_->forward(x));
   const LinearOut fc = linear_forward(*c_fc_, x, x_saved);
   return linear_forward(*c_proj_, fc.y, act_of(fc.z, c_fc_->act())).y;

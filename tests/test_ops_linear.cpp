@@ -74,19 +74,22 @@ std::vector<Tensor> bf16_mlp_step(const Device& d, int64_t rows, int64_t c, bool
 // A LayerNorm (bf16 out) feeding a bf16 layer with a bias, as a GPT block's c_attn
 // (linear_bf16_pre, c -> 3c) or its MLP (gelu_mlp_bf16), with or without the ones column
 // (ops.hpp), the layer keeping the LayerNorm's output or rebuilding it (layer_norm_of);
-// forward and backward of a squared error. Gives y and the gradients of the LayerNorm's
-// input and of every parameter.
+// forward and backward of a squared error, twice (the second pass adds to the gradients).
+// Gives y and the gradients of the LayerNorm's input and of every parameter.
 std::vector<Tensor> norm_then_bf16(const Device& d, int64_t rows, int64_t c, bool mlp, bool ones, bool rebuild) {
   Tensor h = randn_tensor({rows, c}, 41, d).set_requires_grad(true);
   Tensor gamma = randn_tensor({c}, 42, d, 0.5f).set_requires_grad(true);
   Tensor beta = randn_tensor({c}, 43, d).set_requires_grad(true);
-  const Tensor h16 = cast(h, DType::bf16);
-  const Tensor x = layer_norm(h16, gamma, beta, 1e-5f, ones);
-  const SavedInput saved = rebuild ? layer_norm_of(h16, gamma, beta, 1e-5f, ones) : SavedInput{};
   const TwoLayers m(d, c, mlp ? 4 * c : 3 * c, 44);
-  const Tensor y = mlp ? gelu_mlp_bf16(x, m.fc, m.proj, true, saved)
-                       : linear_bf16_pre(x, m.W1, m.b1, m.fc.W16, m.fc.b16, Act::none, saved).y;
-  mse_loss(y, randn_tensor(y.shape(), 48, d)).backward();
+  Tensor y;
+  for (uint64_t pass = 0; pass < 2; ++pass) {
+    const Tensor h16 = cast(h, DType::bf16);
+    const Tensor x = layer_norm(h16, gamma, beta, 1e-5f, ones);
+    const SavedInput saved = rebuild ? layer_norm_of(h16, gamma, beta, 1e-5f, ones) : SavedInput{};
+    y = mlp ? gelu_mlp_bf16(x, m.fc, m.proj, true, saved, ones)
+            : linear_bf16_pre(x, m.W1, m.b1, m.fc.W16, m.fc.b16, Act::none, saved, ones).y;
+    mse_loss(y, randn_tensor(y.shape(), 48 + pass, d)).backward();
+  }
   std::vector<Tensor> r{y.detach(), h.grad(), gamma.grad(), beta.grad(), m.W1.grad(), m.b1.grad()};
   if (mlp) r.insert(r.end(), {m.W2.grad(), m.b2.grad()});
   return r;
@@ -273,9 +276,31 @@ TEST_CASE("a ones column: LayerNorm writes it, bf16 layers read past it and make
         INFO("gradient " << i);
         CHECK(rel_error(with[i].to_host(), without[i].to_host()) < 1e-5);
       }
-      const auto kept = norm_then_bf16(host, 37, 24, mlp, true, false);
-      for (size_t i = 0; i < with.size(); ++i) CHECK(with[i].to_host() == kept[i].to_host());
+      if (rebuild) {
+        const auto kept = norm_then_bf16(host, 37, 24, mlp, true, false);
+        for (size_t i = 0; i < with.size(); ++i) CHECK(with[i].to_host() == kept[i].to_host());
+      }
     }
+  // A ones column is said, not guessed from a width: refused where x has none, where x is a
+  // leaf (its gradient would have none), and where a saved rebuild has other values.
+  const TwoLayers m(host, 29, 87, 50);
+  const Tensor x29 = cast(randn_tensor({4, 29}, 6, host), DType::bf16);
+  CHECK(test::usage_error([&] { linear_bf16_pre(x29, m.W1, m.b1, m.fc.W16, m.fc.b16, Act::none, {}, true); }) ==
+        "linear_bf16: input [4, 29] with a ones column does not fit weight [87, 29] (bf16 copy [87, 29])");
+  CHECK(test::usage_error([&] {
+          linear_bf16_pre(layer_norm(x29, g, be, 1e-5f, true), m.W1, m.b1, m.fc.W16, m.fc.b16, Act::none);
+        }).rfind("linear_bf16: input [4, 32] does not fit weight", 0) == 0);
+  Tensor leaf = cast(randn_tensor({4, 32}, 7, host), DType::bf16).set_requires_grad(true);
+  CHECK(test::usage_error([&] {
+          linear_bf16_pre(leaf, m.W1, m.b1, m.fc.W16, m.fc.b16, Act::none, {}, true);
+        }).rfind("linear_bf16: an input with a ones column is a LayerNorm's output, not a leaf", 0) == 0);
+  const Tensor x30 = cast(randn_tensor({4, 30}, 8, host), DType::bf16);
+  const Tensor g30 = randn_tensor({30}, 9, host), b30 = randn_tensor({30}, 10, host);
+  const Tensor padded29 = layer_norm(x29, g, be, 1e-5f, true);
+  CHECK(test::usage_error([&] {
+          linear_bf16_pre(padded29, m.W1.detach().set_requires_grad(true), m.b1, m.fc.W16, m.fc.b16, Act::none,
+                          layer_norm_of(x30, g30, b30, 1e-5f, true), true);
+        }).find("does not rebuild x [4, 32] bf16 of 29 values") != std::string::npos);
 }
 
 TEST_CASE("bf16 linear equals the fp32 linear on bf16-rounded operands, rounded once", "[ops][bf16]") {
@@ -593,12 +618,27 @@ TEST_CASE("gelu_mlp_bf16 matches the CPU: the GELU's backward in the GEMM epilog
 }
 
 TEST_CASE("a ones column's bias gradients match the CPU: LayerNorm, then c_attn or the MLP", "[gpu][ops][bf16]") {
+  // The LayerNorm's ones column, alone and after the residual add: the fused kernels (512
+  // columns) and the general ones (29).
+  for (int64_t c : {512, 29}) {
+    INFO(c << " columns");
+    compare(
+        [&](const Device& d) {
+          const Tensor a = cast(randn_tensor({300, c}, 1, d), DType::bf16),
+                       b = cast(randn_tensor({300, c}, 2, d), DType::bf16);
+          const Tensor g = randn_tensor({c}, 3, d), be = randn_tensor({c}, 4, d);
+          const AddNorm r = add_layer_norm(a, b, g, be, 1e-5f, true);
+          return std::vector<Tensor>{layer_norm(a, g, be, 1e-5f, true), r.sum, r.normed};
+        },
+        1e-2);
+  }
   // 2048 x 512 -> 1536 or 2048: the forward GEMMs reach cuBLASLt reading past the ones
-  // column (lda); and a small one (cuBLAS's GEMM after a packed copy).
+  // column (lda); and a small one of 29 columns (cuBLAS's GEMM after a packed copy, the
+  // general LayerNorm, the split a float at a time). Two passes: the split adds to dW and db.
   for (int64_t rows : {2048, 40})
     for (bool mlp : {false, true})
       for (bool rebuild : {false, true}) {
-        const int64_t c = rows == 2048 ? 512 : 24;
+        const int64_t c = rows == 2048 ? 512 : 29;
         INFO(rows << " x " << c << (mlp ? ", gelu_mlp_bf16" : ", linear_bf16_pre") << (rebuild ? ", rebuilt" : ""));
         compare([&](const Device& d) { return norm_then_bf16(d, rows, c, mlp, true, rebuild); }, 5e-3);
         const auto with = norm_then_bf16(gpu, rows, c, mlp, true, rebuild);

@@ -234,11 +234,11 @@ __global__ void __launch_bounds__(kThreads)
       yrow[i] = out;
     }
     // The ones column, a vector a lane (ldy - cols is a multiple of E: both are).
-    if (lane < (ldy - cols) / E) {
+    for (int i = lane; i < (ldy - cols) / E; i += 32) {
       Vec16<T> pad;
 #pragma unroll
-      for (int e = 0; e < E; ++e) store(&pad.v[e], lane == 0 && e == 0 ? 1.f : 0.f);
-      reinterpret_cast<Vec16<T>*>(y + r * ldy + cols)[lane] = pad;
+      for (int e = 0; e < E; ++e) store(&pad.v[e], i == 0 && e == 0 ? 1.f : 0.f);
+      reinterpret_cast<Vec16<T>*>(y + r * ldy + cols)[i] = pad;
     }
     if (lane == 0) {
       mean[r] = m;

@@ -79,13 +79,13 @@ class GeluMlpBf16Node : public Node {
 }  // namespace
 
 Tensor gelu_mlp_bf16(const Tensor& x, const Bf16Layer& fc, const Bf16Layer& proj, bool keep_h,
-                     const SavedInput& x_saved) {
-  check_linear_bf16(x, fc.W, fc.b, fc.W16, fc.b16);
+                     const SavedInput& x_saved, bool ones_column) {
+  check_linear_bf16(x, fc.W, fc.b, fc.W16, fc.b16, ones_column);
   DPT_REQUIRE(fc.b.defined() && proj.b.defined(), "gelu_mlp_bf16: both layers need a bias");
   const Device d = x.device();
   const int64_t rows = x.size(0), hidden = fc.W.size(0);
   const bool grad = any_requires_grad({&x, &fc.W, &fc.b, &proj.W, &proj.b});
-  if (grad) check_saved(x_saved, x, "gelu_mlp_bf16");
+  if (grad) check_saved(x_saved, x, "gelu_mlp_bf16", fc.W.size(1));
   // fc, as linear_bf16 (the GELU in the GEMM's epilogue where it fuses) or, recomputing, as
   // linear_bf16_pre (z, then the GELU of the rounded z, which backward rebuilds alike).
   Tensor z = Tensor::empty({rows, hidden}, DType::bf16, d), h;

@@ -91,32 +91,38 @@ Tensor bias_work(const Device& d, int64_t floats) {
 }
 #endif
 
-void check_saved(const SavedInput& s, const Tensor& x, const char* op) {
+void check_saved(const SavedInput& s, const Tensor& x, const char* op, int64_t in) {
   if (s.kind == SavedInput::Kind::input) return;
   const Tensor& f = s.from;
   const bool ln = s.kind == SavedInput::Kind::layer_norm_of;
   Shape rebuilt = f.defined() ? f.shape() : Shape{};
   if (ln && s.ones_column && f.defined() && f.dim() == 2) rebuilt = {f.size(0), ones_column_width(f.size(1))};
-  DPT_REQUIRE(f.defined() && rebuilt == x.shape() && f.dtype() == x.dtype() && f.device() == x.device(),
+  DPT_REQUIRE(f.defined() && rebuilt == x.shape() && f.dtype() == x.dtype() && f.device() == x.device() &&
+                  (!ln || f.size(1) == in),
               std::string(op) + ": the saved input (" +
                   (f.defined() ? shape_str(f.shape()) + " " + dtype_name(f.dtype()) : std::string("none")) +
-                  ") does not rebuild x " + shape_str(x.shape()) + " " + dtype_name(x.dtype()));
+                  (ln && s.ones_column ? ", with a ones column" : "") + ") does not rebuild x " + shape_str(x.shape()) +
+                  " " + dtype_name(x.dtype()) + " of " + std::to_string(in) + " values");
   if (ln)
-    DPT_REQUIRE(s.gamma.defined() && s.beta.defined() && s.gamma.shape() == Shape{f.size(1)} &&
-                    s.beta.shape() == s.gamma.shape(),
-                std::string(op) + ": the saved LayerNorm's gamma and beta are not [" + std::to_string(f.size(1)) + "]");
+    DPT_REQUIRE(
+        s.gamma.defined() && s.beta.defined() && s.gamma.shape() == Shape{in} && s.beta.shape() == s.gamma.shape(),
+        std::string(op) + ": the saved LayerNorm's gamma and beta are not [" + std::to_string(in) + "]");
 }
 
-void check_linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16) {
+void check_linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
+                       bool ones_column) {
   need_bf16(x, "linear_bf16");
   need_f32(W, "linear_bf16");
   need_bf16(W16, "linear_bf16 (weight copy)");
   same_device(x, W, "linear_bf16");
   same_device(W, W16, "linear_bf16");
-  DPT_REQUIRE(x.dim() == 2 && W.dim() == 2 && (x.size(1) == W.size(1) || x.size(1) == ones_column_width(W.size(1))) &&
+  DPT_REQUIRE(x.dim() == 2 && W.dim() == 2 && x.size(1) == (ones_column ? ones_column_width(W.size(1)) : W.size(1)) &&
                   W16.shape() == W.shape(),
-              "linear_bf16: input " + shape_str(x.shape()) + " does not fit weight " + shape_str(W.shape()) +
-                  " (bf16 copy " + shape_str(W16.shape()) + ")");
+              "linear_bf16: input " + shape_str(x.shape()) + (ones_column ? " with a ones column" : "") +
+                  " does not fit weight " + shape_str(W.shape()) + " (bf16 copy " + shape_str(W16.shape()) + ")");
+  DPT_REQUIRE(!ones_column || !(x.is_leaf() && x.requires_grad()),
+              "linear_bf16: an input with a ones column is a LayerNorm's output, not a leaf (its gradient has no ones "
+              "column)");
   DPT_REQUIRE(b.defined() == b16.defined(), "linear_bf16: a bias needs its bf16 copy, and only a bias has one");
   if (b.defined()) {
     need_f32(b, "linear_bf16");
@@ -513,7 +519,7 @@ template <class NodeType, class Values>
 LinearOut pre_activated(const char* op, const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W_kept,
                         DType type, Act act, const SavedInput& saved, const Values& values) {
   const bool grad = any_requires_grad({&x, &W, &b});
-  if (grad) check_saved(saved, x, op);
+  if (grad) check_saved(saved, x, op, W.size(1));
   const Shape shape{x.size(0), W.size(0)};
   LinearOut r;
   if (act_saves_input(act)) {
@@ -725,8 +731,8 @@ Tensor linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tens
 }
 
 LinearOut linear_bf16_pre(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
-                          Act act, const SavedInput& saved) {
-  check_linear_bf16(x, W, b, W16, b16);
+                          Act act, const SavedInput& saved, bool ones_column) {
+  check_linear_bf16(x, W, b, W16, b16, ones_column);
   return pre_activated<LinearBf16Node>(
       "linear_bf16_pre", x, W, b, W16, DType::bf16, act, saved,
       [&](Act a, const Tensor& y) { linear_bf16_values(x, W16, b16, a, y, Tensor()); });

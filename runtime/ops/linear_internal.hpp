@@ -48,12 +48,13 @@ class NodeInput {
   SavedInput saved_;
 };
 
-// A SavedInput's rebuild must have x's shape, type and device.
-void check_saved(const SavedInput& s, const Tensor& x, const char* op);
-// x [rows, in] or, with a ones column, [rows, ones_column_width(in)] (ops.hpp), for W [out, in].
-void check_linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16);
-// Whether x, checked against W by check_linear_bf16, carries a ones column.
-inline bool has_ones_column(const Tensor& x, const Tensor& W) { return x.size(1) != W.size(1); }
+// A SavedInput's rebuild must have x's shape, type and device, a LayerNorm's rows `in`
+// values (the layer's input width, without a ones column).
+void check_saved(const SavedInput& s, const Tensor& x, const char* op, int64_t in);
+// x [rows, in], or with ones_column [rows, ones_column_width(in)] and no leaf (ops.hpp), for
+// W [out, in].
+void check_linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
+                       bool ones_column = false);
 // A bf16 layer's parameter gradients from dz (its output's gradient through the activation,
 // bf16 [rows, out]) and its input x: dW (+)= dz^T x[:, :in] into input w's gradient and db (+)=
 // dz's column sums into input b's, each where wanted. With x's ones column, both come out of

@@ -134,8 +134,9 @@ class CausalSelfAttention : public SequencePart<CausalSelfAttention> {
   // earlier ones through the cache (keys, values: this layer's, KvCache's layout), which
   // takes the new positions' keys and values (decoding; no gradient).
   Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start);
-  // The same with c_attn's node keeping `x_saved` instead of x.
-  Tensor forward(const Tensor& x, int64_t T, const SavedInput& x_saved);
+  // The same with c_attn's node keeping `x_saved` instead of x, and x (bf16) with a ones column
+  // where said (ops.hpp's ones_column_width).
+  Tensor forward(const Tensor& x, int64_t T, const SavedInput& x_saved, bool ones_column = false);
 
  private:
   std::shared_ptr<Linear> c_attn_, c_proj_;
@@ -167,8 +168,8 @@ class Block : public SequencePart<Block> {
   Recompute recompute_ = Recompute::none;
   // c_proj(c_fc(x)) for x = ln_2(h), its node keeping x_saved for x. plain: the layers as
   // without recomputation (the GELU of the fp32 sum; decoding always); else c_proj keeps
-  // c_fc's pre-activation, whose rounded value the GELU reads.
-  Tensor mlp(const Tensor& x, const SavedInput& x_saved, bool plain);
+  // c_fc's pre-activation, whose rounded value the GELU reads. ones_column: x (bf16) has one.
+  Tensor mlp(const Tensor& x, const SavedInput& x_saved, bool plain, bool ones_column = false);
 };
 
 // What a GPT has computed of the sequences it decodes (GPT::kv_cache, forward_cached): for

@@ -198,10 +198,10 @@ Tensor embedding(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, DTy
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f,
                   bool ones_column = false);
 // An input with a ones column: each row's C values, then 1, then 0s to ones_column_width(C) = C + 1 rounded up to
-// a multiple of 8 (rows stay 16-byte aligned). A bf16 layer fed one (linear_bf16, linear_bf16_pre, gelu_mlp_bf16,
-// W [out, C]) makes its bias gradient in the weight gradient's GEMM, dz^T [x | 1] = [dW | db], instead of a pass
-// of column sums over dz; it reads x's first C columns only, and hands back x's gradient [N, C], without the ones
-// column (which the LayerNorm that made x takes).
+// a multiple of 8 (rows stay 16-byte aligned). A bf16 layer told its input has one (linear_bf16_pre and
+// gelu_mlp_bf16 with ones_column, W [out, C]) makes its bias gradient in the weight gradient's GEMM, dz^T [x | 1]
+// = [dW | db], instead of a pass of column sums over dz; it reads x's first C columns only, and hands back x's
+// gradient [N, C], without the ones column, which the LayerNorm that made x takes (so x is no leaf).
 int64_t ones_column_width(int64_t cols);
 // a + b, the same shape and type (f32 or bf16): the residual connection, differentiable.
 Tensor add(const Tensor& a, const Tensor& b);
@@ -280,7 +280,7 @@ struct LinearOut {
 };
 LinearOut linear_pre(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const SavedInput& saved = {});
 LinearOut linear_bf16_pre(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& W16, const Tensor& b16,
-                          Act act, const SavedInput& saved = {});
+                          Act act, const SavedInput& saved = {}, bool ones_column = false);
 
 // A transformer block's MLP in bf16, y = proj(gelu_tanh(fc(x))) (x bf16; each layer's fp32
 // weight and bias, the leaves, beside their bf16 copies; both with a bias), as one op, so
@@ -290,10 +290,11 @@ LinearOut linear_bf16_pre(const Tensor& x, const Tensor& W, const Tensor& b, con
 // gelu_tanh) then linear_bf16(proj) (keep_h: the node keeps the GELU's output), or, not
 // keep_h, of linear_bf16_pre with proj keeping act_of(z) (the node keeps the pre-activation
 // alone and rebuilds the GELU's output for proj's weight gradient); on a CPU the same bits,
-// on a GPU within bf16 rounding (the epilogue rounds dz once). x_saved: as linear_bf16_pre's.
+// on a GPU within bf16 rounding (the epilogue rounds dz once). x_saved and ones_column: as
+// linear_bf16_pre's.
 struct Bf16Layer {
   Tensor W, b, W16, b16;
 };
 Tensor gelu_mlp_bf16(const Tensor& x, const Bf16Layer& fc, const Bf16Layer& proj, bool keep_h,
-                     const SavedInput& x_saved = {});
+                     const SavedInput& x_saved = {}, bool ones_column = false);
 }  // namespace dpt
