@@ -413,8 +413,8 @@ class LinearBf16Node : public Node {
     // dz = dy * act'(.) in bf16, in place (dy is ours to overwrite), and db (fp32) from the
     // same pass when the bias needs it, unless x's ones column makes it in dW's GEMM.
     const uint16_t* saved = saved_.defined() ? saved_.bf16() : nullptr;  // none without an activation
-    const bool ones_column = x_.size(1) != in;
-    if (inputs.size() > 2 && grads.needed(2) && !ones_column) {
+    const bool ones_column = x_.size(1) != in, want_b = inputs.size() > 2 && grads.needed(2);
+    if (want_b && !ones_column) {
       GradSlot db = grad_slot(grads, 2, {out}, d);
       DPT_CUDA_OR_CPU(
           d,
@@ -432,8 +432,8 @@ class LinearBf16Node : public Node {
       give(grads, 0, dx);
     }
     // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer (and db with a ones column)
-    if (grads.needed(1) || (ones_column && inputs.size() > 2 && grads.needed(2)))
-      bf16_param_grads(dy, x_.values(), in, grads, 1, ones_column && inputs.size() > 2 ? 2 : kNoInput);
+    if (grads.needed(1) || (ones_column && want_b))
+      bf16_param_grads(dy, x_.values(), in, grads, 1, ones_column && want_b ? 2 : kNoInput);
   }
 
  private:
