@@ -6,7 +6,7 @@
 #             fused AdamW, bf16 autocast), eager and torch.compile
 #   loop      dptrain's CLI end to end (the same optimizer), eager and --cuda-graph, beside the
 #             bare step: loop/step = the loop's ms/step (its summary, a mean after the first
-#             step) over step_bench's mean
+#             step; with --cuda-graph after the two that record) over step_bench's mean
 # at each batch of BATCHES (default "16 32"), then one table: ms/step, tokens/s, MFU (6N +
 # 6LCT flops a token, N without the position embedding, against PEAK_TFLOPS a GPU, default
 # 989: the dense bf16 peak of an H100 or H200 SXM), peak MiB (allocated; the loop's as its

@@ -660,6 +660,12 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
   run_started_ = start;
   auto last = start, after_first = start;
   const int64_t begin = steps_done_;
+  // The rates are timed after the steps that set up rather than train: the first (the
+  // allocator, cuBLAS's tuning) and, with a CUDA graph, the two that record the graphs
+  // (one for each parity of the optimizer's twin buffers), which a long run pays once.
+  const int64_t setup = cfg_.parallel.cuda_graph ? 3 : 1;
+  std::optional<clock::time_point> after_setup;
+  double eval_seconds_in_setup = 0;
   int64_t last_step = begin;
   StepLoss unread;  // the last step's loss when it was not logged
   double eval_seconds = 0;
@@ -714,6 +720,10 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
     } else {
       unread = std::move(loss);
     }
+    if (done - begin == setup && setup > 1) {
+      if (!logged) dp_->synchronize();  // once a run: the recordings' end
+      after_setup = clock::now(), eval_seconds_in_setup = eval_seconds;
+    }
     pace.after_step(*this, s, begin, start, eval_seconds);
     if (saved) periodic.save(*this, gather_state(), r);
   }
@@ -732,10 +742,15 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
   r.seconds = std::chrono::duration<double>(end - start).count();
   elapsed_before_ += r.seconds;  // a run() after this one continues the count
   run_started_.reset();
-  const double timed = std::chrono::duration<double>(end - after_first).count() - eval_seconds;
+  // After the set-up where steps followed it; else after the first step.
+  const bool steady = after_setup && r.steps > setup;
+  const int64_t timed_steps = steady ? r.steps - setup : r.steps - 1;
+  const double timed =
+      steady ? std::chrono::duration<double>(end - *after_setup).count() - (eval_seconds - eval_seconds_in_setup)
+             : std::chrono::duration<double>(end - after_first).count() - eval_seconds;
   if (r.steps > 1 && timed > 0) {
-    r.samples_per_s = static_cast<double>((r.steps - 1) * cfg_.batch) / timed;
-    r.step_ms = 1e3 * timed / static_cast<double>(r.steps - 1);
+    r.samples_per_s = static_cast<double>(timed_steps * cfg_.batch) / timed;
+    r.step_ms = 1e3 * timed / static_cast<double>(timed_steps);
   } else if (r.steps == 1) {  // the first step alone, warm-up and all (rather than none)
     const double first = std::chrono::duration<double>(after_first - start).count();
     if (first > 0) {

@@ -152,8 +152,10 @@ struct TrainResult {
   float final_accuracy = NAN;  // classification: of the last logged step's batch
   int64_t steps = 0;
   double seconds = 0.0;
-  double samples_per_s = 0.0;                             // over all steps after the first (a run of one: that step)
-  double step_ms = 0.0;                                   // mean over all steps after the first
+  // Over the steps after the first (with a CUDA graph, after the two that record its graphs
+  // too, where the run went past them); a run of one: that step.
+  double samples_per_s = 0.0;
+  double step_ms = 0.0;                                   // the mean over the same steps
   std::vector<std::pair<Device, AllocatorStats>> memory;  // every device used
   std::vector<ModelStateBytes> model_state;               // every replica's
   StepTimes times;                                        // the last step's phases on the master
