@@ -27,11 +27,14 @@ void accumulate(Tensor& slot, const Tensor& g) {
 
 // The same for a node's pending gradient, which may share its memory with another node's
 // (one gradient handed to several inputs): then the sum goes to a new tensor.
-void accumulate_pending(Tensor& slot, const Tensor& g) {
+// A second gradient drops the column sums of the first (Grads::put's).
+void accumulate_pending(Node& node, const Tensor& g) {
+  Tensor& slot = node.pending;
   if (!slot.defined()) {
     slot = g;  // shared or not: whoever adds into it checks
     return;
   }
+  node.pending_sums = ColumnSums();
   if (slot.storage_shared()) slot = own(slot);
   axpy_(1.0f, g, slot);
 }
@@ -89,6 +92,29 @@ void Grads::handed(size_t i) {
   if (on_done_ && *on_done_) (*on_done_)(in);
 }
 
+namespace {
+const ColumnSums kNoSums;
+}
+
+const ColumnSums& Grads::output_sums() const { return out_sums_ ? *out_sums_ : kNoSums; }
+
+bool Grads::sums_wanted(size_t i) const {
+  const Tensor& in = inputs_[i];
+  return self_ && !in.is_leaf() && in.requires_grad() && in.grad_fn() && in.grad_fn()->last_consumer == self_ &&
+         in.grad_fn()->takes_output_sums();
+}
+
+void Grads::put(size_t i, Tensor g, const ColumnSums& sums) {
+  // Kept where g will be the whole gradient: nothing gathered before, nothing after.
+  if (sums.defined() && sums_wanted(i) && !inputs_[i].grad_fn()->pending.defined())
+    inputs_[i].grad_fn()->pending_sums = sums;
+  put(i, std::move(g));
+}
+
+void Grads::gathered_sums(size_t i, const ColumnSums& sums) {
+  if (sums.defined() && sums_wanted(i)) inputs_[i].grad_fn()->pending_sums = sums;
+}
+
 bool Grads::stale(size_t i) const { return inputs_[i].is_leaf() && inputs_[i].grad_stale(); }
 
 float Grads::take_beta(size_t i) const {
@@ -130,7 +156,11 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
   struct Clear {
     ~Clear() {
       for (const std::shared_ptr<Node>& n : order)
-        if (n) n->pending = Tensor();
+        if (n) {
+          n->pending = Tensor();
+          n->pending_sums = ColumnSums();
+          n->last_consumer = nullptr;
+        }
       order.clear();
       stack.clear();
       node_grads.clear();
@@ -155,16 +185,22 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
       stack.pop_back();
     }
   }
+  // Each node's last consumer in the order the nodes run (the column sums' condition).
+  for (auto it = order.rbegin(); it != order.rend(); ++it)
+    for (const Tensor& in : (*it)->inputs)
+      if (in.requires_grad() && in.grad_fn()) in.grad_fn()->last_consumer = it->get();
   root_node->pending = std::move(seed);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* node = it->get();
     if (!node->pending.defined() && node != root_node.get()) continue;  // no gradient flows through it
     Tensor g = std::move(node->pending);
+    const ColumnSums sums = std::move(node->pending_sums);
+    node->pending_sums = ColumnSums();
     const bool in_turn = node->hands_over_in_turn();
     if (before_leaf_write && !in_turn)
       for (const Tensor& in : node->inputs)
         if (in.is_leaf() && in.requires_grad()) before_leaf_write(in);
-    Grads grads(node->inputs, node_grads, &before_leaf_write, &on_leaf_done);
+    Grads grads(node->inputs, node_grads, &before_leaf_write, &on_leaf_done, node, &sums);
     if (g.defined() && node->overwrites_grad()) g = own(g);  // another node's too: a copy to write into
     if (g.defined()) {
       node->backward(g, grads);
@@ -181,7 +217,7 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
         add_to_leaf(in, acc, gi);
         in.set_grad(acc);
       } else {
-        accumulate_pending(in.grad_fn()->pending, gi);
+        accumulate_pending(*in.grad_fn(), gi);
       }
     }
     if (on_leaf_done)

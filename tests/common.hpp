@@ -37,6 +37,16 @@ inline double rel_error(const std::vector<float>& a, const std::vector<float>& b
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
+// The column sums of a [rows, cols] tensor's values, added in double.
+inline std::vector<float> column_sums(const Tensor& t) {
+  const auto v = t.to_host();
+  const int64_t rows = t.size(0), cols = t.size(1);
+  std::vector<double> s(static_cast<size_t>(cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) s[static_cast<size_t>(c)] += v[static_cast<size_t>(r * cols + c)];
+  return {s.begin(), s.end()};
+}
+
 inline std::vector<float> randn(int64_t n, uint64_t seed, float std = 1.0f) {
   std::vector<float> v(static_cast<size_t>(n));
   cpu::normal(v.data(), n, seed, 7, 0, std);

@@ -252,7 +252,8 @@ LayerNormBackwardInputs layer_norm_backward_inputs(DType type, int64_t rows, int
 enum class DxMode { write, add, none };
 
 // LayerNorm's backward kernel on d, called directly: dx (the gradient it was added into;
-// zeros where not asked for), dgamma and dbeta.
+// zeros where not asked for), dgamma, dbeta and dx's column sums (asked for with dx; left
+// undefined where the kernels did not make them).
 std::vector<Tensor> layer_norm_backward_on(const Device& d, const LayerNormBackwardInputs& in, DxMode mode) {
   const Shape s{in.rows, in.C};
   const Tensor x = cast(on(d, in.x, s), in.type), dy = cast(on(d, in.dy, s), in.type), g = on(d, in.gamma, {in.C});
@@ -262,29 +263,36 @@ std::vector<Tensor> layer_norm_backward_on(const Device& d, const LayerNormBackw
   const bool bf16 = in.type == DType::bf16, add = mode == DxMode::add, want_dx = mode != DxMode::none;
   uint16_t* dx16 = bf16 && want_dx ? dx.bf16() : nullptr;
   float* dx32 = !bf16 && want_dx ? dx.f32() : nullptr;
+  Tensor sums = want_dx ? Tensor::empty({in.C}, DType::f32, d) : Tensor();
   if (d.is_cpu()) {
+    float* dx_sums = want_dx ? sums.f32() : nullptr;
     if (bf16)
       cpu::layer_norm_backward_bf16(x.bf16(), dy.bf16(), g.f32(), mean.f32(), rstd.f32(), in.rows, in.C, dx16, add, 0.f,
-                                    dgamma.f32(), 0.f, dbeta.f32());
+                                    dgamma.f32(), 0.f, dbeta.f32(), dx_sums);
     else
       cpu::layer_norm_backward(x.f32(), dy.f32(), g.f32(), mean.f32(), rstd.f32(), in.rows, in.C, dx32, add, 0.f,
-                               dgamma.f32(), 0.f, dbeta.f32());
+                               dgamma.f32(), 0.f, dbeta.f32(), dx_sums);
   } else {
     const Tensor work = Tensor::empty({cuda::layer_norm_backward_work(in.rows, in.C)}, DType::f32, d);
+    const int64_t chunks = cuda::layer_norm_backward_chunks(in.rows);
+    const Tensor part = Tensor::empty({chunks, in.C}, DType::f32, d);
     const auto st = static_cast<cudaStream_t>(context(d).stream());
-    if (bf16)
-      cuda::layer_norm_backward_bf16(x.bf16(), dy.bf16(), g.f32(), mean.f32(), rstd.f32(), in.rows, in.C, dx16, add,
-                                     0.f, dgamma.f32(), 0.f, dbeta.f32(), work.f32(), st);
-    else
-      cuda::layer_norm_backward(x.f32(), dy.f32(), g.f32(), mean.f32(), rstd.f32(), in.rows, in.C, dx32, add, 0.f,
-                                dgamma.f32(), 0.f, dbeta.f32(), work.f32(), st);
+    const bool made =
+        bf16 ? cuda::layer_norm_backward_bf16(x.bf16(), dy.bf16(), g.f32(), mean.f32(), rstd.f32(), in.rows, in.C, dx16,
+                                              add, 0.f, dgamma.f32(), 0.f, dbeta.f32(), work.f32(), part.f32(), st)
+             : cuda::layer_norm_backward(x.f32(), dy.f32(), g.f32(), mean.f32(), rstd.f32(), in.rows, in.C, dx32, add,
+                                         0.f, dgamma.f32(), 0.f, dbeta.f32(), work.f32(), part.f32(), st);
+    if (made) cuda::column_sums_finish({part.f32(), 0.f, sums.f32()}, {}, chunks, in.C, st);
+    else sums = Tensor();
   }
-  return {dx, dgamma, dbeta};
+  return {dx, dgamma, dbeta, sums};
 }
 }  // namespace
 
-TEST_CASE("layer_norm's backward kernels match the CPU's over 40001 rows, dx written, added or not asked for",
-          "[gpu][ops]") {
+TEST_CASE(
+    "layer_norm's backward kernels match the CPU's over 40001 rows, dx written, added or not asked for, dx's "
+    "column sums",
+    "[gpu][ops]") {
   // 40001 rows: more than 1024 chunks of the smallest size (32 rows), so the chunks grow (40
   // rows), the last one short. Widths: the fused kernel at three vectors a lane (GPT-2's
   // 768 in bf16) and four (1024 in bf16, 512 in f32); the general kernels (768 in f32).
@@ -307,10 +315,18 @@ TEST_CASE("layer_norm's backward kernels match the CPU's over 40001 rows, dx wri
       const double dbeta_error = rel_error(got[2].to_host(), want[2].to_host());
       CHECK(dgamma_error < 1e-4);
       CHECK(dbeta_error < 1e-4);
+      // dx's column sums: the fused kernel's (every width but f32's 768) are those of the dx
+      // it wrote, as the CPU's are of its own.
+      const bool fused = !(w.type == DType::f32 && w.C == 768) && mode != DxMode::none;
+      REQUIRE(got[3].defined() == fused);
+      if (fused) {
+        CHECK(rel_error(got[3].to_host(), column_sums(got[0])) < 1e-5);
+        CHECK(rel_error(want[3].to_host(), column_sums(want[0])) < 1e-5);
+      }
       const auto again = layer_norm_backward_on(gpu, in, mode);
       for (size_t i = 0; i < got.size(); ++i) {
         INFO("the same bits twice, result " << i);
-        CHECK(again[i].to_host() == got[i].to_host());
+        if (got[i].defined()) CHECK(again[i].to_host() == got[i].to_host());
       }
     }
   }

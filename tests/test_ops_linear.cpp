@@ -94,6 +94,43 @@ std::vector<Tensor> norm_then_bf16(const Device& d, int64_t rows, int64_t c, boo
   if (mlp) r.insert(r.end(), {m.W2.grad(), m.b2.grad()});
   return r;
 }
+
+// Who else reads a tensor of residual_projections' graph.
+enum class Reader { none, h, p };
+
+// Two residual adds as a GPT's blocks make them, in bf16: h = a + p(x), y = LayerNorm(h), with
+// p a projection c -> c (linear_bf16) or an MLP (gelu_mlp_bf16); h2 = h + q(y), q a
+// projection c -> c; a squared error of LayerNorm(h2), plus h or p read again (`reader`).
+// Each LayerNorm's backward makes the column sums of its input's gradient, which is p's or
+// q's output gradient, for their bias gradients (ColumnSums). `detour` puts a round trip
+// through fp32 between p and its add (the same values and gradients; a cast takes no sums,
+// so p's bias gradient takes its own pass). Gives every leaf's gradient.
+std::vector<Tensor> residual_projections(const Device& d, int64_t rows, int64_t c, bool mlp, bool detour,
+                                         Reader reader) {
+  const auto leaf = [&](uint64_t seed) {
+    return cast(randn_tensor({rows, c}, seed, d), DType::bf16).set_requires_grad(true);
+  };
+  Tensor a = leaf(51), x = leaf(52);
+  const auto param = [&](uint64_t seed, float std) { return randn_tensor({c}, seed, d, std).set_requires_grad(true); };
+  Tensor g1 = param(53, 0.5f), be1 = param(54, 1.0f), g2 = param(55, 0.5f), be2 = param(56, 1.0f);
+  const TwoLayers pl(d, c, mlp ? 4 * c : c, 57), ql(d, c, c, 62);
+  Tensor p = mlp ? gelu_mlp_bf16(x, pl.fc, pl.proj, true) : linear_bf16(x, pl.W1, pl.b1, pl.fc.W16, pl.fc.b16);
+  const Tensor p_added = detour ? cast(cast(p, DType::f32), DType::bf16) : p;
+  const AddNorm r1 = add_layer_norm(a, p_added, g1, be1);
+  const Tensor q = linear_bf16(r1.normed, ql.W1, ql.b1, ql.fc.W16, ql.fc.b16);
+  const AddNorm r2 = add_layer_norm(r1.sum, q, g2, be2);
+  Tensor out = r2.normed;
+  if (reader == Reader::h) out = add(out, r1.sum);
+  if (reader == Reader::p) out = add(out, p);
+  mse_loss(out, randn_tensor(out.shape(), 67, d)).backward();
+  std::vector<Tensor> r{a.grad(),     x.grad(),  pl.W1.grad(), pl.b1.grad(), ql.W1.grad(),
+                        ql.b1.grad(), g1.grad(), be1.grad(),   g2.grad(),    be2.grad()};
+  if (mlp) r.insert(r.end(), {pl.W2.grad(), pl.b2.grad()});
+  return r;
+}
+
+// The bias gradient of residual_projections' p: the projection's, or the MLP's c_proj's.
+const Tensor& p_bias_grad(const std::vector<Tensor>& grads, bool mlp) { return grads[mlp ? 11 : 3]; }
 }  // namespace
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
@@ -301,6 +338,24 @@ TEST_CASE("a ones column: LayerNorm writes it, bf16 layers read past it and make
           linear_bf16_pre(padded29, m.W1.detach().set_requires_grad(true), m.b1, m.fc.W16, m.fc.b16, Act::none,
                           layer_norm_of(x30, g30, b30, 1e-5f, true), true);
         }).find("does not rebuild x [4, 32] bf16 of 29 values") != std::string::npos);
+}
+
+TEST_CASE("a residual projection's bias gradient comes with the LayerNorm backward's column sums", "[ops][bf16]") {
+  // The CPU's sums are in row order both ways: the same bits as the projection's own pass,
+  // where the sums came with the gradient (nothing else read p or h) and where they were
+  // dropped (p read again: its gradient is a sum of two) or include another reader's part (h).
+  for (bool mlp : {false, true})
+    for (Reader reader : {Reader::none, Reader::h, Reader::p}) {
+      INFO((mlp ? "gelu_mlp_bf16" : "linear_bf16") << ", reader " << static_cast<int>(reader));
+      const auto with = residual_projections(host, 37, 24, mlp, false, reader);
+      const auto without = residual_projections(host, 37, 24, mlp, true, reader);
+      for (size_t i = 0; i < with.size(); ++i) {
+        INFO("gradient " << i);
+        CHECK(with[i].to_host() == without[i].to_host());
+      }
+      // a's gradient is h's, which p's is where nothing else reads p.
+      if (reader != Reader::p) CHECK(rel_error(p_bias_grad(with, mlp).to_host(), column_sums(with[0])) < 1e-6);
+    }
 }
 
 TEST_CASE("bf16 linear equals the fp32 linear on bf16-rounded operands, rounded once", "[ops][bf16]") {
@@ -648,6 +703,23 @@ TEST_CASE("a ones column's bias gradients match the CPU: LayerNorm, then c_attn 
           CHECK(rel_error(with[i].to_host(), without[i].to_host()) < 5e-3);
         }
       }
+}
+
+TEST_CASE("a residual projection's bias gradient from the LayerNorm backward's sums matches the CPU and its own pass",
+          "[gpu][ops][bf16]") {
+  // 2048 x 512: the fused LayerNorm backward makes the sums in 64 chunks of 32 rows.
+  for (bool mlp : {false, true})
+    for (Reader reader : {Reader::none, Reader::h, Reader::p}) {
+      INFO((mlp ? "gelu_mlp_bf16" : "linear_bf16") << ", reader " << static_cast<int>(reader));
+      compare([&](const Device& d) { return residual_projections(d, 2048, 512, mlp, false, reader); }, 5e-3);
+      const auto with = residual_projections(gpu, 2048, 512, mlp, false, reader);
+      const auto without = residual_projections(gpu, 2048, 512, mlp, true, reader);
+      for (size_t i = 0; i < with.size(); ++i) {  // the bias gradients' sums in another order
+        INFO("gradient " << i);
+        CHECK(rel_error(with[i].to_host(), without[i].to_host()) < 1e-5);
+      }
+      if (reader != Reader::p) CHECK(rel_error(p_bias_grad(with, mlp).to_host(), column_sums(with[0])) < 1e-5);
+    }
 }
 
 TEST_CASE("bf16 linear, activations and losses match the CPU bf16 ops, forward and backward", "[gpu][ops][bf16]") {

@@ -176,12 +176,14 @@ void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float*
 // dx (null: not wanted) from dy and the saved statistics, added to what dx holds when
 // dx_add (rounded once); dgamma = beta_gamma dgamma + sum over rows of dy xhat and dbeta =
 // beta_beta dbeta + sum of dy (each null: not wanted).
+// dx_sums (null, or cols floats, with dx): the column sums of the dx written, in row order
+// (the CUDA kernel's partial sums over one chunk of all the rows).
 void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
                          int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,
-                         float beta_beta, float* dbeta);
+                         float beta_beta, float* dbeta, float* dx_sums = nullptr);
 void layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
                               const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, bool dx_add,
-                              float beta_gamma, float* dgamma, float beta_beta, float* dbeta);
+                              float beta_gamma, float* dgamma, float beta_beta, float* dbeta, float* dx_sums = nullptr);
 // y = a + b (y may be a or b).
 void residual_add(const float* a, const float* b, int64_t n, float* y);
 void residual_add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* y);

@@ -35,7 +35,8 @@ void ln_forward(const T* x, const float* gamma, const float* beta, int64_t rows,
 // dgamma = sum over rows of dy xhat, dbeta = sum of dy (each added to param_beta * old).
 template <typename T>
 void ln_backward(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd, int64_t rows,
-                 int64_t cols, T* dx, bool dx_add, float beta_gamma, float* dgamma, float beta_beta, float* dbeta) {
+                 int64_t cols, T* dx, bool dx_add, float beta_gamma, float* dgamma, float beta_beta, float* dbeta,
+                 float* dx_sums) {
   for (int64_t r = 0; r < rows && dx; ++r) {
     float sg = 0.0f, sgx = 0.0f;
     for (int64_t c = 0; c < cols; ++c) {
@@ -60,6 +61,11 @@ void ln_backward(const T* x, const T* dy, const float* gamma, const float* mean,
     if (dgamma) dgamma[c] = beta_gamma != 0.0f ? beta_gamma * dgamma[c] + sg : sg;
     if (dbeta) dbeta[c] = beta_beta != 0.0f ? beta_beta * dbeta[c] + sb : sb;
   }
+  for (int64_t c = 0; c < cols && dx && dx_sums; ++c) {
+    float s = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) s += as_float(dx[r * cols + c]);
+    dx_sums[c] = s;
+  }
 }
 
 template <typename T>
@@ -79,13 +85,13 @@ void layer_norm_forward_bf16(const uint16_t* x, const float* gamma, const float*
 }
 void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
                          int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,
-                         float beta_beta, float* dbeta) {
-  ln_backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta);
+                         float beta_beta, float* dbeta, float* dx_sums) {
+  ln_backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta, dx_sums);
 }
 void layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
                               const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, bool dx_add,
-                              float beta_gamma, float* dgamma, float beta_beta, float* dbeta) {
-  ln_backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta);
+                              float beta_gamma, float* dgamma, float beta_beta, float* dbeta, float* dx_sums) {
+  ln_backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta, dx_sums);
 }
 
 void residual_add(const float* a, const float* b, int64_t n, float* y) { add(a, b, n, y); }

@@ -334,14 +334,18 @@ void add_layer_norm_forward(const float* a, const float* b, const float* gamma, 
 void add_layer_norm_forward_bf16(const uint16_t* a, const uint16_t* b, const float* gamma, const float* beta,
                                  int64_t rows, int64_t cols, float eps, uint16_t* h, uint16_t* y, int64_t ldy,
                                  float* mean, float* rstd, cudaStream_t stream);
-// dx_add: dx holds a gradient to add to (rounded once), not to overwrite.
-void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
+// dx_add: dx holds a gradient to add to (rounded once), not to overwrite. dx_part (null, or
+// layer_norm_backward_chunks(rows) x cols floats): stage one of dx's column sums, a row of
+// each chunk's, summed in row order from the dx written (finished by column_sums_finish);
+// made by the fused kernel only, and the return says whether it was.
+int64_t layer_norm_backward_chunks(int64_t rows);
+bool layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
                          int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,
-                         float beta_beta, float* dbeta, float* work, cudaStream_t stream);
-void layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
+                         float beta_beta, float* dbeta, float* work, float* dx_part, cudaStream_t stream);
+bool layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
                               const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, bool dx_add,
                               float beta_gamma, float* dgamma, float beta_beta, float* dbeta, float* work,
-                              cudaStream_t stream);
+                              float* dx_part, cudaStream_t stream);
 void residual_add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream);
 void residual_add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* y, cudaStream_t stream);
 

@@ -302,6 +302,13 @@ __device__ __forceinline__ void add_to(float4& a, float4 b) {
   a.z += b.z;
   a.w += b.w;
 }
+// Four values at p (aligned to four of them) as floats.
+__device__ __forceinline__ float4 load_four(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load_four(const uint16_t* p) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                     __uint_as_float(v.y & 0xffff0000u));
+}
 // Four floats at p, which may be only 4-byte aligned (the caller's work space).
 __device__ __forceinline__ void store_floats(float* p, float4 v) {
   p[0] = v.x;
@@ -315,12 +322,14 @@ __device__ __forceinline__ void store_floats(float* p, float4 v) {
 // sums of dy xhat and dy over its rows, in order. The sums live in shared memory, each
 // lane's float4s its own (no barrier; a warp's accesses are conflict-free), not in 2 P E
 // registers a lane, which held the kernel to 2 blocks an SM (126 registers). The warps'
-// sums are then added in warp order into the chunk's part_gamma and part_beta rows.
+// sums are then added in warp order into the chunk's part_gamma and part_beta rows. With
+// part_dx, dx's column sums too (the gradient the LayerNorm finished, a residual
+// projection's bias gradient: ColumnSums in autograd.hpp), into the chunk's part_dx row.
 template <typename T, int P>
 __global__ void __launch_bounds__(kThreads, kBackwardBlocks<P>)
     layer_norm_backward_fused_kernel(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd,
                                      int64_t rows, int cols, int64_t chunk_rows, T* dx, bool dx_add, float* part_gamma,
-                                     float* part_beta) {
+                                     float* part_beta, float* part_dx) {
   constexpr int E = Vec16<T>::kCount, Q = E / 4, N = kRegion<E, P>;
   extern __shared__ float4 smem[];  // backward_fused_smem's regions
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nvec = cols / E;
@@ -393,6 +402,16 @@ __global__ void __launch_bounds__(kThreads, kBackwardBlocks<P>)
     }
     store_floats(gamma_row + c, sg);
     store_floats(beta_row + c, sb);
+  }
+  if (!part_dx || !dx) return;
+  // dx's column sums over the chunk, each column in row order, from the rows the warps
+  // wrote (visible to the block after the barrier above; still in L2).
+  float* const dx_row = part_dx + blockIdx.x * static_cast<int64_t>(cols);
+  for (int c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int64_t r = r_begin; r < r_end; ++r) add_to(s, load_four(dx + r * cols + c));
+    store_floats(dx_row + c, s);
   }
 }
 
@@ -470,65 +489,70 @@ void forward(const T* x, const T* res, const float* gamma, const float* beta, in
   DPT_CUDA_CHECK_LAUNCH();
 }
 
+// The partial sums of the fused kernel: gamma's, beta's and (where not null) dx's.
+struct BackwardParts {
+  float *gamma, *beta, *dx;
+};
+
 // The fused kernel for P vectors a lane: dx (when wanted) and the chunks' partial sums;
 // false (nothing launched) where its shared memory does not fit a block on this device.
+
 template <typename T, int P>
 bool backward_fused(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd, int64_t rows,
-                    int64_t cols, T* dx, bool dx_add, float* part_gamma, float* part_beta, cudaStream_t stream) {
+                    int64_t cols, T* dx, bool dx_add, BackwardParts part, cudaStream_t stream) {
   constexpr size_t smem = backward_fused_smem<T, P>();
   const auto kernel = layer_norm_backward_fused_kernel<T, P>;
   if (!allow_optin_smem(kernel, smem)) return false;
   kernel<<<static_cast<unsigned>(chunks_for(rows)), kThreads, smem, stream>>>(
-      x, dy, gamma, mean, rstd, rows, static_cast<int>(cols), chunk_rows_for(rows), dx, dx_add, part_gamma, part_beta);
+      x, dy, gamma, mean, rstd, rows, static_cast<int>(cols), chunk_rows_for(rows), dx, dx_add, part.gamma, part.beta,
+      part.dx);
   DPT_CUDA_CHECK_LAUNCH();
   return true;
 }
 
 template <typename T>
 bool backward_fused(int p, const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd,
-                    int64_t rows, int64_t cols, T* dx, bool dx_add, float* part_gamma, float* part_beta,
-                    cudaStream_t stream) {
-  if (p == 1)
-    return backward_fused<T, 1>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
-  if (p == 2)
-    return backward_fused<T, 2>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
-  if (p == 3)
-    return backward_fused<T, 3>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
-  if (p == 4)
-    return backward_fused<T, 4>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream);
+                    int64_t rows, int64_t cols, T* dx, bool dx_add, BackwardParts part, cudaStream_t stream) {
+  if (p == 1) return backward_fused<T, 1>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part, stream);
+  if (p == 2) return backward_fused<T, 2>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part, stream);
+  if (p == 3) return backward_fused<T, 3>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part, stream);
+  if (p == 4) return backward_fused<T, 4>(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part, stream);
   return false;
 }
 
 template <typename T>
-void backward(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd, int64_t rows,
+bool backward(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd, int64_t rows,
               int64_t cols, T* dx, bool dx_add, float beta_gamma, float* dgamma, float beta_beta, float* dbeta,
-              float* work, cudaStream_t stream) {
+              float* work, float* dx_part, cudaStream_t stream) {
   DPT_CHECK(rows >= 0 && cols > 0, "layer_norm_backward: bad shape");
   const int64_t chunks = chunks_for(rows);
   DPT_CHECK(chunks == 0 || work != nullptr, "layer_norm_backward: null work space");
-  float *part_gamma = work, *part_beta = work + chunks * cols;
+  const BackwardParts part{work, work + chunks * cols, dx ? dx_part : nullptr};
   // The fused kernel always makes the partial sums (cheap beside its reads), wanted or not.
   const int p = rows > 0 ? lane_vectors<T>(cols, {x, dy, dx, gamma}) : 0;
-  if (!backward_fused(p, x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part_gamma, part_beta, stream)) {
+  const bool fused = backward_fused(p, x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, part, stream);
+  if (!fused) {
     if (dx && rows > 0) {
       layer_norm_dx_kernel<T><<<row_blocks(rows, "layer_norm_backward"), kThreads, 0, stream>>>(
           x, dy, gamma, mean, rstd, rows, cols, dx, dx_add);
       DPT_CUDA_CHECK_LAUNCH();
     }
-    if (!dgamma && !dbeta) return;
+    if (!dgamma && !dbeta) return false;
     if (chunks > 0) {
       const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
       layer_norm_param_part_kernel<T>
-          <<<grid, kThreads, 0, stream>>>(x, dy, mean, rstd, rows, cols, chunk_rows_for(rows), part_gamma, part_beta);
+          <<<grid, kThreads, 0, stream>>>(x, dy, mean, rstd, rows, cols, chunk_rows_for(rows), part.gamma, part.beta);
       DPT_CUDA_CHECK_LAUNCH();
     }
   }
-  column_sums_finish({part_gamma, beta_gamma, dgamma}, {part_beta, beta_beta, dbeta}, chunks, cols, stream);
+  column_sums_finish({part.gamma, beta_gamma, dgamma}, {part.beta, beta_beta, dbeta}, chunks, cols, stream);
+  return fused && part.dx && rows > 0;
 }
 
 }  // namespace
 
 int64_t layer_norm_backward_work(int64_t rows, int64_t cols) { return 2 * chunks_for(rows) * cols; }
+int64_t layer_norm_backward_chunks(int64_t rows) { return chunks_for(rows); }
 
 void layer_norm_forward(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t cols, float eps,
                         float* y, float* mean, float* rstd, cudaStream_t stream) {
@@ -548,16 +572,18 @@ void add_layer_norm_forward_bf16(const uint16_t* a, const uint16_t* b, const flo
                                  float* mean, float* rstd, cudaStream_t stream) {
   forward(a, b, gamma, beta, rows, cols, eps, h, y, ldy, mean, rstd, stream);
 }
-void layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
+bool layer_norm_backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* rstd,
                          int64_t rows, int64_t cols, float* dx, bool dx_add, float beta_gamma, float* dgamma,
-                         float beta_beta, float* dbeta, float* work, cudaStream_t stream) {
-  backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta, work, stream);
+                         float beta_beta, float* dbeta, float* work, float* dx_part, cudaStream_t stream) {
+  return backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta, work, dx_part,
+                  stream);
 }
-void layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
+bool layer_norm_backward_bf16(const uint16_t* x, const uint16_t* dy, const float* gamma, const float* mean,
                               const float* rstd, int64_t rows, int64_t cols, uint16_t* dx, bool dx_add,
                               float beta_gamma, float* dgamma, float beta_beta, float* dbeta, float* work,
-                              cudaStream_t stream) {
-  backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta, work, stream);
+                              float* dx_part, cudaStream_t stream) {
+  return backward(x, dy, gamma, mean, rstd, rows, cols, dx, dx_add, beta_gamma, dgamma, beta_beta, dbeta, work, dx_part,
+                  stream);
 }
 void residual_add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream) { add(a, b, n, y, stream); }
 void residual_add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* y, cudaStream_t stream) {

@@ -48,12 +48,15 @@ class GeluMlpBf16Node : public Node {
   const char* name() const override { return "gelu_mlp_bf16"; }
   bool overwrites_grad() const override { return false; }  // dy is only read
   bool hands_over_in_turn() const override { return true; }
+  bool takes_output_sums() const override { return inputs.size() > 4 && inputs[4].requires_grad(); }  // proj's db
   void backward(Tensor& dy_in, Grads& grads) override {
     const Device d = dy_in.device();
     const int64_t hidden = z_.size(1);
     const Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
-    in_turn(grads, {3, 4},
-            [&] { bf16_param_grads(dy, h_.defined() ? h_ : activation(z_, Act::gelu_tanh), hidden, grads, 3, 4); });
+    in_turn(grads, {3, 4}, [&] {
+      bf16_param_grads(dy, h_.defined() ? h_ : activation(z_, Act::gelu_tanh), hidden, grads, 3, 4,
+                       grads.output_sums());
+    });
     Tensor dz = Tensor::empty(z_.shape(), DType::bf16, d);  // the GELU output's gradient is never written
     gelu_backward_through(dy, proj16_, z_, dz);
     in_turn(grads, {1, 2}, [&] { bf16_param_grads(dz, x_.values(), fc16_.size(1), grads, 1, 2); });

@@ -7,6 +7,7 @@
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/ops.hpp>
+#include "kernels/cpu/cpu.hpp"
 
 #if DPT_WITH_CUDA
 #include "kernels/cuda/check.hpp"
@@ -65,6 +66,22 @@ void give(Grads& grads, size_t i, Tensor g) {
     if (grads.take_beta(i) == 0.0f) copy_cast(acc, g);
     else axpy_(1.0f, g, acc);
   } else grads.put(i, std::move(g));
+}
+
+void give(Grads& grads, size_t i, Tensor g, const ColumnSums& sums) {
+  if (grads.accumulator(i).defined()) give(grads, i, std::move(g));
+  else grads.put(i, std::move(g), sums);
+}
+
+void finish_column_sums(const ColumnSums& sums, float beta, const Tensor& out) {
+  const Tensor& part = sums.part;
+  const int64_t chunks = part.size(0), cols = part.size(1);
+  DPT_CHECK(out.dtype() == DType::f32 && out.numel() == cols && part.device() == out.device(),
+            "column sums of " + std::to_string(cols) + " columns for a gradient " + shape_str(out.shape()));
+  // On the CPU the chunks' rows are a matrix whose column sums are wanted.
+  DPT_CUDA_OR_CPU(out.device(),
+                  cuda::column_sums_finish({part.f32(), beta, out.f32()}, {}, chunks, cols, stream_of(out.device())),
+                  cpu::bias_grad(part.f32(), chunks, cols, beta, out.f32()));
 }
 
 GradSlot grad_slot(Grads& grads, size_t i, const Shape& shape, const Device& d) {

@@ -64,6 +64,11 @@ void record(Tensor& out, std::shared_ptr<Node> node, std::vector<Tensor> inputs)
 std::vector<Tensor> layer_inputs(const Tensor& x, const Tensor& w, const Tensor& b);
 // Adds a fresh gradient `g` for input i: in place into its accumulator when it has one.
 void give(Grads& grads, size_t i, Tensor g);
+// The same with g's column sums (Grads::put's; a leaf's accumulator takes g alone).
+void give(Grads& grads, size_t i, Tensor g, const ColumnSums& sums);
+// out = beta out + the sums' columns added over their chunks in order (beta 0 never reads
+// out): a bias gradient from the column sums that came with its output's gradient.
+void finish_column_sums(const ColumnSums& sums, float beta, const Tensor& out);
 
 // Where a backward writes input i's gradient: its accumulator, with the beta take_beta
 // gives (writing it is then due), or a new tensor (beta 0) that put_slot hands over.

@@ -22,6 +22,17 @@ namespace {
 // dy in t's type (a gradient may come back in another; it is cast once).
 Tensor in_type_of(const Tensor& t, const Tensor& dy) { return dy.dtype() == t.dtype() ? dy : cast(dy, t.dtype()); }
 
+// The chunks of rows the LayerNorm backward sums x's gradient's columns over (one on the CPU).
+int64_t sum_chunks(int64_t rows, const Device& d) {
+#if DPT_WITH_CUDA
+  if (d.is_cuda()) return cuda::layer_norm_backward_chunks(rows);
+#else
+  (void)rows;
+  (void)d;
+#endif
+  return 1;
+}
+
 // Inputs: x, gamma, beta. Saves x and the rows' statistics.
 class LayerNormNode : public Node {
  public:
@@ -44,27 +55,37 @@ class LayerNormNode : public Node {
     Tensor dx = dx_add ? gathered : grads.needed(0) ? Tensor::empty(x_.shape(), x_.dtype(), d) : Tensor();
     GradSlot dgamma = needed_slot(grads, 1, gamma_.shape(), d), dbeta = needed_slot(grads, 2, gamma_.shape(), d);
     float *dg = dgamma.f32_or_null(), *db = dbeta.f32_or_null();
+    // x's gradient's column sums, for the node that made x (a residual projection's bias
+    // gradient), while the kernel has the rows at hand: where it is the last to add to it.
+    ColumnSums sums;
+    if (dx.defined() && grads.sums_wanted(0)) sums.part = Tensor::empty({sum_chunks(rows, d), cols}, DType::f32, d);
+    float* dx_part = sums.defined() ? sums.part.f32() : nullptr;
+    bool summed = false;
 #if DPT_WITH_CUDA
     const auto work = [&] { return Tensor::empty({cuda::layer_norm_backward_work(rows, cols) + 1}, DType::f32, d); };
 #endif
     if (is_bf16(x_)) {
       uint16_t* dxp = dx.defined() ? dx.bf16() : nullptr;
-      DPT_CUDA_OR_CPU(
-          d,
-          cuda::layer_norm_backward_bf16(x_.bf16(), dy.bf16(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols, dxp,
-                                         dx_add, dgamma.beta, dg, dbeta.beta, db, work().f32(), stream_of(d)),
-          cpu::layer_norm_backward_bf16(x_.bf16(), dy.bf16(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols, dxp,
-                                        dx_add, dgamma.beta, dg, dbeta.beta, db));
+      DPT_CUDA_OR_CPU(d,
+                      summed = cuda::layer_norm_backward_bf16(x_.bf16(), dy.bf16(), gamma_.f32(), mean_.f32(),
+                                                              rstd_.f32(), rows, cols, dxp, dx_add, dgamma.beta, dg,
+                                                              dbeta.beta, db, work().f32(), dx_part, stream_of(d)),
+                      (cpu::layer_norm_backward_bf16(x_.bf16(), dy.bf16(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows,
+                                                     cols, dxp, dx_add, dgamma.beta, dg, dbeta.beta, db, dx_part),
+                       summed = dx_part != nullptr));
     } else {
       float* dxp = dx.defined() ? dx.f32() : nullptr;
-      DPT_CUDA_OR_CPU(
-          d,
-          cuda::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols, dxp, dx_add,
-                                    dgamma.beta, dg, dbeta.beta, db, work().f32(), stream_of(d)),
-          cpu::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols, dxp, dx_add,
-                                   dgamma.beta, dg, dbeta.beta, db));
+      DPT_CUDA_OR_CPU(d,
+                      summed = cuda::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(),
+                                                         rows, cols, dxp, dx_add, dgamma.beta, dg, dbeta.beta, db,
+                                                         work().f32(), dx_part, stream_of(d)),
+                      (cpu::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols,
+                                                dxp, dx_add, dgamma.beta, dg, dbeta.beta, db, dx_part),
+                       summed = dx_part != nullptr));
     }
-    if (dx.defined() && !dx_add) give(grads, 0, dx);
+    if (!summed) sums = ColumnSums();
+    if (dx.defined() && !dx_add) give(grads, 0, dx, sums);
+    if (dx_add) grads.gathered_sums(0, sums);
     put_slot(grads, 1, dgamma);
     put_slot(grads, 2, dbeta);
   }
@@ -76,19 +97,24 @@ class LayerNormNode : public Node {
 // dy goes to both inputs as one tensor: the engine copies it for a node that would write
 // into it and adds into it out of place while both hold it (Node::overwrites_grad), so the
 // residual stream's gradient is not copied for a projection that only reads it.
+// dy's column sums, where they came with it, go along to both inputs' nodes (the same
+// gradient's), so the add asks for them where either input's node takes them.
 class AddNode : public Node {
  public:
-  explicit AddNode(DType type) : type_(type) {}
+  AddNode(DType type, bool takes_sums) : type_(type), takes_sums_(takes_sums) {}
   const char* name() const override { return "add"; }
   bool overwrites_grad() const override { return false; }
+  bool takes_output_sums() const override { return takes_sums_; }
   void backward(Tensor& dy_in, Grads& grads) override {
     Tensor dy = dy_in.dtype() == type_ ? dy_in : cast(dy_in, type_);
-    if (grads.needed(1)) give(grads, 1, dy);
-    if (grads.needed(0)) give(grads, 0, dy);
+    const ColumnSums& sums = grads.output_sums();
+    if (grads.needed(1)) give(grads, 1, dy, sums);
+    if (grads.needed(0)) give(grads, 0, dy, sums);
   }
 
  private:
   DType type_;
+  bool takes_sums_;
 };
 
 }  // namespace
@@ -135,7 +161,11 @@ void check_add(const Tensor& a, const Tensor& b, const char* op) {
 
 // The nodes the two ops record: sum's add of a and b, normed's layer_norm of sum.
 void record_add(Tensor& sum, const Tensor& a, const Tensor& b) {
-  if (any_requires_grad({&a, &b})) record(sum, std::make_shared<AddNode>(a.dtype()), {a, b});
+  if (!any_requires_grad({&a, &b})) return;
+  const auto takes = [](const Tensor& t) {
+    return t.requires_grad() && t.grad_fn() && t.grad_fn()->takes_output_sums();
+  };
+  record(sum, std::make_shared<AddNode>(a.dtype(), takes(a) || takes(b)), {a, b});
 }
 void record_layer_norm(Tensor& y, const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor mean, Tensor rstd) {
   if (any_requires_grad({&x, &gamma, &beta}))

@@ -406,15 +406,24 @@ class LinearBf16Node : public Node {
       : x_(std::move(x)), W16_(W16.untracked()), saved_(act == Act::none ? Tensor() : saved.untracked()), act_(act) {}
   const char* name() const override { return "linear_bf16"; }
   bool overwrites_grad() const override { return act_ != Act::none; }  // dz = dy act'(.) in place
+  // Without an activation the bias gradient is dy's column sums.
+  bool takes_output_sums() const override {
+    return act_ == Act::none && x_.size(1) == W16_.size(1) && inputs.size() > 2 && inputs[2].requires_grad();
+  }
   void backward(Tensor& dy_in, Grads& grads) override {
     const int64_t rows = x_.size(0), out = W16_.size(0), in = W16_.size(1);
     const Device d = dy_in.device();
     Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
     // dz = dy * act'(.) in bf16, in place (dy is ours to overwrite), and db (fp32) from the
-    // same pass when the bias needs it, unless x's ones column makes it in dW's GEMM.
+    // same pass when the bias needs it, unless x's ones column makes it in dW's GEMM or
+    // dy's column sums came with it.
     const uint16_t* saved = saved_.defined() ? saved_.bf16() : nullptr;  // none without an activation
     const bool ones_column = x_.size(1) != in, want_b = inputs.size() > 2 && grads.needed(2);
-    if (want_b && !ones_column) {
+    if (want_b && !ones_column && act_ == Act::none && grads.output_sums().defined()) {
+      GradSlot db = grad_slot(grads, 2, {out}, d);
+      finish_column_sums(grads.output_sums(), db.beta, db.t);
+      put_slot(grads, 2, db);
+    } else if (want_b && !ones_column) {
       GradSlot db = grad_slot(grads, 2, {out}, d);
       DPT_CUDA_OR_CPU(
           d,
@@ -678,7 +687,8 @@ void linear_bf16_values(const Tensor& x, const Tensor& W16, const Tensor& b16, A
   }
 }
 
-void bf16_param_grads(const Tensor& dz, const Tensor& x, int64_t in, Grads& grads, size_t w, size_t b) {
+void bf16_param_grads(const Tensor& dz, const Tensor& x, int64_t in, Grads& grads, size_t w, size_t b,
+                      const ColumnSums& dz_sums) {
   const Device d = dz.device();
   const int64_t rows = dz.size(0), out = dz.size(1);
   const bool want_b = b != kNoInput && grads.needed(b);
@@ -700,8 +710,12 @@ void bf16_param_grads(const Tensor& dz, const Tensor& x, int64_t in, Grads& grad
     gemm(true, false, 1.0f, dz, x, dW.beta, dW.t);
     put_slot(grads, w, dW);
   }
-  if (want_b) {  // (cuBLASLt's BGRADB epilogue took 1.41 ms of a GPT-2 step against about 1.0 for
-                 // these passes: docs/performance-log.md)
+  if (want_b && dz_sums.defined()) {
+    GradSlot db = grad_slot(grads, b, {out}, d);
+    finish_column_sums(dz_sums, db.beta, db.t);
+    put_slot(grads, b, db);
+  } else if (want_b) {  // (cuBLASLt's BGRADB epilogue took 1.41 ms of a GPT-2 step against
+                        // about 1.0 for these passes: docs/performance-log.md)
     GradSlot db = grad_slot(grads, b, {out}, d);
     DPT_CUDA_OR_CPU(
         d,

@@ -58,10 +58,12 @@ void check_linear_bf16(const Tensor& x, const Tensor& W, const Tensor& b, const 
 // A bf16 layer's parameter gradients from dz (its output's gradient through the activation,
 // bf16 [rows, out]) and its input x: dW (+)= dz^T x[:, :in] into input w's gradient and db (+)=
 // dz's column sums into input b's, each where wanted. With x's ones column, both come out of
-// one GEMM, dz^T x = [dW | db | 0s], split after; else db takes a pass of column sums.
+// one GEMM, dz^T x = [dW | db | 0s], split after; else db comes from dz_sums where they came
+// with dz (ColumnSums), or takes a pass of column sums.
 // b = kNoInput: the layer has no bias.
 constexpr size_t kNoInput = static_cast<size_t>(-1);
-void bf16_param_grads(const Tensor& dz, const Tensor& x, int64_t in, Grads& grads, size_t w, size_t b);
+void bf16_param_grads(const Tensor& dz, const Tensor& x, int64_t in, Grads& grads, size_t w, size_t b,
+                      const ColumnSums& dz_sums = {});
 // linear_bf16's forward without autograd: y = act(x W16^T + b16) rounded once, and z (when
 // defined) GELU's pre-activation.
 void linear_bf16_values(const Tensor& x, const Tensor& W16, const Tensor& b16, Act act, const Tensor& y,

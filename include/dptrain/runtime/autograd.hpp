@@ -26,14 +26,26 @@ struct AutogradMeta {
 // gradient buckets while the rest of backward still runs.
 using LeafHook = std::function<void(const Tensor& leaf)>;
 
+// The column sums of a [rows, cols] gradient, made by the node that wrote it while it had
+// the rows at hand, for a node downstream in backward whose bias gradient they are (a
+// residual projection's, from the LayerNorm backward that finishes the residual stream's
+// gradient): stage one of a deterministic column sum, `part` [chunks, cols] f32, each row a
+// chunk of rows' sums, added in chunk order by whoever takes them (finish_column_sums).
+struct ColumnSums {
+  Tensor part;
+  bool defined() const { return part.defined(); }
+};
+
 // What a node's backward hands back for its inputs.
 class Grads {
  public:
   // `slots` holds the gradients handed back (emptied and sized here: the engine lends the
-  // same vector to every node, so a pass allocates nothing for them).
+  // same vector to every node, so a pass allocates nothing for them). `self` is the node
+  // whose backward this is, `out_sums` its output gradient's column sums where they came
+  // with it.
   Grads(const std::vector<Tensor>& inputs, std::vector<Tensor>& slots, const LeafHook* before_write = nullptr,
-        const LeafHook* on_done = nullptr)
-      : inputs_(inputs), out_(slots), before_write_(before_write), on_done_(on_done) {
+        const LeafHook* on_done = nullptr, const Node* self = nullptr, const ColumnSums* out_sums = nullptr)
+      : inputs_(inputs), out_(slots), before_write_(before_write), on_done_(on_done), self_(self), out_sums_(out_sums) {
     out_.assign(inputs.size(), Tensor());
   }
   // Whether input i needs a gradient at all.
@@ -56,6 +68,20 @@ class Grads {
   Tensor gathered(size_t i) const;
   const Tensor& taken(size_t i) const { return out_[i]; }
 
+  // Column sums riding along with gradients (ColumnSums). They reach a node only where one
+  // node alone makes its output's gradient (its only consumer, or the last one to run,
+  // adding into what the others gathered in place): any other sum of gradients drops them.
+  // The column sums of this node's output gradient, where they came with it (else empty).
+  const ColumnSums& output_sums() const;
+  // Whether making input i's gradient's column sums is worth it: input i's node takes them
+  // (Node::takes_output_sums) and this node is the last to hand it a gradient.
+  bool sums_wanted(size_t i) const;
+  // put() with the column sums of g.
+  void put(size_t i, Tensor g, const ColumnSums& sums);
+  // This node added its gradient for input i into gathered(i) in place; `sums` are the
+  // column sums of the result.
+  void gathered_sums(size_t i, const ColumnSums& sums);
+
   // For a node that writes its inputs' gradients in turn (Node::hands_over_in_turn): call
   // before_write(i) before writing input i's gradient, and handed(i) once it is written
   // (a put() gradient of a leaf is then added to it at once), so that the engine's leaf
@@ -73,6 +99,8 @@ class Grads {
   std::vector<char> handed_;  // sized at the first handed(): other nodes never need it
   const LeafHook* before_write_;
   const LeafHook* on_done_;
+  const Node* self_;
+  const ColumnSums* out_sums_;
 };
 
 class Node {
@@ -98,6 +126,9 @@ class Node {
   // tensor to several inputs (the residual add); the engine copies such a shared gradient
   // first for a node that may write into it, and adds into a shared one out of place.
   virtual bool overwrites_grad() const { return true; }
+  // Whether backward uses its output gradient's column sums where they come with it
+  // (Grads::output_sums): a node that makes such a gradient makes them only when asked.
+  virtual bool takes_output_sums() const { return false; }
   // The op's inputs: the edges of the graph. Tensors the backward needs are kept as
   // detached copies in the node, so a node never holds its own output's history.
   std::vector<Tensor> inputs;
@@ -105,10 +136,13 @@ class Node {
   // through it (backward() from another loss sharing this part of the graph) is an error,
   // as in PyTorch without retain_graph.
   bool released = false;
-  // The engine's own: the backward pass that last reached this node, and the gradient
-  // of its output gathered so far in that pass.
+  // The engine's own: the backward pass that last reached this node, the gradient of its
+  // output gathered so far in that pass with its column sums where one node alone made it,
+  // and the last node in the pass's order to hand it a gradient.
   uint64_t seen_in_pass = 0;
   Tensor pending;
+  ColumnSums pending_sums;
+  const Node* last_consumer = nullptr;
 };
 
 // Runs backward from `root` with the seed gradient `seed` (same shape as root).
