@@ -228,6 +228,7 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
     // activations it saved, unless something outside holds its output. So activations
     // go as backward passes them, as in PyTorch, instead of all living to its end.
     node->inputs.clear();
+    node->last_consumer = nullptr;  // this pass's, which may be freed before the next
     node->released = true;
     it->reset();
   }
