@@ -1,6 +1,7 @@
 #include <dptrain/runtime/autograd.hpp>
 
 #include <atomic>
+#include <utility>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/ops.hpp>
@@ -194,8 +195,7 @@ void backward_from(const Tensor& root, Tensor seed, float host_seed, const LeafH
     Node* node = it->get();
     if (!node->pending.defined() && node != root_node.get()) continue;  // no gradient flows through it
     Tensor g = std::move(node->pending);
-    const ColumnSums sums = std::move(node->pending_sums);
-    node->pending_sums = ColumnSums();
+    const ColumnSums sums = std::exchange(node->pending_sums, {});
     const bool in_turn = node->hands_over_in_turn();
     if (before_leaf_write && !in_turn)
       for (const Tensor& in : node->inputs)
