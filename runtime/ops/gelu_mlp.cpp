@@ -24,8 +24,8 @@ namespace {
 // epilogue (DGELU) for large GEMMs, else the GEMM rounded to bf16 and a pass.
 void gelu_backward_through(const Tensor& dy, const Tensor& W16, const Tensor& z, const Tensor& dz) {
   const Device d = dy.device();
-  const int64_t rows = dy.size(0), out = dy.size(1), hidden = W16.size(1);
 #if DPT_WITH_CUDA
+  const int64_t rows = dy.size(0), out = dy.size(1), hidden = W16.size(1);
   if (d.is_cuda() && rows > 0 &&
       static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(hidden) >= kLtMinMultiplyAdds &&
       lt_gemm(context(d), d, cuda::LtTypes{DType::bf16, DType::bf16, DType::bf16}, false, false, rows, hidden, out,

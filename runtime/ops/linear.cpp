@@ -499,10 +499,10 @@ void check_linear(const Tensor& x, const Tensor& W, const Tensor& b) {
 
 // linear's forward without autograd: y = act(x W^T + b), and z (when defined) GELU's pre-activation.
 void linear_values(const Tensor& x, const Tensor& W, const Tensor& b, Act act, const Tensor& y, const Tensor& z) {
-  const Device d = x.device();
-  const int64_t rows = x.size(0), out = W.size(0);
   bool fused = false;  // bias and activation done in the GEMM's epilogue
 #if DPT_WITH_CUDA
+  const Device d = x.device();
+  const int64_t rows = x.size(0), out = W.size(0);
   // cuBLASLt's epilogue for large GEMMs only (kLtMinMultiplyAdds).
   const double multiply_adds = static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(x.size(1));
   if (Context& ctx = context(d);
