@@ -496,7 +496,6 @@ struct BackwardParts {
 
 // The fused kernel for P vectors a lane: dx (when wanted) and the chunks' partial sums;
 // false (nothing launched) where its shared memory does not fit a block on this device.
-
 template <typename T, int P>
 bool backward_fused(const T* x, const T* dy, const float* gamma, const float* mean, const float* rstd, int64_t rows,
                     int64_t cols, T* dx, bool dx_add, BackwardParts part, cudaStream_t stream) {

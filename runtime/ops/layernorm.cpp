@@ -60,7 +60,7 @@ class LayerNormNode : public Node {
     ColumnSums sums;
     if (dx.defined() && grads.sums_wanted(0)) sums.part = Tensor::empty({sum_chunks(rows, d), cols}, DType::f32, d);
     float* dx_part = sums.defined() ? sums.part.f32() : nullptr;
-    bool summed = false;
+    bool summed = dx_part != nullptr;  // the CPU twin always sums where asked; the CUDA kernels say
 #if DPT_WITH_CUDA
     const auto work = [&] { return Tensor::empty({cuda::layer_norm_backward_work(rows, cols) + 1}, DType::f32, d); };
 #endif
@@ -70,18 +70,16 @@ class LayerNormNode : public Node {
                       summed = cuda::layer_norm_backward_bf16(x_.bf16(), dy.bf16(), gamma_.f32(), mean_.f32(),
                                                               rstd_.f32(), rows, cols, dxp, dx_add, dgamma.beta, dg,
                                                               dbeta.beta, db, work().f32(), dx_part, stream_of(d)),
-                      (cpu::layer_norm_backward_bf16(x_.bf16(), dy.bf16(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows,
-                                                     cols, dxp, dx_add, dgamma.beta, dg, dbeta.beta, db, dx_part),
-                       summed = dx_part != nullptr));
+                      cpu::layer_norm_backward_bf16(x_.bf16(), dy.bf16(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows,
+                                                    cols, dxp, dx_add, dgamma.beta, dg, dbeta.beta, db, dx_part));
     } else {
       float* dxp = dx.defined() ? dx.f32() : nullptr;
       DPT_CUDA_OR_CPU(d,
                       summed = cuda::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(),
                                                          rows, cols, dxp, dx_add, dgamma.beta, dg, dbeta.beta, db,
                                                          work().f32(), dx_part, stream_of(d)),
-                      (cpu::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols,
-                                                dxp, dx_add, dgamma.beta, dg, dbeta.beta, db, dx_part),
-                       summed = dx_part != nullptr));
+                      cpu::layer_norm_backward(x_.f32(), dy.f32(), gamma_.f32(), mean_.f32(), rstd_.f32(), rows, cols,
+                                               dxp, dx_add, dgamma.beta, dg, dbeta.beta, db, dx_part));
     }
     if (!summed) sums = ColumnSums();
     if (dx.defined() && !dx_add) give(grads, 0, dx, sums);

@@ -414,16 +414,13 @@ class LinearBf16Node : public Node {
     const int64_t rows = x_.size(0), out = W16_.size(0), in = W16_.size(1);
     const Device d = dy_in.device();
     Tensor dy = is_bf16(dy_in) ? dy_in : cast(dy_in, DType::bf16);
-    // dz = dy * act'(.) in bf16, in place (dy is ours to overwrite), and db (fp32) from the
-    // same pass when the bias needs it, unless x's ones column makes it in dW's GEMM or
-    // dy's column sums came with it.
+    // With an activation, dz = dy * act'(.) in bf16, in place (dy is ours to overwrite), and db
+    // (fp32) from the same pass unless x's ones column makes it in dW's GEMM. Without one,
+    // bf16_param_grads makes db (from the ones column, dy's column sums, or a pass of its own).
     const uint16_t* saved = saved_.defined() ? saved_.bf16() : nullptr;  // none without an activation
     const bool ones_column = x_.size(1) != in, want_b = inputs.size() > 2 && grads.needed(2);
-    if (want_b && !ones_column && act_ == Act::none && grads.output_sums().defined()) {
-      GradSlot db = grad_slot(grads, 2, {out}, d);
-      finish_column_sums(grads.output_sums(), db.beta, db.t);
-      put_slot(grads, 2, db);
-    } else if (want_b && !ones_column) {
+    const bool db_with_act = want_b && act_ != Act::none && !ones_column;
+    if (db_with_act) {
       GradSlot db = grad_slot(grads, 2, {out}, d);
       DPT_CUDA_OR_CPU(
           d,
@@ -440,9 +437,10 @@ class LinearBf16Node : public Node {
       gemm(false, false, 1.0f, dy, W16_, 0.0f, dx);
       give(grads, 0, dx);
     }
-    // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer (and db with a ones column)
-    if (grads.needed(1) || (ones_column && want_b))
-      bf16_param_grads(dy, x_.values(), in, grads, 1, ones_column && want_b ? 2 : kNoInput);
+    // dW (fp32, +=) = dz^T x, straight into the flat gradient buffer (and db where not made above)
+    const size_t b = want_b && !db_with_act ? 2 : kNoInput;
+    if (grads.needed(1) || b != kNoInput)
+      bf16_param_grads(dy, x_.values(), in, grads, 1, b, act_ == Act::none ? grads.output_sums() : ColumnSums{});
   }
 
  private:
