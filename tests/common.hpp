@@ -57,6 +57,20 @@ inline Tensor randn_tensor(const Shape& s, uint64_t seed, const Device& d, float
   return Tensor::from_host(randn(numel(s), seed, std), s, d);
 }
 
+// Two bf16 layers, c -> hidden -> c, each with its fp32 master weight and bias (the leaves,
+// from seeds seed .. seed + 3) beside their bf16 copies.
+struct TwoLayers {
+  Tensor W1, b1, W2, b2;
+  Bf16Layer fc, proj;
+  TwoLayers(const Device& d, int64_t c, int64_t hidden, uint64_t seed)
+      : W1(randn_tensor({hidden, c}, seed, d, 0.1f).set_requires_grad(true)),
+        b1(randn_tensor({hidden}, seed + 1, d, 0.5f).set_requires_grad(true)),
+        W2(randn_tensor({c, hidden}, seed + 2, d, 0.1f).set_requires_grad(true)),
+        b2(randn_tensor({c}, seed + 3, d).set_requires_grad(true)),
+        fc{W1, b1, cast(W1.detach(), DType::bf16), cast(b1.detach(), DType::bf16)},
+        proj{W2, b2, cast(W2.detach(), DType::bf16), cast(b2.detach(), DType::bf16)} {}
+};
+
 // Central differences of the scalar f() with respect to every element of the CPU
 // tensor t (perturbed in place and restored).
 inline std::vector<float> numeric_grad(const Tensor& t, const std::function<float()>& f, float eps = 1e-2f) {
