@@ -352,6 +352,7 @@ void Graph::end() {
   end_captures();
   DPT_CUDA_CHECK(e);
   graph_ = g;
+  cuda::replace_small_memset_nodes(g);
   cudaGraphExec_t exec = nullptr;
   DPT_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
   exec_ = exec;

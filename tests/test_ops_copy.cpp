@@ -1,5 +1,6 @@
 // Casts, copies and argmax: bf16 rounding and argmax on the CPU; on the GPU, the copy
-// kernel at any alignment and size and the peer sum's bf16 kernel against the CPU.
+// kernel at any alignment and size, a recorded graph's small memsets as kernels, and the
+// peer sum's bf16 kernel against the CPU.
 
 #include <algorithm>
 #include <climits>
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <dptrain/error.hpp>
 #include <dptrain/runtime/context.hpp>
@@ -87,6 +89,55 @@ TEST_CASE("a copy within the GPU (a kernel) moves every byte at any alignment an
 }
 
 #if DPT_WITH_CUDA
+TEST_CASE("a recorded graph's small memsets become kernels that write the same bytes in the same order",
+          "[gpu][ops][graph]") {
+  // A large fill (stays a memset node), then a 4-byte zero and a 2-D memset (5 rows of 3
+  // bytes, 64 apart) over it, then a copy kernel reading the buffer: the replaced nodes
+  // must run after the fill and before the copy.
+  constexpr size_t kBytes = 8192;
+  const Tensor buf = Tensor::empty({static_cast<int64_t>(kBytes / 4)}, DType::f32, gpu);
+  const Tensor out = Tensor::empty({static_cast<int64_t>(kBytes / 4)}, DType::f32, gpu);
+  auto* b = static_cast<unsigned char*>(buf.data());
+  Context ctx(gpu);
+  const auto st = static_cast<cudaStream_t>(ctx.stream());
+  context(gpu).synchronize();
+  cudaGraph_t g = nullptr;
+  REQUIRE(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(b, 0xab, kBytes, st) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(b + 256, 0, 4, st) == cudaSuccess);
+  REQUIRE(cudaMemset2DAsync(b + 1001, 64, 0x5a, 3, 5, st) == cudaSuccess);
+  cuda::CopyPieces pieces;
+  pieces.piece[pieces.count++] = {out.data(), buf.data(), static_cast<int64_t>(kBytes)};
+  cuda::copy_device(pieces, st);
+  REQUIRE(cudaStreamEndCapture(st, &g) == cudaSuccess);
+  CHECK(cuda::replace_small_memset_nodes(g) == 2);
+  size_t count = 0;
+  REQUIRE(cudaGraphGetNodes(g, nullptr, &count) == cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(count);
+  REQUIRE(cudaGraphGetNodes(g, nodes.data(), &count) == cudaSuccess);
+  int memsets = 0, kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    REQUIRE(cudaGraphNodeGetType(node, &type) == cudaSuccess);
+    memsets += type == cudaGraphNodeTypeMemset;
+    kernels += type == cudaGraphNodeTypeKernel;
+  }
+  CHECK(memsets == 1);  // the large fill
+  CHECK(kernels == 3);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, g, 0) == cudaSuccess);
+  REQUIRE(cudaGraphLaunch(exec, st) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+  std::vector<unsigned char> want(kBytes, 0xab), got(kBytes);
+  std::fill_n(want.begin() + 256, 4, 0);
+  for (int row = 0; row < 5; ++row) std::fill_n(want.begin() + 1001 + 64 * row, 3, 0x5a);
+  const std::vector<float> host = out.to_host();
+  std::memcpy(got.data(), host.data(), kBytes);
+  CHECK(got == want);
+}
+
 TEST_CASE("the peer sum's bf16 kernel adds as the CPU's does at any alignment", "[gpu][ops][bf16]") {
   const cudaStream_t st = static_cast<cudaStream_t>(context(gpu).stream());
   for (int64_t n : {1, 7, 64, 1000, 4099})

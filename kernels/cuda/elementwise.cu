@@ -1,5 +1,6 @@
 // elementwise.cu — fill, copy, axpy, the sum of squares (gradient norms), fp32 <-> bf16 casts,
 // row argmax, the Philox random fills and synthetic tokens; twins of kernels/cpu elementwise.cpp.
+// Also a recorded graph's small memsets as kernels (replace_small_memset_nodes).
 //
 // Memory-bound loops use float4 where the pointers are aligned, with a scalar tail.
 // sum_squares is deterministic: a grid sized by n alone writes one partial per block to
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "../philox.hpp"
 #include "check.hpp"
@@ -283,6 +285,81 @@ void set_copy_node_sources(void* exec, void* node, const CopyPieces& pieces) {
 void set_copy_node_enabled(void* exec, void* node, bool enabled) {
   DPT_CUDA_CHECK(cudaGraphNodeSetEnabled(static_cast<cudaGraphExec_t>(exec), static_cast<cudaGraphNode_t>(node),
                                          enabled ? 1u : 0u));
+}
+
+namespace {
+// A memset node's work (cudaMemsetParams: height rows of width elements of 1, 2 or 4
+// bytes, pitch bytes apart), one block.
+__global__ void memset_node_kernel(cudaMemsetParams m) {
+  const size_t count = m.width * m.height;
+  for (size_t i = threadIdx.x; i < count; i += blockDim.x) {
+    unsigned char* p = static_cast<unsigned char*>(m.dst) + (i / m.width) * m.pitch + (i % m.width) * m.elementSize;
+    if (m.elementSize == 1) *p = static_cast<unsigned char>(m.value);
+    else if (m.elementSize == 2) *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(m.value);
+    else *reinterpret_cast<uint32_t*>(p) = m.value;
+  }
+}
+
+// A node's dependencies (incoming) or dependents (outgoing).
+std::vector<cudaGraphNode_t> graph_edges(cudaGraphNode_t node, bool incoming) {
+  auto get = [&](cudaGraphNode_t* nodes, size_t* n) {
+#if CUDART_VERSION >= 13000
+    return incoming ? cudaGraphNodeGetDependencies(node, nodes, nullptr, n)
+                    : cudaGraphNodeGetDependentNodes(node, nodes, nullptr, n);
+#else
+    return incoming ? cudaGraphNodeGetDependencies(node, nodes, n) : cudaGraphNodeGetDependentNodes(node, nodes, n);
+#endif
+  };
+  size_t n = 0;
+  DPT_CUDA_CHECK(get(nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) DPT_CUDA_CHECK(get(nodes.data(), &n));
+  return nodes;
+}
+}  // namespace
+
+int replace_small_memset_nodes(void* graph) {
+  const auto g = static_cast<cudaGraph_t>(graph);
+  size_t n = 0;
+  DPT_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) DPT_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
+  int replaced = 0, device = 0;
+  DPT_CUDA_CHECK(cudaGetDevice(&device));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    DPT_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeMemset) continue;
+    cudaMemsetParams m{};
+    DPT_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &m));
+    if (m.width * m.height * m.elementSize > kSmallMemsetBytes) continue;
+    // The kernel runs on the device current when its node is added: the memory's (a graph
+    // may record the streams of several GPUs).
+    cudaPointerAttributes where{};
+    DPT_CUDA_CHECK(cudaPointerGetAttributes(&where, m.dst));
+    if (where.type != cudaMemoryTypeDevice) continue;
+    set_device(where.device);
+    const std::vector<cudaGraphNode_t> before = graph_edges(node, true), after = graph_edges(node, false);
+    void* args[] = {&m};
+    cudaKernelNodeParams k{};
+    k.func = reinterpret_cast<void*>(memset_node_kernel);
+    k.gridDim = dim3(1);
+    k.blockDim = dim3(256);
+    k.kernelParams = args;
+    cudaGraphNode_t fill = nullptr;
+    DPT_CUDA_CHECK(cudaGraphAddKernelNode(&fill, g, before.data(), before.size(), &k));
+    for (cudaGraphNode_t next : after) {
+#if CUDART_VERSION >= 13000
+      DPT_CUDA_CHECK(cudaGraphAddDependencies(g, &fill, &next, nullptr, 1));
+#else
+      DPT_CUDA_CHECK(cudaGraphAddDependencies(g, &fill, &next, 1));
+#endif
+    }
+    DPT_CUDA_CHECK(cudaGraphDestroyNode(node));  // and its edges
+    ++replaced;
+  }
+  set_device(device);
+  return replaced;
 }
 
 void axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t stream) {
