@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +23,10 @@
 #include "catch.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/cpu/cpu.hpp"
+
+#if DPT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace dpt::test {
 
@@ -280,5 +285,22 @@ void check_mutants(const std::vector<uint8_t>& good, uint64_t seed, int trials, 
   CHECK(read_ok > 0);
   CHECK(refused > 0);
 }
+
+#if DPT_WITH_CUDA
+// A recorded graph's nodes of each type (cudaGraphNodeType -> count).
+inline std::map<int, int> graph_node_types(cudaGraph_t g) {
+  size_t count = 0;
+  REQUIRE(cudaGraphGetNodes(g, nullptr, &count) == cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(count);
+  REQUIRE(cudaGraphGetNodes(g, nodes.data(), &count) == cudaSuccess);
+  std::map<int, int> types;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    REQUIRE(cudaGraphNodeGetType(node, &type) == cudaSuccess);
+    ++types[type];
+  }
+  return types;
+}
+#endif
 
 }  // namespace dpt::test
