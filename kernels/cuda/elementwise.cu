@@ -334,9 +334,13 @@ int replace_small_memset_nodes(void* graph) {
     DPT_CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &m));
     if (m.width * m.height * m.elementSize > kSmallMemsetBytes) continue;
     // The kernel runs on the device current when its node is added: the memory's (a graph
-    // may record the streams of several GPUs).
+    // may record the streams of several GPUs). Memory whose device is not known stays a
+    // memset.
     cudaPointerAttributes where{};
-    DPT_CUDA_CHECK(cudaPointerGetAttributes(&where, m.dst));
+    if (cudaPointerGetAttributes(&where, m.dst) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
     if (where.type != cudaMemoryTypeDevice) continue;
     set_device(where.device);
     const std::vector<cudaGraphNode_t> before = graph_edges(node, true), after = graph_edges(node, false);
