@@ -273,11 +273,10 @@ void* recorded_copy_node(const CopyPieces& pieces, cudaStream_t stream);
 void set_copy_node_sources(void* exec, void* node, const CopyPieces& pieces);
 void set_copy_node_enabled(void* exec, void* node, bool enabled);  // a disabled node does nothing
 // A recorded graph (cudaGraph_t) before it is instantiated: each memset node of at most
-// kSmallMemsetBytes becomes a kernel node that writes the same bytes, with the same edges.
+// 4 KiB becomes a kernel node that writes the same bytes, with the same edges.
 // cuBLASLt and cuDNN zero a 4-byte counter before most of their kernels (123 in a GPT-2
 // step), and a memset node between two kernels leaves the H100 idle about 3 us, a kernel
 // node less (0.1 ms a B 16 step: docs/performance-log.md). Returns how many it replaced.
-constexpr size_t kSmallMemsetBytes = 4096;
 int replace_small_memset_nodes(void* graph);
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 void normal(float* out, int64_t n, uint64_t seed, uint64_t stream_id, uint64_t offset, float std, cudaStream_t stream);

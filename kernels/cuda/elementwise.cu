@@ -300,6 +300,9 @@ __global__ void memset_node_kernel(cudaMemsetParams m) {
   }
 }
 
+// The memsets replace_small_memset_nodes makes kernels of: one block's work.
+constexpr size_t kSmallMemsetBytes = 4096;
+
 // A node's dependencies (incoming) or dependents (outgoing).
 std::vector<cudaGraphNode_t> graph_edges(cudaGraphNode_t node, bool incoming) {
   auto get = [&](cudaGraphNode_t* nodes, size_t* n) {
