@@ -228,6 +228,23 @@ says "dptrain: error: --recompute applies to GPT models; --model is not a GPT" -
 "$exe" --devices cpu --steps 2 --save "$tmp/mlp.safetensors" >/dev/null 2>&1
 says "dptrain: error: checkpoint '$tmp/mlp.safetensors' holds no GPT (its model is '16-128x2-4')" \
   export --resume "$tmp/mlp.safetensors" --hf "$tmp/nothing"
+# An export replaces an earlier export of dptrain's and nothing else: not the checkpoint it
+# reads (once it turned a checkpoint in the folder into an export), not a folder's files
+# of other origins, not a folder that is a file; status 2 before a byte is written.
+"$exe" export --resume "$tmp/gpt.safetensors" --hf "$tmp/hf" >/dev/null 2>&1 && ok || bad "an export over an export"
+mkdir -p "$tmp/own" "$tmp/theirs" && cp "$tmp/gpt.safetensors" "$tmp/own/model.safetensors" &&
+  echo '{}' >"$tmp/theirs/config.json"
+own=$(cksum <"$tmp/own/model.safetensors")
+refuse export --resume "$tmp/own/model.safetensors" --hf "$tmp/own"
+[ "$(cksum <"$tmp/own/model.safetensors")" = "$own" ] && ok || bad "export wrote over the checkpoint it read"
+says "dptrain: error: export: '$tmp/own/model.safetensors' is the checkpoint being exported (--resume); name another folder" \
+  export --resume "$tmp/own/model.safetensors" --hf "$tmp/own"
+says "dptrain: error: export: '$tmp/own' holds a model.safetensors that no export of dptrain's wrote, which export would replace (name another folder)" \
+  export --resume "$tmp/gpt.safetensors" --hf "$tmp/own"
+refuse export --resume "$tmp/gpt.safetensors" --hf "$tmp/theirs"
+[ ! -e "$tmp/theirs/model.safetensors" ] && [ "$(cat "$tmp/theirs/config.json")" = "{}" ] && ok ||
+  bad "a refused export wrote into the folder"
+refuse export --resume "$tmp/gpt.safetensors" --hf "$tmp/gpt.safetensors"
 says "dptrain: error: --seq of 17 tokens is longer than the model's context of 16 (gpt:L2-H2-C32-T16-V64)" \
   "${gpt[@]}" --seq 17
 says "dptrain: error: --init-from is a GPT's starting weights; --model is not a GPT" --init-from "$tmp/hf/model.safetensors"

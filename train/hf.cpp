@@ -63,15 +63,46 @@ std::string config_json(const nn::GptConfig& c) {
          eot + ",\n  \"eos_token_id\": " + eot + ",\n" + "  \"torch_dtype\": \"float32\"\n}\n";
 }
 
+// The metadata mark of an export's model.safetensors: what a later export may replace.
+const char* const kExportedBy = "exported_by";
+
+// What an export may replace in DIR (UsageError otherwise, before anything is written):
+// its model.safetensors only where an export of dptrain's wrote it and it is not the
+// checkpoint being exported (also through a link), config.json only as that file's pair;
+// anything there that is not a regular file, never.
+void check_export_targets(const std::string& dir, const std::string& checkpoint) {
+  namespace fs = std::filesystem;
+  const std::string model = dir + "/model.safetensors", config = dir + "/config.json";
+  std::error_code ec;
+  const bool has_model = fs::exists(model, ec), has_config = fs::exists(config, ec);
+  for (const std::string& f : {model, config})
+    if (fs::exists(f, ec) && !fs::is_regular_file(f, ec))
+      throw UsageError("export: '" + f + "' is not a regular file, which export would replace (name another folder)");
+  if (has_model && !checkpoint.empty() && fs::equivalent(model, checkpoint, ec))
+    throw UsageError("export: '" + model + "' is the checkpoint being exported (--resume); name another folder");
+  bool ours = false;
+  if (has_model) try {
+      const auto meta = ckpt::read_metadata(model);
+      const auto mark = meta.find(kExportedBy);
+      ours = mark != meta.end() && mark->second == "dptrain";
+    } catch (const Error&) {  // not a safetensors file at all
+    }
+  if ((has_model && !ours) || (has_config && !has_model))
+    throw UsageError("export: '" + dir + "' holds a " + (has_model ? "model.safetensors" : "config.json") +
+                     " that no export of dptrain's wrote, which export would replace (name another folder)");
+}
+
 }  // namespace
 
-void export_gpt2(nn::GPT& model, const std::string& dir) {
+void export_gpt2(nn::GPT& model, const std::string& dir, const std::string& checkpoint) {
   const nn::GptConfig& cfg = model.config();
+  check_export_targets(dir, checkpoint);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) throw Error("cannot make the folder '" + dir + "': " + ec.message());
+  if (ec) throw UsageError("export: cannot make the folder '" + dir + "': " + ec.message());
   ckpt::Checkpoint c;
   c.metadata["format"] = "pt";  // what transformers asks of a safetensors file
+  c.metadata[kExportedBy] = "dptrain";
   for (auto& [name, p] : model.named_parameters()) {
     std::vector<float> v = p->value.to_host();
     std::vector<int64_t> shape = p->shape.vec();
@@ -150,7 +181,7 @@ std::shared_ptr<nn::GPT> load_gpt2_checkpoint(const std::string& checkpoint, con
 }
 
 void export_gpt2_checkpoint(const std::string& checkpoint, const std::string& dir) {
-  export_gpt2(*load_gpt2_checkpoint(checkpoint, Device{}), dir);
+  export_gpt2(*load_gpt2_checkpoint(checkpoint, Device{}), dir, checkpoint);
 }
 
 }  // namespace dpt::hf

@@ -13,10 +13,12 @@
 
 namespace dpt::hf {
 
-// Writes DIR/model.safetensors (fp32) and DIR/config.json for `model` (placed on any
-// device), making DIR when it is missing; each file atomically. Throws dpt::Error naming
-// the file on failure.
-void export_gpt2(nn::GPT& model, const std::string& dir);
+// Writes DIR/model.safetensors (fp32, marked as dptrain's export) and DIR/config.json for
+// `model` (placed on any device), making DIR when it is missing; each file atomically. It
+// replaces only an earlier export of dptrain's, never `checkpoint` (the file the model
+// came from, if any): anything else there is a UsageError before a byte is written, as is
+// a folder it cannot make. Throws dpt::Error naming the file on a failed write.
+void export_gpt2(nn::GPT& model, const std::string& dir, const std::string& checkpoint = "");
 
 // Loads `path` (a model.safetensors of GPT-2 in this layout, F32 or BF16, as transformers
 // writes it, with or without the "transformer." prefix; lm_head.weight, when present, must
