@@ -271,6 +271,14 @@ void TokenDataset::check_model(const Shape& input, Task task, int64_t outputs) c
     for (size_t w = 0; w < shared_->checked_words; ++w) shared_->checked[w].store(0, std::memory_order_relaxed);
 }
 
+void TokenDataset::check_every_row() const {
+  if (!shared_) throw UsageError("a TokenDataset without its files (it was moved from)");
+  for (int64_t r = first_; r < first_ + rows_; ++r) {
+    const auto [file, at] = locate(r);
+    check_window(*file, r, at);
+  }
+}
+
 std::string TokenDataset::origin() const {
   const std::string from = first_ > 0 ? "from window " + std::to_string(first_) + ", " : "";
   return "windows of " + std::to_string(seq_len_) + " tokens, " + from + identities_text(shared_->identities);

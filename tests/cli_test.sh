@@ -295,4 +295,19 @@ refuses "dptrain: error: --tokenizer '$fixture' has 288 tokens, more than the mo
 refuses "dptrain: error: tokenizer '$fixture': token id 300 is outside its vocabulary [0, 288)" \
   "${gen[@]}" --tokenizer "$fixture" --prompt-tokens 274,300
 
+# A validation shard is read whole at every evaluation: a token outside the vocabulary there
+# is refused before the first step (it once ended the run at its first evaluation, after
+# every step and before the checkpoint).
+python3 - "$tmp/lm_train.bin" "$tmp/lm_val.bin" <<'PY'
+import struct, sys
+for path, tokens in ((sys.argv[1], [(i * 7) % 60 for i in range(400)]), (sys.argv[2], [1] * 40 + [64] + [2] * 20)):
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *[0] * 253))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+refuses "dptrain: error: data file '$tmp/lm_val.bin': token 40 is 64, outside [0, 64): the model's vocabulary has 64 tokens" \
+  --model gpt:L1-H2-C32-T16-V64 --data "$tmp/lm_train.bin" --val-data "$tmp/lm_val.bin" --batch 4 --steps 3 \
+  --devices cpu --save "$tmp/lm.safetensors"
+grep -q '^step' "$tmp/out" && bad "a bad validation token was found after training began" || ok
+
 finish

@@ -272,6 +272,22 @@ TEST_CASE("a token outside the vocabulary is refused as its window is gathered, 
         std::string::npos);
 }
 
+TEST_CASE("check_every_row finds a bad token of any window before a gather, a slice's own windows only",
+          "[data][tokens]") {
+  test::TempDir dir;
+  std::vector<uint32_t> tokens = tokens_of(41, 500);
+  tokens[38] = 500;  // window 4 (tokens 32..40) only
+  write_shard(dir.file("a.bin"), tokens, false);
+  const TokenDataset d({dir.file("a.bin")}, 8);
+  d.check_model({8}, Task::language_model, 500);
+  CHECK(usage_error([&] { d.check_every_row(); }) == "data file '" + dir.file("a.bin") +
+                                                         "': token 38 is 500, outside [0, 500): the model's "
+                                                         "vocabulary has 500 tokens");
+  const TokenDataset head = d.slice(0, 4);  // windows 0..3 never reach token 38
+  CHECK(usage_error([&] { head.check_every_row(); }).empty());
+  CHECK(usage_error([&] { (void)gathered(head, {0, 1, 2, 3}); }).empty());
+}
+
 TEST_CASE("token data is checked against the model: rows of T tokens, a language model's task", "[data][tokens]") {
   test::TempDir dir;
   write_shard(dir.file("a.bin"), tokens_of(41, 500), false);

@@ -163,7 +163,10 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
                          " (class labels are integers: an integer .npy, int32 or int64, trains a classifier)");
       throw;
     }
-    if (val_data_) val_data_->check_model(input, cfg_.task, spec.outputs());
+    if (val_data_) {
+      val_data_->check_model(input, cfg_.task, spec.outputs());
+      val_data_->check_every_row();  // every evaluation reads it whole: its faults are refused now
+    }
     eval_every_ = val_data_ ? cfg_.eval_every : 0;  // 0: at the end of every epoch
   }
   if (cfg_.eval_every > 0 && !val_data_)

@@ -92,6 +92,11 @@ class Dataset {
   // [0, outputs); a data set of the program's has its labels checked as they are gathered).
   // Without targets only the inputs are checked.
   virtual void check_model(const Shape& input, Task task, int64_t outputs) const;
+  // Checks every row now, after check_model, where the gathers would check each row as it
+  // is first gathered (a TokenDataset's windows against the vocabulary): for rows read
+  // whole later on, a validation set, whose fault would otherwise end a run at its first
+  // evaluation. Nothing for data sets that check_model checks whole.
+  virtual void check_every_row() const {}
 
   // Whether gather_host may run on several threads at once (an ArrayDataset's may; a
   // data set of the program's, by default, is gathered by one thread at a time).

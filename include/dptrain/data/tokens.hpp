@@ -73,6 +73,8 @@ class TokenDataset : public Dataset {
   // vocabulary, which the gathers check tokens against from now on (call it before
   // gathering, not while gathers run).
   void check_model(const Shape& input, Task task, int64_t outputs) const override;
+  // Every window's tokens against the vocabulary (Dataset::check_every_row).
+  void check_every_row() const override;
   bool concurrent_gathers() const override { return true; }
   // "windows of 64 tokens, (from window 100, )a file of 2048 bytes with header hash
   // 0123456789abcdef, ...": the hash covers each file's header and its first 4 KiB of
