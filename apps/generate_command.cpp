@@ -49,10 +49,11 @@ CLI::App* add_generate_command(CLI::App& app, GenerateFlags& g) {
   sub->add_option("--prompt", g.prompt_text, "The prompt as text, which --tokenizer encodes");
   sub->add_option("--tokenizer", g.tokenizer,
                   "GPT-2's tokenizer: a folder with encoder.json and vocab.bpe; the continuation prints as text");
-  sub->add_option("--max-new-tokens", g.cfg.max_new_tokens, "Tokens to add")->capture_default_str();
-  sub->add_option("--temperature", g.cfg.temperature, "0: the likeliest token each time")->capture_default_str();
-  sub->add_option("--top-k", g.cfg.top_k, "Draw among the k likeliest tokens (0: all)")->capture_default_str();
-  sub->add_option("--seed", g.cfg.seed, "Seed of the draws")->capture_default_str();
+  // Read as the training flags are (decimal, never clamped or wrapped: --seed -1 was 2^64 - 1).
+  add_integer(*sub, "--max-new-tokens", g.cfg.max_new_tokens, "Tokens to add")->capture_default_str();
+  add_float(*sub, "--temperature", g.cfg.temperature, "0: the likeliest token each time")->capture_default_str();
+  add_integer(*sub, "--top-k", g.cfg.top_k, "Draw among the k likeliest tokens (0: all)")->capture_default_str();
+  add_integer(*sub, "--seed", g.cfg.seed, "Seed of the draws")->capture_default_str();
   sub->add_option("--device", g.device, "Where the model runs (default: the first GPU, else the CPU)");
   g.command = sub;
   return sub;

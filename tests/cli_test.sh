@@ -294,6 +294,13 @@ refuses "dptrain: error: --tokenizer '$fixture' has 288 tokens, more than the mo
   generate --resume "$tmp/gpt.safetensors" --tokenizer "$fixture" --prompt "Hello"
 refuses "dptrain: error: tokenizer '$fixture': token id 300 is outside its vocabulary [0, 288)" \
   "${gen[@]}" --tokenizer "$fixture" --prompt-tokens 274,300
+# generate's numbers are read as training's: decimal, never wrapped or clamped.
+refuses "dptrain: error: --seed: '-1' is out of range (0 to 18446744073709551615) (see --help)" \
+  "${gen[@]}" --prompt-tokens 274 --seed -1
+refuses "dptrain: error: --max-new-tokens: '0x3' is not a whole decimal number (see --help)" \
+  generate --resume "$tmp/text.safetensors" --prompt-tokens 274 --max-new-tokens 0x3
+refuses "dptrain: error: --top-k: '99999999999999999999' is out of range (-9223372036854775808 to 9223372036854775807) (see --help)" \
+  "${gen[@]}" --prompt-tokens 274 --top-k 99999999999999999999
 
 # A validation shard is read whole at every evaluation: a token outside the vocabulary there
 # is refused before the first step (it once ended the run at its first evaluation, after
