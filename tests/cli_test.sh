@@ -248,6 +248,10 @@ refuse export --resume "$tmp/gpt.safetensors" --hf "$tmp/gpt.safetensors"
 says "dptrain: error: --seq of 17 tokens is longer than the model's context of 16 (gpt:L2-H2-C32-T16-V64)" \
   "${gpt[@]}" --seq 17
 says "dptrain: error: --init-from is a GPT's starting weights; --model is not a GPT" --init-from "$tmp/hf/model.safetensors"
+# A missing or cut file to start from is bad input (status 2), as --resume's is.
+head -c 3000 "$tmp/hf/model.safetensors" >"$tmp/cut.safetensors"
+refuse "${gpt[@]}" --seq 8 --steps 1 --init-from "$tmp/none.safetensors"
+refuse "${gpt[@]}" --seq 8 --steps 1 --init-from "$tmp/cut.safetensors"
 says "dptrain: error: model spec 'gpt:L2-H3-C32-T16-V64': the width 32 is not a multiple of the heads 3 (a GPT is gpt2, gpt2-medium, gpt2-large, gpt2-xl or gpt:L<layers>-H<heads>-C<width>-T<context>-V<vocabulary>, e.g. gpt:L4-H4-C128-T256-V512)" \
   --model gpt:L2-H3-C32-T16-V64
 

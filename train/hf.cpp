@@ -120,7 +120,14 @@ void export_gpt2(nn::GPT& model, const std::string& dir, const std::string& chec
 }
 
 void load_gpt2(nn::GPT& model, const std::string& path) {
-  const ckpt::Checkpoint c = ckpt::load(path);
+  ckpt::Checkpoint c;
+  try {
+    c = ckpt::load(path);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());  // a missing, cut or corrupt file to start from is bad input, as --resume's
+  }
   const nn::GptConfig& cfg = model.config();
   auto bad = [&](const std::string& why) { throw UsageError("'" + path + "': " + why); };
   // The file's name for one of ours: with the prefix, or without it (GPT2Model's files).
