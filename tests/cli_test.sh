@@ -189,6 +189,12 @@ says() {  # says "EXPECTED LINE" ARGS...: the error line is exactly the expected
   "$exe" "$@" >/dev/null 2>"$tmp/err"
   [ "$(cat "$tmp/err")" = "$want" ] && ok || bad "dptrain $*: '$(cat "$tmp/err")', not '$want'"
 }
+refuses() {  # refuses "EXPECTED LINE" ARGS...: exit 2 and exactly that error line
+  local want=$1
+  shift
+  refuse "$@"
+  [ "$(cat "$tmp/err")" = "$want" ] && ok || bad "dptrain $*: '$(cat "$tmp/err")', not '$want'"
+}
 says "dptrain: error: --grad-accum must be >= 1, got 0" --devices cpu --grad-accum 0
 says "dptrain: error: --save-every needs --save (a checkpoint path)" --devices cpu --save-every 3
 says "dptrain: error: --nesterov needs --momentum > 0, got 0" \
@@ -248,6 +254,9 @@ refuse export --resume "$tmp/gpt.safetensors" --hf "$tmp/gpt.safetensors"
 says "dptrain: error: --seq of 17 tokens is longer than the model's context of 16 (gpt:L2-H2-C32-T16-V64)" \
   "${gpt[@]}" --seq 17
 says "dptrain: error: --init-from is a GPT's starting weights; --model is not a GPT" --init-from "$tmp/hf/model.safetensors"
+# The head count changes no tensor's shape: the config.json beside the file tells it.
+refuses "dptrain: error: '$tmp/hf/model.safetensors': $tmp/hf/config.json says n_head 2, and the model has 4 heads (its spec must be the file's)" \
+  --model gpt:L2-H4-C32-T16-V64 --batch 4 --devices cpu --samples 8 --seq 8 --steps 1 --init-from "$tmp/hf/model.safetensors"
 # A missing or cut file to start from is bad input (status 2), as --resume's is.
 head -c 3000 "$tmp/hf/model.safetensors" >"$tmp/cut.safetensors"
 refuse "${gpt[@]}" --seq 8 --steps 1 --init-from "$tmp/none.safetensors"
@@ -277,12 +286,6 @@ from_ids=$("$exe" "${gen[@]}" --tokenizer "$fixture" --prompt-tokens 274,271 2>&
   bad "generate --tokenizer: '$from_text' and '$from_ids', not '$want'"
 ids=$("$exe" generate --resume "$tmp/text.safetensors" --temperature 0 --prompt-tokens 274,271 --max-new-tokens 4 2>&1)
 [ "$ids" = "11,258,220,66" ] && ok || bad "generate without --tokenizer prints ids: '$ids'"
-refuses() {  # refuses "EXPECTED LINE" ARGS...: exit 2 and exactly that error line
-  local want=$1
-  shift
-  refuse "$@"
-  [ "$(cat "$tmp/err")" = "$want" ] && ok || bad "dptrain $*: '$(cat "$tmp/err")', not '$want'"
-}
 refuses "dptrain: error: generate takes one prompt: --prompt (text) or --prompt-tokens (ids), not both" \
   "${gen[@]}" --tokenizer "$fixture" --prompt "Hello" --prompt-tokens 274
 refuses "dptrain: error: generate needs a prompt: --prompt TEXT (with --tokenizer) or --prompt-tokens IDS" \

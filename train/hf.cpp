@@ -4,7 +4,10 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <regex>
 #include <set>
+#include <sstream>
 
 #include <dptrain/error.hpp>
 #include <dptrain/train/checkpoint.hpp>
@@ -92,6 +95,23 @@ void check_export_targets(const std::string& dir, const std::string& checkpoint)
                      " that no export of dptrain's wrote, which export would replace (name another folder)");
 }
 
+// The head count of a config.json beside `path` (Hugging Face's "n_head"), against the
+// model's: it changes no tensor's shape, so the weights alone cannot tell a file of 2 heads
+// from one of 4. No config.json, or none that says, checks nothing.
+void check_heads_beside(const std::string& path, const nn::GptConfig& cfg) {
+  const std::filesystem::path config = std::filesystem::path(path).parent_path() / "config.json";
+  std::ifstream in(config, std::ios::binary);
+  if (!in) return;
+  std::ostringstream text;
+  text << in.rdbuf();
+  static const std::regex kHeads("\"n_head\"\\s*:\\s*([0-9]{1,9})\\b");
+  std::smatch m;
+  const std::string json = text.str();
+  if (std::regex_search(json, m, kHeads) && std::stoll(m[1].str()) != cfg.heads)
+    throw UsageError("'" + path + "': " + config.string() + " says n_head " + m[1].str() + ", and the model has " +
+                     std::to_string(cfg.heads) + " heads (its spec must be the file's)");
+}
+
 }  // namespace
 
 void export_gpt2(nn::GPT& model, const std::string& dir, const std::string& checkpoint) {
@@ -128,6 +148,7 @@ void load_gpt2(nn::GPT& model, const std::string& path) {
   } catch (const Error& e) {
     throw UsageError(e.what());  // a missing, cut or corrupt file to start from is bad input, as --resume's
   }
+  check_heads_beside(path, model.config());
   const nn::GptConfig& cfg = model.config();
   auto bad = [&](const std::string& why) { throw UsageError("'" + path + "': " + why); };
   // The file's name for one of ours: with the prefix, or without it (GPT2Model's files).
