@@ -1,10 +1,12 @@
 #include <dptrain/data/tokens.hpp>
 
 #include <glob.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
 
 #include <dptrain/error.hpp>
 
@@ -146,6 +148,7 @@ std::string files_name(const std::vector<std::string>& paths) {
 
 std::vector<std::string> expand_data_patterns(const std::vector<std::string>& patterns) {
   std::vector<std::string> files;
+  std::map<std::pair<dev_t, ino_t>, std::string> seen;  // each file once (a link or another spelling included)
   for (const std::string& pattern : patterns) {
     glob_t g{};
     // Sorted here, bytewise, not by glob's strcoll: the order must not depend on a locale.
@@ -159,6 +162,15 @@ std::vector<std::string> expand_data_patterns(const std::vector<std::string>& pa
       throw UsageError("data files '" + pattern + "': cannot list them (" +
                        (rc == GLOB_NOSPACE ? "out of memory" : "a directory could not be read") + ")");
     std::sort(matches.begin(), matches.end());
+    for (const std::string& m : matches) {
+      struct stat st {};
+      if (::stat(m.c_str(), &st) != 0) continue;  // opening it names the fault
+      const auto [at, fresh] = seen.try_emplace({st.st_dev, st.st_ino}, m);
+      if (!fresh)
+        throw UsageError("data files: " +
+                         (m == at->second ? "'" + m + "' is" : "'" + at->second + "' and '" + m + "' are one file,") +
+                         " named twice by the patterns; each file is read once");
+    }
     files.insert(files.end(), matches.begin(), matches.end());
   }
   return files;

@@ -323,5 +323,8 @@ refuses "dptrain: error: data file '$tmp/lm_val.bin': token 40 is 64, outside [0
   --model gpt:L1-H2-C32-T16-V64 --data "$tmp/lm_train.bin" --val-data "$tmp/lm_val.bin" --batch 4 --steps 3 \
   --devices cpu --save "$tmp/lm.safetensors"
 grep -q '^step' "$tmp/out" && bad "a bad validation token was found after training began" || ok
+# A file named twice by the patterns (a list, a glob, another spelling) would be read twice an epoch.
+refuses "dptrain: error: data files: '$tmp/lm_train.bin' and '$tmp/./lm_train.bin' are one file, named twice by the patterns; each file is read once" \
+  --model gpt:L1-H2-C32-T16-V64 --data "$tmp/lm_train.bin,$tmp/./lm_train.bin" --batch 4 --steps 1 --devices cpu
 
 finish
