@@ -327,7 +327,9 @@ void check_task_agrees(const dpt::app::TrainFlags& o, const dpt::Trainer& traine
   if (o.was_given("--task") && !o.cfg.data.empty() && trainer.config().task != o.cfg.task)
     throw dpt::UsageError(
         std::string("--task: the task of --data follows from its targets: ") +
-        (trainer.config().task == dpt::data::Task::classification
+        (trainer.config().task == dpt::data::Task::language_model
+             ? "tokens train a language model (a GPT), not --task " + std::string(dpt::data::task_name(o.cfg.task))
+         : trainer.config().task == dpt::data::Task::classification
              ? "integer class labels (classification), not --task regression"
              : "float rows (regression), not --task classification; class labels are integers (an integer .npy, "
                "int32 or int64)"));

@@ -323,6 +323,12 @@ refuses "dptrain: error: data file '$tmp/lm_val.bin': token 40 is 64, outside [0
   --model gpt:L1-H2-C32-T16-V64 --data "$tmp/lm_train.bin" --val-data "$tmp/lm_val.bin" --batch 4 --steps 3 \
   --devices cpu --save "$tmp/lm.safetensors"
 grep -q '^step' "$tmp/out" && bad "a bad validation token was found after training began" || ok
+# What a GPT does not take: --act (its MLP is GPT-2's GELU; the flag did nothing and then
+# blocked a resume), and a --task other than its tokens'.
+refuses "dptrain: error: --act is an MLP's or a CNN's hidden activation; a GPT's MLP has GPT-2's GELU (tanh), and --model is a GPT" \
+  --model gpt:L1-H2-C32-T16-V64 --act gelu --data "$tmp/lm_train.bin" --batch 4 --steps 1 --devices cpu
+refuses "dptrain: error: --task: the task of --data follows from its targets: tokens train a language model (a GPT), not --task regression" \
+  --model gpt:L1-H2-C32-T16-V64 --task regression --data "$tmp/lm_train.bin" --batch 4 --steps 1 --devices cpu
 # A file named twice by the patterns (a list, a glob, another spelling) would be read twice an epoch.
 refuses "dptrain: error: data files: '$tmp/lm_train.bin' and '$tmp/./lm_train.bin' are one file, named twice by the patterns; each file is read once" \
   --model gpt:L1-H2-C32-T16-V64 --data "$tmp/lm_train.bin,$tmp/./lm_train.bin" --batch 4 --steps 1 --devices cpu

@@ -257,6 +257,9 @@ nn::ModelSpec validate(TrainConfig& cfg) {
         {"parallel.reduce"});
   if (cfg.recompute != nn::Recompute::none && !spec.is_gpt)
     bad("recompute", "applies to GPT models; {} is not a GPT", {"model"});
+  if (cfg.act != Act::relu && spec.is_gpt)  // relu, the default, is what a GPT's checkpoint records
+    bad("act", "is an MLP's or a CNN's hidden activation; a GPT's MLP has GPT-2's GELU (tanh), and {} is a GPT",
+        {"model"});
   if (!cfg.init_from.empty() && !spec.is_gpt)
     bad("init_from", "is a GPT's starting weights; {} is not a GPT", {"model"});
   if (!cfg.init_from.empty() && !cfg.resume.empty())
