@@ -594,6 +594,10 @@ int after_training(AfterTraining& a, bool predict) {
   if (dpt::app::same_file(a.probabilities, a.out))
     throw dpt::UsageError("--out and --probabilities name the same file '" + a.out + "'");
   dpt::Inference model(a.cfg);
+  if (model.spec().is_gpt)
+    throw dpt::UsageError(std::string(predict ? "predict" : "eval") + " runs MLPs and CNNs over arrays; '" +
+                          a.cfg.checkpoint + "' holds a GPT (" + model.model_text() +
+                          "), whose validation loss is training's --val-data and whose text is dptrain generate's");
   const auto data = std::make_shared<dpt::data::ArrayDataset>(
       dpt::open_data_file(a.data, a.targets, "data", "targets", /*need_targets=*/false).train);
   const auto classes = model.spec().outputs();

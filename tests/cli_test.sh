@@ -329,6 +329,12 @@ refuses "dptrain: error: --act is an MLP's or a CNN's hidden activation; a GPT's
   --model gpt:L1-H2-C32-T16-V64 --act gelu --data "$tmp/lm_train.bin" --batch 4 --steps 1 --devices cpu
 refuses "dptrain: error: --task: the task of --data follows from its targets: tokens train a language model (a GPT), not --task regression" \
   --model gpt:L1-H2-C32-T16-V64 --task regression --data "$tmp/lm_train.bin" --batch 4 --steps 1 --devices cpu
+# eval and predict are for MLPs and CNNs over arrays: a GPT's checkpoint says so (it once
+# got "neither a .npy nor a .safetensors file"), and token shards without a GPT name the fix.
+refuses "dptrain: error: eval runs MLPs and CNNs over arrays; '$tmp/gpt.safetensors' holds a GPT (gpt:L2-H2-C32-T16-V64), whose validation loss is training's --val-data and whose text is dptrain generate's" \
+  eval --resume "$tmp/gpt.safetensors" --data "$tmp/lm_train.bin"
+refuses "dptrain: error: --data '$tmp/lm_train.bin' is neither a .npy nor a .safetensors file (token shards train a GPT: --model gpt2 or gpt:...)" \
+  --data "$tmp/lm_train.bin" --devices cpu --steps 1
 # A file named twice by the patterns (a list, a glob, another spelling) would be read twice an epoch.
 refuses "dptrain: error: data files: '$tmp/lm_train.bin' and '$tmp/./lm_train.bin' are one file, named twice by the patterns; each file is read once" \
   --model gpt:L1-H2-C32-T16-V64 --data "$tmp/lm_train.bin,$tmp/./lm_train.bin" --batch 4 --steps 1 --devices cpu

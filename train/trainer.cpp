@@ -74,7 +74,9 @@ data::DataSplit open_data_file(const std::string& path, const std::string& targe
     if (!targets.empty()) bad(targets_field, "'" + targets + "': a safetensors data file holds its own targets (y)");
     return data::ArrayDataset::from_safetensors(path);
   }
-  if (!ends_with(".npy")) bad(field, "'" + path + "' is neither a .npy nor a .safetensors file");
+  if (!ends_with(".npy"))
+    bad(field, "'" + path + "' is neither a .npy nor a .safetensors file" +
+                   (ends_with(".bin") ? " (token shards train a GPT: --model gpt2 or gpt:...)" : ""));
   if (targets.empty() && need_targets)
     bad(targets_field, "is needed with a .npy data file (the targets: a .npy file of rows or labels)");
   return {data::ArrayDataset::from_npy(path, targets), std::nullopt};
