@@ -140,14 +140,7 @@ void export_gpt2(nn::GPT& model, const std::string& dir, const std::string& chec
 }
 
 void load_gpt2(nn::GPT& model, const std::string& path) {
-  ckpt::Checkpoint c;
-  try {
-    c = ckpt::load(path);
-  } catch (const UsageError&) {
-    throw;
-  } catch (const Error& e) {
-    throw UsageError(e.what());  // a missing, cut or corrupt file to start from is bad input, as --resume's
-  }
+  const ckpt::Checkpoint c = load_input_file(path);  // a missing or broken file is bad input, as --resume's
   check_heads_beside(path, model.config());
   const nn::GptConfig& cfg = model.config();
   auto bad = [&](const std::string& why) { throw UsageError("'" + path + "': " + why); };

@@ -119,15 +119,18 @@ bool is_checkpoint_key(const std::string& key) {
          std::any_of(std::begin(kNewerKeys), std::end(kNewerKeys), is);
 }
 
-ckpt::Checkpoint load_checkpoint(const std::string& path, bool note) {
-  ckpt::Checkpoint c;
+ckpt::Checkpoint load_input_file(const std::string& path) {
   try {
-    c = ckpt::load(path);
+    return ckpt::load(path);
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {
-    throw UsageError(e.what());  // a missing or broken file to resume from is bad input
+    throw UsageError(e.what());
   }
+}
+
+ckpt::Checkpoint load_checkpoint(const std::string& path, bool note) {
+  ckpt::Checkpoint c = load_input_file(path);
   check_metadata(c, path);
   if (!c.checksummed && note)
     report(Severity::note, "checkpoint '" + path +

@@ -33,8 +33,11 @@ void load_replicas(const ckpt::Checkpoint& c, const std::string& path, DataParal
 // takes means the file is another model's or another optimizer's.
 void check_all_used(const ckpt::Checkpoint& c, const std::string& path, const std::set<std::string>& used);
 
-// Checkpoint `path`, loaded (its tensors checked against their checksums); a missing or
-// broken file is bad input (UsageError). A dptrain checkpoint is checked further: its
+// A safetensors file given to read from (its tensors checked against their checksums): a
+// missing, cut or corrupt one is bad input (UsageError), not a runtime error.
+ckpt::Checkpoint load_input_file(const std::string& path);
+
+// Checkpoint `path`, loaded as load_input_file loads it. A dptrain checkpoint is checked further: its
 // format, and that its metadata holds the keys that Trainer::save writes and no other (a
 // key renamed or added by hand is refused). A file written before checkpoints kept
 // checksums may lack the keys added since the first format; it loads, with a note that it
