@@ -1,13 +1,13 @@
 #include <dptrain/train/hf.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
+#include <iterator>
 #include <set>
-#include <sstream>
 
 #include <dptrain/error.hpp>
 #include <dptrain/train/checkpoint.hpp>
@@ -78,8 +78,8 @@ void check_export_targets(const std::string& dir, const std::string& checkpoint)
   const std::string model = dir + "/model.safetensors", config = dir + "/config.json";
   std::error_code ec;
   const bool has_model = fs::exists(model, ec), has_config = fs::exists(config, ec);
-  for (const std::string& f : {model, config})
-    if (fs::exists(f, ec) && !fs::is_regular_file(f, ec))
+  for (const auto& [f, has] : {std::pair{model, has_model}, std::pair{config, has_config}})
+    if (has && !fs::is_regular_file(f, ec))
       throw UsageError("export: '" + f + "' is not a regular file, which export would replace (name another folder)");
   if (has_model && !checkpoint.empty() && fs::equivalent(model, checkpoint, ec))
     throw UsageError("export: '" + model + "' is the checkpoint being exported (--resume); name another folder");
@@ -102,14 +102,19 @@ void check_heads_beside(const std::string& path, const nn::GptConfig& cfg) {
   const std::filesystem::path config = std::filesystem::path(path).parent_path() / "config.json";
   std::ifstream in(config, std::ios::binary);
   if (!in) return;
-  std::ostringstream text;
-  text << in.rdbuf();
-  static const std::regex kHeads("\"n_head\"\\s*:\\s*([0-9]{1,9})\\b");
-  std::smatch m;
-  const std::string json = text.str();
-  if (std::regex_search(json, m, kHeads) && std::stoll(m[1].str()) != cfg.heads)
-    throw UsageError("'" + path + "': " + config.string() + " says n_head " + m[1].str() + ", and the model has " +
-                     std::to_string(cfg.heads) + " heads (its spec must be the file's)");
+  const std::string json{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const std::string key = "\"n_head\"";
+  size_t at = json.find(key);
+  if (at == std::string::npos) return;
+  at = json.find_first_not_of(" \t\r\n", at + key.size());
+  if (at == std::string::npos || json[at] != ':') return;
+  at = json.find_first_not_of(" \t\r\n", at + 1);
+  int64_t heads = 0;
+  const char* end = json.data() + json.size();
+  const auto [stop, ec] = std::from_chars(json.data() + std::min(at, json.size()), end, heads);
+  if (ec != std::errc() || heads == cfg.heads) return;
+  throw UsageError("'" + path + "': " + config.string() + " says n_head " + std::to_string(heads) +
+                   ", and the model has " + std::to_string(cfg.heads) + " heads (its spec must be the file's)");
 }
 
 }  // namespace

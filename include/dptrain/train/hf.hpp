@@ -25,7 +25,8 @@ void export_gpt2(nn::GPT& model, const std::string& dir, const std::string& chec
 // be the token embedding's copy, and the attention's mask buffers older files hold are
 // skipped) into `model`'s parameters (placed on any device). Throws UsageError with one
 // line naming the file and the tensor that is missing, unknown, of another shape or not
-// finite: the model's spec must be the file's sizes.
+// finite: the model's spec must be the file's sizes (its head count, where a config.json
+// beside the file gives n_head). A missing or broken file is a UsageError too.
 void load_gpt2(nn::GPT& model, const std::string& path);
 
 // A dptrain checkpoint of a GPT (Trainer::save's) written as export_gpt2 writes a model:
