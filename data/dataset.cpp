@@ -189,10 +189,10 @@ Batch Dataset::empty_batch(int64_t n, const Device& device) const {
 void check_labels(const Dataset& d, std::span<const int64_t> rows, const int32_t* labels, int64_t classes) {
   for (size_t i = 0; i < rows.size(); ++i)
     if (labels[i] < 0 || (classes > 0 && labels[i] >= classes))
-      throw UsageError(d.targets_name() + "[" + std::to_string(rows[i]) + "] is " + std::to_string(labels[i]) +
-                       (classes > 0 ? ", outside [0, " + std::to_string(classes) + "): the model has " +
-                                          std::to_string(classes) + " classes"
-                                    : std::string(": a class label is at least 0")));
+      throw DataError(d.targets_name() + "[" + std::to_string(rows[i]) + "] is " + std::to_string(labels[i]) +
+                      (classes > 0 ? ", outside [0, " + std::to_string(classes) + "): the model has " +
+                                         std::to_string(classes) + " classes"
+                                   : std::string(": a class label is at least 0")));
 }
 
 void Dataset::gather(std::span<const int64_t> rows, const Batch& into, int64_t classes) const {
@@ -420,9 +420,9 @@ void ArrayDataset::gather_host(std::span<const int64_t> rows, const HostRows& in
       const bool check = !(known & x_bit);
       const int64_t bad = to_float(src, x_.dtype, x_width_, into.x + i * static_cast<size_t>(x_width_), true, check);
       if (bad >= 0)
-        throw UsageError(x_source_ + ": " + element_text(x_name_, x_.shape, first_ + r, bad) + " is " +
-                         value_text(element(src + static_cast<size_t>(bad) * array_dtype_size(x_.dtype), x_.dtype)) +
-                         " (non-finite inputs are refused)");
+        throw DataError(x_source_ + ": " + element_text(x_name_, x_.shape, first_ + r, bad) + " is " +
+                        value_text(element(src + static_cast<size_t>(bad) * array_dtype_size(x_.dtype), x_.dtype)) +
+                        " (non-finite inputs are refused)");
       if (check) word.fetch_or(x_bit, std::memory_order_relaxed);
     }
     if (into.y) {
@@ -431,9 +431,9 @@ void ArrayDataset::gather_host(std::span<const int64_t> rows, const HostRows& in
       const int64_t bad = to_float(src, y_.dtype, y_width_, into.y + i * static_cast<size_t>(y_width_), false, check);
       if (bad >= 0) {
         const std::vector<int64_t> shape = {y_.shape[0], y_width_};
-        throw UsageError(y_source_ + ": " + element_text(y_name_, shape, first_ + r, bad) + " is " +
-                         value_text(element(src + static_cast<size_t>(bad) * array_dtype_size(y_.dtype), y_.dtype)) +
-                         " (non-finite targets are refused)");
+        throw DataError(y_source_ + ": " + element_text(y_name_, shape, first_ + r, bad) + " is " +
+                        value_text(element(src + static_cast<size_t>(bad) * array_dtype_size(y_.dtype), y_.dtype)) +
+                        " (non-finite targets are refused)");
       }
       if (check) word.fetch_or(y_bit, std::memory_order_relaxed);
     }
@@ -482,7 +482,7 @@ DataSplit ArrayDataset::split(double val_fraction) const {
   return {slice(0, rows_ - val), slice(rows_ - val, val)};
 }
 
-void ArrayDataset::check_finite() const {
+void ArrayDataset::check_every_row() const {
   std::vector<float> row(static_cast<size_t>(std::max(x_width_, y_width_)));
   for (int64_t r = 0; r < rows_; ++r) {
     const int64_t list[] = {r};

@@ -244,10 +244,11 @@ void TokenDataset::check_window(const detail::TokenFile& file, int64_t window, i
   });
   if (bad >= 0) {
     const int64_t v = file.token(at + bad);
-    fail(file.path(), "token " + std::to_string(at + bad) + " is " + std::to_string(v) + ", outside " +
-                          (vocabulary > 0 ? "[0, " + std::to_string(vocabulary) + "): the model's vocabulary has " +
-                                                std::to_string(vocabulary) + " tokens"
-                                          : "[0, " + std::to_string(kTokenLimit) + "): tokens are int32"));
+    throw DataError("data file '" + file.path() + "': token " + std::to_string(at + bad) + " is " + std::to_string(v) +
+                    ", outside " +
+                    (vocabulary > 0 ? "[0, " + std::to_string(vocabulary) + "): the model's vocabulary has " +
+                                          std::to_string(vocabulary) + " tokens"
+                                    : "[0, " + std::to_string(kTokenLimit) + "): tokens are int32"));
   }
   word.fetch_or(bit, std::memory_order_relaxed);
 }

@@ -323,6 +323,8 @@ refuses "dptrain: error: data file '$tmp/lm_val.bin': token 40 is 64, outside [0
   --model gpt:L1-H2-C32-T16-V64 --data "$tmp/lm_train.bin" --val-data "$tmp/lm_val.bin" --batch 4 --steps 3 \
   --devices cpu --save "$tmp/lm.safetensors"
 grep -q '^step' "$tmp/out" && bad "a bad validation token was found after training began" || ok
+check_data_fault --devices cpu
+check_data_fault --cpus 2
 # What a GPT does not take: --act (its MLP is GPT-2's GELU; the flag did nothing and then
 # blocked a resume), and a --task other than its tokens'.
 refuses "dptrain: error: --act is an MLP's or a CNN's hidden activation; a GPT's MLP has GPT-2's GELU (tanh), and --model is a GPT" \

@@ -89,6 +89,14 @@ refuse "y[17] is 3, outside [0, 3)" "${m[@]}" --data x.npy --targets labels_out.
 refuse "labels_neg.npy" "${m[@]}" --data x.npy --targets labels_neg.npy
 refuse "x[9, 2] is nan" --devices cpu --model 20-64-3 --steps 500 --batch 128 --no-shuffle --data nan.npy --targets y.npy
 refuse "short.npy" "${m[@]}" --data x.npy --targets short.npy
+# A validation row is read whole at every evaluation: a non-finite one is refused before the
+# first step (it ended the run at its first evaluation, after an epoch of steps). A
+# training row is checked as it is first gathered: met mid-run, the steps before it are saved.
+python3 -c 'import numpy as np; x = np.load("x.npy"); x[5990, 2] = np.inf; np.save("val_inf.npy", x); x[5990, 2] = 0; x[1000, 4] = np.nan; np.save("mid_nan.npy", x)'
+refuse "x[5990, 2] is inf" "${m[@]}" --data val_inf.npy --targets y.npy --val-fraction 0.1
+grep -q '^step' out && bad "a non-finite validation row was found after training began" || ok
+refuse "x[1000, 4] is nan (non-finite inputs are refused); the run stopped at step 8, and 'mid.safetensors' holds step 7" \
+  "${m[@]}" --data mid_nan.npy --targets y.npy --no-shuffle --save mid.safetensors
 refuse "the model takes [21]" --devices cpu --model 21-64-3 --epochs 1 --data x.npy --targets y.npy
 refuse "not a regular file" "${m[@]}" --data fifo.npy --targets y.npy
 refuse "not a regular file" "${m[@]}" --data x.npy --targets /dev/zero

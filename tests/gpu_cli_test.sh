@@ -16,6 +16,12 @@ for devs in "--devices cuda:0" "--devices cuda:0,cuda:0 --reduce p2p"; do
   for opt in "--optimizer sgd" "--optimizer adamw --lr 0.003"; do check_resume "GPU resume" $devs $opt; done
 done
 
+# A bad token in a training shard, met mid-run (the input pipeline loads ahead): the steps
+# before it saved, eager, as a graph and on two replicas.
+check_data_fault --devices cuda:0
+check_data_fault --devices cuda:0 --cuda-graph
+check_data_fault --devices cuda:0,cuda:0 --reduce p2p
+
 # Non-finite gradients on one GPU (the fused check and update): stop names the step and
 # the parameter, or says the squares overflowed (the seed model's gradients at lr 1e30),
 # eager and as a graph alike; skip-step goes on and counts.

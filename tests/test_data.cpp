@@ -265,21 +265,24 @@ TEST_CASE("non-finite inputs and targets are refused as they are gathered, namin
   // Rows are read in order, each one's inputs before its targets.
   CHECK(usage_error([&] { d.batch(0, 5, kCpu); }) == "host arrays: y[2, 1] is inf (non-finite targets are refused)");
   CHECK(usage_error([&] { d.batch(3, 2, kCpu); }) == "host arrays: x[3, 1] is nan (non-finite inputs are refused)");
-  // check_finite: the same, over every row, before any training.
-  CHECK(usage_error([&] { d.check_finite(); }) == "host arrays: y[2, 1] is inf (non-finite targets are refused)");
-  CHECK(usage_error([&] { d.slice(3, 2).check_finite(); }) ==
+  // check_every_row: the same, over every row, before any training. A row's fault is a
+  // DataError (a step that meets one is abandoned before its update).
+  CHECK(usage_error([&] { d.check_every_row(); }) == "host arrays: y[2, 1] is inf (non-finite targets are refused)");
+  CHECK_THROWS_AS(d.check_every_row(), DataError);
+  CHECK_THROWS_AS((void)d.batch(3, 2, kCpu), DataError);
+  CHECK(usage_error([&] { d.slice(3, 2).check_every_row(); }) ==
         "host arrays: x[3, 1] is nan (non-finite inputs are refused)");
-  CHECK(usage_error([&] { d.slice(4, 1).check_finite(); }).empty());
+  CHECK(usage_error([&] { d.slice(4, 1).check_every_row(); }).empty());
 
   // Images name the element by its place; float64 past float32's range is refused too.
   std::vector<double> img(2 * 2 * 3 * 4, 0.0);
   img[1 * 24 + 1 * 12 + 2 * 4 + 3] = -1e300;
   const ArrayDataset im(array_of(img, ArrayDType::f64, {2, 2, 3, 4}), Array{});
-  CHECK(usage_error([&] { im.check_finite(); }) ==
+  CHECK(usage_error([&] { im.check_every_row(); }) ==
         "host arrays: x[1, 1, 2, 3] is -1e+300, beyond float32's range (non-finite inputs are refused)");
   const std::vector<uint16_t> h = {0x3c00, 0x7e00};
   CHECK(usage_error([&] {
-          ArrayDataset(array_of(h, ArrayDType::f16, {1, 2}), Array{}).check_finite();
+          ArrayDataset(array_of(h, ArrayDType::f16, {1, 2}), Array{}).check_every_row();
         }) == "host arrays: x[0, 1] is nan (non-finite inputs are refused)");
 }
 

@@ -255,6 +255,7 @@ TEST_CASE("a token outside the vocabulary is refused as its window is gathered, 
   CHECK(e == "data file '" + dir.file("a.bin") + "': token 22 is 500, outside [0, 500): the model's vocabulary has " +
                  "500 tokens");
   CHECK(usage_error([&] { (void)gathered(d, {1, 3}); }).empty());
+  CHECK_THROWS_AS((void)gathered(d, {2}), DataError);  // a row's fault: the step that meets it is abandoned
   // A target alone counts too: token 40 is the last target of window 4.
   std::vector<uint32_t> last = tokens_of(41, 500);
   last[40] = 501;

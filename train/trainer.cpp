@@ -619,6 +619,27 @@ void Trainer::take_nonfinite(int64_t now, TrainResult& r) {
   }
 }
 
+// A bad row of the training data, met as its step gathered it: DataParallel abandoned that
+// step before its update, so the model holds the steps before it, which are saved (as a
+// signal's stop saves them) rather than lost with the run. Not in a --ddp job: the other
+// ranks applied the step, and rank 0's state may be a step ahead of this rank's.
+DataError Trainer::after_data_fault(const DataError& e, PeriodicSaves& periodic, TrainResult& r) {
+  if (cfg_.save.empty() || (group_ && group_->size() > 1) || steps_done_ == 0) return e;
+  const std::string stopped = "; the run stopped at step " + std::to_string(steps_done_ + 1);
+  const std::string held = "step " + std::to_string(steps_done_);
+  if (periodic.saved_step != steps_done_) try {
+      watch_->drain();
+      take_nonfinite(steps_done_, r);
+      periodic.save_final(*this, gather_state(), r);
+    } catch (const std::exception& failed) {
+      return DataError(e.line() + Message(stopped + " and could not save " + held + " (") + Message::of(failed) +
+                       Message(")"));
+    }
+  return DataError(e.line() + Message(stopped + ", and '" + cfg_.save + "' holds " + held +
+                                          " (mend the data, then resume from it with {})",
+                                      {field("resume")}));
+}
+
 // A CPU device can be slower than a GPU by a thousand times: say so once, early, rather
 // than let hours pass in silence (a CPU step is over when step() returns). The first step
 // pays for the start (up to 8 times a steady step): an eighth of it is a floor on the
@@ -695,7 +716,12 @@ TrainResult Trainer::run(const std::function<void(const StepLog&)>& on_log, cons
                                                          : epoch_ended || done == cfg_.steps);
     const bool logged = first || evaluated || done % cfg_.log_every == 0 || done == cfg_.steps;
     const bool saved = cfg_.save_every > 0 && done % cfg_.save_every == 0 && done != cfg_.steps;
-    StepLoss loss = step(s, logged);
+    StepLoss loss;
+    try {
+      loss = step(s, logged);
+    } catch (const DataError& e) {
+      throw after_data_fault(e, periodic, r);
+    }
     if (logged || saved) watch_->drain();
     take_nonfinite(done, r);
     if (logged) {

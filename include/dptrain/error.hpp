@@ -75,6 +75,14 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// A row of a data set found bad as it is first gathered (a token outside the vocabulary, a
+// non-finite input, a class label out of range): bad input, and DataParallel abandons the
+// step that met it before its update, so the steps before it hold (a Trainer saves them).
+class DataError : public UsageError {
+ public:
+  using UsageError::UsageError;
+};
+
 // A value a user gave, as an error message echoes it: in single quotes, bytes that are
 // not printable UTF-8 (NUL, control characters, broken sequences) as \xNN escapes, and
 // cut to about 200 characters with its length named, so that a message stays one

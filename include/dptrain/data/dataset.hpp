@@ -93,7 +93,8 @@ class Dataset {
   // Without targets only the inputs are checked.
   virtual void check_model(const Shape& input, Task task, int64_t outputs) const;
   // Checks every row now, after check_model, where the gathers would check each row as it
-  // is first gathered (a TokenDataset's windows against the vocabulary): for rows read
+  // is first gathered (a TokenDataset's windows against the vocabulary, an ArrayDataset's
+  // values for non-finite ones), throwing DataError at the first fault: for rows read
   // whole later on, a validation set, whose fault would otherwise end a run at its first
   // evaluation. Nothing for data sets that check_model checks whole.
   virtual void check_every_row() const {}
@@ -150,9 +151,9 @@ class ArrayDataset : public Dataset {
   // training: two slices, so the validation rows never enter a training permutation.
   // Throws UsageError unless 0 < val_fraction < 1 leaves rows on both sides.
   DataSplit split(double val_fraction) const;
-  // Throws UsageError naming the first non-finite input or regression target: one pass
+  // Throws DataError naming the first non-finite input or regression target: one pass
   // over the data (a gather refuses them anyway, when it meets them).
-  void check_finite() const;
+  void check_every_row() const override;
 
   // The files the arrays are read from (none for host arrays), for checkpoints.
   const std::vector<FileIdentity>& files() const { return files_; }

@@ -193,7 +193,10 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
   // Trains up to cfg.steps steps, calling on_log at every logged step. `stop` (may be
   // empty) is asked before every step; when it says yes (on any rank of a DDP run) the
-  // run ends after the current step, with a checkpoint when cfg.save is set.
+  // run ends after the current step, with a checkpoint when cfg.save is set. A bad row of
+  // the training data met mid-run (DataError) ends it too: in one process, with cfg.save
+  // set, after saving the steps before it (the error then says so); a --ddp rank that meets
+  // one has stepped apart from the others and saves nothing.
   TrainResult run(const std::function<void(const StepLog&)>& on_log = {}, const std::function<bool()>& stop = {});
   // Writes a checkpoint of the weights, the buffers (running statistics), the optimizer
   // state and the position in the run (safetensors; atomically). In a DDP run only rank
@@ -245,6 +248,7 @@ class Trainer {
   // run()'s parts: the findings of non-finite gradients (stop, or count and warn), `now`
   // the steps done; and the result's times, input pipeline, memory and model state.
   void take_nonfinite(int64_t now, TrainResult& r);
+  DataError after_data_fault(const DataError& e, PeriodicSaves& periodic, TrainResult& r);
   void add_resource_use(TrainResult& r) const;
   void write_checkpoint(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& optimizer_state);
   // The settings a checkpoint records (its metadata, beside the step and data position)
