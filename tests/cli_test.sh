@@ -301,6 +301,9 @@ refuses "dptrain: error: --tokenizer '$fixture' has 288 tokens, more than the mo
   generate --resume "$tmp/gpt.safetensors" --tokenizer "$fixture" --prompt "Hello"
 refuses "dptrain: error: tokenizer '$fixture': token id 300 is outside its vocabulary [0, 288)" \
   "${gen[@]}" --tokenizer "$fixture" --prompt-tokens 274,300
+# A GPU that is not there is bad input, as training's --devices (it was a CUDA error, status 1).
+refuse "${gen[@]}" --prompt-tokens 274 --device cuda:99
+grep -q "^dptrain: error: device cuda:99 is not available: " "$tmp/err" && ok || bad "generate --device cuda:99: $(cat "$tmp/err")"
 # generate's numbers are read as training's: decimal, never wrapped or clamped.
 refuses "dptrain: error: --seed: '-1' is out of range (0 to 18446744073709551615) (see --help)" \
   "${gen[@]}" --prompt-tokens 274 --seed -1
@@ -323,6 +326,12 @@ refuses "dptrain: error: data file '$tmp/lm_val.bin': token 40 is 64, outside [0
   --model gpt:L1-H2-C32-T16-V64 --data "$tmp/lm_train.bin" --val-data "$tmp/lm_val.bin" --batch 4 --steps 3 \
   --devices cpu --save "$tmp/lm.safetensors"
 grep -q '^step' "$tmp/out" && bad "a bad validation token was found after training began" || ok
+# Validating on the training files is said (it was taken silently), also through a link.
+ln -s "$tmp/lm_train.bin" "$tmp/lm_link.bin"
+"$exe" --model gpt:L1-H2-C32-T16-V64 --data "$tmp/lm_train.bin" --val-data "$tmp/lm_link.bin" --batch 4 --steps 1 \
+  --devices cpu >/dev/null 2>"$tmp/err"
+[ "$(cat "$tmp/err")" = "dptrain: warning: --val-data '$tmp/lm_link.bin' is in --data too: the validation loss is measured on rows the model trains on" ] &&
+  ok || bad "--val-data naming a training file: '$(cat "$tmp/err")'"
 check_data_fault --devices cpu
 check_data_fault --cpus 2
 # What a GPT does not take: --act (its MLP is GPT-2's GELU; the flag did nothing and then

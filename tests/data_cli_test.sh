@@ -89,6 +89,9 @@ refuse "y[17] is 3, outside [0, 3)" "${m[@]}" --data x.npy --targets labels_out.
 refuse "labels_neg.npy" "${m[@]}" --data x.npy --targets labels_neg.npy
 refuse "x[9, 2] is nan" --devices cpu --model 20-64-3 --steps 500 --batch 128 --no-shuffle --data nan.npy --targets y.npy
 refuse "short.npy" "${m[@]}" --data x.npy --targets short.npy
+run "${m[@]}" --data x.npy --targets y.npy --val-data x.npy --val-targets y.npy >/dev/null 2>err
+[ "$(cat err)" = "dptrain: warning: --val-data 'x.npy' is in --data too: the validation loss is measured on rows the model trains on" ] &&
+  ok || bad "--val-data naming the training file: '$(cat err)'"
 # A validation row is read whole at every evaluation: a non-finite one is refused before the
 # first step (it ended the run at its first evaluation, after an epoch of steps). A
 # training row is checked as it is first gathered: met mid-run, the steps before it are saved.

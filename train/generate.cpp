@@ -94,6 +94,7 @@ class NextLogits {
 }  // namespace
 
 std::vector<int32_t> generate(const GenerateConfig& cfg, const std::function<void(int32_t)>& on_token) {
+  check_device(cfg.device);  // a GPU that is not there: one line, before the checkpoint is read onto it
   const std::shared_ptr<nn::GPT> model = hf::load_gpt2_checkpoint(cfg.checkpoint, cfg.device);
   const nn::GptConfig& g = model->config();
   check(cfg, g);

@@ -86,12 +86,28 @@ namespace {
 using DataPair = std::pair<std::shared_ptr<const data::Dataset>, std::shared_ptr<const data::Dataset>>;
 
 // A GPT's token files: TrainConfig::data and val_data are lists of patterns (comma-separated).
-DataPair load_token_files(const TrainConfig& cfg) {
-  auto patterns = [](const std::string& list) {
-    std::vector<std::string> out = split(list, ',');
-    std::erase(out, std::string());
-    return out;
+std::vector<std::string> patterns(const std::string& list) {
+  std::vector<std::string> out = split(list, ',');
+  std::erase(out, std::string());
+  return out;
+}
+
+// The first file of val_data's that data names too ("" if none): its rows would be trained
+// on and validated on alike.
+std::string file_in_both(const TrainConfig& cfg) {
+  auto files = [&](const std::string& list) {  // an array file is one path
+    return nn::is_gpt_spec(cfg.model) ? data::expand_data_patterns(patterns(list)) : std::vector<std::string>{list};
   };
+  const std::vector<std::string> trained = files(cfg.data);
+  for (const std::string& v : files(cfg.val_data))
+    for (const std::string& t : trained) {
+      std::error_code ec;
+      if (std::filesystem::equivalent(v, t, ec) && !ec) return v;
+    }
+  return "";
+}
+
+DataPair load_token_files(const TrainConfig& cfg) {
   if (!cfg.targets.empty() || !cfg.val_targets.empty())
     bad(cfg.targets.empty() ? "val_targets" : "targets",
         "is for array data; a token file's targets are its next tokens");
@@ -193,6 +209,11 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
     report(Severity::warning, Message("{} of " + std::to_string(cfg_.warmup) + " steps is not shorter than the run's " +
                                           std::to_string(cfg_.steps) + ": the learning rate never reaches {}",
                                       {{"TrainConfig", "warmup"}, {"TrainConfig", "lr"}}));
+  if (!cfg_.val_data.empty() && (!group_ || group_->rank() == 0))
+    if (const std::string both = file_in_both(cfg_); !both.empty())
+      report(Severity::warning,
+             Message("{} '" + both + "' is in {} too: the validation loss is measured on rows the model trains on",
+                     {field("val_data"), field("data")}));
   const Device master = cfg_.devices.front();
   model_ = nn::make_model(spec, cfg_.act);
   if (spec.is_gpt) static_cast<nn::GPT&>(*model_).set_recompute(cfg_.recompute);  // replicas (clones) follow it

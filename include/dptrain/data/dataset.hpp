@@ -15,10 +15,10 @@
 // class labels, gathered as int32.
 //
 // Non-finite values (NaN, infinity) in the inputs or the regression targets are refused as
-// the rows are gathered: the gather throws UsageError naming the element (x[17, 3] is
+// the rows are gathered: the gather throws DataError naming the element (x[17, 3] is
 // nan), so a file with a NaN stops training with that line before the value reaches a
-// model, without a pass over the whole file at load (check_finite() makes that pass, for
-// a program that wants to refuse such a file up front).
+// model, without a pass over the whole file at load (check_every_row() makes that pass,
+// for a program that wants to refuse such a file up front).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -108,7 +108,7 @@ class Dataset {
   virtual std::string origin() const { return "the program's arrays"; }
 };
 
-// UsageError naming the row ("NAME[row] is 7, outside [0, 3): the model has 3 classes")
+// DataError naming the row ("NAME[row] is 7, outside [0, 3): the model has 3 classes")
 // when a gathered label is below 0, or not below `classes` where that is > 0. `labels`
 // holds rows.size() labels gathered from d's rows `rows`.
 void check_labels(const Dataset& d, std::span<const int64_t> rows, const int32_t* labels, int64_t classes);

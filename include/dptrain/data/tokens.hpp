@@ -17,7 +17,7 @@
 // version, a count that disagrees with the file's size, a file shorter than one window, a
 // .npy that is not a 1-D array of integers; and a token outside the model's vocabulary
 // (check_model gives it) or beyond int32 as the window holding it is first gathered, by
-// its position in the file (no pass over the whole file at load).
+// its position in the file (no pass over the whole file at load; a DataError).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -95,7 +95,7 @@ class TokenDataset : public Dataset {
  private:
   // The file holding window `window` (of all the files) and the window's first token in it.
   std::pair<const detail::TokenFile*, int64_t> locate(int64_t window) const;
-  // Throws UsageError naming the first token of window `window` (of `file`, from token
+  // Throws DataError naming the first token of window `window` (of `file`, from token
   // `at`) outside [0, vocabulary), unless that window was checked before.
   void check_window(const detail::TokenFile& file, int64_t window, int64_t at) const;
 
