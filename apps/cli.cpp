@@ -273,13 +273,18 @@ CLI::Validator regular_file_at_most(uintmax_t max_bytes) {
   return CLI::Validator(check, "", "config file");
 }
 
-// A float's text that its float cannot hold: too large (infinity) or too small (zero).
-CLI::Validator representable_float() {
-  auto check = [](std::string& text) -> std::string {
+// A number written in decimal, whole: CLI11 alone reads '' as 0, reads '0x10' and '0x1p4' as
+// hexadecimal, skips leading blanks, and names a trailing fault ('1.0abc') in its own
+// words. For a float, also one its float can hold: not too large (infinity) or too small
+// (zero). NaN and infinity written as such pass: the library's range checks name them.
+CLI::Validator decimal_number(bool as_float) {
+  auto check = [as_float](std::string& text) -> std::string {
     char* end = nullptr;
     errno = 0;
     const double v = std::strtod(text.c_str(), &end);
-    if (end == text.c_str() || std::isnan(v) || std::isinf(v)) return "";  // CLI11 and the library judge those
+    if (text.empty() || end != text.c_str() + text.size() || text.find_first_of("xX \t\n\r\f\v") != std::string::npos)
+      return quote_value(text) + " is not a decimal number";
+    if (!as_float || std::isnan(v) || std::isinf(v)) return "";
     const float f = static_cast<float>(v);
     if (std::isinf(f) || (errno == ERANGE && std::fabs(v) > 1.0))
       return quote_value(text) + " is out of range (a float holds at most 3.4e+38)";
@@ -287,7 +292,7 @@ CLI::Validator representable_float() {
       return quote_value(text) + " is too small for a float (it would become 0; the smallest is 1.4e-45)";
     return "";
   };
-  return CLI::Validator(check, "", "float");
+  return CLI::Validator(check, "", as_float ? "float" : "number");
 }
 
 CLI::Validator boolean_value() {
@@ -307,7 +312,11 @@ CLI::Validator non_empty() {
 }  // namespace
 
 CLI::Option* add_float(CLI::App& app, const std::string& name, float& into, const std::string& help) {
-  return app.add_option(name, into, help)->type_name("FLOAT")->check(representable_float());
+  return app.add_option(name, into, help)->type_name("FLOAT")->check(decimal_number(true));
+}
+
+CLI::Option* add_double(CLI::App& app, const std::string& name, double& into, const std::string& help) {
+  return app.add_option(name, into, help)->type_name("FLOAT")->check(decimal_number(false));
 }
 
 CLI::Option* add_switch(CLI::App& app, const std::string& name, bool& into, const std::string& help) {

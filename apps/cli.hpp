@@ -38,10 +38,12 @@ CLI::Option* add_integer(CLI::App& app, const std::string& name, int64_t& into, 
 CLI::Option* add_integer(CLI::App& app, const std::string& name, int& into, const std::string& help);
 CLI::Option* add_integer(CLI::App& app, const std::string& name, uint64_t& into, const std::string& help);
 
-// A float option whose value must be representable as a float: 1e-50 (which would become
-// 0, turning --clip off) and 1e39 (infinity) are refused naming the value given. NaN and
-// infinity written as such pass: the library's range checks name them.
+// A float option: a decimal number ('' is no 0, '0x10' no 16, '1.5abc' is refused in one
+// line) that a float can represent: 1e-50 (which would become 0, turning --clip off) and
+// 1e39 (infinity) are refused naming the value given. NaN and infinity written as such
+// pass: the library's range checks name them. add_double: the same for a double.
 CLI::Option* add_float(CLI::App& app, const std::string& name, float& into, const std::string& help);
+CLI::Option* add_double(CLI::App& app, const std::string& name, double& into, const std::string& help);
 
 // A flag that takes no value, or true/false, 1/0, on/off, yes/no (CLI11 alone reads
 // --nesterov=2, or nesterov = 99 in a config file, as true).

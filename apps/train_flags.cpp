@@ -51,7 +51,7 @@ CLI::Option* add_field_flag(CLI::App& app, TrainFlags::Slot& s, const TrainConfi
   if (f.type == "int") return add_integer(app, flag, s.i32 = option_text::parse<int>(start), f.help);
   if (f.type == "uint64") return add_integer(app, flag, s.u64 = option_text::parse<uint64_t>(start), f.help);
   if (f.type == "float") return add_float(app, flag, s.f32 = option_text::parse<float>(start), f.help);
-  if (f.type == "double") return app.add_option(flag, s.f64 = option_text::parse<double>(start), f.help);
+  if (f.type == "double") return add_double(app, flag, s.f64 = option_text::parse<double>(start), f.help);
   s.text = start;
   if (f.kind == OptionKind::path) return add_path(app, flag, s.text, f.help);
   return app.add_option(flag, s.text, f.help);

@@ -128,8 +128,8 @@ void add_flags(CLI::App& app, Flags& f) {
               "Batch per device in weak scaling; strong scaling splits batch x (most devices) "
               "(default: 64 for seed, 4096 for mlp, 16 sequences for a GPT, 256 otherwise)");
   add_integer(app, "--seq", f.seq, "A GPT's sequence length (default: its context)");
-  app.add_option("--peak-tflops", f.peak_tflops,
-                 "A GPT's MFU against this many TFLOPS a device (an H100 or H200 SXM's dense bf16 peak)")
+  dpt::app::add_double(app, "--peak-tflops", f.peak_tflops,
+                       "A GPT's MFU against this many TFLOPS a device (an H100 or H200 SXM's dense bf16 peak)")
       ->capture_default_str();
   add_integer(app, "--steps", f.steps, "Timed steps per run (default 100; 20 on CPU devices without --model)")
       ->capture_default_str();
@@ -147,8 +147,8 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--scaling", f.scaling, "Scaling modes, a comma list of weak, strong")
       ->delimiter(',')
       ->capture_default_str();
-  app.add_option("--bucket-mb", f.bucket_mb, "Gradient bucket size in MiB")->capture_default_str();
-  app.add_option("--first-bucket-mb", f.first_bucket_mb, "The first bucket's size in MiB, when smaller")
+  dpt::app::add_double(app, "--bucket-mb", f.bucket_mb, "Gradient bucket size in MiB")->capture_default_str();
+  dpt::app::add_double(app, "--first-bucket-mb", f.first_bucket_mb, "The first bucket's size in MiB, when smaller")
       ->capture_default_str();
   add_integer(app, "--comm-ctas", f.comm_ctas, "NCCL: at most this many thread blocks a collective (0: NCCL's choice)")
       ->capture_default_str();
@@ -204,8 +204,7 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   p.batch = app.count("--batch") > 0 ? f.batch : reference_batch;
   if (!p.model.is_gpt && app.count("--seq") > 0) throw dpt::UsageError("--seq is a GPT's sequence length");
   if (p.model.is_gpt) p.seq = dpt::bench::gpt_seq(p.model.gpt, f.seq);
-  if (!(f.peak_tflops > 0)) throw dpt::UsageError("--peak-tflops must be positive");
-  p.peak_tflops = f.peak_tflops;
+  p.peak_tflops = dpt::bench::checked_peak_tflops(f.peak_tflops, app.count("--peak-tflops") > 0, p.model.is_gpt);
   p.steps = p.cpu_default && app.count("--steps") == 0 ? kCpuSteps : f.steps;
   p.warmup = p.cpu_default && app.count("--warmup") == 0 ? kCpuWarmup : f.warmup;
   if (p.batch < 1) throw dpt::UsageError("--batch must be at least 1, got " + std::to_string(p.batch));

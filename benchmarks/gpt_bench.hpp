@@ -45,6 +45,17 @@ inline double gpt_flops_per_token(const nn::GptConfig& c, int64_t parameters, in
   return 6.0 * n + 6.0 * static_cast<double>(c.layers * c.width * seq);
 }
 
+// --peak-tflops, checked: a GPT's alone (an MLP's line has no MFU), a device's dense peak
+// from a thousandth of a TFLOPS to a million (1e-50 printed an MFU of 1e+49 %).
+inline double checked_peak_tflops(double peak_tflops, bool given, bool is_gpt) {
+  if (given && !is_gpt)
+    throw UsageError("--peak-tflops is the peak a GPT's MFU is measured against; --model is no GPT");
+  if (!(peak_tflops >= 1e-3 && peak_tflops <= 1e6))
+    throw UsageError("--peak-tflops must be a device's peak in TFLOPS, 0.001 to 1000000, got " +
+                     std::to_string(peak_tflops));
+  return peak_tflops;
+}
+
 // Model flops utilization, in percent of `peak_tflops` a device.
 inline double mfu_percent(double flops_per_token, double tokens_per_s, double peak_tflops, int64_t devices = 1) {
   return 100.0 * flops_per_token * tokens_per_s / (peak_tflops * 1e12 * static_cast<double>(devices));

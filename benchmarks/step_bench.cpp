@@ -34,6 +34,7 @@
 #include <dptrain/runtime/context.hpp>
 #include <dptrain/runtime/memory.hpp>
 #include <dptrain/runtime/ops.hpp>
+#include "apps/cli.hpp"
 #include "benchmarks/gpt_bench.hpp"
 
 using namespace dpt;
@@ -120,40 +121,78 @@ void print_line(const LineFlags& f, Workload& w, const Timing& t, const Device& 
       f.peak_tflops, peak_mib, t.first_loss, t.last_loss, t.mean_ms);
 }
 
+struct CountFlags {
+  int64_t seq = 0, warmup = 20, blocks = 7, per_block = 20, graph_steps = 1;
+};
+
+void add_flags(CLI::App& app, LineFlags& line, CountFlags& n, std::string& device) {
+  using app::add_integer;
+  app.add_option("--model", line.model, "seed, mlp, cnn, an MLP spec, cnn:SPEC, gpt2, gpt2-medium or gpt:SPEC");
+  add_integer(app, "--batch", line.batch, "Batch size (default 64; a GPT's: sequences, default 16)");
+  add_integer(app, "--seq", n.seq, "A GPT's sequence length (default: its context)");
+  app.add_option("--precision", line.precision, "fp32, tf32, bf16 (default: fp32; bf16 for a GPT)");
+  app.add_option("--gemm", line.gemm, "cublas or native (a GPU's)");
+  app.add_option("--devices", device, "The device (one)");
+  add_integer(app, "--warmup", n.warmup, "Untimed steps (at least 1: the first step allocates)");
+  add_integer(app, "--blocks", n.blocks, "Timed blocks (the median is reported)");
+  add_integer(app, "--steps", n.per_block, "Steps per timed block");
+  app::add_double(app, "--peak-tflops", line.peak_tflops,
+                  "A GPT's MFU against this many TFLOPS (default 989: an H100 or H200 SXM's dense bf16 peak)");
+  app.add_flag("--cuda-graph", line.graph, "Record the step as a CUDA graph after warm-up and time its replays");
+  app.add_flag("--check", line.check,
+               "Check the gradients in the update and record the check in host memory, as dptrain's loop does");
+  add_integer(app, "--graph-steps", n.graph_steps,
+              "With --cuda-graph: steps recorded in one graph (one replay runs them), 1 to 64");
+}
+
+// The flags against each other and their ranges, before any work: UsageError with one line.
+Device checked_flags(const CLI::App& app, LineFlags& line, const CountFlags& n, const std::string& device) {
+  const bool is_gpt = nn::is_gpt_spec(line.model);
+  if (!is_gpt && app.count("--seq") > 0) throw UsageError("--seq is a GPT's sequence length");
+  if (is_gpt && app.count("--precision") == 0) line.precision = "bf16";  // as torch_gpt_bench.py
+  if (is_gpt && app.count("--batch") == 0) line.batch = 16;
+  line.peak_tflops = bench::checked_peak_tflops(line.peak_tflops, app.count("--peak-tflops") > 0, is_gpt);
+  // A run of more than this is a typo, not a benchmark (it would run for years), as dpbench's.
+  constexpr int64_t kMax = 1'000'000'000;
+  for (const auto& [flag, v] :
+       {std::pair{"--batch", line.batch}, {"--warmup", n.warmup}, {"--blocks", n.blocks}, {"--steps", n.per_block}})
+    if (v < 1 || v > kMax)
+      throw UsageError(std::string(flag) + " must be 1 to " + std::to_string(kMax) + ", got " + std::to_string(v));
+  if (app.count("--graph-steps") > 0 && !line.graph) throw UsageError("--graph-steps needs --cuda-graph");
+  if (n.graph_steps < 1 || n.graph_steps > 64)
+    throw UsageError("--graph-steps must be 1 to 64, got " + std::to_string(n.graph_steps));
+  const std::vector<Device> devices = parse_devices(device);
+  if (devices.size() != 1)
+    throw UsageError("step_bench times one device's step; --devices names " + std::to_string(devices.size()));
+  const Device d = devices.front();
+  if (d.is_cpu() && line.graph) throw UsageError("--cuda-graph records a GPU's step; --devices is a CPU");
+  if (d.is_cpu() && parse_gemm(line.gemm) == GemmImpl::native)
+    throw UsageError("--gemm native is a CUDA kernel; the CPU has one GEMM");
+  return d;
+}
+
+int fail(int status, const std::string& what) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "step_bench: error: %s\n", app::one_line(what).c_str());
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"step_bench: time one training step of dptrain"};
   LineFlags line{.model = "seed", .precision = "fp32", .gemm = "cublas", .batch = 64};
+  CountFlags n;
   std::string device = "cuda:0";
-  int64_t seq = 0, warmup = 20, blocks = 7, per_block = 20, graph_steps = 1;
-  app.add_option("--model", line.model, "seed, mlp, cnn, an MLP spec, cnn:SPEC, gpt2, gpt2-medium or gpt:SPEC");
-  app.add_option("--batch", line.batch, "Batch size (default 64; a GPT's: sequences, default 16)");
-  app.add_option("--seq", seq, "A GPT's sequence length (default: its context)");
-  app.add_option("--precision", line.precision, "fp32, tf32, bf16 (default: fp32; bf16 for a GPT)");
-  app.add_option("--gemm", line.gemm, "cublas or native");
-  app.add_option("--devices", device, "Device");
-  app.add_option("--warmup", warmup, "Untimed steps");
-  app.add_option("--blocks", blocks, "Timed blocks (the median is reported)");
-  app.add_option("--steps", per_block, "Steps per timed block");
-  app.add_option("--peak-tflops", line.peak_tflops,
-                 "A GPT's MFU against this many TFLOPS (default 989: an H100 or H200 SXM's dense bf16 peak)");
-  app.add_flag("--cuda-graph", line.graph, "Record the step as a CUDA graph after warm-up and time its replays");
-  app.add_flag("--check", line.check,
-               "Check the gradients in the update and record the check in host memory, as dptrain's loop does");
-  app.add_option("--graph-steps", graph_steps, "With --cuda-graph: steps recorded in one graph (one replay runs them)")
-      ->check(CLI::Range(1, 64));
-  CLI11_PARSE(app, argc, argv);
+  add_flags(app, line, n, device);
+  if (const int status = app::parse_command_line(app, argc, argv, "step_bench"); status >= 0) return status;
   try {
-    const bool is_gpt = nn::is_gpt_spec(line.model);
-    if (!is_gpt && app.count("--seq") > 0) throw UsageError("--seq is a GPT's sequence length");
-    if (is_gpt && app.count("--precision") == 0) line.precision = "bf16";  // as torch_gpt_bench.py
-    if (is_gpt && app.count("--batch") == 0) line.batch = 16;
-    const Device d = parse_devices(device).front();
+    const Device d = checked_flags(app, line, n, device);
+    const int64_t warmup = n.warmup, blocks = n.blocks, per_block = n.per_block, graph_steps = n.graph_steps;
     Context& ctx = context(d);
     ctx.precision = parse_precision(line.precision);
     ctx.gemm = parse_gemm(line.gemm);
-    Workload w = make_workload(line.model, line.batch, seq, d, ctx.precision);
+    Workload w = make_workload(line.model, line.batch, n.seq, d, ctx.precision);
     nn::Module& net = *w.net;
     optim::Optimizer& opt = *w.opt;
     const bool twins = line.check && d.is_cuda() && twins_by_default(net.flat_params().numel());
@@ -215,8 +254,13 @@ int main(int argc, char** argv) {
     t.last_loss = loss.item();
     print_line(line, w, t, d);
     return 0;
+  } catch (const UsageError& e) {
+    return fail(2, e.what());
+  } catch (const OutOfMemory& e) {
+    return fail(3, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(3, "out of memory on the host (a host allocation failed); use a smaller --batch or --model");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "step_bench: error: %s\n", e.what());
-    return 1;
+    return fail(1, e.what());
   }
 }

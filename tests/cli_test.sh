@@ -196,6 +196,12 @@ refuses() {  # refuses "EXPECTED LINE" ARGS...: exit 2 and exactly that error li
   [ "$(cat "$tmp/err")" = "$want" ] && ok || bad "dptrain $*: '$(cat "$tmp/err")', not '$want'"
 }
 says "dptrain: error: --grad-accum must be >= 1, got 0" --devices cpu --grad-accum 0
+# A float flag's value is a decimal number, whole: '' was read as 0 (--momentum '' trained
+# without momentum), '0x10' as 16, and '1.0abc' was refused in CLI11's words.
+refuses "dptrain: error: --momentum: '' is not a decimal number (see --help)" --devices cpu --momentum ''
+refuses "dptrain: error: --lr: '1.0abc' is not a decimal number (see --help)" --devices cpu --lr 1.0abc
+refuses "dptrain: error: --lr: '0x10' is not a decimal number (see --help)" --devices cpu --lr 0x10
+refuses "dptrain: error: --comm-timeout: ' 5' is not a decimal number (see --help)" --devices cpu --comm-timeout ' 5'
 says "dptrain: error: --save-every needs --save (a checkpoint path)" --devices cpu --save-every 3
 says "dptrain: error: --nesterov needs --momentum > 0, got 0" \
   --devices cpu --nesterov --momentum 0

@@ -223,6 +223,12 @@ refuse --cpus 1 --comm
 refuse --cpus 2 --model 16-32-4 --seq 8
 refuse --cpus 2 --model gpt:L2-H2-C64-T32-V128 --seq 33
 refuse --cpus 2 --model gpt:L2-H2-C64-T32-V128 --peak-tflops 0
+refuse --cpus 2 --model gpt:L2-H2-C64-T32-V128 --peak-tflops 1e-50
+refuse --cpus 2 --model gpt:L2-H2-C64-T32-V128 --peak-tflops inf
+refuse --cpus 2 --model gpt:L2-H2-C64-T32-V128 --peak-tflops nan
+refuse --cpus 2 --model 16-32-4 --peak-tflops 989
+refuse --cpus 2 --bucket-mb ''
+refuse --cpus 2 --bucket-mb 0x10
 touch "$tmp/file"
 refuse --cpus 2 --model 16-32-4 --out "$tmp/file/sub"
 

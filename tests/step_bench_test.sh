@@ -38,6 +38,26 @@ flops = 6 * (110336 - 32 * 64) + 6 * 2 * 64 * 16
 assert abs(mfu - 100 * flops * tokens / 1e9) <= 0.1 + 1e-3 * mfu, (mfu, flops, tokens)
 assert peak > 0 and 4.0 < first < 5.5 and mean > 0, m.groups()  # ln 128 = 4.85 at the start
 PY
+# Bad flags: one line and status 2 before any step (--blocks 0 once read the median of no
+# blocks: a segfault), and no flag taken where it means nothing.
+for bad in "--blocks 0" "--steps -1" "--warmup 0" "--batch 0" "--steps 9223372036854775807" "--graph-steps 4" \
+  "--cuda-graph" "--gemm native" "--peak-tflops 989" "--precision fp16" "--batch 1e3"; do
+  # shellcheck disable=SC2086  # the words of each case are separate arguments
+  err=$("$bench" --devices cpu --model 16-32-4 $bad 2>&1 >/dev/null)
+  rc=$?
+  if [ $rc -eq 2 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && [[ $err == "step_bench: error: "* ]]; then
+    echo "ok: refused $bad ($err)"
+  else
+    echo "FAIL: $bad: rc $rc: $err"
+    fails=$((fails + 1))
+  fi
+done
+err=$("$bench" --devices cpu:0,cpu:1 2>&1 >/dev/null)
+if [ "$err" = "step_bench: error: step_bench times one device's step; --devices names 2" ]; then echo "ok: one device"
+else
+  echo "FAIL: --devices cpu:0,cpu:1: $err"
+  fails=$((fails + 1))
+fi
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   for graph in "" --cuda-graph; do
     same --devices cuda:0 $graph
