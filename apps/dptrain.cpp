@@ -534,6 +534,7 @@ struct AfterTraining {
   dpt::InferenceConfig cfg;
   dpt::app::DeviceFlags devices;
   std::string data, targets, out, probabilities, precision = "fp32";
+  bool overwrite = false;  // predict: replace an existing --out or --probabilities that is no array
   std::vector<std::string> on_command_line;
 };
 
@@ -548,6 +549,8 @@ void add_after_training_flags(CLI::App& sub, AfterTraining& a, bool predict) {
         ->required();
     add_path(sub, "--probabilities", a.probabilities,
              "Classification: also write the softmax probabilities here (.npy, float32 [rows, classes])");
+    dpt::app::add_switch(sub, "--overwrite", a.overwrite,
+                         "Replace an existing --out or --probabilities that is not a .npy array (refused without it)");
   } else {
     add_path(sub, "--targets", a.targets, "Targets (.npy) of a .npy --data");
   }
@@ -576,6 +579,21 @@ void classify(const std::vector<float>& scores, int64_t rows, int64_t classes, s
   }
 }
 
+// predict writes .npy arrays, and replaces only what is its own: an empty file or an array
+// (an earlier prediction). A checkpoint or notes named as --out were replaced silently.
+void check_prediction_file(const std::string& path, const std::string& flag, bool overwrite) {
+  if (path.empty()) return;
+  if (!path.ends_with(".npy"))
+    throw dpt::UsageError(flag + " '" + path + "': predict writes a .npy array, and the name must say so (.npy)");
+  std::ifstream in(path, std::ios::binary);
+  std::string start(6, '\0');
+  if (overwrite || !in) return;  // none there yet (check_output_file refused what cannot be written)
+  in.read(start.data(), 6);
+  if (in.gcount() == 0 || (in.gcount() == 6 && start == "\x93NUMPY")) return;  // empty, or an array
+  throw dpt::UsageError(flag + " '" + path +
+                        "' is not a .npy array, which predict would replace (name another file, or give --overwrite)");
+}
+
 int after_training(AfterTraining& a, bool predict) {
   if (const int n = launcher_size(); n > 1)
     throw dpt::UsageError(std::string(predict ? "predict" : "eval") +
@@ -585,11 +603,12 @@ int after_training(AfterTraining& a, bool predict) {
   a.cfg.devices = a.devices.devices(a.on_command_line);
   a.cfg.precision = dpt::parse_precision(a.precision);
   for (const std::string* out : {&a.out, &a.probabilities}) {
-    dpt::check_output_file(*out, out == &a.out ? "--out" : "--probabilities");
+    const std::string flag = out == &a.out ? "--out" : "--probabilities";
+    dpt::check_output_file(*out, flag);
     if (dpt::app::same_file(*out, a.data) || dpt::app::same_file(*out, a.targets) ||
         dpt::app::same_file(*out, a.cfg.checkpoint))
-      throw dpt::UsageError((out == &a.out ? "--out" : "--probabilities") + std::string(" '") + *out +
-                            "' is an input of this run");
+      throw dpt::UsageError(flag + " '" + *out + "' is an input of this run");
+    if (predict) check_prediction_file(*out, flag, a.overwrite);
   }
   if (dpt::app::same_file(a.probabilities, a.out))
     throw dpt::UsageError("--out and --probabilities name the same file '" + a.out + "'");

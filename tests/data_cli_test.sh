@@ -118,6 +118,17 @@ refuse "--eval-every needs validation rows" "${m[@]}" --data x.npy --targets y.n
 refuse "--metrics and --data name the same file" "${m[@]}" --data x.npy --targets y.npy --metrics x.npy
 refuse "--out 'new.npy' is an input of this run" predict --resume model.safetensors --data new.npy --out new.npy
 refuse "dptrain: error: --batch must be >= 1, got 0" predict --resume model.safetensors --data new.npy --out p.npy --batch 0
+# predict replaces an earlier array and nothing else (a checkpoint named as --out was
+# replaced silently), unless --overwrite; its outputs are .npy files by name too.
+cp model.safetensors kept.safetensors && echo notes >notes.npy
+refuse "dptrain: error: --out 'kept.safetensors': predict writes a .npy array, and the name must say so (.npy)" \
+  predict --resume model.safetensors --data new.npy --out kept.safetensors
+refuse "dptrain: error: --probabilities 'notes.npy' is not a .npy array, which predict would replace (name another file, or give --overwrite)" \
+  predict --resume model.safetensors --data new.npy --out p.npy --probabilities notes.npy
+cmp -s model.safetensors kept.safetensors && [ "$(cat notes.npy)" = notes ] && [ ! -e p.npy ] && ok ||
+  bad "a refused predict wrote a file"
+run predict --resume model.safetensors --data new.npy --out notes.npy --overwrite >/dev/null &&
+  python3 -c 'import numpy as np; assert np.load("notes.npy").shape == (500,)' && ok || bad "predict --overwrite"
 # A hard link is the same file: --metrics appends in place, which would overwrite the data.
 ln -f x.npy x-link.jsonl
 refuse "--metrics and --data name the same file" "${m[@]}" --data x.npy --targets y.npy --metrics x-link.jsonl
