@@ -60,7 +60,6 @@ CLI::Option* add_field_flag(CLI::App& app, TrainFlags::Slot& s, const TrainConfi
 
 void add_train_flags(CLI::App& app, TrainFlags& o) {
   const TrainConfig defaults;
-  CLI::Option *steps = nullptr, *shuffle = nullptr;
   for (const OptionField<TrainConfig>& f : train_schema()) {
     if (f.kind == OptionKind::devices) {  // --devices, --gpus or --cpus
       o.devices.add_to(app, f.help);
@@ -74,14 +73,11 @@ void add_train_flags(CLI::App& app, TrainFlags& o) {
                        f.id.name != "lr" && f.id.name != "samples" && f.id.name != "epochs" &&
                        f.id.name != "eval_every" && f.id.name != "save_every" && f.id.name != "val_fraction";
     if (shown) s.option->capture_default_str();
-    if (f.id.name == "steps") steps = s.option;
-    if (f.id.name == "epochs") s.option->excludes(steps);
-    if (f.id.name == "shuffle") shuffle = s.option;
     if (f.id.name == "resume")
       add_switch(app, "--auto-resume", o.auto_resume,
                  "Continue from the --save checkpoint when it exists, else start afresh (one command to retry)");
   }
-  add_switch(app, "--no-shuffle", o.no_shuffle, "File data: keep the file's order")->excludes(shuffle);
+  add_switch(app, "--no-shuffle", o.no_shuffle, "File data: keep the file's order");
   add_path(app, "--metrics", o.metrics,
            "Write one JSON object per logged step to this file (JSONL; continued on --resume)");
   add_path(app, "--plot", o.plot, "Draw the loss curve and samples/s of the run into this SVG file");
@@ -138,6 +134,27 @@ void check_distinct_files(const TrainFlags& o) {
     }
 }
 
+// Flags that exclude each other: both on the command line, or both in the config file,
+// are refused; one on the command line wins over the other in the file (as every flag
+// does), which is then not read.
+void drop_overridden(TrainFlags& o) {
+  static const std::pair<const char*, const char*> kExclusive[] = {{"--steps", "--epochs"},
+                                                                   {"--shuffle", "--no-shuffle"}};
+  auto on_command_line = [&](const std::string& flag) {
+    return std::find(o.on_command_line.begin(), o.on_command_line.end(), flag) != o.on_command_line.end();
+  };
+  for (const auto& [a, b] : kExclusive) {
+    if (!o.was_given(a) || !o.was_given(b)) continue;
+    if (on_command_line(a) == on_command_line(b))
+      throw UsageError(std::string(a) + " excludes " + b + (on_command_line(a) ? "" : " (both in the config file)"));
+    const std::string dropped = on_command_line(a) ? b : a;
+    std::erase(o.given, dropped);
+    if (dropped == "--no-shuffle") o.no_shuffle = false;
+    for (TrainFlags::Slot& s : o.slots)
+      if (s.option->get_name() == dropped) s.option->clear();
+  }
+}
+
 // The given flags' values into their fields.
 void set_fields(TrainFlags& o) {
   for (const TrainFlags::Slot& s : o.slots) {
@@ -158,6 +175,7 @@ bool same_file(const std::string& a, const std::string& b) {
 
 void resolve(TrainFlags& o, int launcher_processes) {
   auto& c = o.cfg;
+  drop_overridden(o);
   set_fields(o);
   // Without --ddp each of mpirun's processes would train the whole job alone and write the
   // same checkpoint, metrics and plot over the others' (a metrics file of two interleaved

@@ -634,6 +634,16 @@ printf 'cpus = 2\n' >cpus.toml
 run --config cpus.toml --devices cpu --steps 2 >out 2>&1 && grep -q 'on cpu:0 (host)' out && ok ||
   bad "--devices on the command line does not win over the config's cpus: $(cat out)"
 refuse "--devices excludes --cpus" --devices cpu --cpus 2 --steps 2
+# So do flags that exclude each other (--steps in the file and --epochs given were refused
+# as if both were given; the file's key is not read); both in the file are refused.
+printf 'steps = 4\n' >pair.toml
+run --config pair.toml --devices cpu --epochs 1 --samples 16 --batch 8 >out 2>&1 && grep -q 'batch 8, 2 steps' out &&
+  ok || bad "--epochs on the command line does not win over the config's steps: $(cat out)"
+printf 'shuffle = true\n' >pair.toml
+run --config pair.toml --devices cpu --steps 2 --model 4-8-3 --data hx.npy --targets hy.npy --no-shuffle >out 2>&1 &&
+  grep -q 'in file order' out && ok || bad "--no-shuffle does not win over the config's shuffle: $(cat out)"
+printf 'steps = 4\nepochs = 1\nsamples = 16\n' >both.toml
+refuse "--steps excludes --epochs (both in the config file)" --devices cpu --config both.toml
 # A file name of 250 bytes (legal) still has temporaries.
 long=$(printf 'b%.0s' $(seq 1 250))
 run "${cpu[@]}" --metrics "$long" --save "$long.st" >/dev/null 2>err && [ -s "$long.st" ] && ok ||
