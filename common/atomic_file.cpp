@@ -208,8 +208,8 @@ void AtomicFile::failed(const char* call) const {
 }
 
 void AtomicFile::write_failed(int err, const std::string& note) const {
-  fail("writing failed after " + std::to_string(written_) + " of " + std::to_string(total_) +
-       " bytes: " + std::strerror(err) + note + kept_);
+  const std::string of = total_ > 0 ? " of " + std::to_string(total_) : "";  // (a size not told beforehand)
+  fail("writing failed after " + std::to_string(written_) + of + " bytes: " + std::strerror(err) + note + kept_);
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

@@ -304,8 +304,8 @@ void ArrayDataset::init(const Array& x, const Array& y) {
     for (int64_t r = 0; r < rows_; ++r) {
       const int64_t v = label(p + static_cast<size_t>(r) * size, y.dtype);
       if (v < 0 || v > std::numeric_limits<int32_t>::max())
-        bad_y("has the label " + std::to_string(v) + " in row " + std::to_string(r) + ": class labels are 0 to " +
-              std::to_string(std::numeric_limits<int32_t>::max()));
+        bad_y("has the label " + std::to_string(v) + " in row " + std::to_string(r) + ": class labels are " +
+              (v < 0 ? "at least 0" : "0 to " + std::to_string(std::numeric_limits<int32_t>::max())));
     }
   }
 }
@@ -473,12 +473,12 @@ ArrayDataset ArrayDataset::slice(int64_t first, int64_t count) const {
 
 DataSplit ArrayDataset::split(double val_fraction) const {
   if (!(val_fraction > 0.0 && val_fraction < 1.0))
-    throw UsageError("val_fraction must be in (0, 1), got " + number(val_fraction));
+    throw UsageError("a validation fraction must be in (0, 1), got " + number(val_fraction));
   // Rounded half up, so that 0.3 of 10 rows is 3 even though 0.3 * 10 is 3.0000000000000004.
   const auto val = static_cast<int64_t>(std::floor(val_fraction * static_cast<double>(rows_) + 0.5));
   if (val < 1 || val >= rows_)
-    throw UsageError(inputs_name() + ": val_fraction " + number(val_fraction) + " of " + std::to_string(rows_) +
-                     " rows leaves " + (val < 1 ? "no validation rows" : "no training rows"));
+    throw UsageError(inputs_name() + ": a validation fraction of " + number(val_fraction) + " of its " +
+                     std::to_string(rows_) + " rows leaves " + (val < 1 ? "no validation rows" : "no training rows"));
   return {slice(0, rows_ - val), slice(rows_ - val, val)};
 }
 
