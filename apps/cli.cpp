@@ -463,6 +463,8 @@ std::string check_flags(const CLI::App& app, int argc, char** argv) {
     }
     if (std::find(seen.begin(), seen.end(), flag) != seen.end())
       return flag + " is given twice on the command line; give it once";
+    // CLI11 reads a switch's "--nesterov=" as the switch given (on), a number's as missing.
+    if (arg.size() == flag.size() + 1) return flag + "= has no value after the '='";
     seen.push_back(flag);
     if (o->get_expected_max() > 0 && arg.find('=') == std::string::npos) ++i;  // its value, whatever it looks like
   }

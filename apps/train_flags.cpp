@@ -202,6 +202,10 @@ void resolve(TrainFlags& o, int launcher_processes) {
     struct stat st {};
     if (::stat(c.save.c_str(), &st) == 0) c.resume = c.save;  // else a fresh start
   }
+  // Given as 0 (its default) it passes the library's check of the value, and a run would not
+  // decay to 0 as the flag says.
+  if (o.was_given("--lr-final") && c.schedule != "cosine")
+    throw UsageError("--lr-final is where the cosine schedule ends; add --schedule cosine");
   if (o.was_given("--task") && c.task == data::Task::regression && nn::is_cnn_spec(c.model))
     throw UsageError("--task regression: a CNN model (" + quote_value(c.model) + ") trains image classification");
   c.devices = o.devices.devices(o.on_command_line);

@@ -621,9 +621,11 @@ refuse "--lr: '1e308' is out of range" "${cpu[@]}" --lr 1e308
 refuse "--epochs must be >= 1, got 0" --devices cpu --epochs 0 --samples 10 --batch 4
 refuse "--samples must be >= 1" --devices cpu --samples 0 --steps 3
 refuse "--steps excludes --epochs" --devices cpu --epochs 2 --samples 10 --batch 4 --steps 7
+refuse "--lr-final is where the cosine schedule ends; add --schedule cosine" "${cpu[@]}" --lr-final 0
 refuse "--resume: an empty path" "${cpu[@]}" --resume ''
 refuse "--save: an empty path" "${cpu[@]}" --save ''
 refuse "--nesterov: '2' is not true or false" "${cpu[@]}" --nesterov=2
+refuse "--nesterov= has no value after the '='" "${cpu[@]}" --nesterov=
 printf 'nesterov = 99\n' >bool.toml
 refuse "nesterov takes true or false (no quotes), not 99" "${cpu[@]}" --config bool.toml
 run "${cpu[@]}" --nesterov=false >/dev/null 2>&1 && ok || bad "--nesterov=false is refused"
