@@ -221,13 +221,13 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   if (p.batch > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(p.devices.size()))
     throw dpt::UsageError("--batch times the " + std::to_string(p.devices.size()) +
                           " devices is more samples than fit in 64 bits, got " + std::to_string(p.batch));
-  // The fields of DataParallelOptions that dpbench's flags set, in their ranges (the schema's checks).
+  // The fields of DataParallelOptions that dpbench's flags set, checked before any run.
   dpt::DataParallelOptions given;
   given.bucket_mb = f.bucket_mb;
   given.first_bucket_mb = f.first_bucket_mb;
   given.comm_ctas = f.comm_ctas;
   given.zero = f.zero;
-  dpt::check_fields(dpt::data_parallel_schema(), given);
+  dpt::check_options(given, p.devices);  // their ranges, and what the devices refuse (as DataParallel would)
   if (f.cuda_graph && (p.devices.size() != 1 || !p.devices.front().is_cuda()))
     throw dpt::UsageError("--cuda-graph records one GPU's step: give one CUDA device (--gpus 1)");
   p.cuda_graph = f.cuda_graph;

@@ -67,6 +67,8 @@ Reduce check_fit(const DataParallelOptions& o, const std::vector<Device>& device
   if (o.zero == 2 && path == Reduce::host && !o.group && o.grad_comm != DType::f32)
     throw UsageError("{} 2 between CPU devices sums fp32 (no {} bf16); use {} 1 for bf16 on the wire",
                      {field("zero"), field("grad_comm"), field("zero")});
+  if (o.comm_ctas > 0 && !first.is_cuda())  // (on one GPU, or over p2p, it is a setting for other counts)
+    throw UsageError("{} limits NCCL's thread blocks; CPU devices reduce without NCCL", {field("comm_ctas")});
   if (o.group && path != Reduce::nccl && o.grad_comm != DType::f32)
     throw UsageError("{} bf16 is for NCCL, p2p and host reductions; the MPI reduction of CPU ranks sums fp32",
                      {field("grad_comm")});

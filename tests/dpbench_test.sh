@@ -208,6 +208,7 @@ refuse --cpus 2 --warmup 0
 refuse --cpus 2 --bucket-mb 0
 refuse --cpus 2 --first-bucket-mb 0
 refuse --cpus 2 --comm-ctas 65
+refuse --cpus 2 --comm-ctas 8
 refuse --cpus 2 --update-per-bucket --zero 1
 refuse --model 10-
 refuse --model cnn:3x4x4-c8k5p0-f2

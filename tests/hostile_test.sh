@@ -110,6 +110,7 @@ refuse "--bucket-mb must be in (0, 1048576] MiB, got nan" "${cpu[@]}" --bucket-m
 refuse "--first-bucket-mb must be in (0, 1048576] MiB, got inf" "${cpu[@]}" --first-bucket-mb inf
 refuse "--comm-ctas must be in [0, 64] (0: NCCL's choice), got -1" "${cpu[@]}" --comm-ctas -1
 refuse "--comm-ctas: '4294967296' is out of range" "${cpu[@]}" --comm-ctas 4294967296
+refuse "--comm-ctas limits NCCL's thread blocks; CPU devices reduce without NCCL" "${cpu[@]}" --comm-ctas 8
 refuse "--tune-buckets changes the buckets between eager steps" "${cpu[@]}" --tune-buckets --zero 2
 # Hyper-parameters are validated before training, each with its range.
 refuse "--momentum must be in [0, 1), got nan" "${cpu[@]}" --momentum nan
