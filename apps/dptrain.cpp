@@ -585,13 +585,16 @@ void check_prediction_file(const std::string& path, const std::string& flag, boo
   if (path.empty()) return;
   if (!path.ends_with(".npy"))
     throw dpt::UsageError(flag + " '" + path + "': predict writes a .npy array, and the name must say so (.npy)");
+  std::error_code ec;
+  if (overwrite || !std::filesystem::exists(path, ec)) return;  // (check_output_file refused what is no file)
   std::ifstream in(path, std::ios::binary);
   std::string start(6, '\0');
-  if (overwrite || !in) return;  // none there yet (check_output_file refused what cannot be written)
   in.read(start.data(), 6);
-  if (in.gcount() == 0 || (in.gcount() == 6 && start == "\x93NUMPY")) return;  // empty, or an array
+  if (in.gcount() == 0 && in.eof()) return;              // empty
+  if (in.gcount() == 6 && start == "\x93NUMPY") return;  // an array
   throw dpt::UsageError(flag + " '" + path +
-                        "' is not a .npy array, which predict would replace (name another file, or give --overwrite)");
+                        "' is not a .npy array (or cannot be read), which predict would replace (name another file, "
+                        "or give --overwrite)");
 }
 
 int after_training(AfterTraining& a, bool predict) {

@@ -17,6 +17,10 @@ bool TrainFlags::was_given(const std::string& flag) const {
   return std::find(given.begin(), given.end(), flag) != given.end();
 }
 
+bool TrainFlags::on_command_line_has(const std::string& flag) const {
+  return std::find(on_command_line.begin(), on_command_line.end(), flag) != on_command_line.end();
+}
+
 namespace {
 // The text of the value a flag read, which the field's set() takes: a float's shortest
 // text and a double's 17 digits read back as the same number.
@@ -138,18 +142,17 @@ void check_distinct_files(const TrainFlags& o) {
 // are refused; one on the command line wins over the other in the file (as every flag
 // does), which is then not read.
 void drop_overridden(TrainFlags& o) {
-  static const std::pair<const char*, const char*> kExclusive[] = {{"--steps", "--epochs"},
-                                                                   {"--shuffle", "--no-shuffle"}};
-  auto on_command_line = [&](const std::string& flag) {
-    return std::find(o.on_command_line.begin(), o.on_command_line.end(), flag) != o.on_command_line.end();
-  };
+  static const std::pair<const char*, const char*> kExclusive[] = {
+      {"--steps", "--epochs"}, {"--shuffle", "--no-shuffle"}, {"--resume", "--auto-resume"}};
   for (const auto& [a, b] : kExclusive) {
     if (!o.was_given(a) || !o.was_given(b)) continue;
-    if (on_command_line(a) == on_command_line(b))
-      throw UsageError(std::string(a) + " excludes " + b + (on_command_line(a) ? "" : " (both in the config file)"));
-    const std::string dropped = on_command_line(a) ? b : a;
+    const bool a_here = o.on_command_line_has(a);
+    if (a_here == o.on_command_line_has(b))
+      throw UsageError(std::string(a) + " excludes " + b + (a_here ? "" : " (both in the config file)"));
+    const std::string dropped = a_here ? b : a;
     std::erase(o.given, dropped);
     if (dropped == "--no-shuffle") o.no_shuffle = false;
+    if (dropped == "--auto-resume") o.auto_resume = false;
     for (TrainFlags::Slot& s : o.slots)
       if (s.option->get_name() == dropped) s.option->clear();
   }
@@ -203,8 +206,8 @@ void resolve(TrainFlags& o, int launcher_processes) {
     if (::stat(c.save.c_str(), &st) == 0) c.resume = c.save;  // else a fresh start
   }
   // Given as 0 (its default) it passes the library's check of the value, and a run would not
-  // decay to 0 as the flag says.
-  if (o.was_given("--lr-final") && c.schedule != "cosine")
+  // decay to 0 as the flag says (a config file's 0 under another --schedule is overridden).
+  if (o.on_command_line_has("--lr-final") && c.schedule != "cosine")
     throw UsageError("--lr-final is where the cosine schedule ends; add --schedule cosine");
   if (o.was_given("--task") && c.task == data::Task::regression && nn::is_cnn_spec(c.model))
     throw UsageError("--task regression: a CNN model (" + quote_value(c.model) + ") trains image classification");

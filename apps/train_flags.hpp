@@ -25,6 +25,7 @@ struct TrainFlags {
   std::vector<std::string> given;
   std::vector<std::string> on_command_line;  // the flags argv itself gives
   bool was_given(const std::string& flag) const;
+  bool on_command_line_has(const std::string& flag) const;
 
   // Where a field's flag puts its value until resolve() gives it to the field.
   struct Slot {

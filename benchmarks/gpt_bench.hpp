@@ -5,6 +5,7 @@
 // embeddings: nn::Parameter::decay), and the model flops utilization of a step.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include <dptrain/data/synthetic.hpp>
@@ -50,9 +51,11 @@ inline double gpt_flops_per_token(const nn::GptConfig& c, int64_t parameters, in
 inline double checked_peak_tflops(double peak_tflops, bool given, bool is_gpt) {
   if (given && !is_gpt)
     throw UsageError("--peak-tflops is the peak a GPT's MFU is measured against; --model is no GPT");
-  if (!(peak_tflops >= 1e-3 && peak_tflops <= 1e6))
-    throw UsageError("--peak-tflops must be a device's peak in TFLOPS, 0.001 to 1000000, got " +
-                     std::to_string(peak_tflops));
+  if (!(peak_tflops >= 1e-3 && peak_tflops <= 1e6)) {
+    char got[32];
+    std::snprintf(got, sizeof got, "%g", peak_tflops);
+    throw UsageError(std::string("--peak-tflops must be a device's peak in TFLOPS, 0.001 to 1000000, got ") + got);
+  }
   return peak_tflops;
 }
 

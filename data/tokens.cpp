@@ -28,8 +28,10 @@ T load(const uint8_t* p) {  // unaligned: an old .npy aligns its data to 16 byte
   return v;
 }
 
+// A file's fault, bad input; E = DataError for a row's, found as it is gathered.
+template <class E = UsageError>
 [[noreturn]] void fail(const std::string& path, const std::string& problem) {
-  throw UsageError("data file '" + path + "': " + problem);
+  throw E("data file '" + path + "': " + problem);
 }
 
 // f(T{}) for the C++ type T of a token file's element type.
@@ -244,11 +246,11 @@ void TokenDataset::check_window(const detail::TokenFile& file, int64_t window, i
   });
   if (bad >= 0) {
     const int64_t v = file.token(at + bad);
-    throw DataError("data file '" + file.path() + "': token " + std::to_string(at + bad) + " is " + std::to_string(v) +
-                    ", outside " +
-                    (vocabulary > 0 ? "[0, " + std::to_string(vocabulary) + "): the model's vocabulary has " +
-                                          std::to_string(vocabulary) + " tokens"
-                                    : "[0, " + std::to_string(kTokenLimit) + "): tokens are int32"));
+    fail<DataError>(file.path(),
+                    "token " + std::to_string(at + bad) + " is " + std::to_string(v) + ", outside " +
+                        (vocabulary > 0 ? "[0, " + std::to_string(vocabulary) + "): the model's vocabulary has " +
+                                              std::to_string(vocabulary) + " tokens"
+                                        : "[0, " + std::to_string(kTokenLimit) + "): tokens are int32"));
   }
   word.fetch_or(bit, std::memory_order_relaxed);
 }

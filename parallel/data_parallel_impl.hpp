@@ -181,7 +181,8 @@ struct DataParallel::Impl {
   // of an abandoned step is (set before any replica hands a bucket over).
   std::atomic<bool> step_failed_{false};
   std::vector<std::exception_ptr> source_error_;  // per replica, the step's; kept to spare an allocation a step
-  std::shared_ptr<DataParallel* const> self_;     // for StepLoss::owner
+  Tensor buffers_before_step_;  // the master's buffers as an eager step began (restored if its sources fail)
+  std::shared_ptr<DataParallel* const> self_;  // for StepLoss::owner
   double bucket_mb_ = 0, first_bucket_mb_ = 0;
   struct BucketTuning {
     std::vector<double> sizes_mb;  // to try, in order

@@ -261,6 +261,12 @@ StepLoss DataParallel::Impl::step_body(int64_t first, int64_t count, const Shard
   if (reducer_) reducer_->begin_step();
   source_error_.assign(replicas_.size(), nullptr);
   step_failed_ = false;
+  // The master's forward writes its buffers (batch norm's running statistics) before another
+  // replica's or micro-batch's source may fail: they are kept as the step began, so that an
+  // abandoned step leaves them as they were (a checkpoint after it holds the steps before).
+  // A recorded step's sources are its fixed buffers, which cannot fail.
+  const Tensor& master_buffers = replicas_[0].model->flat_buffers();
+  const bool keep_buffers = master_buffers.defined() && (replicas_.size() > 1 || k_total > 1) && !recording_;
   // Per-bucket updates queued from the replicas' threads as they hand buckets over (nccl):
   // every replica has its shards before any hands a bucket over, so that all know whether
   // the step will be abandoned (and then update nothing).
@@ -285,6 +291,11 @@ StepLoss DataParallel::Impl::step_body(int64_t first, int64_t count, const Shard
     // The last step's gradient scale is not needed any more: freed now, its block serves
     // this step's backward, and steps after the first allocate nothing.
     replicas_[r].scale = Tensor();
+    if (r == 0 && keep_buffers) {  // on the master's stream, after the last step wrote them
+      if (!buffers_before_step_.defined())
+        buffers_before_step_ = Tensor::empty(master_buffers.shape(), master_buffers.dtype(), master_buffers.device());
+      copy(buffers_before_step_, master_buffers);
+    }
     bool arrived = !updates_in_backward;
     try {
       for (int k = 0; k < k_total; ++k) {
@@ -319,6 +330,10 @@ StepLoss DataParallel::Impl::step_body(int64_t first, int64_t count, const Shard
     reducer_->reduce();
   }
   if (std::any_of(source_error_.begin(), source_error_.end(), [](const auto& e) { return e != nullptr; })) {
+    if (keep_buffers) {
+      ContextGuard g(*replicas_[0].ctx);
+      copy(master_buffers, buffers_before_step_);
+    }
     synchronize();  // the collectives are done, on every replica
     rethrow_source_error(source_error_);
   }

@@ -100,6 +100,30 @@ refuse "x[5990, 2] is inf" "${m[@]}" --data val_inf.npy --targets y.npy --val-fr
 grep -q '^step' out && bad "a non-finite validation row was found after training began" || ok
 refuse "x[1000, 4] is nan (non-finite inputs are refused); the run stopped at step 8, and 'mid.safetensors' holds step 7" \
   "${m[@]}" --data mid_nan.npy --targets y.npy --no-shuffle --save mid.safetensors
+# The saved step is the step before, batch norm's running statistics included: on two
+# replicas, or in two micro-batches, the master's forward had moved them before the other
+# half's row failed. The data mended (a .npy is known by its header), the run resumes to
+# where a straight run ends.
+python3 - <<'PY'
+import numpy as np
+r = np.random.default_rng(1)
+x = r.standard_normal((64, 3, 8, 8)).astype(np.float32)
+np.save("img.npy", x); np.save("img_y.npy", r.integers(0, 3, 64))
+x[38, 1, 2, 3] = np.nan  # step 5 of 8 at batch 8, the second half of its rows
+np.save("img_nan.npy", x)
+PY
+cnn=(--model cnn:3x8x8-c4k3-bn-p2-f3 --batch 8 --steps 8 --log-every 8 --no-shuffle --targets img_y.npy)
+for split in "--cpus 2" "--devices cpu --grad-accum 2"; do
+  # shellcheck disable=SC2086  # the words of each setting are separate arguments
+  run "${cnn[@]}" $split --data img_nan.npy --save bn.safetensors >/dev/null 2>err
+  grep -q "the run stopped at step 5, and 'bn.safetensors' holds step 4$" err && ok || bad "a bad image mid-run ($split): $(cat err)"
+  # shellcheck disable=SC2086
+  run "${cnn[@]}" $split --data img.npy --resume bn.safetensors >resumed 2>&1
+  # shellcheck disable=SC2086
+  run "${cnn[@]}" $split --data img.npy >straight 2>&1
+  [ -n "$(hash_of straight)" ] && [ "$(hash_of resumed)" = "$(hash_of straight)" ] && ok ||
+    bad "resumed after a bad image ($split): $(hash_of resumed) against $(hash_of straight): $(tail -2 resumed)"
+done
 refuse "the model takes [21]" --devices cpu --model 21-64-3 --epochs 1 --data x.npy --targets y.npy
 refuse "not a regular file" "${m[@]}" --data fifo.npy --targets y.npy
 refuse "not a regular file" "${m[@]}" --data x.npy --targets /dev/zero
@@ -123,7 +147,7 @@ refuse "dptrain: error: --batch must be >= 1, got 0" predict --resume model.safe
 cp model.safetensors kept.safetensors && echo notes >notes.npy
 refuse "dptrain: error: --out 'kept.safetensors': predict writes a .npy array, and the name must say so (.npy)" \
   predict --resume model.safetensors --data new.npy --out kept.safetensors
-refuse "dptrain: error: --probabilities 'notes.npy' is not a .npy array, which predict would replace (name another file, or give --overwrite)" \
+refuse "dptrain: error: --probabilities 'notes.npy' is not a .npy array (or cannot be read), which predict would replace (name another file, or give --overwrite)" \
   predict --resume model.safetensors --data new.npy --out p.npy --probabilities notes.npy
 cmp -s model.safetensors kept.safetensors && [ "$(cat notes.npy)" = notes ] && [ ! -e p.npy ] && ok ||
   bad "a refused predict wrote a file"

@@ -647,6 +647,9 @@ run --config pair.toml --devices cpu --steps 2 --model 4-8-3 --data hx.npy --tar
   grep -q 'in file order' out && ok || bad "--no-shuffle does not win over the config's shuffle: $(cat out)"
 printf 'steps = 4\nepochs = 1\nsamples = 16\n' >both.toml
 refuse "--steps excludes --epochs (both in the config file)" --devices cpu --config both.toml
+printf 'resume = "none.safetensors"\nschedule = "cosine"\nlr-final = 0\n' >over.toml
+run --config over.toml "${cpu[@]}" --auto-resume --save over.safetensors --schedule constant >out 2>&1 &&
+  [ -s over.safetensors ] && ok || bad "--auto-resume and --schedule do not win over the config's resume and lr-final: $(cat out)"
 # A file name of 250 bytes (legal) still has temporaries.
 long=$(printf 'b%.0s' $(seq 1 250))
 run "${cpu[@]}" --metrics "$long" --save "$long.st" >/dev/null 2>err && [ -s "$long.st" ] && ok ||

@@ -646,19 +646,21 @@ void Trainer::take_nonfinite(int64_t now, TrainResult& r) {
 // ranks applied the step, and rank 0's state may be a step ahead of this rank's.
 DataError Trainer::after_data_fault(const DataError& e, PeriodicSaves& periodic, TrainResult& r) {
   if (cfg_.save.empty() || (group_ && group_->size() > 1) || steps_done_ == 0) return e;
+  // A step before it whose gradients were not finite is the earlier fault: under "stop" its
+  // NonFiniteError (status 4) ends the run, with no checkpoint after it.
+  watch_->drain();
+  take_nonfinite(steps_done_, r);
   const std::string stopped = "; the run stopped at step " + std::to_string(steps_done_ + 1);
   const std::string held = "step " + std::to_string(steps_done_);
   if (periodic.saved_step != steps_done_) try {
-      watch_->drain();
-      take_nonfinite(steps_done_, r);
       periodic.save_final(*this, gather_state(), r);
     } catch (const std::exception& failed) {
       return DataError(e.line() + Message(stopped + " and could not save " + held + " (") + Message::of(failed) +
                        Message(")"));
     }
-  return DataError(e.line() + Message(stopped + ", and '" + cfg_.save + "' holds " + held +
-                                          " (mend the data, then resume from it with {})",
-                                      {field("resume")}));
+  // (Which mend a resume takes depends on the file: one that changes the bytes a checkpoint
+  // identifies a file by is other data; docs/data.md says which.)
+  return DataError(e.line() + Message(stopped + ", and '" + cfg_.save + "' holds " + held));
 }
 
 // A CPU device can be slower than a GPU by a thousand times: say so once, early, rather

@@ -154,6 +154,7 @@ class ArrayDataset : public Dataset {
   // Throws DataError naming the first non-finite input or regression target: one pass
   // over the data (a gather refuses them anyway, when it meets them).
   void check_every_row() const override;
+  [[deprecated("check_every_row()")]] void check_finite() const { check_every_row(); }
 
   // The files the arrays are read from (none for host arrays), for checkpoints.
   const std::vector<FileIdentity>& files() const { return files_; }

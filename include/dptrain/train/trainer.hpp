@@ -246,7 +246,8 @@ class Trainer {
   struct PeriodicSaves;  // run()'s (trainer.cpp)
   struct CpuPace;        // run()'s warning of a slow CPU run (trainer.cpp)
   // run()'s parts: the findings of non-finite gradients (stop, or count and warn), `now`
-  // the steps done; and the result's times, input pipeline, memory and model state.
+  // the steps done; the save after a bad row of data, and the error that says what it
+  // saved; and the result's times, input pipeline, memory and model state.
   void take_nonfinite(int64_t now, TrainResult& r);
   DataError after_data_fault(const DataError& e, PeriodicSaves& periodic, TrainResult& r);
   void add_resource_use(TrainResult& r) const;
