@@ -113,7 +113,10 @@ x[38, 1, 2, 3] = np.nan  # step 5 of 8 at batch 8, the second half of its rows
 np.save("img_nan.npy", x)
 PY
 cnn=(--model cnn:3x8x8-c4k3-bn-p2-f3 --batch 8 --steps 8 --log-every 8 --no-shuffle --targets img_y.npy)
-for split in "--cpus 2" "--devices cpu --grad-accum 2"; do
+splits=("--cpus 2" "--devices cpu --grad-accum 2")
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 &&
+  splits+=("--devices cuda:0,cuda:0 --reduce p2p" "--devices cuda:0 --grad-accum 2")
+for split in "${splits[@]}"; do
   # shellcheck disable=SC2086  # the words of each setting are separate arguments
   run "${cnn[@]}" $split --data img_nan.npy --save bn.safetensors >/dev/null 2>err
   grep -q "the run stopped at step 5, and 'bn.safetensors' holds step 4$" err && ok || bad "a bad image mid-run ($split): $(cat err)"
