@@ -106,6 +106,19 @@ CLI::Option* add_checked(CLI::App& app, const std::string& name, T& into, const 
 // false for a switch, a quoted string for the others. A key is the flag's name without
 // its dashes, with '-' or '_' between words (a TOML user writes log_every). Anything else
 // is an error naming the line.
+// Whether `text` is a whole decimal number (`whole`) or any decimal number (NaN and
+// infinity included: the library's range checks name them).
+bool number_of_kind(const std::string& text, bool whole) {
+  if (whole) {  // an optional sign, then digits (the range is the option's check)
+    const size_t from = !text.empty() && (text[0] == '+' || text[0] == '-') ? 1 : 0;
+    return text.size() > from && std::all_of(text.begin() + static_cast<std::ptrdiff_t>(from), text.end(),
+                                             [](char c) { return c >= '0' && c <= '9'; });
+  }
+  char* end = nullptr;
+  (void)std::strtod(text.c_str(), &end);
+  return !text.empty() && end == text.c_str() + text.size() && text.find_first_of("xX \t") == std::string::npos;
+}
+
 class StrictToml : public CLI::ConfigTOML {
  public:
   explicit StrictToml(const CLI::App& app) : app_(app) {}
@@ -248,7 +261,13 @@ class StrictToml : public CLI::ConfigTOML {
     const Kind want = flag->get_expected_max() == 0        ? Kind::boolean
                       : (type == "INT" || type == "FLOAT") ? Kind::number
                                                            : Kind::string;
-    if (value.kind == want) return;
+    if (value.kind == want) {
+      // A number of the flag's kind, so that a fault names its line (CLI11's conversion would not).
+      if (want == Kind::number && !number_of_kind(value.text, type == "INT"))
+        throw CLI::ConfigError(where + bare(key) + " takes " + (type == "INT" ? "a whole number" : "a number") +
+                               ", not " + bare(value.text));
+      return;
+    }
     if (value.kind == Kind::word && want == Kind::string)
       throw CLI::ConfigError(where + bare(key) + " = " + bare(value.text) + ": text must be quoted (" + bare(key) +
                              " = \"" + bare(value.text) + "\")");

@@ -135,6 +135,12 @@ refuse "--beta1 is an option of --optimizer adamw, and this run trains with sgd"
 # twice, apart, adjacent or in both spellings, is refused (the first counted, silently).
 printf 'batch = 8\nsteps = 2\nbatch = 16\n' >twice.toml
 refuse "--config line 3: 'batch' given twice (first on line 1)" --devices cpu --config twice.toml
+# A number of the flag's kind, its line named (CLI11's conversion named none, and took the
+# file's value unread where the command line gave the flag).
+printf 'batch = 8\nsteps = 4.0\n' >whole.toml
+refuse "--config line 2: steps takes a whole number, not 4.0" --devices cpu --config whole.toml --steps 2
+printf 'lr = 0.1e\n' >float.toml
+refuse "--config line 1: lr takes a number, not 0.1e" --devices cpu --config float.toml
 printf 'log-every = 1\nlog_every = 2\n' >twice.toml
 refuse "--config line 2: 'log-every' given twice (first on line 1)" "${cpu[@]}" --config twice.toml
 printf 'steps = 2\nsteps = 3\n' >twice.toml
@@ -696,7 +702,7 @@ timeout 20 "$bench" --cpus 1 --reduce nccl --out bench >out 2>err
 # A value echoed in an error is cut to about 200 characters with its length named, and its
 # NUL and other unprintable bytes escaped; an overflow names the values that overflow.
 printf 'steps = 5\0\n' >nul.toml
-refuse "--steps: '5\\x00' is not a whole decimal number" --devices cpu --config nul.toml
+refuse "--config line 1: steps takes a whole number, not 5\\x00" --devices cpu --config nul.toml
 python3 -c "print('model = \"' + 'x' * 900000 + '\"')" >huge.toml
 refuse "(cut: 900000 bytes in all)" --devices cpu --config huge.toml
 [ "$(wc -c <err)" -lt 1000 ] && ok || bad "a 900 KB config value echoed whole: $(wc -c <err) bytes"
