@@ -67,17 +67,31 @@ std::string bare(const std::string& value) {
   return cut == std::string::npos ? q.substr(1, q.size() - 2) : q.substr(1, cut - 1) + "..." + q.substr(cut + 1);
 }
 
+// Whether `text` is a whole decimal number: an optional sign, then digits (its range is
+// the option's to check).
+bool whole_decimal_text(const std::string& text) {
+  const size_t from = !text.empty() && (text[0] == '+' || text[0] == '-') ? 1 : 0;
+  return text.size() > from && std::all_of(text.begin() + static_cast<std::ptrdiff_t>(from), text.end(),
+                                           [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Whether `text` is a decimal number, whole: CLI11 alone reads '' as 0, reads '0x10' and
+// '0x1p4' as hexadecimal, and skips leading blanks. NaN and infinity pass: the library's
+// range checks name them.
+bool decimal_text(const std::string& text) {
+  char* end = nullptr;
+  (void)std::strtod(text.c_str(), &end);
+  return !text.empty() && end == text.c_str() + text.size() && text.find_first_of("xX \t\n\r\f\v") == std::string::npos;
+}
+
 // A decimal integer whose magnitude is at most max_negative (when it has a minus sign) or
 // max_positive, rewritten without leading zeros so that CLI11's conversion (strtoll with
 // base 0) reads it as decimal.
 CLI::Validator decimal(uint64_t max_negative, uint64_t max_positive, const std::string& range) {
   auto check = [=](std::string& text) -> std::string {
-    size_t i = 0;
-    bool negative = false;
-    if (i < text.size() && (text[i] == '+' || text[i] == '-')) negative = text[i++] == '-';
-    if (i == text.size() || !std::all_of(text.begin() + static_cast<std::ptrdiff_t>(i), text.end(),
-                                         [](char c) { return c >= '0' && c <= '9'; }))
-      return quote_value(text) + " is not a whole decimal number";
+    if (!whole_decimal_text(text)) return quote_value(text) + " is not a whole decimal number";
+    const bool negative = text[0] == '-';
+    const size_t i = text[0] == '+' || negative ? 1 : 0;
     uint64_t magnitude = 0;
     const auto [end, ec] = std::from_chars(text.data() + i, text.data() + text.size(), magnitude);
     if (ec != std::errc() || end != text.data() + text.size() || magnitude > (negative ? max_negative : max_positive))
@@ -106,19 +120,6 @@ CLI::Option* add_checked(CLI::App& app, const std::string& name, T& into, const 
 // false for a switch, a quoted string for the others. A key is the flag's name without
 // its dashes, with '-' or '_' between words (a TOML user writes log_every). Anything else
 // is an error naming the line.
-// Whether `text` is a whole decimal number (`whole`) or any decimal number (NaN and
-// infinity included: the library's range checks name them).
-bool number_of_kind(const std::string& text, bool whole) {
-  if (whole) {  // an optional sign, then digits (the range is the option's check)
-    const size_t from = !text.empty() && (text[0] == '+' || text[0] == '-') ? 1 : 0;
-    return text.size() > from && std::all_of(text.begin() + static_cast<std::ptrdiff_t>(from), text.end(),
-                                             [](char c) { return c >= '0' && c <= '9'; });
-  }
-  char* end = nullptr;
-  (void)std::strtod(text.c_str(), &end);
-  return !text.empty() && end == text.c_str() + text.size() && text.find_first_of("xX \t") == std::string::npos;
-}
-
 class StrictToml : public CLI::ConfigTOML {
  public:
   explicit StrictToml(const CLI::App& app) : app_(app) {}
@@ -263,7 +264,7 @@ class StrictToml : public CLI::ConfigTOML {
                                                            : Kind::string;
     if (value.kind == want) {
       // A number of the flag's kind, so that a fault names its line (CLI11's conversion would not).
-      if (want == Kind::number && !number_of_kind(value.text, type == "INT"))
+      if (want == Kind::number && !(type == "INT" ? whole_decimal_text(value.text) : decimal_text(value.text)))
         throw CLI::ConfigError(where + bare(key) + " takes " + (type == "INT" ? "a whole number" : "a number") +
                                ", not " + bare(value.text));
       return;
@@ -292,17 +293,14 @@ CLI::Validator regular_file_at_most(uintmax_t max_bytes) {
   return CLI::Validator(check, "", "config file");
 }
 
-// A number written in decimal, whole: CLI11 alone reads '' as 0, reads '0x10' and '0x1p4' as
-// hexadecimal, skips leading blanks, and names a trailing fault ('1.0abc') in its own
-// words. For a float, also one its float can hold: not too large (infinity) or too small
-// (zero). NaN and infinity written as such pass: the library's range checks name them.
+// A number written in decimal (decimal_text; CLI11 alone names a trailing fault, '1.0abc',
+// in its own words). For a float, also one its float can hold: not too large (infinity) or
+// too small (zero).
 CLI::Validator decimal_number(bool as_float) {
   auto check = [as_float](std::string& text) -> std::string {
-    char* end = nullptr;
+    if (!decimal_text(text)) return quote_value(text) + " is not a decimal number";
     errno = 0;
-    const double v = std::strtod(text.c_str(), &end);
-    if (text.empty() || end != text.c_str() + text.size() || text.find_first_of("xX \t\n\r\f\v") != std::string::npos)
-      return quote_value(text) + " is not a decimal number";
+    const double v = std::strtod(text.c_str(), nullptr);
     if (!as_float || std::isnan(v) || std::isinf(v)) return "";
     const float f = static_cast<float>(v);
     if (std::isinf(f) || (errno == ERANGE && std::fabs(v) > 1.0))
