@@ -70,6 +70,21 @@ std::vector<T> unique_in_order(const std::vector<T>& v) {
   return out;
 }
 
+// A comma list flag's items, none empty. (CLI11's delimiter dropped empty items, so that
+// `--precision ,` took the next flag as its value and `--precision ''` asked for nothing.)
+std::vector<std::string> comma_items(const std::string& flag, const std::string& text) {
+  std::vector<std::string> items;
+  for (size_t start = 0;;) {
+    const size_t end = text.find(',', start);
+    items.push_back(text.substr(start, end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  for (const auto& item : items)
+    if (item.empty()) throw dpt::UsageError(flag + " is a comma list without empty items, got '" + text + "'");
+  return items;
+}
+
 struct Flags {
   std::string model = "mlp", out = "dpbench-out";
   dpt::app::DeviceFlags devices;
@@ -87,7 +102,7 @@ struct Flags {
   std::string optimizer = "sgd";
   int zero = 0;
   std::string grad_comm = "fp32";
-  std::vector<std::string> precision{"fp32"}, reduce{"auto"}, scaling{"weak", "strong"};
+  std::string precision = "fp32", reduce = "auto", scaling = "weak,strong";  // comma lists
 };
 
 // What the flags ask for, checked.
@@ -139,14 +154,10 @@ void add_flags(CLI::App& app, Flags& f) {
          "--precision", f.precision,
          "Precisions, a comma list of fp32, tf32, bf16 (bf16: bf16 storage, fp32 master weights; tf32 is fp32 on CPUs; "
          "a GPT's default: bf16)")
-      ->delimiter(',')
       ->capture_default_str();
   app.add_option("--reduce", f.reduce, "Gradient reductions, a comma list of auto, nccl, p2p, host")
-      ->delimiter(',')
       ->capture_default_str();
-  app.add_option("--scaling", f.scaling, "Scaling modes, a comma list of weak, strong")
-      ->delimiter(',')
-      ->capture_default_str();
+  app.add_option("--scaling", f.scaling, "Scaling modes, a comma list of weak, strong")->capture_default_str();
   dpt::app::add_double(app, "--bucket-mb", f.bucket_mb, "Gradient bucket size in MiB")->capture_default_str();
   dpt::app::add_double(app, "--first-bucket-mb", f.first_bucket_mb, "The first bucket's size in MiB, when smaller")
       ->capture_default_str();
@@ -254,13 +265,13 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   dpt::find_field(dpt::data_parallel_schema(), "grad_comm")->set(given, f.grad_comm);  // fp32 or bf16
   p.grad_comm = given.grad_comm;
 
-  for (const auto& s : f.precision) p.precisions.push_back(dpt::parse_precision(s));
+  for (const auto& s : comma_items("--precision", f.precision)) p.precisions.push_back(dpt::parse_precision(s));
   if (p.model.is_gpt && app.count("--precision") == 0) p.precisions = {Precision::bf16};  // as torch_gpt_bench.py
-  for (const auto& s : f.scaling) p.scalings.push_back(parse_scaling(s));
+  for (const auto& s : comma_items("--scaling", f.scaling)) p.scalings.push_back(parse_scaling(s));
   // A path is resolved once, for all the devices, and then asked for by name at every
   // count, so a series keeps one path; each count is checked here so that a path that
   // cannot serve some subset (nccl over cuda:0,cuda:1,cuda:0) fails before any run.
-  for (const auto& s : f.reduce) {
+  for (const auto& s : comma_items("--reduce", f.reduce)) {
     const Reduce r = dpt::resolve_reduce(dpt::parse_reduce(s), p.devices);
     for (size_t n : p.counts)
       if (n > 1) dpt::resolve_reduce(r, {p.devices.begin(), p.devices.begin() + static_cast<std::ptrdiff_t>(n)});

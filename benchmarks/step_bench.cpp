@@ -103,12 +103,13 @@ void print_line(const LineFlags& f, Workload& w, const Timing& t, const Device& 
   const double peak_mib = static_cast<double>(memory_stats(d).peak_allocated) / (1 << 20);
   const char* graph = f.graph ? "-graph" : "";
   const char* checked = f.check ? "-checked" : "";
+  const char* gemm = d.is_cpu() ? "cpu" : f.gemm.c_str();  // a CPU has one GEMM, neither cuBLAS nor native
   if (!w.is_gpt) {
     std::printf(
         "dptrain %s batch %lld %s %s%s%s: %.4f ms/step, %.4g samples/s, peak %.1f MiB, loss %.5g -> %.5g; mean %.4f "
         "ms/step\n",
-        f.model.c_str(), static_cast<long long>(f.batch), f.precision.c_str(), f.gemm.c_str(), graph, checked,
-        t.median_ms, 1e3 * static_cast<double>(f.batch) / t.median_ms, peak_mib, t.first_loss, t.last_loss, t.mean_ms);
+        f.model.c_str(), static_cast<long long>(f.batch), f.precision.c_str(), gemm, graph, checked, t.median_ms,
+        1e3 * static_cast<double>(f.batch) / t.median_ms, peak_mib, t.first_loss, t.last_loss, t.mean_ms);
     return;
   }
   const double tokens_per_s = 1e3 * static_cast<double>(f.batch * w.seq) / t.median_ms;
@@ -116,9 +117,9 @@ void print_line(const LineFlags& f, Workload& w, const Timing& t, const Device& 
   std::printf(
       "dptrain %s B %lld T %lld %s %s%s%s: %.4f ms/step, %.0f tokens/s, MFU %.1f%% of %g TFLOPS, peak %.1f MiB, "
       "loss %.5g -> %.5g; mean %.4f ms/step\n",
-      f.model.c_str(), static_cast<long long>(f.batch), static_cast<long long>(w.seq), f.precision.c_str(),
-      f.gemm.c_str(), graph, checked, t.median_ms, tokens_per_s, bench::mfu_percent(flops, tokens_per_s, f.peak_tflops),
-      f.peak_tflops, peak_mib, t.first_loss, t.last_loss, t.mean_ms);
+      f.model.c_str(), static_cast<long long>(f.batch), static_cast<long long>(w.seq), f.precision.c_str(), gemm, graph,
+      checked, t.median_ms, tokens_per_s, bench::mfu_percent(flops, tokens_per_s, f.peak_tflops), f.peak_tflops,
+      peak_mib, t.first_loss, t.last_loss, t.mean_ms);
 }
 
 struct CountFlags {

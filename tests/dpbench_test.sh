@@ -200,6 +200,11 @@ refuse --devices cpu:0,
 refuse --scaling sideways
 refuse --precision fp8
 refuse --precision fp32,fp8
+refuse --cpus 2 --precision , --steps 1
+refuse --cpus 2 --precision ''
+refuse --cpus 2 --precision fp32,,bf16
+refuse --cpus 2 --reduce host,
+refuse --cpus 2 --scaling ,weak
 refuse --reduce allgather
 refuse --cpus 2 --reduce nccl
 refuse --cpus 2 --batch 0

@@ -29,7 +29,7 @@ same --devices cpu "${gpt[@]}"
 line=$("$bench" --blocks 1 --steps 2 --warmup 1 --devices cpu "${gpt[@]}" --seq 16 --peak-tflops 0.001)
 if python3 - "$line" <<'PY'; then echo "ok: the GPT line ($line)"; else echo "FAIL: the GPT line: '$line'"; fails=$((fails + 1)); fi
 import re, sys
-m = re.fullmatch(r"dptrain gpt:L2-H2-C64-T32-V128 B 2 T 16 bf16 cublas: ([\d.]+) ms/step, (\d+) tokens/s, "
+m = re.fullmatch(r"dptrain gpt:L2-H2-C64-T32-V128 B 2 T 16 bf16 cpu: ([\d.]+) ms/step, (\d+) tokens/s, "
                  r"MFU ([\d.]+)% of 0.001 TFLOPS, peak ([\d.]+) MiB, loss ([\d.]+) -> ([\d.]+); mean ([\d.]+) ms/step",
                  sys.argv[1])
 ms, tokens, mfu, peak, first, last, mean = map(float, m.groups())
