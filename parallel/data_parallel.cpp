@@ -396,6 +396,7 @@ bool DataParallel::Impl::idle() {
 
 DataParallel::ReductionTimes DataParallel::Impl::time_reduction(int iters) {
   if (!reducer_) throw UsageError("DataParallel::time_reduction: one device reduces nothing");
+  refuse_if_abandoned("DataParallel::time_reduction");
   DPT_REQUIRE(iters >= 1, "DataParallel::time_reduction: at least one timed call, got " + std::to_string(iters));
   if (zero_ == 2) throw UsageError("DataParallel::time_reduction: ZeRO stage 2 reduces during backward only");
   if (per_bucket_)

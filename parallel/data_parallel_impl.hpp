@@ -181,6 +181,11 @@ struct DataParallel::Impl {
   // of an abandoned step is (set before any replica hands a bucket over).
   std::atomic<bool> step_failed_{false};
   std::vector<std::exception_ptr> source_error_;  // per replica, the step's; kept to spare an allocation a step
+  // Why the reduction's collectives were cancelled after a step failed on some replicas
+  // (Reducer::abandon_if_unmatched); empty while they were not. No step runs after it.
+  std::string abandoned_;
+  void abandon_unmatched_collectives(const std::string& why);
+  void refuse_if_abandoned(const char* what) const;
   Tensor buffers_before_step_;  // the master's buffers as an eager step began (restored if its sources fail)
   std::shared_ptr<DataParallel* const> self_;  // for StepLoss::owner
   double bucket_mb_ = 0, first_bucket_mb_ = 0;

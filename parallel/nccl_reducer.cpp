@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -136,6 +137,7 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
   }
 
   void make_streams() {
+    queued_.assign(r_.size(), 0);
     DPT_CHECK(!slots_.defined() || (!partitions_.empty() && slots_.partition_sums.size() == r_.size()),
               "ZeRO stage 2: partitions, and a partition sum a replica");
     for (auto& rep : r_) {
@@ -265,6 +267,7 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
       const ncclResult_t res =
           ncclAllReduce(sent.data(), sent.data(), static_cast<size_t>(k.count), type, ncclSum, comms_[r], stream);
       if (res != ncclInProgress) DPT_NCCL_CHECK(res);
+      queued_[r] += 1;
       settle(comms_[r], "enqueueing an all-reduce");
     } else {
       // ZeRO: each owner's piece of the bucket is summed into that owner alone (a
@@ -276,6 +279,7 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
         const ncclResult_t res = ncclReduce(p, p, static_cast<size_t>(end - begin), type, ncclSum,
                                             static_cast<int>(owner), comms_[r], stream);
         if (res != ncclInProgress) DPT_NCCL_CHECK(res);
+        queued_[r] += 1;
         settle(comms_[r], "enqueueing a reduce");
       }
     }
@@ -325,6 +329,7 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
       const ncclResult_t res = ncclReduce(from, into, static_cast<size_t>(end - begin), type, ncclSum,
                                           static_cast<int>(owner), comms_[r], stream);
       if (res != ncclInProgress) DPT_NCCL_CHECK(res);
+      queued_[r] += 1;
       settle(comms_[r], "enqueueing a reduce");
     }
     if (const auto [begin, end] = piece(k, own(r)); begin < end && !direct) {
@@ -347,6 +352,17 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
   void begin_step() override {
     for (auto& a : arrivals_) std::fill(a.begin(), a.end(), 0);
     for (auto& u : slot_used_) std::fill(u.begin(), u.end(), 0);
+    queued_.assign(r_.size(), 0);
+  }
+
+  // Every replica queues the same collectives in the same order: equal counts are the same
+  // ones, matched; unequal counts leave the longer lists' tails waiting for the others.
+  bool abandon_if_unmatched() override {
+    if (group_ || alone() || std::adjacent_find(queued_.begin(), queued_.end(), std::not_equal_to<>()) == queued_.end())
+      return false;
+    for (ncclComm_t& c : comms_)
+      if (c) ncclCommAbort(std::exchange(c, nullptr));
+    return true;
   }
 
   // Stage 2: r's compute stream writes a slot only after the reductions that read it.
@@ -464,6 +480,7 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
   std::vector<std::vector<std::unique_ptr<Event>>> slot_free_;  // [replica][slot]: its last reduction done
   std::vector<std::vector<char>> slot_used_;                    // [replica][slot]: a bucket went through it this step
   ProcessGroup* group_ = nullptr;                               // set across processes
+  std::vector<int64_t> queued_;  // [replica]: collectives queued from its thread this step
 };
 
 }  // namespace

@@ -126,6 +126,14 @@ class Reducer {
   virtual bool tells_bucket_done() const { return false; }
   void on_bucket_done(BucketDone done) { bucket_done_ = std::move(done); }
 
+  // From the driving thread after a step failed on some replicas (out of memory in one
+  // replica's backward): a collective that some replicas queued and the others never will
+  // waits forever, and so does every later wait on its stream (a synchronize, a
+  // communicator's destroy). Where the replicas queued different collectives, cancels
+  // them all (ncclCommAbort) and returns true; the reduction is then unusable. One
+  // process's collectives only: ranks end the job instead (ProcessGroup::abort).
+  virtual bool abandon_if_unmatched() { return false; }
+
   // ZeRO stage 2 (gradients in bucket slots, the sums in partitions of their own). From
   // the driving thread before a step's first backward:
   virtual void begin_step() {}

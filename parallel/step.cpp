@@ -214,8 +214,20 @@ void DataParallel::Impl::update(size_t r) {
   if (r == 0 && timing_ && !recording_) rep.t_updated->record(*rep.ctx);
 }
 
+void DataParallel::Impl::abandon_unmatched_collectives(const std::string& why) {
+  if (reducer_ && reducer_->abandon_if_unmatched()) abandoned_ = why;
+}
+
+void DataParallel::Impl::refuse_if_abandoned(const char* what) const {
+  if (!abandoned_.empty())
+    throw Error(std::string(what) + ": a step failed on some replicas while the others reduced (" + abandoned_ +
+                "), and the reduction's collectives were cancelled so that none waits forever; this DataParallel "
+                "trains no more: make a new one (from a checkpoint)");
+}
+
 StepLoss DataParallel::Impl::train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                                         const LossFn& metric, bool timed, int64_t next_first) {
+  refuse_if_abandoned("DataParallel::train_step");
   DPT_REQUIRE(loss, "train_step: an empty LossFn");
   DPT_REQUIRE(first >= 0 && count <= std::numeric_limits<int64_t>::max() - first,
               "train_step: " + std::to_string(count) + " samples from sample " + std::to_string(first));
@@ -323,7 +335,12 @@ StepLoss DataParallel::Impl::step_body(int64_t first, int64_t count, const Shard
       throw;
     }
   };
-  run_on_all(std::ref(replica_step));  // by reference: a std::function would copy a closure this large to the heap
+  try {
+    run_on_all(std::ref(replica_step));  // by reference: a std::function would copy a closure this large to the heap
+  } catch (const std::exception& e) {
+    abandon_unmatched_collectives(e.what());
+    throw;
+  }
   join_on_error.done = true;
   if (reducer_) {
     NvtxRange range("reduce");
