@@ -530,11 +530,11 @@ void one_replica_fails(int64_t failing_step) {
 }  // namespace
 
 TEST_CASE("a step that fails on one GPU of several (NCCL) throws, and no collective waits for it",
-          "[gpu][parallel][multigpu]") {
+          "[gpu][parallel][multigpu][abandon]") {
   one_replica_fails(3);
 }
 
-TEST_CASE("a failure on one GPU of several in the first step (NCCL) throws too", "[gpu][parallel][multigpu]") {
+TEST_CASE("a failure on one GPU of several in the first step (NCCL) throws too", "[gpu][parallel][multigpu][abandon]") {
   one_replica_fails(0);
 }
 
