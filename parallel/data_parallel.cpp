@@ -381,10 +381,13 @@ std::vector<optim::Optimizer*> DataParallel::Impl::optimizers() {
 }
 
 void DataParallel::Impl::synchronize() {
+  auto wait = [&](Context& ctx) {  // through the reduction: bounded by the timeout where ranks are involved
+    if (reducer_) reducer_->synchronize(ctx);
+    else ctx.synchronize();
+  };
   for (auto& r : replicas_) {
-    if (reducer_) reducer_->synchronize(*r.ctx);  // bounded by the timeout where ranks are involved
-    else r.ctx->synchronize();
-    if (r.update_ctx) r.update_ctx->synchronize();  // per-bucket updates (joined by no later step after an error)
+    wait(*r.ctx);
+    if (r.update_ctx) wait(*r.update_ctx);  // per-bucket updates (joined by no later step after an error)
   }
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <map>
 #include <set>
@@ -173,7 +174,29 @@ class NcclReducer : public Reducer, public ZeroReducer, public RankReducer {
 
   ~NcclReducer() override {
     for (ncclComm_t c : comms_)
-      if (c) ncclCommDestroy(c);
+      if (c && finalized(c)) ncclCommDestroy(c);
+  }
+
+  // A rank's non-blocking communicator finishes its last calls before it is destroyed
+  // (ncclCommFinalize, then waiting, within the timeout, for it to be done), so that no
+  // thread of NCCL's is left to race the process's exit; one that fails or does not finish
+  // in time is aborted instead, as is one destroyed by an error on its way out (its
+  // collectives may wait for ranks that will not come). Blocking ones need nothing.
+  bool finalized(ncclComm_t c) const {
+    if (!group_) return true;
+    if (std::uncaught_exceptions() > 0) {
+      ncclCommAbort(c);
+      return false;
+    }
+    ncclResult_t st = ncclCommFinalize(c);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(group_->timeout());
+    while (st == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (ncclCommGetAsyncError(c, &st) != ncclSuccess) break;
+    }
+    if (st == ncclSuccess) return true;
+    ncclCommAbort(c);
+    return false;
   }
 
   // Waits until a non-blocking communicator has finished its last call, within the

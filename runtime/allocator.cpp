@@ -23,9 +23,9 @@ constexpr size_t kLargeRound = 2 << 20;  // above it, 2 MiB granularity
 
 size_t total_memory(const Device& d) {
 #if DPT_WITH_CUDA
-  if (d.is_cuda()) {
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) return total_b;
+  if (d.is_cuda()) {  // d's, whichever device is current (cudaMemGetInfo tells the current one's)
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d.index) == cudaSuccess) return prop.totalGlobalMem;
     cudaGetLastError();
     return 0;
   }
