@@ -427,6 +427,47 @@ TEST_CASE("ZeRO stage 2 keeps a shard of the gradients and the buckets in flight
   }
 }
 
+// A replica whose step fails (its loss throws, as an out-of-memory error would) hands no
+// bucket over, while the others may wait for their buckets' sums before they reuse a slot
+// (stage 2): the step throws instead of waiting forever, updates nothing, and the next
+// step trains as if the failed one had not been. Every stage, with and without micro-batches.
+TEST_CASE("a step that fails on one replica throws, and the next trains (host, ZeRO 0 to 2)", "[parallel][zero]") {
+  data::Synthetic d({.task = data::Task::regression, .in = 32, .out = 32, .seed = 2}, Device{DeviceType::cpu, 0});
+  for (int zero : {0, 1, 2})
+    for (int accum : {1, 2}) {
+      INFO("zero " << zero << ", " << accum << " micro-batches");
+      auto make = [&](int first_device) {
+        auto m = nn::mlp("32-32x8-32");  // nine layers of 1056 floats: a layer a bucket (stage 2: two slots)
+        m->to({DeviceType::cpu, first_device}, 4);
+        return std::make_unique<DataParallel>(
+            m, cpus(3, first_device),
+            [](nn::Module& r) { return std::make_unique<optim::AdamW>(r, optim::AdamW::Options{.lr = 0.003f}); },
+            DataParallelOptions{.bucket_mb = 0.005, .grad_accum = accum, .zero = zero});
+      };
+      auto failing = make(160), straight = make(170);
+      REQUIRE(failing->buckets() >= 8);
+      bool fail = false;
+      const LossFn loss = [&](const Tensor& out, const Tensor& y) {
+        if (fail && out.device() == failing->device(1)) throw OutOfMemory("out of memory on cpu:161 (the test's)");
+        return nn::MSELoss()(out, y);
+      };
+      for (int s = 0; s < 2; ++s) {
+        failing->train_step(d.batch(s * 12, 12), loss);
+        straight->train_step(d.batch(s * 12, 12), nn::MSELoss());
+      }
+      fail = true;
+      CHECK_THROWS_AS(failing->train_step(d.batch(24, 12), loss), OutOfMemory);
+      CHECK(failing->optimizer().steps_taken() == 2);
+      fail = false;
+      for (int s = 2; s < 4; ++s) {
+        failing->train_step(d.batch(s * 12, 12), loss);
+        straight->train_step(d.batch(s * 12, 12), nn::MSELoss());
+      }
+      CHECK(failing->replicas_identical());
+      CHECK(failing->replica(0).flat_params().to_host() == straight->replica(0).flat_params().to_host());
+    }
+}
+
 TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage 0", "[parallel][zero]") {
   check_skips_as_stage_0(overflowing(cpus(3, 160)), 2);
   // 12 replicas on a model of 3 parameters: empty shards, and a batch smaller than the replicas.
