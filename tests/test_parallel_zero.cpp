@@ -3,9 +3,11 @@
 // shard and over N GPUs.
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -24,6 +26,46 @@
 
 using namespace dpt;
 using namespace dpt::test;
+
+// A replica whose step fails (its loss throws, as an out-of-memory error would) hands no
+// bucket over, while the others may wait for their buckets' sums before they reuse a slot
+// (stage 2): the step throws instead of waiting forever, updates nothing, and the next
+// step trains as if the failed one had not been. `devices(k)`: three replicas' devices,
+// the k-th set of them (two DataParallels train side by side).
+namespace {
+void check_failed_step(const std::function<std::vector<Device>(int)>& devices, Reduce reduce, int zero, int accum) {
+  INFO(reduce_name(reduce) << ", zero " << zero << ", " << accum << " micro-batches");
+  data::Synthetic d({.task = data::Task::regression, .in = 32, .out = 32, .seed = 2}, Device{DeviceType::cpu, 0});
+  auto make = [&](int k) {
+    auto m = nn::mlp("32-32x8-32");  // nine layers of 1056 floats: a layer a bucket (stage 2: two slots)
+    m->to(devices(k).front(), 4);
+    return std::make_unique<DataParallel>(
+        m, devices(k),
+        [](nn::Module& r) { return std::make_unique<optim::AdamW>(r, optim::AdamW::Options{.lr = 0.003f}); },
+        DataParallelOptions{.reduce = reduce, .bucket_mb = 0.005, .grad_accum = accum, .zero = zero});
+  };
+  auto failing = make(0), straight = make(1);
+  REQUIRE(failing->buckets() >= 8);
+  std::atomic<bool> armed{false};  // the first replica to reach its loss then throws, alone
+  const LossFn loss = [&](const Tensor& out, const Tensor& y) {
+    if (armed.exchange(false)) throw OutOfMemory("out of memory (the test's)");
+    return nn::MSELoss()(out, y);
+  };
+  for (int s = 0; s < 2; ++s) {
+    failing->train_step(d.batch(s * 12, 12), loss);
+    straight->train_step(d.batch(s * 12, 12), nn::MSELoss());
+  }
+  armed = true;
+  CHECK_THROWS_AS(failing->train_step(d.batch(24, 12), loss), OutOfMemory);
+  CHECK(failing->optimizer().steps_taken() == 2);
+  for (int s = 2; s < 4; ++s) {
+    failing->train_step(d.batch(s * 12, 12), loss);
+    straight->train_step(d.batch(s * 12, 12), nn::MSELoss());
+  }
+  CHECK(failing->replicas_identical());
+  CHECK(failing->replica(0).flat_params().to_host() == straight->replica(0).flat_params().to_host());
+}
+}  // namespace
 
 #ifndef DPT_GPU_TESTS  // ---- the CPU cases (dpt_tests) ----
 
@@ -427,45 +469,9 @@ TEST_CASE("ZeRO stage 2 keeps a shard of the gradients and the buckets in flight
   }
 }
 
-// A replica whose step fails (its loss throws, as an out-of-memory error would) hands no
-// bucket over, while the others may wait for their buckets' sums before they reuse a slot
-// (stage 2): the step throws instead of waiting forever, updates nothing, and the next
-// step trains as if the failed one had not been. Every stage, with and without micro-batches.
 TEST_CASE("a step that fails on one replica throws, and the next trains (host, ZeRO 0 to 2)", "[parallel][zero]") {
-  data::Synthetic d({.task = data::Task::regression, .in = 32, .out = 32, .seed = 2}, Device{DeviceType::cpu, 0});
   for (int zero : {0, 1, 2})
-    for (int accum : {1, 2}) {
-      INFO("zero " << zero << ", " << accum << " micro-batches");
-      auto make = [&](int first_device) {
-        auto m = nn::mlp("32-32x8-32");  // nine layers of 1056 floats: a layer a bucket (stage 2: two slots)
-        m->to({DeviceType::cpu, first_device}, 4);
-        return std::make_unique<DataParallel>(
-            m, cpus(3, first_device),
-            [](nn::Module& r) { return std::make_unique<optim::AdamW>(r, optim::AdamW::Options{.lr = 0.003f}); },
-            DataParallelOptions{.bucket_mb = 0.005, .grad_accum = accum, .zero = zero});
-      };
-      auto failing = make(160), straight = make(170);
-      REQUIRE(failing->buckets() >= 8);
-      bool fail = false;
-      const LossFn loss = [&](const Tensor& out, const Tensor& y) {
-        if (fail && out.device() == failing->device(1)) throw OutOfMemory("out of memory on cpu:161 (the test's)");
-        return nn::MSELoss()(out, y);
-      };
-      for (int s = 0; s < 2; ++s) {
-        failing->train_step(d.batch(s * 12, 12), loss);
-        straight->train_step(d.batch(s * 12, 12), nn::MSELoss());
-      }
-      fail = true;
-      CHECK_THROWS_AS(failing->train_step(d.batch(24, 12), loss), OutOfMemory);
-      CHECK(failing->optimizer().steps_taken() == 2);
-      fail = false;
-      for (int s = 2; s < 4; ++s) {
-        failing->train_step(d.batch(s * 12, 12), loss);
-        straight->train_step(d.batch(s * 12, 12), nn::MSELoss());
-      }
-      CHECK(failing->replicas_identical());
-      CHECK(failing->replica(0).flat_params().to_host() == straight->replica(0).flat_params().to_host());
-    }
+    for (int accum : {1, 2}) check_failed_step([](int k) { return cpus(3, 160 + 10 * k); }, Reduce::host, zero, accum);
 }
 
 TEST_CASE("ZeRO stage 2: non-finite steps, empty shards and checkpoints as stage 0", "[parallel][zero]") {
@@ -572,6 +578,10 @@ TEST_CASE("ZeRO stages 1 and 2 over N GPUs (NCCL) train as stage 0", "[gpu][para
           }
         }
       }
+}
+
+TEST_CASE("a step that fails on one replica of a GPU's three throws, and the next trains (p2p)", "[gpu][parallel]") {
+  for (int accum : {1, 2}) check_failed_step([](int) { return std::vector<Device>(3, gpu); }, Reduce::p2p, 0, accum);
 }
 
 #endif  // DPT_GPU_TESTS
