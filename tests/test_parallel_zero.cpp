@@ -580,8 +580,14 @@ TEST_CASE("ZeRO stages 1 and 2 over N GPUs (NCCL) train as stage 0", "[gpu][para
       }
 }
 
-TEST_CASE("a step that fails on one replica of a GPU's three throws, and the next trains (p2p)", "[gpu][parallel]") {
-  for (int accum : {1, 2}) check_failed_step([](int) { return std::vector<Device>(3, gpu); }, Reduce::p2p, 0, accum);
+TEST_CASE("a step that fails on one replica of a GPU's three throws, and the next trains (p2p; NCCL alone)",
+          "[gpu][parallel]") {
+  for (int accum : {1, 2}) {
+    check_failed_step([](int) { return std::vector<Device>(3, gpu); }, Reduce::p2p, 0, accum);
+    if (built_with_nccl())
+      for (int zero : {0, 2})
+        check_failed_step([](int) { return std::vector<Device>{gpu}; }, Reduce::nccl, zero, accum);
+  }
 }
 
 #endif  // DPT_GPU_TESTS
