@@ -25,6 +25,7 @@ part=${PART:-all}
 case "$part" in tests | bench | all) ;; *) echo "multi_gpu_check: PART is tests, bench or all, got '$part'"; exit 2 ;; esac
 n=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)  # GPUs, not MIG lines
 nvidia-smi -L
+[ "$n" -ge 2 ] || { echo "multi_gpu_check: $n GPU(s) here, it needs 2 or more"; exit 1; }
 if [ "${PREBUILT:-0}" = 1 ]; then
   for bin in build/tests/dpt_gpu_tests build/apps/dptrain build/tests/ddp_check build/benchmarks/dpbench; do
     [ -x "$bin" ] || { echo "multi_gpu_check: PREBUILT=1 but $bin is missing or not executable"; exit 1; }
@@ -35,21 +36,33 @@ else
 fi
 mpi=(mpirun --bind-to none -x NCCL_NVLS_ENABLE)  # ranks not pinned to one core beside NCCL's threads
 failures=0
+# Each part keeps within one command of the GPU machine: a command gets at most what is
+# left of BUDGET_S (540 s), and one with under 20 s left is skipped.
+budget_end=$(($(date +%s) + ${BUDGET_S:-540}))
 
-# check NAME SECONDS PATTERN COMMAND...: runs COMMAND within SECONDS, its output in
-# $logs/NAME.log; shows the lines matching PATTERN and any failure's, and its end when it
-# failed.
+# check NAME SECONDS PATTERN COMMAND...: runs COMMAND within SECONDS (or what is left of
+# the budget), its output in $logs/NAME.log; shows the lines matching PATTERN and any
+# failure's, and the log's end when it failed.
 check() {
-  local name=$1 secs=$2 pattern=$3
+  local name=$1 secs=$2 pattern=$3 left
   shift 3
+  left=$((budget_end - $(date +%s)))
+  if [ "$left" -lt 20 ]; then
+    echo "!! $name: skipped, the budget is spent"
+    failures=$((failures + 1))
+    return
+  fi
+  [ "$secs" -le "$left" ] || secs=$left
   echo "-- $name: $*"
   timeout -k 10 "$secs" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
   grep -E "$pattern|FAILED|error:|rror [a-z]" "$logs/$name.log" | head -30
   if [ "$rc" -ne 0 ]; then
     failures=$((failures + 1))
-    echo "!! $name: exit $rc$([ "$rc" -ge 124 ] && echo ' (timed out)'); the log's end:"
-    tail -15 "$logs/$name.log"
+    local why=""
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && why=" (out of time: ${secs} s)"
+    echo "!! $name: exit $rc$why; the log's end:"
+    tail -8 "$logs/$name.log"
   fi
 }
 summary='^done|^step time|^memory|^param|tuned'
@@ -58,8 +71,8 @@ if [ "$part" != bench ]; then
   tests=build/tests/dpt_gpu_tests
   # [parallel]: p2p's chunked copy on two GPUs too. A step failing on one GPU, apart: were
   # it to hang, the others would still report.
-  check gpu_tests 360 'test cases|All tests passed' "$tests" '[multigpu]~[abandon],[parallel]~[abandon]'
-  check gpu_tests_abandon 120 'test cases|All tests passed' "$tests" '[abandon]'
+  check gpu_tests 300 'test cases|All tests passed' "$tests" '[multigpu]~[failed_step],[parallel]~[failed_step]'
+  check gpu_tests_failed_step 90 'test cases|All tests passed' "$tests" '[failed_step]' --durations yes
   for np in $(printf '%s\n' 2 "$n" | sort -un); do
     for extra in "" "--zero 1" "--zero 2" "--cuda-graph 1" "--cuda-graph 1 --zero 1"; do
       # (each rank's step and its NCCL collectives recorded as a CUDA graph with --cuda-graph)

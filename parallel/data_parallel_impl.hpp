@@ -46,8 +46,8 @@ std::unique_ptr<Reducer> make_reducer(const DataParallelOptions& options, Reduce
 // otherwise: a source that gives more or fewer would be weighted by the plan's share all
 // the same).
 data::Batch take_shard(const ShardSource& source, size_t r, int64_t first, int64_t count);
-// What the program's source threw, the first replica's, as it threw it.
-void rethrow_source_error(const std::vector<std::exception_ptr>& errors);
+// The first replica's error (what its source threw, as it threw it, or its step's).
+void rethrow_first(const std::vector<std::exception_ptr>& errors);
 
 struct DataParallel::Impl {
   Impl(DataParallel& owner, std::shared_ptr<nn::Module> model, std::vector<Device> devices,
@@ -129,10 +129,16 @@ struct DataParallel::Impl {
   StepLoss evaluate(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric);
   void infer(int64_t first, int64_t count, const ShardSource& source, const OutputFn& take);
   void run_on_all(const std::function<void(size_t)>& fn);
+  // What replica i's error is reported as: the library's errors name their replica and
+  // device, a failed host allocation is an out-of-memory error.
+  std::exception_ptr replica_error(size_t i, std::exception_ptr e) const;
   // The step after the plan and the checks: the eager step, and what a graph records.
   StepLoss step_body(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss, const LossFn& metric);
-  void forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss, Tensor& loss_out,
-                        const LossFn& metric, Tensor& metric_out, bool first_micro, bool last_micro);
+  // Returns the error of its forward or backward (out of memory), once it has handed every
+  // bucket over all the same (null when none).
+  std::exception_ptr forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss,
+                                      Tensor& loss_out, const LossFn& metric, Tensor& metric_out, bool first_micro,
+                                      bool last_micro);
   // ZeRO: the partitions' sums waited for, and (clip, check_finite) their norm's parts summed.
   void check_partitions();
   // ZeRO: every partition's updated parameters to every replica and their bf16 shadow, as
@@ -177,13 +183,17 @@ struct DataParallel::Impl {
   data::Batch next_step_inputs(size_t replica) const;
 
   bool per_bucket_ = false;
-  // A replica's source failed this step: the per-bucket updates are skipped, as the update
-  // of an abandoned step is (set before any replica hands a bucket over).
+  // A replica's source or step failed: the per-bucket updates are skipped, as the update
+  // of an abandoned step is (a source's failure is known before any replica hands a bucket over).
   std::atomic<bool> step_failed_{false};
-  std::vector<std::exception_ptr> source_error_;  // per replica, the step's; kept to spare an allocation a step
-  // Why the reduction's collectives were cancelled after a step failed on some replicas
-  // (Reducer::abandon_if_unmatched); empty while they were not. No step runs after it.
-  std::string abandoned_;
+  // Per replica, what ended the step there: its source's error, or its forward's or
+  // backward's (after which it still took part in the step's collectives); kept to spare
+  // an allocation a step.
+  std::vector<std::exception_ptr> replica_error_;
+  // The reduction's collectives were cancelled after a step failed on some replicas
+  // (Reducer::abandon_if_unmatched), for this reason: no step runs after it.
+  bool abandoned_ = false;
+  std::string abandoned_why_;
   void abandon_unmatched_collectives(const std::string& why);
   void refuse_if_abandoned(const char* what) const;
   Tensor buffers_before_step_;  // the master's buffers as an eager step began (restored if its sources fail)

@@ -122,7 +122,7 @@ void DataParallel::Impl::take_graph_inputs(GraphInputs& in, int64_t first, int64
       if (!take_replica_inputs(in, r, first, shares, source, next_first, source_errors[r])) return;
       if (r > 0) graph_inputs_ready_[r]->record(*replicas_[r].ctx);  // after what the source queued there
     });
-    rethrow_source_error(source_errors);
+    rethrow_first(source_errors);
   } catch (...) {
     offered_ = nullptr;
     // Buffers made anew for this step are not the recorded graphs' any more: a replay after

@@ -18,10 +18,10 @@
 
 namespace dpt {
 
-// What the program's source threw, the first replica's, as it threw it (run_on_all adds
-// the replica to what the library throws; a data set's own exception is the program's to
-// catch, in training, evaluation and inference alike).
-void rethrow_source_error(const std::vector<std::exception_ptr>& errors) {
+// The first replica's error: what the program's source threw, as it threw it (a data set's
+// own exception is the program's to catch, in training, evaluation and inference alike), or
+// its step's, as run_on_all reports it.
+void rethrow_first(const std::vector<std::exception_ptr>& errors) {
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
 }
@@ -46,31 +46,42 @@ const ShardPlan& DataParallel::Impl::plan(int64_t batch) {
   return plan_;
 }
 
+std::exception_ptr DataParallel::Impl::replica_error(size_t i, std::exception_ptr e) const {
+  try {
+    std::rethrow_exception(e);
+  } catch (const OutOfMemory&) {
+    return e;  // names its device already
+  } catch (const UsageError&) {
+    return e;
+  } catch (const std::bad_alloc&) {  // a host buffer of the step (the CPU's own kernels, staging)
+    return std::make_exception_ptr(OutOfMemory(
+        "out of memory on the host while replica " + std::to_string(i) + " on " + replicas_[i].device.str() +
+            " stepped (a host allocation failed); use a smaller batch ({}) or model",
+        {{"TrainConfig", "batch"}}));
+  } catch (const std::exception& x) {
+    return std::make_exception_ptr(
+        Error(std::string(x.what()) + " [replica " + std::to_string(i) + " on " + replicas_[i].device.str() + "]"));
+  } catch (...) {
+    return e;
+  }
+}
+
 void DataParallel::Impl::run_on_all(const std::function<void(size_t)>& fn) {
   auto guarded = [&](size_t i) {
     ContextGuard g(*replicas_[i].ctx);
     try {
       fn(i);
-    } catch (const OutOfMemory&) {
-      throw;  // names its device already
-    } catch (const UsageError&) {
-      throw;
-    } catch (const std::bad_alloc&) {  // a host buffer of the step (the CPU's own kernels, staging)
-      throw OutOfMemory("out of memory on the host while replica " + std::to_string(i) + " on " +
-                            replicas_[i].device.str() +
-                            " stepped (a host allocation failed); use a smaller batch ({}) or model",
-                        {{"TrainConfig", "batch"}});
-    } catch (const std::exception& e) {
-      throw Error(std::string(e.what()) + " [replica " + std::to_string(i) + " on " + replicas_[i].device.str() + "]");
+    } catch (...) {
+      std::rethrow_exception(replica_error(i, std::current_exception()));
     }
   };
   if (pool_) pool_->run(guarded);
   else guarded(0);
 }
 
-void DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, double weight, const LossFn& loss_fn,
-                                          Tensor& loss_out, const LossFn& metric, Tensor& metric_out, bool first_micro,
-                                          bool last_micro) {
+std::exception_ptr DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, double weight,
+                                                        const LossFn& loss_fn, Tensor& loss_out, const LossFn& metric,
+                                                        Tensor& metric_out, bool first_micro, bool last_micro) {
   Replica& rep = replicas_[r];
   if (first_micro) {
     if (r == 0 && timing_ && !recording_) rep.t_start->record(*rep.ctx);
@@ -139,42 +150,51 @@ void DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, do
       if (slots_.own_slot(b)) acquire(b);
       else acquire_up_to(b);
     };
-  if (shard.x.defined()) {
-    Tensor loss;
-    {
-      NvtxRange range(rep.nvtx_forward.c_str());
-      std::optional<nn::BeforeChildGuard> wait_per_layer;  // p2p: the parameters arrive layer by layer
-      if (rep.chunks_waited < rep.chunk_copied.size())
-        wait_per_layer.emplace(rep.model.get(), [&](size_t c) {
-          if (chunk_of_child_[c] >= 0) rep.wait_for_chunk(static_cast<size_t>(chunk_of_child_[c]));
-        });
-      const Tensor out = rep.model->forward(shard.x);
-      wait_per_layer.reset();
-      rep.wait_for_copies();  // every chunk before backward, which hands its gradients on
-      loss = loss_fn(out, shard.y);
-      if (metric) metric_out = metric(out.detach(), shard.y);  // before backward may reuse the output
+  // An error of forward or backward (out of memory) ends this replica's step, but the others
+  // wait for its buckets in their collectives: it hands them over all the same (what
+  // backward did not reach as zeros), as a replica whose source failed does, and the step
+  // is abandoned before its update. Not while a graph records: nothing waits there.
+  std::exception_ptr failed;
+  if (shard.x.defined()) try {
+      Tensor loss;
+      {
+        NvtxRange range(rep.nvtx_forward.c_str());
+        std::optional<nn::BeforeChildGuard> wait_per_layer;  // p2p: the parameters arrive layer by layer
+        if (rep.chunks_waited < rep.chunk_copied.size())
+          wait_per_layer.emplace(rep.model.get(), [&](size_t c) {
+            if (chunk_of_child_[c] >= 0) rep.wait_for_chunk(static_cast<size_t>(chunk_of_child_[c]));
+          });
+        const Tensor out = rep.model->forward(shard.x);
+        wait_per_layer.reset();
+        rep.wait_for_copies();  // every chunk before backward, which hands its gradients on
+        loss = loss_fn(out, shard.y);
+        if (metric) metric_out = metric(out.detach(), shard.y);  // before backward may reuse the output
+      }
+      // The gradient of weight * loss: summed over replicas, ranks and micro-batches, the
+      // full batch's gradient.
+      LeafHook hook;
+      if (communicate && overlap_)
+        hook = [&](const Tensor& leaf) {
+          const int k = rep.param_of(leaf);
+          if (k < 0) return;
+          for (int bi : buckets_of_param_[static_cast<size_t>(k)]) {
+            const size_t b = static_cast<size_t>(bi);
+            if (--rep.pending[b] < 0)
+              throw Error(
+                  "a parameter received its gradient more often in one step than it is used (Parameter::uses): "
+                  "data parallelism needs each parameter used as often as it says");
+            if (rep.pending[b] == 0) complete[b] = true;
+          }
+          hand_over();
+        };
+      NvtxRange range(rep.nvtx_backward.c_str());
+      run_backward(loss, static_cast<float>(weight), hook, before_write);
+      loss_out = loss.detach();
+    } catch (...) {
+      if (recording_) throw;
+      failed = replica_error(r, std::current_exception());
+      step_failed_ = true;  // before the buckets below: none of them is updated
     }
-    // The gradient of weight * loss: summed over replicas, ranks and micro-batches, the
-    // full batch's gradient.
-    LeafHook hook;
-    if (communicate && overlap_)
-      hook = [&](const Tensor& leaf) {
-        const int k = rep.param_of(leaf);
-        if (k < 0) return;
-        for (int bi : buckets_of_param_[static_cast<size_t>(k)]) {
-          const size_t b = static_cast<size_t>(bi);
-          if (--rep.pending[b] < 0)
-            throw Error(
-                "a parameter received its gradient more often in one step than it is used (Parameter::uses): "
-                "data parallelism needs each parameter used as often as it says");
-          if (rep.pending[b] == 0) complete[b] = true;
-        }
-        hand_over();
-      };
-    NvtxRange range(rep.nvtx_backward.c_str());
-    run_backward(loss, static_cast<float>(weight), hook, before_write);
-    loss_out = loss.detach();
-  }
   rep.wait_for_copies();            // an empty shard: before its buckets are handed over
   if (communicate && zero_ == 2) {  // the buckets backward did not finish, in their turn
     if (!buckets_.empty()) acquire_up_to(buckets_.size() - 1);
@@ -188,6 +208,7 @@ void DataParallel::Impl::forward_backward(size_t r, const data::Batch& shard, do
     }
   }
   if (r == 0 && last_micro && timing_ && !recording_) rep.t_backward->record(*rep.ctx);
+  return failed;
 }
 
 void DataParallel::Impl::update(size_t r) {
@@ -215,12 +236,14 @@ void DataParallel::Impl::update(size_t r) {
 }
 
 void DataParallel::Impl::abandon_unmatched_collectives(const std::string& why) {
-  if (reducer_ && reducer_->abandon_if_unmatched()) abandoned_ = why;
+  if (recording_ || !reducer_ || !reducer_->abandon_if_unmatched()) return;  // (a recording's collectives never ran)
+  abandoned_ = true;
+  abandoned_why_ = why;
 }
 
 void DataParallel::Impl::refuse_if_abandoned(const char* what) const {
-  if (!abandoned_.empty())
-    throw Error(std::string(what) + ": a step failed on some replicas while the others reduced (" + abandoned_ +
+  if (abandoned_)
+    throw Error(std::string(what) + ": a step failed on some replicas while the others reduced (" + abandoned_why_ +
                 "), and the reduction's collectives were cancelled so that none waits forever; this DataParallel "
                 "trains no more: make a new one (from a checkpoint)");
 }
@@ -271,7 +294,7 @@ StepLoss DataParallel::Impl::step_body(int64_t first, int64_t count, const Shard
   // step's collectives, with an empty shard, so that no other replica waits for it in an
   // all-reduce; the step is then abandoned before the update and the error rethrown.
   if (reducer_) reducer_->begin_step();
-  source_error_.assign(replicas_.size(), nullptr);
+  replica_error_.assign(replicas_.size(), nullptr);
   step_failed_ = false;
   // The master's forward writes its buffers (batch norm's running statistics) before another
   // replica's or micro-batch's source may fail: they are kept as the step began, so that an
@@ -314,19 +337,20 @@ StepLoss DataParallel::Impl::step_body(int64_t first, int64_t count, const Shard
         const SampleRange m = shares.micro(r, k);
         const size_t slot = r * per_replica + static_cast<size_t>(k);
         out.weights[slot] = shares.weight(r, k);
-        data::Batch shard;
-        if (m.count > 0 && !source_error_[r]) try {
+        data::Batch shard;  // none after an error: the rest of the step runs on empty shards
+        if (m.count > 0 && !replica_error_[r]) try {
             shard = take_shard(source, r, first + m.first, m.count);
           } catch (...) {
-            source_error_[r] = std::current_exception();
+            replica_error_[r] = std::current_exception();
             step_failed_ = true;
           }
         if (k + 1 == k_total && !arrived) {
           arrived = true;
           sources_taken->arrive_and_wait();
         }
-        forward_backward(r, shard, out.weights[slot], loss, out.losses[slot], metric,
-                         metric ? out.metrics[slot] : no_metric, k == 0, k + 1 == k_total);
+        if (std::exception_ptr e = forward_backward(r, shard, out.weights[slot], loss, out.losses[slot], metric,
+                                                    metric ? out.metrics[slot] : no_metric, k == 0, k + 1 == k_total))
+          replica_error_[r] = e;
       }
       if (after_backward_) after_backward_(r);
     } catch (...) {
@@ -341,19 +365,32 @@ StepLoss DataParallel::Impl::step_body(int64_t first, int64_t count, const Shard
   } catch (const std::exception& e) {
     abandon_unmatched_collectives(e.what());
     throw;
+  } catch (...) {
+    abandon_unmatched_collectives("an exception that is no std::exception");
+    throw;
   }
   join_on_error.done = true;
   if (reducer_) {
     NvtxRange range("reduce");
     reducer_->reduce();
   }
-  if (std::any_of(source_error_.begin(), source_error_.end(), [](const auto& e) { return e != nullptr; })) {
+  if (const auto failed = std::find_if(replica_error_.begin(), replica_error_.end(), [](const auto& e) { return e; });
+      failed != replica_error_.end()) {
+    // A replica whose hand-over itself failed (a collective refused) left the others'
+    // collectives unmatched: cancelled before anything waits for them.
+    try {
+      std::rethrow_exception(*failed);
+    } catch (const std::exception& e) {
+      abandon_unmatched_collectives(e.what());
+    } catch (...) {
+      abandon_unmatched_collectives("an exception that is no std::exception");
+    }
     if (keep_buffers) {
       ContextGuard g(*replicas_[0].ctx);
       copy(master_buffers, buffers_before_step_);
     }
     synchronize();  // the collectives are done, on every replica
-    rethrow_source_error(source_error_);
+    rethrow_first(replica_error_);
   }
   if (!partitions_.empty()) check_partitions();
   run_on_all([&](size_t r) { update(r); });
@@ -421,7 +458,7 @@ void DataParallel::Impl::infer(int64_t first, int64_t count, const ShardSource& 
     }
     rep.model->train(was_training);
   });
-  rethrow_source_error(source_errors);
+  rethrow_first(source_errors);
 }
 
 StepLoss DataParallel::Impl::evaluate(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,

@@ -478,66 +478,6 @@ TEST_CASE("N GPUs equal one GPU on both paths, with balanced memory", "[gpu][par
   }
 }
 
-// One replica's step fails (its loss throws, as an out-of-memory error in its forward or
-// backward would) while the others queue their buckets' all-reduces, which would wait for
-// it forever: the step throws instead, the collectives are cancelled, and the DataParallel
-// refuses to train on. A failure on every replica alike leaves no collective unmatched
-// and the DataParallel usable. At failing_step 0 the failure comes before any collective
-// ran (NCCL connects its peers on a communicator's first collectives).
-namespace {
-void one_replica_fails(int64_t failing_step) {
-  const int gpus = cuda_device_count();
-  if (gpus < 2 || !built_with_nccl()) {
-    WARN("one GPU here (or no NCCL): a failure on one of several GPUs needs 2 or more");
-    return;
-  }
-  const Device host{DeviceType::cpu, 0};
-  data::Synthetic d({.task = data::Task::regression, .in = 6, .out = 3, .seed = 2}, host);
-  auto m = nn::mlp("6-64x3-3");
-  m->to(gpu, 4);
-  DataParallel dp(
-      m, {gpu, {DeviceType::cuda, 1}},
-      [](nn::Module& r) { return std::make_unique<optim::SGD>(r, optim::SGD::Options{.lr = 0.1f}); },
-      DataParallelOptions{.reduce = Reduce::nccl, .bucket_mb = 0.001});
-  REQUIRE(dp.buckets() >= 3);
-  enum class Fail { none, second_gpu, every_gpu } fail = Fail::none;
-  const LossFn loss = [&](const Tensor& out, const Tensor& y) {
-    if (fail == Fail::every_gpu || (fail == Fail::second_gpu && out.device().index == 1))
-      throw OutOfMemory("out of memory on " + out.device().str() + " (the test's)");
-    return nn::MSELoss()(out, y);
-  };
-  for (int64_t s = 0; s < failing_step; ++s) dp.train_step(d.batch(s * 8, 8), loss);
-  if (failing_step > 0) {
-    fail = Fail::every_gpu;  // nothing queued anywhere: nothing to cancel
-    CHECK_THROWS_AS(dp.train_step(d.batch(0, 8), loss), OutOfMemory);
-    fail = Fail::none;
-    dp.train_step(d.batch(failing_step * 8, 8), loss);
-    CHECK(dp.replicas_identical());
-  }
-  fail = Fail::second_gpu;
-  CHECK_THROWS_AS(dp.train_step(d.batch(0, 8), loss), OutOfMemory);
-  fail = Fail::none;
-  std::string refused;
-  try {
-    dp.train_step(d.batch(0, 8), loss);
-  } catch (const Error& e) {
-    refused = e.what();
-  }
-  CHECK(refused.find("DataParallel::train_step: a step failed on some replicas while the others reduced "
-                     "(out of memory on cuda:1 (the test's)") == 0);
-  dp.synchronize();  // nothing left waiting (and the destructor frees the communicators' remains)
-}
-}  // namespace
-
-TEST_CASE("a step that fails on one GPU of several (NCCL) throws, and no collective waits for it",
-          "[gpu][parallel][multigpu][abandon]") {
-  one_replica_fails(3);
-}
-
-TEST_CASE("a failure on one GPU of several in the first step (NCCL) throws too", "[gpu][parallel][multigpu][abandon]") {
-  one_replica_fails(0);
-}
-
 TEST_CASE("a host batch is split, staged through pinned memory and trained exactly", "[gpu][parallel]") {
   data::Synthetic d({.task = data::Task::regression, .in = 6, .out = 3, .seed = 2}, host);
   auto make = [&](std::vector<Device> devs) {

@@ -27,14 +27,17 @@
 using namespace dpt;
 using namespace dpt::test;
 
-// A replica whose step fails (its loss throws, as an out-of-memory error would) hands no
-// bucket over, while the others may wait for their buckets' sums before they reuse a slot
-// (stage 2): the step throws instead of waiting forever, updates nothing, and the next
-// step trains as if the failed one had not been. `devices(k)`: three replicas' devices,
-// the k-th set of them (two DataParallels train side by side).
+// A replica whose step fails (its loss throws, as an out-of-memory error would) while the
+// others hand their buckets over and wait for their sums (NCCL's collectives; stage 2's
+// slots on CPU devices): it hands its own over all the same, the step throws instead of
+// waiting forever, updates nothing, and the next step trains as if the failed one had not
+// been. `devices(k)`: the replicas' devices for the k-th of two DataParallels trained side
+// by side; `before`: the steps before the failing one (0: it is the first, where NCCL
+// connects its peers).
 namespace {
-void check_failed_step(const std::function<std::vector<Device>(int)>& devices, Reduce reduce, int zero, int accum) {
-  INFO(reduce_name(reduce) << ", zero " << zero << ", " << accum << " micro-batches");
+void check_failed_step(const std::function<std::vector<Device>(int)>& devices, Reduce reduce, int zero, int accum,
+                       int before = 2) {
+  INFO(reduce_name(reduce) << ", zero " << zero << ", " << accum << " micro-batches, " << before << " steps before");
   data::Synthetic d({.task = data::Task::regression, .in = 32, .out = 32, .seed = 2}, Device{DeviceType::cpu, 0});
   auto make = [&](int k) {
     auto m = nn::mlp("32-32x8-32");  // nine layers of 1056 floats: a layer a bucket (stage 2: two slots)
@@ -51,14 +54,14 @@ void check_failed_step(const std::function<std::vector<Device>(int)>& devices, R
     if (armed.exchange(false)) throw OutOfMemory("out of memory (the test's)");
     return nn::MSELoss()(out, y);
   };
-  for (int s = 0; s < 2; ++s) {
+  for (int s = 0; s < before; ++s) {
     failing->train_step(d.batch(s * 12, 12), loss);
     straight->train_step(d.batch(s * 12, 12), nn::MSELoss());
   }
   armed = true;
-  CHECK_THROWS_AS(failing->train_step(d.batch(24, 12), loss), OutOfMemory);
-  CHECK(failing->optimizer().steps_taken() == 2);
-  for (int s = 2; s < 4; ++s) {
+  CHECK_THROWS_AS(failing->train_step(d.batch(before * 12, 12), loss), OutOfMemory);
+  CHECK(failing->optimizer().steps_taken() == before);
+  for (int s = before; s < before + 2; ++s) {
     failing->train_step(d.batch(s * 12, 12), loss);
     straight->train_step(d.batch(s * 12, 12), nn::MSELoss());
   }
@@ -588,6 +591,26 @@ TEST_CASE("a step that fails on one replica of a GPU's three throws, and the nex
       for (int zero : {0, 2})
         check_failed_step([](int) { return std::vector<Device>{gpu}; }, Reduce::nccl, zero, accum);
   }
+}
+
+TEST_CASE("a step that fails on one GPU of several throws, and the next trains (NCCL, ZeRO 0 to 2; p2p)",
+          "[gpu][parallel][multigpu][failed_step]") {
+  const int gpus = std::min(cuda_device_count(), 3);
+  if (gpus < 2) {
+    WARN("one GPU here: a failure on one of several GPUs needs 2 or more");
+    return;
+  }
+  const auto devices = [gpus](int) {
+    std::vector<Device> d;
+    for (int i = 0; i < gpus; ++i) d.push_back({DeviceType::cuda, i});
+    return d;
+  };
+  if (built_with_nccl()) {
+    check_failed_step(devices, Reduce::nccl, 0, 1, /*before=*/0);  // before NCCL has connected its peers
+    for (int zero : {0, 1, 2})
+      for (int accum : {1, 2}) check_failed_step(devices, Reduce::nccl, zero, accum);
+  }
+  check_failed_step(devices, Reduce::p2p, 0, 2);
 }
 
 #endif  // DPT_GPU_TESTS

@@ -214,6 +214,11 @@ class DataParallel {
   // (or with micro-batches, which are copied as they come) copies them before its replay.
   // With a CUDA graph the returned losses hold until the next train_step: the replays of
   // the other recording use their memory.
+  // A step whose source, forward or backward throws on some replica (a bad row, out of
+  // memory) updates nothing and throws the first such replica's error, after every replica
+  // took part in its reduction (none waits for another forever); the next step trains as if
+  // it had not been. Should the reduction itself fail on a replica, a reduction between GPUs
+  // (NCCL) is cancelled, and this DataParallel throws on every later step.
   StepLoss train_step(int64_t first, int64_t count, const ShardSource& source, const LossFn& loss,
                       const LossFn& metric = {}, bool timed = true, int64_t next_first = -1);
   // With a CUDA graph, while train_step (with next_first -1 and one micro-batch, the graph
