@@ -129,27 +129,15 @@ class HostStage2Reducer : public Reducer, public ZeroReducer {
   void begin_step() override {
     std::lock_guard<std::mutex> lock(mu_);
     std::fill(arrivals_.begin(), arrivals_.end(), 0);
-    if (failed_) {  // the abandoned step's hand-overs were never summed: none is awaited now
-      for (auto& h : handed_) h = reduced_;
-      failed_ = false;
-    }
   }
-  void replica_failed(size_t) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    failed_ = true;
-    done_.notify_all();
-  }
-  // A slot is written again once its last bucket is summed, or once the step failed (and
-  // is summed no more).
   void before_write(size_t r, size_t b) override {
     const size_t s = layout_.slot_of[b];
     std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return failed_ || reduced_[s] >= handed_[r][s]; });
+    done_.wait(lock, [&] { return reduced_[s] >= handed_[r][s]; });
   }
   void bucket_ready(size_t r, size_t b) override {
     const size_t s = layout_.slot_of[b];
     std::lock_guard<std::mutex> lock(mu_);  // one sum at a time: CPU devices share the host
-    if (failed_) return;
     handed_[r][s] += 1;
     const int64_t n = static_cast<int64_t>(r_.size());
     if (++arrivals_[b] % n != 0) return;
@@ -187,7 +175,6 @@ class HostStage2Reducer : public Reducer, public ZeroReducer {
   std::vector<int64_t> arrivals_;             // per bucket: hand-overs this step, over the replicas
   std::vector<std::vector<int64_t>> handed_;  // [replica][slot]: buckets handed over through it
   std::vector<int64_t> reduced_;              // per slot: buckets summed out of it
-  bool failed_ = false;                       // a replica's step threw: nothing is summed until the next
 };
 
 }  // namespace

@@ -126,9 +126,6 @@ class Reducer {
   virtual bool tells_bucket_done() const { return false; }
   void on_bucket_done(BucketDone done) { bucket_done_ = std::move(done); }
 
-  // From replica r's thread as its step throws (out of memory): the others must not wait
-  // on the host for a bucket it will never hand over. The step is then abandoned.
-  virtual void replica_failed(size_t /*r*/) {}
   // From the driving thread after a step failed on some replicas (out of memory in one
   // replica's backward): a collective that some replicas queued and the others never will
   // waits forever, and so does every later wait on its stream (a synchronize, a

@@ -355,7 +355,6 @@ StepLoss DataParallel::Impl::step_body(int64_t first, int64_t count, const Shard
       if (after_backward_) after_backward_(r);
     } catch (...) {
       step_failed_ = true;
-      if (reducer_) reducer_->replica_failed(r);       // nor for its buckets
       if (!arrived) sources_taken->arrive_and_drop();  // the others do not wait for this one
       throw;
     }
