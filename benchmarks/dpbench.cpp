@@ -73,13 +73,7 @@ std::vector<T> unique_in_order(const std::vector<T>& v) {
 // A comma list flag's items, none empty. (CLI11's delimiter dropped empty items, so that
 // `--precision ,` took the next flag as its value and `--precision ''` asked for nothing.)
 std::vector<std::string> comma_items(const std::string& flag, const std::string& text) {
-  std::vector<std::string> items;
-  for (size_t start = 0;;) {
-    const size_t end = text.find(',', start);
-    items.push_back(text.substr(start, end - start));
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
+  std::vector<std::string> items = dpt::split(text, ',');
   for (const auto& item : items)
     if (item.empty()) throw dpt::UsageError(flag + " is a comma list without empty items, got '" + text + "'");
   return items;

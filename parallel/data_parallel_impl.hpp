@@ -194,7 +194,7 @@ struct DataParallel::Impl {
   // (Reducer::abandon_if_unmatched), for this reason: no step runs after it.
   bool abandoned_ = false;
   std::string abandoned_why_;
-  void abandon_unmatched_collectives(const std::string& why);
+  void abandon_unmatched_collectives(const std::exception_ptr& why);
   void refuse_if_abandoned(const char* what) const;
   Tensor buffers_before_step_;  // the master's buffers as an eager step began (restored if its sources fail)
   std::shared_ptr<DataParallel* const> self_;  // for StepLoss::owner

@@ -235,10 +235,16 @@ void DataParallel::Impl::update(size_t r) {
   if (r == 0 && timing_ && !recording_) rep.t_updated->record(*rep.ctx);
 }
 
-void DataParallel::Impl::abandon_unmatched_collectives(const std::string& why) {
+void DataParallel::Impl::abandon_unmatched_collectives(const std::exception_ptr& why) {
   if (recording_ || !reducer_ || !reducer_->abandon_if_unmatched()) return;  // (a recording's collectives never ran)
   abandoned_ = true;
-  abandoned_why_ = why;
+  try {
+    std::rethrow_exception(why);
+  } catch (const std::exception& e) {
+    abandoned_why_ = e.what();
+  } catch (...) {
+    abandoned_why_ = "an exception that is no std::exception";
+  }
 }
 
 void DataParallel::Impl::refuse_if_abandoned(const char* what) const {
@@ -361,11 +367,8 @@ StepLoss DataParallel::Impl::step_body(int64_t first, int64_t count, const Shard
   };
   try {
     run_on_all(std::ref(replica_step));  // by reference: a std::function would copy a closure this large to the heap
-  } catch (const std::exception& e) {
-    abandon_unmatched_collectives(e.what());
-    throw;
   } catch (...) {
-    abandon_unmatched_collectives("an exception that is no std::exception");
+    abandon_unmatched_collectives(std::current_exception());
     throw;
   }
   join_on_error.done = true;
@@ -377,13 +380,7 @@ StepLoss DataParallel::Impl::step_body(int64_t first, int64_t count, const Shard
       failed != replica_error_.end()) {
     // A replica whose hand-over itself failed (a collective refused) left the others'
     // collectives unmatched: cancelled before anything waits for them.
-    try {
-      std::rethrow_exception(*failed);
-    } catch (const std::exception& e) {
-      abandon_unmatched_collectives(e.what());
-    } catch (...) {
-      abandon_unmatched_collectives("an exception that is no std::exception");
-    }
+    abandon_unmatched_collectives(*failed);
     if (keep_buffers) {
       ContextGuard g(*replicas_[0].ctx);
       copy(master_buffers, buffers_before_step_);
