@@ -56,11 +56,13 @@ struct Workload {
 // against labels drawn from the same generator); a GPT predicts random tokens' next
 // tokens. bf16 is bf16 storage, as in training: activations and weight copies in bf16,
 // fp32 master weights, gradients and optimizer state (the input is cast in the first layer).
-Workload make_workload(const std::string& model, int64_t batch, int64_t seq, const Device& d, Precision precision) {
+Workload make_workload(const std::string& model, int64_t batch, int64_t seq, const Device& d, Precision precision,
+                       nn::AttentionBackward attention_backward) {
   Workload w;
   const nn::ModelSpec spec = nn::parse_model_spec(model);
   w.net = nn::make_model(spec, Act::relu);
   if (spec.is_gpt) {
+    static_cast<nn::GPT&>(*w.net).set_attention_backward(attention_backward);
     w.is_gpt = true;
     w.gpt = spec.gpt;
     w.seq = bench::gpt_seq(spec.gpt, seq);
@@ -93,7 +95,7 @@ struct Timing {
 };
 
 struct LineFlags {
-  std::string model, precision, gemm;
+  std::string model, precision, gemm, attention_backward = "deterministic";
   int64_t batch = 0;
   bool graph = false, check = false;
   double peak_tflops = bench::kDefaultPeakTflops;
@@ -112,14 +114,15 @@ void print_line(const LineFlags& f, Workload& w, const Timing& t, const Device& 
         1e3 * static_cast<double>(f.batch) / t.median_ms, peak_mib, t.first_loss, t.last_loss, t.mean_ms);
     return;
   }
+  const char* attention = f.attention_backward == "fast" ? "-fast-attention" : "";
   const double tokens_per_s = 1e3 * static_cast<double>(f.batch * w.seq) / t.median_ms;
   const double flops = bench::gpt_flops_per_token(w.gpt, w.net->num_parameters(), w.seq);
   std::printf(
-      "dptrain %s B %lld T %lld %s %s%s%s: %.4f ms/step, %.0f tokens/s, MFU %.1f%% of %g TFLOPS, peak %.1f MiB, "
+      "dptrain %s B %lld T %lld %s %s%s%s%s: %.4f ms/step, %.0f tokens/s, MFU %.1f%% of %g TFLOPS, peak %.1f MiB, "
       "loss %.5g -> %.5g; mean %.4f ms/step\n",
       f.model.c_str(), static_cast<long long>(f.batch), static_cast<long long>(w.seq), f.precision.c_str(), gemm, graph,
-      checked, t.median_ms, tokens_per_s, bench::mfu_percent(flops, tokens_per_s, f.peak_tflops), f.peak_tflops,
-      peak_mib, t.first_loss, t.last_loss, t.mean_ms);
+      checked, attention, t.median_ms, tokens_per_s, bench::mfu_percent(flops, tokens_per_s, f.peak_tflops),
+      f.peak_tflops, peak_mib, t.first_loss, t.last_loss, t.mean_ms);
 }
 
 struct CountFlags {
@@ -142,6 +145,8 @@ void add_flags(CLI::App& app, LineFlags& line, CountFlags& n, std::string& devic
   app.add_flag("--cuda-graph", line.graph, "Record the step as a CUDA graph after warm-up and time its replays");
   app.add_flag("--check", line.check,
                "Check the gradients in the update and record the check in host memory, as dptrain's loop does");
+  app.add_option("--attention-backward", line.attention_backward,
+                 "A GPT's: deterministic (the default) or fast (cuDNN adds dQ's parts as they finish)");
   add_integer(app, "--graph-steps", n.graph_steps,
               "With --cuda-graph: steps recorded in one graph (one replay runs them), 1 to 64");
 }
@@ -150,6 +155,8 @@ void add_flags(CLI::App& app, LineFlags& line, CountFlags& n, std::string& devic
 Device checked_flags(const CLI::App& app, LineFlags& line, const CountFlags& n, const std::string& device) {
   const bool is_gpt = nn::is_gpt_spec(line.model);
   if (!is_gpt && app.count("--seq") > 0) throw UsageError("--seq is a GPT's sequence length");
+  if (!is_gpt && app.count("--attention-backward") > 0) throw UsageError("--attention-backward is a GPT's setting");
+  nn::kAttentionBackwardNames.parse(line.attention_backward);            // an unknown name: one line, status 2
   if (is_gpt && app.count("--precision") == 0) line.precision = "bf16";  // as torch_gpt_bench.py
   if (is_gpt && app.count("--batch") == 0) line.batch = 16;
   line.peak_tflops = bench::checked_peak_tflops(line.peak_tflops, app.count("--peak-tflops") > 0, is_gpt);
@@ -193,7 +200,8 @@ int main(int argc, char** argv) {
     Context& ctx = context(d);
     ctx.precision = parse_precision(line.precision);
     ctx.gemm = parse_gemm(line.gemm);
-    Workload w = make_workload(line.model, line.batch, n.seq, d, ctx.precision);
+    Workload w = make_workload(line.model, line.batch, n.seq, d, ctx.precision,
+                               nn::kAttentionBackwardNames.parse(line.attention_backward));
     nn::Module& net = *w.net;
     optim::Optimizer& opt = *w.opt;
     const bool twins = line.check && d.is_cuda() && twins_by_default(net.flat_params().numel());

@@ -177,7 +177,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, int64_t T) { return forward
 
 Tensor CausalSelfAttention::forward(const Tensor& x, int64_t T, const SavedInput& x_saved, bool ones_column) {
   const Tensor qkv = linear_forward(*c_attn_, x, x_saved, ones_column).y;
-  return c_proj_->forward(causal_attention(qkv, T, sizes().heads));
+  return c_proj_->forward(
+      causal_attention(qkv, T, sizes().heads, attention_backward_ == AttentionBackward::deterministic));
 }
 
 Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start) {
@@ -322,9 +323,15 @@ void GPT::set_recompute(Recompute r) {
   for (const auto& b : blocks_) b->set_recompute(r);
 }
 
+void GPT::set_attention_backward(AttentionBackward a) {
+  attention_backward_ = a;
+  for (const auto& b : blocks_) b->set_attention_backward(a);
+}
+
 std::shared_ptr<Module> GPT::clone() const {
   auto copy = std::make_shared<GPT>(config_);
   copy->set_recompute(recompute_);
+  copy->set_attention_backward(attention_backward_);
   return copy;
 }
 

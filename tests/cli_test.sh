@@ -237,6 +237,13 @@ losses() { grep -oE '^step [0-9]+/8 loss [0-9.]+' "$1"; }
   [ -n "$(hash_of "$tmp/kept")" ] && [ "$(hash_of "$tmp/rebuilt")" = "$(hash_of "$tmp/kept")" ] && ok ||
   bad "--recompute gelu+ln: $(hash_of "$tmp/rebuilt") against $(hash_of "$tmp/kept"): $(tail -3 "$tmp/rebuilt")"
 says "dptrain: error: --recompute applies to GPT models; --model is not a GPT" --recompute gelu
+# --attention-backward fast changes cuDNN's attention alone: on the CPU, the same weights.
+"$exe" "${gpt[@]}" --seq 8 --steps 8 --attention-backward fast >"$tmp/fast_attention" 2>&1
+[ "$(hash_of "$tmp/fast_attention")" = "$(hash_of "$tmp/kept")" ] && ok ||
+  bad "--attention-backward fast on the CPU: $(hash_of "$tmp/fast_attention") against $(hash_of "$tmp/kept")"
+says "dptrain: error: --attention-backward applies to GPT models; --model is not a GPT" --attention-backward fast
+says "dptrain: error: unknown --attention-backward 'slow': expected deterministic or fast" \
+  "${gpt[@]}" --attention-backward slow
 "$exe" --devices cpu --steps 2 --save "$tmp/mlp.safetensors" >/dev/null 2>&1
 says "dptrain: error: checkpoint '$tmp/mlp.safetensors' holds no GPT (its model is '16-128x2-4')" \
   export --resume "$tmp/mlp.safetensors" --hf "$tmp/nothing"

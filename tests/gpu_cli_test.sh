@@ -36,6 +36,20 @@ cmp -s "$tmp/err" "$tmp/err--cuda-graph" && ok || bad "non-finite stop differs a
 "$exe" --devices cuda:0 --model seed --batch 64 --lr 1e30 --steps 20 --on-nonfinite skip-step >"$tmp/out" 2>"$tmp/err" &&
   grep -q 'skipped [0-9]* step' "$tmp/out" && ok || bad "GPU skip-step: $(cat "$tmp/err")"
 
+# A bf16 GPT (head size 64: cuDNN's attention) repeats itself bit for bit by default; with
+# --attention-backward fast it ends within rounding of that run.
+lm=(--devices cuda:0 --model gpt:L2-H2-C128-T64-V128 --precision bf16 --batch 8 --steps 30 --log-every 30 --optimizer adamw
+  --lr 1e-3)
+"$exe" "${lm[@]}" >"$tmp/lm1" 2>&1
+"$exe" "${lm[@]}" >"$tmp/lm2" 2>&1
+"$exe" "${lm[@]}" --attention-backward fast >"$tmp/lm_fast" 2>&1
+[ -n "$(hash_of "$tmp/lm1")" ] && [ "$(hash_of "$tmp/lm1")" = "$(hash_of "$tmp/lm2")" ] && ok ||
+  bad "a GPT on cuda:0 twice: $(hash_of "$tmp/lm1") against $(hash_of "$tmp/lm2")"
+last_loss() { grep -oE '^done: .*loss [0-9.]+ -> [0-9.]+' "$1" | grep -oE '[0-9.]+$'; }
+python3 -c 'import sys; d, f = map(float, sys.argv[1:]); assert abs(d - f) < 1e-2 * d' \
+  "$(last_loss "$tmp/lm1")" "$(last_loss "$tmp/lm_fast")" 2>/dev/null && ok ||
+  bad "--attention-backward fast: loss $(last_loss "$tmp/lm_fast") against $(last_loss "$tmp/lm1")"
+
 ulimit -c 0
 "$exe" --devices cuda:0 --model mlp --batch 10000000 --steps 2 --save "$tmp/oom.safetensors" \
   >"$tmp/out" 2>"$tmp/err"

@@ -41,7 +41,7 @@ PY
 # Bad flags: one line and status 2 before any step (--blocks 0 once read the median of no
 # blocks: a segfault), and no flag taken where it means nothing.
 for bad in "--blocks 0" "--steps -1" "--warmup 0" "--batch 0" "--steps 9223372036854775807" "--graph-steps 4" \
-  "--cuda-graph" "--gemm native" "--peak-tflops 989" "--precision fp16" "--batch 1e3"; do
+  "--cuda-graph" "--gemm native" "--peak-tflops 989" "--precision fp16" "--batch 1e3" "--attention-backward fast"; do
   # shellcheck disable=SC2086  # the words of each case are separate arguments
   err=$("$bench" --devices cpu --model 16-32-4 $bad 2>&1 >/dev/null)
   rc=$?
@@ -52,6 +52,13 @@ for bad in "--blocks 0" "--steps -1" "--warmup 0" "--batch 0" "--steps 922337203
     fails=$((fails + 1))
   fi
 done
+err=$("$bench" --devices cpu "${gpt[@]}" --attention-backward slow 2>&1 >/dev/null)
+if [ "$err" = "step_bench: error: unknown attention backward 'slow': expected deterministic or fast" ]; then
+  echo "ok: a GPT's attention backward is named"
+else
+  echo "FAIL: --attention-backward slow: $err"
+  fails=$((fails + 1))
+fi
 err=$("$bench" --devices cpu:0,cpu:1 2>&1 >/dev/null)
 if [ "$err" = "step_bench: error: step_bench times one device's step; --devices names 2" ]; then echo "ok: one device"
 else
@@ -64,5 +71,16 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     same --devices cuda:0 --model 1024-1024x2-1024 --batch 256 $graph
     same --devices cuda:0 "${gpt[@]}" $graph
   done
+  # cuDNN's fast attention backward: its line says so, the same first loss (the forward is
+  # the same), the last within rounding of the deterministic one's.
+  det=$("$bench" --blocks 1 --steps 3 --warmup 2 --devices cuda:0 "${gpt[@]}")
+  fast=$("$bench" --blocks 1 --steps 3 --warmup 2 --devices cuda:0 "${gpt[@]}" --attention-backward fast)
+  if python3 - "$det" "$fast" <<'PY'; then echo "ok: fast attention ($fast)"; else echo "FAIL: fast attention: '$det' against '$fast'"; fails=$((fails + 1)); fi
+import re, sys
+det, fast = sys.argv[1:]
+assert " bf16 cublas-fast-attention: " in fast and " bf16 cublas: " in det
+(d0, d1), (f0, f1) = (map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", s).groups()) for s in (det, fast))
+assert d0 == f0 and abs(d1 - f1) < 1e-2 * d1, (d0, d1, f0, f1)
+PY
 fi
 [ "$fails" -eq 0 ]

@@ -386,6 +386,24 @@ TEST_CASE("recomputation is a GPT's setting: replicas carry it, another model re
   CHECK(test::final_params(re) == test::final_params(one));
 }
 
+TEST_CASE("the attention backward is a GPT's setting: replicas carry it, another model refuses it", "[gpt]") {
+  auto model = nn::gpt(nn::parse_gpt_spec(kSpec));
+  CHECK(model->attention_backward() == nn::AttentionBackward::deterministic);
+  model->set_attention_backward(nn::AttentionBackward::fast);
+  CHECK(std::static_pointer_cast<nn::GPT>(model->clone())->attention_backward() == nn::AttentionBackward::fast);
+  TrainConfig c = test::quiet_config("16-32-4", "sgd", 8);
+  c.attention_backward = nn::AttentionBackward::fast;
+  CHECK(test::usage_error([&] { validate(c); }) ==
+        "TrainConfig::attention_backward applies to GPT models; TrainConfig::model is not a GPT");
+  // Only cuDNN's backward has a faster order: on the CPU, through the Trainer on two
+  // devices, the same weights as the deterministic default.
+  TrainConfig one = gpt_config();
+  one.devices = test::cpus(2);
+  TrainConfig fast = one;
+  fast.attention_backward = nn::AttentionBackward::fast;
+  CHECK(test::final_params(fast) == test::final_params(one));
+}
+
 #endif  // DPT_GPU_TESTS
 
 #ifdef DPT_GPU_TESTS  // ---- the GPU cases (dpt_gpu_tests) ----

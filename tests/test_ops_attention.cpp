@@ -418,6 +418,18 @@ TEST_CASE("cuDNN's fused attention matches dptrain's own bf16 kernel, forward an
     // against the largest value.
     CHECK(rel_error(y_cudnn.to_host(), y_ours.to_host()) < 1e-2);
     CHECK(rel_error(dqkv_cudnn.to_host(), dqkv_ours.to_host()) < 2e-2);
+    // The deterministic backward gives its bits again; the fast one (dQ's parts added as
+    // they finish) is as close to ours.
+    Tensor again = empty_like(qkv), fast = empty_like(qkv);
+    cuda::sdpa_backward(h, ss, qkv.bf16(), y_cudnn.bf16(), dy.bf16(), stats.f32(), again.bf16(), ws.data());
+    CHECK(again.to_host() == dqkv_cudnn.to_host());
+    cuda::SdpaShape fast_shape = ss;
+    fast_shape.deterministic = false;
+    REQUIRE(cuda::sdpa_supported(h, fast_shape));
+    Tensor fast_ws =
+        Tensor::empty({static_cast<int64_t>(cuda::sdpa_backward_workspace(h, fast_shape) / 4 + 1)}, DType::f32, gpu);
+    cuda::sdpa_backward(h, fast_shape, qkv.bf16(), y_cudnn.bf16(), dy.bf16(), stats.f32(), fast.bf16(), fast_ws.data());
+    CHECK(rel_error(fast.to_host(), dqkv_ours.to_host()) < 2e-2);
   }
 }
 #endif

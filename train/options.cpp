@@ -93,6 +93,9 @@ OptionSchema<C> make_schema() {
       choice_field(id("recompute"), &C::recompute, nn::kRecomputeNames,
                    "GPT: activations rebuilt in backward instead of kept, for memory (the same results): none, gelu "
                    "(the MLP's GELU output) or gelu+ln (and the LayerNorms' outputs)"),
+      choice_field(id("attention_backward"), &C::attention_backward, nn::kAttentionBackwardNames,
+                   "GPT: deterministic (the same bits every run) or fast (cuDNN's attention backward, bf16 on a GPU, "
+                   "adds its parts as they finish: faster, the last bits varying from run to run)"),
       text_field(id("data"), &C::data, OptionKind::path,
                  "Train on this file: .safetensors (x, y, optional x_val, y_val) or .npy of inputs (with --targets)")
           .fixed_on_resume(),
@@ -257,6 +260,8 @@ nn::ModelSpec validate(TrainConfig& cfg) {
         {"parallel.reduce"});
   if (cfg.recompute != nn::Recompute::none && !spec.is_gpt)
     bad("recompute", "applies to GPT models; {} is not a GPT", {"model"});
+  if (cfg.attention_backward != nn::AttentionBackward::deterministic && !spec.is_gpt)
+    bad("attention_backward", "applies to GPT models; {} is not a GPT", {"model"});
   if (cfg.act != Act::relu && spec.is_gpt)  // relu, the default, is what a GPT's checkpoint records
     bad("act", "is an MLP's or a CNN's hidden activation; a GPT's MLP has GPT-2's GELU (tanh), and {} is a GPT",
         {"model"});

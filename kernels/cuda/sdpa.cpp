@@ -22,7 +22,8 @@ namespace {
 
 enum Uid : int64_t { kQ = 1, kK, kV, kScale, kO, kStats, kdO, kdQ, kdK, kdV };
 
-using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool>;  // device, B, H, T, hs, training, backward
+// device, B, H, T, hs, training, backward, a deterministic backward
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool, bool>;
 
 // A built graph, or none where cuDNN cannot run the shape (then never tried again).
 struct Built {
@@ -105,7 +106,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaShape& s) {
                              .set_data_type(fe::DataType_t::FLOAT));
   auto options = fe::graph::SDPA_backward_attributes()
                      .set_name("causal_attention_backward")
-                     .set_deterministic_algorithm(true)  // the same bits every run
+                     .set_deterministic_algorithm(s.deterministic)
                      .set_causal_mask(true)
                      .set_attn_scale(scale_tensor(*g));
   auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, stats, options);
@@ -120,7 +121,8 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaShape& s) {
 const Built& built(cudnnHandle_t h, const SdpaShape& s, bool backward) {
   int device = 0;
   DPT_CUDA_CHECK(cudaGetDevice(&device));
-  const Key key{device, s.batch, s.heads, s.seq, s.head_size, s.training || backward, backward};
+  const Key key{
+      device, s.batch, s.heads, s.seq, s.head_size, s.training || backward, backward, backward && s.deterministic};
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto it = cache().find(key);
   if (it != cache().end()) return it->second;

@@ -16,6 +16,9 @@ namespace dpt::cuda {
 struct SdpaShape {
   int64_t batch = 0, heads = 0, seq = 0, head_size = 0;
   bool training = true;  // the forward writes the statistics for a backward
+  // The backward adds dQ's parts in a fixed order (the same bits every run); false lets
+  // cuDNN add them as its blocks finish (faster; the bits vary from run to run).
+  bool deterministic = true;
 };
 
 // Whether cuDNN runs this shape on this GPU (the graph builds and is supported); the

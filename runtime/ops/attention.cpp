@@ -32,8 +32,8 @@ namespace {
 #if DPT_WITH_CUDNN_FRONTEND
 // cuDNN's shape of an attention, and the handle of the device's current context (bound to
 // its stream) with the device made current.
-cuda::SdpaShape sdpa_shape(const AttentionShape& s, bool training) {
-  return {s.batch, s.heads, s.T, s.head_size, training};
+cuda::SdpaShape sdpa_shape(const AttentionShape& s, bool training, bool deterministic) {
+  return {s.batch, s.heads, s.T, s.head_size, training, deterministic};
 }
 cudnnHandle_t dnn_of(const Device& d) {
   cuda::set_device(d.index);
@@ -44,17 +44,23 @@ Tensor workspace(const Device& d, size_t bytes) {
   return Tensor::empty({static_cast<int64_t>(std::max<size_t>(1, (bytes + 3) / 4))}, DType::f32, d);
 }
 // Whether cuDNN computes this attention: bf16 on a GPU, a shape cuDNN runs.
-bool use_cudnn(const Tensor& qkv, const AttentionShape& s, bool training) {
-  return is_bf16(qkv) && !qkv.device().is_cpu() && cuda::sdpa_supported(dnn_of(qkv.device()), sdpa_shape(s, training));
+bool use_cudnn(const Tensor& qkv, const AttentionShape& s, bool training, bool deterministic) {
+  return is_bf16(qkv) && !qkv.device().is_cpu() &&
+         cuda::sdpa_supported(dnn_of(qkv.device()), sdpa_shape(s, training, deterministic));
 }
 #else
-bool use_cudnn(const Tensor&, const AttentionShape&, bool) { return false; }
+bool use_cudnn(const Tensor&, const AttentionShape&, bool, bool) { return false; }
 #endif
 
 class AttentionNode : public Node {
  public:
-  AttentionNode(const AttentionShape& s, Tensor qkv, Tensor y, Tensor lse, bool cudnn)
-      : s_(s), qkv_(qkv.untracked()), y_(y.untracked()), lse_(std::move(lse)), cudnn_(cudnn) {}
+  AttentionNode(const AttentionShape& s, Tensor qkv, Tensor y, Tensor lse, bool cudnn, bool deterministic)
+      : s_(s),
+        qkv_(qkv.untracked()),
+        y_(y.untracked()),
+        lse_(std::move(lse)),
+        cudnn_(cudnn),
+        deterministic_(deterministic) {}
   const char* name() const override { return "causal_attention"; }
   void backward(Tensor& dy_in, Grads& grads) override {
     const Device d = qkv_.device();
@@ -62,7 +68,7 @@ class AttentionNode : public Node {
     Tensor dqkv = Tensor::empty(qkv_.shape(), qkv_.dtype(), d);
 #if DPT_WITH_CUDNN_FRONTEND
     if (cudnn_) {  // the statistics are cuDNN's own
-      const cuda::SdpaShape s = sdpa_shape(s_, true);
+      const cuda::SdpaShape s = sdpa_shape(s_, true, deterministic_);
       const Tensor ws = workspace(d, cuda::sdpa_backward_workspace(dnn_of(d), s));
       cuda::sdpa_backward(dnn_of(d), s, qkv_.bf16(), y_.bf16(), dy.bf16(), lse_.f32(), dqkv.bf16(), ws.data());
       give(grads, 0, std::move(dqkv));
@@ -88,12 +94,12 @@ class AttentionNode : public Node {
   Tensor work(const Device& d) const { return Tensor::empty({s_.softmax_rows()}, DType::f32, d); }
   AttentionShape s_;
   Tensor qkv_, y_, lse_;
-  bool cudnn_;
+  bool cudnn_, deterministic_;
 };
 
 }  // namespace
 
-Tensor causal_attention(const Tensor& qkv, int64_t T, int64_t heads) {
+Tensor causal_attention(const Tensor& qkv, int64_t T, int64_t heads, bool deterministic) {
   need_float(qkv, "causal_attention");
   DPT_REQUIRE(qkv.dim() == 2 && T > 0 && heads > 0 && qkv.size(0) > 0 && qkv.size(0) % T == 0 && qkv.size(1) > 0 &&
                   qkv.size(1) % (3 * heads) == 0,
@@ -108,10 +114,10 @@ Tensor causal_attention(const Tensor& qkv, int64_t T, int64_t heads) {
   Tensor y = Tensor::empty({s.rows(), s.channels()}, qkv.dtype(), d);
   Tensor lse = Tensor::empty({s.batch, heads, T}, DType::f32, d);
   const bool training = any_requires_grad({&qkv});
-  const bool cudnn = use_cudnn(qkv, s, training);
+  const bool cudnn = use_cudnn(qkv, s, training, deterministic);
   if (cudnn) {
 #if DPT_WITH_CUDNN_FRONTEND
-    const cuda::SdpaShape ss = sdpa_shape(s, training);
+    const cuda::SdpaShape ss = sdpa_shape(s, training, deterministic);
     const Tensor ws = workspace(d, cuda::sdpa_forward_workspace(dnn_of(d), ss));
     cuda::sdpa_forward(dnn_of(d), ss, qkv.bf16(), y.bf16(), training ? lse.f32() : nullptr, ws.data());
 #endif
@@ -122,7 +128,7 @@ Tensor causal_attention(const Tensor& qkv, int64_t T, int64_t heads) {
     DPT_CUDA_OR_CPU(d, cuda::attention_forward(s, qkv.f32(), y.f32(), lse.f32(), stream_of(d)),
                     cpu::attention_forward(s, qkv.f32(), y.f32(), lse.f32()));
   }
-  if (training) record(y, std::make_shared<AttentionNode>(s, qkv, y, lse, cudnn), {qkv});
+  if (training) record(y, std::make_shared<AttentionNode>(s, qkv, y, lse, cudnn, deterministic), {qkv});
   return y;
 }
 

@@ -47,6 +47,14 @@ enum class Recompute { none, gelu, gelu_ln };
 inline constexpr auto kRecomputeNames = enum_names<Recompute>(
     "recomputation", {{Recompute::none, "none"}, {Recompute::gelu, "gelu"}, {Recompute::gelu_ln, "gelu+ln"}});
 
+// How the attention's backward adds up dQ (causal_attention's `deterministic`): deterministic
+// gives the same bits every run; fast lets cuDNN's backward (bf16 on a GPU) add the parts as
+// its blocks finish, as PyTorch does unless told torch.backends.cudnn.deterministic: faster,
+// the bits varying from run to run within rounding. Elsewhere the attention is deterministic.
+enum class AttentionBackward { deterministic, fast };
+inline constexpr auto kAttentionBackwardNames = enum_names<AttentionBackward>(
+    "attention backward", {{AttentionBackward::deterministic, "deterministic"}, {AttentionBackward::fast, "fast"}});
+
 // Whether `spec` names a GPT (gpt2, gpt2-medium, gpt:...), and its sizes; UsageError naming
 // the problem for a spec that does not parse or sizes that do not fit (heads must divide the
 // width).
@@ -137,9 +145,11 @@ class CausalSelfAttention : public SequencePart<CausalSelfAttention> {
   // The same with c_attn's node keeping `x_saved` instead of x, and x (bf16) with a ones column
   // where said (ops.hpp's ones_column_width).
   Tensor forward(const Tensor& x, int64_t T, const SavedInput& x_saved, bool ones_column = false);
+  void set_attention_backward(AttentionBackward a) { attention_backward_ = a; }
 
  private:
   std::shared_ptr<Linear> c_attn_, c_proj_;
+  AttentionBackward attention_backward_ = AttentionBackward::deterministic;
 };
 
 // x + attn(ln_1(x)), then x + mlp(ln_2(x)) with mlp = c_fc (C -> 4C, tanh-GELU), c_proj (4C -> C).
@@ -160,6 +170,7 @@ class Block : public SequencePart<Block> {
   // forward through CausalSelfAttention::forward_cached (decoding; no gradient).
   Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, int64_t start);
   void set_recompute(Recompute r) { recompute_ = r; }
+  void set_attention_backward(AttentionBackward a) { attn_->set_attention_backward(a); }
 
  private:
   std::shared_ptr<LayerNorm> ln_1_, ln_2_;
@@ -203,10 +214,15 @@ class GPT : public Module {
   // DataParallel replica) recomputes alike. Not part of the spec: it changes memory, not results.
   void set_recompute(Recompute r);
   Recompute recompute() const { return recompute_; }
+  // How the attention's backward adds up dQ (AttentionBackward); a clone does alike. Not
+  // part of the spec: it changes the last bits of a run, not what the model is.
+  void set_attention_backward(AttentionBackward a);
+  AttentionBackward attention_backward() const { return attention_backward_; }
 
  private:
   GptConfig config_;
   Recompute recompute_ = Recompute::none;
+  AttentionBackward attention_backward_ = AttentionBackward::deterministic;
   std::shared_ptr<Embedding> embed_;
   std::vector<std::shared_ptr<Block>> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;

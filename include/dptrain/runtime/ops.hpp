@@ -220,8 +220,10 @@ AddNorm add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& gamma, co
 // = softmax(q k^T / sqrt(hs), causal) v for each (b, h), head h written at columns h*hs of y (torch's
 // y.transpose(1, 2).view(B, T, C)). f32 or bf16 in and out (fp32 math); saves the softmax statistics (log-sum-exp,
 // fp32 [B, heads, T]) and recomputes the probabilities in backward: never holds a [T, T] matrix per head.
-// Head sizes up to 128 (a larger one is an error).
-Tensor causal_attention(const Tensor& qkv, int64_t T, int64_t heads);
+// Head sizes up to 128 (a larger one is an error). deterministic: the backward gives the same bits every run; false
+// lets cuDNN's backward (bf16 on a GPU) add dQ's parts in the order its blocks finish, which is faster and varies
+// from run to run within rounding (every other attention kernel is deterministic either way).
+Tensor causal_attention(const Tensor& qkv, int64_t T, int64_t heads, bool deterministic = true);
 // Softmax cross-entropy of each row of logits [N, Vp] (f32 or bf16) over its first `vocab` columns (columns from
 // vocab on are padding: masked, gradient 0), mean over the N rows: f32 [1]; targets i32 [N] in [0, vocab).
 // The language model's classifier in one pass: the forward writes the gradient (softmax - onehot) / N into the

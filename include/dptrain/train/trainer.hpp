@@ -45,6 +45,9 @@ struct TrainConfig {
   // A GPT's activation recomputation (nn::Recompute, llm.c's -r): memory for a little time,
   // the same results; not a checkpoint's setting (a resumed run may change it).
   nn::Recompute recompute = nn::Recompute::none;
+  // A GPT's attention backward (nn::AttentionBackward): deterministic, or fast (cuDNN's
+  // order of adding dQ, run to run); not a checkpoint's setting.
+  nn::AttentionBackward attention_backward = nn::AttentionBackward::deterministic;
   // Data from files instead of synthetic data: for a GPT, `data` and `val_data` are token
   // files (llm.c shards or 1-D .npy, data/tokens.hpp), patterns separated by commas
   // ('train_*.bin'); else `data` is a .safetensors file (tensors x
