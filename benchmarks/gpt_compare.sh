@@ -12,7 +12,9 @@
 # 989: the dense bf16 peak of an H100 or H200 SXM), peak MiB (allocated; the loop's as its
 # summary prints it), and speed against torch.compile (its ms over this row's).
 # TRACE=1 adds where the bare eager step's GPU time goes at the first batch (kernel_trace,
-# summed by kernel). STEPS: the loop's steps (default 60). PREBUILT=1 skips the build and uses
+# summed by kernel). FAST_ATTENTION=1 adds the step and the loop with --attention-backward fast
+# (cuDNN's non-deterministic attention backward, PyTorch's default) beside dptrain's
+# deterministic default. STEPS: the loop's steps (default 60). PREBUILT=1 skips the build and uses
 # the binaries already in build/ (built elsewhere and copied there). Logs go to $OUT or
 # /tmp/dpt_compare.
 set -u
@@ -47,23 +49,31 @@ else
 fi
 
 adamw=(--optimizer adamw --lr 6e-4 --beta2 0.95 --weight-decay 0.1)
+attention=(deterministic)
+[ "${FAST_ATTENTION:-0}" = 1 ] && attention+=(fast)
 {
   for batch in $batches; do
-    for graph in "" --cuda-graph; do
-      build/benchmarks/step_bench --model gpt2 --batch "$batch" --precision bf16 --warmup 10 --blocks 5 --steps 10 \
-        --peak-tflops "$peak" $graph || echo "dptrain gpt2 B $batch ${graph:-eager}: failed"
+    for backward in "${attention[@]}"; do
+      for graph in "" --cuda-graph; do
+        build/benchmarks/step_bench --model gpt2 --batch "$batch" --precision bf16 --warmup 10 --blocks 5 \
+          --steps 10 --peak-tflops "$peak" --attention-backward "$backward" $graph ||
+          echo "dptrain gpt2 B $batch ${graph:-eager} $backward: failed"
+      done
     done
     for mode in eager compile; do
       timeout 400 python3 benchmarks/torch_gpt_bench.py --model gpt2 --batch "$batch" --mode "$mode" \
         --peak-tflops "$peak" 2>&1 | tail -1
     done
-    for graph in "" --cuda-graph; do
-      log="$out/gpt-loop-B$batch${graph:+-graph}.log"
-      build/apps/dptrain --model gpt2 --devices cuda:0 --precision bf16 --batch "$batch" --steps "$loop_steps" \
-        --log-every "$loop_steps" "${adamw[@]}" $graph >"$log" 2>&1
-      ms=$(grep -E '^done' "$log" | grep -oE '[0-9.]+ ms/step')
-      mem=$(grep -E '^memory cuda:0' "$log" | grep -oE 'peak [0-9.]+ [KMGT]?i?B')
-      echo "dptrain-loop gpt2 B $batch ${graph:-eager}: ${ms:-failed (see $log)}, ${mem:-peak ?}"
+    for backward in "${attention[@]}"; do
+      fast=$([ "$backward" = fast ] && echo -fast)
+      for graph in "" --cuda-graph; do
+        log="$out/gpt-loop-B$batch${graph:+-graph}$fast.log"
+        build/apps/dptrain --model gpt2 --devices cuda:0 --precision bf16 --batch "$batch" --steps "$loop_steps" \
+          --log-every "$loop_steps" "${adamw[@]}" --attention-backward "$backward" $graph >"$log" 2>&1
+        ms=$(grep -E '^done' "$log" | grep -oE '[0-9.]+ ms/step')
+        mem=$(grep -E '^memory cuda:0' "$log" | grep -oE 'peak [0-9.]+ [KMGT]?i?B')
+        echo "dptrain-loop gpt2 B $batch ${graph:-eager}$fast: ${ms:-failed (see $log)}, ${mem:-peak ?}"
+      done
     done
   done
 } 2>&1 | tee "$out/gpt.log"

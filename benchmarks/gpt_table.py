@@ -9,7 +9,7 @@ Usage: gpt_table.py LOG [--peak-tflops P]"""
 import argparse
 import re
 
-STEP = re.compile(r"dptrain gpt2 B (\d+) T (\d+) \S+ \S+?(-graph)?: ([\d.]+) ms/step, (\d+) tokens/s, MFU ([\d.]+)% "
+STEP = re.compile(r"dptrain gpt2 B (\d+) T (\d+) \S+ \S+?(-graph)?(-fast-attention)?: ([\d.]+) ms/step, (\d+) tokens/s, MFU ([\d.]+)% "
                   r"of \S+ TFLOPS, peak ([\d.]+) MiB, loss \S+ -> [^;]+; mean ([\d.]+) ms/step")
 TORCH = re.compile(r"torch gpt2 B (\d+) T (\d+) (eager|compile): ([\d.]+) ms/step, ([\d,]+) tokens/s, MFU ([\d.]+)% "
                    r"of \S+ TFLOPS, peak ([\d.]+) MiB")
@@ -17,6 +17,8 @@ LOOP = re.compile(r"dptrain-loop gpt2 B (\d+) (\S+): ([\d.]+) ms/step, peak ([\d
 UNIT = {"B": 2**-20, "KiB": 2**-10, "MiB": 1, "GiB": 2**10, "TiB": 2**20}  # to MiB
 ORDER = ["dptrain step eager", "dptrain step graph", "dptrain loop eager", "dptrain loop graph", "torch eager",
          "torch compile"]
+# With FAST_ATTENTION=1 (--attention-backward fast): printed where the log has them.
+FAST = ["dptrain step eager fast", "dptrain step graph fast", "dptrain loop eager fast", "dptrain loop graph fast"]
 
 
 def parse(log, peak):
@@ -26,8 +28,8 @@ def parse(log, peak):
     loops = []
     for line in open(log):
         if m := STEP.match(line):
-            b, t, graph, ms, tok, mfu, mib, mean = m.groups()
-            run = "dptrain step " + ("graph" if graph else "eager")
+            b, t, graph, fast, ms, tok, mfu, mib, mean = m.groups()
+            run = "dptrain step " + ("graph" if graph else "eager") + (" fast" if fast else "")
             rows[(int(b), run)] = dict(ms=float(ms), tokens=float(tok), mfu=float(mfu), mib=float(mib),
                                        mean=float(mean))
             flops[int(b)], seq[int(b)] = float(mfu) / 100 * peak * 1e12 / float(tok), int(t)
@@ -40,7 +42,8 @@ def parse(log, peak):
             loops.append(m.groups())
     for b, mode, ms, amount, unit in loops:  # the loop trains on the model's context, as the step
         b, ms = int(b), float(ms)
-        rows[(b, "dptrain loop " + ("graph" if mode == "--cuda-graph" else "eager"))] = dict(
+        run = "dptrain loop " + ("graph" if mode.startswith("--cuda-graph") else "eager")
+        rows[(b, run + (" fast" if mode.endswith("-fast") else ""))] = dict(
             ms=ms, tokens=b * seq.get(b, 1024) * 1e3 / ms, mib=float(amount) * UNIT[unit])
     return rows, flops
 
@@ -54,14 +57,14 @@ def main():
     rows, flops = parse(a.log, peak)
     print(f"MFU: 6N + 6LCT flops a token against {peak:g} TFLOPS; vs compile: torch.compile's ms / this row's "
           "(above 1: faster); loop/step: the loop's ms over the bare step's mean (the same mode)")
-    print(f"{'run':<20}{'B':>4}{'ms/step':>10}{'tokens/s':>11}{'MFU':>7}{'peak MiB':>10}{'vs compile':>12}"
+    print(f"{'run':<25}{'B':>4}{'ms/step':>10}{'tokens/s':>11}{'MFU':>7}{'peak MiB':>10}{'vs compile':>12}"
           f"{'loop/step':>11}")
     for b in sorted({b for b, _ in rows}):
         compiled = rows.get((b, "torch compile"))
-        for run in ORDER:
+        for run in ORDER + [run for run in FAST if (b, run) in rows]:
             r = rows.get((b, run))
             if not r:
-                print(f"{run:<20}{b:>4}{'-':>10}")
+                print(f"{run:<25}{b:>4}{'-':>10}")
                 continue
             mfu = r.get("mfu")
             if mfu is None and b in flops:
@@ -70,7 +73,7 @@ def main():
             mfu_text = f"{mfu:.1f}%" if mfu else "-"
             vs_compile = f"{compiled['ms'] / r['ms']:.2f}x" if compiled else "-"
             loop_step = f"{r['ms'] / step['mean']:.3f}" if step else "-"
-            print(f"{run:<20}{b:>4}{r['ms']:>10.2f}{r['tokens']:>11,.0f}{mfu_text:>7}{r['mib']:>10.0f}"
+            print(f"{run:<25}{b:>4}{r['ms']:>10.2f}{r['tokens']:>11,.0f}{mfu_text:>7}{r['mib']:>10.0f}"
                   f"{vs_compile:>12}{loop_step:>11}")
 
 
