@@ -85,6 +85,7 @@ struct Flags {
   std::vector<std::string> on_command_line;  // every flag: dpbench reads no config file
   int64_t batch = 0;                         // when not given: the workload's reference batch
   int64_t seq = 0;                           // a GPT's sequence length (0: its context)
+  std::string attention_backward = "deterministic";
   double peak_tflops = dpt::bench::kDefaultPeakTflops;
   int64_t steps = 100, warmup = 10;
   double bucket_mb = 25.0, first_bucket_mb = 1.0;
@@ -106,7 +107,8 @@ struct Plan {
   std::vector<size_t> counts;  // device counts to run: 1, 2, 4, ... and all of them
   int64_t batch = 0;           // per device in weak scaling; times devices.size() in strong
   int64_t seq = 0;             // a GPT's tokens a sequence (a sample)
-  double peak_tflops = 0;      // a GPT's MFU: against this a device
+  dpt::nn::AttentionBackward attention_backward = dpt::nn::AttentionBackward::deterministic;  // a GPT's
+  double peak_tflops = 0;  // a GPT's MFU: against this a device
   int64_t steps = 0, warmup = 0;
   double bucket_mb = 0, first_bucket_mb = 0;
   int comm_ctas = 0;                       // NCCL's thread blocks a collective (0: NCCL's choice)
@@ -137,6 +139,8 @@ void add_flags(CLI::App& app, Flags& f) {
               "Batch per device in weak scaling; strong scaling splits batch x (most devices) "
               "(default: 64 for seed, 4096 for mlp, 16 sequences for a GPT, 256 otherwise)");
   add_integer(app, "--seq", f.seq, "A GPT's sequence length (default: its context)");
+  app.add_option("--attention-backward", f.attention_backward,
+                 "A GPT's: deterministic (the default) or fast (cuDNN adds dQ's parts as they finish)");
   dpt::app::add_double(app, "--peak-tflops", f.peak_tflops,
                        "A GPT's MFU against this many TFLOPS a device (an H100 or H200 SXM's dense bf16 peak)")
       ->capture_default_str();
@@ -209,6 +213,9 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   p.batch = app.count("--batch") > 0 ? f.batch : reference_batch;
   if (!p.model.is_gpt && app.count("--seq") > 0) throw dpt::UsageError("--seq is a GPT's sequence length");
   if (p.model.is_gpt) p.seq = dpt::bench::gpt_seq(p.model.gpt, f.seq);
+  if (!p.model.is_gpt && app.count("--attention-backward") > 0)
+    throw dpt::UsageError("--attention-backward is a GPT's setting");
+  p.attention_backward = dpt::nn::kAttentionBackwardNames.parse(f.attention_backward);
   p.peak_tflops = dpt::bench::checked_peak_tflops(f.peak_tflops, app.count("--peak-tflops") > 0, p.model.is_gpt);
   p.steps = p.cpu_default && app.count("--steps") == 0 ? kCpuSteps : f.steps;
   p.warmup = p.cpu_default && app.count("--warmup") == 0 ? kCpuWarmup : f.warmup;
@@ -352,6 +359,7 @@ Measurement measure(const Plan& p, size_t n, int64_t global, Reduce reduce, Prec
     dpt::reset_peak_memory(d);
   }
   auto model = dpt::nn::make_model(p.model, dpt::Act::relu);
+  if (p.model.is_gpt) static_cast<dpt::nn::GPT&>(*model).set_attention_backward(p.attention_backward);
   model->to(m.devices.front(), kSeed);
   dpt::DataParallelOptions o;
   o.reduce = reduce;
@@ -457,6 +465,8 @@ void print_header(const Plan& p, int64_t parameters) {
         "  sequences of %lld tokens; MFU: 6N + 6LCT flops a token (N without the position embedding) against %g "
         "TFLOPS a device\n",
         static_cast<long long>(p.seq), p.peak_tflops);
+    if (p.attention_backward == dpt::nn::AttentionBackward::fast)
+      std::printf("  the attention backward: fast (cuDNN adds dQ's parts as they finish; not bit for bit)\n");
   } else {
     std::printf("dpbench %s: %s %s (%lld parameters, ReLU), %s + %s lr %g, fixed random batch\n", DPT_VERSION,
                 p.model.is_cnn ? "CNN" : "MLP", p.model.text.c_str(), static_cast<long long>(parameters),
