@@ -213,9 +213,7 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   p.batch = app.count("--batch") > 0 ? f.batch : reference_batch;
   if (!p.model.is_gpt && app.count("--seq") > 0) throw dpt::UsageError("--seq is a GPT's sequence length");
   if (p.model.is_gpt) p.seq = dpt::bench::gpt_seq(p.model.gpt, f.seq);
-  if (!p.model.is_gpt && app.count("--attention-backward") > 0)
-    throw dpt::UsageError("--attention-backward is a GPT's setting");
-  p.attention_backward = dpt::nn::kAttentionBackwardNames.parse(f.attention_backward);
+  p.attention_backward = dpt::bench::checked_attention_backward(f.attention_backward, p.model.is_gpt);
   p.peak_tflops = dpt::bench::checked_peak_tflops(f.peak_tflops, app.count("--peak-tflops") > 0, p.model.is_gpt);
   p.steps = p.cpu_default && app.count("--steps") == 0 ? kCpuSteps : f.steps;
   p.warmup = p.cpu_default && app.count("--warmup") == 0 ? kCpuWarmup : f.warmup;
@@ -251,6 +249,8 @@ Plan make_plan(const Flags& f, const CLI::App& app) {
   if (f.comm && p.devices.size() < 2)
     throw dpt::UsageError("--comm times the reduction between devices: give at least 2 (--gpus 2, --cpus 2)");
   if (f.comm && f.cuda_graph) throw dpt::UsageError("--comm times the reduction alone, not a recorded step");
+  if (f.comm && p.attention_backward != dpt::nn::AttentionBackward::deterministic)
+    throw dpt::UsageError("--comm times the reduction alone: there is no attention backward to make fast");
   if (f.comm && f.no_overlap)
     throw dpt::UsageError("--comm times the reduction alone: there is no backward to overlap");
   p.comm = f.comm;

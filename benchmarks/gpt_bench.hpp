@@ -59,6 +59,18 @@ inline double checked_peak_tflops(double peak_tflops, bool given, bool is_gpt) {
   return peak_tflops;
 }
 
+// --attention-backward, checked as dptrain checks it: a name of nn::kAttentionBackwardNames,
+// and fast for a GPT alone (the deterministic default is accepted for any model).
+inline nn::AttentionBackward checked_attention_backward(const std::string& text, bool is_gpt) {
+  const auto a = nn::kAttentionBackwardNames.find(text);
+  if (!a)
+    throw UsageError("unknown --attention-backward " + quote_value(text) + ": expected " +
+                     nn::kAttentionBackwardNames.choices());
+  if (*a != nn::AttentionBackward::deterministic && !is_gpt)
+    throw UsageError("--attention-backward applies to GPT models; --model is not a GPT");
+  return *a;
+}
+
 // Model flops utilization, in percent of `peak_tflops` a device.
 inline double mfu_percent(double flops_per_token, double tokens_per_s, double peak_tflops, int64_t devices = 1) {
   return 100.0 * flops_per_token * tokens_per_s / (peak_tflops * 1e12 * static_cast<double>(devices));

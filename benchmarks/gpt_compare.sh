@@ -13,7 +13,7 @@
 # summary prints it), and speed against torch.compile (its ms over this row's).
 # TRACE=1 adds where the bare eager step's GPU time goes at the first batch (kernel_trace,
 # summed by kernel). FAST_ATTENTION=1 adds the step and the loop with --attention-backward fast
-# (cuDNN's non-deterministic attention backward, PyTorch's default) beside dptrain's
+# (cuDNN's non-deterministic attention backward, as PyTorch's cuDNN attention runs) beside dptrain's
 # deterministic default. STEPS: the loop's steps (default 60). PREBUILT=1 skips the build and uses
 # the binaries already in build/ (built elsewhere and copied there). Logs go to $OUT or
 # /tmp/dpt_compare.

@@ -17,7 +17,7 @@ LOOP = re.compile(r"dptrain-loop gpt2 B (\d+) (\S+): ([\d.]+) ms/step, peak ([\d
 UNIT = {"B": 2**-20, "KiB": 2**-10, "MiB": 1, "GiB": 2**10, "TiB": 2**20}  # to MiB
 ORDER = ["dptrain step eager", "dptrain step graph", "dptrain loop eager", "dptrain loop graph", "torch eager",
          "torch compile"]
-# With FAST_ATTENTION=1 (--attention-backward fast): printed where the log has them.
+# With FAST_ATTENTION=1 (--attention-backward fast): printed where the log has any of them.
 FAST = ["dptrain step eager fast", "dptrain step graph fast", "dptrain loop eager fast", "dptrain loop graph fast"]
 
 
@@ -59,9 +59,10 @@ def main():
           "(above 1: faster); loop/step: the loop's ms over the bare step's mean (the same mode)")
     print(f"{'run':<25}{'B':>4}{'ms/step':>10}{'tokens/s':>11}{'MFU':>7}{'peak MiB':>10}{'vs compile':>12}"
           f"{'loop/step':>11}")
+    runs = ORDER + (FAST if any(run in FAST for _, run in rows) else [])
     for b in sorted({b for b, _ in rows}):
         compiled = rows.get((b, "torch compile"))
-        for run in ORDER + [run for run in FAST if (b, run) in rows]:
+        for run in runs:
             r = rows.get((b, run))
             if not r:
                 print(f"{run:<25}{b:>4}{'-':>10}")

@@ -114,7 +114,9 @@ void print_line(const LineFlags& f, Workload& w, const Timing& t, const Device& 
         1e3 * static_cast<double>(f.batch) / t.median_ms, peak_mib, t.first_loss, t.last_loss, t.mean_ms);
     return;
   }
-  const char* attention = f.attention_backward == "fast" ? "-fast-attention" : "";
+  // Only cuDNN's attention (bf16 on a GPU) has a fast backward: the label says where it runs.
+  const bool fast = f.attention_backward == "fast" && d.is_cuda() && f.precision == "bf16";
+  const char* attention = fast ? "-fast-attention" : "";
   const double tokens_per_s = 1e3 * static_cast<double>(f.batch * w.seq) / t.median_ms;
   const double flops = bench::gpt_flops_per_token(w.gpt, w.net->num_parameters(), w.seq);
   std::printf(
@@ -155,8 +157,7 @@ void add_flags(CLI::App& app, LineFlags& line, CountFlags& n, std::string& devic
 Device checked_flags(const CLI::App& app, LineFlags& line, const CountFlags& n, const std::string& device) {
   const bool is_gpt = nn::is_gpt_spec(line.model);
   if (!is_gpt && app.count("--seq") > 0) throw UsageError("--seq is a GPT's sequence length");
-  if (!is_gpt && app.count("--attention-backward") > 0) throw UsageError("--attention-backward is a GPT's setting");
-  nn::kAttentionBackwardNames.parse(line.attention_backward);            // an unknown name: one line, status 2
+  bench::checked_attention_backward(line.attention_backward, is_gpt);
   if (is_gpt && app.count("--precision") == 0) line.precision = "bf16";  // as torch_gpt_bench.py
   if (is_gpt && app.count("--batch") == 0) line.batch = 16;
   line.peak_tflops = bench::checked_peak_tflops(line.peak_tflops, app.count("--peak-tflops") > 0, is_gpt);
@@ -201,7 +202,7 @@ int main(int argc, char** argv) {
     ctx.precision = parse_precision(line.precision);
     ctx.gemm = parse_gemm(line.gemm);
     Workload w = make_workload(line.model, line.batch, n.seq, d, ctx.precision,
-                               nn::kAttentionBackwardNames.parse(line.attention_backward));
+                               bench::checked_attention_backward(line.attention_backward, true));
     nn::Module& net = *w.net;
     optim::Optimizer& opt = *w.opt;
     const bool twins = line.check && d.is_cuda() && twins_by_default(net.flat_params().numel());

@@ -235,6 +235,7 @@ refuse --cpus 2 --model gpt:L2-H2-C64-T32-V128 --peak-tflops nan
 refuse --cpus 2 --model 16-32-4 --peak-tflops 989
 refuse --cpus 2 --model 16-32-4 --attention-backward fast
 refuse --cpus 2 --model gpt:L2-H2-C64-T32-V128 --attention-backward slow
+refuse --cpus 2 --model gpt:L2-H2-C64-T32-V128 --comm --attention-backward fast
 refuse --cpus 2 --bucket-mb ''
 refuse --cpus 2 --bucket-mb 0x10
 touch "$tmp/file"

@@ -53,7 +53,7 @@ for bad in "--blocks 0" "--steps -1" "--warmup 0" "--batch 0" "--steps 922337203
   fi
 done
 err=$("$bench" --devices cpu "${gpt[@]}" --attention-backward slow 2>&1 >/dev/null)
-if [ "$err" = "step_bench: error: unknown attention backward 'slow': expected deterministic or fast" ]; then
+if [ "$err" = "step_bench: error: unknown --attention-backward 'slow': expected deterministic or fast" ]; then
   echo "ok: a GPT's attention backward is named"
 else
   echo "FAIL: --attention-backward slow: $err"

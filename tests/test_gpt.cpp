@@ -24,6 +24,9 @@
 #include "common.hpp"
 #include "data_common.hpp"
 #include "train_common.hpp"
+#if defined(DPT_GPU_TESTS) && DPT_WITH_CUDNN_FRONTEND
+#include "kernels/cuda/sdpa.hpp"
+#endif
 
 using namespace dpt;
 
@@ -425,5 +428,28 @@ TEST_CASE("recomputation gives the same bits on the GPU in bf16 (gelu and gelu+l
     CHECK(both.peak < gelu.peak);
   }
 }
+
+#if DPT_WITH_CUDNN_FRONTEND
+TEST_CASE("--attention-backward fast reaches cuDNN's fast backward on every replica, within rounding", "[gpu][gpt]") {
+  // Head size 64 in bf16: cuDNN's attention. Two replicas of the GPU, 4 steps, 2 layers: 16
+  // backwards each way.
+  TrainConfig deterministic = test::quiet_config("gpt:L2-H2-C128-T64-V128", "adamw", 8);
+  deterministic.steps = 4;
+  deterministic.devices = {test::gpu, test::gpu};
+  deterministic.parallel.precision = Precision::bf16;
+  TrainConfig fast = deterministic;
+  fast.attention_backward = nn::AttentionBackward::fast;
+  const cuda::SdpaBackwardCalls before = cuda::sdpa_backward_calls();
+  const std::vector<float> a = test::final_params(deterministic);
+  const cuda::SdpaBackwardCalls between = cuda::sdpa_backward_calls();
+  const std::vector<float> b = test::final_params(fast);
+  const cuda::SdpaBackwardCalls after = cuda::sdpa_backward_calls();
+  CHECK(between.deterministic - before.deterministic == 16);
+  CHECK(between.fast == before.fast);
+  CHECK(after.fast - between.fast == 16);
+  CHECK(after.deterministic == between.deterministic);
+  CHECK(test::rel_error(b, a) < 1e-2);
+}
+#endif
 
 #endif  // DPT_GPU_TESTS

@@ -3,6 +3,7 @@
 // permute), the output written in y's row layout.
 #include "kernels/cuda/sdpa.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -32,6 +33,7 @@ struct Built {
 };
 
 std::mutex cache_mutex;
+std::atomic<int64_t> deterministic_calls{0}, fast_calls{0};
 std::map<Key, Built>& cache() {
   static std::map<Key, Built> c;
   return c;
@@ -181,6 +183,9 @@ void sdpa_backward(cudnnHandle_t h, const SdpaShape& s, const uint16_t* qkv, con
                                              {kdV, dqkv + 2 * C},
                                              {kScale, &scale}};
   execute(h, built(h, s, true), pack, ws, "sdpa_backward");
+  (s.deterministic ? deterministic_calls : fast_calls) += 1;
 }
+
+SdpaBackwardCalls sdpa_backward_calls() { return {deterministic_calls.load(), fast_calls.load()}; }
 
 }  // namespace dpt::cuda

@@ -32,4 +32,11 @@ void sdpa_forward(cudnnHandle_t h, const SdpaShape& s, const uint16_t* qkv, uint
 void sdpa_backward(cudnnHandle_t h, const SdpaShape& s, const uint16_t* qkv, const uint16_t* y, const uint16_t* dy,
                    const float* stats, uint16_t* dqkv, void* ws);
 
+// The backwards launched so far in this process, each way (a graph's replays not counted):
+// how a test sees which one a model's setting reached.
+struct SdpaBackwardCalls {
+  int64_t deterministic = 0, fast = 0;
+};
+SdpaBackwardCalls sdpa_backward_calls();
+
 }  // namespace dpt::cuda

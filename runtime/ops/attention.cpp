@@ -114,7 +114,11 @@ Tensor causal_attention(const Tensor& qkv, int64_t T, int64_t heads, bool determ
   Tensor y = Tensor::empty({s.rows(), s.channels()}, qkv.dtype(), d);
   Tensor lse = Tensor::empty({s.batch, heads, T}, DType::f32, d);
   const bool training = any_requires_grad({&qkv});
-  const bool cudnn = use_cudnn(qkv, s, training, deterministic);
+  bool cudnn = use_cudnn(qkv, s, training, deterministic);
+  if (!cudnn && !deterministic && use_cudnn(qkv, s, training, true)) {
+    cudnn = true;  // cuDNN runs this shape's deterministic backward alone: that, not our slower kernel
+    deterministic = true;
+  }
   if (cudnn) {
 #if DPT_WITH_CUDNN_FRONTEND
     const cuda::SdpaShape ss = sdpa_shape(s, training, deterministic);

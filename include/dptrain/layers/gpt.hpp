@@ -49,8 +49,8 @@ inline constexpr auto kRecomputeNames = enum_names<Recompute>(
 
 // How the attention's backward adds up dQ (causal_attention's `deterministic`): deterministic
 // gives the same bits every run; fast lets cuDNN's backward (bf16 on a GPU) add the parts as
-// its blocks finish, as PyTorch does unless told torch.backends.cudnn.deterministic: faster,
-// the bits varying from run to run within rounding. Elsewhere the attention is deterministic.
+// its blocks finish, as PyTorch's cuDNN attention does: faster, the bits varying from run to
+// run within rounding. Elsewhere the attention is deterministic.
 enum class AttentionBackward { deterministic, fast };
 inline constexpr auto kAttentionBackwardNames = enum_names<AttentionBackward>(
     "attention backward", {{AttentionBackward::deterministic, "deterministic"}, {AttentionBackward::fast, "fast"}});
