@@ -430,7 +430,8 @@ TEST_CASE("recomputation gives the same bits on the GPU in bf16 (gelu and gelu+l
 }
 
 #if DPT_WITH_CUDNN_FRONTEND
-TEST_CASE("--attention-backward fast reaches cuDNN's fast backward on every replica, within rounding", "[gpu][gpt]") {
+TEST_CASE("the fast attention backward reaches cuDNN's on every replica, within rounding of the deterministic",
+          "[gpu][gpt]") {
   // Head size 64 in bf16: cuDNN's attention. Two replicas of the GPU, 4 steps, 2 layers: 16
   // backwards each way.
   TrainConfig deterministic = test::quiet_config("gpt:L2-H2-C128-T64-V128", "adamw", 8);
