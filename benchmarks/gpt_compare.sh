@@ -22,14 +22,8 @@ cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-/tmp/dpt_compare}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 # NVLink multicast can take a shared host's GPUs down (GPU.md)
-# dptrain runs with the cuDNN that PyTorch loads (its wheel's nvidia/cudnn/lib, where there is
-# one), so that both programs' attention comes from one cuDNN: on the GPU machine the system's
-# is 9.14 and PyTorch's 9.19, whose attention kernels take 0.2 ms less of a B 16 step.
-torch_cudnn=$(python3 -c 'import nvidia.cudnn as m, os; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null)
-if [ -d "$torch_cudnn" ]; then
-  export LD_LIBRARY_PATH="$torch_cudnn${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  echo "cuDNN for both: $torch_cudnn"
-fi
+# shellcheck source=torch_cudnn.sh
+source benchmarks/torch_cudnn.sh  # PyTorch's cuDNN for both programs
 peak=${PEAK_TFLOPS:-989} batches=${BATCHES:-16 32} loop_steps=${STEPS:-60}
 
 if [ "${PREBUILT:-0}" = 1 ]; then

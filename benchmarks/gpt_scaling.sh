@@ -33,6 +33,8 @@ out=${OUT:-/tmp/dpt_gpt_scaling}
 mkdir -p "$out"
 rm -rf "$out"/dpbench_* "$out"/ddp_*.log "$out/torch.log"  # no earlier run's figures in the table
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# shellcheck source=torch_cudnn.sh
+source benchmarks/torch_cudnn.sh  # PyTorch's cuDNN, for dptrain too
 model=${MODEL:-gpt2} batch=${BATCH:-16} seq=${SEQ:-1024} peak=${PEAK_TFLOPS:-989}
 warmup=${WARMUP:-5} steps=${STEPS:-20} torch_modes=${TORCH_MODES:-eager} torch_wires=fp32,bf16
 if [ -n "${CPUS:-}" ]; then
@@ -66,7 +68,7 @@ timed() {
   local cap=$1 left=$((budget - SECONDS))
   shift
   [ "$left" -ge 20 ] || { echo "skipped (time budget spent): ${*:1:6}"; return 124; }
-  timeout $((cap < left ? cap : left)) "$@"
+  timeout -k 10 $((cap < left ? cap : left)) "$@"
 }
 table() {
   local where="$n CPU devices"

@@ -18,6 +18,8 @@
 set -u -o pipefail
 cd "$(dirname "$0")/.." || exit 1
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# shellcheck source=torch_cudnn.sh
+source benchmarks/torch_cudnn.sh  # PyTorch's cuDNN, for dptrain too
 out=${OUT:-/tmp/multi_gpu_check}
 logs=$out/logs
 mkdir -p "$logs"
