@@ -96,6 +96,7 @@ struct Timing {
 
 struct LineFlags {
   std::string model, precision, gemm, attention_backward = "deterministic";
+  nn::AttentionBackward attention = nn::AttentionBackward::deterministic;  // attention_backward, checked
   int64_t batch = 0;
   bool graph = false, check = false;
   double peak_tflops = bench::kDefaultPeakTflops;
@@ -115,7 +116,7 @@ void print_line(const LineFlags& f, Workload& w, const Timing& t, const Device& 
     return;
   }
   // Only cuDNN's attention (bf16 on a GPU) has a fast backward: the label says where it runs.
-  const bool fast = f.attention_backward == "fast" && d.is_cuda() && f.precision == "bf16";
+  const bool fast = f.attention == nn::AttentionBackward::fast && d.is_cuda() && f.precision == "bf16";
   const char* attention = fast ? "-fast-attention" : "";
   const double tokens_per_s = 1e3 * static_cast<double>(f.batch * w.seq) / t.median_ms;
   const double flops = bench::gpt_flops_per_token(w.gpt, w.net->num_parameters(), w.seq);
@@ -157,7 +158,7 @@ void add_flags(CLI::App& app, LineFlags& line, CountFlags& n, std::string& devic
 Device checked_flags(const CLI::App& app, LineFlags& line, const CountFlags& n, const std::string& device) {
   const bool is_gpt = nn::is_gpt_spec(line.model);
   if (!is_gpt && app.count("--seq") > 0) throw UsageError("--seq is a GPT's sequence length");
-  bench::checked_attention_backward(line.attention_backward, is_gpt);
+  line.attention = bench::checked_attention_backward(line.attention_backward, is_gpt);
   if (is_gpt && app.count("--precision") == 0) line.precision = "bf16";  // as torch_gpt_bench.py
   if (is_gpt && app.count("--batch") == 0) line.batch = 16;
   line.peak_tflops = bench::checked_peak_tflops(line.peak_tflops, app.count("--peak-tflops") > 0, is_gpt);
@@ -201,8 +202,7 @@ int main(int argc, char** argv) {
     Context& ctx = context(d);
     ctx.precision = parse_precision(line.precision);
     ctx.gemm = parse_gemm(line.gemm);
-    Workload w = make_workload(line.model, line.batch, n.seq, d, ctx.precision,
-                               bench::checked_attention_backward(line.attention_backward, true));
+    Workload w = make_workload(line.model, line.batch, n.seq, d, ctx.precision, line.attention);
     nn::Module& net = *w.net;
     optim::Optimizer& opt = *w.opt;
     const bool twins = line.check && d.is_cuda() && twins_by_default(net.flat_params().numel());

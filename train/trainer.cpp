@@ -132,8 +132,9 @@ Trainer::Trainer(TrainConfig cfg, std::shared_ptr<const data::Dataset> train, st
   const Device master = cfg_.devices.front();
   model_ = nn::make_model(spec, cfg_.act);
   if (spec.is_gpt) {  // replicas (clones) follow these
-    static_cast<nn::GPT&>(*model_).set_recompute(cfg_.recompute);
-    static_cast<nn::GPT&>(*model_).set_attention_backward(cfg_.attention_backward);
+    auto& gpt = static_cast<nn::GPT&>(*model_);
+    gpt.set_recompute(cfg_.recompute);
+    gpt.set_attention_backward(cfg_.attention_backward);
   }
   model_->to(master, cfg_.seed);
   if (!cfg_.init_from.empty()) hf::load_gpt2(static_cast<nn::GPT&>(*model_), cfg_.init_from);  // validate(): a GPT
